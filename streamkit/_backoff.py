@@ -1,0 +1,78 @@
+"""Exponential backoff: a pure schedule of delays, and a retry loop built on it."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+import attrs
+import trio
+
+from ._errors import ConfigError, RedisUnavailable
+
+__all__ = ["Backoff", "retry_unavailable"]
+
+T = TypeVar("T")
+
+DEFAULT_INITIAL = 0.05
+DEFAULT_MAXIMUM = 2.0
+DEFAULT_FACTOR = 2.0
+
+log = logging.getLogger("streamkit.redis")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value <= 0:
+        raise ConfigError(attribute.name, f"must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """Exponentially growing delays between retries, capped at ``maximum``.
+
+    ``jitter`` spreads each delay uniformly over ``[d * (1 - jitter), d]`` so that many
+    clients that failed together do not retry in lockstep. ``jitter=0`` gives exact,
+    testable delays.
+    """
+
+    initial: float = attrs.field(default=DEFAULT_INITIAL, validator=_positive)
+    maximum: float = attrs.field(default=DEFAULT_MAXIMUM, validator=_positive)
+    factor: float = attrs.field(default=DEFAULT_FACTOR, validator=_positive)
+    jitter: float = attrs.field(default=0.2, validator=attrs.validators.and_(attrs.validators.ge(0), attrs.validators.le(1)))
+
+    def delays(self) -> Iterator[float]:
+        """Yield the delay before each successive retry, forever."""
+        delay = self.initial
+        while True:
+            yield delay * (1 - self.jitter * random.random())
+            delay = min(delay * self.factor, self.maximum)
+
+
+async def retry_unavailable(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    backoff: Backoff,
+    give_up_after: float | None,
+    what: str,
+) -> T:
+    """Call ``fn`` until it does not raise :class:`RedisUnavailable`.
+
+    Logs one line per failed attempt, so an operator sees why nothing happens yet.
+
+    Error handling:
+        Re-raises the last :class:`RedisUnavailable` once ``give_up_after`` seconds
+        have passed since the first attempt (never, if ``None``).
+    """
+    deadline = None if give_up_after is None else trio.current_time() + give_up_after
+    for attempt, delay in enumerate(backoff.delays(), start=1):
+        try:
+            return await fn()
+        except RedisUnavailable as exc:
+            now = trio.current_time()
+            if deadline is not None and now + delay > deadline:
+                raise
+            log.warning("%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, attempt, delay)
+            await trio.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover

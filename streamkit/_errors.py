@@ -1,0 +1,142 @@
+"""The streamkit exception tree: one root, shallow, with data on each error.
+
+Redis client exceptions never escape streamkit: :mod:`streamkit._redis` translates
+them here (``raise ... from exc``) so callers catch streamkit errors only.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "ConfigError",
+    "DecodeError",
+    "EncodeError",
+    "LockLost",
+    "LockNotAcquired",
+    "MetadataMismatch",
+    "NotLockOwner",
+    "RedisUnavailable",
+    "StreamkitError",
+]
+
+
+class StreamkitError(Exception):
+    """Root of every error streamkit raises on purpose."""
+
+
+class ConfigError(StreamkitError, ValueError):
+    """A setting, option or argument is invalid.
+
+    Attributes:
+        setting: the name of the offending setting or argument.
+    """
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+
+
+class RedisUnavailable(StreamkitError):
+    """Redis could not be reached (refused, timed out, connection dropped).
+
+    Attributes:
+        url: the server address, with any password masked.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"Redis at {url} is unavailable: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class BackendError(StreamkitError):
+    """Redis answered a command with an error (wrong type, script error, ...)."""
+
+
+class EncodeError(StreamkitError, ValueError):
+    """A record could not be encoded for a stream."""
+
+
+class DecodeError(StreamkitError):
+    """An entry of a stream could not be decoded into its record type.
+
+    Attributes:
+        stream: the stream's name.
+        partition: the partition number, or ``None`` where it is not known.
+        entry_id: the Redis entry id, or ``None`` where it is not known.
+        reason: what was wrong with the entry.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        stream: str,
+        partition: int | None = None,
+        entry_id: str | None = None,
+    ) -> None:
+        where = stream
+        if partition is not None:
+            where += f" partition {partition}"
+        if entry_id is not None:
+            where += f" entry {entry_id}"
+        super().__init__(f"cannot decode {where}: {reason}")
+        self.stream = stream
+        self.partition = partition
+        self.entry_id = entry_id
+        self.reason = reason
+
+
+class MetadataMismatch(StreamkitError):
+    """A stream is used with settings that differ from those recorded in Redis.
+
+    Raised instead of silently writing events to the wrong partitions or in a
+    format the stream's consumers cannot read.
+
+    Attributes:
+        stream: the stream's name.
+        field: the setting that disagrees (``partition_count``, ``record``, ...).
+        recorded: the value recorded in Redis.
+        given: the value this process uses.
+    """
+
+    def __init__(self, stream: str, field: str, recorded: object, given: object) -> None:
+        super().__init__(
+            f"stream {stream!r} was created with {field}={recorded!r} but this process "
+            f"uses {field}={given!r}; use the recorded value, or reset the stream "
+            f"(streamkit reset) to change it"
+        )
+        self.stream = stream
+        self.field = field
+        self.recorded = recorded
+        self.given = given
+
+
+class LockNotAcquired(StreamkitError):
+    """A lock was held by someone else for the whole time we were willing to wait."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"lock {name!r} is held by another owner")
+        self.name = name
+
+
+class NotLockOwner(StreamkitError):
+    """An extend or release was refused because the lease is no longer ours."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"lease on {name!r} is no longer held by this owner")
+        self.name = name
+
+
+class LockLost(StreamkitError):
+    """A held lease was lost: it expired, or the lock changed hands.
+
+    Attributes:
+        name: the lock's name.
+        reason: why the lease counts as lost.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"lease on {name!r} lost: {reason}")
+        self.name = name
+        self.reason = reason

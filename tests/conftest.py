@@ -1,0 +1,39 @@
+"""Shared fixtures: every test that touches Redis talks to a real, private server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from streamkit._redis import Redis, open_redis
+from streamkit.testing import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One private ``redis-server`` for the session; tests flush it before use."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def redis_url(redis_server: RedisServer) -> str:
+    """The URL of the session's server, flushed empty for this test."""
+    async with open_redis(redis_server.url) as client:
+        await client.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A connected client on an empty server."""
+    async with open_redis(redis_url) as client:
+        yield client
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A server of this test's own, which the test may stop, restart or pause."""
+    with RedisServer(appendonly=True) as server:
+        yield server
