@@ -12,5 +12,31 @@ from ._errors import (
     RedisUnavailable as RedisUnavailable,
     StreamkitError as StreamkitError,
 )
+from ._app import App as App, NotConnected as NotConnected
+from ._assignment import (
+    Assignment as Assignment,
+    AssignmentDiff as AssignmentDiff,
+    Assignor as Assignor,
+    assign as assign,
+    diff as diff,
+)
+from ._codec import Codec as Codec, codec_for as codec_for
+from ._membership import (
+    MemberInfo as MemberInfo,
+    Membership as Membership,
+    MembershipSnapshot as MembershipSnapshot,
+    MembershipStatistics as MembershipStatistics,
+    open_membership as open_membership,
+    read_membership as read_membership,
+)
+from ._partitioner import (
+    Partitioner as Partitioner,
+    canonical_key_bytes as canonical_key_bytes,
+    partition_for as partition_for,
+)
+from ._redis import Redis as Redis, open_redis as open_redis
+from ._records import Record as Record, is_primitive as is_primitive
+from ._settings import Settings as Settings
+from ._streams import Stream as Stream
 
 __version__ = "0.1.0"

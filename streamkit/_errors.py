@@ -102,9 +102,9 @@ class MetadataMismatch(StreamkitError):
 
     def __init__(self, stream: str, field: str, recorded: object, given: object) -> None:
         super().__init__(
-            f"stream {stream!r} was created with {field}={recorded!r} but this process "
-            f"uses {field}={given!r}; use the recorded value, or reset the stream "
-            f"(streamkit reset) to change it"
+            f"stream {stream!r} was created with {field}={recorded} but this process "
+            f"uses {field}={given}; use the recorded value, or delete the stream to "
+            f"recreate it"
         )
         self.stream = stream
         self.field = field

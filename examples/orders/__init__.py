@@ -1,0 +1,1 @@
+"""The orders example: runnel's README example, on streamkit."""

@@ -1,0 +1,169 @@
+"""The App facade: names a set of streams and processors and owns the connection."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import attrs
+
+from . import _keys
+from ._errors import ConfigError, StreamkitError
+from ._redis import Redis, open_redis
+from ._settings import Settings
+from ._streams import Stream
+
+__all__ = ["App", "NotConnected"]
+
+R = TypeVar("R")
+
+
+class NotConnected(StreamkitError):
+    """The app was used before ``async with app:`` connected it to Redis."""
+
+    def __init__(self, app: str) -> None:
+        super().__init__(
+            f"app {app!r} is not connected to Redis: use it inside `async with app:` "
+            f"(the worker does this for you)"
+        )
+
+
+@attrs.define(eq=False, init=False)
+class App:
+    """A named streamkit application: its streams, processors and settings.
+
+    The name namespaces every Redis key the app uses, so apps sharing one Redis
+    server never see each other's data.
+
+    Args:
+        name: letters, digits, ``_`` and ``-``.
+        redis_url: overrides ``settings.redis_url`` / ``STREAMKIT_REDIS_URL``.
+        settings: a complete :class:`Settings`; by default read from the environment.
+        **overrides: any other :class:`Settings` field, e.g. ``partition_count=8``.
+
+    Use it as an async context manager to connect (``async with app: ...``); the
+    connection retries an unreachable server with backoff for
+    ``settings.connect_give_up_after`` seconds.
+    """
+
+    name: str
+    settings: Settings
+    streams: dict[str, Stream[Any]]
+    _redis: Redis | None
+    _exit_stack: contextlib.AsyncExitStack | None
+    _entered: int
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        redis_url: str | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.name = _keys.validate_name("app name", name)
+        if redis_url is not None:
+            overrides["redis_url"] = redis_url
+        if settings is None:
+            settings = Settings.from_env(**overrides)
+        elif overrides:
+            settings = attrs.evolve(settings, **overrides)
+        self.settings = settings
+        self.streams = {}
+        self._redis = None
+        self._exit_stack = None
+        self._entered = 0
+
+    def stream(
+        self,
+        name: str,
+        *,
+        record: type[R],
+        partition_by: str | Callable[[R], object],
+        partition_count: int | None = None,
+        partition_size: int | None = None,
+        max_len: int | None = None,
+        compression: str | None = None,
+    ) -> Stream[R]:
+        """Declare a partitioned stream of ``record`` s.
+
+        Args:
+            name: the stream's name (letters, digits, ``_``, ``-``).
+            record: the :class:`~streamkit.Record` subclass of its events.
+            partition_by: a field name of ``record``, or a function of a record that
+                returns its key. Records with equal keys go to the same partition, in
+                order.
+            partition_count: overrides the app's ``partition_count`` setting.
+            partition_size: overrides the app's ``partition_size`` setting.
+            max_len: overrides the app's ``max_len`` setting (a hard cap).
+            compression: overrides the app's ``compression`` setting.
+
+        Error handling:
+            :class:`ConfigError` for a bad name, option, or a name declared twice.
+        """
+        if name in self.streams:
+            raise ConfigError("stream", f"{name!r} is already declared in app {self.name!r}")
+        changes: dict[str, Any] = {}
+        for field, value in (
+            ("partition_count", partition_count),
+            ("partition_size", partition_size),
+            ("max_len", max_len),
+            ("compression", compression),
+        ):
+            if value is not None:
+                changes[field] = value
+        settings = attrs.evolve(self.settings, **changes) if changes else self.settings
+        stream: Stream[R] = Stream(
+            name=name,
+            record=record,
+            partition_by=partition_by,
+            partition_count=settings.partition_count,
+            settings=settings,
+            app=self,
+        )
+        self.streams[name] = stream
+        return stream
+
+    @property
+    def redis(self) -> Redis:
+        """The app's Redis client.
+
+        Error handling:
+            :class:`NotConnected` outside ``async with app:``.
+        """
+        if self._redis is None:
+            raise NotConnected(self.name)
+        return self._redis
+
+    async def __aenter__(self) -> App:
+        if self._entered == 0:
+            stack = contextlib.AsyncExitStack()
+            async with stack:
+                self._redis = await stack.enter_async_context(
+                    open_redis(
+                        self.settings.redis_url,
+                        connect_timeout=self.settings.connect_timeout,
+                        give_up_after=self.settings.connect_give_up_after,
+                    )
+                )
+                self._exit_stack = stack.pop_all()
+        self._entered += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._entered -= 1
+        if self._entered == 0 and self._exit_stack is not None:
+            stack, self._exit_stack = self._exit_stack, None
+            self._redis = None
+            await stack.__aexit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        state = "connected" if self._redis is not None else "not connected"
+        return f"<App {self.name} streams={sorted(self.streams)} {state}>"

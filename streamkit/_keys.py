@@ -1,0 +1,79 @@
+"""The Redis key layout, in one place.
+
+Hash tags (the part in braces) decide the Redis Cluster slot of a key. Each partition's
+stream and that partition's locks share the tag ``{app.stream.N}``, so one Lua script
+can check a lease and acknowledge in a single step; each processor's coordination keys
+share the tag ``{app.stream.processor}``.
+
+=================================  ===================================================
+key                                what it holds
+=================================  ===================================================
+``__strm:{app.stream.N}``          partition N of a stream (a Redis stream)
+``__meta:{app.stream}``            the stream's recorded metadata (a hash)
+``__lock:{app.stream.N}.proc``     processor ``proc``'s lease on partition N
+``__memb:{app.stream.proc}``       the processor's members and assignment
+``__ctrl:{app.stream.proc}``       the processor's control stream
+``__beat:{app.stream.proc}:ID``    member ID's heartbeat
+``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
+``__lock:{app}.leader``            the app's leader lease
+=================================  ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._errors import ConfigError
+
+__all__ = [
+    "dead_letter_key",
+    "leader_lock_name",
+    "meta_key",
+    "partition_lock_name",
+    "processor_group",
+    "stream_key",
+    "validate_name",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9_\-]+\Z")
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is usable in key names, else raise :class:`ConfigError`.
+
+    Names are letters, digits, ``_`` and ``-``: dots and braces separate the parts of
+    keys and hash tags, so allowing them would let two names map to one key.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(kind, f"must be letters, digits, '_' or '-', got {name!r}")
+    return name
+
+
+def stream_key(app: str, stream: str, partition: int) -> str:
+    """The Redis stream holding ``partition`` of ``stream``."""
+    return f"__strm:{{{app}.{stream}.{partition}}}"
+
+
+def meta_key(app: str, stream: str) -> str:
+    """The hash recording a stream's partition count, record type and format."""
+    return f"__meta:{{{app}.{stream}}}"
+
+
+def partition_lock_name(app: str, stream: str, processor: str, partition: int) -> str:
+    """The lock name (for the lock manager) of a processor's lease on a partition."""
+    return f"{{{app}.{stream}.{partition}}}.{processor}"
+
+
+def processor_group(app: str, stream: str, processor: str) -> str:
+    """The membership group, and consumer group, name of a processor."""
+    return f"{app}.{stream}.{processor}"
+
+
+def dead_letter_key(app: str, stream: str, processor: str) -> str:
+    """The Redis stream collecting a processor's dead letters."""
+    return f"__dead:{{{app}.{stream}.{processor}}}"
+
+
+def leader_lock_name(app: str) -> str:
+    """The lock name (for the lock manager) of the app's leader lease."""
+    return f"{{{app}}}.leader"

@@ -1,0 +1,839 @@
+"""Leases on named locks in Redis: TTLs, fencing tokens, and ``hold()``.
+
+A lock is one Redis key. Whoever holds it has a :class:`Lease`: the lock's name, the
+holder's owner id, a *fencing token* and a TTL. The token comes from a counter that
+only ever grows (it has no TTL, so it survives the lock's expiry), which lets anything
+the holder writes to check that no newer holder exists: a Lua script compares the
+lock's stored value with :attr:`Lease.value` in the same step as its write.
+
+Key layout (the stream runtime depends on it, so it is part of the API)::
+
+    __lock:{name}          "<owner>:<token>", with a TTL     (the lock)
+    __lock:{name}:fence    the fencing counter, no TTL
+
+The name is wrapped in a Redis Cluster hash tag (``{name}``) unless it already has
+one, so a lock can share a hash slot with the keys it guards (a partition's stream,
+say) and one Lua script can check the lock and write those keys together.
+
+Every mutation is a Lua script, so it is atomic: acquire sets the key only if it is
+absent and takes the next token; extend and release act only if the key still holds
+*our* value. Nobody ever deletes or extends someone else's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import trio
+import trio_util
+
+from ._backoff import Backoff
+from ._errors import (
+    ConfigError,
+    LockLost,
+    LockNotAcquired,
+    NotLockOwner,
+    RedisUnavailable,
+    StreamkitError,
+)
+from ._redis import Redis, redis_errors
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from coredis.commands.script import Script
+
+__all__ = [
+    "HeldLease",
+    "Lease",
+    "LockInfo",
+    "LockManager",
+    "LockManagerStatistics",
+    "fence_key",
+    "keep_lease_alive",
+    "local_deadline",
+    "lock_key",
+    "next_renewal",
+    "open_lock_manager",
+    "tagged",
+]
+
+log = logging.getLogger("streamkit.locks")
+
+LOCK_KEY_PREFIX = "__lock:"
+FENCE_KEY_SUFFIX = ":fence"
+
+#: ``hold()`` extends a lease this many times per TTL, so two renewals can fail
+#: before the lease is in danger.
+RENEWALS_PER_TTL = 3
+
+#: The local deadline of a lease ends this much before its TTL runs out, to allow
+#: for the Redis server's clock running faster than ours (Redlock's allowance:
+#: 1% of the TTL plus 2 ms).
+CLOCK_DRIFT_FACTOR = 0.01
+CLOCK_DRIFT_MINIMUM = 0.002
+
+#: How long releasing a lease may take while leaving ``hold()``; after that the lease
+#: is left to expire on its own.
+RELEASE_TIMEOUT = 1.0
+
+#: Polling schedule while waiting for a lock someone else holds.
+DEFAULT_POLL_BACKOFF = Backoff(initial=0.02, maximum=0.5)
+
+# KEYS: lock, fence. ARGV: owner, ttl in ms.
+# Returns {1, token} when acquired, else {0, remaining ttl in ms (-1: no TTL)}.
+_ACQUIRE = """
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  return {0, pttl}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+return {1, token}
+"""
+
+# KEYS: lock. ARGV: expected value, ttl in ms. Returns {1} or {0, current value}.
+_EXTEND = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1}
+end
+return {0, current}
+"""
+
+# KEYS: lock. ARGV: expected value. Returns {1} or {0, current value}.
+_RELEASE = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return {1}
+end
+return {0, current}
+"""
+
+# KEYS: lock. Returns {value or nil, remaining ttl in ms}.
+_INSPECT = """
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
+
+
+# --- key layout ---------------------------------------------------------------------
+
+
+def _has_hash_tag(name: str) -> bool:
+    # Redis Cluster's rule: the tag is between the first "{" and the first "}" after
+    # it, and only counts if it is not empty.
+    start = name.find("{")
+    return start >= 0 and name.find("}", start + 1) > start + 1
+
+
+def tagged(name: str) -> str:
+    """Return ``name`` as a Redis Cluster hash tag: ``{name}``, unless it has one.
+
+    A name that already contains a hash tag (``{app.stream.3}.proc``) is kept as it
+    is, so the lock lands in the slot of whatever else carries that tag.
+    """
+    return name if _has_hash_tag(name) else f"{{{name}}}"
+
+
+def lock_key(name: str) -> str:
+    """The Redis key of lock ``name``: ``"__lock:" + tagged(name)``."""
+    return LOCK_KEY_PREFIX + tagged(name)
+
+
+def fence_key(name: str) -> str:
+    """The Redis key of lock ``name``'s fencing counter (same hash slot, no TTL)."""
+    return lock_key(name) + FENCE_KEY_SUFFIX
+
+
+# --- pure time logic ------------------------------------------------------------------
+
+
+def next_renewal(start: float, period: float, now: float) -> float:
+    """The first renewal time ``start + k * period`` (``k >= 1``) strictly after ``now``.
+
+    Renewals sleep until these absolute times instead of ``period`` after the previous
+    renewal, so round trips and retries never make the schedule drift; renewals
+    missed while retrying are skipped, not bunched up.
+    """
+    k = max(1, math.floor((now - start) / period) + 1)
+    return start + k * period
+
+
+def local_deadline(lease: Lease) -> float:
+    """The Trio-clock time after which ``lease`` must be treated as lost.
+
+    :attr:`Lease.valid_until` is measured from when the acquire or extend command was
+    *sent*, so Redis can only have started the TTL later; the clock drift allowance
+    covers a server clock that runs fast.
+    """
+    drift = lease.ttl * CLOCK_DRIFT_FACTOR + CLOCK_DRIFT_MINIMUM
+    return lease.valid_until - drift
+
+
+# --- value objects -------------------------------------------------------------------
+
+
+def _ttl_ms(ttl: float) -> int:
+    if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl >= 0.001):
+        raise ConfigError("ttl", f"must be a finite number of seconds >= 0.001, got {ttl!r}")
+    return max(1, round(ttl * 1000))
+
+
+def _parse_value(value: bytes) -> tuple[str, int]:
+    owner, _, token = value.decode("utf-8", "replace").rpartition(":")
+    try:
+        return owner, int(token)
+    except ValueError:
+        return value.decode("utf-8", "replace"), 0
+
+
+def _describe_holder(value: bytes | None) -> str:
+    if value is None:
+        return "the lock expired or was deleted"
+    owner, token = _parse_value(value)
+    return f"the lock is now held by {owner!r} (token {token})"
+
+
+@attrs.frozen
+class Lease:
+    """Proof of holding lock :attr:`name` until :attr:`valid_until`.
+
+    Leases are values: :meth:`LockManager.extend` returns a new one with a later
+    :attr:`valid_until`; the token stays the same.
+
+    Attributes:
+        name: the lock's name.
+        key: the Redis key of the lock.
+        owner: the owner id of the :class:`LockManager` that acquired it.
+        token: the fencing token; strictly greater than every earlier token of
+            this lock, across expiries and owners.
+        ttl: the lease's time to live in seconds.
+        valid_until: Trio-clock time when the lease runs out, measured from when
+            the last acquire or extend command was sent (so it errs early).
+    """
+
+    name: str
+    key: str
+    owner: str
+    token: int
+    ttl: float
+    valid_until: float = attrs.field(repr=False)
+
+    @property
+    def value(self) -> bytes:
+        """The value stored at :attr:`key` while this lease holds.
+
+        Writers guarded by the lease compare it in Lua before writing::
+
+            if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+        """
+        return f"{self.owner}:{self.token}".encode()
+
+    @property
+    def fence_key(self) -> str:
+        """The key of the lock's fencing counter."""
+        return self.key + FENCE_KEY_SUFFIX
+
+    def remaining(self) -> float:
+        """Seconds until :attr:`valid_until` (negative once it has passed)."""
+        return self.valid_until - trio.current_time()
+
+
+@attrs.frozen
+class LockInfo:
+    """Who holds a lock right now, as :meth:`LockManager.holder` found it.
+
+    Attributes:
+        name: the lock's name.
+        owner: the holder's owner id.
+        token: the holder's fencing token.
+        expires_in: seconds until the lock expires unless extended (``None`` if the
+            key has no TTL, which streamkit never does).
+    """
+
+    name: str
+    owner: str
+    token: int
+    expires_in: float | None
+
+
+@attrs.frozen
+class LockManagerStatistics:
+    """A snapshot of a :class:`LockManager`'s activity.
+
+    Attributes:
+        owner: the manager's owner id.
+        holding: names of the locks held through :meth:`LockManager.hold` now.
+        acquired: leases acquired so far.
+        extended: successful extensions so far.
+        released: leases released so far.
+        lost: held leases lost so far (expired, taken over or unreachable).
+    """
+
+    owner: str
+    holding: tuple[str, ...]
+    acquired: int
+    extended: int
+    released: int
+    lost: int
+
+
+@attrs.define(eq=False, repr=False)
+class HeldLease:
+    """A lease that :meth:`LockManager.hold` keeps alive in the background.
+
+    Attributes:
+        lease: the current lease; replaced after each extension (same token).
+        lost: an ``AsyncBool`` that turns true, once, the moment the lease is lost.
+        lost_reason: why it was lost, or ``None`` while it holds.
+        extensions: how many times the lease was extended.
+    """
+
+    lease: Lease
+    lost: Any = attrs.field(init=False, factory=trio_util.AsyncBool)
+    lost_reason: str | None = attrs.field(init=False, default=None)
+    extensions: int = attrs.field(init=False, default=0)
+    _scopes: list[trio.CancelScope] = attrs.field(init=False, factory=list)
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self.lease.name
+
+    @property
+    def token(self) -> int:
+        """The fencing token of the lease."""
+        return self.lease.token
+
+    async def wait_lost(self) -> str:
+        """Wait until the lease is lost; return the reason.
+
+        Cancellation:
+            Safe to cancel; nothing changes.
+        """
+        await self.lost.wait_value(True)
+        assert self.lost_reason is not None
+        return self.lost_reason
+
+    def cancel_on_loss(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` (with the loss as reason) when the lease is lost.
+
+        ``hold()`` does this for its body; use it to tie work in *other* tasks to the
+        lease. A scope registered after the loss is cancelled at once.
+        """
+        if self.lost_reason is not None:
+            scope.cancel(self._cancel_reason())
+        else:
+            self._scopes.append(scope)
+
+    def _cancel_reason(self) -> str:
+        return f"lease on {self.name!r} lost: {self.lost_reason}"
+
+    def _extended(self, lease: Lease) -> None:
+        self.lease = lease
+        self.extensions += 1
+
+    def _lose(self, reason: str) -> None:
+        if self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        self.lost.value = True
+        # Cancel synchronously, in the same step that notices the loss: the holder
+        # must stop as early as possible, not one scheduling round later.
+        for scope in self._scopes:
+            scope.cancel(self._cancel_reason())
+        self._scopes.clear()
+
+    def __repr__(self) -> str:
+        state = f"lost: {self.lost_reason}" if self.lost_reason else "held"
+        return (
+            f"<HeldLease {self.name!r} token={self.token} {state}, "
+            f"extended {self.extensions}x, {self.lease.remaining():.3f}s left>"
+        )
+
+
+# --- keeping a lease alive -----------------------------------------------------------
+
+
+async def _extend_before(
+    lease: Lease,
+    extend: Callable[[Lease], Awaitable[Lease]],
+    *,
+    deadline: float,
+    attempt_timeout: float,
+    backoff: Backoff,
+) -> Lease | str:
+    """Extend ``lease``, retrying while Redis is unreachable, until ``deadline``.
+
+    Returns the new lease, or the reason the lease is lost.
+    """
+    delays = backoff.delays()
+    failures = 0
+    with trio.move_on_at(deadline):
+        while True:
+            # A hung connection (a frozen server, a black-holed route) must not use up
+            # the whole TTL on one attempt: give up on it and try again.
+            with trio.move_on_after(attempt_timeout) as attempt:
+                try:
+                    return await extend(lease)
+                except NotLockOwner as exc:
+                    detail = "; ".join(getattr(exc, "__notes__", ()))
+                    return "extension refused" + (f": {detail}" if detail else "")
+                except RedisUnavailable as exc:
+                    problem = exc.reason
+            if attempt.cancelled_caught:
+                problem = f"no answer within {attempt_timeout:.3f}s"
+            failures += 1
+            log.warning(
+                "extending lease on %r failed: %s (%.3fs before it runs out)",
+                lease.name,
+                problem,
+                deadline - trio.current_time(),
+            )
+            await trio.sleep(next(delays))
+    return (
+        f"Redis unreachable for the rest of the lease's TTL "
+        f"({failures} failed extension attempt(s))"
+    )
+
+
+async def keep_lease_alive(
+    lease: Lease,
+    extend: Callable[[Lease], Awaitable[Lease]],
+    *,
+    on_extended: Callable[[Lease], object] | None = None,
+    backoff: Backoff | None = None,
+) -> str:
+    """Extend ``lease`` every ``ttl / 3`` until it is lost; return why it was lost.
+
+    This is the schedule behind :meth:`LockManager.hold`, separate from Redis so its
+    timing can be tested on a mock clock. Renewals run at ``start + k * ttl / 3``
+    where ``start`` is when the lease was acquired. A failed extension
+    (:class:`RedisUnavailable`, or no answer within ``ttl / 3``) is retried with
+    ``backoff`` until the lease's :func:`local_deadline`; a refused one
+    (:class:`NotLockOwner`) ends the lease at once.
+
+    Args:
+        lease: the lease to keep alive.
+        extend: extends a lease, returning the new one; raises
+            :class:`NotLockOwner` when refused.
+        on_extended: called with each new lease.
+        backoff: the retry schedule for failed extensions; by default a few
+            attempts per renewal period.
+
+    Cancellation:
+        Cancel it to stop extending; the lease is then left as it is.
+    """
+    period = lease.ttl / RENEWALS_PER_TTL
+    start = lease.valid_until - lease.ttl
+    if backoff is None:
+        backoff = Backoff(initial=period / 8, maximum=period / 2)
+    while True:
+        await trio.sleep_until(next_renewal(start, period, trio.current_time()))
+        outcome = await _extend_before(
+            lease,
+            extend,
+            deadline=local_deadline(lease),
+            attempt_timeout=period,
+            backoff=backoff,
+        )
+        if isinstance(outcome, str):
+            return outcome
+        lease = outcome
+        if on_extended is not None:
+            on_extended(lease)
+
+
+# --- the manager ---------------------------------------------------------------------
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@attrs.define(eq=False, repr=False)
+class LockManager:
+    """Acquires, extends, releases and holds leases on named locks.
+
+    Get one from :func:`open_lock_manager`. Each manager has its own owner id, and
+    two managers never share a lease, even in one process; neither do two tasks
+    using one manager (locks are not reentrant).
+
+    Attributes:
+        redis: the client the manager uses.
+        owner: the owner id written into every lease this manager takes.
+        backoff: the polling schedule used while waiting for a held lock.
+    """
+
+    redis: Redis
+    owner: str
+    backoff: Backoff = DEFAULT_POLL_BACKOFF
+    _where: str = attrs.field(default="redis")
+    _acquire_script: Script[bytes] = attrs.field(init=False)
+    _extend_script: Script[bytes] = attrs.field(init=False)
+    _release_script: Script[bytes] = attrs.field(init=False)
+    _inspect_script: Script[bytes] = attrs.field(init=False)
+    _holding: list[HeldLease] = attrs.field(init=False, factory=list)
+    _acquired: int = attrs.field(init=False, default=0)
+    _extended: int = attrs.field(init=False, default=0)
+    _released: int = attrs.field(init=False, default=0)
+    _lost: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self._acquire_script = self.redis.register_script(_ACQUIRE)
+        self._extend_script = self.redis.register_script(_EXTEND)
+        self._release_script = self.redis.register_script(_RELEASE)
+        self._inspect_script = self.redis.register_script(_INSPECT)
+
+    async def _run(
+        self, script: Script[bytes], keys: list[str], args: list[str | int | bytes]
+    ) -> list[Any]:
+        with redis_errors(self._where):
+            # Script calls EVALSHA and loads the script on NOSCRIPT (after a restart).
+            return cast("list[Any]", await script(keys, args))
+
+    async def _load_scripts(self) -> None:
+        with redis_errors(self._where):
+            for script in (
+                self._acquire_script,
+                self._extend_script,
+                self._release_script,
+                self._inspect_script,
+            ):
+                await self.redis.script_load(script.script)
+
+    # -- single operations --
+
+    async def try_acquire(self, name: str, *, ttl: float) -> Lease | None:
+        """Try once to acquire lock ``name``; return the lease, or ``None`` if held.
+
+        Cancellation:
+            If cancelled after the command was sent, the lock may have been taken in
+            Redis without anyone knowing; it then expires after ``ttl``.
+
+        Error handling:
+            :class:`RedisUnavailable` if Redis cannot be reached;
+            :class:`ConfigError` for a bad ``ttl``.
+        """
+        outcome = await self._attempt(name, ttl)
+        return outcome if isinstance(outcome, Lease) else None
+
+    async def _attempt(self, name: str, ttl: float) -> Lease | float:
+        """One acquire attempt: the lease, or seconds until the holder's lease runs out."""
+        ttl_ms = _ttl_ms(ttl)
+        key = lock_key(name)
+        sent_at = trio.current_time()
+        result = await self._run(
+            self._acquire_script, [key, key + FENCE_KEY_SUFFIX], [self.owner, ttl_ms]
+        )
+        if int(result[0]) == 1:
+            self._acquired += 1
+            lease = Lease(name, key, self.owner, int(result[1]), ttl, sent_at + ttl)
+            log.debug("acquired %r", lease)
+            return lease
+        pttl = int(result[1])
+        return pttl / 1000 if pttl >= 0 else math.inf
+
+    async def acquire(self, name: str, *, ttl: float, wait: float | None = 0) -> Lease:
+        """Acquire lock ``name`` for ``ttl`` seconds.
+
+        Args:
+            name: the lock's name (see :func:`lock_key` for its Redis key).
+            ttl: the lease's time to live in seconds.
+            wait: ``0`` tries once; a number polls (with :attr:`backoff`, never
+                sleeping past the holder's expiry) for up to that many seconds;
+                ``None`` waits for as long as it takes.
+
+        Cancellation:
+            Safe to cancel while waiting. If cancelled after an attempt was sent,
+            the lock may have been taken in Redis without anyone knowing; it then
+            expires after ``ttl``.
+
+        Error handling:
+            :class:`LockNotAcquired` if the lock stayed held for ``wait`` seconds.
+            While waiting, an unreachable Redis is retried; with ``wait=0``, or if it
+            was unreachable throughout the wait, :class:`RedisUnavailable` is raised.
+        """
+        _ttl_ms(ttl)
+        if wait == 0:
+            outcome = await self._attempt(name, ttl)
+            if isinstance(outcome, Lease):
+                return outcome
+            raise LockNotAcquired(name)
+        if wait is not None and not wait > 0:
+            raise ConfigError("wait", f"must be >= 0 or None, got {wait!r}")
+
+        unavailable: RedisUnavailable | None = None
+        answered = False
+        delays = self.backoff.delays()
+        with trio.move_on_after(math.inf if wait is None else wait):
+            while True:
+                # An answer arriving after a full TTL would be a lease that has
+                # already run out, so a longer attempt is treated as a failure.
+                retry_in = math.inf
+                with trio.move_on_after(ttl):
+                    try:
+                        outcome = await self._attempt(name, ttl)
+                    except RedisUnavailable as exc:
+                        unavailable = exc
+                        log.warning("acquiring %r: %s (retrying while waiting)", name, exc.reason)
+                    else:
+                        answered = True
+                        if isinstance(outcome, Lease):
+                            return outcome
+                        retry_in = outcome
+                await trio.sleep(min(next(delays), retry_in))
+        if unavailable is not None and not answered:
+            raise unavailable
+        raise LockNotAcquired(name)
+
+    async def extend(self, lease: Lease, *, ttl: float | None = None) -> Lease:
+        """Extend ``lease`` to ``ttl`` seconds from now (its own TTL by default).
+
+        Returns the extended lease; ``lease`` itself is unchanged (leases are
+        values).
+
+        Cancellation:
+            If cancelled after the command was sent, the extension may or may not
+            have happened; the returned-lease bookkeeping is simply skipped.
+
+        Error handling:
+            :class:`NotLockOwner` if the lock no longer holds this lease's value
+            (it expired, or someone else holds it now; a note on the exception says
+            which); the key is then left untouched. :class:`RedisUnavailable` if
+            Redis cannot be reached.
+        """
+        ttl = lease.ttl if ttl is None else ttl
+        ttl_ms = _ttl_ms(ttl)
+        sent_at = trio.current_time()
+        result = await self._run(self._extend_script, [lease.key], [lease.value, ttl_ms])
+        if int(result[0]) != 1:
+            exc = NotLockOwner(lease.name)
+            exc.add_note(_describe_holder(result[1]))
+            raise exc
+        self._extended += 1
+        return attrs.evolve(lease, ttl=ttl, valid_until=sent_at + ttl)
+
+    async def release(self, lease: Lease) -> None:
+        """Release ``lease``, so that others can acquire the lock at once.
+
+        Cancellation:
+            If cancelled after the command was sent, the lock may or may not have
+            been released; if not, it expires after its TTL.
+
+        Error handling:
+            :class:`NotLockOwner` if the lock no longer holds this lease's value; the
+            key is then left untouched (so a late release never frees a lock that
+            changed hands). :class:`RedisUnavailable` if Redis cannot be reached.
+        """
+        result = await self._run(self._release_script, [lease.key], [lease.value])
+        if int(result[0]) != 1:
+            exc = NotLockOwner(lease.name)
+            exc.add_note(_describe_holder(result[1]))
+            raise exc
+        self._released += 1
+        log.debug("released %r", lease)
+
+    async def holder(self, name: str) -> LockInfo | None:
+        """Return who holds lock ``name`` now, or ``None`` if nobody does.
+
+        Error handling:
+            :class:`RedisUnavailable` if Redis cannot be reached.
+        """
+        value, pttl = await self._run(self._inspect_script, [lock_key(name)], [])
+        if value is None:
+            return None
+        owner, token = _parse_value(value)
+        return LockInfo(name, owner, token, int(pttl) / 1000 if int(pttl) >= 0 else None)
+
+    # -- holding --
+
+    @asynccontextmanager
+    async def hold(
+        self, name: str, *, ttl: float, wait: float | None = None
+    ) -> AsyncIterator[HeldLease]:
+        """Acquire lock ``name`` and keep the lease alive while the block runs.
+
+        A background task extends the lease every ``ttl / 3`` (see
+        :func:`keep_lease_alive`). The moment the lease is lost, the block is
+        cancelled: at once when an extension is refused (the lock expired or changed
+        hands), or at the lease's local deadline when Redis stayed unreachable
+        (failed extensions are retried until then). ``held.lost`` turns true at the
+        same moment. The lease is released when the block is left.
+
+        Example::
+
+            async with locks.hold("report", ttl=10) as held:
+                await write_report(fencing_token=held.token)
+
+        Args:
+            name: the lock's name.
+            ttl: the lease's TTL in seconds: how long others wait for a holder
+                that died.
+            wait: how long to wait for the lock (``None``: forever; ``0``: one try).
+
+        Cancellation:
+            Cancelling the block releases the lease (shielded, for at most
+            :data:`RELEASE_TIMEOUT` seconds; otherwise it expires after ``ttl``).
+
+        Error handling:
+            :class:`LockNotAcquired` or :class:`RedisUnavailable` from acquiring,
+            as for :meth:`acquire`. :class:`LockLost` when leaving a block that
+            lost its lease (whether or not the block noticed), with the reason;
+            an exception the block raised itself takes precedence.
+        """
+        lease = await self.acquire(name, ttl=ttl, wait=wait)
+        held = HeldLease(lease)
+        body_scope = trio.CancelScope()
+        held.cancel_on_loss(body_scope)
+        self._holding.append(held)
+        body_exc: BaseException | None = None
+        keeper_exc: BaseException | None = None
+        try:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._keep, held)
+                    try:
+                        with body_scope:
+                            yield held
+                    except BaseException as exc:
+                        # Kept aside and re-raised below, so it reaches the caller
+                        # as itself, not wrapped in the nursery's exception group.
+                        body_exc = exc
+                    finally:
+                        nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                keeper_exc = _first_leaf(group)
+        finally:
+            self._holding.remove(held)
+            await self._release_held(held)
+        to_raise = _pick_exception(body_exc, keeper_exc)
+        if to_raise is not None:
+            raise to_raise
+        if held.lost_reason is not None:
+            raise LockLost(name, held.lost_reason)
+
+    async def _keep(self, held: HeldLease) -> None:
+        try:
+            reason = await keep_lease_alive(held.lease, self.extend, on_extended=held._extended)
+        except StreamkitError as exc:
+            # A Redis error reply (say, a script error): the lease can no longer be
+            # kept, so treat it as lost rather than leaving the holder unprotected.
+            log.exception("keeping the lease on %r alive failed", held.name)
+            reason = f"keeping the lease alive failed: {exc}"
+        self._lost += 1
+        log.warning("lease on %r (token %d) lost: %s", held.name, held.token, reason)
+        held._lose(reason)
+
+    async def _release_held(self, held: HeldLease) -> None:
+        if held.lost_reason is not None:
+            # Refused already, or its TTL ran out: not ours to release.
+            return
+        with trio.move_on_after(RELEASE_TIMEOUT) as scope:
+            scope.shield = True
+            try:
+                await self.release(held.lease)
+            except NotLockOwner as exc:
+                # The block ended before the keeper noticed; its exclusive access
+                # had ended earlier, so the caller must hear about it.
+                held._lose(f"lost before release: {'; '.join(exc.__notes__)}")
+                self._lost += 1
+            except RedisUnavailable as exc:
+                log.warning(
+                    "releasing %r failed (%s); it expires in %.3fs",
+                    held.name,
+                    exc.reason,
+                    held.lease.remaining(),
+                )
+        if scope.cancelled_caught:
+            log.warning("releasing %r timed out; it expires on its own", held.name)
+
+    # -- inspection --
+
+    def statistics(self) -> LockManagerStatistics:
+        """Return a snapshot of this manager's activity."""
+        return LockManagerStatistics(
+            owner=self.owner,
+            holding=tuple(h.name for h in self._holding),
+            acquired=self._acquired,
+            extended=self._extended,
+            released=self._released,
+            lost=self._lost,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<LockManager owner={self.owner!r} on {self._where}, "
+            f"holding {[h.name for h in self._holding]}, acquired {self._acquired}, "
+            f"lost {self._lost}>"
+        )
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception worth raising from a group: a non-Cancelled leaf if any."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for leaf in leaves:
+        if not isinstance(leaf, trio.Cancelled):
+            return leaf
+    return leaves[0] if leaves else group
+
+
+def _pick_exception(
+    body_exc: BaseException | None, task_exc: BaseException | None
+) -> BaseException | None:
+    """Which exception leaves a context manager whose block ran beside a task.
+
+    The block's own exception wins, unless it is merely the Cancelled that a
+    crashing background task caused: then the task's error is the real story.
+    """
+    task_crashed = task_exc is not None and not isinstance(task_exc, trio.Cancelled)
+    if task_crashed and (body_exc is None or isinstance(body_exc, trio.Cancelled)):
+        return task_exc
+    return body_exc if body_exc is not None else task_exc
+
+
+@asynccontextmanager
+async def open_lock_manager(
+    redis: Redis, *, owner: str | None = None, backoff: Backoff | None = None
+) -> AsyncIterator[LockManager]:
+    """Create a :class:`LockManager` on ``redis``.
+
+    The lock scripts are loaded first, so an unusable server fails here rather than
+    at the first acquire.
+
+    Args:
+        redis: a client from :func:`streamkit._redis.open_redis`.
+        owner: the owner id written into leases; by default
+            ``"<hostname>:<pid>:<random>"``, unique per manager.
+        backoff: the polling schedule while waiting for a held lock.
+
+    Error handling:
+        :class:`RedisUnavailable` if Redis cannot be reached.
+    """
+    where = getattr(redis.connection_pool, "location", None)
+    manager = LockManager(
+        redis,
+        owner or _default_owner(),
+        backoff or DEFAULT_POLL_BACKOFF,
+        f"redis://{where}" if where else "redis",
+    )
+    await manager._load_scripts()
+    yield manager

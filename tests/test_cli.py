@@ -1,0 +1,145 @@
+"""The command line, run as a real subprocess against a private Redis."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import orjson
+import pytest
+import trio
+
+from streamkit._redis import Redis
+from streamkit.testing import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+ORDERS = "examples.orders.app:orders"
+
+
+@attrs.frozen
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+async def streamkit(*args: str, redis_url: str, stdin: bytes = b"") -> Result:
+    env = {**os.environ, "STREAMKIT_REDIS_URL": redis_url, "STREAMKIT_CONNECT_GIVE_UP_AFTER": "0"}
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-m", "streamkit", *args],
+            cwd=ROOT,
+            env=env,
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def order(i: int, **changes: object) -> dict[str, object]:
+    return {
+        "order_id": i,
+        "customer": f"c{i % 5}",
+        "amount": i * 1.5,
+        "created_at": "2026-01-01T00:00:00+00:00",
+        **changes,
+    }
+
+
+async def count_orders(redis: Redis) -> int:
+    return sum([await redis.xlen(f"__strm:{{orders_demo.orders.{p}}}") for p in range(8)])
+
+
+def assert_no_traceback(result: Result) -> None:
+    assert "Traceback" not in result.err + result.out
+
+
+async def test_send_one_record(redis_url: str, redis: Redis) -> None:
+    result = await streamkit("send", ORDERS, orjson.dumps(order(1)).decode(), redis_url=redis_url)
+    assert result.code == 0, result.err
+    assert "sent to orders_demo.orders partition" in result.out
+    assert await count_orders(redis) == 1
+
+
+async def test_sendmany_from_a_file(redis_url: str, redis: Redis, tmp_path: Path) -> None:
+    lines = b"\n".join(orjson.dumps(order(i)) for i in range(500)) + b"\n\n"
+    path = tmp_path / "orders.jsonl"
+    path.write_bytes(lines)
+    result = await streamkit("sendmany", ORDERS, str(path), redis_url=redis_url)
+    assert result.code == 0, result.err
+    assert "sent 500 records" in result.out
+    assert await count_orders(redis) == 500
+
+
+async def test_sendmany_from_stdin(redis_url: str, redis: Redis) -> None:
+    lines = b"\n".join(orjson.dumps(order(i)) for i in range(10))
+    result = await streamkit("sendmany", ORDERS, "-", redis_url=redis_url, stdin=lines)
+    assert result.code == 0, result.err
+    assert await count_orders(redis) == 10
+
+
+async def test_sendmany_names_bad_lines_and_sends_nothing(redis_url: str, redis: Redis) -> None:
+    lines = [
+        orjson.dumps(order(1)),
+        b"{not json",
+        orjson.dumps(order(3, order_id="three")),
+        orjson.dumps([1, 2]),
+        orjson.dumps(order(5)),
+    ]
+    result = await streamkit("sendmany", ORDERS, "-", redis_url=redis_url, stdin=b"\n".join(lines))
+    assert result.code == 2
+    assert "line 2: invalid JSON" in result.err
+    assert "line 3:" in result.err and "order_id" in result.err
+    assert "line 4: expected a JSON object" in result.err
+    assert "nothing was sent" in result.err
+    assert_no_traceback(result)
+    assert await count_orders(redis) == 0
+
+
+async def test_send_bad_json(redis_url: str) -> None:
+    result = await streamkit("send", ORDERS, "{oops", redis_url=redis_url)
+    assert result.code == 2
+    assert "invalid JSON" in result.err
+    assert_no_traceback(result)
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("examples.orders.app:nothing", "has no attribute 'nothing'"),
+        ("examples.nowhere:orders", "cannot import 'examples.nowhere'"),
+        ("examples.orders.app:app", "not a stream"),
+        ("orders", "expected MODULE:NAME"),
+    ],
+)
+async def test_unknown_stream(redis_url: str, path: str, message: str) -> None:
+    result = await streamkit("send", path, orjson.dumps(order(1)).decode(), redis_url=redis_url)
+    assert result.code == 2
+    assert message in result.err
+    assert_no_traceback(result)
+
+
+async def test_unreachable_redis(redis_url: str) -> None:
+    nowhere = f"redis://127.0.0.1:{free_port()}"
+    result = await streamkit("send", ORDERS, orjson.dumps(order(1)).decode(), redis_url=nowhere)
+    assert result.code == 1
+    assert f"Redis at {nowhere} is unavailable" in result.err
+    assert "nothing was sent" in result.err
+    assert_no_traceback(result)
+
+
+def test_help_lists_the_commands() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "streamkit", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "sendmany" in done.stdout and "send" in done.stdout

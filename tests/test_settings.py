@@ -1,0 +1,58 @@
+"""Settings: defaults, environment variables, keyword arguments and validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamkit import App, ConfigError, Settings
+
+
+def test_defaults() -> None:
+    settings = Settings.from_env({})
+    assert settings.partition_count == 16
+    assert settings.max_len is None
+
+
+def test_environment_overrides_defaults_and_keywords_override_environment() -> None:
+    env = {"STREAMKIT_PARTITION_COUNT": "8", "STREAMKIT_REDIS_URL": "redis://h:1/2"}
+    assert Settings.from_env(env).partition_count == 8
+    assert Settings.from_env(env, partition_count=4).partition_count == 4
+    assert Settings.from_env(env).redis_url == "redis://h:1/2"
+
+
+def test_zero_is_honoured_not_replaced_by_a_default() -> None:
+    settings = Settings.from_env({"STREAMKIT_CONNECT_GIVE_UP_AFTER": "0"})
+    assert settings.connect_give_up_after == 0
+    assert Settings.from_env({}, connect_timeout=0).connect_timeout == 0
+
+
+def test_nullable_setting_can_be_unset_from_the_environment() -> None:
+    env = {"STREAMKIT_CONNECT_GIVE_UP_AFTER": "none"}
+    assert Settings.from_env(env).connect_give_up_after is None
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides", "named"),
+    [
+        ({"STREAMKIT_PARTITION_COUNT": "many"}, {}, "STREAMKIT_PARTITION_COUNT"),
+        ({"STREAMKIT_PARTITION_COUNT": "0"}, {}, "partition_count"),
+        ({}, {"partition_count": -1}, "partition_count"),
+        ({}, {"compression": "gzip"}, "compression"),
+        ({}, {"redis_url": "localhost"}, "redis_url"),
+        ({}, {"partition_cuont": 3}, "partition_cuont"),
+    ],
+)
+def test_invalid_values_name_the_setting(
+    env: dict[str, str], overrides: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env, **overrides)
+    assert named in str(info.value)
+
+
+def test_app_takes_settings_from_keywords(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMKIT_PARTITION_COUNT", "3")
+    app = App("shop", redis_url="redis://example:6380", partition_size=10)
+    assert app.settings.partition_count == 3
+    assert app.settings.partition_size == 10
+    assert app.settings.redis_url == "redis://example:6380"

@@ -1,0 +1,208 @@
+"""Producing to partitioned streams: routing, order, metadata checks and trimming."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from streamkit import App, ConfigError, MetadataMismatch, Record
+from streamkit._app import NotConnected
+from streamkit._partitioner import partition_for
+from streamkit._redis import Redis
+
+
+class Order(Record):
+    order_id: int
+    customer: str
+    amount: float
+    created_at: datetime
+
+
+def make_orders(n: int, customers: int = 7) -> list[Order]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    return [
+        Order(order_id=i, customer=f"c{i % customers}", amount=i / 10, created_at=now)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+async def app(redis_url: str) -> AsyncIterator[App]:
+    app = App("shop", redis_url=redis_url)
+    async with app:
+        yield app
+
+
+async def read_partition(redis: Redis, key: str) -> list[tuple[str, dict[bytes, bytes]]]:
+    entries = await redis.xrange(key)
+    return [(e.identifier.decode(), dict(e.field_values)) for e in entries]
+
+
+async def test_send_routes_each_record_to_its_partition_in_order(app: App, redis: Redis) -> None:
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
+    sent = make_orders(200)
+    ids = await orders.send_many(sent, chunk_size=16)
+
+    assert len(ids) == len(sent)
+    by_partition: dict[int, list[Order]] = defaultdict(list)
+    for order in sent:
+        by_partition[partition_for(order.customer, 4)].append(order)
+    for partition in range(4):
+        stored = await read_partition(redis, orders.key(partition))
+        decoded = [
+            orders.codec.decode(fields, stream="orders", partition=partition, entry_id=entry_id)
+            for entry_id, fields in stored
+        ]
+        assert decoded == by_partition[partition]
+    # Ids come back in the order the records were given.
+    for order, entry_id in zip(sent, ids, strict=True):
+        stored_ids = [
+            e for e, _ in await read_partition(redis, orders.key(orders.partition_of(order)))
+        ]
+        assert entry_id in stored_ids
+
+
+async def test_send_returns_one_id_per_record(app: App, redis: Redis) -> None:
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=2)
+    first, second = make_orders(2)
+    ids = await orders.send(first, second)
+    assert len(ids) == 2
+    total = sum([await redis.xlen(key) for key in orders.keys()])
+    assert total == 2
+
+
+async def test_callable_partition_key(app: App, redis: Redis) -> None:
+    orders = app.stream(
+        "orders", record=Order, partition_by=lambda o: o.customer.upper(), partition_count=3
+    )
+    order = make_orders(1)[0]
+    await orders.send(order)
+    assert await redis.xlen(orders.key(partition_for("C0", 3))) == 1
+
+
+async def test_other_partition_count_is_refused(redis_url: str) -> None:
+    async with App("shop", redis_url=redis_url) as first:
+        await first.stream("orders", record=Order, partition_by="order_id", partition_count=4).send(
+            *make_orders(1)
+        )
+    async with App("shop", redis_url=redis_url) as second:
+        orders = second.stream("orders", record=Order, partition_by="order_id", partition_count=8)
+        with pytest.raises(MetadataMismatch) as info:
+            await orders.send(*make_orders(1))
+    assert info.value.field == "partition_count"
+    assert (info.value.recorded, info.value.given) == ("4", "8")
+    assert "partition_count=4" in str(info.value)
+
+
+async def test_other_partition_key_is_refused(redis_url: str) -> None:
+    async with App("shop", redis_url=redis_url) as first:
+        await first.stream("orders", record=Order, partition_by="order_id").send(*make_orders(1))
+    async with App("shop", redis_url=redis_url) as second:
+        orders = second.stream("orders", record=Order, partition_by="customer")
+        with pytest.raises(MetadataMismatch, match="partition_by"):
+            await orders.send(*make_orders(1))
+
+
+async def test_apps_do_not_share_streams(redis_url: str, redis: Redis) -> None:
+    async with App("one", redis_url=redis_url) as one, App("two", redis_url=redis_url) as two:
+        await one.stream("orders", record=Order, partition_by="order_id", partition_count=1).send(
+            *make_orders(3)
+        )
+        other = two.stream("orders", record=Order, partition_by="order_id", partition_count=5)
+        await other.send(*make_orders(1))  # a different app: no mismatch
+    assert await redis.xlen("__strm:{one.orders.0}") == 3
+
+
+async def test_sending_without_connecting_says_how_to_connect(redis_url: str) -> None:
+    app = App("shop", redis_url=redis_url)
+    orders = app.stream("orders", record=Order, partition_by="order_id")
+    with pytest.raises(NotConnected, match="async with app"):
+        await orders.send(*make_orders(1))
+
+
+def test_declaring_a_stream_twice_is_an_error() -> None:
+    app = App("shop")
+    app.stream("orders", record=Order, partition_by="order_id")
+    with pytest.raises(ConfigError, match="already declared"):
+        app.stream("orders", record=Order, partition_by="order_id")
+
+
+@pytest.mark.parametrize("name", ["my.stream", "a{b}", "", "spaces here"])
+def test_bad_stream_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="stream"):
+        App("shop").stream(name, record=Order, partition_by="order_id")
+
+
+async def consume(redis: Redis, key: str, group: str, count: int) -> list[bytes]:
+    """Read ``count`` entries for ``group`` without acknowledging them."""
+    reply = await redis.xreadgroup(group, "consumer", streams={key: ">"}, count=count)
+    assert reply is not None
+    return [entry.identifier for entry in reply[key.encode()]]
+
+
+@pytest.fixture
+async def small_nodes(redis: Redis) -> AsyncIterator[None]:
+    # Trimming removes whole internal nodes of a stream; small nodes make it exact
+    # enough to observe with a few hundred entries.
+    await redis.config_set({"stream-node-max-entries": 10})
+    yield
+    await redis.config_set({"stream-node-max-entries": 100})
+
+
+@pytest.mark.usefixtures("small_nodes")
+async def test_trimming_never_removes_unacknowledged_entries(app: App, redis: Redis) -> None:
+    orders = app.stream(
+        "orders", record=Order, partition_by="order_id", partition_count=1, partition_size=50
+    )
+    key = orders.key(0)
+    first = await orders.send_many(make_orders(100))
+    await redis.xgroup_create(key, "slow", "0")
+    await redis.xgroup_create(key, "fast", "0")
+    delivered = await consume(redis, key, "slow", 30)  # pending, unacknowledged
+    fast = await consume(redis, key, "fast", 100)
+    await redis.xack(key, "fast", fast)
+
+    await orders.send_many(make_orders(300))
+    remaining = {e.identifier.decode() for e in await redis.xrange(key)}
+    assert set(first) <= remaining, "entries the slow group has not acknowledged were trimmed"
+    assert delivered[0].decode() in remaining
+
+    # Once both groups catch up, the partition shrinks back towards its size.
+    await redis.xack(key, "slow", delivered)
+    for group in ("slow", "fast"):
+        rest = await consume(redis, key, group, 1000)
+        await redis.xack(key, group, rest)
+    await orders.send_many(make_orders(10))
+    assert 50 <= await redis.xlen(key) < 80
+
+
+@pytest.mark.usefixtures("small_nodes")
+async def test_streams_without_consumer_groups_are_not_trimmed(app: App, redis: Redis) -> None:
+    orders = app.stream(
+        "orders", record=Order, partition_by="order_id", partition_count=1, partition_size=20
+    )
+    await orders.send_many(make_orders(200))
+    assert await redis.xlen(orders.key(0)) == 200
+
+
+async def test_hard_cap_drops_and_warns_with_a_count(
+    app: App, redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    orders = app.stream(
+        "orders", record=Order, partition_by="order_id", partition_count=1, max_len=100
+    )
+    key = orders.key(0)
+    await orders.send_many(make_orders(100))
+    await redis.xgroup_create(key, "group", "0")
+    acked = await consume(redis, key, "group", 40)
+    await redis.xack(key, "group", acked)
+
+    with caplog.at_level(logging.WARNING, logger="streamkit.streams"):
+        await orders.send_many(make_orders(50), chunk_size=50)
+    assert await redis.xlen(key) == 100
+    # 50 oldest dropped: 40 were acknowledged, 10 were not.
+    assert any("dropped 10 unprocessed" in r.getMessage() for r in caplog.records)
