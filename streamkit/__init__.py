@@ -1,5 +1,14 @@
 """streamkit: partitioned, ordered event processing on Redis Streams, for Trio."""
 
+from ._app import App as App, NotConnected as NotConnected
+from ._assignment import (
+    Assignment as Assignment,
+    AssignmentDiff as AssignmentDiff,
+    Assignor as Assignor,
+    assign as assign,
+    diff as diff,
+)
+from ._codec import Codec as Codec, codec_for as codec_for
 from ._errors import (
     BackendError as BackendError,
     ConfigError as ConfigError,
@@ -12,15 +21,6 @@ from ._errors import (
     RedisUnavailable as RedisUnavailable,
     StreamkitError as StreamkitError,
 )
-from ._app import App as App, NotConnected as NotConnected
-from ._assignment import (
-    Assignment as Assignment,
-    AssignmentDiff as AssignmentDiff,
-    Assignor as Assignor,
-    assign as assign,
-    diff as diff,
-)
-from ._codec import Codec as Codec, codec_for as codec_for
 from ._membership import (
     MemberInfo as MemberInfo,
     Membership as Membership,
@@ -34,8 +34,8 @@ from ._partitioner import (
     canonical_key_bytes as canonical_key_bytes,
     partition_for as partition_for,
 )
-from ._redis import Redis as Redis, open_redis as open_redis
 from ._records import Record as Record, is_primitive as is_primitive
+from ._redis import Redis as Redis, open_redis as open_redis
 from ._settings import Settings as Settings
 from ._streams import Stream as Stream
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import attrs
 
@@ -14,6 +12,10 @@ from ._errors import ConfigError, StreamkitError
 from ._redis import Redis, open_redis
 from ._settings import Settings
 from ._streams import Stream
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
 
 __all__ = ["App", "NotConnected"]
 
@@ -105,15 +107,13 @@ class App:
         """
         if name in self.streams:
             raise ConfigError("stream", f"{name!r} is already declared in app {self.name!r}")
-        changes: dict[str, Any] = {}
-        for field, value in (
-            ("partition_count", partition_count),
-            ("partition_size", partition_size),
-            ("max_len", max_len),
-            ("compression", compression),
-        ):
-            if value is not None:
-                changes[field] = value
+        given = {
+            "partition_count": partition_count,
+            "partition_size": partition_size,
+            "max_len": max_len,
+            "compression": compression,
+        }
+        changes: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
         settings = attrs.evolve(self.settings, **changes) if changes else self.settings
         stream: Stream[R] = Stream(
             name=name,
@@ -137,7 +137,7 @@ class App:
             raise NotConnected(self.name)
         return self._redis
 
-    async def __aenter__(self) -> App:
+    async def __aenter__(self) -> Self:
         if self._entered == 0:
             stack = contextlib.AsyncExitStack()
             async with stack:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import trio
 
 from ._errors import ConfigError, RedisUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
 
 __all__ = ["Backoff", "retry_unavailable"]
 
@@ -40,7 +42,9 @@ class Backoff:
     initial: float = attrs.field(default=DEFAULT_INITIAL, validator=_positive)
     maximum: float = attrs.field(default=DEFAULT_MAXIMUM, validator=_positive)
     factor: float = attrs.field(default=DEFAULT_FACTOR, validator=_positive)
-    jitter: float = attrs.field(default=0.2, validator=attrs.validators.and_(attrs.validators.ge(0), attrs.validators.le(1)))
+    jitter: float = attrs.field(
+        default=0.2, validator=attrs.validators.and_(attrs.validators.ge(0), attrs.validators.le(1))
+    )
 
     def delays(self) -> Iterator[float]:
         """Yield the delay before each successive retry, forever."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
 import attrs
@@ -13,9 +13,11 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ._app import App
 from ._errors import EncodeError, StreamkitError
 from ._streams import Stream
+
+if TYPE_CHECKING:
+    from ._app import App
 
 __all__ = ["cli", "main"]
 
@@ -25,15 +27,19 @@ stderr = Console(stderr=True)
 
 
 class CommandError(click.ClickException):
-    """An error the user can act on: printed as one line, no traceback."""
+    """A failure the user can act on: printed without a traceback, exit code 1."""
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    exit_code = 1
+
+
+class BadInput(CommandError):
+    """The command was given something unusable (a path, a record): exit code 2."""
+
+    exit_code = 2
 
 
 def fail(message: str, exit_code: int = 1) -> NoReturn:
-    raise CommandError(message, exit_code)
+    raise (BadInput if exit_code == 2 else CommandError)(message)
 
 
 def load_object(path: str) -> Any:
@@ -108,7 +114,9 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
             [entry_id] = await stream.send(record)
     except StreamkitError as exc:
         fail(f"{exc}\nnothing was sent")
-    click.echo(f"sent to {app.name}.{stream.name} partition {stream.partition_of(record)}: {entry_id}")
+    click.echo(
+        f"sent to {app.name}.{stream.name} partition {stream.partition_of(record)}: {entry_id}"
+    )
 
 
 @cli.command()

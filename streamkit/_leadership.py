@@ -20,7 +20,7 @@ import trio
 import trio_util
 
 from ._backoff import Backoff
-from ._errors import LockLost, LockNotAcquired, RedisUnavailable
+from ._errors import BackendError, LockLost, LockNotAcquired, RedisUnavailable
 from ._locks import HeldLease, Lease, LockInfo, LockManager, _first_leaf, _pick_exception
 
 if TYPE_CHECKING:
@@ -166,11 +166,13 @@ class LeaderElection:
                 pass
             except LockLost as exc:
                 log.warning("lost leadership of %r: %s; campaigning again", self.name, exc.reason)
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, BackendError) as exc:
+                # Outages and failovers (a READONLY replica, say) pass; a leader
+                # deposed by them campaigns again once Redis is back.
                 if not started:
                     raise
                 delay = next(delays)
-                log.warning("campaign for %r: %s (retrying in %.2fs)", self.name, exc.reason, delay)
+                log.warning("campaign for %r: %s (retrying in %.2fs)", self.name, exc, delay)
                 await trio.sleep(delay)
             if not started:
                 started = True

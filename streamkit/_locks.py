@@ -27,8 +27,9 @@ import math
 import os
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import attrs
 import trio
@@ -46,9 +47,7 @@ from ._errors import (
 from ._redis import Redis, redis_errors
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
-
-    from coredis.commands.script import Script
+    from collections.abc import AsyncIterator
 
 __all__ = [
     "HeldLease",
@@ -66,6 +65,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamkit.locks")
+
+# A registered Lua script (``Redis.register_script``), called as ``script(keys, args)``.
+# Spelled as a callable so that coredis stays an implementation detail of _redis.
+_Script: TypeAlias = Callable[[list[str], list[str | int | bytes]], Awaitable[Any]]
 
 LOCK_KEY_PREFIX = "__lock:"
 FENCE_KEY_SUFFIX = ":fence"
@@ -355,9 +358,13 @@ class HeldLease:
 
     def __repr__(self) -> str:
         state = f"lost: {self.lost_reason}" if self.lost_reason else "held"
+        try:
+            left = f", {self.lease.remaining():.3f}s left"
+        except RuntimeError:  # outside of trio.run, say in a post-mortem debugger
+            left = ""
         return (
             f"<HeldLease {self.name!r} token={self.token} {state}, "
-            f"extended {self.extensions}x, {self.lease.remaining():.3f}s left>"
+            f"extended {self.extensions}x{left}>"
         )
 
 
@@ -400,6 +407,8 @@ async def _extend_before(
                 deadline - trio.current_time(),
             )
             await trio.sleep(next(delays))
+    if failures == 0:
+        return "the lease ran out before it could be extended"
     return (
         f"Redis unreachable for the rest of the lease's TTL "
         f"({failures} failed extension attempt(s))"
@@ -478,10 +487,10 @@ class LockManager:
     owner: str
     backoff: Backoff = DEFAULT_POLL_BACKOFF
     _where: str = attrs.field(default="redis")
-    _acquire_script: Script[bytes] = attrs.field(init=False)
-    _extend_script: Script[bytes] = attrs.field(init=False)
-    _release_script: Script[bytes] = attrs.field(init=False)
-    _inspect_script: Script[bytes] = attrs.field(init=False)
+    _acquire_script: _Script = attrs.field(init=False)
+    _extend_script: _Script = attrs.field(init=False)
+    _release_script: _Script = attrs.field(init=False)
+    _inspect_script: _Script = attrs.field(init=False)
     _holding: list[HeldLease] = attrs.field(init=False, factory=list)
     _acquired: int = attrs.field(init=False, default=0)
     _extended: int = attrs.field(init=False, default=0)
@@ -495,7 +504,7 @@ class LockManager:
         self._inspect_script = self.redis.register_script(_INSPECT)
 
     async def _run(
-        self, script: Script[bytes], keys: list[str], args: list[str | int | bytes]
+        self, script: _Script, keys: list[str], args: list[str | int | bytes]
     ) -> list[Any]:
         with redis_errors(self._where):
             # Script calls EVALSHA and loads the script on NOSCRIPT (after a restart).
@@ -503,13 +512,8 @@ class LockManager:
 
     async def _load_scripts(self) -> None:
         with redis_errors(self._where):
-            for script in (
-                self._acquire_script,
-                self._extend_script,
-                self._release_script,
-                self._inspect_script,
-            ):
-                await self.redis.script_load(script.script)
+            for source in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
+                await self.redis.script_load(source)
 
     # -- single operations --
 
@@ -747,11 +751,13 @@ class LockManager:
                 # had ended earlier, so the caller must hear about it.
                 held._lose(f"lost before release: {'; '.join(exc.__notes__)}")
                 self._lost += 1
-            except RedisUnavailable as exc:
+            except StreamkitError as exc:
+                # Never let a failed release hide how the block ended; the lease
+                # simply expires.
                 log.warning(
                     "releasing %r failed (%s); it expires in %.3fs",
                     held.name,
-                    exc.reason,
+                    exc,
                     held.lease.remaining(),
                 )
         if scope.cancelled_caught:

@@ -10,8 +10,7 @@ import contextlib
 import logging
 import math
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import coredis
 import coredis.exceptions
@@ -19,6 +18,9 @@ import trio
 
 from ._backoff import Backoff, retry_unavailable
 from ._errors import BackendError, ConfigError, RedisUnavailable, StreamkitError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
 
 __all__ = ["Redis", "mask_url", "open_redis", "redis_errors"]
 
@@ -89,9 +91,7 @@ def _client_from_url(url: str, connect_timeout: float) -> Redis:
             "redis_url", f"expected redis://, rediss:// or unix://, got {mask_url(url)!r}"
         )
     try:
-        return coredis.Redis.from_url(
-            url, connect_timeout=connect_timeout, decode_responses=False
-        )
+        return coredis.Redis.from_url(url, connect_timeout=connect_timeout, decode_responses=False)
     except ValueError as exc:
         raise ConfigError("redis_url", f"{mask_url(url)!r}: {exc}") from exc
 

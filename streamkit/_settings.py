@@ -8,12 +8,14 @@ arguments. A value is only ever replaced by one that was given; a default of ``0
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ._errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 __all__ = ["Settings"]
 
@@ -32,7 +34,9 @@ def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ConfigError(attribute.name, f"must be a positive integer, got {value!r}")
 
 
-def _optional_positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def _optional_positive_int(
+    instance: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
     if value is not None:
         _positive_int(instance, attribute, value)
 
@@ -93,9 +97,7 @@ class Settings:
     )
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Build settings from defaults, ``STREAMKIT_*`` variables and ``overrides``.
 
         Error handling:

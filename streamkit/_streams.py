@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
+from coredis.commands.script import Script
 
 from . import _keys
 from ._codec import Codec, codec_for
@@ -22,12 +22,12 @@ from ._errors import ConfigError, MetadataMismatch
 from ._partitioner import Partitioner
 from ._records import is_primitive
 from ._redis import redis_errors
-from ._settings import Settings
 
 if TYPE_CHECKING:
-    from coredis.commands.script import Script
+    from collections.abc import Callable, Iterable, Sequence
 
     from ._app import App
+    from ._settings import Settings
 
 __all__ = ["Stream"]
 
@@ -43,7 +43,8 @@ WINDOW_PER_PARTITION = 4
 
 # ARGV: partition_size, max_len (0 = no cap), then per entry: field count, fields...
 # Returns {entry ids, number of unacknowledged entries the hard cap dropped}.
-_SEND_SCRIPT = """
+_SEND_SCRIPT: Script[bytes] = Script(
+    script="""
 local key = KEYS[1]
 local keep = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
@@ -102,15 +103,18 @@ elseif length > keep then
 end
 return {ids, dropped}
 """
+)
 
 # Record the metadata if the stream is new; return what is recorded otherwise.
-_METADATA_SCRIPT = """
+_METADATA_SCRIPT: Script[bytes] = Script(
+    script="""
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], unpack(ARGV))
   return {}
 end
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
 
 @attrs.define(eq=False)
@@ -130,7 +134,6 @@ class Stream(Generic[R]):
     codec: Codec[R] = attrs.field(init=False, repr=False)
     partitioner: Partitioner[R] = attrs.field(init=False, repr=False)
     _metadata_checked: bool = attrs.field(default=False, init=False, repr=False)
-    _send_scripts: dict[int, Script[bytes]] = attrs.field(factory=dict, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _keys.validate_name("stream", self.name)
@@ -145,7 +148,7 @@ class Stream(Generic[R]):
         """The Redis key of ``partition``."""
         return _keys.stream_key(self.app.name, self.name, partition)
 
-    def keys(self) -> list[str]:
+    def partition_keys(self) -> list[str]:
         """The Redis keys of all partitions, in partition order."""
         return [self.key(p) for p in range(self.partition_count)]
 
@@ -177,10 +180,10 @@ class Stream(Generic[R]):
         redis = self.app.redis
         mine = self.metadata()
         with redis_errors():
-            script = redis.register_script(_METADATA_SCRIPT)
-            reply = await script(
+            reply: object = await _METADATA_SCRIPT(
                 keys=[_keys.meta_key(self.app.name, self.name)],
                 args=list(itertools.chain.from_iterable(mine.items())),
+                client=redis,
             )
         recorded = _pairs(reply)
         for field in ("partition_count", "format", "record", "partition_by"):
@@ -268,17 +271,16 @@ class Stream(Generic[R]):
         return ids
 
     async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:
-        redis = self.app.redis
-        script = self._send_scripts.get(id(redis))
-        if script is None:
-            script = self._send_scripts[id(redis)] = redis.register_script(_SEND_SCRIPT)
         max_len = self.settings.max_len or 0
         args: list[bytes | int] = [self.settings.partition_size, max_len]
         for entry in entries:
             args.extend(entry)
         with redis_errors():
-            reply = await script(keys=[self.key(partition)], args=args)
-        entry_ids, dropped = reply  # type: ignore[misc]
+            reply: Any = await _SEND_SCRIPT(
+                keys=[self.key(partition)], args=args, client=self.app.redis
+            )
+        entry_ids: list[bytes] = reply[0]
+        dropped: int = reply[1]
         if dropped:
             log.warning(
                 "max_len=%d dropped %d unprocessed entries from %s partition %d",
@@ -287,7 +289,7 @@ class Stream(Generic[R]):
                 self.name,
                 partition,
             )
-        return [e.decode() for e in entry_ids]  # type: ignore[union-attr]
+        return [e.decode() for e in entry_ids]
 
     def __repr__(self) -> str:
         return (
@@ -308,4 +310,3 @@ def _pairs(reply: object) -> dict[str, str]:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-

@@ -18,13 +18,16 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
+from typing import TYPE_CHECKING, Self
 
 import attrs
 
 from ._errors import StreamkitError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
 
 __all__ = ["RedisServer", "RedisServerError", "free_port"]
 
@@ -168,7 +171,7 @@ class RedisServer:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> RedisServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -179,4 +182,3 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-

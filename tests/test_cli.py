@@ -6,14 +6,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import orjson
 import pytest
 import trio
 
-from streamkit._redis import Redis
 from streamkit.testing import free_port
+
+if TYPE_CHECKING:
+    from streamkit._redis import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = "examples.orders.app:orders"
@@ -94,7 +97,8 @@ async def test_sendmany_names_bad_lines_and_sends_nothing(redis_url: str, redis:
     result = await streamkit("sendmany", ORDERS, "-", redis_url=redis_url, stdin=b"\n".join(lines))
     assert result.code == 2
     assert "line 2: invalid JSON" in result.err
-    assert "line 3:" in result.err and "order_id" in result.err
+    assert "line 3:" in result.err
+    assert "order_id" in result.err
     assert "line 4: expected a JSON object" in result.err
     assert "nothing was sent" in result.err
     assert_no_traceback(result)
@@ -142,4 +146,5 @@ def test_help_lists_the_commands() -> None:
         check=True,
         timeout=60,
     )
-    assert "sendmany" in done.stdout and "send" in done.stdout
+    assert "sendmany" in done.stdout
+    assert "send" in done.stdout

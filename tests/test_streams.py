@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
 from streamkit import App, ConfigError, MetadataMismatch, Record
 from streamkit._app import NotConnected
 from streamkit._partitioner import partition_for
-from streamkit._redis import Redis
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from streamkit._redis import Redis
 
 
 class Order(Record):
@@ -39,7 +43,10 @@ async def app(redis_url: str) -> AsyncIterator[App]:
 
 async def read_partition(redis: Redis, key: str) -> list[tuple[str, dict[bytes, bytes]]]:
     entries = await redis.xrange(key)
-    return [(e.identifier.decode(), dict(e.field_values)) for e in entries]
+    return [
+        (cast("bytes", e.identifier).decode(), cast("dict[bytes, bytes]", e.field_values))
+        for e in entries
+    ]
 
 
 async def test_send_routes_each_record_to_its_partition_in_order(app: App, redis: Redis) -> None:
@@ -71,7 +78,7 @@ async def test_send_returns_one_id_per_record(app: App, redis: Redis) -> None:
     first, second = make_orders(2)
     ids = await orders.send(first, second)
     assert len(ids) == 2
-    total = sum([await redis.xlen(key) for key in orders.keys()])
+    total = sum([await redis.xlen(key) for key in orders.partition_keys()])
     assert total == 2
 
 
@@ -141,7 +148,7 @@ async def consume(redis: Redis, key: str, group: str, count: int) -> list[bytes]
     """Read ``count`` entries for ``group`` without acknowledging them."""
     reply = await redis.xreadgroup(group, "consumer", streams={key: ">"}, count=count)
     assert reply is not None
-    return [entry.identifier for entry in reply[key.encode()]]
+    return [cast("bytes", entry.identifier) for entry in reply[key.encode()]]
 
 
 @pytest.fixture
@@ -167,7 +174,7 @@ async def test_trimming_never_removes_unacknowledged_entries(app: App, redis: Re
     await redis.xack(key, "fast", fast)
 
     await orders.send_many(make_orders(300))
-    remaining = {e.identifier.decode() for e in await redis.xrange(key)}
+    remaining = {cast("bytes", e.identifier).decode() for e in await redis.xrange(key)}
     assert set(first) <= remaining, "entries the slow group has not acknowledged were trimmed"
     assert delivered[0].decode() in remaining
 

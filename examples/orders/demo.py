@@ -9,6 +9,7 @@ import os
 import random
 import time
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import trio
 from rich.console import Console
@@ -20,7 +21,7 @@ from streamkit.testing import RedisServer
 console = Console()
 
 ORDERS = 20_000
-CUSTOMERS = ["ada", "grace", "alan", "edsger", "barbara", "donald", "margaret", "ken"]
+CUSTOMERS = [f"customer-{n:03d}" for n in range(100)]
 
 
 async def produce_and_inspect() -> None:
@@ -51,16 +52,16 @@ async def produce_and_inspect() -> None:
         table.add_column("partition", justify="right")
         table.add_column("redis key")
         table.add_column("entries", justify="right")
-        table.add_column("customers")
+        table.add_column("customers", justify="right")
         for partition in range(orders.partition_count):
-            customers = sorted(
+            customers = [
                 c for c in CUSTOMERS if partition_for(c, orders.partition_count) == partition
-            )
+            ]
             table.add_row(
                 str(partition),
                 orders.key(partition),
                 f"{await app.redis.xlen(orders.key(partition)):,}",
-                ", ".join(customers) or "-",
+                str(len(customers)),
             )
         console.print(table)
 
@@ -68,10 +69,11 @@ async def produce_and_inspect() -> None:
         partition = orders.partition_of(first)
         [entry] = await app.redis.xrange(orders.key(partition), count=1)
         console.print(f"\nthe first entry of partition {partition}, as redis-cli shows it:")
-        for name, value in entry.field_values.items():
+        fields = cast("dict[bytes, bytes]", entry.field_values)
+        for name, value in fields.items():
             console.print(f"  {name.decode()} = {value.decode()}")
         decoded = orders.codec.decode(
-            entry.field_values, stream=orders.name, partition=partition, entry_id=entry.identifier
+            fields, stream=orders.name, partition=partition, entry_id=entry.identifier
         )
         console.print(f"decoded: {decoded!r}")
 
