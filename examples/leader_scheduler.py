@@ -23,9 +23,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from streamkit._leadership import LeaderElection, open_leader_election
-from streamkit._locks import open_lock_manager
-from streamkit._redis import Redis, open_redis, redis_errors
+from streamkit import (
+    LeaderElection,
+    Redis,
+    open_leader_election,
+    open_lock_manager,
+    open_redis,
+    redis_errors,
+)
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:

@@ -30,9 +30,7 @@ import sys
 
 import trio
 
-from streamkit._assignment import Assignment, diff
-from streamkit._membership import Membership, open_membership
-from streamkit._redis import open_redis
+from streamkit import Assignment, Membership, diff, open_membership, open_redis
 
 
 def emit(**fields: object) -> None:

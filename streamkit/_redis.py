@@ -67,6 +67,30 @@ def _translate(exc: BaseException, url: str) -> StreamkitError | None:
     return None
 
 
+def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+@contextlib.contextmanager
+def _unwrapped_group() -> Iterator[None]:
+    """Re-raise a lone exception that coredis's pool task group wrapped in a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaf = _single_leaf(group)
+        if leaf is None:
+            raise
+        raise leaf from None
+
+
 @contextlib.contextmanager
 def redis_errors(url: str = "redis") -> Iterator[None]:
     """Translate Redis client errors raised in the block into streamkit errors.
@@ -129,7 +153,7 @@ async def open_redis(
         except trio.TooSlowError as exc:
             raise RedisUnavailable(masked, "timed out") from exc
 
-    with redis_errors(url):
+    with redis_errors(url), _unwrapped_group():
         async with client:
             await retry_unavailable(
                 ping,

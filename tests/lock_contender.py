@@ -15,8 +15,7 @@ import sys
 
 import trio
 
-from streamkit._locks import open_lock_manager
-from streamkit._redis import open_redis, redis_errors
+from streamkit import open_lock_manager, open_redis, redis_errors
 
 LOCK = "contended"
 LOG = "{contended}:log"  # same hash slot as the lock, so one script can touch both

@@ -557,11 +557,14 @@ async def test_hung_attempts_are_abandoned_and_retried(
 async def test_failed_release_does_not_mask_how_the_block_ended(
     private_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    async def stop_redis_and_fail() -> None:
+        await trio.to_thread.run_sync(private_redis.stop)
+        raise ValueError("mine")
+
     async with open_redis(private_redis.url) as client, open_lock_manager(client) as locks:
         with pytest.raises(ValueError, match="mine"):
             async with locks.hold("jobs", ttl=5):
-                await trio.to_thread.run_sync(private_redis.stop)
-                raise ValueError("mine")
+                await stop_redis_and_fail()
         await trio.to_thread.run_sync(private_redis.start)
         async with locks.hold("other", ttl=5):
             await trio.to_thread.run_sync(private_redis.stop)
