@@ -8,6 +8,7 @@ from ._assignment import (
     assign as assign,
     diff as diff,
 )
+from ._backoff import Backoff as Backoff
 from ._codec import Codec as Codec, codec_for as codec_for
 from ._errors import (
     BackendError as BackendError,
@@ -18,8 +19,15 @@ from ._errors import (
     LockNotAcquired as LockNotAcquired,
     MetadataMismatch as MetadataMismatch,
     NotLockOwner as NotLockOwner,
+    ProcessorHalted as ProcessorHalted,
     RedisUnavailable as RedisUnavailable,
     StreamkitError as StreamkitError,
+)
+from ._events import Event as Event, Events as Events, Middleware as Middleware
+from ._fetcher import (
+    Fetcher as Fetcher,
+    FetcherStatistics as FetcherStatistics,
+    open_fetcher as open_fetcher,
 )
 from ._leadership import (
     LeaderElection as LeaderElection,
@@ -36,20 +44,21 @@ from ._locks import (
 from ._membership import (
     MemberInfo as MemberInfo,
     Membership as Membership,
-    MembershipSnapshot as MembershipSnapshot,
     MembershipKeys as MembershipKeys,
     MembershipSettings as MembershipSettings,
+    MembershipSnapshot as MembershipSnapshot,
     MembershipStatistics as MembershipStatistics,
     membership_keys as membership_keys,
-    reset_membership as reset_membership,
     open_membership as open_membership,
     read_membership as read_membership,
+    reset_membership as reset_membership,
 )
 from ._partitioner import (
     Partitioner as Partitioner,
     canonical_key_bytes as canonical_key_bytes,
     partition_for as partition_for,
 )
+from ._policies import ExceptionPolicy as ExceptionPolicy, run_processor as run_processor
 from ._records import Record as Record, is_primitive as is_primitive
 from ._redis import Redis as Redis, open_redis as open_redis, redis_errors as redis_errors
 from ._settings import Settings as Settings

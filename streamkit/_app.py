@@ -3,23 +3,56 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import attrs
 
 from . import _keys
+from ._background import BackgroundTask
 from ._errors import ConfigError, StreamkitError
+from ._policies import ExceptionPolicy
 from ._redis import Redis, open_redis
 from ._settings import Settings
 from ._streams import Stream
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import TracebackType
 
-__all__ = ["App", "NotConnected"]
+    from ._events import Events, Middleware
+
+__all__ = ["App", "NotConnected", "Processor"]
 
 R = TypeVar("R")
+
+ProcessorFunction = Callable[["Events[Any]"], Awaitable[None]]
+BackgroundFunction = Callable[[], Awaitable[object]]
+
+
+@attrs.frozen(kw_only=True)
+class Processor:
+    """A registered processor: a function run over every partition of a stream.
+
+    Attributes:
+        name: the processor's name, also its consumer group's.
+        stream: the stream it processes.
+        fn: ``async def fn(events)``.
+        policy: what happens when processing an event fails.
+        middleware: wrappers of the event iterator.
+        settings: the app's settings with this processor's overrides.
+    """
+
+    name: str
+    stream: Stream[Any]
+    fn: ProcessorFunction
+    policy: ExceptionPolicy
+    middleware: tuple[Middleware, ...]
+    settings: Settings
+
+    @property
+    def group(self) -> str:
+        """The processor's membership group and consumer group name."""
+        return _keys.processor_group(self.stream.app.name, self.stream.name, self.name)
 
 
 class NotConnected(StreamkitError):
@@ -53,6 +86,8 @@ class App:
     name: str
     settings: Settings
     streams: dict[str, Stream[Any]]
+    processors: dict[str, Processor]
+    background: list[BackgroundTask]
     _redis: Redis | None
     _exit_stack: contextlib.AsyncExitStack | None
     _entered: int
@@ -74,6 +109,8 @@ class App:
             settings = attrs.evolve(settings, **overrides)
         self.settings = settings
         self.streams = {}
+        self.processors = {}
+        self.background = []
         self._redis = None
         self._exit_stack = None
         self._entered = 0
@@ -125,6 +162,111 @@ class App:
         )
         self.streams[name] = stream
         return stream
+
+    def processor(
+        self,
+        stream: Stream[Any],
+        *,
+        name: str | None = None,
+        policy: ExceptionPolicy | None = None,
+        middleware: Sequence[Middleware] = (),
+        **overrides: Any,
+    ) -> Callable[[ProcessorFunction], ProcessorFunction]:
+        """Register ``async def fn(events)`` to process every event of ``stream``.
+
+        Partitions of the stream are spread over all workers running the processor;
+        each partition is processed by one worker at a time, in order::
+
+            @app.processor(orders)
+            async def printer(events):
+                async for order in events.records():
+                    print(order.amount)
+
+        Args:
+            stream: a stream of this app.
+            name: the processor's name (its consumer group); the function's name by
+                default. Renaming a processor starts it again from the beginning.
+            policy: what to do when processing fails (see
+                :class:`~streamkit.ExceptionPolicy`); halting by default.
+            middleware: wrappers of the event iterator, outermost last.
+            **overrides: per-processor settings (``lease_ttl``, ``grace_period``,
+                ``batch_size``, ``prefetch``, ...).
+
+        Error handling:
+            :class:`ConfigError` for a stream of another app, a name used twice or a
+            bad setting.
+        """
+        if stream.app is not self:
+            raise ConfigError("stream", f"{stream!r} belongs to another app")
+
+        def register(fn: ProcessorFunction) -> ProcessorFunction:
+            processor_name = _keys.validate_name("processor name", name or fn.__name__)
+            if processor_name in self.processors:
+                raise ConfigError("processor", f"{processor_name!r} is already registered")
+            self.processors[processor_name] = Processor(
+                name=processor_name,
+                stream=stream,
+                fn=fn,
+                policy=policy or ExceptionPolicy(),
+                middleware=tuple(middleware),
+                settings=attrs.evolve(self.settings, **overrides) if overrides else self.settings,
+            )
+            return fn
+
+        return register
+
+    def task(self, fn: BackgroundFunction | None = None, *, on_leader: bool = False) -> Any:
+        """Register ``async def fn()`` to run once in the background of each worker.
+
+        With ``on_leader=True`` it runs only on the elected leader worker, and is
+        cancelled when leadership moves (and started on the new leader). Usable as
+        ``@app.task`` or ``@app.task(on_leader=True)``.
+        """
+
+        def register(fn: BackgroundFunction) -> BackgroundFunction:
+            self.background.append(
+                BackgroundTask(name=fn.__name__, fn=fn, kind="task", on_leader=on_leader)
+            )
+            return fn
+
+        return register if fn is None else register(fn)
+
+    def timer(
+        self, *, interval: float, on_leader: bool = False
+    ) -> Callable[[BackgroundFunction], BackgroundFunction]:
+        """Register ``async def fn()`` to run every ``interval`` seconds.
+
+        The schedule does not drift: runs start at ``interval`` multiples from the
+        worker's start; a run that overruns skips the ticks it missed.
+        """
+
+        def register(fn: BackgroundFunction) -> BackgroundFunction:
+            self.background.append(
+                BackgroundTask(
+                    name=fn.__name__, fn=fn, kind="timer", interval=interval, on_leader=on_leader
+                )
+            )
+            return fn
+
+        return register
+
+    def crontab(
+        self, expression: str, *, on_leader: bool = False
+    ) -> Callable[[BackgroundFunction], BackgroundFunction]:
+        """Register ``async def fn()`` to run at the times of a crontab ``expression``.
+
+        For example ``"*/5 * * * *"`` runs every five minutes, in local time.
+        """
+
+        def register(fn: BackgroundFunction) -> BackgroundFunction:
+            self.background.append(
+                BackgroundTask(
+                    name=fn.__name__, fn=fn, kind="crontab", cron=expression, on_leader=on_leader
+                )
+            )
+            return fn
+
+        return register
 
     @property
     def redis(self) -> Redis:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from typing import IO, TYPE_CHECKING, Any, NoReturn
@@ -12,12 +13,16 @@ import attrs
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
-from ._errors import EncodeError, StreamkitError
+from ._admin import PartitionStatus, live_members, processor_status, reset_positions
+from ._app import App
+from ._errors import ConfigError, EncodeError, StreamkitError
 from ._streams import Stream
+from ._worker import run_worker, select_processors
 
 if TYPE_CHECKING:
-    from ._app import App
+    from ._app import Processor
 
 __all__ = ["cli", "main"]
 
@@ -72,6 +77,31 @@ def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
     if redis_url is not None:
         app.settings = attrs.evolve(app.settings, redis_url=redis_url)
     return app, stream
+
+
+def load_app(path: str, redis_url: str | None) -> App:
+    app = load_object(path)
+    if not isinstance(app, App):
+        fail(f"{path} is a {type(app).__name__}, not a streamkit App", 2)
+    if redis_url is not None:
+        app.settings = attrs.evolve(app.settings, redis_url=redis_url)
+    return app
+
+
+def load_processor(app: App, name: str) -> Processor:
+    try:
+        [processor] = select_processors(app, [name])
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    return processor
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def redis_url_option(function: Any) -> Any:
@@ -179,6 +209,129 @@ async def sendmany(
         except StreamkitError as exc:
             fail(f"{exc}\n{describe_partial_send(line_numbers, sent, len(records))}")
     click.echo(f"sent {len(records)} records to {app.name}.{stream.name}")
+
+
+@cli.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option(
+    "--processors",
+    "-p",
+    metavar="NAMES",
+    help="Comma-separated processors to run (default: all of the app's).",
+)
+@redis_url_option
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
+async def worker(
+    app_path: str, processors: str | None, redis_url: str | None, log_level: str
+) -> None:
+    """Run an app's processors and background tasks.
+
+    Start as many workers as you like, on one machine or many: the partitions of
+    each stream are spread over them and move when workers join, leave or die.
+    SIGINT or SIGTERM stops a worker gracefully (current events finish and are
+    acknowledged, leases are released); a second signal exits at once.
+    """
+    configure_logging(log_level)
+    app = load_app(app_path, redis_url)
+    names = [n.strip() for n in processors.split(",") if n.strip()] if processors else None
+    try:
+        select_processors(app, names)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    try:
+        await run_worker(app, processors=names, handle_signals=True)
+    except StreamkitError as exc:
+        fail(str(exc))
+
+
+@cli.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@redis_url_option
+async def status(app_path: str, redis_url: str | None) -> None:
+    """Show each processor's partitions: owner, lag, pending entries, last event."""
+    app = load_app(app_path, redis_url)
+    if not app.processors:
+        click.echo(f"app {app.name} has no processors")
+        return
+    console = Console()
+    try:
+        async with app:
+            for processor in app.processors.values():
+                rows = await processor_status(app, processor)
+                console.print(status_table(app, processor, rows))
+    except StreamkitError as exc:
+        fail(str(exc))
+
+
+def status_table(app: App, processor: Processor, rows: list[PartitionStatus]) -> Table:
+    table = Table(
+        title=f"{app.name}: processor {processor.name} on stream {processor.stream.name}",
+        title_justify="left",
+    )
+    for column in ("partition", "assigned to", "lease held by", "entries", "lag", "pending"):
+        table.add_column(
+            column,
+            justify="right" if column in ("partition", "entries", "lag", "pending") else "left",
+        )
+    table.add_column("last event")
+    for row in rows:
+        table.add_row(
+            str(row.partition),
+            row.assigned_to or "-",
+            row.owner or "-",
+            f"{row.length:,}",
+            "?" if row.lag is None else f"{row.lag:,}",
+            f"{row.pending:,}",
+            row.last_event_at.isoformat(timespec="seconds") if row.last_event_at else "-",
+        )
+    return table
+
+
+@cli.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("processor_name", metavar="PROCESSOR")
+@click.option(
+    "--to",
+    type=click.Choice(["start", "end"]),
+    required=True,
+    help="start: process every retained event again; end: skip all events sent so far.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Reset even while workers run the processor.")
+@redis_url_option
+async def reset(
+    app_path: str, processor_name: str, to: str, yes: bool, force: bool, redis_url: str | None
+) -> None:
+    """Move a processor to the start or the end of its stream.
+
+    Pending (delivered, unacknowledged) entries are forgotten. Stop the processor's
+    workers first: a reset under running workers is refused unless --force.
+    """
+    app = load_app(app_path, redis_url)
+    processor = load_processor(app, processor_name)
+    try:
+        async with app:
+            alive = await live_members(app, processor)
+            if alive and not force:
+                fail(
+                    f"{len(alive)} worker(s) run {processor.name} right now "
+                    f"({', '.join(alive)}); stop them first, or pass --force"
+                )
+            question = (
+                f"Reset {processor.name} of {app.name} to the {to} of "
+                f"{processor.stream.name} ({processor.stream.partition_count} partitions)?"
+            )
+            if not yes and not click.confirm(question, default=False):
+                fail("nothing was reset")
+            await reset_positions(app, processor, to="start" if to == "start" else "end")
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(f"{processor.name} now reads {processor.stream.name} from the {to}")
 
 
 def describe_partial_send(line_numbers: list[int], sent: int, total: int) -> str:

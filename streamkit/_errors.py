@@ -15,6 +15,7 @@ __all__ = [
     "LockNotAcquired",
     "MetadataMismatch",
     "NotLockOwner",
+    "ProcessorHalted",
     "RedisUnavailable",
     "StreamkitError",
 ]
@@ -139,4 +140,31 @@ class LockLost(StreamkitError):
     def __init__(self, name: str, reason: str) -> None:
         super().__init__(f"lease on {name!r} lost: {reason}")
         self.name = name
+        self.reason = reason
+
+
+class ProcessorHalted(StreamkitError):
+    """A processor failed and its exception policy said to halt.
+
+    The failing events stay pending, so the partition resumes at them once the
+    cause is fixed. The processor's exception, if any, is chained as ``__cause__``.
+
+    Attributes:
+        stream: the stream's name.
+        partition: the partition number.
+        entry_ids: the ids of the events being processed when it failed (may be empty).
+        reason: why the policy halted.
+    """
+
+    def __init__(
+        self, reason: str, *, stream: str, partition: int, entry_ids: tuple[str, ...] = ()
+    ) -> None:
+        where = f"{stream} partition {partition}"
+        if entry_ids:
+            shown = ", ".join(entry_ids[:3]) + (", ..." if len(entry_ids) > 3 else "")
+            where += f" at {shown}"
+        super().__init__(f"processor halted on {where}: {reason}")
+        self.stream = stream
+        self.partition = partition
+        self.entry_ids = entry_ids
         self.reason = reason

@@ -27,6 +27,13 @@ DEFAULT_PARTITION_SIZE = 100_000
 DEFAULT_SEND_CHUNK_SIZE = 1_000
 DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
+DEFAULT_LEASE_TTL = 10.0
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_SESSION_TIMEOUT = 10.0
+DEFAULT_STATIC_GRACE = 60.0
+DEFAULT_GRACE_PERIOD = 5.0
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_PREFETCH = 2
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -51,6 +58,11 @@ def _optional_non_negative_number(
 ) -> None:
     if value is not None:
         _non_negative_number(instance, attribute, value)
+
+
+def _positive_number(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(attribute.name, f"must be a number > 0, got {value!r}")
 
 
 def _compression(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -95,6 +107,32 @@ class Settings:
     connect_give_up_after: float | None = attrs.field(
         default=DEFAULT_CONNECT_GIVE_UP_AFTER, validator=_optional_non_negative_number
     )
+
+    #: Seconds a partition lease lives without renewal: how long a partition waits
+    #: for a worker that died (renewed every third of it while alive).
+    lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=_positive_number)
+    #: Seconds between a worker's heartbeats.
+    heartbeat_interval: float = attrs.field(
+        default=DEFAULT_HEARTBEAT_INTERVAL, validator=_positive_number
+    )
+    #: Seconds without a heartbeat after which a worker counts as dead and its
+    #: partitions are reassigned.
+    session_timeout: float = attrs.field(
+        default=DEFAULT_SESSION_TIMEOUT, validator=_positive_number
+    )
+    #: A stable id for this worker (static membership): if it leaves and returns
+    #: within ``static_grace`` seconds (a rolling restart), nothing is reassigned.
+    member_id: str | None = attrs.field(default=None)
+    #: Seconds a static member's partitions wait for it to return.
+    static_grace: float = attrs.field(default=DEFAULT_STATIC_GRACE, validator=_positive_number)
+    #: Seconds a processor gets to finish and acknowledge its current event when its
+    #: partition moves or the worker shuts down, before it is cancelled.
+    grace_period: float = attrs.field(default=DEFAULT_GRACE_PERIOD, validator=_non_negative_number)
+    #: Entries fetched per partition and round trip.
+    batch_size: int = attrs.field(default=DEFAULT_BATCH_SIZE, validator=_positive_int)
+    #: Batches buffered per partition ahead of the processor (memory stays bounded
+    #: by partitions x prefetch x batch_size entries, whatever the backlog).
+    prefetch: int = attrs.field(default=DEFAULT_PREFETCH, validator=_positive_int)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

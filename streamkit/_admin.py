@@ -1,0 +1,125 @@
+"""Inspection and administration of processors: status and position resets.
+
+Used by ``streamkit status`` and ``streamkit reset``; usable from code too.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from . import _keys
+from ._locks import open_lock_manager
+from ._membership import read_membership
+from ._redis import redis_errors
+
+if TYPE_CHECKING:
+    from ._app import App, Processor
+
+__all__ = ["PartitionStatus", "live_members", "processor_status", "reset_positions"]
+
+
+@attrs.frozen(kw_only=True)
+class PartitionStatus:
+    """One partition of a processor, as seen in Redis right now.
+
+    Attributes:
+        partition: the partition number.
+        assigned_to: the member the assignment gives it to, or ``None``.
+        owner: the owner id of the lease holder (the worker processing it), or
+            ``None`` if nobody holds its lease.
+        length: entries in the partition.
+        lag: entries not yet delivered to the processor (``None`` if Redis cannot
+            tell, e.g. after trimming).
+        pending: entries delivered but not yet acknowledged.
+        last_event_at: when the newest entry was added, or ``None`` if empty.
+    """
+
+    partition: int
+    assigned_to: str | None
+    owner: str | None
+    length: int
+    lag: int | None
+    pending: int
+    last_event_at: datetime | None
+
+
+def _entry_time(entry_id: bytes | str) -> datetime | None:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    milliseconds = int(text.split("-", 1)[0])
+    if milliseconds == 0:
+        return None
+    return datetime.fromtimestamp(milliseconds / 1000, tz=UTC)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def processor_status(app: App, processor: Processor) -> list[PartitionStatus]:
+    """Describe every partition of ``processor``: owner, lag, pending, last event.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    redis = app.redis
+    stream = processor.stream
+    snapshot = await read_membership(redis, processor.group)
+    assignment = snapshot.assignment if snapshot is not None else None
+    # A processor with no worker yet has no group: all of a partition is lag.
+    statuses = []
+    async with open_lock_manager(redis) as locks:
+        for partition in range(stream.partition_count):
+            key = stream.key(partition)
+            lock_name = _keys.partition_lock_name(app.name, stream.name, processor.name, partition)
+            holder = await locks.holder(lock_name)
+            with redis_errors():
+                length = await redis.xlen(key)
+                groups = await redis.xinfo_groups(key) if await redis.exists([key]) else ()
+                last = await redis.xrevrange(key, count=1)
+            info: dict[str, Any] = {}
+            for group in groups:
+                fields = {_text(k): v for k, v in group.items()}
+                if _text(fields.get("name")) == processor.group:
+                    info = fields
+            lag = info.get("lag", length) if info else length
+            statuses.append(
+                PartitionStatus(
+                    partition=partition,
+                    assigned_to=assignment.owner(partition) if assignment is not None else None,
+                    owner=holder.owner if holder is not None else None,
+                    length=length,
+                    lag=None if lag is None else int(lag),
+                    pending=int(info.get("pending", 0)),
+                    last_event_at=_entry_time(last[0].identifier) if last else None,
+                )
+            )
+    return statuses
+
+
+async def live_members(app: App, processor: Processor) -> list[str]:
+    """The ids of the processor's members whose heartbeat has not expired."""
+    snapshot = await read_membership(app.redis, processor.group)
+    if snapshot is None:
+        return []
+    return [m.id for m in snapshot.members if m.heartbeat_ttl is not None and m.heartbeat_ttl > 0]
+
+
+async def reset_positions(app: App, processor: Processor, *, to: Literal["start", "end"]) -> None:
+    """Move ``processor`` to the start or the end of every partition.
+
+    ``"start"`` processes every retained event again; ``"end"`` skips everything sent
+    so far. Pending (delivered, unacknowledged) entries are forgotten either way. Run
+    it while no worker runs the processor.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    redis = app.redis
+    position = "0" if to == "start" else "$"
+    for key in processor.stream.partition_keys():
+        with redis_errors():
+            await redis.xgroup_destroy(key, processor.group)
+            await redis.xgroup_create(key, processor.group, position, mkstream=True)

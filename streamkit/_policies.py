@@ -1,0 +1,372 @@
+"""Exception policies: what happens when processing an event fails.
+
+:func:`run_processor` calls a processor ``fn(events)``; when it raises, the policy
+decides what becomes of the events it was processing (the *in-flight* events: the
+current event of :meth:`~streamkit.Events.records`, or the current batch of
+:meth:`~streamkit.Events.take`), and then calls ``fn(events)`` again to continue.
+
+=================  ==========================================================
+action             what happens to the failing event(s)
+=================  ==========================================================
+``"halt"``         left pending; :class:`~streamkit.ProcessorHalted` is raised
+``"retry"``        delivered again, first (order kept), after a backoff delay,
+                   up to ``retries`` times; then ``on_exhausted``
+``"dead_letter"``  written to the processor's dead-letter stream, then acked
+``"ignore"``       acknowledged and logged
+=================  ==========================================================
+
+Two kinds of events skip the retries and go straight to ``on_exhausted`` (or halt
+when the action is ``"halt"``; are dead-lettered or ignored when it is one of
+those), without reaching the processor: *poison* events, delivered more than
+``max_deliveries`` times (say, after crash loops), and *undecodable* events. Nothing
+is ever dropped silently: every decision is logged on ``streamkit.policies``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import attrs
+import trio
+
+from . import _keys
+from ._backoff import Backoff
+from ._errors import ConfigError, DecodeError, ProcessorHalted, RedisUnavailable
+from ._redis import redis_errors
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
+
+    from ._events import Event, Events
+
+__all__ = ["DEAD_LETTER_FIELDS", "ExceptionPolicy", "run_processor"]
+
+R = TypeVar("R")
+
+log = logging.getLogger("streamkit.policies")
+
+Action = Literal["halt", "retry", "dead_letter", "ignore"]
+ExhaustedAction = Literal["halt", "dead_letter", "ignore"]
+
+DEFAULT_RETRIES = 3
+DEFAULT_RETRY_BACKOFF = Backoff(initial=0.1, maximum=5.0)
+DEAD_LETTER_TIMEOUT = 10.0
+
+#: The fields a dead letter adds to the original entry's fields. Their names contain
+#: a dot, which no record field name can, so they never collide with the original.
+DEAD_LETTER_FIELDS = (
+    b"dl.reason",  # "error", "poison", "undecodable" or "retries exhausted"
+    b"dl.error_type",  # the exception's qualified name ("" for poison events)
+    b"dl.error",  # the exception's message, or why the event is poison
+    b"dl.stream",  # the stream's name
+    b"dl.partition",  # the partition number
+    b"dl.entry_id",  # the original entry id
+    b"dl.delivery_count",  # deliveries of the entry when it was dead-lettered
+    b"dl.group",  # the consumer group (app.stream.processor)
+    b"dl.time",  # Unix time in seconds, as a decimal string
+)
+
+
+def _check_retries(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not (isinstance(value, int) and value >= 0):
+        raise ConfigError(attribute.name, f"must be an integer >= 0, got {value!r}")
+
+
+def _check_max_deliveries(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and not (isinstance(value, int) and value >= 1):
+        raise ConfigError(attribute.name, f"must be None or an integer >= 1, got {value!r}")
+
+
+def _one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value not in choices:
+            raise ConfigError(attribute.name, f"must be one of {', '.join(choices)}; got {value!r}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class ExceptionPolicy:
+    """What to do when a processor raises while processing events.
+
+    Attributes:
+        action: ``"halt"`` (the default), ``"retry"``, ``"dead_letter"`` or
+            ``"ignore"``.
+        retries: with ``"retry"``: how many times the failing events are delivered
+            again before ``on_exhausted`` applies.
+        backoff: with ``"retry"``: the delays before each retry.
+        on_exhausted: ``"halt"``, ``"dead_letter"`` or ``"ignore"``: what happens
+            after the retries, and to poison and undecodable events when the action
+            is ``"retry"``.
+        max_deliveries: an event Redis delivered more than this many times (crash
+            loops, takeovers) is poison: it goes to ``on_exhausted`` (or the action
+            itself unless that is ``"retry"``) without reaching the processor.
+            ``None``: no limit.
+
+    Example::
+
+        ExceptionPolicy(action="retry", retries=5, on_exhausted="dead_letter",
+                        max_deliveries=10)
+    """
+
+    action: Action = attrs.field(
+        default="halt", validator=_one_of("halt", "retry", "dead_letter", "ignore")
+    )
+    retries: int = attrs.field(default=DEFAULT_RETRIES, validator=_check_retries)
+    backoff: Backoff = attrs.field(default=DEFAULT_RETRY_BACKOFF)
+    on_exhausted: ExhaustedAction = attrs.field(
+        default="halt", validator=_one_of("halt", "dead_letter", "ignore")
+    )
+    max_deliveries: int | None = attrs.field(default=None, validator=_check_max_deliveries)
+
+    @property
+    def final_action(self) -> ExhaustedAction:
+        """The action for events that are not retried (poison, undecodable, exhausted)."""
+        return self.on_exhausted if self.action == "retry" else self.action
+
+
+def _error_text(error: BaseException | None) -> tuple[str, str]:
+    if error is None:
+        return "", ""
+    kind = type(error)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return name, str(error)
+
+
+def dead_letter_fields(
+    event: Event[Any], *, group: str, reason: str, error: BaseException | None, detail: str = ""
+) -> dict[bytes, bytes]:
+    """The fields of ``event``'s dead letter: its own, plus :data:`DEAD_LETTER_FIELDS`."""
+    error_type, message = _error_text(error)
+    fields = dict(event.fields)
+    fields.update(
+        {
+            b"dl.reason": reason.encode(),
+            b"dl.error_type": error_type.encode(),
+            b"dl.error": (message or detail).encode("utf-8", "replace"),
+            b"dl.stream": event.stream.encode(),
+            b"dl.partition": str(event.partition).encode(),
+            b"dl.entry_id": event.entry_id.encode(),
+            b"dl.delivery_count": str(event.delivery_count).encode(),
+            b"dl.group": group.encode(),
+            b"dl.time": f"{time.time():.6f}".encode(),
+        }
+    )
+    return fields
+
+
+@attrs.define(eq=False)
+class _Handler:
+    events: Events[Any]
+    policy: ExceptionPolicy
+    dead_letter_key: str | None
+    _failing: tuple[str, ...] | None = attrs.field(default=None, init=False)
+    _attempts: int = attrs.field(default=0, init=False)
+    _delays: Iterator[float] | None = attrs.field(default=None, init=False)
+
+    def _where(self, events: list[Event[Any]]) -> str:
+        ids = ", ".join(e.entry_id for e in events[:3]) + (", ..." if len(events) > 3 else "")
+        return f"{self.events.stream.name} partition {self.events.partition} [{ids}]"
+
+    async def divert(self, event: Event[Any], error: BaseException | None, reason: str) -> None:
+        """An event that must not reach the processor: poison or undecodable."""
+        detail = ""
+        if reason == "poison":
+            detail = (
+                f"delivered {event.delivery_count} times, more than "
+                f"max_deliveries={self.policy.max_deliveries}"
+            )
+        await self._apply(self.policy.final_action, [event], error, reason, detail)
+
+    async def handle(self, error: Exception) -> None:
+        """The processor raised ``error``: apply the policy, or raise ProcessorHalted."""
+        events = self.events
+        failing = list(events._inflight)
+        policy = self.policy
+        key = tuple(e.entry_id for e in failing)
+        if not failing:
+            await self._not_tied_to_events(error)
+            return
+        if isinstance(error, DecodeError):
+            await self._apply(policy.final_action, failing, error, "undecodable")
+            events._move_past_now()
+            await events._flush()
+            return
+        if policy.action == "retry":
+            if key != self._failing:
+                self._failing = key
+                self._attempts = 0
+                self._delays = policy.backoff.delays()
+            if self._attempts < policy.retries:
+                self._attempts += 1
+                assert self._delays is not None
+                delay = next(self._delays)
+                log.warning(
+                    "processing %s failed (%s: %s); retry %d of %d in %.2fs",
+                    self._where(failing),
+                    type(error).__name__,
+                    error,
+                    self._attempts,
+                    policy.retries,
+                    delay,
+                )
+                await trio.sleep(delay)
+                events._rewind()
+                return
+            await self._apply(policy.on_exhausted, failing, error, "retries exhausted")
+        else:
+            await self._apply(policy.action, failing, error, "error")
+        # Dead-lettered or ignored: the processor has moved past them.
+        events._move_past_now()
+        await events._flush()
+
+    async def _not_tied_to_events(self, error: Exception) -> None:
+        # Raised before the first event or after the last: nothing to dead-letter or
+        # skip, so retry the processor with backoff, then halt.
+        policy = self.policy
+        events = self.events
+        if self._failing != ():
+            self._failing = ()
+            self._attempts = 0
+            self._delays = policy.backoff.delays()
+        if policy.action != "halt" and self._attempts < max(policy.retries, 1):
+            self._attempts += 1
+            assert self._delays is not None
+            delay = next(self._delays)
+            log.warning(
+                "processor of %s partition %d failed outside any event (%s: %s); "
+                "calling it again in %.2fs",
+                events.stream.name,
+                events.partition,
+                type(error).__name__,
+                error,
+                delay,
+            )
+            await trio.sleep(delay)
+            return
+        log.error(
+            "processor of %s partition %d failed outside any event; halting",
+            events.stream.name,
+            events.partition,
+        )
+        raise ProcessorHalted(
+            f"{type(error).__name__}: {error}",
+            stream=events.stream.name,
+            partition=events.partition,
+        ) from error
+
+    async def _apply(
+        self,
+        action: ExhaustedAction,
+        failing: list[Event[Any]],
+        error: BaseException | None,
+        reason: str,
+        detail: str = "",
+    ) -> None:
+        events = self.events
+        what = f"{type(error).__name__}: {error}" if error is not None else detail
+        if action == "halt":
+            log.error("halting on %s (%s): %s", self._where(failing), reason, what)
+            halted = ProcessorHalted(
+                f"{reason}: {what}",
+                stream=events.stream.name,
+                partition=events.partition,
+                entry_ids=tuple(e.entry_id for e in failing),
+            )
+            raise halted from error
+        if action == "dead_letter":
+            await self._dead_letter(failing, error, reason, detail)
+            log.warning("dead-lettered %s (%s): %s", self._where(failing), reason, what)
+        else:
+            log.warning("ignoring %s (%s): %s", self._where(failing), reason, what)
+        self._failing = None
+
+    async def _dead_letter(
+        self, failing: list[Event[Any]], error: BaseException | None, reason: str, detail: str
+    ) -> None:
+        key = self.dead_letter_key
+        if key is None:
+            raise ConfigError(
+                "dead_letter_key",
+                "the exception policy dead-letters, but no dead-letter stream is set",
+            )
+        redis = self.events._fetcher.redis
+        group = self.events.group
+        try:
+            with redis_errors(), trio.fail_after(DEAD_LETTER_TIMEOUT):
+                async with redis.pipeline(transaction=False) as pipe:
+                    for event in failing:
+                        pipe.xadd(
+                            key,
+                            dead_letter_fields(
+                                event, group=group, reason=reason, error=error, detail=detail
+                            ),
+                        )
+        except trio.TooSlowError as exc:
+            raise RedisUnavailable("redis", "writing a dead letter timed out") from exc
+
+
+def _default_dead_letter_key(events: Events[Any]) -> str | None:
+    parts = events.group.split(".")
+    if len(parts) != 3:
+        return None
+    return _keys.dead_letter_key(*parts)
+
+
+def _is_internal(error: BaseException, internal: BaseException | None) -> bool:
+    if internal is None:
+        return False
+    if error is internal:
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return any(_is_internal(e, internal) for e in error.exceptions)
+    return False
+
+
+async def run_processor(
+    fn: Callable[[Events[R]], Awaitable[object]],
+    events: Events[R],
+    policy: ExceptionPolicy,
+    *,
+    dead_letter_key: str | None = None,
+) -> None:
+    """Run ``await fn(events)`` under ``policy``, until it returns.
+
+    When ``fn`` raises an exception, the policy decides what becomes of the events
+    it was processing (see the module docs), then ``fn(events)`` is called again
+    to continue with the next event (or the same one, when retrying).
+
+    Args:
+        fn: the processor.
+        events: the partition's events (from :meth:`Fetcher.partition`).
+        policy: the exception policy.
+        dead_letter_key: the dead-letter stream; by default
+            ``_keys.dead_letter_key(app, stream, processor)`` derived from the
+            consumer group ``app.stream.processor``.
+
+    Error handling:
+        :class:`~streamkit.ProcessorHalted` (the processor's exception chained)
+        when the policy halts. Failures of the machinery itself (a lost lease, Redis
+        unreachable while fetching or acknowledging) and cancellation are never
+        handled by the policy: they propagate as they are.
+    """
+    handler = _Handler(events, policy, dead_letter_key or _default_dead_letter_key(events))
+    events._divert = handler.divert
+    if policy.max_deliveries is not None:
+        events._max_deliveries = policy.max_deliveries
+    while True:
+        try:
+            await fn(events)
+            return
+        except ProcessorHalted:
+            raise
+        except Exception as error:
+            if _is_internal(error, events._failure):
+                raise
+            await handler.handle(error)

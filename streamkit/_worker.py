@@ -1,0 +1,245 @@
+"""The worker: runs an app's processors and background tasks as one task tree.
+
+::
+
+    worker nursery
+    ├── leadership            on_leader tasks run while this worker holds the leader lease
+    ├── background tasks      task / timer / crontab
+    └── executor (one per processor)
+        ├── membership        join, heartbeat, reap, watch -> AsyncValue of partitions
+        ├── fetcher           one read loop for all owned partitions -> bounded buffers
+        └── rebalancer        one cancel scope per owned partition: lease + processor
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from . import _keys
+from ._background import run_background_task
+from ._errors import ConfigError
+from ._fetcher import open_fetcher
+from ._leadership import open_leader_election
+from ._locks import LockManager, open_lock_manager
+from ._membership import Membership, open_membership
+from ._policies import run_processor
+from ._rebalancer import Claim, Rebalancer, open_rebalancer
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._app import App, Processor
+
+__all__ = ["Executor", "Worker", "run_worker"]
+
+log = logging.getLogger("streamkit.worker")
+
+
+@attrs.define(eq=False)
+class Executor:
+    """One processor running in a worker: its membership and rebalancer."""
+
+    processor: Processor
+    membership: Membership
+    rebalancer: Rebalancer
+
+    def __repr__(self) -> str:
+        return f"<Executor {self.processor.name} member={self.membership.id} {self.rebalancer!r}>"
+
+
+@attrs.define(eq=False)
+class Worker:
+    """A running worker, as handed to ``task_status.started()`` by :func:`run_worker`.
+
+    Attributes:
+        app: the app it runs.
+        executors: one per processor it runs.
+    """
+
+    app: App
+    executors: list[Executor] = attrs.field(factory=list)
+    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _stopping: bool = attrs.field(default=False)
+
+    async def stop(self, *, grace: float | None = None) -> None:
+        """Stop gracefully: let every partition finish and acknowledge its current
+        event (up to ``grace`` seconds, the ``grace_period`` setting by default),
+        release the leases, leave the groups, and end :func:`run_worker`."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("stopping: draining %d processor(s)", len(self.executors))
+        async with trio.open_nursery() as nursery:
+            for executor in self.executors:
+                nursery.start_soon(executor.rebalancer.drain, grace)
+        self._cancel_scope.cancel("worker stopped")
+
+    def stop_now(self) -> None:
+        """Stop at once: cancel everything (leases are still released, shielded)."""
+        self._cancel_scope.cancel("worker stopped at once")
+
+
+def select_processors(app: App, names: Sequence[str] | None) -> list[Processor]:
+    """The processors to run: all of the app's, or those named.
+
+    Error handling:
+        :class:`ConfigError` naming an unknown processor and listing the known ones.
+    """
+    if not names:
+        return list(app.processors.values())
+    unknown = [name for name in names if name not in app.processors]
+    if unknown:
+        known = ", ".join(app.processors) or "none"
+        raise ConfigError("processors", f"unknown processor {unknown[0]!r} (known: {known})")
+    return [app.processors[name] for name in names]
+
+
+async def run_worker(
+    app: App,
+    *,
+    processors: Sequence[str] | None = None,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``app``'s processors and background tasks until stopped.
+
+    With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
+    :meth:`Worker.stop`); a second signal stops it at once.
+
+    Cancellation:
+        Cancelling stops everything at once; leases are released and the groups left
+        (shielded, time-limited), so other workers take over without waiting.
+
+    Error handling:
+        :class:`ConfigError` for unknown processors; :class:`RedisUnavailable` when
+        Redis stays unreachable for ``connect_give_up_after`` seconds at start;
+        :class:`~streamkit.ProcessorHalted` when a processor's policy halts.
+    """
+    selected = select_processors(app, processors)
+    async with app, open_lock_manager(app.redis) as locks:
+        worker = Worker(app)
+        with worker._cancel_scope:
+            async with trio.open_nursery() as nursery:
+                if handle_signals:
+                    nursery.start_soon(_handle_signals, worker)
+                for processor in selected:
+                    executor: Executor = await nursery.start(_run_executor, app, processor, locks)
+                    worker.executors.append(executor)
+                if app.background:
+                    await nursery.start(_run_background, app, locks)
+                log.info(
+                    "worker of %s running %s",
+                    app.name,
+                    ", ".join(p.name for p in selected) or "no processors",
+                )
+                task_status.started(worker)
+    log.info("worker of %s stopped", app.name)
+
+
+async def _handle_signals(worker: Worker) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if worker._stopping:
+                    log.warning("%s again: exiting at once", name)
+                    # The second signal must not wait for anything, not even the
+                    # shielded lease releases: leases expire by themselves.
+                    os._exit(128 + signum)
+                log.info("%s: stopping gracefully (send it again to exit at once)", name)
+                nursery.start_soon(worker.stop)
+
+
+async def _run_executor(
+    app: App,
+    processor: Processor,
+    locks: LockManager,
+    *,
+    task_status: trio.TaskStatus[Executor] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    settings = processor.settings
+    stream = processor.stream
+    # Refuse to consume a stream whose recorded layout differs from ours: reading
+    # the wrong partition count would silently skip partitions.
+    await stream.check_metadata()
+
+    async with (
+        open_membership(
+            app.redis,
+            processor.group,
+            partitions=stream.partition_count,
+            member_id=settings.member_id,
+            static=settings.member_id is not None,
+            heartbeat_interval=settings.heartbeat_interval,
+            session_timeout=settings.session_timeout,
+            static_grace=settings.static_grace,
+        ) as membership,
+        open_fetcher(
+            app.redis,
+            stream,
+            group=processor.group,
+            batch_size=settings.batch_size,
+            prefetch=settings.prefetch,
+        ) as fetcher,
+    ):
+
+        async def run(claim: Claim) -> None:
+            async with fetcher.partition(
+                claim.partition,
+                claim.held,
+                draining=claim.draining,
+                middleware=processor.middleware,
+            ) as events:
+                await run_processor(
+                    processor.fn,
+                    events,
+                    processor.policy,
+                    dead_letter_key=_keys.dead_letter_key(app.name, stream.name, processor.name),
+                )
+
+        def lock_name(partition: int) -> str:
+            return _keys.partition_lock_name(app.name, stream.name, processor.name, partition)
+
+        async with open_rebalancer(
+            membership.partitions,
+            locks,
+            lock_name=lock_name,
+            run=run,
+            lease_ttl=settings.lease_ttl,
+            grace=settings.grace_period,
+        ) as rebalancer:
+            task_status.started(Executor(processor, membership, rebalancer))
+            await trio.sleep_forever()
+
+
+async def _run_background(
+    app: App, locks: LockManager, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    everywhere = [task for task in app.background if not task.on_leader]
+    on_leader = [task for task in app.background if task.on_leader]
+    async with trio.open_nursery() as nursery:
+        for task in everywhere:
+            nursery.start_soon(run_background_task, task, name=f"background {task.name}")
+        if on_leader:
+            election: Any = await nursery.start(_campaign, app, locks)
+            for task in on_leader:
+                nursery.start_soon(
+                    election.run_while_leader, run_background_task, task, name=f"leader {task.name}"
+                )
+        task_status.started()
+
+
+async def _campaign(
+    app: App, locks: LockManager, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+) -> None:
+    async with open_leader_election(
+        locks, _keys.leader_lock_name(app.name), ttl=app.settings.lease_ttl
+    ) as election:
+        task_status.started(election)
+        await trio.sleep_forever()

@@ -1,0 +1,327 @@
+"""The fetcher: order, takeovers, fencing and backpressure, on a real Redis."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
+import trio
+
+from streamkit import App, ConfigError, LockLost, Record, open_lock_manager
+from streamkit._fetcher import open_fetcher
+from streamkit._keys import partition_lock_name, processor_group
+from streamkit._partitioner import partition_for
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from streamkit._events import Events
+    from streamkit._fetcher import Fetcher
+    from streamkit._locks import LockManager
+    from streamkit._redis import Redis
+    from streamkit._streams import Stream
+
+PARTITIONS = 4
+GROUP = processor_group("shop", "ticks", "proc")
+
+
+class Tick(Record):
+    n: int
+    key: str
+
+
+def key_for(partition: int) -> str:
+    """A partition key that lands in ``partition``."""
+    return next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", PARTITIONS) == partition)
+
+
+def ticks_for(partition: int, numbers: range | list[int]) -> list[Tick]:
+    key = key_for(partition)
+    return [Tick(n=n, key=key) for n in numbers]
+
+
+def lock_name(partition: int) -> str:
+    return partition_lock_name("shop", "ticks", "proc", partition)
+
+
+@pytest.fixture
+async def app(redis_url: str) -> AsyncIterator[App]:
+    async with App("shop", redis_url=redis_url) as app:
+        yield app
+
+
+@pytest.fixture
+def ticks(app: App) -> Stream[Tick]:
+    return app.stream("ticks", record=Tick, partition_by="key", partition_count=PARTITIONS)
+
+
+@pytest.fixture
+async def locks(redis: Redis) -> AsyncIterator[LockManager]:
+    async with open_lock_manager(redis) as locks:
+        yield locks
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    fetcher: Fetcher[Tick], locks: LockManager, partition: int, **options: Any
+) -> AsyncIterator[Events[Tick]]:
+    async with (
+        locks.hold(lock_name(partition), ttl=30) as held,
+        fetcher.partition(partition, held, **options) as events,
+    ):
+        yield events
+
+
+async def pending_ids(redis: Redis, stream: Stream[Tick], partition: int) -> list[str]:
+    entries = await redis.xpending(stream.key(partition), GROUP, "-", "+", 100_000)
+    return [cast("bytes", e.identifier).decode() for e in cast("Any", entries)]
+
+
+async def test_records_in_order_per_partition(
+    app: App, redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    sent = {p: list(range(p * 1000, p * 1000 + 300)) for p in range(PARTITIONS)}
+    for p, numbers in sent.items():
+        await ticks.send_many(ticks_for(p, numbers))
+    seen: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+
+    async def consume(fetcher: Fetcher[Tick], partition: int) -> None:
+        async with serving(fetcher, locks, partition) as events:
+            async for tick in events.records():
+                seen[partition].append(tick.n)
+                if len(seen[partition]) == len(sent[partition]):
+                    return
+
+    with trio.fail_after(10):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, batch_size=64) as fetcher,
+            trio.open_nursery() as nursery,
+        ):
+            for p in range(PARTITIONS):
+                nursery.start_soon(consume, fetcher, p)
+    assert seen == sent
+    for p in range(PARTITIONS):
+        assert await pending_ids(redis, ticks, p) == []
+
+
+async def test_new_events_wake_an_idle_fetcher(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    got: list[int] = []
+    with trio.fail_after(10):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, idle_block=5) as fetcher,
+            serving(fetcher, locks, 1) as events,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def produce() -> None:
+                # Wait until the fetcher blocks on the empty partition, then send.
+                while fetcher.statistics().blocks == 0:
+                    await trio.sleep(0.005)
+                await ticks.send_many(ticks_for(1, range(5)))
+
+            nursery.start_soon(produce)
+            async for tick in events.records():
+                got.append(tick.n)
+                if len(got) == 5:
+                    break
+    # Well before idle_block ran out: the blocking XREAD woke up.
+    assert got == [0, 1, 2, 3, 4]
+
+
+async def test_backlog_sent_before_any_worker_is_processed(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    await ticks.send_many(ticks_for(2, range(10)))
+    with trio.fail_after(10):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP) as fetcher,
+            serving(fetcher, locks, 2) as events,
+        ):
+            got = [t.n async for t in _first(events.records(), 10)]
+    assert got == list(range(10))
+
+
+async def _first(iterator: AsyncIterator[Any], n: int) -> AsyncIterator[Any]:
+    count = 0
+    async for item in iterator:
+        yield item
+        count += 1
+        if count == n:
+            return
+
+
+async def test_takeover_processes_pending_entries_first_in_order(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    await ticks.send_many(ticks_for(0, range(20)))
+    first_owner: list[int] = []
+    with trio.fail_after(10):
+        # The first owner fetches everything (one batch) but processes only 5.
+        async with open_fetcher(redis, ticks, group=GROUP, batch_size=100) as fetcher:
+            with trio.CancelScope() as scope:
+                async with serving(fetcher, locks, 0) as events:
+                    async for tick in events.records():
+                        first_owner.append(tick.n)
+                        if len(first_owner) == 6:
+                            # Dies while processing the 6th: no ack for it.
+                            scope.cancel()
+                            await trio.sleep_forever()
+        assert len(await pending_ids(redis, ticks, 0)) == 15
+        await ticks.send_many(ticks_for(0, range(20, 25)))
+
+        second_owner: list[tuple[int, int]] = []
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, batch_size=4) as fetcher,
+            serving(fetcher, locks, 0) as events,
+        ):
+            async for event in events.raw():
+                second_owner.append((event.record.n, event.delivery_count))
+                if len(second_owner) == 19:
+                    break
+    assert first_owner == list(range(6))
+    # The previous owner's pending entries first (delivered twice now), in order,
+    # then the new ones (delivered once).
+    assert second_owner == [(n, 2) for n in range(5, 20)] + [(n, 1) for n in range(20, 24)]
+
+
+async def test_fenced_out_reader_cannot_read(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    async def stale_reader(fetcher: Fetcher[Tick]) -> None:
+        async with locks.hold(lock_name(3), ttl=30) as held:
+            # Another owner took the lock (our lease lapsed during a pause).
+            await redis.set(held.lease.key, b"someone-else:999")
+            async with fetcher.partition(3, held) as events:
+                await ticks.send_many(ticks_for(3, range(5)))
+                async for _ in events.records():
+                    raise AssertionError("a fenced-out reader got an event")
+
+    with trio.fail_after(10):
+        async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+            with pytest.raises(LockLost) as info:
+                await stale_reader(fetcher)
+    assert "refused" in str(info.value)
+    # Nothing was delivered to anyone: it all waits for the rightful owner.
+    assert await pending_ids(redis, ticks, 3) == []
+    groups = await redis.xinfo_groups(ticks.key(3))
+    assert cast("Any", groups)[0][b"entries-read"] in (None, 0)
+
+
+async def test_fenced_out_worker_cannot_ack(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    await ticks.send_many(ticks_for(1, range(3)))
+    lock_key = ""
+
+    async def stale_worker(fetcher: Fetcher[Tick]) -> None:
+        nonlocal lock_key
+        async with locks.hold(lock_name(1), ttl=30) as held, fetcher.partition(1, held) as events:
+            lock_key = held.lease.key
+            async for tick in events.records():
+                if tick.n == 1:
+                    await redis.set(held.lease.key, b"someone-else:999")
+
+    with trio.fail_after(10):
+        async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+            with pytest.raises(LockLost):
+                await stale_worker(fetcher)
+        pending = await pending_ids(redis, ticks, 1)
+        # Record 0's ack was refused too: the stale worker acknowledged nothing.
+        assert len(pending) == 3
+
+        await redis.delete([lock_key])
+        async with (
+            open_fetcher(redis, ticks, group=GROUP) as fetcher,
+            serving(fetcher, locks, 1) as events,
+        ):
+            got = [t.n async for t in _first(events.records(), 3)]
+    assert got == [0, 1, 2]
+    assert await pending_ids(redis, ticks, 1) == []
+
+
+async def test_backpressure_bounds_buffered_entries(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    await ticks.send_many(ticks_for(0, range(50_000)), chunk_size=5000)
+    batch_size, prefetch = 500, 2
+    with trio.fail_after(20):
+        async with (
+            open_fetcher(
+                redis, ticks, group=GROUP, batch_size=batch_size, prefetch=prefetch
+            ) as fetcher,
+            serving(fetcher, locks, 0) as events,
+        ):
+            iterator = events.records()
+            first = await iterator.__anext__()
+            while fetcher.statistics().buffered_batches[0] < prefetch:
+                await trio.sleep(0.005)
+            # Give a misbehaving fetcher the chance to overshoot.
+            await trio.sleep(0.1)
+            stats = fetcher.statistics()
+            assert stats.buffered_entries[0] == prefetch * batch_size
+            delivered = await redis.xpending(ticks.key(0), GROUP)
+            assert cast("Any", delivered).pending == prefetch * batch_size
+
+            # Consuming frees room, and the fetcher reads on.
+            rest = [t.n async for t in _first(iterator, 1500)]
+    assert first.n == 0
+    assert rest == list(range(1, 1501))
+
+
+async def test_partition_registered_twice_is_refused(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    with trio.fail_after(10):
+        async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+            async with locks.hold(lock_name(0), ttl=30) as held, fetcher.partition(0, held):
+                with pytest.raises(ConfigError):
+                    async with fetcher.partition(0, held):
+                        pass
+            with pytest.raises(ConfigError):
+                async with fetcher.partition(PARTITIONS, held):
+                    pass
+
+
+async def test_bad_options_are_refused(redis: Redis, ticks: Stream[Tick]) -> None:
+    with pytest.raises(ConfigError):
+        async with open_fetcher(redis, ticks, group=GROUP, prefetch=0):
+            pass
+    with pytest.raises(ConfigError):
+        async with open_fetcher(redis, ticks, group=GROUP, idle_block=0):
+            pass
+
+
+async def test_users_exception_leaves_the_fetcher_unwrapped(
+    redis: Redis, ticks: Stream[Tick]
+) -> None:
+    with pytest.raises(KeyError):
+        async with open_fetcher(redis, ticks, group=GROUP):
+            raise KeyError("mine")
+
+
+async def test_history_reads_count_deliveries(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """Redis 7.0 increments the delivery counter on history reads too."""
+    await ticks.send_many(ticks_for(2, range(2)))
+    counts: list[int] = []
+    with trio.fail_after(10):
+        for _ in range(3):
+            with contextlib.suppress(_Crash):
+                async with (
+                    open_fetcher(redis, ticks, group=GROUP) as fetcher,
+                    serving(fetcher, locks, 2) as events,
+                ):
+                    async for event in events.raw():
+                        counts.append(event.delivery_count)
+                        # Crash before moving past it: it stays pending.
+                        raise _Crash
+    assert counts == [1, 2, 3]
+    assert len(await pending_ids(redis, ticks, 2)) == 2
+
+
+class _Crash(Exception):
+    pass

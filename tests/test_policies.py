@@ -1,0 +1,294 @@
+"""Exception policies under run_processor: halt, retry, dead letters, ignore, poison."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
+import trio
+
+from streamkit import App, ConfigError, LockLost, Record, open_lock_manager
+from streamkit._backoff import Backoff
+from streamkit._errors import ProcessorHalted
+from streamkit._fetcher import open_fetcher
+from streamkit._keys import dead_letter_key, partition_lock_name, processor_group
+from streamkit._partitioner import partition_for
+from streamkit._policies import ExceptionPolicy, run_processor
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from streamkit._events import Events
+    from streamkit._redis import Redis
+    from streamkit._streams import Stream
+
+PARTITIONS = 2
+GROUP = processor_group("shop", "ticks", "proc")
+DEAD = dead_letter_key("shop", "ticks", "proc")
+FAST = Backoff(initial=0.001, maximum=0.001, jitter=0)
+
+
+class Tick(Record):
+    n: int
+    key: str
+
+
+KEY = next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", PARTITIONS) == 0)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.fixture
+async def app(redis_url: str) -> AsyncIterator[App]:
+    async with App("shop", redis_url=redis_url) as app:
+        yield app
+
+
+@pytest.fixture
+def ticks(app: App) -> Stream[Tick]:
+    return app.stream("ticks", record=Tick, partition_by="key", partition_count=PARTITIONS)
+
+
+async def send(stream: Stream[Tick], numbers: range | list[int]) -> list[str]:
+    return await stream.send_many([Tick(n=n, key=KEY) for n in numbers])
+
+
+@contextlib.asynccontextmanager
+async def events_of(redis: Redis, stream: Stream[Tick]) -> AsyncIterator[Events[Tick]]:
+    async with (
+        open_lock_manager(redis) as locks,
+        open_fetcher(redis, stream, group=GROUP) as fetcher,
+        locks.hold(partition_lock_name("shop", "ticks", "proc", 0), ttl=30) as held,
+        fetcher.partition(0, held) as events,
+    ):
+        yield events
+
+
+async def pending_ids(redis: Redis, stream: Stream[Tick]) -> list[str]:
+    entries = await redis.xpending(stream.key(0), GROUP, "-", "+", 100_000)
+    return [cast("bytes", e.identifier).decode() for e in cast("Any", entries)]
+
+
+async def dead_letters(redis: Redis) -> list[dict[bytes, bytes]]:
+    return [cast("dict[bytes, bytes]", e.field_values) for e in await redis.xrange(DEAD)]
+
+
+def processor_until(last: int, seen: list[int], fail: dict[int, int]) -> Any:
+    """Records what it sees; raises Boom on record n while fail[n] > 0."""
+
+    async def process(events: Events[Tick]) -> None:
+        async for tick in events.records():
+            seen.append(tick.n)
+            if fail.get(tick.n, 0) > 0:
+                fail[tick.n] -= 1
+                raise Boom(f"bad {tick.n}")
+            if tick.n == last:
+                return
+
+    return process
+
+
+async def test_halt_raises_and_leaves_the_event_pending(
+    redis: Redis, ticks: Stream[Tick], caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = await send(ticks, range(5))
+    seen: list[int] = []
+    with trio.fail_after(10), pytest.raises(ProcessorHalted) as info:
+        async with events_of(redis, ticks) as events:
+            await run_processor(
+                processor_until(4, seen, {2: 99}), events, ExceptionPolicy(action="halt")
+            )
+    assert seen == [0, 1, 2]
+    assert info.value.entry_ids == (ids[2],)
+    assert (info.value.stream, info.value.partition) == ("ticks", 0)
+    assert isinstance(info.value.__cause__, Boom)
+    assert await pending_ids(redis, ticks) == ids[2:]
+    assert any(
+        "halting" in r.getMessage() for r in caplog.records if r.name == "streamkit.policies"
+    )
+
+
+async def test_retry_then_succeed_keeps_order(redis: Redis, ticks: Stream[Tick]) -> None:
+    await send(ticks, range(5))
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            policy = ExceptionPolicy(action="retry", retries=3, backoff=FAST)
+            await run_processor(processor_until(4, seen, {2: 2}), events, policy)
+    assert seen == [0, 1, 2, 2, 2, 3, 4]
+    assert await pending_ids(redis, ticks) == []
+    assert await dead_letters(redis) == []
+
+
+async def test_retry_a_take_batch_in_place(redis: Redis, ticks: Stream[Tick]) -> None:
+    await send(ticks, range(6))
+    batches: list[list[int]] = []
+    failures = [1]
+
+    async def process(events: Events[Tick]) -> None:
+        async for batch in events.take(3):
+            batches.append([t.n for t in batch])
+            if batch[0].n == 3 and failures[0]:
+                failures[0] -= 1
+                raise Boom("batch")
+            if batch[-1].n == 5:
+                return
+
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            await run_processor(process, events, ExceptionPolicy(action="retry", backoff=FAST))
+    assert batches == [[0, 1, 2], [3, 4, 5], [3, 4, 5]]
+
+
+async def test_retries_exhausted_go_to_the_dead_letter_stream(
+    redis: Redis, ticks: Stream[Tick]
+) -> None:
+    ids = await send(ticks, range(4))
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            policy = ExceptionPolicy(
+                action="retry", retries=2, backoff=FAST, on_exhausted="dead_letter"
+            )
+            await run_processor(processor_until(3, seen, {1: 99}), events, policy)
+    assert seen == [0, 1, 1, 1, 2, 3]
+    assert await pending_ids(redis, ticks) == []
+    [letter] = await dead_letters(redis)
+    original = cast("dict[bytes, bytes]", (await redis.xrange(ticks.key(0)))[1].field_values)
+    assert letter[b"data"] == original[b"data"]
+    assert letter[b"dl.reason"] == b"retries exhausted"
+    assert letter[b"dl.error_type"] == b"test_policies.Boom"
+    assert letter[b"dl.error"] == b"bad 1"
+    assert letter[b"dl.stream"] == b"ticks"
+    assert letter[b"dl.partition"] == b"0"
+    assert letter[b"dl.entry_id"] == ids[1].encode()
+    assert letter[b"dl.delivery_count"] == b"1"
+    assert letter[b"dl.group"] == GROUP.encode()
+    assert float(letter[b"dl.time"]) > 0
+
+
+async def test_dead_letter_action(redis: Redis, ticks: Stream[Tick]) -> None:
+    await send(ticks, range(3))
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            await run_processor(
+                processor_until(2, seen, {0: 99}), events, ExceptionPolicy(action="dead_letter")
+            )
+    assert seen == [0, 1, 2]
+    assert [d[b"dl.reason"] for d in await dead_letters(redis)] == [b"error"]
+
+
+async def test_ignore_acknowledges_and_continues(
+    redis: Redis, ticks: Stream[Tick], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "streamkit.policies")
+    await send(ticks, range(3))
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            await run_processor(
+                processor_until(2, seen, {1: 99}), events, ExceptionPolicy(action="ignore")
+            )
+    assert seen == [0, 1, 2]
+    assert await pending_ids(redis, ticks) == []
+    assert await dead_letters(redis) == []
+    assert any("ignoring" in r.getMessage() for r in caplog.records)
+
+
+async def test_poison_events_skip_the_processor(redis: Redis, ticks: Stream[Tick]) -> None:
+    ids = await send(ticks, range(3))
+    # Crash loops: record 0 was delivered to the partition's consumer three times.
+    await redis.xgroup_create(ticks.key(0), GROUP, "0")
+    await redis.xreadgroup(GROUP, "p0", streams={ticks.key(0): ">"}, count=1)
+    for _ in range(2):
+        await redis.xreadgroup(GROUP, "p0", streams={ticks.key(0): "0"}, count=1)
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            policy = ExceptionPolicy(action="retry", on_exhausted="dead_letter", max_deliveries=3)
+            await run_processor(processor_until(2, seen, {}), events, policy)
+    assert seen == [1, 2]
+    [letter] = await dead_letters(redis)
+    assert letter[b"dl.reason"] == b"poison"
+    assert letter[b"dl.entry_id"] == ids[0].encode()
+    assert letter[b"dl.delivery_count"] == b"4"
+    assert b"max_deliveries=3" in letter[b"dl.error"]
+    assert await pending_ids(redis, ticks) == []
+
+
+async def test_undecodable_events_are_not_retried(redis: Redis, ticks: Stream[Tick]) -> None:
+    await send(ticks, [0])
+    bad = cast("bytes", await redis.xadd(ticks.key(0), {b"data": b"not json"})).decode()
+    await send(ticks, [2])
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with events_of(redis, ticks) as events:
+            policy = ExceptionPolicy(action="retry", backoff=FAST, on_exhausted="dead_letter")
+            await run_processor(processor_until(2, seen, {}), events, policy)
+    assert seen == [0, 2]
+    [letter] = await dead_letters(redis)
+    assert letter[b"dl.reason"] == b"undecodable"
+    assert letter[b"dl.entry_id"] == bad.encode()
+    assert letter[b"dl.error_type"] == b"streamkit._errors.DecodeError"
+    assert letter[b"data"] == b"not json"
+
+
+async def test_undecodable_event_halts_under_halt(redis: Redis, ticks: Stream[Tick]) -> None:
+    bad = cast("bytes", await redis.xadd(ticks.key(0), {b"data": b"[]"})).decode()
+    with trio.fail_after(10), pytest.raises(ProcessorHalted) as info:
+        async with events_of(redis, ticks) as events:
+            await run_processor(processor_until(0, [], {}), events, ExceptionPolicy())
+    assert info.value.entry_ids == (bad,)
+    assert await pending_ids(redis, ticks) == [bad]
+
+
+async def test_lost_lease_is_not_handled_by_the_policy(redis: Redis, ticks: Stream[Tick]) -> None:
+    await send(ticks, range(3))
+
+    async def process(events: Events[Tick]) -> None:
+        async for tick in events.records():
+            if tick.n == 1:
+                key = "__lock:{shop.ticks.0}.proc"
+                await redis.set(key, b"someone-else:1")
+
+    with trio.fail_after(10), pytest.raises(LockLost):
+        async with events_of(redis, ticks) as events:
+            await run_processor(process, events, ExceptionPolicy(action="ignore"))
+    assert await dead_letters(redis) == []
+
+
+async def test_error_outside_any_event_halts_after_retries(
+    redis: Redis, ticks: Stream[Tick]
+) -> None:
+    calls = [0]
+
+    async def process(events: Events[Tick]) -> None:
+        calls[0] += 1
+        raise Boom("before iterating")
+
+    async def run() -> None:
+        async with events_of(redis, ticks) as events:
+            policy = ExceptionPolicy(action="retry", retries=2, backoff=FAST)
+            await run_processor(process, events, policy)
+
+    with trio.fail_after(10), pytest.raises(ProcessorHalted):
+        await run()
+    assert calls == [3]
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ConfigError):
+        ExceptionPolicy(action="explode")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        ExceptionPolicy(on_exhausted="retry")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        ExceptionPolicy(retries=-1)
+    with pytest.raises(ConfigError):
+        ExceptionPolicy(max_deliveries=0)
+    assert ExceptionPolicy(action="retry", on_exhausted="ignore").final_action == "ignore"
+    assert ExceptionPolicy(action="dead_letter").final_action == "dead_letter"
