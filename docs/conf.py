@@ -4,7 +4,7 @@ from __future__ import annotations
 
 project = "streamkit"
 author = "streamkit developers"
-copyright = "2026, streamkit developers"
+copyright = "2026, streamkit developers"  # noqa: A001 (Sphinx reads this name)
 
 extensions = [
     "myst_parser",

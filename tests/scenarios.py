@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -57,7 +58,7 @@ def tally(sent: list[Numbered], seen: list[bytes]) -> Tally:
     violations = sum(
         1
         for seqs in first_seen.values()
-        for before, after in zip(seqs, seqs[1:], strict=False)
+        for before, after in itertools.pairwise(seqs)
         if after < before
     )
     return Tally(

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 
 from streamkit import ConfigError
 from streamkit._worker import Worker, run_worker
-from tests.apps.scenario import make_app
+from tests.apps.scenario import Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally
 
 if TYPE_CHECKING:
     from streamkit import Redis
 
-FAST = {
+FAST: dict[str, Any] = {
     "lease_ttl": 1.0,
     "heartbeat_interval": 0.1,
     "session_timeout": 1.0,
@@ -23,8 +23,8 @@ FAST = {
 }
 
 
-async def wait_processed(redis: Redis, count: int, *, timeout: float = 30) -> None:
-    with trio.fail_after(timeout):
+async def wait_processed(redis: Redis, count: int) -> None:
+    with trio.fail_after(30):
         while await redis.llen("scenario:seen") < count:
             await trio.sleep(0.02)
 
@@ -52,7 +52,7 @@ async def test_workers_process_every_event_in_order(
 
 
 async def test_workers_joining_and_leaving_one_by_one(redis_url: str, redis: Redis) -> None:
-    total: list = []
+    total: list[Numbered] = []
     async with trio.open_nursery() as nursery:
         producer_app, stream = make_app(redis_url=redis_url, worker="producer", **FAST)
         async with producer_app:
