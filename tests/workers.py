@@ -1,0 +1,97 @@
+"""Real ``streamkit worker`` subprocesses for tests that stop, kill or pause them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import attrs
+import trio
+
+from streamkit import read_membership
+from streamkit._keys import processor_group
+
+if TYPE_CHECKING:
+    from streamkit import Redis
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_GROUP = processor_group("scenario", "numbered", "record")
+
+FAST_ENV = {
+    "STREAMKIT_LEASE_TTL": "1.5",
+    "STREAMKIT_HEARTBEAT_INTERVAL": "0.1",
+    "STREAMKIT_SESSION_TIMEOUT": "1.5",
+    "STREAMKIT_GRACE_PERIOD": "2",
+    "STREAMKIT_CONNECT_GIVE_UP_AFTER": "10",
+}
+
+
+@attrs.define(eq=False)
+class WorkerProcess:
+    """A ``streamkit worker`` subprocess whose output goes to a log file."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _log: IO[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+
+    async def wait_exit(self, within: float = 30) -> int:
+        with trio.fail_after(within):
+            while self.process.poll() is None:
+                await trio.sleep(0.02)
+        return self.process.returncode
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def start_worker(
+    redis_url: str,
+    log_dir: Path,
+    *,
+    app: str = "tests.apps.scenario:app",
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> WorkerProcess:
+    """Start ``streamkit worker APP`` against ``redis_url`` with fast timings."""
+    log_path = log_dir / f"worker-{len(list(log_dir.glob('worker-*')))}.log"
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamkit", "worker", app, *args],
+        cwd=ROOT,
+        env={**os.environ, **FAST_ENV, "STREAMKIT_REDIS_URL": redis_url, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return WorkerProcess(process, log_path, log)
+
+
+async def wait_members(redis: Redis, count: int) -> None:
+    """Wait until the scenario processor's group has ``count`` members."""
+    with trio.fail_after(30):
+        while True:
+            snapshot = await read_membership(redis, SCENARIO_GROUP)
+            if snapshot is not None and len(snapshot.members) == count:
+                return
+            await trio.sleep(0.05)
