@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ._admin import PartitionStatus, live_members, processor_status, reset_positions
 from ._app import App
+from ._deadletters import list_dead_letters, purge_dead_letters, replay_dead_letters
 from ._errors import ConfigError, EncodeError, StreamkitError
 from ._streams import Stream
 from ._worker import run_worker, select_processors
@@ -94,6 +95,16 @@ def load_processor(app: App, name: str) -> Processor:
     except ConfigError as exc:
         fail(str(exc), 2)
     return processor
+
+
+def confirm(question: str, *, refused: str) -> None:
+    """Ask ``question``; unless the answer is yes (no input counts as no), fail."""
+    try:
+        if click.confirm(question, default=False, err=True):
+            return
+    except click.Abort:
+        click.echo(err=True)
+    fail(refused)
 
 
 def configure_logging(level: str) -> None:
@@ -326,12 +337,99 @@ async def reset(
                 f"Reset {processor.name} of {app.name} to the {to} of "
                 f"{processor.stream.name} ({processor.stream.partition_count} partitions)?"
             )
-            if not yes and not click.confirm(question, default=False):
-                fail("nothing was reset")
+            if not yes:
+                confirm(question, refused="nothing was reset")
             await reset_positions(app, processor, to="start" if to == "start" else "end")
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(f"{processor.name} now reads {processor.stream.name} from the {to}")
+
+
+@cli.group()
+def deadletters() -> None:
+    """List, replay and purge a processor's dead letters."""
+
+
+@deadletters.command("list")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("processor_name", metavar="PROCESSOR")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@redis_url_option
+async def deadletters_list(
+    app_path: str, processor_name: str, limit: int, redis_url: str | None
+) -> None:
+    """Show a processor's dead letters, oldest first."""
+    app = load_app(app_path, redis_url)
+    processor = load_processor(app, processor_name)
+    try:
+        async with app:
+            letters = await list_dead_letters(app, processor, count=limit)
+    except StreamkitError as exc:
+        fail(str(exc))
+    if not letters:
+        click.echo(f"{processor.name} has no dead letters")
+        return
+    table = Table(title=f"dead letters of {app.name}: {processor.name}", title_justify="left")
+    for column in ("id", "failed at", "reason", "error", "partition", "entry id", "deliveries"):
+        table.add_column(column)
+    for letter in letters:
+        error = f"{letter.error_type}: {letter.error}" if letter.error_type else letter.error
+        table.add_row(
+            letter.id,
+            letter.failed_at.isoformat(timespec="seconds"),
+            letter.reason,
+            error,
+            str(letter.partition),
+            letter.entry_id,
+            str(letter.delivery_count),
+        )
+    Console(width=200).print(table)
+
+
+@deadletters.command("replay")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("processor_name", metavar="PROCESSOR")
+@click.option("--id", "ids", multiple=True, metavar="ID", help="Replay only these (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@redis_url_option
+async def deadletters_replay(
+    app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
+) -> None:
+    """Send dead letters back to their partitions for processing again."""
+    app = load_app(app_path, redis_url)
+    processor = load_processor(app, processor_name)
+    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
+    if not yes:
+        confirm(f"Replay {which} of {processor.name}?", refused="nothing was replayed")
+    try:
+        async with app:
+            count = await replay_dead_letters(app, processor, ids=ids or None)
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(f"replayed {count} dead letter(s) of {processor.name}")
+
+
+@deadletters.command("purge")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("processor_name", metavar="PROCESSOR")
+@click.option("--id", "ids", multiple=True, metavar="ID", help="Purge only these (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@redis_url_option
+async def deadletters_purge(
+    app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
+) -> None:
+    """Delete dead letters for good."""
+    app = load_app(app_path, redis_url)
+    processor = load_processor(app, processor_name)
+    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
+    if not yes:
+        confirm(f"Delete {which} of {processor.name}?", refused="nothing was purged")
+    try:
+        async with app:
+            count = await purge_dead_letters(app, processor, ids=ids or None)
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(f"purged {count} dead letter(s) of {processor.name}")
 
 
 def describe_partial_send(line_numbers: list[int], sent: int, total: int) -> str:

@@ -40,3 +40,20 @@ def private_redis() -> Iterator[RedisServer]:
     """A server of this test's own, which the test may stop, restart or pause."""
     with RedisServer(appendonly=True) as server:
         yield server
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse ``usefixtures`` naming an async fixture: pytest-trio never runs those."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        for mark in item.iter_markers("usefixtures"):
+            for name in mark.args:
+                for definition in info.name2fixturedefs.get(name, ()):
+                    func = definition.func
+                    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+                        raise pytest.UsageError(
+                            f"{item.nodeid}: request the async fixture {name!r} as an "
+                            f"argument; pytest-trio ignores it in usefixtures"
+                        )

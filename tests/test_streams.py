@@ -160,8 +160,9 @@ async def small_nodes(redis: Redis) -> AsyncIterator[None]:
     await redis.config_set({"stream-node-max-entries": 100})
 
 
-@pytest.mark.usefixtures("small_nodes")
-async def test_trimming_never_removes_unacknowledged_entries(app: App, redis: Redis) -> None:
+async def test_trimming_never_removes_unacknowledged_entries(
+    app: App, redis: Redis, small_nodes: None
+) -> None:
     orders = app.stream(
         "orders", record=Order, partition_by="order_id", partition_count=1, partition_size=50
     )
@@ -187,8 +188,9 @@ async def test_trimming_never_removes_unacknowledged_entries(app: App, redis: Re
     assert 50 <= await redis.xlen(key) < 80
 
 
-@pytest.mark.usefixtures("small_nodes")
-async def test_streams_without_consumer_groups_are_not_trimmed(app: App, redis: Redis) -> None:
+async def test_streams_without_consumer_groups_are_not_trimmed(
+    app: App, redis: Redis, small_nodes: None
+) -> None:
     orders = app.stream(
         "orders", record=Order, partition_by="order_id", partition_count=1, partition_size=20
     )

@@ -1,0 +1,123 @@
+"""Dead letters: list, replay and purge the events a processor's policy set aside.
+
+A dead letter is an entry of the Redis stream ``__dead:{app.stream.processor}``: the
+original event's fields, unchanged, plus ``dl.*`` fields describing the failure (see
+:mod:`streamkit._policies`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+
+from . import _keys
+from ._redis import redis_errors
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._app import App, Processor
+
+__all__ = ["DeadLetter", "list_dead_letters", "purge_dead_letters", "replay_dead_letters"]
+
+_PREFIX = b"dl."
+
+
+@attrs.frozen(kw_only=True)
+class DeadLetter:
+    """An event a processor's policy sent to its dead-letter stream.
+
+    Attributes:
+        id: the dead letter's own entry id (in the dead-letter stream).
+        reason: ``"error"``, ``"retries exhausted"``, ``"poison"`` or ``"undecodable"``.
+        error_type: the exception's qualified name (empty for poison events).
+        error: the exception's message, or why the event is poison.
+        partition: the partition the event came from.
+        entry_id: the event's entry id in that partition.
+        delivery_count: how often it had been delivered.
+        failed_at: when it was dead-lettered.
+        fields: the event's original fields, as stored in the stream.
+    """
+
+    id: str
+    reason: str
+    error_type: str
+    error: str
+    partition: int
+    entry_id: str
+    delivery_count: int
+    failed_at: datetime
+    fields: dict[bytes, bytes]
+
+
+def _dead_letter_key(app: App, processor: Processor) -> str:
+    return _keys.dead_letter_key(app.name, processor.stream.name, processor.name)
+
+
+def _parse(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
+    info = {k[len(_PREFIX) :].decode(): v.decode() for k, v in raw.items() if k.startswith(_PREFIX)}
+    return DeadLetter(
+        id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        reason=info.get("reason", ""),
+        error_type=info.get("error_type", ""),
+        error=info.get("error", ""),
+        partition=int(info.get("partition", "0")),
+        entry_id=info.get("entry_id", ""),
+        delivery_count=int(info.get("delivery_count", "0")),
+        failed_at=datetime.fromtimestamp(float(info.get("time", "0")), tz=UTC),
+        fields={k: v for k, v in raw.items() if not k.startswith(_PREFIX)},
+    )
+
+
+async def list_dead_letters(
+    app: App, processor: Processor, *, count: int | None = None
+) -> list[DeadLetter]:
+    """The processor's dead letters, oldest first (at most ``count``)."""
+    with redis_errors():
+        entries = await app.redis.xrange(_dead_letter_key(app, processor), count=count)
+    return [
+        _parse(entry.identifier, cast("dict[bytes, bytes]", dict(entry.field_values)))
+        for entry in entries
+    ]
+
+
+async def replay_dead_letters(
+    app: App, processor: Processor, *, ids: Sequence[str] | None = None
+) -> int:
+    """Send dead letters back to their partitions, then remove them.
+
+    The original fields are appended to the end of the partition they came from, so
+    the processor sees them again after the events already there (their order
+    relative to other events of the same key changes). Each is removed from the
+    dead-letter stream only after it was appended: a failure midway replays some
+    twice at worst, never loses one. Returns how many were replayed.
+    """
+    letters = await list_dead_letters(app, processor)
+    if ids is not None:
+        wanted = set(ids)
+        letters = [letter for letter in letters if letter.id in wanted]
+    stream = processor.stream
+    key = _dead_letter_key(app, processor)
+    for letter in letters:
+        entry: list[Any] = [len(letter.fields)]
+        for name, value in letter.fields.items():
+            entry.extend((name, value))
+        await stream._append(letter.partition, [entry])
+        with redis_errors():
+            await app.redis.xdel(key, [letter.id])
+    return len(letters)
+
+
+async def purge_dead_letters(
+    app: App, processor: Processor, *, ids: Sequence[str] | None = None
+) -> int:
+    """Delete dead letters (all, or those with the given ids); return how many."""
+    key = _dead_letter_key(app, processor)
+    with redis_errors():
+        if ids is None:
+            count = await app.redis.xlen(key)
+            await app.redis.delete([key])
+            return count
+        return await app.redis.xdel(key, list(ids))

@@ -1,0 +1,90 @@
+"""``streamkit status``, ``reset`` and ``deadletters`` against a real worker's results."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import pytest
+import trio
+
+from streamkit._worker import run_worker
+from tests.apps import failing
+from tests.test_cli import streamkit
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from streamkit import Redis
+
+APP = "tests.apps.failing:app"
+DEAD = "__dead:{failing.jobs.handle}"
+
+
+@pytest.fixture
+async def processed(redis_url: str, redis: Redis) -> AsyncIterator[None]:
+    """30 jobs processed by a worker: 27 done, 3 dead-lettered."""
+    app = failing.app
+    app.settings = attrs.evolve(app.settings, redis_url=redis_url, grace_period=0.5)
+    async with app, trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await failing.jobs.send_many(failing.Job(key=f"k{n % 4}", n=n) for n in range(30))
+        with trio.fail_after(30):
+            while await redis.llen("failing:done") < 27 or await redis.xlen(DEAD) < 3:
+                await trio.sleep(0.02)
+        await worker.stop()
+    yield
+
+
+async def test_status_shows_every_partition(redis_url: str, processed: None) -> None:
+    result = await streamkit("status", APP, redis_url=redis_url)
+    assert result.code == 0, result.err
+    assert "processor handle on stream jobs" in result.out
+    lines = [line for line in result.out.splitlines() if line.strip().startswith("│")]
+    assert len(lines) == 2  # one row per partition
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines]
+    assert all(row[4:6] == ["0", "0"] for row in cells), result.out  # no lag, no pending
+
+
+async def test_dead_letters_list_replay_purge(
+    redis_url: str, redis: Redis, processed: None
+) -> None:
+    assert await redis.xlen(DEAD) == 3
+    listed = await streamkit("deadletters", "list", APP, "handle", redis_url=redis_url)
+    assert listed.code == 0, listed.err
+    assert listed.out.count("ValueError: bad job") == 3
+    for n in (3, 13, 23):
+        assert f"bad job {n}" in listed.out
+
+    before = sum([await redis.xlen(f"__strm:{{failing.jobs.{p}}}") for p in range(2)])
+    replayed = await streamkit("deadletters", "replay", APP, "handle", "--yes", redis_url=redis_url)
+    assert replayed.code == 0, replayed.err
+    assert "replayed 3 dead letter(s)" in replayed.out
+    after = sum([await redis.xlen(f"__strm:{{failing.jobs.{p}}}") for p in range(2)])
+    assert after == before + 3
+    assert await redis.xlen(DEAD) == 0
+
+    await redis.xadd(DEAD, {"dl.reason": "error", "data": "{}"})
+    purged = await streamkit("deadletters", "purge", APP, "handle", "--yes", redis_url=redis_url)
+    assert "purged 1 dead letter(s)" in purged.out
+    assert await redis.xlen(DEAD) == 0
+
+
+async def test_reset_needs_confirmation(redis_url: str, redis: Redis, processed: None) -> None:
+    refused = await streamkit("reset", APP, "handle", "--to", "start", redis_url=redis_url)
+    assert refused.code == 1
+    assert "nothing was reset" in refused.err
+
+    done = await streamkit("reset", APP, "handle", "--to", "start", "--yes", redis_url=redis_url)
+    assert done.code == 0, done.err
+    status = await streamkit("status", APP, redis_url=redis_url)
+    # Every entry is lag again.
+    total = sum([await redis.xlen(f"__strm:{{failing.jobs.{p}}}") for p in range(2)])
+    assert str(total) not in ("0",)
+    assert status.code == 0
+
+
+async def test_unknown_processor_in_admin_commands(redis_url: str) -> None:
+    result = await streamkit("deadletters", "list", APP, "nope", redis_url=redis_url)
+    assert result.code == 2
+    assert "unknown processor 'nope' (known: handle)" in result.err
