@@ -13,7 +13,6 @@ from tests.apps import failing
 from tests.test_cli import streamkit
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
     from streamkit import Redis
 
@@ -22,7 +21,7 @@ DEAD = "__dead:{failing.jobs.handle}"
 
 
 @pytest.fixture
-async def processed(redis_url: str, redis: Redis) -> AsyncIterator[None]:
+async def processed(redis_url: str, redis: Redis) -> None:
     """30 jobs processed by a worker: 27 done, 3 dead-lettered."""
     app = failing.app
     app.settings = attrs.evolve(app.settings, redis_url=redis_url, grace_period=0.5)
@@ -33,7 +32,6 @@ async def processed(redis_url: str, redis: Redis) -> AsyncIterator[None]:
             while await redis.llen("failing:done") < 27 or await redis.xlen(DEAD) < 3:
                 await trio.sleep(0.02)
         await worker.stop()
-    yield
 
 
 async def test_status_shows_every_partition(redis_url: str, processed: None) -> None:

@@ -97,8 +97,9 @@ async def test_killed_worker_partitions_are_taken_over(
     sent = numbered_events(keys=16, per_key=60)
     async with app:
         await stream.send_many(sent)
-    for _ in range(2):
-        workers.append(start_worker(redis_url, tmp_path, env={"SCENARIO_DELAY": "0.02"}))
+    workers.extend(
+        start_worker(redis_url, tmp_path, env={"SCENARIO_DELAY": "0.02"}) for _ in range(2)
+    )
     await wait_members(redis, 2)
     await wait_seen(redis, 100)
     workers[0].kill()

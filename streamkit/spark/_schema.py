@@ -45,6 +45,7 @@ from .._errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from collections.abc import Sequence as SequenceType
 
 __all__ = [
     "DECIMAL_PRECISION",
@@ -269,6 +270,38 @@ class RecordSchema:
     required: frozenset[str]
     to_row: Callable[[Any], tuple[Any, ...]]
     from_row: Callable[[Any], Any]
+    _aliases: tuple[str, ...]
+    _from_functions: tuple[Callable[[Any], Any], ...]
+
+    def builder(self, columns: SequenceType[str]) -> Callable[[SequenceType[Any]], Any]:
+        """A function from a row of ``columns`` (a tuple or Row) to a record.
+
+        Columns that are not fields are ignored; fields missing from ``columns`` take
+        their defaults.
+
+        Raises:
+            ConfigError: a field without a default is missing from ``columns``.
+        """
+        missing = sorted(self.required - set(columns))
+        if missing:
+            raise ConfigError(
+                "record",
+                f"{self.record.__qualname__} needs the columns {', '.join(missing)}, "
+                f"which the DataFrame lacks (its columns: {', '.join(columns)})",
+            )
+        slots = tuple(
+            (columns.index(name), alias, convert)
+            for name, alias, convert in zip(
+                self.names, self._aliases, self._from_functions, strict=True
+            )
+            if name in columns
+        )
+        record = self.record
+
+        def build(row: SequenceType[Any]) -> Any:
+            return record(**{alias: convert(row[index]) for index, alias, convert in slots})
+
+        return build
 
 
 def record_schema(record: type[Any], *, where: str | None = None) -> RecordSchema:
@@ -320,6 +353,8 @@ def record_schema(record: type[Any], *, where: str | None = None) -> RecordSchem
         required=required,
         to_row=to_row,
         from_row=from_row,
+        aliases=aliases,
+        from_functions=from_functions,
     )
 
 

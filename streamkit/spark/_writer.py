@@ -1,0 +1,329 @@
+"""Writing streams from Spark: batch and Structured Streaming writers.
+
+Rows are turned into records, partitioned by streamkit's partitioner and encoded by
+the stream's codec, then appended by a Lua script that does exactly what ``send`` does
+(``XADD *`` per entry, then the same trimming) after claiming an idempotency marker.
+
+Idempotency: every task appends its rows in chunks, per stream partition. Chunk ``c``
+of stream partition ``N`` written by Spark task partition ``t`` of batch ``b`` of write
+``w`` is appended by one Lua call that first runs
+``SET __sprk:{app.stream.N}:w:b:t:c 1 NX EX ttl`` and appends nothing if the marker
+exists. The marker shares the partition's hash tag, so the check and the appends are
+one atomic step, also on Redis Cluster. A retried task (or a replayed micro-batch)
+that is given the same rows in the same order finds the markers of the chunks already
+written and skips them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+
+from .. import _keys
+from .._codec import codec_for
+from .._errors import ConfigError, EncodeError
+from .._partitioner import Partitioner, partition_for
+from ._client import connect, redis_errors
+from ._options import load_record
+from ._schema import record_schema
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+    from pyspark.sql import Row
+
+__all__ = ["BatchWriter", "StreamWriter", "WritePlan", "WriteResult", "marker_key"]
+
+log = logging.getLogger("streamkit.spark")
+
+# Spark's local properties naming the streaming query and micro-batch of a task.
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+# KEYS: stream, marker. ARGV: partition_size, max_len (0 = no cap), marker ttl, then per
+# entry: field count, fields... Returns {number appended, unacknowledged entries the hard
+# cap dropped}; {-1, 0} when the marker was there (the chunk was written before).
+# The appending and trimming part is streamkit._streams' send script, unchanged.
+_WRITE_SCRIPT = """
+local key = KEYS[1]
+local keep = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[3])) then
+  return {-1, 0}
+end
+
+local function parse(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+
+local function less(a, b)
+  local ams, aseq = parse(a)
+  local bms, bseq = parse(b)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+
+local function oldest_needed()
+  local needed = nil
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local info = {}
+    for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
+    local candidate
+    if info['pending'] > 0 then
+      candidate = redis.call('XPENDING', key, info['name'])[2]
+    else
+      local ms, seq = parse(info['last-delivered-id'])
+      candidate = string.format('%d-%d', ms, seq + 1)
+    end
+    if needed == nil or less(candidate, needed) then needed = candidate end
+  end
+  return needed
+end
+
+local appended = 0
+local i = 4
+while i <= #ARGV do
+  local count = tonumber(ARGV[i])
+  redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
+  appended = appended + 1
+  i = i + 1 + 2 * count
+end
+
+local dropped = 0
+local length = redis.call('XLEN', key)
+if cap > 0 and length > cap then
+  local needed = oldest_needed()
+  for _, entry in ipairs(redis.call('XRANGE', key, '-', '+', 'COUNT', length - cap)) do
+    if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
+  end
+  redis.call('XTRIM', key, 'MAXLEN', cap)
+elseif length > keep then
+  local needed = oldest_needed()
+  if needed ~= nil then
+    redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
+  end
+end
+return {appended, dropped}
+"""
+
+
+def marker_key(
+    app: str, stream: str, partition: int, write_id: str, batch: str, task: int, chunk: int
+) -> str:
+    """The idempotency marker of one chunk; in the slot of the partition's stream."""
+    return f"__sprk:{{{app}.{stream}.{partition}}}:{write_id}:{batch}:{task}:{chunk}"
+
+
+@attrs.frozen(kw_only=True)
+class WritePlan:
+    """Everything a write task needs, decided and checked on the driver; plain data.
+
+    Attributes:
+        url, app, stream: where to write.
+        partition_count: the stream's partition count.
+        record: ``module:Class`` of the record type, or ``None`` (raw ``fields`` column).
+        compression: as the ``compression`` setting.
+        key: the column or record field partitioned by.
+        key_is_field: whether ``key`` is a field of the record (then the partitioner
+            reads it from the record, exactly as ``send`` does).
+        columns: the input DataFrame's column names, in order.
+        chunk_size, marker_ttl, partition_size, max_len: see the options.
+    """
+
+    url: str
+    app: str
+    stream: str
+    partition_count: int
+    record: str | None
+    compression: str | None
+    key: str
+    key_is_field: bool
+    columns: tuple[str, ...]
+    chunk_size: int
+    marker_ttl: int
+    partition_size: int
+    max_len: int | None
+
+
+@attrs.frozen
+class WriteResult(WriterCommitMessage):  # type: ignore[misc]
+    """What one write task did: entries appended, and chunks skipped as already written."""
+
+    appended: int
+    skipped_chunks: int
+
+
+@functools.lru_cache(maxsize=32)
+def _row_encoder(plan: WritePlan) -> Callable[[Sequence[Any]], tuple[int, list[bytes | int]]]:
+    """Row -> (stream partition, [field count, name, value, ...]), built once per plan."""
+    count = plan.partition_count
+    key_index = plan.columns.index(plan.key) if plan.key in plan.columns else -1
+    if plan.record is None:
+        fields_index = plan.columns.index("fields")
+
+        def encode_raw(row: Sequence[Any]) -> tuple[int, list[bytes | int]]:
+            fields = row[fields_index]
+            entry: list[bytes | int] = [len(fields)]
+            for name, value in fields.items():
+                entry.append(name.encode("utf-8"))
+                entry.append(value.encode("utf-8") if isinstance(value, str) else bytes(value))
+            return partition_for(row[key_index], count), entry
+
+        return encode_raw
+
+    record = load_record(plan.record)
+    schema = record_schema(record)
+    build = schema.builder(plan.columns)
+    encode = codec_for(record, compression=plan.compression).encode
+    if plan.key_is_field:
+        partition_of = Partitioner(
+            partition_by=plan.key, partition_count=count, record=record
+        ).partition_of
+    else:
+
+        def partition_of(_: Any) -> int:
+            raise AssertionError("unreachable")
+
+    def encode_record(row: Sequence[Any]) -> tuple[int, list[bytes | int]]:
+        value = build(row)
+        fields = encode(value)
+        entry: list[bytes | int] = [len(fields)]
+        for name, raw in fields.items():
+            entry.append(name)
+            entry.append(raw)
+        if plan.key_is_field:
+            return partition_of(value), entry
+        return partition_for(row[key_index], count), entry
+
+    return encode_record
+
+
+def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) -> WriteResult:
+    """Append one task's rows; chunks already written by an earlier attempt are skipped."""
+    context = TaskContext.get()
+    task = context.partitionId() if context is not None else 0
+    encode = _row_encoder(plan)
+    buffers: list[list[bytes | int]] = [[] for _ in range(plan.partition_count)]
+    sizes = [0] * plan.partition_count
+    chunks = [0] * plan.partition_count
+    appended = skipped = 0
+    with connect(plan.url) as client:
+        script = client.register_script(_WRITE_SCRIPT)
+        head = [plan.partition_size, plan.max_len or 0, plan.marker_ttl]
+
+        def flush(partition: int) -> None:
+            nonlocal appended, skipped
+            marker = marker_key(
+                plan.app, plan.stream, partition, write_id, batch, task, chunks[partition]
+            )
+            with redis_errors(plan.url):
+                done, dropped = script(
+                    keys=[_keys.stream_key(plan.app, plan.stream, partition), marker],
+                    args=head + buffers[partition],
+                )
+            if done < 0:
+                skipped += 1
+            else:
+                appended += done
+            if dropped:
+                log.warning(
+                    "max_len=%s dropped %d unprocessed entries from %s partition %d",
+                    plan.max_len,
+                    dropped,
+                    plan.stream,
+                    partition,
+                )
+            chunks[partition] += 1
+            buffers[partition] = []
+            sizes[partition] = 0
+
+        for row in rows:
+            try:
+                partition, entry = encode(row)
+            except (EncodeError, ConfigError):
+                raise
+            except Exception as exc:
+                raise EncodeError(f"cannot turn row {row!r} into a record: {exc}") from exc
+            buffers[partition].extend(entry)
+            sizes[partition] += 1
+            if sizes[partition] >= plan.chunk_size:
+                flush(partition)
+        for partition in range(plan.partition_count):
+            if sizes[partition]:
+                flush(partition)
+    return WriteResult(appended, skipped)
+
+
+class BatchWriter(DataSourceWriter):  # type: ignore[misc]
+    """A batch write (``df.write.format("streamkit")``), idempotent across task retries.
+
+    ``write_id`` is drawn once per write on the driver (or given as the ``writeId``
+    option, which also makes re-running the same job idempotent).
+    """
+
+    def __init__(self, plan: WritePlan, write_id: str | None) -> None:
+        self.plan = plan
+        self.write_id = write_id or uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[Row]) -> WriteResult:
+        return write_rows(self.plan, iterator, self.write_id, "b")
+
+    def commit(self, messages: list[WriteResult | None]) -> None:
+        _log_results(self.plan, self.write_id, "batch", messages)
+
+    def abort(self, messages: list[WriteResult | None]) -> None:
+        # Appended entries cannot be taken back (workers may have processed them);
+        # a re-run with the same writeId skips what was written.
+        log.warning("streamkit write %s to %s aborted", self.write_id, self.plan.stream)
+
+
+class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+    """A Structured Streaming write, idempotent across micro-batch replays.
+
+    Markers are keyed by the streaming query's id (stable across restarts from the
+    checkpoint) and the micro-batch id, both read from the task's local properties.
+    """
+
+    def __init__(self, plan: WritePlan, write_id: str | None) -> None:
+        self.plan = plan
+        self.write_id = write_id
+        self.fallback_id = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[Row]) -> WriteResult:
+        context = TaskContext.get()
+        query = batch = None
+        if context is not None:
+            query = context.getLocalProperty(_QUERY_ID_PROPERTY)
+            batch = context.getLocalProperty(_BATCH_ID_PROPERTY)
+        if batch is None:
+            # Without a batch id a replay cannot be recognised; still write, once.
+            log.warning("no micro-batch id in the task context: writes are not idempotent")
+            batch = uuid.uuid4().hex
+        return write_rows(self.plan, iterator, self.write_id or query or self.fallback_id, batch)
+
+    def commit(self, messages: list[WriteResult | None], batchId: int) -> None:  # noqa: N803
+        _log_results(self.plan, self.write_id or "-", f"micro-batch {batchId}", messages)
+
+    def abort(self, messages: list[WriteResult | None], batchId: int) -> None:  # noqa: N803
+        log.warning("streamkit micro-batch %d to %s aborted", batchId, self.plan.stream)
+
+
+def _log_results(
+    plan: WritePlan, write_id: str, what: str, messages: list[WriteResult | None]
+) -> None:
+    results = [m for m in messages if isinstance(m, WriteResult)]
+    log.info(
+        "streamkit %s %s to %s.%s: %d entries appended, %d chunks skipped as already written",
+        what,
+        write_id,
+        plan.app,
+        plan.stream,
+        sum(r.appended for r in results),
+        sum(r.skipped_chunks for r in results),
+    )
