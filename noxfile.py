@@ -12,6 +12,7 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 
 SOURCES = ["streamkit", "tests", "examples", "noxfile.py"]
+BENCHMARKS = ["bench_send.py", "bench_consume.py", "bench_rebalance.py"]
 
 
 @nox.session
@@ -44,8 +45,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: print throughput figures and ratios measured side by side."""
-    for script in ["tests/benchmarks/bench_send.py"]:
-        session.run("python", script, *session.posargs)
+    for script in BENCHMARKS:
+        session.run("python", f"tests/benchmarks/{script}", *session.posargs)
 
 
 @nox.session

@@ -29,8 +29,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from streamkit import Redis, open_lock_manager, open_membership, open_redis, redis_errors
-from streamkit._rebalancer import Claim, open_rebalancer
+from streamkit import (
+    Claim,
+    Redis,
+    open_lock_manager,
+    open_membership,
+    open_rebalancer,
+    open_redis,
+    redis_errors,
+)
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:

@@ -59,6 +59,15 @@ from ._partitioner import (
     partition_for as partition_for,
 )
 from ._policies import ExceptionPolicy as ExceptionPolicy, run_processor as run_processor
+from ._rebalancer import (
+    Claim as Claim,
+    RebalancePlan as RebalancePlan,
+    Rebalancer as Rebalancer,
+    RebalancerSettings as RebalancerSettings,
+    RebalancerStatistics as RebalancerStatistics,
+    open_rebalancer as open_rebalancer,
+    plan_rebalance as plan_rebalance,
+)
 from ._records import Record as Record, is_primitive as is_primitive
 from ._redis import Redis as Redis, open_redis as open_redis, redis_errors as redis_errors
 from ._settings import Settings as Settings

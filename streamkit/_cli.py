@@ -113,6 +113,9 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # coredis logs its own internal retries (script reloads, optimistic transaction
+    # conflicts); streamkit logs what matters about them itself.
+    logging.getLogger("coredis").setLevel(logging.ERROR)
 
 
 def redis_url_option(function: Any) -> Any:

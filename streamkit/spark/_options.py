@@ -263,7 +263,9 @@ class WriteOptions:
         chunk_size = _positive(options, "chunkSize", DEFAULT_SEND_CHUNK_SIZE)
         marker_ttl = _positive(options, "markerTtl", DEFAULT_MARKER_TTL)
         partition_size = _positive(options, "partitionSize", DEFAULT_PARTITION_SIZE)
-        assert chunk_size is not None and marker_ttl is not None and partition_size is not None
+        assert chunk_size is not None
+        assert marker_ttl is not None
+        assert partition_size is not None
         return cls(
             url=_required(options, "url"),
             app=_keys.validate_name("app", _required(options, "app")),

@@ -45,7 +45,6 @@ from .._errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from collections.abc import Sequence as SequenceType
 
 __all__ = [
     "DECIMAL_PRECISION",
@@ -273,7 +272,7 @@ class RecordSchema:
     _aliases: tuple[str, ...]
     _from_functions: tuple[Callable[[Any], Any], ...]
 
-    def builder(self, columns: SequenceType[str]) -> Callable[[SequenceType[Any]], Any]:
+    def builder(self, columns: Sequence[str]) -> Callable[[Sequence[Any]], Any]:
         """A function from a row of ``columns`` (a tuple or Row) to a record.
 
         Columns that are not fields are ignored; fields missing from ``columns`` take
@@ -298,7 +297,7 @@ class RecordSchema:
         )
         record = self.record
 
-        def build(row: SequenceType[Any]) -> Any:
+        def build(row: Sequence[Any]) -> Any:
             return record(**{alias: convert(row[index]) for index, alias, convert in slots})
 
         return build

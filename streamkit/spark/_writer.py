@@ -307,10 +307,10 @@ class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
             batch = uuid.uuid4().hex
         return write_rows(self.plan, iterator, self.write_id or query or self.fallback_id, batch)
 
-    def commit(self, messages: list[WriteResult | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriteResult | None], batchId: int) -> None:
         _log_results(self.plan, self.write_id or "-", f"micro-batch {batchId}", messages)
 
-    def abort(self, messages: list[WriteResult | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriteResult | None], batchId: int) -> None:
         log.warning("streamkit micro-batch %d to %s aborted", batchId, self.plan.stream)
 
 

@@ -95,7 +95,8 @@ async def one_round(
         ticks.gap.clear()
         began = trio.current_time()
         b, stop_b, b_done = await start(nursery, redis, group, "b", ticks, partitions)
-        await a.owned.wait_value(lambda v: len(v) < partitions and not a.statistics().draining)
+        # The assignment is balanced: a keeps half of the partitions.
+        await a.owned.wait_value(lambda v: len(v) == partitions - partitions // 2)
         moved = frozenset(range(partitions)) - a.owned.value
         await b.owned.wait_value(moved)
         join_resume = max(ticks.started[("b", p)] for p in moved) - began
@@ -126,7 +127,8 @@ async def main(args: argparse.Namespace) -> None:
             results = []
             for _ in range(args.rounds):
                 ticks = Ticks(args.tick, args.work)
-                results.append(await one_round(redis, args.partitions, ticks))
+                with trio.fail_after(30):
+                    results.append(await one_round(redis, args.partitions, ticks))
     print(
         f"{args.rounds} rounds, {args.partitions} partitions, tick {args.tick * 1000:.0f} ms, "
         f"drain work {args.work * 1000:.0f} ms"

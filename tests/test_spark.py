@@ -1,0 +1,419 @@
+"""The Spark data source on a real local SparkSession (local[2]) and a real Redis.
+
+One SparkSession serves the whole module (starting one takes seconds). Spark's Python
+workers import the record classes by name, so they live in ``tests/spark/records.py``
+and the repository root is put on the workers' ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+redis_py = pytest.importorskip("redis")
+
+import trio  # noqa: E402
+
+from streamkit import App, codec_for, partition_for  # noqa: E402
+from streamkit._worker import run_worker  # noqa: E402
+from tests.apps.scenario import SEEN, Numbered, make_app  # noqa: E402
+from tests.spark.records import Line, Order, Reading, Status  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pyspark.sql import DataFrame, SparkSession
+
+    from streamkit.testing import RedisServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "shop"
+ORDER = "tests.spark.records:Order"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    from pyspark.sql import SparkSession
+
+    from streamkit.spark import register
+
+    # Spark's Python workers: this interpreter, able to import tests.spark.records.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(ROOT) if not path else f"{ROOT}{os.pathsep}{path}"
+    session = (
+        SparkSession.builder.master("local[2, 3]")  # 2 threads; a failed task is retried
+        .appName("streamkit-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:
+    """The session's Redis server, flushed empty (a sync twin of ``redis_url``)."""
+    client = redis_py.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def client(url: str) -> Iterator[Any]:
+    with redis_py.Redis.from_url(url) as connection:
+        yield connection
+
+
+def orders(start: int, count: int) -> list[Order]:
+    return [
+        Order(
+            order_id=i,
+            customer=f"c{i % 37}",
+            amount=i / 4,
+            created_at=T0 + timedelta(seconds=i),
+            status=Status.PAID if i % 2 else Status.NEW,
+            day=(T0 + timedelta(days=i % 3)).date() if i % 5 else None,
+            price=Decimal(i) / 100,
+            lines=[Line(sku=f"s{i}", quantity=i % 4)],
+            tags={"n": i},
+        )
+        for i in range(start, start + count)
+    ]
+
+
+def send(url: str, stream: str, records: list[Any], *, record: type = Order, **how: Any) -> None:
+    async def run() -> None:
+        app = App(APP, redis_url=url)
+        target = app.stream(
+            stream,
+            record=record,
+            partition_by=how.get("partition_by", "customer"),
+            partition_count=how.get("partition_count", 4),
+        )
+        async with app:
+            await target.send_many(records)
+
+    trio.run(run)
+
+
+def read(spark: SparkSession, url: str, stream: str, **options: str) -> DataFrame:
+    reader = spark.read.format("streamkit").option("url", url).option("app", APP)
+    reader = reader.option("stream", stream)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def test_batch_read_all_partitions_with_typed_columns(
+    spark: SparkSession, url: str, client: Any
+) -> None:
+    sent = orders(0, 2000)
+    send(url, "orders", sent)
+    # A streamkit worker's consumer group, which reading must leave alone.
+    client.xgroup_create("__strm:{shop.orders.0}", "workers", id="0")
+    client.xreadgroup("workers", "w1", {"__strm:{shop.orders.0}": ">"}, count=5)
+    groups_before = client.xinfo_groups("__strm:{shop.orders.0}")
+
+    df = read(spark, url, "orders", record=ORDER)
+    assert df.rdd.getNumPartitions() == 4  # one input partition per stream partition
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    assert fields == {
+        "partition": "int",
+        "entry_id": "string",
+        "event_time": "timestamp",
+        "order_id": "bigint",
+        "customer": "string",
+        "amount": "double",
+        "created_at": "timestamp",
+        "status": "string",
+        "day": "date",
+        "price": "decimal(38,18)",
+        "lines": "array<struct<sku:string,quantity:bigint>>",
+        "tags": "map<string,bigint>",
+        "note": "string",
+    }
+    rows = df.collect()
+    assert len(rows) == len(sent)
+    by_id = {row.order_id: row for row in rows}
+    assert sorted(by_id) == [o.order_id for o in sent]
+    for order in sent[:50]:
+        row = by_id[order.order_id]
+        assert row.partition == partition_for(order.customer, 4)
+        millis = int(row.entry_id.split("-")[0])
+        assert row.event_time.replace(tzinfo=UTC) == datetime.fromtimestamp(millis / 1000, UTC)
+        assert row.customer == order.customer
+        assert row.amount == order.amount
+        assert row.created_at.replace(tzinfo=UTC) == order.created_at
+        assert row.status == order.status.value
+        assert row.day == order.day
+        assert row.price == order.price
+        assert [(line.sku, line.quantity) for line in row.lines] == [
+            (line.sku, line.quantity) for line in order.lines
+        ]
+        assert row.tags == order.tags
+        assert row.note is None
+    assert client.xinfo_groups("__strm:{shop.orders.0}") == groups_before
+
+
+def id_tuple(entry_id: str) -> tuple[int, int]:
+    millis, seq = entry_id.split("-")
+    return int(millis), int(seq)
+
+
+def test_batch_read_bounds_primitive_and_raw(spark: SparkSession, url: str, client: Any) -> None:
+    readings = [
+        Reading(sensor=f"s{i % 5}", value=i / 2, at=T0 + timedelta(minutes=i)) for i in range(300)
+    ]
+    send(url, "readings", readings, record=Reading, partition_by="sensor", partition_count=2)
+    ids = sorted(
+        (
+            entry_id.decode()
+            for partition in range(2)
+            for entry_id, _ in client.xrange(f"__strm:{{shop.readings.{partition}}}")
+        ),
+        key=id_tuple,
+    )
+    typed = read(spark, url, "readings", record="tests.spark.records:Reading")
+    assert {f.name: f.dataType.simpleString() for f in typed.schema.fields[3:]} == {
+        "sensor": "string",
+        "value": "double",
+        "at": "timestamp",
+        "ok": "boolean",
+    }
+    assert typed.filter("ok").count() == 300
+    assert typed.agg({"value": "sum"}).first()[0] == sum(r.value for r in readings)
+
+    # start inclusive, end exclusive, as entry ids, milliseconds or ISO times.
+    low, high = id_tuple(ids[100]), id_tuple(ids[200])
+    bounded = read(spark, url, "readings", start=ids[100], end=ids[200])
+    assert sorted(r.entry_id for r in bounded.select("entry_id").collect()) == sorted(
+        i for i in ids if low <= id_tuple(i) < high
+    )
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    assert read(spark, url, "readings", start=future).count() == 0
+    assert read(spark, url, "readings", end="1").count() == 0
+
+    raw = read(spark, url, "readings").filter(f"entry_id = '{ids[0]}'").first()
+    assert raw is not None
+    assert raw.fields["sensor"] in {b"s0", b"s1", b"s2", b"s3", b"s4"}
+    assert set(raw.fields) == {"sensor", "value", "at", "ok"}
+
+
+def run_stream_read(
+    spark: SparkSession, url: str, checkpoint: Path, output: Path, **options: str
+) -> list[int]:
+    """Copy the orders stream to Parquet with Trigger.AvailableNow; return batch sizes."""
+    reader = spark.readStream.format("streamkit").option("url", url).option("app", APP)
+    for name, value in {"stream": "orders", "record": ORDER, **options}.items():
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .select("partition", "entry_id", "order_id")
+        .writeStream.format("parquet")
+        .option("path", str(output))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    return [int(p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
+
+
+def test_streaming_read_resumes_from_the_checkpoint(
+    spark: SparkSession, url: str, tmp_path: Path
+) -> None:
+    checkpoint, output = tmp_path / "checkpoint", tmp_path / "out"
+    send(url, "orders", orders(0, 1000))
+    first = run_stream_read(spark, url, checkpoint, output, maxEventsPerTrigger="300")
+    assert sum(first) == 1000
+    assert max(first) <= 300  # the per-trigger limit
+    assert len(first) >= 4
+
+    send(url, "orders", orders(1000, 500))
+    second = run_stream_read(spark, url, checkpoint, output)
+    assert sum(second) == 500  # only the new events
+
+    seen = [row.order_id for row in spark.read.parquet(str(output)).collect()]
+    assert len(seen) == 1500  # none twice
+    assert sorted(seen) == list(range(1500))
+
+
+def numbered_frame(spark: SparkSession, count: int, keys: int) -> DataFrame:
+    rows = [(f"k{n % keys}", n // keys) for n in range(count)]
+    # Two Spark partitions, each key's events in order inside one of them.
+    return (
+        spark.createDataFrame(rows, "key string, seq long")
+        .repartition(2, "key")
+        .sortWithinPartitions("seq")
+    )
+
+
+def write_numbered(df: DataFrame, url: str, **options: str) -> None:
+    writer = df.write.format("streamkit").mode("append").option("url", url)
+    writer = writer.option("app", "scenario").option("stream", "numbered")
+    writer = writer.option("record", "tests.apps.scenario:Numbered")
+    for name, value in options.items():
+        writer = writer.option(name, value)
+    writer.save()
+
+
+def test_batch_write_is_processed_by_a_streamkit_worker(
+    spark: SparkSession, url: str, client: Any
+) -> None:
+    count, keys = 2000, 40
+    write_numbered(numbered_frame(spark, count, keys), url, partitionCount="8", key="key")
+
+    codec = codec_for(Numbered)
+    assert client.hget("__meta:{scenario.numbered}", "partition_count") == b"8"
+    for partition in range(8):
+        for _, fields in client.xrange(f"__strm:{{scenario.numbered.{partition}}}"):
+            record = codec.decode(fields, stream="numbered")
+            assert partition_for(record.key, 8) == partition
+            assert fields == codec.encode(record)  # byte for byte what send() appends
+
+    async def process() -> list[bytes]:
+        app, _ = make_app(
+            redis_url=url, worker="w", lease_ttl=1.0, heartbeat_interval=0.1, grace_period=1.0
+        )
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(run_worker, app)
+            with trio.fail_after(60):
+                while await app.redis.llen(SEEN) < count:
+                    await trio.sleep(0.05)
+            items: list[bytes] = await app.redis.lrange(SEEN, 0, -1)
+            await worker.stop()
+        return items
+
+    seen = [item.decode().rsplit(":", 1)[0] for item in trio.run(process)]
+    assert len(seen) == count
+    assert len(set(seen)) == count
+    for key in range(keys):
+        seqs = [int(s.split(":")[1]) for s in seen if s.split(":")[0] == f"k{key}"]
+        assert seqs == sorted(seqs)  # each key's order kept
+
+
+def stream_length(client: Any, app: str, stream: str, partitions: int) -> int:
+    return sum(int(client.xlen(f"__strm:{{{app}.{stream}.{p}}}")) for p in range(partitions))
+
+
+def test_replayed_writes_add_no_duplicates(
+    spark: SparkSession, url: str, client: Any, tmp_path: Path
+) -> None:
+    from pyspark import TaskContext
+    from pyspark.sql.functions import udf
+
+    df = numbered_frame(spark, 1000, 10)
+    options = {"partitionCount": "4", "key": "key", "writeId": "backfill-1", "chunkSize": "50"}
+    write_numbered(df, url, **options)
+    write_numbered(df, url, **options)  # the same job re-run: nothing added
+    assert stream_length(client, "scenario", "numbered", 4) == 1000
+
+    # A task that fails after having written some chunks is retried by Spark; the retry
+    # skips the chunks its first attempt wrote.
+    @udf("long")  # type: ignore[misc]
+    def fail_first_attempt(seq: int) -> int:
+        context = TaskContext.get()
+        if seq == 90 and context is not None and context.attemptNumber() == 0:
+            raise RuntimeError("injected failure")
+        return seq
+
+    flaky = df.withColumn("seq", fail_first_attempt("seq"))
+    write_numbered(flaky, url, partitionCount="4", key="key", chunkSize="50")
+    assert stream_length(client, "scenario", "numbered", 4) == 2000
+
+    # A streaming micro-batch replayed after a failure: Spark re-runs a batch whose
+    # commit is missing from the checkpoint, with the same query and batch ids.
+    send(url, "orders", orders(0, 500))
+    checkpoint = tmp_path / "checkpoint"
+
+    def copy() -> None:
+        query = (
+            spark.readStream.format("streamkit")
+            .option("url", url)
+            .option("app", APP)
+            .option("stream", "orders")
+            .option("record", ORDER)
+            .load()
+            .drop("partition", "entry_id", "event_time")
+            .writeStream.format("streamkit")
+            .option("url", url)
+            .option("app", APP)
+            .option("stream", "copy")
+            .option("record", ORDER)
+            .option("partitionCount", "3")
+            .option("key", "customer")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    copy()
+    assert stream_length(client, APP, "copy", 3) == 500
+    for commit in (checkpoint / "commits").iterdir():
+        commit.unlink()  # as if the query died after writing, before committing
+    copy()
+    assert stream_length(client, APP, "copy", 3) == 500
+    send(url, "orders", orders(500, 100))
+    copy()
+    assert stream_length(client, APP, "copy", 3) == 600
+    shutil.rmtree(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stream": "nope"}, r"stream 'nope' of app 'shop' does not exist"),
+        ({"record": "tests.spark.records:Other"}, r"created with record=Order but .* record=Other"),
+        ({"record": "tests.spark.records:Missing"}, r"has no 'Missing'"),
+        ({"record": "no_such_module:Order"}, r"cannot import module 'no_such_module'"),
+        ({"url": "redis://127.0.0.1:1"}, r"Redis at redis://127.0.0.1:1 is unavailable"),
+        ({"start": "yesterday"}, r"start: expected an entry id"),
+        ({"app": "bad.name"}, r"app: must be letters"),
+    ],
+)
+def test_bad_read_options_fail_clearly(
+    spark: SparkSession, url: str, options: dict[str, str], message: str
+) -> None:
+    send(url, "orders", orders(0, 10))
+    merged = {"record": ORDER, "stream": "orders", **options}
+    reader = spark.read.format("streamkit").option("app", APP).option("url", url)
+    for name, value in merged.items():
+        reader = reader.option(name, value)
+    with pytest.raises(Exception, match=message):
+        reader.load().collect()
+
+
+def test_bad_write_options_fail_clearly(spark: SparkSession, url: str) -> None:
+    df = numbered_frame(spark, 10, 2)
+    with pytest.raises(Exception, match=r"give the record, partitionCount and key options"):
+        write_numbered(df, url)
+    write_numbered(df, url, partitionCount="2", key="key")
+    with pytest.raises(Exception, match=r"created with partition_count=2 .* partition_count=3"):
+        write_numbered(df, url, partitionCount="3")
+    with pytest.raises(Exception, match=r"append-only"):
+        df.write.format("streamkit").mode("overwrite").option("url", url).option(
+            "app", "scenario"
+        ).option("stream", "numbered").save()
+    with pytest.raises(Exception, match=r"Numbered needs the columns seq"):
+        write_numbered(df.drop("seq"), url)
