@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
+
 project = "streamkit"
 author = "streamkit developers"
 copyright = "2026, streamkit developers"  # noqa: A001 (Sphinx reads this name)
@@ -12,7 +17,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "sphinxcontrib.mermaid",
-    "sphinx_click",
+    "cli_reference",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -208,6 +208,7 @@ class StreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         options = self.options
+        open("/tmp/sk/limit.log", "a").write(f"{limit!r} {start}\n")
         begin = _positions(start, self.partition_count)
         with connect(options.url) as client:
             latest = self._target or _last_ids(client, options, self.partition_count)
