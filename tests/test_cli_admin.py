@@ -13,7 +13,6 @@ from tests.apps import failing
 from tests.test_cli import streamkit
 
 if TYPE_CHECKING:
-
     from streamkit import Redis
 
 APP = "tests.apps.failing:app"

@@ -161,7 +161,7 @@ async def test_retries_exhausted_go_to_the_dead_letter_stream(
     original = cast("dict[bytes, bytes]", (await redis.xrange(ticks.key(0)))[1].field_values)
     assert letter[b"data"] == original[b"data"]
     assert letter[b"dl.reason"] == b"retries exhausted"
-    assert letter[b"dl.error_type"] == b"test_policies.Boom"
+    assert letter[b"dl.error_type"] == f"{Boom.__module__}.Boom".encode()
     assert letter[b"dl.error"] == b"bad 1"
     assert letter[b"dl.stream"] == b"ticks"
     assert letter[b"dl.partition"] == b"0"

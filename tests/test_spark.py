@@ -329,14 +329,13 @@ def test_replayed_writes_add_no_duplicates(
 
     # A task that fails after having written some chunks is retried by Spark; the retry
     # skips the chunks its first attempt wrote.
-    @udf("long")  # type: ignore[misc]
     def fail_first_attempt(seq: int) -> int:
         context = TaskContext.get()
         if seq == 90 and context is not None and context.attemptNumber() == 0:
             raise RuntimeError("injected failure")
         return seq
 
-    flaky = df.withColumn("seq", fail_first_attempt("seq"))
+    flaky = df.withColumn("seq", udf(fail_first_attempt, "long", useArrow=False)("seq"))
     write_numbered(flaky, url, partitionCount="4", key="key", chunkSize="50")
     assert stream_length(client, "scenario", "numbered", 4) == 2000
 

@@ -20,7 +20,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from .. import _keys
 from .._codec import Codec, codec_for
@@ -176,7 +181,7 @@ class BatchReader(DataSourceReader):  # type: ignore[misc]
 Offset = dict[str, str]
 
 
-class StreamReader(DataSourceStreamReader):  # type: ignore[misc]
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
     """A Structured Streaming read with per-partition entry id offsets.
 
     Supports admission control (``maxEventsPerTrigger``) and ``Trigger.AvailableNow``.
@@ -208,7 +213,6 @@ class StreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         options = self.options
-        open("/tmp/sk/limit.log", "a").write(f"{limit!r} {start}\n")
         begin = _positions(start, self.partition_count)
         with connect(options.url) as client:
             latest = self._target or _last_ids(client, options, self.partition_count)
