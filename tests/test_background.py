@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -57,7 +57,7 @@ async def test_timer_fires_on_schedule_without_drift(
     assert fired == [1.0, 2.0, 3.0, 4.0]
 
 
-FAST = {"lease_ttl": 1.0, "heartbeat_interval": 0.1, "session_timeout": 1.0, "grace_period": 0.5}
+FAST: dict[str, Any] = {"lease_ttl": 1.0, "heartbeat_interval": 0.1, "session_timeout": 1.0, "grace_period": 0.5}
 
 
 async def test_workers_run_tasks_and_leader_only_tasks(redis_url: str, redis: Redis) -> None:
@@ -83,7 +83,7 @@ async def test_workers_run_tasks_and_leader_only_tasks(redis_url: str, redis: Re
         with trio.fail_after(20):
             while await redis.llen("bg:leader") < 5 or await redis.hlen("bg:ticks") < 2:
                 await trio.sleep(0.02)
-        leaders = {item for item in await redis.lrange("bg:leader", 0, -1)}
+        leaders = set(await redis.lrange("bg:leader", 0, -1))
         assert len(leaders) == 1  # only the leader runs on_leader work
         [leader] = leaders
         # The leader stops: its leader-only work moves to the other worker.
