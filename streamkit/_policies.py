@@ -50,6 +50,7 @@ log = logging.getLogger("streamkit.policies")
 Action = Literal["halt", "retry", "dead_letter", "ignore"]
 ExhaustedAction = Literal["halt", "dead_letter", "ignore"]
 
+DEFAULT_MAX_DELIVERIES = 20
 DEFAULT_RETRIES = 3
 DEFAULT_RETRY_BACKOFF = Backoff(initial=0.1, maximum=5.0)
 DEAD_LETTER_TIMEOUT = 10.0
@@ -103,7 +104,9 @@ class ExceptionPolicy:
         max_deliveries: an event Redis delivered more than this many times (crash
             loops, takeovers) is poison: it goes to ``on_exhausted`` (or the action
             itself unless that is ``"retry"``) without reaching the processor.
-            ``None``: no limit.
+            ``None``: no limit. Each takeover of a partition counts as a delivery
+            of the entries its previous owner had fetched but not finished, so keep
+            it well above the number of rebalances an event may live through.
 
     Example::
 
@@ -119,7 +122,9 @@ class ExceptionPolicy:
     on_exhausted: ExhaustedAction = attrs.field(
         default="halt", validator=_one_of("halt", "dead_letter", "ignore")
     )
-    max_deliveries: int | None = attrs.field(default=None, validator=_check_max_deliveries)
+    max_deliveries: int | None = attrs.field(
+        default=DEFAULT_MAX_DELIVERIES, validator=_check_max_deliveries
+    )
 
     @property
     def final_action(self) -> ExhaustedAction:
