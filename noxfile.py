@@ -12,7 +12,7 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 
 SOURCES = ["streamkit", "tests", "examples", "noxfile.py"]
-BENCHMARKS = ["bench_send.py", "bench_consume.py", "bench_rebalance.py"]
+BENCHMARKS = ["bench_send.py", "bench_consume.py", "bench_rebalance.py", "bench_spark.py"]
 
 
 @nox.session

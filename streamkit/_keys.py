@@ -16,6 +16,7 @@ key                                what it holds
 ``__beat:{app.stream.proc}:ID``    member ID's heartbeat
 ``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
 ``__lock:{app}.leader``            the app's leader lease
+``__sprk:{app.stream.N}:...``      a Spark write's idempotency marker (expires)
 =================================  ===================================================
 """
 

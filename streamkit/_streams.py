@@ -41,14 +41,12 @@ METADATA_VERSION = "1"
 # keeping every partition's pipeline full.
 WINDOW_PER_PARTITION = 4
 
-# ARGV: partition_size, max_len (0 = no cap), then per entry: field count, fields...
-# Returns {entry ids, number of unacknowledged entries the hard cap dropped}.
-_SEND_SCRIPT: Script[bytes] = Script(
-    script="""
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-
+# Appends the entries given in ARGV from index `first` on (each: field count, then
+# names and values) to the stream `key`, then trims it: never below the oldest entry
+# a consumer group still needs, unless the hard cap `cap` (0 = none) says otherwise.
+# Leaves the new ids in `ids` and the number of unprocessed entries the cap dropped in
+# `dropped`. Shared with the Spark writer, so that both append exactly alike.
+APPEND_AND_TRIM_LUA = """
 local function parse(id)
   local dash = string.find(id, '-', 1, true)
   return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
@@ -80,7 +78,7 @@ local function oldest_needed()
 end
 
 local ids = {}
-local i = 3
+local i = first
 while i <= #ARGV do
   local count = tonumber(ARGV[i])
   ids[#ids + 1] = redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
@@ -101,8 +99,19 @@ elseif length > keep then
     redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
   end
 end
-return {ids, dropped}
 """
+
+# KEYS: the partition. ARGV: partition_size, max_len (0 = no cap), then the entries.
+# Returns {entry ids, number of unacknowledged entries the hard cap dropped}.
+_SEND_SCRIPT: Script[bytes] = Script(
+    script="""
+local key = KEYS[1]
+local keep = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local first = 3
+"""
+    + APPEND_AND_TRIM_LUA
+    + "return {ids, dropped}\n"
 )
 
 # Record the metadata if the stream is new; return what is recorded otherwise.

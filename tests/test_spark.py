@@ -199,7 +199,9 @@ def test_batch_read_bounds_primitive_and_raw(spark: SparkSession, url: str, clie
         "ok": "boolean",
     }
     assert typed.filter("ok").count() == 300
-    assert typed.agg({"value": "sum"}).first()[0] == sum(r.value for r in readings)
+    total = typed.agg({"value": "sum"}).first()
+    assert total is not None
+    assert total[0] == sum(r.value for r in readings)
 
     # start inclusive, end exclusive, as entry ids, milliseconds or ISO times.
     low, high = id_tuple(ids[100]), id_tuple(ids[200])
@@ -416,3 +418,28 @@ def test_bad_write_options_fail_clearly(spark: SparkSession, url: str) -> None:
         ).option("stream", "numbered").save()
     with pytest.raises(Exception, match=r"Numbered needs the columns seq"):
         write_numbered(df.drop("seq"), url)
+
+
+def test_example_pipeline_writes_totals(
+    spark: SparkSession, url: str, client: Any, tmp_path: Path
+) -> None:
+    from examples import spark_orders
+    from examples.spark_orders import CustomerTotal
+
+    spark_orders.send_demo_orders(url, 5000)  # 5000 seconds: parts of two hours
+    parquet = str(tmp_path / "totals")
+    totals = spark_orders.run(spark, url, parquet).collect()
+    assert sum(row.orders for row in totals) == 5000
+    assert spark.read.parquet(parquet).count() == len(totals)
+
+    codec = codec_for(CustomerTotal)
+    written = [
+        codec.decode(fields, stream=spark_orders.RESULTS)
+        for partition in range(4)
+        for _, fields in client.xrange(f"__strm:{{orders_demo.customer_totals.{partition}}}")
+    ]
+    assert len(written) == len(totals)
+    assert sum(t.orders for t in written) == 5000
+    assert {t.window_start for t in written} == {T0, T0 + timedelta(hours=1)}
+    spark_orders.run(spark, url)  # again: the fixed writeId adds nothing
+    assert stream_length(client, "orders_demo", "customer_totals", 4) == len(totals)

@@ -20,9 +20,13 @@ See ``docs/spark.md`` for every option, the schema mapping and the guarantees.
 from __future__ import annotations
 
 from ._schema import read_schema as _read_schema, record_schema as _record_schema
-from ._source import StreamkitDataSource as StreamkitDataSource, register as register
+from ._source import (
+    StreamkitDataSource as StreamkitDataSource,
+    StreamNotFound as StreamNotFound,
+    register as register,
+)
 
-__all__ = ["StreamkitDataSource", "register", "spark_schema"]
+__all__ = ["StreamNotFound", "StreamkitDataSource", "register", "spark_schema"]
 
 
 def spark_schema(record: type, *, with_metadata: bool = True) -> object:

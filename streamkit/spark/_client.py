@@ -10,7 +10,7 @@ here into streamkit's, and no other module of the subpackage imports them.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import redis
 import redis.exceptions
@@ -71,8 +71,8 @@ def connect(url: str) -> Iterator[redis.Redis]:
 def read_metadata(client: redis.Redis, url: str, app: str, stream: str) -> dict[str, str]:
     """Return the stream's recorded metadata (empty when the stream does not exist)."""
     with redis_errors(url):
-        raw = client.hgetall(_keys.meta_key(app, stream))
-    return {_text(k): _text(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        raw = cast("dict[bytes, bytes]", client.hgetall(_keys.meta_key(app, stream)))
+    return {_text(k): _text(v) for k, v in raw.items()}
 
 
 def _text(value: object) -> str:

@@ -17,7 +17,7 @@ import functools
 import heapq
 import itertools
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -52,7 +52,7 @@ return ids
 """
 
 
-class PartitionRange(InputPartition):  # type: ignore[misc]
+class PartitionRange(InputPartition):  # type: ignore[misc, unused-ignore]
     """One Spark input partition: a range of one stream partition.
 
     Attributes:
@@ -133,7 +133,10 @@ def read_range(options: ReadOptions, part: PartitionRange) -> Iterator[tuple[Any
     with connect(options.url) as client:
         while True:
             with redis_errors(options.url):
-                entries = client.xrange(key, low, part.high, options.page_size)
+                entries = cast(
+                    "list[tuple[bytes, dict[bytes, bytes]]]",
+                    client.xrange(key, low, part.high, options.page_size),
+                )
             for entry_id, fields in entries:
                 try:
                     row = make_row(part.partition, entry_id, fields, name)
@@ -147,7 +150,7 @@ def read_range(options: ReadOptions, part: PartitionRange) -> Iterator[tuple[Any
             low = "(" + entries[-1][0].decode()
 
 
-class BatchReader(DataSourceReader):  # type: ignore[misc]
+class BatchReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
     """A batch read of all partitions, bounded by the ``start`` / ``end`` options.
 
     The upper bound of each partition is its last entry when the query is planned, so
@@ -174,14 +177,15 @@ class BatchReader(DataSourceReader):  # type: ignore[misc]
             ranges.append(PartitionRange(partition, low, high))
         return ranges
 
-    def read(self, partition: PartitionRange) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, PartitionRange)
         return read_range(self.options, partition)
 
 
 Offset = dict[str, str]
 
 
-class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc, unused-ignore]
     """A Structured Streaming read with per-partition entry id offsets.
 
     Supports admission control (``maxEventsPerTrigger``) and ``Trigger.AvailableNow``.
@@ -236,7 +240,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
             if high > low
         ]
 
-    def read(self, partition: PartitionRange) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, PartitionRange)
         return read_range(self.options, partition)
 
     def commit(self, end: Offset) -> None:

@@ -51,7 +51,7 @@ def _partition_count(stream: str, metadata: dict[str, str]) -> int:
         ) from None
 
 
-class StreamkitDataSource(DataSource):  # type: ignore[misc]
+class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
     """The ``streamkit`` Spark data source: batch and streaming reads and writes.
 
     Holds only its options; every Redis connection is opened inside the method that

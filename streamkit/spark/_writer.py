@@ -29,6 +29,7 @@ from .. import _keys
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
+from .._streams import APPEND_AND_TRIM_LUA
 from ._client import connect, redis_errors
 from ._options import load_record
 from ._schema import record_schema
@@ -50,67 +51,19 @@ _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # entry: field count, fields... Returns {number appended, unacknowledged entries the hard
 # cap dropped}; {-1, 0} when the marker was there (the chunk was written before).
 # The appending and trimming part is streamkit._streams' send script, unchanged.
-_WRITE_SCRIPT = """
+_WRITE_SCRIPT = (
+    """
 local key = KEYS[1]
 local keep = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
+local first = 4
 if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[3])) then
   return {-1, 0}
 end
-
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-
-local function less(a, b)
-  local ams, aseq = parse(a)
-  local bms, bseq = parse(b)
-  return ams < bms or (ams == bms and aseq < bseq)
-end
-
-local function oldest_needed()
-  local needed = nil
-  for _, group in ipairs(redis.call('XINFO', 'GROUPS', key)) do
-    local info = {}
-    for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
-    local candidate
-    if info['pending'] > 0 then
-      candidate = redis.call('XPENDING', key, info['name'])[2]
-    else
-      local ms, seq = parse(info['last-delivered-id'])
-      candidate = string.format('%d-%d', ms, seq + 1)
-    end
-    if needed == nil or less(candidate, needed) then needed = candidate end
-  end
-  return needed
-end
-
-local appended = 0
-local i = 4
-while i <= #ARGV do
-  local count = tonumber(ARGV[i])
-  redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
-  appended = appended + 1
-  i = i + 1 + 2 * count
-end
-
-local dropped = 0
-local length = redis.call('XLEN', key)
-if cap > 0 and length > cap then
-  local needed = oldest_needed()
-  for _, entry in ipairs(redis.call('XRANGE', key, '-', '+', 'COUNT', length - cap)) do
-    if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
-  end
-  redis.call('XTRIM', key, 'MAXLEN', cap)
-elseif length > keep then
-  local needed = oldest_needed()
-  if needed ~= nil then
-    redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
-  end
-end
-return {appended, dropped}
 """
+    + APPEND_AND_TRIM_LUA
+    + "return {#ids, dropped}\n"
+)
 
 
 def marker_key(
@@ -152,7 +105,7 @@ class WritePlan:
 
 
 @attrs.frozen
-class WriteResult(WriterCommitMessage):  # type: ignore[misc]
+class WriteResult(WriterCommitMessage):  # type: ignore[misc, unused-ignore]
     """What one write task did: entries appended, and chunks skipped as already written."""
 
     appended: int
@@ -181,14 +134,11 @@ def _row_encoder(plan: WritePlan) -> Callable[[Sequence[Any]], tuple[int, list[b
     schema = record_schema(record)
     build = schema.builder(plan.columns)
     encode = codec_for(record, compression=plan.compression).encode
-    if plan.key_is_field:
-        partition_of = Partitioner(
-            partition_by=plan.key, partition_count=count, record=record
-        ).partition_of
-    else:
-
-        def partition_of(_: Any) -> int:
-            raise AssertionError("unreachable")
+    partitioner = (
+        Partitioner(partition_by=plan.key, partition_count=count, record=record)
+        if plan.key_is_field
+        else None
+    )
 
     def encode_record(row: Sequence[Any]) -> tuple[int, list[bytes | int]]:
         value = build(row)
@@ -197,8 +147,8 @@ def _row_encoder(plan: WritePlan) -> Callable[[Sequence[Any]], tuple[int, list[b
         for name, raw in fields.items():
             entry.append(name)
             entry.append(raw)
-        if plan.key_is_field:
-            return partition_of(value), entry
+        if partitioner is not None:
+            return partitioner.partition_of(value), entry
         return partition_for(row[key_index], count), entry
 
     return encode_record
@@ -215,7 +165,7 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
     appended = skipped = 0
     with connect(plan.url) as client:
         script = client.register_script(_WRITE_SCRIPT)
-        head = [plan.partition_size, plan.max_len or 0, plan.marker_ttl]
+        head: list[bytes | int] = [plan.partition_size, plan.max_len or 0, plan.marker_ttl]
 
         def flush(partition: int) -> None:
             nonlocal appended, skipped
@@ -260,7 +210,7 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
     return WriteResult(appended, skipped)
 
 
-class BatchWriter(DataSourceWriter):  # type: ignore[misc]
+class BatchWriter(DataSourceWriter):  # type: ignore[misc, unused-ignore]
     """A batch write (``df.write.format("streamkit")``), idempotent across task retries.
 
     ``write_id`` is drawn once per write on the driver (or given as the ``writeId``
@@ -274,16 +224,16 @@ class BatchWriter(DataSourceWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[Row]) -> WriteResult:
         return write_rows(self.plan, iterator, self.write_id, "b")
 
-    def commit(self, messages: list[WriteResult | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_results(self.plan, self.write_id, "batch", messages)
 
-    def abort(self, messages: list[WriteResult | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # Appended entries cannot be taken back (workers may have processed them);
         # a re-run with the same writeId skips what was written.
         log.warning("streamkit write %s to %s aborted", self.write_id, self.plan.stream)
 
 
-class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc, unused-ignore]
     """A Structured Streaming write, idempotent across micro-batch replays.
 
     Markers are keyed by the streaming query's id (stable across restarts from the
@@ -307,15 +257,15 @@ class StreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
             batch = uuid.uuid4().hex
         return write_rows(self.plan, iterator, self.write_id or query or self.fallback_id, batch)
 
-    def commit(self, messages: list[WriteResult | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_results(self.plan, self.write_id or "-", f"micro-batch {batchId}", messages)
 
-    def abort(self, messages: list[WriteResult | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("streamkit micro-batch %d to %s aborted", batchId, self.plan.stream)
 
 
 def _log_results(
-    plan: WritePlan, write_id: str, what: str, messages: list[WriteResult | None]
+    plan: WritePlan, write_id: str, what: str, messages: list[WriterCommitMessage | None]
 ) -> None:
     results = [m for m in messages if isinstance(m, WriteResult)]
     log.info(
