@@ -6,6 +6,8 @@ Sessions run in the current environment (no per-session virtualenvs), so that
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "none"
@@ -47,6 +49,22 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: print throughput figures and ratios measured side by side."""
     for script in BENCHMARKS:
         session.run("python", f"tests/benchmarks/{script}", *session.posargs)
+
+
+@nox.session
+def reliability(session: nox.Session) -> None:
+    """Fault-injection suite; writes docs/reliability.md from this run's figures."""
+    report = Path(session.create_tmp()) / "reliability.jsonl"
+    report.unlink(missing_ok=True)
+    session.run(
+        "pytest",
+        "tests/reliability",
+        "-p",
+        "no:randomly",
+        *session.posargs,
+        env={"STREAMKIT_RELIABILITY_REPORT": str(report)},
+    )
+    session.run("python", "tests/reliability/write_report.py", str(report))
 
 
 @nox.session

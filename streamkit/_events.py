@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import trio
 
-from ._errors import DecodeError, StreamkitError
+from ._errors import DecodeError, LockLost, StreamkitError
+from ._locks import local_deadline
 
 if TYPE_CHECKING:
     from ._codec import Codec
@@ -242,6 +243,33 @@ class Events(Generic[R]):
             state.entries_out -= self._holding
             self._holding = 0
             self._fetcher._room_freed(state)
+
+    def _check_lease(self) -> None:
+        """Refuse to hand out another event once the lease is gone.
+
+        Reads and acknowledgements are fenced in Redis, but events already fetched
+        sit in the buffer: a worker frozen past its lease (SIGSTOP, a long GC pause)
+        would otherwise process them on waking, before its lease keeper (frozen too)
+        notices, although a new owner may be processing the same events. The lease's
+        local deadline tells without a round trip.
+
+        Raises:
+            LockLost: the lease was lost, or its local deadline has passed.
+        """
+        held = self._state.held
+        if held.lost_reason is None and trio.current_time() < local_deadline(held.lease):
+            return
+        if held.lost_reason is None:
+            log.warning(
+                "lease on %r ran out unnoticed (was the process paused?); handing out no "
+                "more events of %s partition %d",
+                held.name,
+                self.stream.name,
+                self.partition,
+            )
+            held._lose("the lease ran out before it could be extended")
+        assert held.lost_reason is not None
+        raise self._internal(LockLost(held.name, held.lost_reason))
 
     def _check_failure(self) -> None:
         failure = self._state.failure
@@ -537,6 +565,7 @@ class _OneByOne(AsyncIterator[T]):
             except _Stop:
                 await events._stop()
             assert event is not None
+            events._check_lease()
             events._inflight = [event]
             if not self._decode:
                 return event  # type: ignore[return-value]
@@ -603,6 +632,8 @@ class _Batches(AsyncIterator[list[T]]):
                         await events._divert_event(event, exc, "undecodable")
                         continue
                 batch.append(event)
+        if batch:
+            events._check_lease()
         events._inflight = batch
         if not batch:
             # Every event was diverted, and the deadline passed: nothing to yield.

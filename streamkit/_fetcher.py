@@ -401,7 +401,9 @@ class Fetcher(Generic[R]):
         except RedisUnavailable as exc:
             return exc
         except BackendError as exc:
-            if "NOGROUP" in str(exc):
+            # Inside a script, Redis 7 reports it without the NOGROUP code: "No such
+            # key '...' or consumer group '...' in XREADGROUP with GROUP option".
+            if "NOGROUP" in str(exc) or "No such key" in str(exc):
                 log.warning(
                     "consumer group %r on %s vanished; recreating it", self.group, state.key
                 )

@@ -34,7 +34,7 @@ import trio
 from . import _keys
 from ._backoff import Backoff
 from ._errors import ConfigError, DecodeError, ProcessorHalted, RedisUnavailable
-from ._redis import redis_errors
+from ._redis import as_unavailable, redis_errors
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -359,7 +359,9 @@ async def run_processor(
         :class:`~streamkit.ProcessorHalted` (the processor's exception chained)
         when the policy halts. Failures of the machinery itself (a lost lease, Redis
         unreachable while fetching or acknowledging) and cancellation are never
-        handled by the policy: they propagate as they are.
+        handled by the policy: they propagate as they are. So does Redis being
+        unreachable for the processor's own commands (a coredis connection error is
+        raised as :class:`~streamkit.RedisUnavailable`): the events stay pending.
     """
     handler = _Handler(events, policy, dead_letter_key or _default_dead_letter_key(events))
     events._divert = handler.divert
@@ -374,4 +376,10 @@ async def run_processor(
         except Exception as error:
             if _is_internal(error, events._failure):
                 raise
+            unavailable = as_unavailable(error)
+            if unavailable is not None:
+                # Redis going away (a restart, a failover) is not the events' fault:
+                # no policy applies. They stay pending; the partition is restarted
+                # once Redis is back (see the rebalancer).
+                raise unavailable from error
             await handler.handle(error)

@@ -17,7 +17,7 @@ Each partition goes through these states::
 
     acquiring --lock held--> running --unassigned--> draining --returned/cancelled--> gone
         |                       |  \\--run() returned while assigned--> idle
-        |                       \\--lease lost--> acquiring (again, after a backoff)
+        |                       \\--lease lost, Redis unavailable--> acquiring (again, after a backoff)
         \\--unassigned--> gone (the wait for the lock is cancelled)
 """
 
@@ -33,7 +33,7 @@ import trio
 import trio_util
 
 from ._backoff import Backoff
-from ._errors import ConfigError, LockLost, StreamkitError
+from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection
@@ -413,7 +413,8 @@ class Rebalancer:
             self._changed()
 
     async def _hold_and_run(self, slot: _Slot) -> bool:
-        """Take the lease and run ``run()`` once; return True if the lease was lost.
+        """Take the lease and run ``run()`` once; return True to run it again (the
+        lease was lost, or Redis was unavailable).
 
         Error handling:
             A fatal error from ``run()`` is recorded, the whole rebalancer is
@@ -447,6 +448,11 @@ class Rebalancer:
                 # lost, say. (A LockLost about some other lock run() holds is fatal.)
                 reason = exc.reason if isinstance(exc, LockLost) else f"{exc}"
                 return self._lease_lost(slot, reason)
+            if isinstance(exc, RedisUnavailable):
+                # Redis restarting or failing over: not fatal. Start the partition
+                # again (after a backoff) once Redis answers; what run() had not
+                # acknowledged stays pending and is processed first.
+                return self._unavailable(slot, exc)
             self._fail(p, exc)
             raise _Fatal from None
         if slot.leaving is not None:
@@ -471,6 +477,16 @@ class Rebalancer:
             slot.partition,
             reason,
             "re-acquiring it" if again else "not re-acquiring, it is being handed back",
+        )
+        return again
+
+    def _unavailable(self, slot: _Slot, exc: RedisUnavailable) -> bool:
+        again = slot.leaving is None and not self._closing
+        log.warning(
+            "run() for partition %d stopped: %s; %s",
+            slot.partition,
+            exc,
+            "restarting it once Redis answers" if again else "it is being handed back",
         )
         return again
 
@@ -584,7 +600,9 @@ async def open_rebalancer(
         (shielded, time-limited, by the lock manager).
 
     Error handling:
-        :class:`ConfigError` for invalid settings. An exception raised by ``run()``
+        :class:`ConfigError` for invalid settings. :class:`RedisUnavailable` from
+        ``run()`` restarts the partition (after ``acquire_backoff``, re-taking its
+        lease) like a lost lease. Any other exception raised by ``run()``
         (other than a lost lease) is fatal: all other partitions are cancelled,
         their leases released, and the exception propagates from the block as
         itself, never wrapped in an exception group. An exception of the block

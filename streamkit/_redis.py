@@ -22,7 +22,7 @@ from ._errors import BackendError, ConfigError, RedisUnavailable, StreamkitError
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
-__all__ = ["Redis", "mask_url", "open_redis", "redis_errors"]
+__all__ = ["Redis", "as_unavailable", "mask_url", "open_redis", "redis_errors"]
 
 Redis: TypeAlias = "coredis.Redis[bytes]"
 
@@ -62,6 +62,26 @@ def _translate(exc: BaseException, url: str) -> StreamkitError | None:
         # coredis runs its pool in a task group, so a dropped connection can arrive
         # wrapped in a group. Unwrap it when every leaf is a Redis error.
         leaves = [_translate(e, url) for e in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None
+
+
+def as_unavailable(exc: BaseException, url: str = "redis") -> RedisUnavailable | None:
+    """``exc`` as :class:`RedisUnavailable` if it says Redis cannot be reached, else ``None``.
+
+    For errors raised by code that uses the client directly (a processor calling
+    ``app.redis``), where coredis exceptions are not translated: a streamkit
+    :class:`RedisUnavailable`, or a coredis connection or loading error (alone or in
+    an exception group of them). Built-in ``ConnectionError`` / ``TimeoutError`` do not
+    count here: user code raises those for its own reasons.
+    """
+    if isinstance(exc, RedisUnavailable):
+        return exc
+    if isinstance(exc, coredis.exceptions.ConnectionError | coredis.exceptions.BusyLoadingError):
+        return RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__)
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [as_unavailable(e, url) for e in exc.exceptions]
         if leaves and all(leaf is not None for leaf in leaves):
             return leaves[0]
     return None

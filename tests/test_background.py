@@ -57,7 +57,12 @@ async def test_timer_fires_on_schedule_without_drift(
     assert fired == [1.0, 2.0, 3.0, 4.0]
 
 
-FAST: dict[str, Any] = {"lease_ttl": 1.0, "heartbeat_interval": 0.1, "session_timeout": 1.0, "grace_period": 0.5}
+FAST: dict[str, Any] = {
+    "lease_ttl": 1.0,
+    "heartbeat_interval": 0.1,
+    "session_timeout": 1.0,
+    "grace_period": 0.5,
+}
 
 
 async def test_workers_run_tasks_and_leader_only_tasks(redis_url: str, redis: Redis) -> None:

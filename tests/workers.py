@@ -87,11 +87,11 @@ def start_worker(
     return WorkerProcess(process, log_path, log)
 
 
-async def wait_members(redis: Redis, count: int) -> None:
-    """Wait until the scenario processor's group has ``count`` members."""
+async def wait_members(redis: Redis, count: int, *, group: str = SCENARIO_GROUP) -> None:
+    """Wait until the scenario processor's group (or ``group``) has ``count`` members."""
     with trio.fail_after(30):
         while True:
-            snapshot = await read_membership(redis, SCENARIO_GROUP)
+            snapshot = await read_membership(redis, group)
             if snapshot is not None and len(snapshot.members) == count:
                 return
             await trio.sleep(0.05)

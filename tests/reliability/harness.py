@@ -1,0 +1,352 @@
+"""Shared machinery of the reliability scenarios.
+
+* :class:`ScenarioReport` and :func:`record_report`: each scenario's figures, appended
+  as one JSON line to the file named by ``STREAMKIT_RELIABILITY_REPORT`` (when set), for
+  ``tests/reliability/write_report.py``.
+* :class:`Producer`: sends numbered events at a steady pace while faults are injected.
+* :class:`SeenMonitor`: follows the ``scenario:seen`` list as the workers append to it,
+  remembering when each processing was observed, to measure recovery times.
+* :func:`inflight_of`: the entries a worker had delivered and not acknowledged, read
+  right after it was killed or frozen: the bound on the duplicates it may cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import socket
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import trio
+
+from streamkit import RedisUnavailable, redis_errors
+from streamkit._keys import partition_lock_name, stream_key
+from streamkit._locks import lock_key
+from tests.apps.scenario import SEEN, Numbered
+from tests.scenarios import Tally, numbered_events
+from tests.workers import SCENARIO_GROUP
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Collection, Iterable
+
+    from streamkit import Redis, Stream
+    from tests.workers import WorkerProcess
+
+__all__ = [
+    "REPORT_ENV",
+    "Producer",
+    "ScenarioReport",
+    "SeenMonitor",
+    "inflight_of",
+    "lock_holders",
+    "pending_events",
+    "record_report",
+    "worker_id",
+]
+
+REPORT_ENV = "STREAMKIT_RELIABILITY_REPORT"
+POLL = 0.02
+
+
+@attrs.frozen(kw_only=True)
+class ScenarioReport:
+    """What one scenario did and measured.
+
+    Attributes:
+        scenario: a short id (``"kill-9"``), also the test's subject.
+        title: a one-line name for the table.
+        injected: what fault was injected, how often and for how long.
+        sent: events sent.
+        processed: processings recorded (duplicates included).
+        lost: events sent and never processed (must be 0).
+        duplicated: extra processings of events processed before.
+        duplicate_bound: the bound the duplicates were asserted against (``None``:
+            asserted to be 0, or not applicable).
+        order_violations: events processed for the first time before an earlier
+            event of their key (must be 0).
+        recovery_seconds: the measured recovery time (``None``: not applicable).
+        recovery: how the recovery time is defined in this scenario.
+        duration_seconds: the scenario's wall-clock time.
+        notes: anything else worth reading in the report.
+    """
+
+    scenario: str
+    title: str
+    injected: str
+    sent: int
+    processed: int
+    lost: int
+    duplicated: int
+    duplicate_bound: int | None
+    order_violations: int
+    recovery_seconds: float | None
+    recovery: str
+    duration_seconds: float
+    notes: str = ""
+
+    @classmethod
+    def from_tally(cls, result: Tally, **fields: Any) -> ScenarioReport:
+        return cls(
+            sent=result.sent,
+            processed=result.processed,
+            lost=result.lost,
+            duplicated=result.duplicated,
+            order_violations=result.order_violations,
+            **fields,
+        )
+
+
+def record_report(report: ScenarioReport) -> None:
+    """Append ``report`` as a JSON line to ``$STREAMKIT_RELIABILITY_REPORT``, if set."""
+    path = os.environ.get(REPORT_ENV)
+    line = {
+        **attrs.asdict(report),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {platform.system()})",
+    }
+    print(json.dumps(line))  # shown by pytest -s / on failure, handy when debugging
+    if path:
+        with Path(path).open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def worker_id(worker: WorkerProcess) -> str:
+    """How ``tests.apps.scenario`` names the worker in ``scenario:seen`` entries."""
+    return f"{socket.gethostname()}:{worker.pid}"
+
+
+# --------------------------------------------------------------------------- producing
+
+
+@attrs.define(eq=False)
+class Producer:
+    """Sends ``keys`` numbered events (one per key) every ``interval`` seconds.
+
+    Run it with ``nursery.start_soon(producer.run)``; :meth:`stop` ends it after the
+    round under way, so every event in :attr:`sent` was acknowledged by Redis.
+    """
+
+    stream: Stream[Numbered]
+    keys: int
+    interval: float
+    limit: int | None = None
+    sent: list[Numbered] = attrs.field(factory=list)
+    _next_seq: int = 0
+    _stopped: trio.Event = attrs.field(factory=trio.Event)
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    _sending: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def run(self) -> None:
+        start = trio.current_time()
+        try:
+            rounds = 0
+            while not self._stopped.is_set():
+                if self.limit is not None and len(self.sent) >= self.limit:
+                    break
+                async with self._sending:
+                    batch = numbered_events(self.keys, 1, start=self._next_seq)
+                    await self.stream.send_many(batch)
+                    self._next_seq += 1
+                    self.sent.extend(batch)
+                rounds += 1
+                with trio.move_on_at(start + rounds * self.interval):
+                    await self._stopped.wait()
+        finally:
+            self._done.set()
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[int]:
+        """Hold sending while the block runs; yield how many events were sent so far."""
+        async with self._sending:
+            yield len(self.sent)
+
+    async def stop(self) -> None:
+        """Stop after the round under way and wait for it."""
+        self._stopped.set()
+        await self._done.wait()
+
+    async def wait_sent(self, count: int, *, within: float = 60) -> None:
+        with trio.fail_after(within):
+            while len(self.sent) < count and not self._done.is_set():
+                await trio.sleep(POLL)
+
+
+# --------------------------------------------------------------------------- observing
+
+
+@attrs.frozen
+class Observation:
+    """One processing of an event, as first observed in ``scenario:seen``."""
+
+    key: str
+    seq: int
+    worker: str
+    at: float  # Trio-clock time of the poll that saw it
+
+
+@attrs.define(eq=False)
+class SeenMonitor:
+    """Follows ``scenario:seen`` incrementally; run with ``nursery.start_soon(m.run)``."""
+
+    redis: Redis
+    partition_of: dict[str, int]
+    observations: list[Observation] = attrs.field(factory=list)
+    distinct: set[tuple[str, int]] = attrs.field(factory=set)
+    _offset: int = 0
+
+    @classmethod
+    def for_stream(cls, redis: Redis, stream: Stream[Numbered], keys: int) -> SeenMonitor:
+        partition_of = {
+            f"k{k}": stream.partition_of(Numbered(key=f"k{k}", seq=0)) for k in range(keys)
+        }
+        return cls(redis, partition_of)
+
+    def partitions(self) -> frozenset[int]:
+        """The partitions some key of this monitor lives in."""
+        return frozenset(self.partition_of.values())
+
+    async def poll(self) -> None:
+        try:
+            with redis_errors():
+                length = await self.redis.llen(SEEN)
+                if length < self._offset:  # the list was deleted (FLUSHALL)
+                    self._offset = 0
+                if length <= self._offset:
+                    return
+                items = await self.redis.lrange(SEEN, self._offset, length - 1)
+        except RedisUnavailable:  # Redis restarting under us: look again later
+            return
+        now = trio.current_time()
+        self._offset += len(items)
+        for item in items:
+            text = item.decode() if isinstance(item, bytes) else cast("str", item)
+            key, seq_text, worker = text.split(":", 2)
+            seq = int(seq_text)
+            self.observations.append(Observation(key, seq, worker, now))
+            self.distinct.add((key, seq))
+
+    async def run(self) -> None:
+        while True:
+            await self.poll()
+            await trio.sleep(POLL)
+
+    def resumed_at(
+        self,
+        partitions: Collection[int],
+        after: float,
+        *,
+        excluding: str | None = None,
+        min_seq: int = 0,
+    ) -> float | None:
+        """When every one of ``partitions`` had been processed again after ``after``
+        (by a worker other than ``excluding``, an event numbered ``min_seq`` or
+        later); ``None`` if some has not yet."""
+        first: dict[int, float] = {}
+        for obs in self.observations:
+            if obs.at <= after or obs.worker == excluding or obs.seq < min_seq:
+                continue
+            p = self.partition_of[obs.key]
+            if p in partitions and p not in first:
+                first[p] = obs.at
+        if not set(partitions) <= set(first):
+            return None
+        return max(first[p] for p in partitions)
+
+    async def wait_resumed(
+        self,
+        partitions: Collection[int],
+        after: float,
+        *,
+        excluding: str | None = None,
+        within: float = 30,
+    ) -> float:
+        """Wait until :meth:`resumed_at` is known; return it minus ``after``."""
+        with trio.fail_after(within):
+            while (at := self.resumed_at(partitions, after, excluding=excluding)) is None:
+                await trio.sleep(POLL)
+        return at - after
+
+    async def wait_processed(self, sent: Iterable[Numbered], *, within: float = 60) -> float:
+        """Wait until every event of ``sent`` was processed; return the time it was seen."""
+        expected = {(e.key, e.seq) for e in sent}
+        with trio.fail_after(within):
+            while not expected <= self.distinct:
+                await trio.sleep(POLL)
+        return trio.current_time()
+
+    def progress_gaps(self, *, after: float = -float("inf")) -> dict[int, float]:
+        """Per partition, the longest time between two observed first processings."""
+        last: dict[int, float] = {}
+        gaps: dict[int, float] = defaultdict(float)
+        seen: set[tuple[str, int]] = set()
+        for obs in self.observations:
+            if (obs.key, obs.seq) in seen or obs.at < after:
+                continue
+            seen.add((obs.key, obs.seq))
+            p = self.partition_of[obs.key]
+            if p in last:
+                gaps[p] = max(gaps[p], obs.at - last[p])
+            last[p] = obs.at
+        return dict(gaps)
+
+
+# --------------------------------------------------------------------------- Redis state
+
+
+def _pid_of(lock_value: bytes | str | None) -> int | None:
+    if lock_value is None:
+        return None
+    text = lock_value.decode() if isinstance(lock_value, bytes) else lock_value
+    # "<hostname>:<pid>:<random>:<token>"
+    parts = text.rsplit(":", 3)
+    try:
+        return int(parts[-3])
+    except (IndexError, ValueError):
+        return None
+
+
+async def lock_holders(redis: Redis, partitions: int = 8) -> dict[int, int | None]:
+    """Per partition of the scenario app, the pid of the worker holding its lease."""
+    holders: dict[int, int | None] = {}
+    for p in range(partitions):
+        name = partition_lock_name("scenario", "numbered", "record", p)
+        holders[p] = _pid_of(await redis.get(lock_key(name)))
+    return holders
+
+
+async def pending_events(
+    redis: Redis, stream: Stream[Numbered], partitions: Collection[int]
+) -> set[tuple[str, int]]:
+    """The events (key, seq) pending, delivered and unacknowledged, in ``partitions``."""
+    found: set[tuple[str, int]] = set()
+    for p in partitions:
+        key = stream.key(p)
+        entries: Any = await redis.xpending(key, SCENARIO_GROUP, "-", "+", 100_000)
+        for entry in entries:
+            [found_entry] = await redis.xrange(key, entry.identifier, entry.identifier)
+            fields = cast("dict[bytes, bytes]", found_entry.field_values)
+            record = stream.codec.decode(fields, stream=stream.name)
+            found.add((record.key, record.seq))
+    return found
+
+
+async def inflight_of(redis: Redis, pid: int, partitions: int = 8) -> dict[int, int]:
+    """Entries delivered and not acknowledged in the partitions ``pid`` holds.
+
+    Read right after the worker was killed or frozen (before its leases expire), this
+    counts every event it may have processed without acknowledging: the most it can
+    make the next owner process again.
+    """
+    held = [p for p, holder in (await lock_holders(redis, partitions)).items() if holder == pid]
+    pending: dict[int, int] = {}
+    for p in held:
+        summary: Any = await redis.xpending(stream_key("scenario", "numbered", p), SCENARIO_GROUP)
+        pending[p] = int(summary.pending)
+    return pending

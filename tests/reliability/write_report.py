@@ -1,0 +1,144 @@
+"""Turn the reliability suite's JSON-lines reports into ``docs/reliability.md``.
+
+Usage (what ``nox -s reliability`` runs after the suite)::
+
+    STREAMKIT_RELIABILITY_REPORT=reliability.jsonl pytest tests/reliability -p no:randomly
+    python tests/reliability/write_report.py reliability.jsonl [docs/reliability.md]
+
+The figures on the page come from that run only; nothing on it is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUTPUT = ROOT / "docs" / "reliability.md"
+REPORT_ENV = "STREAMKIT_RELIABILITY_REPORT"
+
+# The issue's order: kill, pause, restart, unreachable, churn, bad input, keys, trimming.
+ORDER = (
+    "kill-9",
+    "sigstop",
+    "redis-restart",
+    "redis-down-at-start",
+    "redis-never-up",
+    "churn",
+    "bad-input",
+    "deleted-keys",
+    "trimming",
+)
+
+INTRO = """\
+# Reliability
+
+streamkit's fault-injection suite (`tests/reliability/`) runs real `redis-server` and
+real `streamkit worker` processes, injects the faults users hit in production, and
+counts every event. Each event carries a unique id (a key and a per-key sequence
+number) and every processing of it is recorded in Redis, so each scenario reports:
+
+- **sent**: events sent (and acknowledged by Redis) during the scenario;
+- **processed**: processings recorded, repeats included;
+- **lost**: events sent and never processed; the suite fails unless it is 0;
+- **duplicated**: repeated processings (at-least-once delivery); the suite fails
+  unless they stay within the bound shown, which is what was in flight: the entries
+  the faulted worker had been handed and had not acknowledged, read from Redis right
+  after the fault, or `partitions x prefetch x batch_size` where that cannot be read;
+- **order violations**: events processed for the first time before an earlier event
+  of their key; the suite fails unless it is 0;
+- **recovery**: how long the fault held processing up; each scenario defines it below.
+
+Workers run with short timings so that the suite takes a few minutes: `lease_ttl`
+1.5 s, `heartbeat_interval` 0.1 s, `session_timeout` 1.5 s, `grace_period` 2 s. Recovery
+times scale with `lease_ttl` and `session_timeout`: a worker that dies holds its
+partitions until both have passed.
+
+This page is generated from an actual run by `nox -s reliability` (the figures come
+from that run, not from a hand); run it again to refresh them.
+"""
+
+
+def _order(report: dict[str, Any]) -> tuple[int, str]:
+    scenario: str = report["scenario"]
+    for index, prefix in enumerate(ORDER):
+        if scenario == prefix or scenario.startswith(prefix + ":"):
+            return index, scenario
+    return len(ORDER), scenario
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+def _duplicates(report: dict[str, Any]) -> str:
+    bound = report["duplicate_bound"]
+    return f"{report['duplicated']}" if bound is None else f"{report['duplicated']} (≤ {bound})"
+
+
+def render(reports: list[dict[str, Any]]) -> str:
+    """The Markdown page for ``reports`` (one per scenario; the last one wins)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        latest[report["scenario"]] = report
+    ordered = sorted(latest.values(), key=_order)
+    if not ordered:
+        raise SystemExit("no scenario reports to write")
+    lines = [INTRO]
+    dates = sorted(r["recorded_at"] for r in ordered)
+    machines = sorted({r["machine"] for r in ordered})
+    total = sum(r["duration_seconds"] for r in ordered)
+    lines.append("## The last run\n")
+    lines.append(
+        f"Run from {dates[0]} to {dates[-1]} on {', '.join(machines)}; the scenarios "
+        f"took {total:.0f} s in all.\n"
+    )
+    lines.append(
+        "| scenario | events sent | processed | lost | duplicated (bound) "
+        "| order violations | recovery |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines.extend(
+        f"| {_cell(r['title'])} | {r['sent']} | {r['processed']} | {r['lost']} "
+        f"| {_duplicates(r)} | {r['order_violations']} "
+        f"| {_seconds(r['recovery_seconds'])} |"
+        for r in ordered
+    )
+    lines.append("\n## Scenarios\n")
+    for r in ordered:
+        lines.append(f"### {r['title']}\n")
+        recovery = (
+            f"Recovery, {r['recovery']}: **{_seconds(r['recovery_seconds'])}**."
+            if r["recovery_seconds"] is not None
+            else f"Recovery: {r['recovery']}."
+        )
+        lines.append(
+            f"Injected: {r['injected']}. {r['sent']} events sent, {r['processed']} "
+            f"processings, {r['lost']} lost, {_duplicates(r)} duplicated, "
+            f"{r['order_violations']} order violations. {recovery} "
+            f"{r['notes'][:1].upper() + r['notes'][1:]}. "
+            f"(Scenario `{r['scenario']}`, {r['duration_seconds']:.1f} s.)\n"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    source = argv[1] if len(argv) > 1 else os.environ.get(REPORT_ENV)
+    if not source:
+        raise SystemExit(f"usage: {argv[0]} REPORT.jsonl [OUTPUT.md] (or set {REPORT_ENV})")
+    output = Path(argv[2]) if len(argv) > 2 else DEFAULT_OUTPUT
+    text = Path(source).read_text(encoding="utf-8")
+    reports = [json.loads(line) for line in text.splitlines() if line.strip()]
+    output.write_text(render(reports), encoding="utf-8")
+    print(f"wrote {output} ({len({r['scenario'] for r in reports})} scenarios)")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
