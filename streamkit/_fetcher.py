@@ -33,7 +33,7 @@ from coredis.commands.script import Script
 from ._backoff import Backoff
 from ._errors import BackendError, ConfigError, LockLost, RedisUnavailable, StreamkitError
 from ._events import Event, Events, Middleware
-from ._locks import _first_leaf, _pick_exception
+from ._groups import meaningful_leaf, pick_exception
 from ._redis import Redis, redis_errors
 
 if TYPE_CHECKING:
@@ -606,9 +606,9 @@ async def open_fetcher(
             finally:
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group_exc:
-        task_exc = _first_leaf(group_exc)
+        task_exc = meaningful_leaf(group_exc)
     finally:
         fetcher._nursery = None
-    to_raise = _pick_exception(body_exc, task_exc)
+    to_raise = pick_exception(body_exc, task_exc)
     if to_raise is not None:
         raise to_raise

@@ -21,10 +21,12 @@ import trio_util
 
 from ._backoff import Backoff
 from ._errors import BackendError, LockLost, LockNotAcquired, RedisUnavailable
-from ._locks import HeldLease, Lease, LockInfo, LockManager, _first_leaf, _pick_exception
+from ._groups import meaningful_leaf, pick_exception
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from ._locks import HeldLease, Lease, LockInfo, LockManager
 
 __all__ = ["LeaderElection", "open_leader_election"]
 
@@ -230,7 +232,7 @@ async def open_leader_election(
             finally:
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        campaign_exc = _first_leaf(group)
-    to_raise = _pick_exception(body_exc, campaign_exc)
+        campaign_exc = meaningful_leaf(group)
+    to_raise = pick_exception(body_exc, campaign_exc)
     if to_raise is not None:
         raise to_raise

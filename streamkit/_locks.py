@@ -44,6 +44,7 @@ from ._errors import (
     RedisUnavailable,
     StreamkitError,
 )
+from ._groups import meaningful_leaf, pick_exception
 from ._redis import Redis, redis_errors
 
 if TYPE_CHECKING:
@@ -716,11 +717,11 @@ class LockManager:
                     finally:
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
-                keeper_exc = _first_leaf(group)
+                keeper_exc = meaningful_leaf(group)
         finally:
             self._holding.remove(held)
             await self._release_held(held)
-        to_raise = _pick_exception(body_exc, keeper_exc)
+        to_raise = pick_exception(body_exc, keeper_exc)
         if to_raise is not None:
             raise to_raise
         if held.lost_reason is not None:
@@ -782,38 +783,6 @@ class LockManager:
             f"holding {[h.name for h in self._holding]}, acquired {self._acquired}, "
             f"lost {self._lost}>"
         )
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception worth raising from a group: a non-Cancelled leaf if any."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for leaf in leaves:
-        if not isinstance(leaf, trio.Cancelled):
-            return leaf
-    return leaves[0] if leaves else group
-
-
-def _pick_exception(
-    body_exc: BaseException | None, task_exc: BaseException | None
-) -> BaseException | None:
-    """Which exception leaves a context manager whose block ran beside a task.
-
-    The block's own exception wins, unless it is merely the Cancelled that a
-    crashing background task caused: then the task's error is the real story.
-    """
-    task_crashed = task_exc is not None and not isinstance(task_exc, trio.Cancelled)
-    if task_crashed and (body_exc is None or isinstance(body_exc, trio.Cancelled)):
-        return task_exc
-    return body_exc if body_exc is not None else task_exc
 
 
 @asynccontextmanager

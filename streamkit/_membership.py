@@ -38,6 +38,7 @@ import trio_util
 from ._assignment import Assignment, Assignor, assign
 from ._backoff import Backoff, retry_unavailable
 from ._errors import ConfigError, MetadataMismatch, RedisUnavailable, StreamkitError
+from ._groups import leaves
 from ._redis import Redis, redis_errors
 
 if TYPE_CHECKING:
@@ -883,23 +884,14 @@ def _unwrap(
     group: BaseExceptionGroup[BaseException], preferred: BaseException | None
 ) -> BaseException:
     # Prefer the user's own exception, then the one meaningful background error.
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
+    found = leaves(group)
     if (
         preferred is not None
         and not isinstance(preferred, trio.Cancelled)
-        and any(leaf is preferred for leaf in leaves)
+        and any(leaf is preferred for leaf in found)
     ):
         return preferred
-    meaningful = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)]
+    meaningful = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
     if len(meaningful) == 1:
         return meaningful[0]
     return group

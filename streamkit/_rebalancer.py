@@ -34,6 +34,7 @@ import trio_util
 
 from ._backoff import Backoff
 from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
+from ._groups import meaningful_leaf
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection
@@ -627,7 +628,7 @@ async def open_rebalancer(
     except BaseExceptionGroup as group:
         # Only if the block's exit was cancelled from outside while draining: our
         # tasks keep their errors to themselves.
-        raise _single(group) from None
+        raise meaningful_leaf(group) from None
     finally:
         rebalancer._closing = True
         rebalancer.owned.value = frozenset()
@@ -637,16 +638,3 @@ async def open_rebalancer(
         raise body_exc
     if rebalancer._fatal is not None:
         raise rebalancer._fatal
-
-
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    meaningful = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)]
-    return (meaningful or leaves or [group])[0]

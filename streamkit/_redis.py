@@ -18,6 +18,7 @@ import trio
 
 from ._backoff import Backoff, retry_unavailable
 from ._errors import BackendError, ConfigError, RedisUnavailable, StreamkitError
+from ._groups import leaves
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -87,28 +88,16 @@ def as_unavailable(exc: BaseException, url: str = "redis") -> RedisUnavailable |
     return None
 
 
-def _single_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else None
-
-
 @contextlib.contextmanager
 def _unwrapped_group() -> Iterator[None]:
     """Re-raise a lone exception that coredis's pool task group wrapped in a group."""
     try:
         yield
     except BaseExceptionGroup as group:
-        leaf = _single_leaf(group)
-        if leaf is None:
+        found = leaves(group)
+        if len(found) != 1:
             raise
-        raise leaf from None
+        raise found[0] from None
 
 
 @contextlib.contextmanager
