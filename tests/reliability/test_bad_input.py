@@ -63,6 +63,12 @@ async def test_poison_and_malformed_events_among_good_ones(
         await redis.xreadgroup(GROUP, "p0", {first: ">"}, count=CRASH_LOOPED)
         await redis.xclaim(first, GROUP, "p0", 0, looped, retrycount=5)
 
+        # Both workers are in before any event is sent: a rebalance in the middle of
+        # a poison event's retries would start its retry count again on the new owner.
+        workers.extend(
+            start_worker(redis_url, tmp_path, app="tests.apps.poison:app") for _ in range(2)
+        )
+        await wait_members(redis, 2, group=GROUP)
         for seq in range(PER_KEY):
             batch = [Job(key=f"k{k}", seq=seq) for k in range(KEYS)]
             good.extend(batch)
@@ -82,10 +88,6 @@ async def test_poison_and_malformed_events_among_good_ones(
     sent = [Numbered(key=j.key, seq=j.seq) for j in good]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(monitor.run)
-        workers.extend(
-            start_worker(redis_url, tmp_path, app="tests.apps.poison:app") for _ in range(2)
-        )
-        await wait_members(redis, 2, group=GROUP)
         await monitor.wait_processed(sent, within=40)
         expected_dead = len(poison) + malformed + CRASH_LOOPED
         with trio.fail_after(30):
