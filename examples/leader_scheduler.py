@@ -41,6 +41,7 @@ JOB_LOG = "{scheduler}:jobs"  # same hash tag as the leader lock, so one script 
 LEADER_TTL = 1.0
 JOB_INTERVAL = 0.2
 
+# docs: start leader
 # KEYS: leader lock, job log. ARGV: the lease's value, the log entry.
 FENCED_APPEND = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -80,6 +81,9 @@ async def node_main(
         ):
             task_status.started(scope)
             await election.run_while_leader(run_jobs, redis, election, node)
+
+
+# docs: end leader
 
 
 async def demo(url: str, nodes: int, duration: float) -> int:

@@ -62,6 +62,7 @@ def run(spark: SparkSession, url: str, parquet: str | None = None) -> DataFrame:
     Writes with ``writeId=customer-totals``, so running the pipeline again over the same
     orders adds no duplicate totals to the results stream.
     """
+    # docs: start read
     orders = (
         spark.read.format("streamkit")
         .option("url", url)
@@ -70,7 +71,9 @@ def run(spark: SparkSession, url: str, parquet: str | None = None) -> DataFrame:
         .option("record", "examples.orders.app:Order")
         .load()
     )
+    # docs: end read
     totals = totals_per_customer_per_hour(orders).cache()
+    # docs: start write
     (
         totals.write.format("streamkit")
         .mode("append")
@@ -83,6 +86,7 @@ def run(spark: SparkSession, url: str, parquet: str | None = None) -> DataFrame:
         .option("writeId", "customer-totals")
         .save()
     )
+    # docs: end write
     if parquet is not None:
         totals.write.mode("overwrite").parquet(parquet)
     return totals
@@ -120,6 +124,7 @@ def spark_session() -> SparkSession:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
     )
+    # docs: start session
     from pyspark.sql import SparkSession
 
     from streamkit.spark import register
@@ -134,6 +139,7 @@ def spark_session() -> SparkSession:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    # docs: end session
     return spark
 
 

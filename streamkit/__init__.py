@@ -72,5 +72,6 @@ from ._records import Record as Record, is_primitive as is_primitive
 from ._redis import Redis as Redis, open_redis as open_redis, redis_errors as redis_errors
 from ._settings import Settings as Settings
 from ._streams import Stream as Stream
+from ._worker import Worker as Worker, run_worker as run_worker
 
 __version__ = "0.1.0"
