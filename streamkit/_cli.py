@@ -6,6 +6,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
@@ -389,6 +390,34 @@ async def deadletters_list(
     Console(width=200).print(table)
 
 
+DeadLetterAction = Callable[..., Awaitable[int]]
+
+
+async def act_on_dead_letters(
+    action: DeadLetterAction,
+    *,
+    ask: str,
+    done: str,
+    app_path: str,
+    processor_name: str,
+    ids: tuple[str, ...],
+    yes: bool,
+    redis_url: str | None,
+) -> None:
+    """Confirm, then apply ``action`` (replay or purge) to the chosen dead letters."""
+    app = load_app(app_path, redis_url)
+    processor = load_processor(app, processor_name)
+    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
+    if not yes:
+        confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
+    try:
+        async with app:
+            count = await action(app, processor, ids=ids or None)
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(f"{done} {count} dead letter(s) of {processor.name}")
+
+
 @deadletters.command("replay")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("processor_name", metavar="PROCESSOR")
@@ -399,17 +428,16 @@ async def deadletters_replay(
     app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
 ) -> None:
     """Send dead letters back to their partitions for processing again."""
-    app = load_app(app_path, redis_url)
-    processor = load_processor(app, processor_name)
-    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
-    if not yes:
-        confirm(f"Replay {which} of {processor.name}?", refused="nothing was replayed")
-    try:
-        async with app:
-            count = await replay_dead_letters(app, processor, ids=ids or None)
-    except StreamkitError as exc:
-        fail(str(exc))
-    click.echo(f"replayed {count} dead letter(s) of {processor.name}")
+    await act_on_dead_letters(
+        replay_dead_letters,
+        ask="Replay",
+        done="replayed",
+        app_path=app_path,
+        processor_name=processor_name,
+        ids=ids,
+        yes=yes,
+        redis_url=redis_url,
+    )
 
 
 @deadletters.command("purge")
@@ -422,17 +450,16 @@ async def deadletters_purge(
     app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
 ) -> None:
     """Delete dead letters for good."""
-    app = load_app(app_path, redis_url)
-    processor = load_processor(app, processor_name)
-    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
-    if not yes:
-        confirm(f"Delete {which} of {processor.name}?", refused="nothing was purged")
-    try:
-        async with app:
-            count = await purge_dead_letters(app, processor, ids=ids or None)
-    except StreamkitError as exc:
-        fail(str(exc))
-    click.echo(f"purged {count} dead letter(s) of {processor.name}")
+    await act_on_dead_letters(
+        purge_dead_letters,
+        ask="Delete",
+        done="purged",
+        app_path=app_path,
+        processor_name=processor_name,
+        ids=ids,
+        yes=yes,
+        redis_url=redis_url,
+    )
 
 
 def describe_partial_send(line_numbers: list[int], sent: int, total: int) -> str:
