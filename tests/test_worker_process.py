@@ -86,8 +86,10 @@ async def test_a_second_signal_exits_at_once(
         while "stopping gracefully" not in worker.log():
             await trio.sleep(0.05)
     worker.send_signal(signal.SIGINT)
-    assert await worker.wait_exit(within=10) == 128 + signal.SIGINT
-    assert "exiting at once" in worker.log()
+    # It exits at once, long before the 60 s grace period: through the worker's own
+    # handler (exit code 128 + SIGINT), or, if the signal lands while the handler is
+    # being torn down, through Python's default one (killed by SIGINT).
+    assert await worker.wait_exit(within=10) in (128 + signal.SIGINT, -signal.SIGINT)
 
 
 async def test_killed_worker_partitions_are_taken_over(
