@@ -1,5 +1,8 @@
 """streamkit: partitioned, ordered event processing on Redis Streams, for Trio."""
 
+import contextlib
+import typing
+
 from ._app import App as App, NotConnected as NotConnected
 from ._assignment import (
     Assignment as Assignment,
@@ -23,7 +26,14 @@ from ._errors import (
     RedisUnavailable as RedisUnavailable,
     StreamkitError as StreamkitError,
 )
-from ._events import Event as Event, Events as Events, Middleware as Middleware
+from ._events import (
+    DivertHook as DivertHook,
+    Event as Event,
+    Events as Events,
+    Middleware as Middleware,
+    open_events as open_events,
+)
+from ._feed import Batch as Batch, FeedEnded as FeedEnded, PartitionFeed as PartitionFeed
 from ._fetcher import (
     Fetcher as Fetcher,
     FetcherStatistics as FetcherStatistics,
@@ -71,7 +81,42 @@ from ._rebalancer import (
 from ._records import Record as Record, is_primitive as is_primitive
 from ._redis import Redis as Redis, open_redis as open_redis, redis_errors as redis_errors
 from ._settings import Settings as Settings
+from ._spec import ProcessorKeys as ProcessorKeys, StreamSpec as StreamSpec
 from ._streams import Stream as Stream
 from ._worker import Worker as Worker, run_worker as run_worker
 
 __version__ = "0.1.0"
+
+
+def _fixup_module_metadata() -> None:
+    """Make public names report ``streamkit`` as their module, as trio's do, so that
+    tracebacks, reprs and docs show ``streamkit.LockLost``, not ``streamkit._errors``.
+
+    Classes with annotations keep their home module: type hints are resolved there."""
+    seen: set[int] = set()
+
+    def fix(qualname: str, obj: object) -> None:
+        if id(obj) in seen or not getattr(obj, "__module__", "").startswith("streamkit._"):
+            return
+        own = vars(obj).get("__annotations__") if isinstance(obj, type) else None
+        if own:
+            # typing.get_type_hints (cattrs, attrs) resolves a class's annotations in
+            # the namespace of its __module__: resolve them at home first. (Where names
+            # were imported for type checking only, they resolve nowhere anyway.)
+            with contextlib.suppress(Exception):
+                hints = typing.get_type_hints(obj, include_extras=True)
+                obj.__annotations__ = {n: hints.get(n, v) for n, v in own.items()}
+        seen.add(id(obj))
+        obj.__module__ = __name__
+        if isinstance(obj, type):
+            for attr, value in vars(obj).items():
+                if callable(value) and getattr(value, "__qualname__", "").startswith(qualname):
+                    fix(f"{qualname}.{attr}", value)
+
+    for name, value in list(globals().items()):
+        if not name.startswith("_") and (isinstance(value, type) or callable(value)):
+            fix(getattr(value, "__qualname__", name), value)
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

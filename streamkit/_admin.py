@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from . import _keys
 from ._locks import open_lock_manager
 from ._membership import read_membership
 from ._redis import redis_errors
+from ._wire import text
 
 if TYPE_CHECKING:
     from ._app import App, Processor
@@ -54,10 +54,6 @@ def _entry_time(entry_id: bytes | str) -> datetime | None:
     return datetime.fromtimestamp(milliseconds / 1000, tz=UTC)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def processor_status(app: App, processor: Processor) -> list[PartitionStatus]:
     """Describe every partition of ``processor``: owner, lag, pending, last event.
 
@@ -73,7 +69,7 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
     async with open_lock_manager(redis) as locks:
         for partition in range(stream.partition_count):
             key = stream.key(partition)
-            lock_name = _keys.partition_lock_name(app.name, stream.name, processor.name, partition)
+            lock_name = processor.keys.lock_name(partition)
             holder = await locks.holder(lock_name)
             with redis_errors():
                 length = await redis.xlen(key)
@@ -81,8 +77,8 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
                 last = await redis.xrevrange(key, count=1)
             info: dict[str, Any] = {}
             for group in groups:
-                fields = {_text(k): v for k, v in group.items()}
-                if _text(fields.get("name")) == processor.group:
+                fields = {text(k): v for k, v in group.items()}
+                if text(fields.get("name")) == processor.group:
                     info = fields
             lag = info.get("lag", length) if info else length
             statuses.append(

@@ -14,6 +14,7 @@ from ._errors import ConfigError, StreamkitError
 from ._policies import ExceptionPolicy
 from ._redis import Redis, open_redis
 from ._settings import Settings
+from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
 
 if TYPE_CHECKING:
@@ -50,9 +51,14 @@ class Processor:
     settings: Settings
 
     @property
+    def keys(self) -> ProcessorKeys:
+        """The processor's Redis names: consumer group, lock names, dead letters."""
+        return self.stream.spec.processor(self.name)
+
+    @property
     def group(self) -> str:
         """The processor's membership group and consumer group name."""
-        return _keys.processor_group(self.stream.app.name, self.stream.name, self.name)
+        return self.keys.group
 
 
 class NotConnected(StreamkitError):
@@ -152,14 +158,15 @@ class App:
         }
         changes: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
         settings = attrs.evolve(self.settings, **changes) if changes else self.settings
-        stream: Stream[R] = Stream(
+        spec: StreamSpec[R] = StreamSpec(
+            app=self.name,
             name=name,
             record=record,
             partition_by=partition_by,
             partition_count=settings.partition_count,
-            settings=settings,
-            app=self,
+            compression=settings.compression,
         )
+        stream: Stream[R] = Stream(spec, settings, lambda: self.redis)
         self.streams[name] = stream
         return stream
 
@@ -196,7 +203,7 @@ class App:
             :class:`ConfigError` for a stream of another app, a name used twice or a
             bad setting.
         """
-        if stream.app is not self:
+        if self.streams.get(stream.name) is not stream:
             raise ConfigError("stream", f"{stream!r} belongs to another app")
 
         def register(fn: ProcessorFunction) -> ProcessorFunction:

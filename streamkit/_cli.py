@@ -24,6 +24,8 @@ from ._streams import Stream
 from ._worker import run_worker, select_processors
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._app import Processor
 
 __all__ = ["cli", "main"]
@@ -75,10 +77,19 @@ def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
     stream = load_object(path)
     if not isinstance(stream, Stream):
         fail(f"{path} is a {type(stream).__name__}, not a stream made by app.stream(...)", 2)
-    app = stream.app
+    app = app_of(path, stream)
     if redis_url is not None:
         app.settings = attrs.evolve(app.settings, redis_url=redis_url)
     return app, stream
+
+
+def app_of(path: str, stream: Stream[Any]) -> App:
+    """The app that declared ``stream``, found beside it in its module."""
+    module = sys.modules[path.partition(":")[0]]
+    for candidate in vars(module).values():
+        if isinstance(candidate, App) and candidate.streams.get(stream.name) is stream:
+            return candidate
+    fail(f"{path}: the app that declared this stream is not in its module", 2)
 
 
 def load_app(path: str, redis_url: str | None) -> App:
@@ -367,7 +378,7 @@ async def deadletters_list(
     processor = load_processor(app, processor_name)
     try:
         async with app:
-            letters = await list_dead_letters(app, processor, count=limit)
+            letters = await list_dead_letters(app.redis, processor.keys, count=limit)
     except StreamkitError as exc:
         fail(str(exc))
     if not letters:
@@ -390,7 +401,23 @@ async def deadletters_list(
     Console(width=200).print(table)
 
 
-DeadLetterAction = Callable[..., Awaitable[int]]
+DeadLetterAction = Callable[["App", "Processor", "Sequence[str] | None"], Awaitable[int]]
+
+
+async def replay_letters(app: App, processor: Processor, ids: Sequence[str] | None) -> int:
+    settings = processor.stream.settings
+    return await replay_dead_letters(
+        app.redis,
+        processor.stream.spec,
+        processor.keys,
+        partition_size=settings.partition_size,
+        max_len=settings.max_len,
+        ids=ids,
+    )
+
+
+async def purge_letters(app: App, processor: Processor, ids: Sequence[str] | None) -> int:
+    return await purge_dead_letters(app.redis, processor.keys, ids=ids)
 
 
 async def act_on_dead_letters(
@@ -412,7 +439,7 @@ async def act_on_dead_letters(
         confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
     try:
         async with app:
-            count = await action(app, processor, ids=ids or None)
+            count = await action(app, processor, ids or None)
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(f"{done} {count} dead letter(s) of {processor.name}")
@@ -429,7 +456,7 @@ async def deadletters_replay(
 ) -> None:
     """Send dead letters back to their partitions for processing again."""
     await act_on_dead_letters(
-        replay_dead_letters,
+        replay_letters,
         ask="Replay",
         done="replayed",
         app_path=app_path,
@@ -451,7 +478,7 @@ async def deadletters_purge(
 ) -> None:
     """Delete dead letters for good."""
     await act_on_dead_letters(
-        purge_dead_letters,
+        purge_letters,
         ask="Delete",
         done="purged",
         app_path=app_path,

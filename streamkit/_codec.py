@@ -38,6 +38,7 @@ from cattrs.errors import IterableValidationError, IterableValidationNote
 
 from ._errors import ConfigError, DecodeError, EncodeError
 from ._records import PrimitiveField, is_primitive, primitive_fields
+from ._wire import field_pairs
 
 __all__ = ["Codec", "Compression", "codec_for"]
 
@@ -498,6 +499,7 @@ class Codec(Generic[R]):
     compression: Compression | None = attrs.field(default=None, validator=_check_compression)
     _encode: Callable[[R], dict[bytes, bytes]] = attrs.field(init=False, repr=False, eq=False)
     _decode: Callable[[Mapping[bytes, bytes]], R] = attrs.field(init=False, repr=False, eq=False)
+    _decode_payload: Callable[[bytes], R] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if is_primitive(self.record):
@@ -561,6 +563,44 @@ class Codec(Generic[R]):
                 _reason(exc), stream=stream, partition=partition, entry_id=entry_id
             ) from exc
 
+    def entry_decoder(
+        self, *, stream: str, partition: int | None = None
+    ) -> Callable[[list[bytes], bytes | str | None], R]:
+        """A function decoding an entry from its flat field list, as Redis returns it.
+
+        ``decode(flat, entry_id)`` is :meth:`decode` for ``[name, value, ...]`` lists,
+        made once per partition so that the hot path builds no dict per entry.
+
+        Raises:
+            DecodeError: (from the function) as :meth:`decode` does.
+        """
+        slow = self._decode
+
+        if is_primitive(self.record):
+
+            def decode_flat(flat: list[bytes]) -> R:
+                return slow(field_pairs(flat))
+
+        else:
+            fast = self._decode_payload
+
+            def decode_flat(flat: list[bytes]) -> R:
+                if len(flat) == 2 and flat[0] == b"data":
+                    return fast(flat[1])
+                return slow(field_pairs(flat))
+
+        def decode(flat: list[bytes], entry_id: bytes | str | None) -> R:
+            try:
+                return decode_flat(flat)
+            except Exception as exc:
+                if isinstance(entry_id, bytes):
+                    entry_id = entry_id.decode("ascii", "replace")
+                raise DecodeError(
+                    _reason(exc), stream=stream, partition=partition, entry_id=entry_id
+                ) from exc
+
+        return decode
+
     def from_dict(self, data: Mapping[str, Any]) -> R:
         """Build a record from a JSON-like mapping (as parsed from JSON text).
 
@@ -599,17 +639,23 @@ class Codec(Generic[R]):
                 raise EncodeError(f"cannot encode {type_name} as JSON: {exc}") from exc
             return {data_field: payload if compress is None else compress(payload)}
 
-        def decode(fields: Mapping[bytes, bytes]) -> R:
-            payload = fields.get(b"data")
-            if payload is None:
-                payload = _decompressed(fields)
-            obj = orjson.loads(payload)
+        loads = orjson.loads
+
+        def decode_payload(payload: bytes) -> R:
+            obj = loads(payload)
             if type(obj) is not dict:
                 raise _BadEntry(f"the JSON payload is a {type(obj).__name__}, not an object")
             if structure is None:
                 return obj  # type: ignore[return-value]
             return structure(obj, record)  # type: ignore[no-any-return]
 
+        def decode(fields: Mapping[bytes, bytes]) -> R:
+            payload = fields.get(b"data")
+            if payload is None:
+                payload = _decompressed(fields)
+            return decode_payload(payload)
+
+        object.__setattr__(self, "_decode_payload", decode_payload)
         return encode, decode
 
     def _primitive_functions(

@@ -1,8 +1,9 @@
 """Dead letters: list, replay and purge the events a processor's policy set aside.
 
-A dead letter is an entry of the Redis stream ``__dead:{app.stream.processor}``: the
+A dead letter is an entry of a processor's dead-letter stream
+(:attr:`ProcessorKeys.dead_letter_key`, ``__dead:{app.stream.processor}``): the
 original event's fields, unchanged, plus ``dl.*`` fields describing the failure (see
-:mod:`streamkit._policies`).
+:data:`streamkit._policies.DEAD_LETTER_FIELDS`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from . import _keys
 from ._redis import redis_errors
+from ._streams import append_entries
+from ._wire import flatten_fields
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._app import App, Processor
+    from ._redis import Redis
+    from ._spec import ProcessorKeys, StreamSpec
 
 __all__ = ["DeadLetter", "list_dead_letters", "purge_dead_letters", "replay_dead_letters"]
 
@@ -52,10 +55,6 @@ class DeadLetter:
     fields: dict[bytes, bytes]
 
 
-def _dead_letter_key(app: App, processor: Processor) -> str:
-    return _keys.dead_letter_key(app.name, processor.stream.name, processor.name)
-
-
 def _parse(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
     info = {k[len(_PREFIX) :].decode(): v.decode() for k, v in raw.items() if k.startswith(_PREFIX)}
     return DeadLetter(
@@ -72,11 +71,11 @@ def _parse(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
 
 
 async def list_dead_letters(
-    app: App, processor: Processor, *, count: int | None = None
+    redis: Redis, keys: ProcessorKeys, *, count: int | None = None
 ) -> list[DeadLetter]:
     """The processor's dead letters, oldest first (at most ``count``)."""
     with redis_errors():
-        entries = await app.redis.xrange(_dead_letter_key(app, processor), count=count)
+        entries = await redis.xrange(keys.dead_letter_key, count=count)
     return [
         _parse(entry.identifier, cast("dict[bytes, bytes]", dict(entry.field_values)))
         for entry in entries
@@ -84,7 +83,13 @@ async def list_dead_letters(
 
 
 async def replay_dead_letters(
-    app: App, processor: Processor, *, ids: Sequence[str] | None = None
+    redis: Redis,
+    stream: StreamSpec[Any],
+    keys: ProcessorKeys,
+    *,
+    partition_size: int,
+    max_len: int | None = None,
+    ids: Sequence[str] | None = None,
 ) -> int:
     """Send dead letters back to their partitions, then remove them.
 
@@ -93,31 +98,37 @@ async def replay_dead_letters(
     relative to other events of the same key changes). Each is removed from the
     dead-letter stream only after it was appended: a failure midway replays some
     twice at worst, never loses one. Returns how many were replayed.
+
+    ``partition_size`` and ``max_len`` trim the partitions as the producer does.
     """
-    letters = await list_dead_letters(app, processor)
+    letters = await list_dead_letters(redis, keys)
     if ids is not None:
         wanted = set(ids)
         letters = [letter for letter in letters if letter.id in wanted]
-    stream = processor.stream
-    key = _dead_letter_key(app, processor)
     for letter in letters:
-        entry: list[Any] = [len(letter.fields)]
-        for name, value in letter.fields.items():
-            entry.extend((name, value))
-        await stream._append(letter.partition, [entry])
+        entry: list[bytes | int] = []
+        flatten_fields(letter.fields, entry)
+        await append_entries(
+            redis,
+            stream,
+            letter.partition,
+            [entry],
+            partition_size=partition_size,
+            max_len=max_len,
+        )
         with redis_errors():
-            await app.redis.xdel(key, [letter.id])
+            await redis.xdel(keys.dead_letter_key, [letter.id])
     return len(letters)
 
 
 async def purge_dead_letters(
-    app: App, processor: Processor, *, ids: Sequence[str] | None = None
+    redis: Redis, keys: ProcessorKeys, *, ids: Sequence[str] | None = None
 ) -> int:
     """Delete dead letters (all, or those with the given ids); return how many."""
-    key = _dead_letter_key(app, processor)
+    key = keys.dead_letter_key
     with redis_errors():
         if ids is None:
-            count = await app.redis.xlen(key)
-            await app.redis.delete([key])
+            count = await redis.xlen(key)
+            await redis.delete([key])
             return count
-        return await app.redis.xdel(key, list(ids))
+        return await redis.xdel(key, list(ids))

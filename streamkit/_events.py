@@ -1,14 +1,29 @@
 """Events: what a processor receives for one partition.
 
-An :class:`Events` object hands out the partition's events in order, through
+An :class:`Events` object hands out a partition's events in order, through
 :meth:`Events.records`, :meth:`Events.take` or :meth:`Events.raw`, and acknowledges
-each one only after the processor has moved past it (at-least-once). Acknowledgements
-are batched and *fenced*: a Lua script acknowledges only while the partition's lock
-still holds this executor's lease, so a worker that lost its partition (a GC pause,
-SIGSTOP) can no longer acknowledge anything.
+each one only after the processor has moved past it (at-least-once). It takes its
+batches from a :class:`~streamkit.PartitionFeed` and gives acknowledgements back to it;
+it knows nothing else of Redis or of the fetcher.
 
-The hot path works on whole batches: the fetcher hands over lists of entries, records
-are decoded lazily, one at a time, and there is no channel operation per event.
+Delivery bookkeeping, in one place:
+
+* an event handed to the processor is *in flight*;
+* when the processor asks for the next event (or batch), or returns normally, the
+  in-flight events are *committed*: their ids join the acknowledgements, flushed to
+  the feed in batches of ``ack_batch`` and before every wait for new events;
+* a policy runner may instead *rewind* them (they are handed out again, first, in
+  order) or let them stay pending by leaving the processor with an exception;
+* an event that must not reach the processor (poison, undecodable) is given to the
+  ``divert`` hook and then *skipped*: acknowledged without being processed.
+
+The hot path works on whole batches: records are decoded straight from Redis's field
+lists, one at a time, the lease deadline is compared with a cached value, and there is
+no channel operation per event.
+
+Middleware (``m(iterator) -> iterator`` over :class:`Event` objects) runs in a pump
+task of the nursery that :func:`open_events` opens in the caller's own task: nothing of
+a partition outlives the ``async with`` block.
 """
 
 from __future__ import annotations
@@ -24,21 +39,36 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 import trio
 
 from ._errors import DecodeError, LockLost, StreamkitError
+from ._groups import meaningful_leaf, pick_exception
 from ._locks import local_deadline
+from ._wire import field_pairs
 
 if TYPE_CHECKING:
-    from ._codec import Codec
-    from ._fetcher import Fetcher, _PartitionState
-    from ._streams import Stream
+    from collections.abc import Sequence
 
-__all__ = ["Event", "Events", "Middleware"]
+    import trio_util
+
+    from ._feed import Batch, PartitionFeed
+    from ._spec import ProcessorKeys, StreamSpec
+
+__all__ = ["DivertHook", "Event", "Events", "Middleware", "open_events"]
 
 R = TypeVar("R")
 T = TypeVar("T")
 
 log = logging.getLogger("streamkit.events")
 
+#: Acknowledgements are flushed once this many accumulate (and before every wait).
+DEFAULT_ACK_BATCH = 500
+#: Leaving a partition flushes its acknowledgements for at most this long (shielded).
+ACK_FLUSH_TIMEOUT = 2.0
+#: Closing a middleware chain (its ``aclose``) may take at most this long.
+MIDDLEWARE_CLOSE_TIMEOUT = 1.0
+
 _UNSET: Any = object()
+
+# Decodes an entry's flat field list; the id is for the error message.
+_Decoder: TypeAlias = Callable[[list[bytes], bytes], Any]
 
 
 class Event(Generic[R]):
@@ -46,43 +76,39 @@ class Event(Generic[R]):
 
     Attributes:
         partition: the partition number.
-        entry_id: the Redis entry id (``"1700000000000-0"``).
-        fields: the entry's fields, as stored.
         delivery_count: how many times Redis delivered the entry, this delivery
             included: 1 for a first delivery, more after a takeover or crash.
+        stream: the stream's name.
     """
 
-    __slots__ = (
-        "_codec",
-        "_record",
-        "_stream",
-        "delivery_count",
-        "entry_id",
-        "fields",
-        "partition",
-    )
+    __slots__ = ("_decode", "_flat", "_id", "_record", "delivery_count", "partition", "stream")
 
     def __init__(
         self,
         partition: int,
-        entry_id: str,
-        fields: dict[bytes, bytes],
+        entry_id: bytes,
+        flat: list[bytes],
         delivery_count: int,
-        codec: Codec[R],
+        decode: _Decoder,
         stream: str,
     ) -> None:
         self.partition = partition
-        self.entry_id = entry_id
-        self.fields = fields
         self.delivery_count = delivery_count
-        self._codec = codec
-        self._stream = stream
+        self.stream = stream
+        self._id = entry_id
+        self._flat = flat
+        self._decode = decode
         self._record: R = _UNSET
 
     @property
-    def stream(self) -> str:
-        """The stream's name."""
-        return self._stream
+    def entry_id(self) -> str:
+        """The Redis entry id (``"1700000000000-0"``)."""
+        return self._id.decode()
+
+    @property
+    def fields(self) -> dict[bytes, bytes]:
+        """The entry's fields, as stored."""
+        return field_pairs(self._flat)
 
     @property
     def record(self) -> R:
@@ -93,23 +119,27 @@ class Event(Generic[R]):
         """
         record = self._record
         if record is _UNSET:
-            record = self._record = self._codec.decode(
-                self.fields, stream=self._stream, partition=self.partition, entry_id=self.entry_id
-            )
+            record = self._record = self._decode(self._flat, self._id)
         return record
 
     def __repr__(self) -> str:
         return (
-            f"<Event {self._stream} partition {self.partition} {self.entry_id} "
+            f"<Event {self.stream} partition {self.partition} {self.entry_id} "
             f"delivered {self.delivery_count}x>"
         )
 
 
 Middleware: TypeAlias = Callable[[AsyncIterator[Event[Any]]], AsyncIterator[Event[Any]]]
-"""Wraps the raw event iterator: ``def m(events: AsyncIterator[Event]) -> AsyncIterator[Event]``."""
+"""Wraps the raw event iterator: ``def m(events: AsyncIterator[Event]) -> AsyncIterator[Event]``.
 
-# Called for an event that must not reach the processor: (event, error or None, reason).
+A middleware may drop events (they count as processed once a later event is) and must
+yield the :class:`Event` objects it was given, in order.
+"""
+
 DivertHook: TypeAlias = Callable[[Event[Any], BaseException | None, str], Awaitable[None]]
+"""Called for an event that must not reach the processor: ``(event, error, reason)``,
+where reason is ``"poison"`` or ``"undecodable"``. When it returns, the event is
+skipped (acknowledged); when it raises, the exception ends the iteration."""
 
 
 class _Stop(Exception):
@@ -126,8 +156,9 @@ class _PumpError:
 class Events(Generic[R]):
     """The events of one partition, as handed to a processor.
 
-    Get one from :meth:`Fetcher.partition`. Iterate it with :meth:`records`,
-    :meth:`take` or :meth:`raw`; one iterator at a time, from one task.
+    Get one from :func:`open_events` (or, with an exception policy, from
+    :func:`~streamkit.run_processor`, which opens it for you). Iterate it with
+    :meth:`records`, :meth:`take` or :meth:`raw`; one iterator at a time, from one task.
 
     Acknowledgement:
         An event is acknowledged once the processor has moved past it: when it asks
@@ -135,47 +166,59 @@ class Events(Generic[R]):
         processing raised or was cancelled stays pending and is delivered again
         (to this processor after a retry, or to the partition's next owner).
 
+    Policy runners (such as :func:`~streamkit.run_processor`) steer the bookkeeping
+    with :attr:`in_flight`, :meth:`commit`, :meth:`rewind`, :meth:`skip` and
+    :meth:`flush`.
+
     Attributes:
         partition: the partition number.
-        stream: the stream.
-        group: the consumer group.
+        stream: the stream's description.
+        keys: the processor's keys (consumer group, dead-letter stream, lock names).
+        acknowledged: events acknowledged so far.
     """
 
     def __init__(
         self,
-        fetcher: Fetcher[R],
-        state: _PartitionState,
+        feed: PartitionFeed,
         *,
-        middleware: tuple[Middleware, ...] = (),
-        ack_batch: int = 500,
+        draining: trio_util.AsyncBool | None = None,
+        ack_batch: int = DEFAULT_ACK_BATCH,
+        max_deliveries: int | None = None,
+        divert: DivertHook | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
-        self.partition: int = state.partition
-        self.stream: Stream[R] = fetcher.stream
-        self.group: str = fetcher.group
-        self._fetcher = fetcher
-        self._state = state
-        self._middleware = middleware
+        if not (isinstance(ack_batch, int) and ack_batch >= 1):
+            raise ValueError(f"ack_batch must be a positive integer, got {ack_batch!r}")
+        self.partition: int = feed.partition
+        self.stream: StreamSpec[R] = feed.stream
+        self.keys: ProcessorKeys = feed.keys
+        self.acknowledged = 0
+        self._feed = feed
+        self._decode: _Decoder = feed.stream.codec.entry_decoder(
+            stream=feed.stream.name, partition=feed.partition
+        )
         self._ack_batch = ack_batch
+        self._max_deliveries = sys.maxsize if max_deliveries is None else max_deliveries
+        self._divert = divert
+        self._middleware = tuple(middleware)
+        self._drain_source = draining
+        self._draining = False
+        # The batch being handed out: its events, the next position, the batch itself.
         self._buffer: list[Event[R]] = []
         self._pos = 0
-        self._holding = 0  # entries of the batch held in _buffer, for accounting
-        self._replay: list[Event[R]] = []
+        self._batch: Batch | None = None
+        self._replay: list[Event[R]] = []  # rewound events, handed out first
         self._inflight: list[Event[R]] = []
-        self._acks: list[str] = []
-        self._draining = False
-        # The rebalancer's flag, read directly so that draining takes effect at the
-        # very next event; a watcher task also wakes a processor waiting for events.
-        self._drain_source: Any = None
+        self._acks: list[bytes] = []
+        self._deadline = -math.inf  # the lease's local deadline, as last looked up
         self._wait_scope: trio.CancelScope | None = None
-        # Errors of the machinery (lease lost, Redis gone): never handled by a policy.
         self._failure: BaseException | None = None
-        self._max_deliveries = sys.maxsize
-        self._divert: DivertHook | None = None
-        # Middleware runs in a pump task; _dispatched tracks what it was given.
-        self._dispatched: collections.deque[Event[R]] | None = None
+        # Middleware: the pump's nursery (set by open_events), its channel and the
+        # events it was given that are not settled yet.
+        self._nursery: trio.Nursery | None = None
         self._pump_receive: trio.MemoryReceiveChannel[Event[R] | _PumpError] | None = None
         self._pump_scope: trio.CancelScope | None = None
-        self.acknowledged = 0
+        self._dispatched: collections.deque[Event[R]] | None = None
 
     # -- public iterators --
 
@@ -184,7 +227,7 @@ class Events(Generic[R]):
 
         Stops (after acknowledging the last record) when the partition is being
         drained away. An undecodable entry raises :class:`DecodeError` (under
-        :func:`run_processor`, it goes through the exception policy instead).
+        :func:`~streamkit.run_processor`, it goes through the exception policy instead).
         """
         return _OneByOne(self, decode=True)
 
@@ -210,17 +253,94 @@ class Events(Generic[R]):
         return _Batches(self, n, within, decode=False)
 
     @property
+    def group(self) -> str:
+        """The consumer group."""
+        return self.keys.group
+
+    @property
     def draining(self) -> bool:
         """Whether the partition is being moved away (the iterators will stop)."""
         return self._is_draining()
 
-    def _is_draining(self) -> bool:
-        if self._draining:
-            return True
-        source = self._drain_source
-        if source is not None and source.value:
-            self._draining = True
-        return self._draining
+    @property
+    def failure(self) -> BaseException | None:
+        """The failure of the machinery (lease lost, feed ended, Redis gone) that
+        stopped the iterators, if any. Such errors are never the events' fault: a
+        policy runner lets them propagate."""
+        return self._failure
+
+    # -- the policy runner's API --
+
+    @property
+    def in_flight(self) -> tuple[Event[R], ...]:
+        """The events handed to the processor that it has not moved past yet."""
+        return tuple(self._inflight)
+
+    def commit(self) -> None:
+        """Count the in-flight events as processed: they are acknowledged at the next
+        flush (see :meth:`flush`)."""
+        inflight = self._inflight
+        if not inflight:
+            return
+        self._inflight = []
+        dispatched = self._dispatched
+        if dispatched is None:
+            self._acks.extend([e._id for e in inflight])
+            return
+        # Everything the middleware was given up to the last event it yielded is
+        # done: the events before it that never reached the processor were dropped.
+        last = inflight[-1]
+        while dispatched:
+            event = dispatched.popleft()
+            self._acks.append(event._id)
+            if event is last:
+                return
+        # Replayed events the current chain never saw.
+        seen = set(self._acks)
+        self._acks.extend([e._id for e in inflight if e._id not in seen])
+
+    def rewind(self) -> None:
+        """Hand the in-flight events out again, first and in order (a retry in place)."""
+        inflight = self._inflight
+        if not inflight:
+            return
+        self._inflight = []
+        dispatched = self._dispatched
+        if dispatched is not None:
+            # Events the middleware was given before the first in-flight one were
+            # dropped by it: done.
+            while dispatched and dispatched[0] is not inflight[0]:
+                self._acks.append(dispatched.popleft()._id)
+        self._replay[:0] = inflight
+
+    def skip(self, event: Event[R]) -> None:
+        """Count ``event``, which never reached the processor, as done (acknowledged
+        at the next flush)."""
+        if self._dispatched is not None:
+            with contextlib.suppress(ValueError):
+                self._dispatched.remove(event)
+        self._acks.append(event._id)
+
+    async def flush(self) -> None:
+        """Acknowledge the events counted as done so far (fenced by the lease).
+
+        Error handling:
+            :class:`~streamkit.LockLost` or :class:`~streamkit.RedisUnavailable`
+            from the feed; the ids are kept for a later attempt (they are pending in
+            Redis either way) and the error is recorded as :attr:`failure`.
+        """
+        if not self._acks:
+            await trio.lowlevel.checkpoint()
+            return
+        ids, self._acks = self._acks, []
+        try:
+            await self._feed.ack(ids)
+        except BaseException as exc:
+            self._acks[:0] = ids
+            if isinstance(exc, StreamkitError):
+                self._failure = exc
+            raise
+        self.acknowledged += len(ids)
 
     def __repr__(self) -> str:
         return (
@@ -229,20 +349,23 @@ class Events(Generic[R]):
             f"acknowledged {self.acknowledged}{', draining' if self._draining else ''}>"
         )
 
-    # -- the source of events --
+    # -- internals --
+
+    def _is_draining(self) -> bool:
+        if not self._draining:
+            source = self._drain_source
+            if source is not None and source.value:
+                self._draining = True
+        return self._draining
+
+    def _drain(self) -> None:
+        self._draining = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
 
     def _internal(self, error: BaseException) -> BaseException:
         self._failure = error
         return error
-
-    def _release(self) -> None:
-        """Give the used-up batch back to the fetcher's accounting."""
-        if self._holding:
-            state = self._state
-            state.batches_out -= 1
-            state.entries_out -= self._holding
-            self._holding = 0
-            self._fetcher._room_freed(state)
 
     def _check_lease(self) -> None:
         """Refuse to hand out another event once the lease is gone.
@@ -251,15 +374,20 @@ class Events(Generic[R]):
         sit in the buffer: a worker frozen past its lease (SIGSTOP, a long GC pause)
         would otherwise process them on waking, before its lease keeper (frozen too)
         notices, although a new owner may be processing the same events. The lease's
-        local deadline tells without a round trip.
+        local deadline tells without a round trip; it is looked up again only once
+        the cached one has passed (the keeper extends the lease meanwhile).
 
         Raises:
             LockLost: the lease was lost, or its local deadline has passed.
         """
-        held = self._state.held
-        if held.lost_reason is None and trio.current_time() < local_deadline(held.lease):
+        held = self._feed.held
+        now = trio.current_time()
+        if held.lost_reason is None and now < self._deadline:
             return
         if held.lost_reason is None:
+            self._deadline = local_deadline(held.lease)
+            if now < self._deadline:
+                return
             log.warning(
                 "lease on %r ran out unnoticed (was the process paused?); handing out no "
                 "more events of %s partition %d",
@@ -267,65 +395,92 @@ class Events(Generic[R]):
                 self.stream.name,
                 self.partition,
             )
-            held._lose("the lease ran out before it could be extended")
-        assert held.lost_reason is not None
+            raise self._internal(
+                LockLost(held.name, "the lease ran out before it could be extended")
+            )
         raise self._internal(LockLost(held.name, held.lost_reason))
 
-    def _check_failure(self) -> None:
-        failure = self._state.failure
-        if failure is not None:
-            raise self._internal(failure)
+    def _done_with_batch(self) -> None:
+        batch = self._batch
+        if batch is not None:
+            self._batch = None
+            self._feed.done(batch)
+
+    def _load(self, batch: Batch) -> None:
+        partition = self.partition
+        decode = self._decode
+        name = self.stream.name
+        deliveries = batch.deliveries
+        if deliveries is None:
+            self._buffer = [
+                Event(partition, i, f, 1, decode, name)
+                for i, f in zip(batch.ids, batch.fields, strict=True)
+            ]
+        else:
+            self._buffer = [
+                Event(partition, i, f, d, decode, name)
+                for i, f, d in zip(batch.ids, batch.fields, deliveries, strict=True)
+            ]
+        self._pos = 0
+        self._batch = batch
 
     async def _next_batch(self, deadline: float, *, wake: bool) -> bool:
         """Load the next batch into the buffer; ``False`` if ``deadline`` passed first.
 
         Raises:
             _Stop: draining began (only with ``wake``).
-            StreamkitError: the fetcher stopped serving the partition (lease lost).
+            StreamkitError: the feed stopped (the lease was lost, say).
         """
         if self._acks:
-            await self._flush()
-        self._release()
-        state = self._state
-        while True:
-            self._check_failure()
-            if wake and self._draining:
-                raise _Stop
-            try:
-                batch = state.receive.receive_nowait()
-                # Let the fetcher run (and refill) between batches.
-                await trio.lowlevel.checkpoint()
-            except trio.WouldBlock:
-                with trio.CancelScope(deadline=deadline) as scope:
+            await self.flush()
+        self._done_with_batch()
+        feed = self._feed
+        if wake and self._draining:
+            raise _Stop
+        try:
+            batch = feed.receive_nowait()
+        except trio.WouldBlock:
+            with trio.CancelScope(deadline=deadline) as scope:
+                if wake:
+                    self._wait_scope = scope
+                try:
+                    batch = await feed.receive()
+                except StreamkitError as exc:
+                    raise self._internal(exc) from None
+                finally:
                     if wake:
-                        self._wait_scope = scope
-                    try:
-                        batch = await state.receive.receive()
-                    except trio.EndOfChannel:
-                        continue
-                    finally:
-                        if wake:
-                            self._wait_scope = None
-                if scope.cancelled_caught:
-                    if wake and self._draining:
-                        raise _Stop from None
-                    return False
-            except trio.EndOfChannel:
-                self._check_failure()
-                raise self._internal(
-                    StreamkitError(f"partition {self.partition} is no longer served")
-                ) from None
-            self._buffer = batch
-            self._pos = 0
-            self._holding = len(batch)
-            return True
+                        self._wait_scope = None
+            if scope.cancelled_caught:
+                if wake and self._draining:
+                    raise _Stop from None
+                return False
+        except StreamkitError as exc:
+            raise self._internal(exc) from None
+        else:
+            # Let the fetcher run (and refill) between batches.
+            await trio.lowlevel.checkpoint()
+        self._load(batch)
+        return True
 
     async def _screen(self, event: Event[R]) -> bool:
-        """Divert a poison event; return whether it was diverted."""
-        if event.delivery_count > self._max_deliveries:
-            await self._divert_event(event, None, "poison")
-            return True
-        return False
+        """Divert ``event`` if it is poison; return whether it was."""
+        if event.delivery_count <= self._max_deliveries:
+            return False
+        await self._divert_event(event, None, "poison")
+        return True
+
+    async def _divert_event(
+        self, event: Event[R], error: BaseException | None, reason: str
+    ) -> None:
+        """Hand an event that must not reach the processor to the hook, then skip it."""
+        if self._divert is None:
+            if error is not None:
+                raise error
+            return
+        await self._divert(event, error, reason)
+        self.skip(event)
+        if len(self._acks) >= self._ack_batch:
+            await self.flush()
 
     async def _next_base(self, deadline: float, *, wake: bool) -> Event[R] | None:
         """The next fetched event (poison diverted); ``None`` once ``deadline`` passed."""
@@ -366,6 +521,16 @@ class Events(Generic[R]):
         self._pos = pos + len(ready)
         return ready
 
+    def _put_back(self, events: list[Event[R]]) -> None:
+        """Hand ``events`` (taken but not handed out) out next, before anything else."""
+        if events:
+            self._replay[:0] = events
+
+    async def _stop(self) -> None:
+        """Flush and end the iteration."""
+        await self.flush()
+        raise StopAsyncIteration
+
     # -- middleware pump --
 
     async def _next_from_pump(self, deadline: float) -> Event[R] | None:
@@ -393,9 +558,8 @@ class Events(Generic[R]):
         return item
 
     def _start_pump(self) -> None:
-        nursery = self._fetcher._nursery
-        if nursery is None:
-            raise StreamkitError("the fetcher is closed")
+        if self._nursery is None:
+            raise RuntimeError("middleware needs the events opened by `open_events()`")
         self._dispatched = collections.deque()
         chain: AsyncIterator[Event[Any]] = _Base(self)
         for middleware in self._middleware:
@@ -403,7 +567,7 @@ class Events(Generic[R]):
         send, receive = trio.open_memory_channel[Event[R] | _PumpError](0)
         self._pump_receive = receive
         self._pump_scope = trio.CancelScope()
-        nursery.start_soon(self._pump, chain, send, self._pump_scope)
+        self._nursery.start_soon(self._pump, chain, send, self._pump_scope)
 
     async def _pump(
         self,
@@ -420,7 +584,7 @@ class Events(Generic[R]):
             finally:
                 aclose = getattr(chain, "aclose", None)
                 if aclose is not None:
-                    with trio.move_on_after(1) as closing:
+                    with trio.move_on_after(MIDDLEWARE_CLOSE_TIMEOUT) as closing:
                         closing.shield = True
                         await aclose()
 
@@ -437,98 +601,6 @@ class Events(Generic[R]):
             self._buffer = [*dispatched, *self._buffer[self._pos :]]
             self._pos = 0
             dispatched.clear()
-
-    # -- acknowledgement --
-
-    def _move_past_now(self) -> None:
-        """Mark the in-flight events done (acknowledged at the next flush)."""
-        inflight = self._inflight
-        self._inflight = []
-        dispatched = self._dispatched
-        if dispatched is None:
-            if len(inflight) == 1:
-                self._acks.append(inflight[0].entry_id)
-            else:
-                self._acks.extend([e.entry_id for e in inflight])
-            return
-        # Everything the middleware was given up to the last event yielded is done:
-        # events before it that never reached us were filtered out.
-        last = inflight[-1]
-        while dispatched:
-            event = dispatched.popleft()
-            self._acks.append(event.entry_id)
-            if event is last:
-                return
-        # A replayed event that the current chain never saw.
-        for event in inflight:
-            if event.entry_id not in self._acks:
-                self._acks.append(event.entry_id)
-
-    async def _move_past(self) -> None:
-        self._move_past_now()
-        if len(self._acks) >= self._ack_batch:
-            await self._flush()
-
-    async def _divert_event(
-        self, event: Event[R], error: BaseException | None, reason: str
-    ) -> None:
-        """Hand an event that must not reach the processor to the policy hook, then ack it."""
-        if self._divert is None:
-            if error is not None:
-                raise error
-            return
-        await self._divert(event, error, reason)
-        if self._dispatched is not None:
-            with contextlib.suppress(ValueError):
-                self._dispatched.remove(event)
-        self._acks.append(event.entry_id)
-        if len(self._acks) >= self._ack_batch:
-            await self._flush()
-
-    def _rewind(self) -> None:
-        """Deliver the in-flight events again, first (a retry in place)."""
-        inflight = self._inflight
-        self._inflight = []
-        dispatched = self._dispatched
-        if dispatched is not None and inflight:
-            # Events before the first in-flight one were filtered out: done.
-            while dispatched and dispatched[0] is not inflight[0]:
-                self._acks.append(dispatched.popleft().entry_id)
-        self._replay = inflight + self._replay
-
-    async def _flush(self) -> None:
-        """Acknowledge the events moved past (fenced)."""
-        if not self._acks:
-            return
-        ids, self._acks = self._acks, []
-        try:
-            await self._fetcher._ack(self._state, ids)
-        except BaseException as exc:
-            # Keep them for a later attempt; they are pending in Redis either way.
-            self._acks[:0] = ids
-            if isinstance(exc, StreamkitError):
-                self._internal(exc)
-            raise
-        self.acknowledged += len(ids)
-
-    async def _stop(self) -> None:
-        """Flush and end the iteration."""
-        await self._flush()
-        raise StopAsyncIteration
-
-    def _drain(self) -> None:
-        self._draining = True
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
-
-    async def _finish(self, *, commit: bool) -> None:
-        """Leaving the partition: stop the pump, flush (committing in-flight if ``commit``)."""
-        self._stop_pump()
-        if commit and self._inflight:
-            self._move_past_now()
-        self._release()
-        if self._state.held.lost_reason is None:
-            await self._flush()
 
 
 class _Base(AsyncIterator[Event[R]]):
@@ -557,7 +629,9 @@ class _OneByOne(AsyncIterator[T]):
         events = self._events
         while True:
             if events._inflight:
-                await events._move_past()
+                events.commit()
+                if len(events._acks) >= events._ack_batch:
+                    await events.flush()
             if events._draining or events._is_draining():
                 await events._stop()
             try:
@@ -595,9 +669,23 @@ class _Batches(AsyncIterator[list[T]]):
     async def __anext__(self) -> list[T]:
         events = self._events
         if events._inflight:
-            await events._move_past()
-        if self._stopped or events._is_draining():
-            await events._stop()
+            events.commit()
+            if len(events._acks) >= events._ack_batch:
+                await events.flush()
+        # Every event gathered may be diverted: then gather again, until a batch has
+        # something to yield or the iteration stops.
+        while True:
+            if self._stopped or events._is_draining():
+                await events._stop()
+            batch, out = await self._gather()
+            if batch:
+                events._check_lease()
+                events._inflight = batch
+                return out if self._decode else batch  # type: ignore[return-value]
+
+    async def _gather(self) -> tuple[list[Event[Any]], list[Any]]:
+        """Up to ``n`` events (and their records), screened; may be empty."""
+        events = self._events
         n = self._n
         decode = self._decode
         max_deliveries = events._max_deliveries
@@ -610,8 +698,6 @@ class _Batches(AsyncIterator[list[T]]):
                 try:
                     event = await events._next(deadline)
                 except _Stop:
-                    if not batch:
-                        await events._stop()
                     self._stopped = True
                     break
                 if event is None:
@@ -619,23 +705,125 @@ class _Batches(AsyncIterator[list[T]]):
                 ready = [event]
             if deadline == math.inf:
                 deadline = trio.current_time() + self._within
-            for event in ready:
-                if event.delivery_count > max_deliveries and await events._screen(event):
-                    continue
-                if decode:
-                    try:
-                        out.append(event.record)
-                    except DecodeError as exc:
-                        if events._divert is None:
-                            events._inflight = [*batch, event]
-                            raise
-                        await events._divert_event(event, exc, "undecodable")
+            for i, event in enumerate(ready):
+                try:
+                    if event.delivery_count > max_deliveries and await events._screen(event):
                         continue
+                    if decode:
+                        try:
+                            out.append(event.record)
+                        except DecodeError as exc:
+                            if events._divert is None:
+                                events._inflight = [*batch, event]
+                                raise
+                            await events._divert_event(event, exc, "undecodable")
+                            continue
+                except BaseException:
+                    events._put_back(ready[i + 1 :])
+                    raise
                 batch.append(event)
-        if batch:
-            events._check_lease()
-        events._inflight = batch
-        if not batch:
-            # Every event was diverted, and the deadline passed: nothing to yield.
-            return await self.__anext__()
-        return out if decode else batch  # type: ignore[return-value]
+        return batch, out
+
+
+@contextlib.asynccontextmanager
+async def open_events(
+    feed: PartitionFeed,
+    *,
+    draining: trio_util.AsyncBool | None = None,
+    middleware: Sequence[Middleware] = (),
+    ack_batch: int = DEFAULT_ACK_BATCH,
+    max_deliveries: int | None = None,
+    divert: DivertHook | None = None,
+) -> AsyncIterator[Events[Any]]:
+    """Hand out ``feed``'s events to a processor while the block runs.
+
+    Args:
+        feed: the partition's feed (from :meth:`Fetcher.partition`).
+        draining: when it turns true, the event iterators stop after the current
+            event or batch (acknowledged), so the processor can return.
+        middleware: wrappers of the raw event iterator, applied in order (the first
+            is closest to Redis, the last closest to the processor).
+        ack_batch: flush acknowledgements when this many accumulate; they are also
+            flushed before waiting for events and when the block is left.
+        max_deliveries: events delivered more often than this are *poison*: they
+            go to ``divert`` instead of the processor (``None``: no limit).
+        divert: the hook for poison and undecodable events (see
+            :data:`~streamkit.DivertHook`); without one an undecodable record raises
+            :class:`~streamkit.DecodeError` from the iterator.
+
+    Cancellation:
+        Leaving the block stops the middleware and the draining watcher (both run in
+        this task's nursery), then acknowledges what the processor moved past,
+        shielded, for at most :data:`ACK_FLUSH_TIMEOUT` seconds. When the block ends
+        normally the in-flight events count as processed; after an exception or a
+        cancellation they stay pending, for the next delivery.
+
+    Error handling:
+        :class:`~streamkit.LockLost` (from the iterators) once the lease is gone;
+        an acknowledgement failing on the way out is logged when the block raised,
+        else raised.
+    """
+    events: Events[Any] = Events(
+        feed,
+        draining=draining,
+        ack_batch=ack_batch,
+        max_deliveries=max_deliveries,
+        divert=divert,
+        middleware=middleware,
+    )
+    body_exc: BaseException | None = None
+    task_exc: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            events._nursery = nursery
+            if draining is not None:
+                nursery.start_soon(_watch_draining, draining, events)
+            try:
+                yield events
+            except BaseException as exc:
+                # Re-raised below as itself, not wrapped in the nursery's group.
+                body_exc = exc
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        task_exc = meaningful_leaf(group)
+    finally:
+        events._nursery = None
+        events._stop_pump()
+    to_raise = pick_exception(body_exc, task_exc)
+    await _leave(events, commit=to_raise is None)
+    if to_raise is not None:
+        raise to_raise
+
+
+async def _watch_draining(draining: trio_util.AsyncBool, events: Events[Any]) -> None:
+    await draining.wait_value(True)
+    events._drain()
+
+
+async def _leave(events: Events[Any], *, commit: bool) -> None:
+    if commit:
+        events.commit()
+    events._done_with_batch()
+    if events._feed.held.lost_reason is not None:
+        return
+    with trio.move_on_after(ACK_FLUSH_TIMEOUT) as scope:
+        scope.shield = True
+        try:
+            await events.flush()
+        except StreamkitError as exc:
+            if commit:
+                raise
+            log.warning(
+                "acknowledging events of %s partition %d failed: %s",
+                events.stream.name,
+                events.partition,
+                exc,
+            )
+    if scope.cancelled_caught:
+        log.warning(
+            "acknowledging events of %s partition %d timed out; "
+            "they stay pending and are delivered again",
+            events.stream.name,
+            events.partition,
+        )

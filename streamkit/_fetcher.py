@@ -4,7 +4,13 @@ Every read is a *fenced* Lua script: it checks that the partition's lock still h
 this executor's lease before it runs ``XREADGROUP``, in the same atomic step (the lock
 and the stream share a Redis Cluster hash slot). A worker whose lease lapsed (a long GC
 pause, SIGSTOP, a network partition) can therefore never take another event of the
-partition, and acknowledgements are fenced the same way (see :mod:`streamkit._events`).
+partition, and acknowledgements are fenced the same way.
+
+Each registered partition is served through a :class:`~streamkit.PartitionFeed`: the
+fetcher puts batches in, the consumer takes them out, reports each one done (which
+makes room to read ahead) and acknowledges what it processed. The acknowledgements of
+finished events ride along with the partition's next read when one is due (one round
+trip for both), else go alone.
 
 Consumer names inside the group are fixed per partition (``p<N>``), so a new owner
 finds the previous owner's pending entries under its own consumer name and reads them
@@ -32,17 +38,16 @@ from coredis.commands.script import Script
 
 from ._backoff import Backoff
 from ._errors import BackendError, ConfigError, LockLost, RedisUnavailable, StreamkitError
-from ._events import Event, Events, Middleware
+from ._feed import Batch, FeedEnded
 from ._groups import meaningful_leaf, pick_exception
 from ._redis import Redis, redis_errors
+from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
+from ._wire import ACK_LUA, READ_LUA, text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-    import trio_util
-
     from ._locks import HeldLease
-    from ._streams import Stream
 
 __all__ = ["Fetcher", "FetcherStatistics", "open_fetcher"]
 
@@ -55,92 +60,90 @@ DEFAULT_PREFETCH = 2
 DEFAULT_IDLE_BLOCK = 1.0
 DEFAULT_BUSY_POLL = 0.05
 DEFAULT_COMMAND_TIMEOUT = 10.0
-# Leaving a partition flushes its acknowledgements for at most this long.
-ACK_FLUSH_TIMEOUT = 2.0
 # Acknowledgements sent per script call.
 ACK_CHUNK = 2000
 
-# KEYS: stream, lock. ARGV: lease value, group, consumer, count, start id.
-# Returns 0 if the lease is not ours (nothing read); else
-# {entries, delivery counts (history only), next start id, last stream id (if idle)}.
-_READ_SCRIPT: Script[bytes] = Script(
-    script="""
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
-
-local function read(id)
-  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-                           'STREAMS', key, id)
-  if reply then return reply[1][2] end
-  return {}
-end
-
-if ARGV[5] ~= '>' then
-  local raw = read(ARGV[5])
-  if #raw > 0 then
-    local live, gone = {}, {}
-    for _, entry in ipairs(raw) do
-      if entry[2] then live[#live + 1] = entry else gone[#gone + 1] = entry[1] end
-    end
-    -- Deleted while pending: nothing left to process.
-    if #gone > 0 then redis.call('XACK', key, group, unpack(gone)) end
-    local counts = {}
-    if #live > 0 then
-      local by_id = {}
-      local pending = redis.call('XPENDING', key, group, live[1][1], live[#live][1],
-                                 #live, consumer)
-      for _, p in ipairs(pending) do by_id[p[1]] = p[4] end
-      for i, entry in ipairs(live) do counts[i] = by_id[entry[1]] or 1 end
-    end
-    return {live, counts, raw[#raw][1], ''}
-  end
-end
-
-local entries = read('>')
-if #entries > 0 then return {entries, {}, '>', ''} end
-local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-local last_id = '0-0'
-if last[1] then last_id = last[1][1] end
-return {entries, {}, '>', last_id}
-"""
-)
-
-# KEYS: stream, lock. ARGV: lease value, group, ids... Returns -1 if the lease is not
-# ours (nothing acknowledged), else the number of entries acknowledged.
-_ACK_SCRIPT: Script[bytes] = Script(
-    script="""
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-return redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, 3))
-"""
-)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+_READ_SCRIPT: Script[bytes] = Script(script=READ_LUA)
+_ACK_SCRIPT: Script[bytes] = Script(script=ACK_LUA)
 
 
 @attrs.define(eq=False, repr=False)
-class _PartitionState:
-    """What the fetcher knows about one registered partition."""
+class _Feed:
+    """One registered partition: the fetcher's side of its :class:`PartitionFeed`."""
 
+    fetcher: Fetcher[Any]
     partition: int
     key: str
     consumer: str
     held: HeldLease
-    send: trio.MemorySendChannel[list[Event[Any]]]
-    receive: trio.MemoryReceiveChannel[list[Event[Any]]]
+    _send: trio.MemorySendChannel[Batch]
+    _receive: trio.MemoryReceiveChannel[Batch]
     # "0" or the last history id read while in history mode; ">" after.
     start: str = "0"
     # The stream's last id when a read found nothing new: XREAD blocks on it.
     last_id: str = "0-0"
     idle: bool = False
     active: bool = True
-    # Batches handed out and not yet consumed (in the channel or being processed).
+    # Batches handed out and not yet reported done (in the channel or being processed).
     batches_out: int = 0
     entries_out: int = 0
     failure: StreamkitError | None = None
     reads: int = 0
     entries_read: int = 0
+
+    @property
+    def stream(self) -> StreamSpec[Any]:
+        return self.fetcher.stream
+
+    @property
+    def keys(self) -> ProcessorKeys:
+        return self.fetcher.keys
+
+    def _ended(self) -> StreamkitError:
+        return self.failure or FeedEnded(self.partition)
+
+    def receive_nowait(self) -> Batch:
+        if self.failure is not None:
+            raise self.failure
+        try:
+            return self._receive.receive_nowait()
+        except trio.EndOfChannel:
+            raise self._ended() from None
+
+    async def receive(self) -> Batch:
+        if self.failure is not None:
+            raise self.failure
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            raise self._ended() from None
+
+    def done(self, batch: Batch) -> None:
+        self.batches_out -= 1
+        self.entries_out -= len(batch)
+        if self.batches_out == self.fetcher.prefetch - 1:
+            # The partition was full: the fetcher may read it again.
+            self.fetcher._changed.set()
+
+    async def ack(self, ids: Sequence[bytes]) -> None:
+        await self.fetcher._ack(self, ids)
+
+    def _put(self, batch: Batch) -> None:
+        self._send.send_nowait(batch)
+        self.batches_out += 1
+        self.entries_out += len(batch)
+        self.entries_read += len(batch)
+
+    def _close(self) -> None:
+        self.active = False
+        self._send.close()
+
+    def __repr__(self) -> str:
+        state = "failed" if self.failure else "active" if self.active else "closed"
+        return (
+            f"<PartitionFeed {self.stream.name} partition {self.partition} {state}, "
+            f"buffered {self.entries_out} in {self.batches_out} batches>"
+        )
 
 
 @attrs.frozen
@@ -169,70 +172,66 @@ class Fetcher(Generic[R]):
     """Reads the partitions this executor owns into bounded per-partition buffers.
 
     Get one from :func:`open_fetcher`; register each owned partition with
-    :meth:`partition`, which hands out the partition's :class:`~streamkit.Events`.
+    :meth:`partition`, which serves the partition's :class:`~streamkit.PartitionFeed`.
+
+    Attributes:
+        redis: the client it reads with.
+        stream: the stream's description.
+        keys: the consuming processor's keys (its consumer group, lock names, ...).
     """
 
     redis: Redis
-    stream: Stream[R]
-    group: str
+    stream: StreamSpec[R]
+    keys: ProcessorKeys
     batch_size: int
     prefetch: int
     idle_block: float
     busy_poll: float
     command_timeout: float
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
-    _states: dict[int, _PartitionState] = attrs.field(factory=dict, init=False)
+    _feeds: dict[int, _Feed] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _block_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _reads: int = attrs.field(default=0, init=False)
     _blocks: int = attrs.field(default=0, init=False)
 
+    @property
+    def group(self) -> str:
+        """The consumer group."""
+        return self.keys.group
+
     # -- registration --
 
     @contextlib.asynccontextmanager
-    async def partition(
-        self,
-        partition: int,
-        held: HeldLease,
-        *,
-        draining: trio_util.AsyncBool | None = None,
-        middleware: Sequence[Middleware] = (),
-        ack_batch: int | None = None,
-    ) -> AsyncIterator[Events[R]]:
-        """Serve ``partition`` while the block runs; yield its :class:`Events`.
+    async def partition(self, partition: int, held: HeldLease) -> AsyncIterator[_Feed]:
+        """Serve ``partition`` while the block runs; yield its feed.
 
         The consumer group is created if needed (from id ``0``, so a backlog sent
         before any worker ran is processed). Reading starts with the pending entries
         of the partition's previous owner, in order, then continues with new ones.
+        Hand the feed to :func:`~streamkit.open_events` or
+        :func:`~streamkit.run_processor`.
 
         Args:
             partition: the partition number.
-            held: this executor's lease on the partition (from
-                :meth:`LockManager.hold` on the partition's lock); every read and
-                acknowledgement is fenced by it.
-            draining: when it turns true, the event iterators stop after the current
-                event or batch (acknowledged), so the processor can return.
-            middleware: wrappers of the raw event iterator, applied in order (the
-                first is closest to Redis, the last closest to the processor).
-            ack_batch: flush acknowledgements when this many accumulate (the batch
-                size by default); they are also flushed before waiting for events
-                and when the block is left.
+            held: this executor's lease on the partition's lock,
+                ``keys.lock_name(partition)`` (from :meth:`LockManager.hold`); every
+                read and acknowledgement is fenced by it.
 
         Cancellation:
-            Leaving the block (also by cancellation) stops serving the partition
-            and flushes the acknowledgements of events the processor moved past,
-            shielded, for at most :data:`ACK_FLUSH_TIMEOUT` seconds. Events it had
-            not moved past stay pending, for the next owner.
+            Leaving the block (also by cancellation) stops serving the partition:
+            what was read and not acknowledged stays pending, for the next owner.
 
         Error handling:
-            :class:`ConfigError` if the partition is registered already;
-            :class:`LockLost` (raised by the iterators) once a read or
-            acknowledgement is refused because the lease is no longer ours;
-            :class:`RedisUnavailable` if Redis cannot be reached.
+            :class:`ConfigError` if the partition is registered already, is not a
+            partition of the stream, or ``held`` is a lease on another lock;
+            :class:`LockLost` (raised by the feed) once a read or acknowledgement is
+            refused because the lease is no longer ours; :class:`RedisUnavailable`
+            if Redis cannot be reached.
         """
         if self._nursery is None:
             raise RuntimeError("use the fetcher inside `async with open_fetcher(...)`")
-        if partition in self._states:
+        if partition in self._feeds:
             raise ConfigError("partition", f"partition {partition} is registered already")
         if not 0 <= partition < self.stream.partition_count:
             raise ConfigError(
@@ -240,71 +239,26 @@ class Fetcher(Generic[R]):
                 f"{partition} is not a partition of {self.stream.name!r} "
                 f"(0..{self.stream.partition_count - 1})",
             )
+        expected = self.keys.lock_name(partition)
+        if held.name != expected:
+            raise ConfigError(
+                "held",
+                f"a lease on {held.name!r} cannot fence partition {partition}: "
+                f"hold {expected!r} (keys.lock_name({partition}))",
+            )
         key = self.stream.key(partition)
         await self._create_group(key)
-        send, receive = trio.open_memory_channel[list[Event[Any]]](self.prefetch)
-        state = _PartitionState(
-            partition=partition,
-            key=key,
-            consumer=f"p{partition}",
-            held=held,
-            send=send,
-            receive=receive,
-        )
-        events: Events[R] = Events(
-            self,
-            state,
-            middleware=tuple(middleware),
-            ack_batch=ack_batch or self.batch_size,
-        )
-        watcher = trio.CancelScope()
-        events._drain_source = draining
-        if draining is not None:
-            self._nursery.start_soon(self._watch_draining, draining, events, watcher)
-        self._states[partition] = state
+        send, receive = trio.open_memory_channel[Batch](self.prefetch)
+        feed = _Feed(self, partition, key, f"p{partition}", held, send, receive)
+        self._feeds[partition] = feed
         self._wake()
         log.debug("serving %s partition %d", self.stream.name, partition)
-        body_ok = False
         try:
-            yield events
-            body_ok = True
+            yield feed
         finally:
-            state.active = False
-            del self._states[partition]
-            send.close()
-            watcher.cancel()
+            del self._feeds[partition]
+            feed._close()
             self._wake()
-            await self._leave(events, state, body_ok)
-
-    async def _leave(self, events: Events[R], state: _PartitionState, body_ok: bool) -> None:
-        with trio.move_on_after(ACK_FLUSH_TIMEOUT) as scope:
-            scope.shield = True
-            try:
-                await events._finish(commit=body_ok)
-            except StreamkitError as exc:
-                if body_ok:
-                    raise
-                log.warning(
-                    "flushing acknowledgements of %s partition %d failed: %s",
-                    self.stream.name,
-                    state.partition,
-                    exc,
-                )
-        if scope.cancelled_caught:
-            log.warning(
-                "flushing acknowledgements of %s partition %d timed out; "
-                "the events stay pending and are redelivered",
-                self.stream.name,
-                state.partition,
-            )
-
-    @staticmethod
-    async def _watch_draining(
-        draining: trio_util.AsyncBool, events: Events[Any], scope: trio.CancelScope
-    ) -> None:
-        with scope:
-            await draining.wait_value(True)
-            events._drain()
 
     async def _create_group(self, key: str) -> None:
         try:
@@ -324,25 +278,20 @@ class Fetcher(Generic[R]):
         if self._block_scope is not None:
             self._block_scope.cancel()
 
-    def _room_freed(self, state: _PartitionState) -> None:
-        # Called by Events when a batch is used up; wakes us if the partition was full.
-        if state.batches_out == self.prefetch - 1:
-            self._changed.set()
-
     async def _run(self) -> None:
         delays = None
         while True:
             # A fresh event each round: a wake after the checks below is not lost.
             self._changed = trio.Event()
-            active = [s for s in self._states.values() if s.active]
-            has_room = [s for s in active if s.batches_out < self.prefetch]
-            ready = [s for s in has_room if not s.idle]
+            active = [f for f in self._feeds.values() if f.active]
+            has_room = [f for f in active if f.batches_out < self.prefetch]
+            ready = [f for f in has_room if not f.idle]
             try:
                 if ready:
                     await self._read_all(ready)
                     delays = None
                     continue
-                idle = [s for s in has_room if s.idle]
+                idle = [f for f in has_room if f.idle]
                 stalled = len(has_room) < len(active)
                 if idle and not stalled:
                     await self._block(idle)
@@ -352,8 +301,8 @@ class Fetcher(Generic[R]):
                     with trio.move_on_after(self.busy_poll) as poll:
                         await self._changed.wait()
                     if poll.cancelled_caught:
-                        for state in idle:
-                            state.idle = False
+                        for feed in idle:
+                            feed.idle = False
                 else:
                     await self._changed.wait()
                 delays = None
@@ -364,36 +313,36 @@ class Fetcher(Generic[R]):
                 log.warning("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
                 await trio.sleep(delay)
 
-    async def _read_all(self, states: list[_PartitionState]) -> None:
-        if len(states) == 1:
-            error = await self._read(states[0])
+    async def _read_all(self, feeds: list[_Feed]) -> None:
+        if len(feeds) == 1:
+            error = await self._read(feeds[0])
         else:
             errors: list[RedisUnavailable] = []
 
-            async def read(state: _PartitionState) -> None:
-                error = await self._read(state)
+            async def read(feed: _Feed) -> None:
+                error = await self._read(feed)
                 if error is not None:
                     errors.append(error)
 
             async with trio.open_nursery() as nursery:
-                for state in states:
-                    nursery.start_soon(read, state)
+                for feed in feeds:
+                    nursery.start_soon(read, feed)
             error = errors[0] if errors else None
         if error is not None:
             raise error
 
-    async def _read(self, state: _PartitionState) -> RedisUnavailable | None:
+    async def _read(self, feed: _Feed) -> RedisUnavailable | None:
         """Run one fenced read; return (not raise) Redis being unavailable."""
-        held = state.held
+        held = feed.held
         if held.lost_reason is not None:
-            self._fail(state, LockLost(held.name, held.lost_reason))
+            self._fail(feed, LockLost(held.name, held.lost_reason))
             return None
         lease = held.lease
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 reply: Any = await _READ_SCRIPT(
-                    keys=[state.key, lease.key],
-                    args=[lease.value, self.group, state.consumer, self.batch_size, state.start],
+                    keys=[feed.key, lease.key],
+                    args=[lease.value, self.group, feed.consumer, self.batch_size, feed.start],
                     client=self.redis,
                 )
         except trio.TooSlowError:
@@ -404,57 +353,40 @@ class Fetcher(Generic[R]):
             # Inside a script, Redis 7 reports it without the NOGROUP code: "No such
             # key '...' or consumer group '...' in XREADGROUP with GROUP option".
             if "NOGROUP" in str(exc) or "No such key" in str(exc):
-                log.warning(
-                    "consumer group %r on %s vanished; recreating it", self.group, state.key
-                )
+                log.warning("consumer group %r on %s vanished; recreating it", self.group, feed.key)
                 try:
-                    await self._create_group(state.key)
+                    await self._create_group(feed.key)
                 except RedisUnavailable as unavailable:
                     return unavailable
                 except StreamkitError as error:
-                    self._fail(state, error)
+                    self._fail(feed, error)
                 return None
-            self._fail(state, exc)
+            self._fail(feed, exc)
             return None
         self._reads += 1
-        state.reads += 1
-        if not state.active:
+        feed.reads += 1
+        if not feed.active:
             # Unregistered meanwhile: what was read stays pending for the next owner.
             return None
         if reply == 0:
             self._fail(
-                state,
+                feed,
                 LockLost(held.name, "a fenced read was refused: the lock is no longer ours"),
             )
             return None
         entries, counts, next_start, last_id = reply
-        state.start = _text(next_start)
+        feed.start = text(next_start)
         if entries:
-            batch = self._events_of(state.partition, entries, counts)
-            if batch:
-                state.send.send_nowait(batch)
-                state.batches_out += 1
-                state.entries_out += len(batch)
-                state.entries_read += len(batch)
-        elif state.start == ">":
-            state.idle = True
-            state.last_id = _text(last_id)
+            feed._put(Batch([e[0] for e in entries], [e[1] for e in entries], counts or None))
+        elif feed.start == ">":
+            feed.idle = True
+            feed.last_id = text(last_id)
         return None
 
-    def _events_of(self, partition: int, entries: list[Any], counts: list[int]) -> list[Event[R]]:
-        codec = self.stream.codec
-        name = self.stream.name
-        if counts:
-            return [
-                Event(partition, _text(e[0]), _pairs(e[1]), c, codec, name)
-                for e, c in zip(entries, counts, strict=True)
-            ]
-        return [Event(partition, _text(e[0]), _pairs(e[1]), 1, codec, name) for e in entries]
-
-    async def _block(self, idle: list[_PartitionState]) -> None:
+    async def _block(self, idle: list[_Feed]) -> None:
         """Wait in one ``XREAD BLOCK`` until an idle partition has new entries."""
-        streams = {s.key: s.last_id for s in idle}
-        by_key = {s.key.encode(): s for s in idle}
+        streams = {f.key: f.last_id for f in idle}
+        by_key = {f.key.encode(): f for f in idle}
         block_ms = max(1, round(self.idle_block * 1000))
         self._blocks += 1
         with trio.CancelScope() as scope:
@@ -472,30 +404,29 @@ class Fetcher(Generic[R]):
         if scope.cancelled_caught or not reply:
             return
         for key in reply:
-            state = by_key.get(key if isinstance(key, bytes) else key.encode())
-            if state is not None:
-                state.idle = False
+            feed = by_key.get(key if isinstance(key, bytes) else key.encode())
+            if feed is not None:
+                feed.idle = False
 
-    def _fail(self, state: _PartitionState, error: StreamkitError) -> None:
-        if state.failure is None:
+    def _fail(self, feed: _Feed, error: StreamkitError) -> None:
+        if feed.failure is None:
             log.warning(
-                "stopped fetching %s partition %d: %s", self.stream.name, state.partition, error
+                "stopped fetching %s partition %d: %s", self.stream.name, feed.partition, error
             )
-            state.failure = error
-        state.active = False
+            feed.failure = error
         # Wakes a consumer waiting for a batch: it raises the failure.
-        state.send.close()
+        feed._close()
 
-    # -- acknowledgements (called by Events) --
+    # -- acknowledgements (for the feeds) --
 
-    async def _ack(self, state: _PartitionState, ids: list[str]) -> None:
-        lease = state.held.lease
+    async def _ack(self, feed: _Feed, ids: Sequence[bytes]) -> None:
+        lease = feed.held.lease
         for start in range(0, len(ids), ACK_CHUNK):
             chunk = ids[start : start + ACK_CHUNK]
             try:
                 with redis_errors(), trio.fail_after(self.command_timeout):
                     acked: Any = await _ACK_SCRIPT(
-                        keys=[state.key, lease.key],
+                        keys=[feed.key, lease.key],
                         args=[lease.value, self.group, *chunk],
                         client=self.redis,
                     )
@@ -503,45 +434,40 @@ class Fetcher(Generic[R]):
                 raise RedisUnavailable("redis", "a fenced acknowledgement timed out") from exc
             if acked == -1:
                 error = LockLost(
-                    state.held.name,
+                    feed.held.name,
                     "a fenced acknowledgement was refused: the lock is no longer ours",
                 )
-                self._fail(state, error)
+                self._fail(feed, error)
                 raise error
 
     # -- inspection --
 
     def statistics(self) -> FetcherStatistics:
         """Return a snapshot of the fetcher's buffers and activity."""
-        states = self._states
+        feeds = self._feeds
         return FetcherStatistics(
-            partitions=tuple(sorted(states)),
-            buffered_batches={p: s.batches_out for p, s in states.items()},
-            buffered_entries={p: s.entries_out for p, s in states.items()},
-            history=tuple(sorted(p for p, s in states.items() if s.start != ">")),
+            partitions=tuple(sorted(feeds)),
+            buffered_batches={p: f.batches_out for p, f in feeds.items()},
+            buffered_entries={p: f.entries_out for p, f in feeds.items()},
+            history=tuple(sorted(p for p, f in feeds.items() if f.start != ">")),
             reads=self._reads,
             blocks=self._blocks,
         )
 
     def __repr__(self) -> str:
-        buffered = sum(s.entries_out for s in self._states.values())
+        buffered = sum(f.entries_out for f in self._feeds.values())
         return (
             f"<Fetcher {self.stream.name} group={self.group!r} "
-            f"partitions={sorted(self._states)} buffered={buffered} reads={self._reads}>"
+            f"partitions={sorted(self._feeds)} buffered={buffered} reads={self._reads}>"
         )
-
-
-def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    it = iter(flat)
-    return dict(zip(it, it, strict=True))
 
 
 @contextlib.asynccontextmanager
 async def open_fetcher(
     redis: Redis,
-    stream: Stream[R],
+    stream: StreamSpec[R] | HasSpec[R],
     *,
-    group: str,
+    group: str | ProcessorKeys,
     batch_size: int = DEFAULT_BATCH_SIZE,
     prefetch: int = DEFAULT_PREFETCH,
     idle_block: float = DEFAULT_IDLE_BLOCK,
@@ -556,8 +482,10 @@ async def open_fetcher(
 
     Args:
         redis: a client from :func:`streamkit.open_redis`.
-        stream: the stream to read.
-        group: the consumer group, ``_keys.processor_group(app, stream, processor)``.
+        stream: the stream to read: a :class:`~streamkit.StreamSpec`, or a
+            :class:`~streamkit.Stream` of an app.
+        group: the consuming processor, ``stream.processor(name)``, or its consumer
+            group's name (``app.stream.processor``).
         batch_size: entries per read.
         prefetch: batches buffered per partition, including the one being processed:
             at most ``prefetch * batch_size`` entries per partition are in memory,
@@ -568,7 +496,8 @@ async def open_fetcher(
         command_timeout: seconds after which a Redis command counts as failed.
 
     Error handling:
-        :class:`ConfigError` for bad arguments. Redis being unavailable does not end
+        :class:`ConfigError` for bad arguments (a group that is not a processor of
+        the stream, a batch size below one, ...). Redis being unavailable does not end
         the fetcher: it retries with backoff, logging each failure.
     """
     if batch_size < 1:
@@ -582,10 +511,11 @@ async def open_fetcher(
     ):
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
+    spec = spec_of(stream)
     fetcher = Fetcher(
         redis,
-        stream,
-        group,
+        spec,
+        processor_keys(spec, group),
         batch_size,
         prefetch,
         idle_block,

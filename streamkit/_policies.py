@@ -31,15 +31,18 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import attrs
 import trio
 
-from . import _keys
 from ._backoff import Backoff
 from ._errors import ConfigError, DecodeError, ProcessorHalted, RedisUnavailable
-from ._redis import as_unavailable, redis_errors
+from ._events import DEFAULT_ACK_BATCH, open_events
+from ._redis import Redis, as_unavailable, redis_errors
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import Awaitable, Callable, Iterator, Sequence
 
-    from ._events import Event, Events
+    import trio_util
+
+    from ._events import Event, Events, Middleware
+    from ._feed import PartitionFeed
 
 __all__ = ["DEAD_LETTER_FIELDS", "ExceptionPolicy", "run_processor"]
 
@@ -168,16 +171,21 @@ def dead_letter_fields(
 
 @attrs.define(eq=False)
 class _Handler:
-    events: Events[Any]
+    """Applies a policy to one partition's failures; keeps the retry count."""
+
     policy: ExceptionPolicy
-    dead_letter_key: str | None
-    _failing: tuple[str, ...] | None = attrs.field(default=None, init=False)
+    stream: str
+    partition: int
+    group: str
+    redis: Redis | None
+    dead_letter_key: str
+    _failing: tuple[bytes, ...] | None = attrs.field(default=None, init=False)
     _attempts: int = attrs.field(default=0, init=False)
     _delays: Iterator[float] | None = attrs.field(default=None, init=False)
 
-    def _where(self, events: list[Event[Any]]) -> str:
+    def _where(self, events: Sequence[Event[Any]]) -> str:
         ids = ", ".join(e.entry_id for e in events[:3]) + (", ..." if len(events) > 3 else "")
-        return f"{self.events.stream.name} partition {self.events.partition} [{ids}]"
+        return f"{self.stream} partition {self.partition} [{ids}]"
 
     async def divert(self, event: Event[Any], error: BaseException | None, reason: str) -> None:
         """An event that must not reach the processor: poison or undecodable."""
@@ -189,21 +197,17 @@ class _Handler:
             )
         await self._apply(self.policy.final_action, [event], error, reason, detail)
 
-    async def handle(self, error: Exception) -> None:
+    async def handle(self, events: Events[Any], error: Exception) -> None:
         """The processor raised ``error``: apply the policy, or raise ProcessorHalted."""
-        events = self.events
-        failing = list(events._inflight)
+        failing = events.in_flight
         policy = self.policy
-        key = tuple(e.entry_id for e in failing)
         if not failing:
             await self._not_tied_to_events(error)
             return
         if isinstance(error, DecodeError):
             await self._apply(policy.final_action, failing, error, "undecodable")
-            events._move_past_now()
-            await events._flush()
-            return
-        if policy.action == "retry":
+        elif policy.action == "retry":
+            key = tuple(e._id for e in failing)
             if key != self._failing:
                 self._failing = key
                 self._attempts = 0
@@ -222,20 +226,19 @@ class _Handler:
                     delay,
                 )
                 await trio.sleep(delay)
-                events._rewind()
+                events.rewind()
                 return
             await self._apply(policy.on_exhausted, failing, error, "retries exhausted")
         else:
             await self._apply(policy.action, failing, error, "error")
         # Dead-lettered or ignored: the processor has moved past them.
-        events._move_past_now()
-        await events._flush()
+        events.commit()
+        await events.flush()
 
     async def _not_tied_to_events(self, error: Exception) -> None:
         # Raised before the first event or after the last: nothing to dead-letter or
         # skip, so retry the processor with backoff, then halt.
         policy = self.policy
-        events = self.events
         if self._failing != ():
             self._failing = ()
             self._attempts = 0
@@ -247,8 +250,8 @@ class _Handler:
             log.warning(
                 "processor of %s partition %d failed outside any event (%s: %s); "
                 "calling it again in %.2fs",
-                events.stream.name,
-                events.partition,
+                self.stream,
+                self.partition,
                 type(error).__name__,
                 error,
                 delay,
@@ -257,31 +260,28 @@ class _Handler:
             return
         log.error(
             "processor of %s partition %d failed outside any event; halting",
-            events.stream.name,
-            events.partition,
+            self.stream,
+            self.partition,
         )
         raise ProcessorHalted(
-            f"{type(error).__name__}: {error}",
-            stream=events.stream.name,
-            partition=events.partition,
+            f"{type(error).__name__}: {error}", stream=self.stream, partition=self.partition
         ) from error
 
     async def _apply(
         self,
         action: ExhaustedAction,
-        failing: list[Event[Any]],
+        failing: Sequence[Event[Any]],
         error: BaseException | None,
         reason: str,
         detail: str = "",
     ) -> None:
-        events = self.events
         what = f"{type(error).__name__}: {error}" if error is not None else detail
         if action == "halt":
             log.error("halting on %s (%s): %s", self._where(failing), reason, what)
             halted = ProcessorHalted(
                 f"{reason}: {what}",
-                stream=events.stream.name,
-                partition=events.partition,
+                stream=self.stream,
+                partition=self.partition,
                 entry_ids=tuple(e.entry_id for e in failing),
             )
             raise halted from error
@@ -293,35 +293,26 @@ class _Handler:
         self._failing = None
 
     async def _dead_letter(
-        self, failing: list[Event[Any]], error: BaseException | None, reason: str, detail: str
+        self,
+        failing: Sequence[Event[Any]],
+        error: BaseException | None,
+        reason: str,
+        detail: str,
     ) -> None:
-        key = self.dead_letter_key
-        if key is None:
-            raise ConfigError(
-                "dead_letter_key",
-                "the exception policy dead-letters, but no dead-letter stream is set",
-            )
-        redis = self.events._fetcher.redis
-        group = self.events.group
+        redis = self.redis
+        assert redis is not None  # checked by run_processor
         try:
             with redis_errors(), trio.fail_after(DEAD_LETTER_TIMEOUT):
                 async with redis.pipeline(transaction=False) as pipe:
                     for event in failing:
                         pipe.xadd(
-                            key,
+                            self.dead_letter_key,
                             dead_letter_fields(
-                                event, group=group, reason=reason, error=error, detail=detail
+                                event, group=self.group, reason=reason, error=error, detail=detail
                             ),
                         )
         except trio.TooSlowError as exc:
             raise RedisUnavailable("redis", "writing a dead letter timed out") from exc
-
-
-def _default_dead_letter_key(events: Events[Any]) -> str | None:
-    parts = events.group.split(".")
-    if len(parts) != 3:
-        return None
-    return _keys.dead_letter_key(*parts)
 
 
 def _is_internal(error: BaseException, internal: BaseException | None) -> bool:
@@ -336,50 +327,80 @@ def _is_internal(error: BaseException, internal: BaseException | None) -> bool:
 
 async def run_processor(
     fn: Callable[[Events[R]], Awaitable[object]],
-    events: Events[R],
-    policy: ExceptionPolicy,
+    feed: PartitionFeed,
+    policy: ExceptionPolicy | None = None,
     *,
+    redis: Redis | None = None,
+    draining: trio_util.AsyncBool | None = None,
+    middleware: Sequence[Middleware] = (),
+    ack_batch: int = DEFAULT_ACK_BATCH,
     dead_letter_key: str | None = None,
 ) -> None:
-    """Run ``await fn(events)`` under ``policy``, until it returns.
+    """Run ``await fn(events)`` over ``feed``'s events under ``policy``, until it returns.
 
-    When ``fn`` raises an exception, the policy decides what becomes of the events
-    it was processing (see the module docs), then ``fn(events)`` is called again
-    to continue with the next event (or the same one, when retrying).
+    Opens the partition's :class:`~streamkit.Events` (see
+    :func:`~streamkit.open_events`) with the policy's poison limit and its hook for
+    events that must not reach ``fn``. When ``fn`` raises an exception, the policy
+    decides what becomes of the events it was processing (see the module docs),
+    then ``fn(events)`` is called again to continue with the next event (or the same
+    one, when retrying).
 
     Args:
         fn: the processor.
-        events: the partition's events (from :meth:`Fetcher.partition`).
-        policy: the exception policy.
-        dead_letter_key: the dead-letter stream; by default
-            ``_keys.dead_letter_key(app, stream, processor)`` derived from the
-            consumer group ``app.stream.processor``.
+        feed: the partition's feed (from :meth:`Fetcher.partition`).
+        policy: the exception policy (halting by default).
+        redis: the client dead letters are written with; needed when the policy
+            dead-letters.
+        draining: when it turns true, the iterators stop so that ``fn`` can return.
+        middleware: wrappers of the raw event iterator (see :func:`open_events`).
+        ack_batch: acknowledgements flushed together.
+        dead_letter_key: the dead-letter stream; the processor's own,
+            ``feed.keys.dead_letter_key``, by default.
 
     Error handling:
-        :class:`~streamkit.ProcessorHalted` (the processor's exception chained)
-        when the policy halts. Failures of the machinery itself (a lost lease, Redis
-        unreachable while fetching or acknowledging) and cancellation are never
-        handled by the policy: they propagate as they are. So does Redis being
-        unreachable for the processor's own commands (a coredis connection error is
-        raised as :class:`~streamkit.RedisUnavailable`): the events stay pending.
+        :class:`~streamkit.ConfigError` up front when the policy dead-letters and no
+        ``redis`` is given. :class:`~streamkit.ProcessorHalted` (the processor's
+        exception chained) when the policy halts. Failures of the machinery itself (a
+        lost lease, Redis unreachable while fetching or acknowledging) and
+        cancellation are never handled by the policy: they propagate as they are. So
+        does Redis being unreachable for the processor's own commands (a coredis
+        connection error is raised as :class:`~streamkit.RedisUnavailable`): the
+        events stay pending.
     """
-    handler = _Handler(events, policy, dead_letter_key or _default_dead_letter_key(events))
-    events._divert = handler.divert
-    if policy.max_deliveries is not None:
-        events._max_deliveries = policy.max_deliveries
-    while True:
-        try:
-            await fn(events)
-            return
-        except ProcessorHalted:
-            raise
-        except Exception as error:
-            if _is_internal(error, events._failure):
+    policy = policy or ExceptionPolicy()
+    if redis is None and "dead_letter" in (policy.action, policy.final_action):
+        raise ConfigError(
+            "redis", "the exception policy dead-letters: pass the Redis client (redis=...)"
+        )
+    handler = _Handler(
+        policy,
+        feed.stream.name,
+        feed.partition,
+        feed.keys.group,
+        redis,
+        dead_letter_key or feed.keys.dead_letter_key,
+    )
+    async with open_events(
+        feed,
+        draining=draining,
+        middleware=middleware,
+        ack_batch=ack_batch,
+        max_deliveries=policy.max_deliveries,
+        divert=handler.divert,
+    ) as events:
+        while True:
+            try:
+                await fn(events)
+                return
+            except ProcessorHalted:
                 raise
-            unavailable = as_unavailable(error)
-            if unavailable is not None:
-                # Redis going away (a restart, a failover) is not the events' fault:
-                # no policy applies. They stay pending; the partition is restarted
-                # once Redis is back (see the rebalancer).
-                raise unavailable from error
-            await handler.handle(error)
+            except Exception as error:
+                if _is_internal(error, events.failure):
+                    raise
+                unavailable = as_unavailable(error)
+                if unavailable is not None:
+                    # Redis going away (a restart, a failover) is not the events'
+                    # fault: no policy applies. They stay pending; the partition is
+                    # restarted once Redis is back (see the rebalancer).
+                    raise unavailable from error
+                await handler.handle(events, error)

@@ -19,6 +19,7 @@ import trio
 from ._backoff import Backoff, retry_unavailable
 from ._errors import BackendError, ConfigError, RedisUnavailable, StreamkitError
 from ._groups import leaves
+from ._urls import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -39,15 +40,6 @@ _UNAVAILABLE = (
     trio.BrokenResourceError,
     trio.ClosedResourceError,
 )
-
-
-def mask_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _translate(exc: BaseException, url: str) -> StreamkitError | None:

@@ -1,9 +1,10 @@
 """Partitioned streams, producer side: send, send_many, metadata and trimming.
 
-A stream is ``partition_count`` Redis streams. Records are routed by the partitioner,
-encoded by the codec and appended by a Lua script, one round trip per partition and
-chunk, which also trims the partition without ever dropping an entry some consumer
-group has not acknowledged (unless a hard cap, ``max_len``, says otherwise).
+A :class:`Stream` is a :class:`~streamkit.StreamSpec` bound to an app's connection and
+producer settings. Records are routed by the partitioner, encoded by the codec and
+appended by a Lua script, one round trip per partition and chunk, which also trims the
+partition without ever dropping an entry some consumer group has not acknowledged
+(unless a hard cap, ``max_len``, says otherwise).
 """
 
 from __future__ import annotations
@@ -16,164 +17,151 @@ import attrs
 import trio
 from coredis.commands.script import Script
 
-from . import _keys
-from ._codec import Codec, codec_for
 from ._errors import ConfigError, MetadataMismatch
-from ._partitioner import Partitioner
-from ._records import is_primitive
 from ._redis import redis_errors
+from ._wire import METADATA_LUA, SEND_LUA, compare_metadata, flatten_fields, metadata_pairs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from ._app import App
+    from ._codec import Codec
+    from ._partitioner import Partitioner
+    from ._redis import Redis
     from ._settings import Settings
+    from ._spec import StreamSpec
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "append_entries", "check_metadata"]
 
 R = TypeVar("R")
 
 log = logging.getLogger("streamkit.streams")
 
-METADATA_VERSION = "1"
-
 # Records encoded at a time by send_many: bounds memory for huge iterables while
 # keeping every partition's pipeline full.
 WINDOW_PER_PARTITION = 4
 
-# Appends the entries given in ARGV from index `first` on (each: field count, then
-# names and values) to the stream `key`, then trims it: never below the oldest entry
-# a consumer group still needs, unless the hard cap `cap` (0 = none) says otherwise.
-# Leaves the new ids in `ids` and the number of unprocessed entries the cap dropped in
-# `dropped`. Shared with the Spark writer, so that both append exactly alike.
-APPEND_AND_TRIM_LUA = """
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
+_SEND_SCRIPT: Script[bytes] = Script(script=SEND_LUA)
+_METADATA_SCRIPT: Script[bytes] = Script(script=METADATA_LUA)
 
-local function less(a, b)
-  local ams, aseq = parse(a)
-  local bms, bseq = parse(b)
-  return ams < bms or (ams == bms and aseq < bseq)
-end
 
--- The lowest id some consumer group still needs: its oldest pending entry, or the
--- entry after the last one it was delivered. nil when no group reads the stream.
-local function oldest_needed()
-  local needed = nil
-  for _, group in ipairs(redis.call('XINFO', 'GROUPS', key)) do
-    local info = {}
-    for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
-    local candidate
-    if info['pending'] > 0 then
-      candidate = redis.call('XPENDING', key, info['name'])[2]
-    else
-      local ms, seq = parse(info['last-delivered-id'])
-      candidate = string.format('%d-%d', ms, seq + 1)
-    end
-    if needed == nil or less(candidate, needed) then needed = candidate end
-  end
-  return needed
-end
+async def check_metadata(redis: Redis, spec: StreamSpec[Any]) -> None:
+    """Record ``spec``'s metadata in Redis, or check it against what is recorded.
 
-local ids = {}
-local i = first
-while i <= #ARGV do
-  local count = tonumber(ARGV[i])
-  ids[#ids + 1] = redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
-  i = i + 1 + 2 * count
-end
+    Error handling:
+        :class:`MetadataMismatch` if the stream was created with another partition
+        count, record type, format or partition key.
+    """
+    mine = spec.metadata()
+    with redis_errors():
+        reply: object = await _METADATA_SCRIPT(
+            keys=[spec.meta_key],
+            args=list(itertools.chain.from_iterable(mine.items())),
+            client=redis,
+        )
+    mismatch = compare_metadata(metadata_pairs(reply), mine)
+    if mismatch is not None:
+        raise MetadataMismatch(spec.name, *mismatch)
 
-local dropped = 0
-local length = redis.call('XLEN', key)
-if cap > 0 and length > cap then
-  local needed = oldest_needed()
-  for _, entry in ipairs(redis.call('XRANGE', key, '-', '+', 'COUNT', length - cap)) do
-    if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
-  end
-  redis.call('XTRIM', key, 'MAXLEN', cap)
-elseif length > keep then
-  local needed = oldest_needed()
-  if needed ~= nil then
-    redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
-  end
-end
-"""
 
-# KEYS: the partition. ARGV: partition_size, max_len (0 = no cap), then the entries.
-# Returns {entry ids, number of unacknowledged entries the hard cap dropped}.
-_SEND_SCRIPT: Script[bytes] = Script(
-    script="""
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 3
-"""
-    + APPEND_AND_TRIM_LUA
-    + "return {ids, dropped}\n"
-)
+async def append_entries(
+    redis: Redis,
+    spec: StreamSpec[Any],
+    partition: int,
+    entries: Sequence[Sequence[bytes | int]],
+    *,
+    partition_size: int,
+    max_len: int | None = None,
+) -> list[str]:
+    """Append already encoded entries to one partition, in order, and trim it.
 
-# Record the metadata if the stream is new; return what is recorded otherwise.
-_METADATA_SCRIPT: Script[bytes] = Script(
-    script="""
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], unpack(ARGV))
-  return {}
-end
-return redis.call('HGETALL', KEYS[1])
-"""
-)
+    Each entry is its field count followed by field names and values (see
+    :func:`streamkit._wire.flatten_fields`). One script call, so the entries are
+    appended together or not at all.
+
+    Returns:
+        the new entry ids, in order.
+    """
+    args: list[bytes | int] = [partition_size, max_len or 0]
+    for entry in entries:
+        args.extend(entry)
+    with redis_errors():
+        reply: Any = await _SEND_SCRIPT(keys=[spec.key(partition)], args=args, client=redis)
+    entry_ids: list[bytes] = reply[0]
+    dropped: int = reply[1]
+    if dropped:
+        log.warning(
+            "max_len=%d dropped %d unprocessed entries from %s partition %d",
+            max_len or 0,
+            dropped,
+            spec.name,
+            partition,
+        )
+    return [e.decode() for e in entry_ids]
 
 
 @attrs.define(eq=False)
 class Stream(Generic[R]):
-    """A partitioned stream of records, as seen by a producer.
+    """A partitioned stream of records, as an app's producer sees it.
 
     Created by :meth:`streamkit.App.stream`; sending needs the app to be connected
-    (``async with app:``).
+    (``async with app:``). Everything about the stream itself (names, keys, codec,
+    partitioner, metadata) is its :attr:`spec`.
+
+    Attributes:
+        spec: the stream's description.
+        settings: the producer settings (partition size, hard cap, chunk size).
     """
 
-    name: str
-    record: type[R]
-    partition_by: str | Callable[[R], object]
-    partition_count: int
-    settings: Settings
-    app: App = attrs.field(repr=False)
-    codec: Codec[R] = attrs.field(init=False, repr=False)
-    partitioner: Partitioner[R] = attrs.field(init=False, repr=False)
+    spec: StreamSpec[R]
+    settings: Settings = attrs.field(repr=False)
+    _connection: Callable[[], Redis] = attrs.field(repr=False)
     _metadata_checked: bool = attrs.field(default=False, init=False, repr=False)
 
-    def __attrs_post_init__(self) -> None:
-        _keys.validate_name("stream", self.name)
-        self.codec = codec_for(self.record, compression=self.settings.compression)
-        self.partitioner = Partitioner(
-            partition_by=self.partition_by,
-            partition_count=self.partition_count,
-            record=self.record,
-        )
+    @property
+    def name(self) -> str:
+        """The stream's name."""
+        return self.spec.name
+
+    @property
+    def record(self) -> type[R]:
+        """The record type."""
+        return self.spec.record
+
+    @property
+    def partition_by(self) -> str | Callable[[R], object]:
+        """The partition key: a field name, or a function of a record."""
+        return self.spec.partition_by
+
+    @property
+    def partition_count(self) -> int:
+        """The number of partitions."""
+        return self.spec.partition_count
+
+    @property
+    def codec(self) -> Codec[R]:
+        """The record codec."""
+        return self.spec.codec
+
+    @property
+    def partitioner(self) -> Partitioner[R]:
+        """The partitioner."""
+        return self.spec.partitioner
 
     def key(self, partition: int) -> str:
         """The Redis key of ``partition``."""
-        return _keys.stream_key(self.app.name, self.name, partition)
+        return self.spec.key(partition)
 
     def partition_keys(self) -> list[str]:
         """The Redis keys of all partitions, in partition order."""
-        return [self.key(p) for p in range(self.partition_count)]
+        return self.spec.partition_keys()
 
     def partition_of(self, record: R) -> int:
         """The partition ``record`` belongs to."""
-        return self.partitioner.partition_of(record)
+        return self.spec.partition_of(record)
 
     def metadata(self) -> dict[str, str]:
         """What this process believes about the stream, as recorded in Redis."""
-        return {
-            "version": METADATA_VERSION,
-            "partition_count": str(self.partition_count),
-            "record": self.record.__qualname__,
-            "format": "primitive" if is_primitive(self.record) else "json",
-            "partition_by": self.partition_by if isinstance(self.partition_by, str) else "",
-        }
+        return self.spec.metadata()
 
     async def check_metadata(self) -> None:
         """Record the stream's metadata in Redis, or check it against what is there.
@@ -186,22 +174,7 @@ class Stream(Generic[R]):
         """
         if self._metadata_checked:
             return
-        redis = self.app.redis
-        mine = self.metadata()
-        with redis_errors():
-            reply: object = await _METADATA_SCRIPT(
-                keys=[_keys.meta_key(self.app.name, self.name)],
-                args=list(itertools.chain.from_iterable(mine.items())),
-                client=redis,
-            )
-        recorded = _pairs(reply)
-        for field in ("partition_count", "format", "record", "partition_by"):
-            theirs = recorded.get(field)
-            # An empty partition_by means "a callable": it cannot be compared.
-            if theirs is None or (field == "partition_by" and "" in (theirs, mine[field])):
-                continue
-            if theirs != mine[field]:
-                raise MetadataMismatch(self.name, field, theirs, mine[field])
+        await check_metadata(self._connection(), self.spec)
         self._metadata_checked = True
 
     async def send(self, *records: R) -> list[str]:
@@ -245,19 +218,16 @@ class Stream(Generic[R]):
         return ids
 
     async def _send_window(self, records: Sequence[R], chunk: int) -> list[str]:
-        partition_of = self.partitioner.partition_of
-        encode = self.codec.encode
+        partition_of = self.spec.partitioner.partition_of
+        encode = self.spec.codec.encode
         # Per partition: the positions of its records in `records`, and the flat
         # script arguments (field count, then field names and values) for each.
         positions: dict[int, list[int]] = {}
         arguments: dict[int, list[list[bytes | int]]] = {}
         for position, record in enumerate(records):
             partition = partition_of(record)
-            fields = encode(record)
-            entry: list[bytes | int] = [len(fields)]
-            for name, value in fields.items():
-                entry.append(name)
-                entry.append(value)
+            entry: list[bytes | int] = []
+            flatten_fields(encode(record), entry)
             positions.setdefault(partition, []).append(position)
             arguments.setdefault(partition, []).append(entry)
 
@@ -280,42 +250,17 @@ class Stream(Generic[R]):
         return ids
 
     async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:
-        max_len = self.settings.max_len or 0
-        args: list[bytes | int] = [self.settings.partition_size, max_len]
-        for entry in entries:
-            args.extend(entry)
-        with redis_errors():
-            reply: Any = await _SEND_SCRIPT(
-                keys=[self.key(partition)], args=args, client=self.app.redis
-            )
-        entry_ids: list[bytes] = reply[0]
-        dropped: int = reply[1]
-        if dropped:
-            log.warning(
-                "max_len=%d dropped %d unprocessed entries from %s partition %d",
-                max_len,
-                dropped,
-                self.name,
-                partition,
-            )
-        return [e.decode() for e in entry_ids]
+        return await append_entries(
+            self._connection(),
+            self.spec,
+            partition,
+            entries,
+            partition_size=self.settings.partition_size,
+            max_len=self.settings.max_len,
+        )
 
     def __repr__(self) -> str:
         return (
-            f"<Stream {self.app.name}.{self.name} record={self.record.__qualname__} "
+            f"<Stream {self.spec.app}.{self.name} record={self.record.__qualname__} "
             f"partitions={self.partition_count}>"
         )
-
-
-def _pairs(reply: object) -> dict[str, str]:
-    """Turn an HGETALL reply (flat list or dict, bytes) into a str dict."""
-    if isinstance(reply, dict):
-        items = list(reply.items())
-    else:
-        flat = list(reply)  # type: ignore[call-overload]
-        items = list(zip(flat[::2], flat[1::2], strict=True))
-    return {_text(k): _text(v) for k, v in items}
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -165,6 +165,7 @@ async def _run_executor(
 ) -> None:
     settings = processor.settings
     stream = processor.stream
+    keys = processor.keys
     # Refuse to consume a stream whose recorded layout differs from ours: reading
     # the wrong partition count would silently skip partitions.
     await stream.check_metadata()
@@ -172,7 +173,7 @@ async def _run_executor(
     async with (
         open_membership(
             app.redis,
-            processor.group,
+            keys.group,
             partitions=stream.partition_count,
             member_id=settings.member_id,
             static=settings.member_id is not None,
@@ -182,34 +183,29 @@ async def _run_executor(
         ) as membership,
         open_fetcher(
             app.redis,
-            stream,
-            group=processor.group,
+            stream.spec,
+            group=keys,
             batch_size=settings.batch_size,
             prefetch=settings.prefetch,
         ) as fetcher,
     ):
 
         async def run(claim: Claim) -> None:
-            async with fetcher.partition(
-                claim.partition,
-                claim.held,
-                draining=claim.draining,
-                middleware=processor.middleware,
-            ) as events:
+            async with fetcher.partition(claim.partition, claim.held) as feed:
                 await run_processor(
                     processor.fn,
-                    events,
+                    feed,
                     processor.policy,
-                    dead_letter_key=_keys.dead_letter_key(app.name, stream.name, processor.name),
+                    redis=app.redis,
+                    draining=claim.draining,
+                    middleware=processor.middleware,
+                    ack_batch=settings.batch_size,
                 )
-
-        def lock_name(partition: int) -> str:
-            return _keys.partition_lock_name(app.name, stream.name, processor.name, partition)
 
         async with open_rebalancer(
             membership.partitions,
             locks,
-            lock_name=lock_name,
+            lock_name=keys.lock_name,
             run=run,
             lease_ttl=settings.lease_ttl,
             grace=settings.grace_period,

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from streamkit._redis import Redis, open_redis
+from streamkit import App, LockManager, Redis, Stream, open_lock_manager, open_redis
 from streamkit.testing import RedisServer
+from tests.consume import PARTITIONS, Tick
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -58,3 +59,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                             f"{item.nodeid}: request the async fixture {name!r} as an "
                             f"argument; pytest-trio ignores it in usefixtures"
                         )
+
+
+@pytest.fixture
+async def app(redis_url: str) -> AsyncIterator[App]:
+    """App ``shop``, connected to an empty server."""
+    async with App("shop", redis_url=redis_url) as app:
+        yield app
+
+
+@pytest.fixture
+def ticks(app: App) -> Stream[Tick]:
+    """Stream ``shop.ticks`` of the consume-path tests (see ``tests/consume.py``)."""
+    return app.stream("ticks", record=Tick, partition_by="key", partition_count=PARTITIONS)
+
+
+@pytest.fixture
+async def locks(redis: Redis) -> AsyncIterator[LockManager]:
+    """A lock manager on the test's server."""
+    async with open_lock_manager(redis) as locks:
+        yield locks

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -10,62 +9,13 @@ import trio
 import trio.lowlevel
 import trio_util
 
-from streamkit import App, Record, open_lock_manager
-from streamkit._fetcher import open_fetcher
-from streamkit._keys import partition_lock_name, processor_group
-from streamkit._partitioner import partition_for
+from tests.consume import GROUP, events_of, pending_ids, send
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from streamkit._events import Event, Events
-    from streamkit._redis import Redis
-    from streamkit._streams import Stream
-
-PARTITIONS = 2
-GROUP = processor_group("shop", "ticks", "proc")
-
-
-class Tick(Record):
-    n: int
-    key: str
-
-
-KEY = next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", PARTITIONS) == 0)
-
-
-@pytest.fixture
-async def app(redis_url: str) -> AsyncIterator[App]:
-    async with App("shop", redis_url=redis_url) as app:
-        yield app
-
-
-@pytest.fixture
-def ticks(app: App) -> Stream[Tick]:
-    return app.stream("ticks", record=Tick, partition_by="key", partition_count=PARTITIONS)
-
-
-async def send(stream: Stream[Tick], numbers: range | list[int]) -> list[str]:
-    return await stream.send_many([Tick(n=n, key=KEY) for n in numbers])
-
-
-@contextlib.asynccontextmanager
-async def events_of(
-    redis: Redis, stream: Stream[Tick], **options: Any
-) -> AsyncIterator[Events[Tick]]:
-    fetcher_options = {k: options.pop(k) for k in ("batch_size", "prefetch") if k in options}
-    async with (
-        open_lock_manager(redis) as locks,
-        open_fetcher(redis, stream, group=GROUP, **fetcher_options) as fetcher,
-        locks.hold(partition_lock_name("shop", "ticks", "proc", 0), ttl=30) as held,
-        fetcher.partition(0, held, **options) as events,
-    ):
-        yield events
-
-
-async def pending_ids(redis: Redis, stream: Stream[Tick]) -> list[str]:
-    entries = await redis.xpending(stream.key(0), GROUP, "-", "+", 100_000)
-    return [cast("bytes", e.identifier).decode() for e in cast("Any", entries)]
+    from streamkit import Event, Redis, Stream
+    from tests.consume import Tick
 
 
 async def test_take_yields_full_batches_at_once(redis: Redis, ticks: Stream[Tick]) -> None:

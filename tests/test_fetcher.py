@@ -8,74 +8,14 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from streamkit import App, ConfigError, LockLost, Record, open_lock_manager
-from streamkit._fetcher import open_fetcher
-from streamkit._keys import partition_lock_name, processor_group
-from streamkit._partitioner import partition_for
+from streamkit import ConfigError, LockLost, open_events, open_fetcher
+from tests.consume import GROUP, PARTITIONS, lock_name, pending_ids, serving, ticks_for
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from streamkit._events import Events
-    from streamkit._fetcher import Fetcher
-    from streamkit._locks import LockManager
-    from streamkit._redis import Redis
-    from streamkit._streams import Stream
-
-PARTITIONS = 4
-GROUP = processor_group("shop", "ticks", "proc")
-
-
-class Tick(Record):
-    n: int
-    key: str
-
-
-def key_for(partition: int) -> str:
-    """A partition key that lands in ``partition``."""
-    return next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", PARTITIONS) == partition)
-
-
-def ticks_for(partition: int, numbers: range | list[int]) -> list[Tick]:
-    key = key_for(partition)
-    return [Tick(n=n, key=key) for n in numbers]
-
-
-def lock_name(partition: int) -> str:
-    return partition_lock_name("shop", "ticks", "proc", partition)
-
-
-@pytest.fixture
-async def app(redis_url: str) -> AsyncIterator[App]:
-    async with App("shop", redis_url=redis_url) as app:
-        yield app
-
-
-@pytest.fixture
-def ticks(app: App) -> Stream[Tick]:
-    return app.stream("ticks", record=Tick, partition_by="key", partition_count=PARTITIONS)
-
-
-@pytest.fixture
-async def locks(redis: Redis) -> AsyncIterator[LockManager]:
-    async with open_lock_manager(redis) as locks:
-        yield locks
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    fetcher: Fetcher[Tick], locks: LockManager, partition: int, **options: Any
-) -> AsyncIterator[Events[Tick]]:
-    async with (
-        locks.hold(lock_name(partition), ttl=30) as held,
-        fetcher.partition(partition, held, **options) as events,
-    ):
-        yield events
-
-
-async def pending_ids(redis: Redis, stream: Stream[Tick], partition: int) -> list[str]:
-    entries = await redis.xpending(stream.key(partition), GROUP, "-", "+", 100_000)
-    return [cast("bytes", e.identifier).decode() for e in cast("Any", entries)]
+    from streamkit import App, Fetcher, LockManager, Redis, Stream
+    from tests.consume import Tick
 
 
 async def test_records_in_order_per_partition(
@@ -194,7 +134,7 @@ async def test_fenced_out_reader_cannot_read(
         async with locks.hold(lock_name(3), ttl=30) as held:
             # Another owner took the lock (our lease lapsed during a pause).
             await redis.set(held.lease.key, b"someone-else:999")
-            async with fetcher.partition(3, held) as events:
+            async with fetcher.partition(3, held) as feed, open_events(feed) as events:
                 await ticks.send_many(ticks_for(3, range(5)))
                 async for _ in events.records():
                     raise AssertionError("a fenced-out reader got an event")
@@ -218,7 +158,11 @@ async def test_fenced_out_worker_cannot_ack(
 
     async def stale_worker(fetcher: Fetcher[Tick]) -> None:
         nonlocal lock_key
-        async with locks.hold(lock_name(1), ttl=30) as held, fetcher.partition(1, held) as events:
+        async with (
+            locks.hold(lock_name(1), ttl=30) as held,
+            fetcher.partition(1, held) as feed,
+            open_events(feed) as events,
+        ):
             lock_key = held.lease.key
             async for tick in events.records():
                 if tick.n == 1:
@@ -283,6 +227,17 @@ async def test_partition_registered_twice_is_refused(
             with pytest.raises(ConfigError):
                 async with fetcher.partition(PARTITIONS, held):
                     pass
+            # A lease on another partition's lock cannot fence this one.
+            async with locks.hold(lock_name(1), ttl=30) as other:
+                with pytest.raises(ConfigError, match="cannot fence partition 2"):
+                    async with fetcher.partition(2, other):
+                        pass
+
+
+async def test_a_group_of_another_stream_is_refused(redis: Redis, ticks: Stream[Tick]) -> None:
+    with pytest.raises(ConfigError, match="group"):
+        async with open_fetcher(redis, ticks, group="shop.orders.proc"):
+            pass
 
 
 async def test_bad_options_are_refused(redis: Redis, ticks: Stream[Tick]) -> None:

@@ -2,75 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import trio
 
-from streamkit import App, ConfigError, LockLost, Record, open_lock_manager
-from streamkit._backoff import Backoff
-from streamkit._errors import ProcessorHalted
-from streamkit._fetcher import open_fetcher
-from streamkit._keys import dead_letter_key, partition_lock_name, processor_group
-from streamkit._partitioner import partition_for
-from streamkit._policies import ExceptionPolicy, run_processor
+from streamkit import (
+    Backoff,
+    ConfigError,
+    ExceptionPolicy,
+    LockLost,
+    ProcessorHalted,
+    run_processor,
+)
+from tests.consume import DEAD, GROUP, feed_of, lock_name, pending_ids, send
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from streamkit import Events, Redis, Stream
+    from tests.consume import Tick
 
-    from streamkit._events import Events
-    from streamkit._redis import Redis
-    from streamkit._streams import Stream
-
-PARTITIONS = 2
-GROUP = processor_group("shop", "ticks", "proc")
-DEAD = dead_letter_key("shop", "ticks", "proc")
 FAST = Backoff(initial=0.001, maximum=0.001, jitter=0)
-
-
-class Tick(Record):
-    n: int
-    key: str
-
-
-KEY = next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", PARTITIONS) == 0)
 
 
 class Boom(Exception):
     pass
-
-
-@pytest.fixture
-async def app(redis_url: str) -> AsyncIterator[App]:
-    async with App("shop", redis_url=redis_url) as app:
-        yield app
-
-
-@pytest.fixture
-def ticks(app: App) -> Stream[Tick]:
-    return app.stream("ticks", record=Tick, partition_by="key", partition_count=PARTITIONS)
-
-
-async def send(stream: Stream[Tick], numbers: range | list[int]) -> list[str]:
-    return await stream.send_many([Tick(n=n, key=KEY) for n in numbers])
-
-
-@contextlib.asynccontextmanager
-async def events_of(redis: Redis, stream: Stream[Tick]) -> AsyncIterator[Events[Tick]]:
-    async with (
-        open_lock_manager(redis) as locks,
-        open_fetcher(redis, stream, group=GROUP) as fetcher,
-        locks.hold(partition_lock_name("shop", "ticks", "proc", 0), ttl=30) as held,
-        fetcher.partition(0, held) as events,
-    ):
-        yield events
-
-
-async def pending_ids(redis: Redis, stream: Stream[Tick]) -> list[str]:
-    entries = await redis.xpending(stream.key(0), GROUP, "-", "+", 100_000)
-    return [cast("bytes", e.identifier).decode() for e in cast("Any", entries)]
 
 
 async def dead_letters(redis: Redis) -> list[dict[bytes, bytes]]:
@@ -98,9 +54,9 @@ async def test_halt_raises_and_leaves_the_event_pending(
     ids = await send(ticks, range(5))
     seen: list[int] = []
     with trio.fail_after(10), pytest.raises(ProcessorHalted) as info:
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             await run_processor(
-                processor_until(4, seen, {2: 99}), events, ExceptionPolicy(action="halt")
+                processor_until(4, seen, {2: 99}), feed, ExceptionPolicy(action="halt"), redis=redis
             )
     assert seen == [0, 1, 2]
     assert info.value.entry_ids == (ids[2],)
@@ -116,9 +72,9 @@ async def test_retry_then_succeed_keeps_order(redis: Redis, ticks: Stream[Tick])
     await send(ticks, range(5))
     seen: list[int] = []
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             policy = ExceptionPolicy(action="retry", retries=3, backoff=FAST)
-            await run_processor(processor_until(4, seen, {2: 2}), events, policy)
+            await run_processor(processor_until(4, seen, {2: 2}), feed, policy, redis=redis)
     assert seen == [0, 1, 2, 2, 2, 3, 4]
     assert await pending_ids(redis, ticks) == []
     assert await dead_letters(redis) == []
@@ -139,8 +95,10 @@ async def test_retry_a_take_batch_in_place(redis: Redis, ticks: Stream[Tick]) ->
                 return
 
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
-            await run_processor(process, events, ExceptionPolicy(action="retry", backoff=FAST))
+        async with feed_of(redis, ticks) as feed:
+            await run_processor(
+                process, feed, ExceptionPolicy(action="retry", backoff=FAST), redis=redis
+            )
     assert batches == [[0, 1, 2], [3, 4, 5], [3, 4, 5]]
 
 
@@ -150,11 +108,11 @@ async def test_retries_exhausted_go_to_the_dead_letter_stream(
     ids = await send(ticks, range(4))
     seen: list[int] = []
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             policy = ExceptionPolicy(
                 action="retry", retries=2, backoff=FAST, on_exhausted="dead_letter"
             )
-            await run_processor(processor_until(3, seen, {1: 99}), events, policy)
+            await run_processor(processor_until(3, seen, {1: 99}), feed, policy, redis=redis)
     assert seen == [0, 1, 1, 1, 2, 3]
     assert await pending_ids(redis, ticks) == []
     [letter] = await dead_letters(redis)
@@ -175,9 +133,12 @@ async def test_dead_letter_action(redis: Redis, ticks: Stream[Tick]) -> None:
     await send(ticks, range(3))
     seen: list[int] = []
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             await run_processor(
-                processor_until(2, seen, {0: 99}), events, ExceptionPolicy(action="dead_letter")
+                processor_until(2, seen, {0: 99}),
+                feed,
+                ExceptionPolicy(action="dead_letter"),
+                redis=redis,
             )
     assert seen == [0, 1, 2]
     assert [d[b"dl.reason"] for d in await dead_letters(redis)] == [b"error"]
@@ -190,9 +151,12 @@ async def test_ignore_acknowledges_and_continues(
     await send(ticks, range(3))
     seen: list[int] = []
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             await run_processor(
-                processor_until(2, seen, {1: 99}), events, ExceptionPolicy(action="ignore")
+                processor_until(2, seen, {1: 99}),
+                feed,
+                ExceptionPolicy(action="ignore"),
+                redis=redis,
             )
     assert seen == [0, 1, 2]
     assert await pending_ids(redis, ticks) == []
@@ -209,9 +173,9 @@ async def test_poison_events_skip_the_processor(redis: Redis, ticks: Stream[Tick
         await redis.xreadgroup(GROUP, "p0", streams={ticks.key(0): "0"}, count=1)
     seen: list[int] = []
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             policy = ExceptionPolicy(action="retry", on_exhausted="dead_letter", max_deliveries=3)
-            await run_processor(processor_until(2, seen, {}), events, policy)
+            await run_processor(processor_until(2, seen, {}), feed, policy, redis=redis)
     assert seen == [1, 2]
     [letter] = await dead_letters(redis)
     assert letter[b"dl.reason"] == b"poison"
@@ -227,22 +191,22 @@ async def test_undecodable_events_are_not_retried(redis: Redis, ticks: Stream[Ti
     await send(ticks, [2])
     seen: list[int] = []
     with trio.fail_after(10):
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             policy = ExceptionPolicy(action="retry", backoff=FAST, on_exhausted="dead_letter")
-            await run_processor(processor_until(2, seen, {}), events, policy)
+            await run_processor(processor_until(2, seen, {}), feed, policy, redis=redis)
     assert seen == [0, 2]
     [letter] = await dead_letters(redis)
     assert letter[b"dl.reason"] == b"undecodable"
     assert letter[b"dl.entry_id"] == bad.encode()
-    assert letter[b"dl.error_type"] == b"streamkit._errors.DecodeError"
+    assert letter[b"dl.error_type"] == b"streamkit.DecodeError"
     assert letter[b"data"] == b"not json"
 
 
 async def test_undecodable_event_halts_under_halt(redis: Redis, ticks: Stream[Tick]) -> None:
     bad = cast("bytes", await redis.xadd(ticks.key(0), {b"data": b"[]"})).decode()
     with trio.fail_after(10), pytest.raises(ProcessorHalted) as info:
-        async with events_of(redis, ticks) as events:
-            await run_processor(processor_until(0, [], {}), events, ExceptionPolicy())
+        async with feed_of(redis, ticks) as feed:
+            await run_processor(processor_until(0, [], {}), feed, ExceptionPolicy(), redis=redis)
     assert info.value.entry_ids == (bad,)
     assert await pending_ids(redis, ticks) == [bad]
 
@@ -253,12 +217,12 @@ async def test_lost_lease_is_not_handled_by_the_policy(redis: Redis, ticks: Stre
     async def process(events: Events[Tick]) -> None:
         async for tick in events.records():
             if tick.n == 1:
-                key = "__lock:{shop.ticks.0}.proc"
+                key = "__lock:" + lock_name(0)
                 await redis.set(key, b"someone-else:1")
 
     with trio.fail_after(10), pytest.raises(LockLost):
-        async with events_of(redis, ticks) as events:
-            await run_processor(process, events, ExceptionPolicy(action="ignore"))
+        async with feed_of(redis, ticks) as feed:
+            await run_processor(process, feed, ExceptionPolicy(action="ignore"), redis=redis)
     assert await dead_letters(redis) == []
 
 
@@ -272,9 +236,9 @@ async def test_error_outside_any_event_halts_after_retries(
         raise Boom("before iterating")
 
     async def run() -> None:
-        async with events_of(redis, ticks) as events:
+        async with feed_of(redis, ticks) as feed:
             policy = ExceptionPolicy(action="retry", retries=2, backoff=FAST)
-            await run_processor(process, events, policy)
+            await run_processor(process, feed, policy, redis=redis)
 
     with trio.fail_after(10), pytest.raises(ProcessorHalted):
         await run()

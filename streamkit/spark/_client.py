@@ -17,7 +17,8 @@ import redis.exceptions
 
 from .. import _keys
 from .._errors import BackendError, ConfigError, RedisUnavailable
-from .._redis import mask_url
+from .._urls import mask_url
+from .._wire import text
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -72,8 +73,4 @@ def read_metadata(client: redis.Redis, url: str, app: str, stream: str) -> dict[
     """Return the stream's recorded metadata (empty when the stream does not exist)."""
     with redis_errors(url):
         raw = cast("dict[bytes, bytes]", client.hgetall(_keys.meta_key(app, stream)))
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return {text(k): text(v) for k, v in raw.items()}

@@ -16,8 +16,9 @@ import attrs
 
 from .. import _keys
 from .._errors import ConfigError, MetadataMismatch
-from .._records import is_primitive
 from .._settings import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
+from .._spec import record_metadata
+from .._wire import compare_metadata
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -136,25 +137,15 @@ def load_record(path: str) -> type[Any]:
     return target
 
 
-def record_metadata(record: type[Any]) -> dict[str, str]:
-    """The ``record`` and ``format`` metadata a producer of ``record`` writes."""
-    return {
-        "record": record.__qualname__,
-        "format": "primitive" if is_primitive(record) else "json",
-    }
-
-
 def check_record_metadata(stream: str, metadata: Mapping[str, str], record: type[Any]) -> None:
     """Check a record class against a stream's recorded metadata, as producers do.
 
     Raises:
         MetadataMismatch: the stream was created with another record type or format.
     """
-    mine = record_metadata(record)
-    for field in ("record", "format"):
-        theirs = metadata.get(field)
-        if theirs is not None and theirs != mine[field]:
-            raise MetadataMismatch(stream, field, theirs, mine[field])
+    mismatch = compare_metadata(metadata, record_metadata(record), ("record", "format"))
+    if mismatch is not None:
+        raise MetadataMismatch(stream, *mismatch)
 
 
 @attrs.frozen(kw_only=True)

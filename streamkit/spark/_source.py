@@ -9,14 +9,14 @@ from pyspark.sql.datasource import DataSource
 
 from .. import _keys
 from .._errors import ConfigError, MetadataMismatch, StreamkitError
-from .._streams import _METADATA_SCRIPT, METADATA_VERSION
+from .._spec import record_metadata
+from .._wire import METADATA_LUA, METADATA_VERSION
 from ._client import connect, read_metadata, redis_errors
 from ._options import (
     ReadOptions,
     WriteOptions,
     check_record_metadata,
     load_record,
-    record_metadata,
 )
 from ._reader import BatchReader, StreamReader
 from ._schema import read_schema, record_schema
@@ -174,7 +174,7 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
             **record_metadata(record),
             "partition_by": options.key,
         }
-        script = client.register_script(_METADATA_SCRIPT.script)
+        script = client.register_script(METADATA_LUA)
         with redis_errors(options.url):
             script(
                 keys=[_keys.meta_key(options.app, options.stream)],

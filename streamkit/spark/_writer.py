@@ -29,7 +29,7 @@ from .. import _keys
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
-from .._streams import APPEND_AND_TRIM_LUA
+from .._wire import APPEND_AND_TRIM_LUA
 from ._client import connect, redis_errors
 from ._options import load_record
 from ._schema import record_schema
@@ -50,7 +50,7 @@ _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 # KEYS: stream, marker. ARGV: partition_size, max_len (0 = no cap), marker ttl, then per
 # entry: field count, fields... Returns {number appended, unacknowledged entries the hard
 # cap dropped}; {-1, 0} when the marker was there (the chunk was written before).
-# The appending and trimming part is streamkit._streams' send script, unchanged.
+# The appending and trimming part is the producer's send script, unchanged.
 _WRITE_SCRIPT = (
     """
 local key = KEYS[1]

@@ -1,0 +1,129 @@
+"""The partition feed: the one interface between a fetcher and a partition's consumer.
+
+A fetcher reads a partition's entries in batches; whoever consumes the partition
+(:class:`~streamkit.Events`, or code of your own) talks to it only through a
+:class:`PartitionFeed`:
+
+* :meth:`~PartitionFeed.receive` the next :class:`Batch` (in order);
+* :meth:`~PartitionFeed.done` once every entry of a batch was handed on, which makes
+  room for the fetcher to read ahead (backpressure);
+* :meth:`~PartitionFeed.ack` the ids of entries that were processed (fenced: refused
+  once the lease is no longer ours);
+* :attr:`~PartitionFeed.held`, the lease that fences every read and acknowledgement;
+* :attr:`~PartitionFeed.failure`, why the feed stopped, once it has.
+
+Any object with these members is a feed: tests feed :class:`~streamkit.Events` canned
+batches with no Redis at all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._errors import StreamkitError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._locks import HeldLease
+    from ._spec import ProcessorKeys, StreamSpec
+
+__all__ = ["Batch", "FeedEnded", "PartitionFeed"]
+
+
+class FeedEnded(StreamkitError):
+    """The feed stopped serving its partition (it was unregistered, or failed).
+
+    Attributes:
+        partition: the partition.
+    """
+
+    def __init__(self, partition: int, reason: str = "it is no longer served") -> None:
+        super().__init__(f"partition {partition}: {reason}")
+        self.partition = partition
+
+
+class Batch:
+    """Entries of one partition as read, in order, in the layout Redis returns.
+
+    Attributes:
+        ids: the entry ids, as bytes.
+        fields: each entry's flat field list ``[name, value, name, value, ...]``.
+        deliveries: each entry's delivery count, or ``None`` when every entry is
+            delivered for the first time.
+    """
+
+    __slots__ = ("deliveries", "fields", "ids")
+
+    def __init__(
+        self, ids: list[bytes], fields: list[list[bytes]], deliveries: list[int] | None = None
+    ) -> None:
+        self.ids = ids
+        self.fields = fields
+        self.deliveries = deliveries
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        kind = "first deliveries" if self.deliveries is None else "redeliveries"
+        return f"<Batch {len(self.ids)} entries, {kind}>"
+
+
+class PartitionFeed(Protocol):
+    """The batches of one partition, as a fetcher serves them.
+
+    Attributes:
+        partition: the partition number.
+        stream: the stream's description.
+        keys: the consuming processor's keys (consumer group, dead letters, locks).
+        held: the lease fencing every read and acknowledgement.
+        failure: why the feed stopped (say, :class:`~streamkit.LockLost`), or ``None``.
+    """
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def stream(self) -> StreamSpec[Any]: ...
+
+    @property
+    def keys(self) -> ProcessorKeys: ...
+
+    @property
+    def held(self) -> HeldLease: ...
+
+    @property
+    def failure(self) -> StreamkitError | None: ...
+
+    def receive_nowait(self) -> Batch:
+        """The next batch if one is ready.
+
+        Raises:
+            trio.WouldBlock: none is ready.
+            StreamkitError: the feed stopped (:attr:`failure`, else
+                :class:`FeedEnded`).
+        """
+        ...
+
+    async def receive(self) -> Batch:
+        """Wait for the next batch.
+
+        Raises:
+            StreamkitError: the feed stopped (:attr:`failure`, else
+                :class:`FeedEnded`).
+        """
+        ...
+
+    def done(self, batch: Batch) -> None:
+        """Every entry of ``batch`` was handed on: the fetcher may read ahead again."""
+        ...
+
+    async def ack(self, ids: Sequence[bytes]) -> None:
+        """Acknowledge processed entries, fenced by :attr:`held`.
+
+        Raises:
+            LockLost: the lease is no longer ours; nothing was acknowledged.
+            RedisUnavailable: Redis could not be reached; the entries stay pending.
+        """
+        ...

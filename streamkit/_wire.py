@@ -1,0 +1,225 @@
+"""The wire-level facts shared by every side that touches Redis: pure, no I/O.
+
+The async side (producer, fetcher) and the synchronous Spark side read and write the
+same entries with the same scripts and the same metadata. Everything they must agree
+on lives here, with no import of trio or of a Redis client, so that Spark's Python
+workers can import it cheaply:
+
+* the Lua sources of the append-and-trim, metadata, fenced-read and fenced-ack scripts;
+* the stream metadata schema (:data:`METADATA_VERSION`, :func:`compare_metadata`);
+* the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "ACK_LUA",
+    "APPEND_AND_TRIM_LUA",
+    "COMPARED_METADATA",
+    "METADATA_LUA",
+    "METADATA_VERSION",
+    "READ_LUA",
+    "SEND_LUA",
+    "compare_metadata",
+    "field_pairs",
+    "flatten_fields",
+    "metadata_pairs",
+    "text",
+]
+
+METADATA_VERSION = "1"
+
+#: The metadata fields compared between a stream's record and a producer or consumer.
+#: An empty ``partition_by`` means "a callable", which cannot be compared.
+COMPARED_METADATA = ("partition_count", "format", "record", "partition_by")
+
+
+def text(value: object) -> str:
+    """``value`` as text: bytes decoded as UTF-8, anything else through ``str``."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def field_pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """An entry's flat field list ``[name, value, name, value, ...]`` as a dict."""
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
+def flatten_fields(fields: Mapping[bytes, bytes], into: list[bytes | int]) -> None:
+    """Append one entry to a script's arguments: its field count, then names and values."""
+    into.append(len(fields))
+    for name, value in fields.items():
+        into.append(name)
+        into.append(value)
+
+
+def metadata_pairs(reply: object) -> dict[str, str]:
+    """An ``HGETALL`` reply (a flat list or a dict, bytes or text) as a text dict."""
+    if isinstance(reply, dict):
+        items: Iterable[tuple[object, object]] = reply.items()
+    else:
+        flat = list(reply)  # type: ignore[call-overload]
+        items = zip(flat[::2], flat[1::2], strict=True)
+    return {text(k): text(v) for k, v in items}
+
+
+def compare_metadata(
+    recorded: Mapping[str, str], mine: Mapping[str, str], fields: Iterable[str] = COMPARED_METADATA
+) -> tuple[str, str, str] | None:
+    """The first of ``fields`` on which ``recorded`` and ``mine`` disagree, or ``None``.
+
+    Returns:
+        ``(field, recorded value, my value)``. A field absent on either side, and an
+        empty ``partition_by`` (a callable) on either side, never disagree.
+    """
+    for field in fields:
+        theirs = recorded.get(field)
+        ours = mine.get(field)
+        if theirs is None or ours is None:
+            continue
+        if field == "partition_by" and "" in (theirs, ours):
+            continue
+        if theirs != ours:
+            return field, theirs, ours
+    return None
+
+
+# Appends the entries given in ARGV from index `first` on (each: field count, then
+# names and values) to the stream `key`, then trims it: never below the oldest entry
+# a consumer group still needs, unless the hard cap `cap` (0 = none) says otherwise.
+# Leaves the new ids in `ids` and the number of unprocessed entries the cap dropped in
+# `dropped`. Shared by the producer and the Spark writer, so both append exactly alike.
+APPEND_AND_TRIM_LUA = """
+local function parse(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+
+local function less(a, b)
+  local ams, aseq = parse(a)
+  local bms, bseq = parse(b)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+
+-- The lowest id some consumer group still needs: its oldest pending entry, or the
+-- entry after the last one it was delivered. nil when no group reads the stream.
+local function oldest_needed()
+  local needed = nil
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local info = {}
+    for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
+    local candidate
+    if info['pending'] > 0 then
+      candidate = redis.call('XPENDING', key, info['name'])[2]
+    else
+      local ms, seq = parse(info['last-delivered-id'])
+      candidate = string.format('%d-%d', ms, seq + 1)
+    end
+    if needed == nil or less(candidate, needed) then needed = candidate end
+  end
+  return needed
+end
+
+local ids = {}
+local i = first
+while i <= #ARGV do
+  local count = tonumber(ARGV[i])
+  ids[#ids + 1] = redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
+  i = i + 1 + 2 * count
+end
+
+local dropped = 0
+local length = redis.call('XLEN', key)
+if cap > 0 and length > cap then
+  local needed = oldest_needed()
+  for _, entry in ipairs(redis.call('XRANGE', key, '-', '+', 'COUNT', length - cap)) do
+    if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
+  end
+  redis.call('XTRIM', key, 'MAXLEN', cap)
+elseif length > keep then
+  local needed = oldest_needed()
+  if needed ~= nil then
+    redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
+  end
+end
+"""
+
+# KEYS: the partition. ARGV: partition_size, max_len (0 = no cap), then the entries.
+# Returns {entry ids, number of unacknowledged entries the hard cap dropped}.
+SEND_LUA = (
+    """
+local key = KEYS[1]
+local keep = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local first = 3
+"""
+    + APPEND_AND_TRIM_LUA
+    + "return {ids, dropped}\n"
+)
+
+# KEYS: the metadata hash. ARGV: field, value, ... Records the metadata if the stream
+# is new (returns an empty list); returns what is recorded otherwise.
+METADATA_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], unpack(ARGV))
+  return {}
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# The fenced read. KEYS: stream, lock. ARGV: lease value, group, consumer, count,
+# start id, then the ids to acknowledge first (the consumer's finished events).
+# Returns 0 if the lease is not ours (nothing read or acknowledged); else
+# {entries, delivery counts (history only), next start id, last stream id (if idle)}.
+READ_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
+if #ARGV > 5 then redis.call('XACK', key, group, unpack(ARGV, 6)) end
+
+local function read(id)
+  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                           'STREAMS', key, id)
+  if reply then return reply[1][2] end
+  return {}
+end
+
+if ARGV[5] ~= '>' then
+  local raw = read(ARGV[5])
+  if #raw > 0 then
+    local live, gone = {}, {}
+    for _, entry in ipairs(raw) do
+      if entry[2] then live[#live + 1] = entry else gone[#gone + 1] = entry[1] end
+    end
+    -- Deleted while pending: nothing left to process.
+    if #gone > 0 then redis.call('XACK', key, group, unpack(gone)) end
+    local counts = {}
+    if #live > 0 then
+      local by_id = {}
+      local pending = redis.call('XPENDING', key, group, live[1][1], live[#live][1],
+                                 #live, consumer)
+      for _, p in ipairs(pending) do by_id[p[1]] = p[4] end
+      for i, entry in ipairs(live) do counts[i] = by_id[entry[1]] or 1 end
+    end
+    return {live, counts, raw[#raw][1], ''}
+  end
+end
+
+local entries = read('>')
+if #entries > 0 then return {entries, {}, '>', ''} end
+local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+local last_id = '0-0'
+if last[1] then last_id = last[1][1] end
+return {entries, {}, '>', last_id}
+"""
+
+# The fenced acknowledgement. KEYS: stream, lock. ARGV: lease value, group, ids...
+# Returns -1 if the lease is not ours (nothing acknowledged), else the number acked.
+ACK_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+return redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, 3))
+"""
