@@ -1,10 +1,11 @@
-"""Consume a stream in your own Trio service: lock manager + fetcher + events, no worker.
+"""Consume a stream in your own Trio service: lock manager + fetcher + events, no App.
 
-``App`` only declares the stream (its name, record and partitioning) and sends some
-orders. Consuming is done by hand: for each partition, hold its lease with the lock
-manager, register it with the fetcher and run a processor over its events under an
-exception policy. Once every order was processed the partitions are drained: each
-processor finishes the event at hand, acknowledges it and returns.
+The stream is a :class:`StreamSpec`: its name, record and partitioning, no connection.
+An ``App`` only sends some orders (the producer side). Consuming is done by hand: for
+each partition, hold its lease with the lock manager, register it with the fetcher and
+run a processor over its events under an exception policy. Once every order was
+processed the partitions are drained: each processor finishes the event at hand,
+acknowledges it and returns.
 
 Run it on its own (it starts a private ``redis-server``)::
 
@@ -32,27 +33,31 @@ from streamkit import (
     Fetcher,
     LockManager,
     Record,
-    Stream,
+    Redis,
+    StreamSpec,
     open_fetcher,
     open_lock_manager,
     open_redis,
     redis_errors,
     run_processor,
 )
-from streamkit._keys import partition_lock_name, processor_group
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-APP, STREAM, PROCESSOR = "fetch_demo", "orders", "printer"
-PARTITIONS = 4
-
-
 class Order(Record):
     order_id: int
     customer: str
     amount: float
+
+
+# docs: start spec
+orders = StreamSpec(
+    app="fetch_demo", name="orders", record=Order, partition_by="customer", partition_count=4
+)
+printer_keys = orders.processor("printer")  # its consumer group, lock names, dead letters
+# docs: end spec
 
 
 # docs: start consume
@@ -67,31 +72,34 @@ async def printer(events: Events[Order]) -> None:
 
 
 async def consume(
-    locks: LockManager, fetcher: Fetcher[Order], partition: int, draining: trio_util.AsyncBool
+    redis: Redis,
+    locks: LockManager,
+    fetcher: Fetcher[Order],
+    partition: int,
+    draining: trio_util.AsyncBool,
 ) -> None:
     """Own one partition: hold its lease, fetch its events, run the processor on them."""
-    name = partition_lock_name(APP, STREAM, PROCESSOR, partition)
     policy = ExceptionPolicy(action="retry", retries=3, on_exhausted="dead_letter")
     async with (
-        locks.hold(name, ttl=10) as held,  # every read and ack is fenced by this lease
-        fetcher.partition(partition, held, draining=draining) as events,
+        # Every read and acknowledgement is fenced by this lease.
+        locks.hold(printer_keys.lock_name(partition), ttl=10) as held,
+        fetcher.partition(partition, held) as feed,
     ):
-        await run_processor(printer, events, policy)
+        # Dead letters are written with `redis`; `draining` makes printer() return.
+        await run_processor(printer, feed, policy, redis=redis, draining=draining)
 
 
-async def serve(url: str, orders: Stream[Order], until: int) -> None:
+async def serve(url: str, until: int) -> None:
     """Consume every partition until ``until`` orders were processed, then drain."""
     draining = trio_util.AsyncBool(False)
     async with (
         open_redis(url) as redis,
         open_lock_manager(redis) as locks,
-        open_fetcher(
-            redis, orders, group=processor_group(APP, STREAM, PROCESSOR), batch_size=100
-        ) as fetcher,
+        open_fetcher(redis, orders, group=printer_keys, batch_size=100) as fetcher,
         trio.open_nursery() as nursery,
     ):
         for partition in range(orders.partition_count):
-            nursery.start_soon(consume, locks, fetcher, partition, draining)
+            nursery.start_soon(consume, redis, locks, fetcher, partition, draining)
         await processed.wait_value(lambda n: n >= until)
         draining.value = True  # each processor returns after the event at hand
 
@@ -100,20 +108,22 @@ async def serve(url: str, orders: Stream[Order], until: int) -> None:
 
 
 async def demo(url: str, count: int) -> int:
-    app = App(APP, redis_url=url)
-    orders = app.stream(STREAM, record=Order, partition_by="customer", partition_count=PARTITIONS)
+    # The producer side: an App binds the same stream to a connection.
+    app = App(orders.app, redis_url=url)
+    producer = app.stream(
+        orders.name, record=Order, partition_by="customer", partition_count=orders.partition_count
+    )
     async with app:
-        await orders.send_many(
+        await producer.send_many(
             Order(order_id=n, customer=f"customer-{n % 5}", amount=float(n)) for n in range(count)
         )
     with trio.fail_after(30):
-        await serve(url, orders, count)
+        await serve(url, count)
     async with open_redis(url) as redis:
-        group = processor_group(APP, STREAM, PROCESSOR)
         pending = 0
         for key in orders.partition_keys():
             with redis_errors():
-                summary: Any = await redis.xpending(key, group)
+                summary: Any = await redis.xpending(key, printer_keys.group)
             pending += summary.pending
     print(f"processed {processed.value} orders, {pending} pending")
     if processed.value != count or pending:

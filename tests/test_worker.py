@@ -39,7 +39,7 @@ async def test_workers_process_every_event_in_order(
         for n in range(workers):
             app, stream = make_app(redis_url=redis_url, worker=f"w{n}", **FAST)
             running.append(await nursery.start(run_worker, app))
-        async with stream.app:
+        async with app:
             await stream.send_many(sent)
         await wait_processed(redis, len(sent))
         for worker in running:

@@ -12,14 +12,13 @@ from typing import IO, TYPE_CHECKING
 import attrs
 import trio
 
-from streamkit import read_membership
-from streamkit._keys import processor_group
+from streamkit import ProcessorKeys, read_membership
 
 if TYPE_CHECKING:
     from streamkit import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO_GROUP = processor_group("scenario", "numbered", "record")
+SCENARIO_GROUP = ProcessorKeys(app="scenario", stream="numbered", processor="record").group
 
 FAST_ENV = {
     "STREAMKIT_LEASE_TTL": "1.5",

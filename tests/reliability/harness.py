@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
-from streamkit import RedisUnavailable, redis_errors
-from streamkit._keys import partition_lock_name, stream_key
+from streamkit import ProcessorKeys, RedisUnavailable, redis_errors
 from streamkit._locks import lock_key
 from tests.apps.scenario import SEEN, Numbered
 from tests.scenarios import Tally, numbered_events
@@ -316,7 +315,7 @@ async def lock_holders(redis: Redis, partitions: int = 8) -> dict[int, int | Non
     """Per partition of the scenario app, the pid of the worker holding its lease."""
     holders: dict[int, int | None] = {}
     for p in range(partitions):
-        name = partition_lock_name("scenario", "numbered", "record", p)
+        name = ProcessorKeys(app="scenario", stream="numbered", processor="record").lock_name(p)
         holders[p] = _pid_of(await redis.get(lock_key(name)))
     return holders
 
@@ -347,6 +346,6 @@ async def inflight_of(redis: Redis, pid: int, partitions: int = 8) -> dict[int, 
     held = [p for p, holder in (await lock_holders(redis, partitions)).items() if holder == pid]
     pending: dict[int, int] = {}
     for p in held:
-        summary: Any = await redis.xpending(stream_key("scenario", "numbered", p), SCENARIO_GROUP)
+        summary: Any = await redis.xpending(f"__strm:{{scenario.numbered.{p}}}", SCENARIO_GROUP)
         pending[p] = int(summary.pending)
     return pending

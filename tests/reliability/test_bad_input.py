@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit._keys import dead_letter_key, processor_group
+from streamkit import ProcessorKeys
 from tests.apps.poison import ATTEMPTS, MAX_DELIVERIES, RETRIES, Job, make_app
 from tests.apps.scenario import Numbered
 from tests.reliability.harness import ScenarioReport, SeenMonitor, record_report
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 KEYS = 16
 PER_KEY = 100
-GROUP = processor_group("poison", "jobs", "handle")
-DEAD = dead_letter_key("poison", "jobs", "handle")
+HANDLE = ProcessorKeys(app="poison", stream="jobs", processor="handle")
+GROUP = HANDLE.group
+DEAD = HANDLE.dead_letter_key
 MALFORMED = [{b"data": b"{not json"}, {b"junk": b"\xff\xfe"}, {b"data": b'{"key": 1}'}]
 CRASH_LOOPED = 2  # entries a previous consumer was handed 5 times without finishing
 
