@@ -640,11 +640,14 @@ class Codec(Generic[R]):
             return {data_field: payload if compress is None else compress(payload)}
 
         loads = orjson.loads
+        build = None if structure is None else _flat_builder(record, structure)
 
         def decode_payload(payload: bytes) -> R:
             obj = loads(payload)
             if type(obj) is not dict:
                 raise _BadEntry(f"the JSON payload is a {type(obj).__name__}, not an object")
+            if build is not None:
+                return build(obj)  # type: ignore[no-any-return]
             if structure is None:
                 return obj  # type: ignore[return-value]
             return structure(obj, record)  # type: ignore[no-any-return]
@@ -704,6 +707,61 @@ class Codec(Generic[R]):
             return record(**kwargs)
 
         return encode, decode
+
+
+# The JSON types a flat record's fields may have, and the check each needs: exactly the
+# checks of the _structure_* hooks above (bools are not ints; ints are floats).
+_FLAT_CHECKS = {
+    str: "type({v}) is str",
+    int: "type({v}) is int",
+    float: "(type({v}) is float or type({v}) is int)",
+    bool: "type({v}) is bool",
+}
+
+
+def _flat_builder(
+    record: type[Any], structure: Callable[[Any, type], Any]
+) -> Callable[[dict[str, Any]], Any] | None:
+    """A fast structure function for a record of plain ``str``/``int``/``float``/``bool``
+    fields, or ``None`` for any other record.
+
+    It builds the record directly when every field is present with exactly the type
+    the converter's hooks accept, and hands anything else (a missing field, a wrong
+    type) to the converter, which applies defaults or raises its detailed error: the
+    result is always what the converter would give, at a fraction of its cost.
+    """
+    if not attrs.has(record):
+        return None
+    try:
+        fields = attrs.fields(attrs.resolve_types(record))
+    except Exception:
+        return None
+    if not fields or any(
+        f.type not in _FLAT_CHECKS or not f.init or not f.alias.isidentifier() for f in fields
+    ):
+        return None
+    names = [f"v{i}" for i in range(len(fields))]
+    loads = "\n".join(f"        {v} = obj[{f.name!r}]" for v, f in zip(names, fields, strict=True))
+    checks = " and ".join(
+        _FLAT_CHECKS[f.type].format(v=v) for v, f in zip(names, fields, strict=True)
+    )
+    args = ", ".join(
+        f"{f.alias}=float({v})" if f.type is float else f"{f.alias}={v}"
+        for v, f in zip(names, fields, strict=True)
+    )
+    source = (
+        "def build(obj):\n"
+        "    try:\n"
+        f"{loads}\n"
+        "    except KeyError:\n"
+        "        return structure(obj, record)\n"
+        f"    if {checks}:\n"
+        f"        return record({args})\n"
+        "    return structure(obj, record)\n"
+    )
+    namespace: dict[str, Any] = {"structure": structure, "record": record}
+    exec(compile(source, f"<streamkit flat builder {record.__qualname__}>", "exec"), namespace)
+    return namespace["build"]  # type: ignore[no-any-return]
 
 
 def _decompressed(fields: Mapping[bytes, bytes]) -> bytes:

@@ -10,8 +10,9 @@ Delivery bookkeeping, in one place:
 
 * an event handed to the processor is *in flight*;
 * when the processor asks for the next event (or batch), or returns normally, the
-  in-flight events are *committed*: their ids join the acknowledgements, flushed to
-  the feed in batches of ``ack_batch`` and before every wait for new events;
+  in-flight events are *committed*: their ids join the acknowledgements, handed to the
+  feed in batches of ``ack_batch`` and before every wait for new events (the feed
+  sends them with the partition's next read), and flushed when the block is left;
 * a policy runner may instead *rewind* them (they are handed out again, first, in
   order) or let them stay pending by leaving the processor with an exception;
 * an event that must not reach the processor (poison, undecodable) is given to the
@@ -342,6 +343,12 @@ class Events(Generic[R]):
             raise
         self.acknowledged += len(ids)
 
+    def _ack_soon(self) -> None:
+        """Hand the acknowledgements to the feed, to go with its next read."""
+        ids, self._acks = self._acks, []
+        self._feed.ack_later(ids)
+        self.acknowledged += len(ids)
+
     def __repr__(self) -> str:
         return (
             f"<Events {self.stream.name} partition {self.partition} "
@@ -432,7 +439,7 @@ class Events(Generic[R]):
             StreamkitError: the feed stopped (the lease was lost, say).
         """
         if self._acks:
-            await self.flush()
+            self._ack_soon()
         self._done_with_batch()
         feed = self._feed
         if wake and self._draining:
@@ -480,7 +487,7 @@ class Events(Generic[R]):
         await self._divert(event, error, reason)
         self.skip(event)
         if len(self._acks) >= self._ack_batch:
-            await self.flush()
+            self._ack_soon()
 
     async def _next_base(self, deadline: float, *, wake: bool) -> Event[R] | None:
         """The next fetched event (poison diverted); ``None`` once ``deadline`` passed."""
@@ -619,32 +626,52 @@ class _Base(AsyncIterator[Event[R]]):
 
 
 class _OneByOne(AsyncIterator[T]):
-    __slots__ = ("_decode", "_events")
+    __slots__ = ("_decode", "_events", "_held")
 
     def __init__(self, events: Events[Any], *, decode: bool) -> None:
         self._events = events
         self._decode = decode
+        self._held = events._feed.held
 
     async def __anext__(self) -> T:
         events = self._events
         while True:
-            if events._inflight:
-                events.commit()
+            # Move past the previous event.
+            inflight = events._inflight
+            if inflight:
+                if len(inflight) == 1 and events._dispatched is None:
+                    events._acks.append(inflight[0]._id)
+                    events._inflight = []
+                else:
+                    events.commit()
                 if len(events._acks) >= events._ack_batch:
-                    await events.flush()
+                    events._ack_soon()
             if events._draining or events._is_draining():
                 await events._stop()
-            try:
-                event = await events._next()
-            except _Stop:
-                await events._stop()
-            assert event is not None
-            events._check_lease()
+            # The next event: straight from the batch when nothing else comes first.
+            pos = events._pos
+            buffer = events._buffer
+            if pos < len(buffer) and not events._replay and not events._middleware:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                event = buffer[pos]
+                events._pos = pos + 1
+                if event.delivery_count > events._max_deliveries and await events._screen(event):
+                    continue
+            else:
+                try:
+                    next_event = await events._next()
+                except _Stop:
+                    await events._stop()
+                assert next_event is not None
+                event = next_event
+            # The lease, against its cached local deadline.
+            if not (self._held.lost_reason is None and trio.current_time() < events._deadline):
+                events._check_lease()
             events._inflight = [event]
             if not self._decode:
                 return event  # type: ignore[return-value]
             try:
-                return event.record  # type: ignore[no-any-return]
+                return event._decode(event._flat, event._id)  # type: ignore[no-any-return]
             except DecodeError as exc:
                 if events._divert is None:
                     raise
@@ -671,7 +698,7 @@ class _Batches(AsyncIterator[list[T]]):
         if events._inflight:
             events.commit()
             if len(events._acks) >= events._ack_batch:
-                await events.flush()
+                events._ack_soon()
         # Every event gathered may be diverted: then gather again, until a batch has
         # something to yield or the iteration stops.
         while True:

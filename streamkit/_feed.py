@@ -8,7 +8,8 @@ A fetcher reads a partition's entries in batches; whoever consumes the partition
 * :meth:`~PartitionFeed.done` once every entry of a batch was handed on, which makes
   room for the fetcher to read ahead (backpressure);
 * :meth:`~PartitionFeed.ack` the ids of entries that were processed (fenced: refused
-  once the lease is no longer ours);
+  once the lease is no longer ours), now, or :meth:`~PartitionFeed.ack_later` with the
+  partition's next read (one round trip for both);
 * :attr:`~PartitionFeed.held`, the lease that fences every read and acknowledgement;
 * :attr:`~PartitionFeed.failure`, why the feed stopped, once it has.
 
@@ -119,8 +120,19 @@ class PartitionFeed(Protocol):
         """Every entry of ``batch`` was handed on: the fetcher may read ahead again."""
         ...
 
+    def ack_later(self, ids: Sequence[bytes]) -> None:
+        """Acknowledge processed entries with the partition's next read, or with the
+        next :meth:`ack`, whichever comes first (fenced all the same).
+
+        Never blocks and never raises: a refusal (the lease is no longer ours) stops
+        the feed, and :attr:`failure` tells why. Entries whose acknowledgement was
+        never sent stay pending, for the next delivery: at-least-once either way.
+        """
+        ...
+
     async def ack(self, ids: Sequence[bytes]) -> None:
-        """Acknowledge processed entries, fenced by :attr:`held`.
+        """Acknowledge processed entries, and any handed to :meth:`ack_later`, now;
+        fenced by :attr:`held`.
 
         Raises:
             LockLost: the lease is no longer ours; nothing was acknowledged.

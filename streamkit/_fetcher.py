@@ -90,6 +90,8 @@ class _Feed:
     failure: StreamkitError | None = None
     reads: int = 0
     entries_read: int = 0
+    # Acknowledgements to send with the next read (or the next ack()).
+    acks_due: list[bytes] = attrs.field(factory=list)
 
     @property
     def stream(self) -> StreamSpec[Any]:
@@ -125,8 +127,14 @@ class _Feed:
             # The partition was full: the fetcher may read it again.
             self.fetcher._changed.set()
 
+    def ack_later(self, ids: Sequence[bytes]) -> None:
+        if self.active:
+            self.acks_due.extend(ids)
+            self.fetcher._changed.set()
+
     async def ack(self, ids: Sequence[bytes]) -> None:
-        await self.fetcher._ack(self, ids)
+        due, self.acks_due = self.acks_due, []
+        await self.fetcher._ack(self, [*due, *ids])
 
     def _put(self, batch: Batch) -> None:
         self._send.send_nowait(batch)
@@ -285,10 +293,12 @@ class Fetcher(Generic[R]):
             self._changed = trio.Event()
             active = [f for f in self._feeds.values() if f.active]
             has_room = [f for f in active if f.batches_out < self.prefetch]
-            ready = [f for f in has_room if not f.idle]
+            # Due acknowledgements ride along with a read, even of an idle partition.
+            ready = [f for f in has_room if not f.idle or f.acks_due]
+            acks_only = [f for f in active if f.acks_due and f.batches_out >= self.prefetch]
             try:
-                if ready:
-                    await self._read_all(ready)
+                if ready or acks_only:
+                    await self._read_all(ready, acks_only)
                     delays = None
                     continue
                 idle = [f for f in has_room if f.idle]
@@ -313,8 +323,9 @@ class Fetcher(Generic[R]):
                 log.warning("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
                 await trio.sleep(delay)
 
-    async def _read_all(self, feeds: list[_Feed]) -> None:
-        if len(feeds) == 1:
+    async def _read_all(self, feeds: list[_Feed], acks_only: list[_Feed]) -> None:
+        """Read ``feeds`` and send the due acknowledgements of ``acks_only``, concurrently."""
+        if len(feeds) == 1 and not acks_only:
             error = await self._read(feeds[0])
         else:
             errors: list[RedisUnavailable] = []
@@ -324,9 +335,21 @@ class Fetcher(Generic[R]):
                 if error is not None:
                     errors.append(error)
 
+            async def ack(feed: _Feed) -> None:
+                due, feed.acks_due = feed.acks_due, []
+                try:
+                    await self._ack(feed, due)
+                except RedisUnavailable as exc:
+                    feed.acks_due[:0] = due
+                    errors.append(exc)
+                except LockLost:
+                    pass  # the feed failed: its consumer learns why
+
             async with trio.open_nursery() as nursery:
                 for feed in feeds:
                     nursery.start_soon(read, feed)
+                for feed in acks_only:
+                    nursery.start_soon(ack, feed)
             error = errors[0] if errors else None
         if error is not None:
             raise error
@@ -338,17 +361,31 @@ class Fetcher(Generic[R]):
             self._fail(feed, LockLost(held.name, held.lost_reason))
             return None
         lease = held.lease
+        acks = feed.acks_due[:ACK_CHUNK]
+        del feed.acks_due[:ACK_CHUNK]
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 reply: Any = await _READ_SCRIPT(
                     keys=[feed.key, lease.key],
-                    args=[lease.value, self.group, feed.consumer, self.batch_size, feed.start],
+                    args=[
+                        lease.value,
+                        self.group,
+                        feed.consumer,
+                        self.batch_size,
+                        feed.start,
+                        *acks,
+                    ],
                     client=self.redis,
                 )
         except trio.TooSlowError:
+            feed.acks_due[:0] = acks
             return RedisUnavailable("redis", "a fenced read timed out")
         except RedisUnavailable as exc:
+            feed.acks_due[:0] = acks
             return exc
+        except BaseException:
+            feed.acks_due[:0] = acks
+            raise
         except BackendError as exc:
             # Inside a script, Redis 7 reports it without the NOGROUP code: "No such
             # key '...' or consumer group '...' in XREADGROUP with GROUP option".
