@@ -1,6 +1,6 @@
 """streamkit: partitioned, ordered event processing on Redis Streams, for Trio."""
 
-from ._app import App as App, NotConnected as NotConnected
+from ._app import App as App
 from ._assignment import (
     Assignment as Assignment,
     AssignmentDiff as AssignmentDiff,
@@ -18,6 +18,7 @@ from ._errors import (
     LockLost as LockLost,
     LockNotAcquired as LockNotAcquired,
     MetadataMismatch as MetadataMismatch,
+    NotConnected as NotConnected,
     NotLockOwner as NotLockOwner,
     ProcessorHalted as ProcessorHalted,
     RedisUnavailable as RedisUnavailable,
