@@ -12,7 +12,7 @@ import attrs
 
 from . import _keys
 from ._locks import open_lock_manager
-from ._membership import read_membership
+from ._membership_admin import read_membership
 from ._redis import redis_errors
 
 if TYPE_CHECKING:

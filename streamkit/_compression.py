@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import lz4.frame
 import zstandard
 
-from ._validate import Check
+from ._validate import one_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,10 +29,7 @@ Compression = Literal["lz4", "zstd"]
 COMPRESSIONS: tuple[Compression, ...] = typing.get_args(Compression)
 
 #: A compression setting: one of :data:`COMPRESSIONS`, or ``None`` for none.
-valid_compression = Check(
-    lambda value: value is None or value in COMPRESSIONS,
-    f"one of {', '.join(COMPRESSIONS)} or None",
-)
+valid_compression = one_of(*COMPRESSIONS, None)
 
 # A middle level: most of the ratio of higher levels at a fraction of their cost.
 _ZSTD_LEVEL = 3

@@ -27,7 +27,8 @@ def next_tick(start: float, period: float, now: float) -> float:
     k = max(1, math.floor((now - start) / period) + 1)
     tick = start + k * period
     # Floating point can put start + k * period on or a hair below now (0.0 + 43 * 0.1
-    # == 4.3, yet 4.3 / 0.1 < 43): sleeping until then would run the work twice.
+    # == 4.3, yet 4.3 / 0.1 < 43): sleeping until then returns at once, and quick
+    # work would run again and again at the same instant.
     while tick <= now:
         k += 1
         tick = start + k * period

@@ -27,6 +27,7 @@ __all__ = [
     "fraction",
     "non_negative_int",
     "non_negative_number",
+    "one_of",
     "positive_finite_number",
     "positive_int",
     "positive_number",
@@ -78,6 +79,11 @@ def at_least(minimum: float, *, finite: bool = False) -> Check:
         return is_number(value) and value >= minimum and (not finite or math.isfinite(value))
 
     return Check(accepts, f"a {'finite ' if finite else ''}number >= {minimum}")
+
+
+def one_of(*choices: object) -> Check:
+    """One of ``choices`` (compared with ``==``)."""
+    return Check(lambda value: value in choices, f"one of {', '.join(map(str, choices))}")
 
 
 def _positive_int(value: object) -> bool:
