@@ -3,8 +3,11 @@
 The wire format is shared by producers, consumers and the Spark data source, and is
 specified in ``docs/records.md``; change it only together with that page.
 
-Encoding and decoding sit on the hot path, so a :class:`Codec` resolves every cattrs
-hook and field table once, when it is built, and does no type dispatch per event.
+A JSON codec goes through the strict cattrs converter of
+:mod:`streamkit._json_converter` and may compress with :mod:`streamkit._compression`;
+a primitive codec writes one stream field per record field. Encoding and decoding sit
+on the hot path, so a :class:`Codec` resolves every cattrs hook and field table once,
+when it is built, and does no type dispatch per event.
 """
 
 from __future__ import annotations

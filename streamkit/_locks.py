@@ -95,6 +95,9 @@ MINIMUM_TTL = 0.001
 #: A lease TTL, in seconds: finite, and at least :data:`MINIMUM_TTL`.
 valid_ttl = at_least(MINIMUM_TTL, finite=True)
 
+# How long acquire() may wait: seconds, or None for as long as it takes.
+_valid_wait = non_negative_number.or_none()
+
 #: Polling schedule while waiting for a lock someone else holds.
 DEFAULT_POLL_BACKOFF = Backoff(initial=0.02, maximum=0.5)
 
@@ -570,7 +573,7 @@ class LockManager:
             if isinstance(outcome, Lease):
                 return outcome
             raise LockNotAcquired(name)
-        non_negative_number.or_none().check("wait", wait)
+        _valid_wait.check("wait", wait)
 
         unavailable: RedisUnavailable | None = None
         answered = False

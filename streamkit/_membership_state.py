@@ -2,7 +2,8 @@
 
 Nothing here does I/O. The runtime member (:mod:`streamkit._membership`) reads the
 state, asks :func:`plan_join` or :func:`plan_removal` for the next one, and writes it
-back in a transaction; the admin helpers (:mod:`streamkit._membership_admin`) only read.
+back in a transaction; the admin helpers (:mod:`streamkit._membership_admin`) read or
+delete it from outside the group.
 
 Keys of a group ``g`` (one Redis Cluster slot, thanks to the ``{g}`` hash tag):
 

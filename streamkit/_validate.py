@@ -25,6 +25,8 @@ __all__ = [
     "Check",
     "at_least",
     "fraction",
+    "is_int",
+    "is_number",
     "non_negative_int",
     "non_negative_number",
     "one_of",
