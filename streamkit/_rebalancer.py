@@ -155,7 +155,7 @@ class Claim:
         started_at: Trio-clock time when ``run()`` was started.
         previous_runs: how many times this rebalancer has started ``run()`` for this
             partition before (0 the first time; more after a lost lease or a
-            re-assignment). Not to be confused with an :class:`Assignment`'s
+            re-assignment). Not to be confused with an :class:`~streamkit.Assignment`'s
             ``generation``, which counts membership changes.
     """
 
