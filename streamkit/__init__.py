@@ -3,7 +3,7 @@
 import contextlib
 import typing
 
-from ._app import App as App, NotConnected as NotConnected
+from ._app import App as App
 from ._assignment import (
     Assignment as Assignment,
     AssignmentDiff as AssignmentDiff,
@@ -21,6 +21,7 @@ from ._errors import (
     LockLost as LockLost,
     LockNotAcquired as LockNotAcquired,
     MetadataMismatch as MetadataMismatch,
+    NotConnected as NotConnected,
     NotLockOwner as NotLockOwner,
     ProcessorHalted as ProcessorHalted,
     RedisUnavailable as RedisUnavailable,
@@ -52,16 +53,20 @@ from ._locks import (
     open_lock_manager as open_lock_manager,
 )
 from ._membership import (
-    MemberInfo as MemberInfo,
     Membership as Membership,
-    MembershipKeys as MembershipKeys,
-    MembershipSettings as MembershipSettings,
-    MembershipSnapshot as MembershipSnapshot,
     MembershipStatistics as MembershipStatistics,
-    membership_keys as membership_keys,
     open_membership as open_membership,
+)
+from ._membership_admin import (
+    MembershipSnapshot as MembershipSnapshot,
     read_membership as read_membership,
     reset_membership as reset_membership,
+)
+from ._membership_settings import MembershipSettings as MembershipSettings
+from ._membership_state import (
+    MemberInfo as MemberInfo,
+    MembershipKeys as MembershipKeys,
+    membership_keys as membership_keys,
 )
 from ._partitioner import (
     Partitioner as Partitioner,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from ._locks import open_lock_manager
-from ._membership import read_membership
+from ._membership_admin import read_membership
 from ._redis import redis_errors
 from ._wire import text
 

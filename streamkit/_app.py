@@ -10,7 +10,7 @@ import attrs
 
 from . import _keys
 from ._background import BackgroundTask
-from ._errors import ConfigError, StreamkitError
+from ._errors import ConfigError, NotConnected
 from ._policies import ExceptionPolicy
 from ._redis import Redis, open_redis
 from ._settings import Settings
@@ -59,16 +59,6 @@ class Processor:
     def group(self) -> str:
         """The processor's membership group and consumer group name."""
         return self.keys.group
-
-
-class NotConnected(StreamkitError):
-    """The app was used before ``async with app:`` connected it to Redis."""
-
-    def __init__(self, app: str) -> None:
-        super().__init__(
-            f"app {app!r} is not connected to Redis: use it inside `async with app:` "
-            f"(the worker does this for you)"
-        )
 
 
 @attrs.define(eq=False, init=False)

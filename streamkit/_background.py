@@ -1,7 +1,8 @@
 """Background work of an app: plain tasks, interval timers and crontabs.
 
-The schedules are pure functions of the clock, so they are tested on a mock clock; the
-runners only sleep until the next time and call the user's function.
+The schedules are pure functions of the clock (timers use the drift-free
+:mod:`streamkit._periodic`), so they are tested on a mock clock; the runners only
+sleep until the next time and call the user's function.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import trio
 from croniter import croniter
 
 from ._errors import ConfigError
+from ._periodic import run_periodically
+from ._validate import positive_number
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["BackgroundTask", "next_cron_time", "next_tick", "run_background_task"]
+__all__ = ["BackgroundTask", "next_cron_time", "run_background_task"]
 
 log = logging.getLogger("streamkit.background")
 
@@ -55,20 +58,8 @@ class BackgroundTask:
     cron: str | None = attrs.field(default=None, validator=_valid_cron)
 
     def __attrs_post_init__(self) -> None:
-        if self.kind == "timer" and (self.interval is None or self.interval <= 0):
-            raise ConfigError(
-                "interval", f"must be a positive number of seconds, got {self.interval!r}"
-            )
-
-
-def next_tick(start: float, interval: float, now: float) -> float:
-    """The first time ``start + k * interval`` (k >= 1) that is after ``now``.
-
-    Ticks stay on the original grid however long a run takes, so timers do not drift;
-    ticks missed while a run overran are skipped, not run in a burst.
-    """
-    elapsed = max(0.0, now - start)
-    return start + (int(elapsed // interval) + 1) * interval
+        if self.kind == "timer":
+            positive_number.check("interval", self.interval)
 
 
 def next_cron_time(expression: str, now: datetime) -> datetime:
@@ -89,11 +80,13 @@ async def run_background_task(task: BackgroundTask) -> None:
         return
     if task.kind == "timer":
         assert task.interval is not None
-        start = trio.current_time()
-        while True:
-            await trio.sleep_until(next_tick(start, task.interval, trio.current_time()))
+
+        async def fire() -> None:
             log.debug("timer %s firing", task.name)
             await task.fn()
+
+        # Ticks stay on one grid however long a run takes; missed ones are skipped.
+        await run_periodically(task.interval, fire, first=task.interval)
     assert task.cron is not None
     while True:
         now = datetime.now().astimezone()

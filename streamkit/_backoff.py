@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import trio
 
-from ._errors import ConfigError, RedisUnavailable
+from ._errors import RedisUnavailable
+from ._validate import fraction, positive_number
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -21,13 +22,9 @@ T = TypeVar("T")
 DEFAULT_INITIAL = 0.05
 DEFAULT_MAXIMUM = 2.0
 DEFAULT_FACTOR = 2.0
+DEFAULT_JITTER = 0.2
 
 log = logging.getLogger("streamkit.redis")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if value <= 0:
-        raise ConfigError(attribute.name, f"must be positive, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -39,12 +36,10 @@ class Backoff:
     testable delays.
     """
 
-    initial: float = attrs.field(default=DEFAULT_INITIAL, validator=_positive)
-    maximum: float = attrs.field(default=DEFAULT_MAXIMUM, validator=_positive)
-    factor: float = attrs.field(default=DEFAULT_FACTOR, validator=_positive)
-    jitter: float = attrs.field(
-        default=0.2, validator=attrs.validators.and_(attrs.validators.ge(0), attrs.validators.le(1))
-    )
+    initial: float = attrs.field(default=DEFAULT_INITIAL, validator=positive_number)
+    maximum: float = attrs.field(default=DEFAULT_MAXIMUM, validator=positive_number)
+    factor: float = attrs.field(default=DEFAULT_FACTOR, validator=positive_number)
+    jitter: float = attrs.field(default=DEFAULT_JITTER, validator=fraction)
 
     def delays(self) -> Iterator[float]:
         """Yield the delay before each successive retry, forever."""

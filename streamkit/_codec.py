@@ -3,320 +3,48 @@
 The wire format is shared by producers, consumers and the Spark data source, and is
 specified in ``docs/records.md``; change it only together with that page.
 
-Encoding and decoding sit on the hot path, so a :class:`Codec` resolves every cattrs
-hook and field table once, when it is built, and does no type dispatch per event.
+A JSON codec goes through the strict cattrs converter of
+:mod:`streamkit._json_converter` and may compress with :mod:`streamkit._compression`;
+a primitive codec writes one stream field per record field. Encoding and decoding sit
+on the hot path, so a :class:`Codec` resolves every cattrs hook and field table once,
+when it is built, and does no type dispatch per event.
 """
 
 from __future__ import annotations
 
-import base64
-import math
-import threading
-import typing
-from collections.abc import (
-    Callable,
-    Iterable,
-    Mapping,
-    MutableSequence,
-    MutableSet,
-    Sequence,
-    Set as AbstractSet,
-)
 from datetime import date, datetime
 from decimal import Decimal
 from enum import Enum
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from uuid import UUID
 
 import attrs
 import cattrs
-import lz4.frame
 import orjson
-import zstandard
-from cattrs.cols import is_mapping
-from cattrs.errors import IterableValidationError, IterableValidationNote
 
+from ._compression import COMPRESSIONS, Compression, compressor, decompressor, valid_compression
 from ._errors import ConfigError, DecodeError, EncodeError
+from ._json_converter import converter
 from ._records import PrimitiveField, is_primitive, primitive_fields
 from ._wire import field_pairs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 __all__ = ["Codec", "Compression", "codec_for"]
 
 R = TypeVar("R")
 
-Compression = Literal["lz4", "zstd"]
-"""The compression algorithms a JSON codec can apply to its payload."""
-
-_COMPRESSIONS: tuple[Compression, ...] = ("lz4", "zstd")
-
 #: The stream field holding a JSON payload, by compression; every entry names its own
 #: compression so consumers decode whatever producers chose.
 _DATA_FIELDS: dict[Compression | None, bytes] = {
     None: b"data",
-    "lz4": b"data:lz4",
-    "zstd": b"data:zstd",
+    **{compression: b"data:" + compression.encode() for compression in COMPRESSIONS},
 }
-
-# A middle level: most of the ratio of higher levels at a fraction of their cost.
-_ZSTD_LEVEL = 3
-
-
-# ---------------------------------------------------------------------------------------
-# JSON mode: one cattrs converter with explicit hooks, so the wire format is ours and not
-# whatever a cattrs "preconf" converter does in its next release.
-
-
-def _structure_str(value: Any, cls: type) -> Any:
-    if type(value) is not str:
-        raise TypeError(f"expected a string, got {type(value).__name__}")
-    # ``cls`` is a str subclass such as a StrEnum when this hook was reached through it.
-    return value if cls is str else cls(value)
-
-
-def _structure_int(value: Any, cls: type) -> Any:
-    # JSON booleans load as Python bools, which are ints; they are not integers here.
-    if type(value) is not int:
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value if cls is int else cls(value)
-
-
-def _structure_float(value: Any, cls: type) -> Any:
-    if type(value) is not float and type(value) is not int:
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    return float(value) if cls is float else cls(value)
-
-
-def _structure_bool(value: Any, _: type) -> bool:
-    if type(value) is not bool:
-        raise TypeError(f"expected a boolean, got {type(value).__name__}")
-    return value
-
-
-def _from_text(parse: Callable[[str], Any]) -> Callable[[Any, type], Any]:
-    def structure(value: Any, _: type) -> Any:
-        if type(value) is not str:
-            raise TypeError(f"expected a string, got {type(value).__name__}")
-        return parse(value)
-
-    return structure
-
-
-def _unstructure_float(value: float) -> float:
-    # orjson writes NaN and infinities as null, which would come back as a type error
-    # on the consumer; refuse them where the mistake is made.
-    if not math.isfinite(value):
-        raise ValueError(f"JSON cannot represent the float {value!r}")
-    return value
-
-
-def _b64encode(value: bytes) -> str:
-    return base64.b64encode(value).decode("ascii")
-
-
-def _b64decode(text: str) -> bytes:
-    return base64.b64decode(text, validate=True)
-
-
-def _mapping_args(mapping_type: Any) -> tuple[Any, Any]:
-    args = typing.get_args(mapping_type)
-    return (args[0], args[1]) if len(args) == 2 else (Any, Any)
-
-
-def _parse_int_key(text: Any) -> int:
-    if type(text) is not str:
-        raise TypeError(f"expected a string key, got {type(text).__name__}")
-    value = int(text)
-    # Only the form the encoder writes, so "05" and "+5" are not the same key as "5".
-    if str(value) != text:
-        raise ValueError(f"{text!r} is not a canonical integer key")
-    return value
-
-
-def _key_text_function(key_type: Any, converter: cattrs.Converter) -> Callable[[Any], str]:
-    unstructure_key = converter.get_unstructure_hook(key_type)
-
-    def key_text(key: Any) -> str:
-        text = unstructure_key(key)
-        if type(text) is str:
-            return text
-        if type(text) is int:
-            return str(text)
-        raise TypeError(f"dict key {key!r} cannot be a JSON object key")
-
-    return key_text
-
-
-def _unstructure_mapping_factory(
-    mapping_type: Any, converter: cattrs.Converter
-) -> Callable[[Mapping[Any, Any]], dict[str, Any]]:
-    key_type, value_type = _mapping_args(mapping_type)
-    key_text = _key_text_function(key_type, converter)
-    unstructure_value = converter.get_unstructure_hook(value_type)
-
-    def unstructure(mapping: Mapping[Any, Any]) -> dict[str, Any]:
-        return {key_text(key): unstructure_value(value) for key, value in mapping.items()}
-
-    return unstructure
-
-
-def _structure_mapping_factory(
-    mapping_type: Any, converter: cattrs.Converter
-) -> Callable[[Any, Any], Mapping[Any, Any]]:
-    key_type, value_type = _mapping_args(mapping_type)
-    origin = typing.get_origin(mapping_type) or mapping_type
-    build: Callable[[dict[Any, Any]], Mapping[Any, Any]] = (
-        origin if isinstance(origin, type) and issubclass(origin, dict) else dict
-    )
-    structure_value = converter.get_structure_hook(value_type)
-    structure_key_text: Callable[[Any, Any], Any]
-    if key_type is Any:
-        structure_key_text = _structure_str
-        key_type = str
-    elif key_type is int:
-
-        def structure_key_text(text: Any, _: Any) -> Any:
-            return _parse_int_key(text)
-
-    elif isinstance(key_type, type) and issubclass(key_type, Enum):
-        # Whatever the values' types, a member's key is the text the encoder writes.
-        key_text = _key_text_function(key_type, converter)
-        members = {key_text(member): member for member in key_type}
-
-        def structure_key_text(text: Any, _: Any) -> Any:
-            if text not in members:
-                raise ValueError(f"{text!r} is not a {key_type.__qualname__} key")
-            return members[text]
-
-    else:
-        structure_key_text = converter.get_structure_hook(key_type)
-
-    def structure(obj: Any, _: Any) -> Mapping[Any, Any]:
-        if type(obj) is not dict:
-            raise TypeError(f"expected a JSON object, got {type(obj).__name__}")
-        keys = _structure_each(
-            ((key, key, structure_key_text, key_type) for key in obj), mapping_type
-        )
-        values = _structure_each(
-            ((key, value, structure_value, value_type) for key, value in obj.items()),
-            mapping_type,
-        )
-        return build(dict(zip(keys, values, strict=True)))
-
-    return structure
-
-
-# The collection types a JSON array is structured into, and what each is built as.
-_ARRAY_BUILDERS: dict[Any, Callable[[list[Any]], Any]] = {
-    list: list,
-    Sequence: list,
-    MutableSequence: list,
-    tuple: tuple,
-    set: set,
-    MutableSet: set,
-    frozenset: frozenset,
-    AbstractSet: frozenset,
-}
-
-
-def _is_array_type(annotation: Any) -> bool:
-    return (typing.get_origin(annotation) or annotation) in _ARRAY_BUILDERS
-
-
-def _structure_array_factory(
-    array_type: Any, converter: cattrs.Converter
-) -> Callable[[Any, Any], Any]:
-    # cattrs builds collections from any iterable, so a string would become a list of
-    # characters; only a JSON array is accepted here.
-    origin = typing.get_origin(array_type) or array_type
-    build = _ARRAY_BUILDERS[origin]
-    args = typing.get_args(array_type)
-    if origin is tuple and args and args[-1] is not Ellipsis:
-        positions = [(converter.get_structure_hook(arg), arg) for arg in args]
-
-        def structure_tuple(obj: Any, _: Any) -> Any:
-            if type(obj) is not list:
-                raise TypeError(f"expected a JSON array, got {type(obj).__name__}")
-            if len(obj) != len(positions):
-                raise ValueError(f"expected {len(positions)} items, got {len(obj)}")
-            items = zip(obj, positions, strict=True)
-            return tuple(
-                _structure_each(
-                    (
-                        (index, value, hook, item_type)
-                        for index, (value, (hook, item_type)) in enumerate(items)
-                    ),
-                    array_type,
-                )
-            )
-
-        return structure_tuple
-
-    item_type = args[0] if args else Any
-    structure_item = converter.get_structure_hook(item_type)
-
-    def structure(obj: Any, _: Any) -> Any:
-        if type(obj) is not list:
-            raise TypeError(f"expected a JSON array, got {type(obj).__name__}")
-        return build(
-            _structure_each(
-                ((index, value, structure_item, item_type) for index, value in enumerate(obj)),
-                array_type,
-            )
-        )
-
-    return structure
-
-
-def _structure_each(
-    items: Iterable[tuple[int | str, Any, Callable[[Any, Any], Any], Any]], container: Any
-) -> list[Any]:
-    """Structure the items of a collection, reporting every failure with its position.
-
-    The notes and error type are cattrs' own, so ``cattrs.transform_error`` shows paths
-    such as ``$.lines[0].sku`` just as for cattrs' built-in collection hooks.
-    """
-    results = []
-    errors: list[Exception] = []
-    for index, value, structure, item_type in items:
-        try:
-            results.append(structure(value, item_type))
-        except Exception as exc:
-            exc.add_note(
-                IterableValidationNote(
-                    f"Structuring {container!r} @ index {index!r}", index, item_type
-                )
-            )
-            errors.append(exc)
-    if errors:
-        raise IterableValidationError(f"While structuring {container!r}", errors, container)
-    return results
-
-
-def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(unstruct_collection_overrides={AbstractSet: list})
-    converter.register_structure_hook(str, _structure_str)
-    converter.register_structure_hook(int, _structure_int)
-    converter.register_structure_hook(float, _structure_float)
-    converter.register_structure_hook(bool, _structure_bool)
-    converter.register_unstructure_hook(float, _unstructure_float)
-    converter.register_unstructure_hook(bytes, _b64encode)
-    converter.register_structure_hook(bytes, _from_text(_b64decode))
-    # datetime before date: a datetime is a date, and dispatch takes the closest match.
-    converter.register_unstructure_hook(date, date.isoformat)
-    converter.register_structure_hook(date, _from_text(date.fromisoformat))
-    converter.register_unstructure_hook(datetime, datetime.isoformat)
-    converter.register_structure_hook(datetime, _from_text(datetime.fromisoformat))
-    converter.register_unstructure_hook(Decimal, str)
-    converter.register_structure_hook(Decimal, _from_text(Decimal))
-    converter.register_unstructure_hook(UUID, str)
-    converter.register_structure_hook(UUID, _from_text(UUID))
-    converter.register_unstructure_hook_factory(is_mapping, _unstructure_mapping_factory)
-    converter.register_structure_hook_factory(is_mapping, _structure_mapping_factory)
-    converter.register_structure_hook_factory(_is_array_type, _structure_array_factory)
-    return converter
-
-
-_converter = _make_converter()
+_DATA_FIELD_NAMES = (
+    ", ".join(repr(field) for field in list(_DATA_FIELDS.values())[:-1])
+    + f" or {list(_DATA_FIELDS.values())[-1]!r}"
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -397,47 +125,6 @@ def _primitive_slots(record: type[Any]) -> list[_PrimitiveSlot]:
 
 
 # ---------------------------------------------------------------------------------------
-# Compression
-
-
-# zstandard contexts are costly to create (about 10 us) and must not be used by two
-# threads at once; codecs are shared (worker threads, Spark), so keep one per thread.
-_zstd_contexts = threading.local()
-
-
-def _zstd_compress(payload: bytes) -> bytes:
-    try:
-        compressor = _zstd_contexts.compressor
-    except AttributeError:
-        compressor = _zstd_contexts.compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-    return compressor.compress(payload)  # type: ignore[no-any-return]
-
-
-def _zstd_decompress(payload: bytes) -> bytes:
-    try:
-        decompressor = _zstd_contexts.decompressor
-    except AttributeError:
-        decompressor = _zstd_contexts.decompressor = zstandard.ZstdDecompressor()
-    if zstandard.frame_content_size(payload) < 0:
-        # Streaming encoders (in other languages too) leave the content size out, and
-        # only a decompressobj reads such frames.
-        return decompressor.decompressobj().decompress(payload)  # type: ignore[no-any-return]
-    return decompressor.decompress(payload)  # type: ignore[no-any-return]
-
-
-def _compressor(compression: Compression) -> Callable[[bytes], bytes]:
-    if compression == "lz4":
-        return lz4.frame.compress  # type: ignore[no-any-return]
-    return _zstd_compress
-
-
-_DECOMPRESSORS: dict[bytes, tuple[str, Callable[[bytes], bytes]]] = {
-    _DATA_FIELDS["lz4"]: ("lz4", lz4.frame.decompress),
-    _DATA_FIELDS["zstd"]: ("zstd", _zstd_decompress),
-}
-
-
-# ---------------------------------------------------------------------------------------
 # The codec
 
 
@@ -463,14 +150,8 @@ def _check_record(_: object, __: attrs.Attribute[Any], record: object) -> None:
 
 
 def _check_compression(codec: Codec[Any], _: attrs.Attribute[Any], compression: object) -> None:
-    if compression is None:
-        return
-    if compression not in _COMPRESSIONS:
-        raise ConfigError(
-            "compression",
-            f"expected one of {', '.join(_COMPRESSIONS)} or None, got {compression!r}",
-        )
-    if is_primitive(codec.record):
+    valid_compression.check("compression", compression)
+    if compression is not None and is_primitive(codec.record):
         raise ConfigError(
             "compression",
             f"{codec.record.__qualname__} is a primitive record, stored as plain stream "
@@ -614,7 +295,7 @@ class Codec(Generic[R]):
         if self.record is dict:
             return dict(data)  # type: ignore[return-value]
         try:
-            return _converter.structure(data, self.record)
+            return converter.structure(data, self.record)
         except Exception as exc:
             raise EncodeError(_reason(exc)) from exc
 
@@ -625,10 +306,10 @@ class Codec(Generic[R]):
         type_name = record.__qualname__
         # A plain dict goes through the converter too, so that its datetimes, bytes and
         # Decimals are written exactly as a record's would be.
-        unstructure = _converter.get_unstructure_hook(record)
-        structure = None if record is dict else _converter.get_structure_hook(record)
+        unstructure = converter.get_unstructure_hook(record)
+        structure = None if record is dict else converter.get_structure_hook(record)
         data_field = _DATA_FIELDS[self.compression]
-        compress = None if self.compression is None else _compressor(self.compression)
+        compress = None if self.compression is None else compressor(self.compression)
 
         def encode(value: R) -> dict[bytes, bytes]:
             if type(value) is not record and not (record is dict and isinstance(value, dict)):
@@ -765,15 +446,15 @@ def _flat_builder(
 
 
 def _decompressed(fields: Mapping[bytes, bytes]) -> bytes:
-    for data_field, (algorithm, decompress) in _DECOMPRESSORS.items():
-        payload = fields.get(data_field)
+    for compression in COMPRESSIONS:
+        payload = fields.get(_DATA_FIELDS[compression])
         if payload is not None:
             try:
-                return decompress(payload)
+                return decompressor(compression)(payload)
             except Exception as exc:
-                raise _BadEntry(f"corrupt {algorithm} payload: {exc}") from exc
+                raise _BadEntry(f"corrupt {compression} payload: {exc}") from exc
     present = ", ".join(repr(name) for name in list(fields)[:5]) or "none"
-    raise _BadEntry(f"no b'data', b'data:lz4' or b'data:zstd' field (fields: {present})")
+    raise _BadEntry(f"no {_DATA_FIELD_NAMES} field (fields: {present})")
 
 
 def codec_for(record: type[R], *, compression: str | None = None) -> Codec[R]:
@@ -788,9 +469,6 @@ def codec_for(record: type[R], *, compression: str | None = None) -> Codec[R]:
         ConfigError: ``record`` is not a supported type, or ``compression`` is not a
             known algorithm or is given for a primitive record.
     """
-    if compression is not None and compression not in _COMPRESSIONS:
-        raise ConfigError(
-            "compression",
-            f"expected one of {', '.join(_COMPRESSIONS)} or None, got {compression!r}",
-        )
-    return Codec(record=record, compression=compression)
+    valid_compression.check("compression", compression)
+    # Checked just above: the text is a Compression name, or None.
+    return Codec(record=record, compression=cast("Compression | None", compression))

@@ -14,6 +14,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "MetadataMismatch",
+    "NotConnected",
     "NotLockOwner",
     "ProcessorHalted",
     "RedisUnavailable",
@@ -111,6 +112,21 @@ class MetadataMismatch(StreamkitError):
         self.field = field
         self.recorded = recorded
         self.given = given
+
+
+class NotConnected(StreamkitError):
+    """An app was used before ``async with app:`` connected it to Redis.
+
+    Attributes:
+        app: the app's name.
+    """
+
+    def __init__(self, app: str) -> None:
+        super().__init__(
+            f"app {app!r} is not connected to Redis: use it inside `async with app:` "
+            f"(the worker does this for you)"
+        )
+        self.app = app
 
 
 class LockNotAcquired(StreamkitError):

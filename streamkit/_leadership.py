@@ -21,7 +21,7 @@ import trio_util
 
 from ._backoff import Backoff
 from ._errors import BackendError, LockLost, LockNotAcquired, RedisUnavailable
-from ._groups import meaningful_leaf, pick_exception
+from ._groups import open_service_nursery
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -63,10 +63,12 @@ class LeaderElection:
     _locks: LockManager
     name: str
     ttl: float
-    is_leader: Any = attrs.field(init=False, factory=trio_util.AsyncBool)
+    is_leader: trio_util.AsyncBool = attrs.field(init=False, factory=trio_util.AsyncBool)
     terms: int = attrs.field(init=False, default=0)
     # The held lease of the current term, or None between terms.
-    _term: Any = attrs.field(init=False, factory=lambda: trio_util.AsyncValue(None))
+    _term: trio_util.AsyncValue[HeldLease | None] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(None)
+    )
     _term_scopes: set[trio.CancelScope] = attrs.field(init=False, factory=set)
 
     @property
@@ -219,20 +221,6 @@ async def open_leader_election(
         steps down). An exception raised by the block propagates as itself.
     """
     election = LeaderElection(locks, name, ttl)
-    body_exc: BaseException | None = None
-    campaign_exc: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(election._campaign)
-            try:
-                yield election
-            except BaseException as exc:
-                # Re-raised below as itself rather than wrapped in an exception group.
-                body_exc = exc
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        campaign_exc = meaningful_leaf(group)
-    to_raise = pick_exception(body_exc, campaign_exc)
-    if to_raise is not None:
-        raise to_raise
+    async with open_service_nursery(reason=f"leaving the election for {name!r}") as nursery:
+        await nursery.start(election._campaign)
+        yield election

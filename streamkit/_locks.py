@@ -37,15 +37,16 @@ import trio_util
 
 from ._backoff import Backoff
 from ._errors import (
-    ConfigError,
     LockLost,
     LockNotAcquired,
     NotLockOwner,
     RedisUnavailable,
     StreamkitError,
 )
-from ._groups import meaningful_leaf, pick_exception
+from ._groups import open_service_nursery
+from ._periodic import next_tick
 from ._redis import Redis, redis_errors
+from ._validate import at_least, non_negative_number
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -60,9 +61,9 @@ __all__ = [
     "keep_lease_alive",
     "local_deadline",
     "lock_key",
-    "next_renewal",
     "open_lock_manager",
     "tagged",
+    "valid_ttl",
 ]
 
 log = logging.getLogger("streamkit.locks")
@@ -87,6 +88,15 @@ CLOCK_DRIFT_MINIMUM = 0.002
 #: How long releasing a lease may take while leaving ``hold()``; after that the lease
 #: is left to expire on its own.
 RELEASE_TIMEOUT = 1.0
+
+#: The shortest lease TTL: Redis expires keys with millisecond precision.
+MINIMUM_TTL = 0.001
+
+#: A lease TTL, in seconds: finite, and at least :data:`MINIMUM_TTL`.
+valid_ttl = at_least(MINIMUM_TTL, finite=True)
+
+# How long acquire() may wait: seconds, or None for as long as it takes.
+_valid_wait = non_negative_number.or_none()
 
 #: Polling schedule while waiting for a lock someone else holds.
 DEFAULT_POLL_BACKOFF = Backoff(initial=0.02, maximum=0.5)
@@ -161,17 +171,6 @@ def fence_key(name: str) -> str:
 # --- pure time logic ------------------------------------------------------------------
 
 
-def next_renewal(start: float, period: float, now: float) -> float:
-    """The first renewal time ``start + k * period`` (``k >= 1``) strictly after ``now``.
-
-    Renewals sleep until these absolute times instead of ``period`` after the previous
-    renewal, so round trips and retries never make the schedule drift; renewals
-    missed while retrying are skipped, not bunched up.
-    """
-    k = max(1, math.floor((now - start) / period) + 1)
-    return start + k * period
-
-
 def local_deadline(lease: Lease) -> float:
     """The Trio-clock time after which ``lease`` must be treated as lost.
 
@@ -187,8 +186,7 @@ def local_deadline(lease: Lease) -> float:
 
 
 def _ttl_ms(ttl: float) -> int:
-    if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl >= 0.001):
-        raise ConfigError("ttl", f"must be a finite number of seconds >= 0.001, got {ttl!r}")
+    valid_ttl.check("ttl", ttl)
     return max(1, round(ttl * 1000))
 
 
@@ -297,13 +295,14 @@ class HeldLease:
 
     Attributes:
         lease: the current lease; replaced after each extension (same token).
-        lost: an ``AsyncBool`` that turns true, once, the moment the lease is lost.
+        lost: a ``trio_util.AsyncBool`` that turns true, once, the moment the lease
+            is lost.
         lost_reason: why it was lost, or ``None`` while it holds.
         extensions: how many times the lease was extended.
     """
 
     lease: Lease
-    lost: Any = attrs.field(init=False, factory=trio_util.AsyncBool)
+    lost: trio_util.AsyncBool = attrs.field(init=False, factory=trio_util.AsyncBool)
     lost_reason: str | None = attrs.field(init=False, default=None)
     extensions: int = attrs.field(init=False, default=0)
     _scopes: list[trio.CancelScope] = attrs.field(init=False, factory=list)
@@ -448,7 +447,7 @@ async def keep_lease_alive(
     if backoff is None:
         backoff = Backoff(initial=period / 8, maximum=period / 2)
     while True:
-        await trio.sleep_until(next_renewal(start, period, trio.current_time()))
+        await trio.sleep_until(next_tick(start, period, trio.current_time()))
         outcome = await _extend_before(
             lease,
             extend,
@@ -574,8 +573,7 @@ class LockManager:
             if isinstance(outcome, Lease):
                 return outcome
             raise LockNotAcquired(name)
-        if wait is not None and not wait > 0:
-            raise ConfigError("wait", f"must be >= 0 or None, got {wait!r}")
+        _valid_wait.check("wait", wait)
 
         unavailable: RedisUnavailable | None = None
         answered = False
@@ -701,29 +699,14 @@ class LockManager:
         body_scope = trio.CancelScope()
         held.cancel_on_loss(body_scope)
         self._holding.append(held)
-        body_exc: BaseException | None = None
-        keeper_exc: BaseException | None = None
         try:
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._keep, held)
-                    try:
-                        with body_scope:
-                            yield held
-                    except BaseException as exc:
-                        # Kept aside and re-raised below, so it reaches the caller
-                        # as itself, not wrapped in the nursery's exception group.
-                        body_exc = exc
-                    finally:
-                        nursery.cancel_scope.cancel()
-            except BaseExceptionGroup as group:
-                keeper_exc = meaningful_leaf(group)
+            async with open_service_nursery(reason=f"leaving the hold on {name!r}") as nursery:
+                nursery.start_soon(self._keep, held)
+                with body_scope:
+                    yield held
         finally:
             self._holding.remove(held)
             await self._release_held(held)
-        to_raise = pick_exception(body_exc, keeper_exc)
-        if to_raise is not None:
-            raise to_raise
         if held.lost_reason is not None:
             raise LockLost(name, held.lost_reason)
 

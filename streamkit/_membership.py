@@ -1,28 +1,17 @@
-"""The membership store: who is in a group, and which partitions each member owns.
+"""The runtime membership store: one member of a group, alive in the background.
 
-Members join, heartbeat, leave and get reaped when their heartbeat stops; every change
-recomputes a sticky, balanced assignment (:mod:`streamkit._assignment`) atomically in
-Redis and is announced on a control stream, which every member watches to keep its
-view of the assignment current.
-
-Keys of a group ``g`` (one Redis Cluster slot, thanks to the ``{g}`` hash tag):
-
-===========================  ============================================================
-key                          what it holds
-===========================  ============================================================
-``__memb:{g}``               JSON: generation, partitions, members (with metadata) and
-                             the assignment
-``__beat:{g}:ID``            member ID's heartbeat: a string key with a TTL
-``__ctrl:{g}``               control stream: ``event`` (join/leave/reap), ``member``,
-                             ``generation``; capped at about 1000 entries
-===========================  ============================================================
+A member joins its group, heartbeats, reaps members whose heartbeat stopped, and
+leaves on exit; every change recomputes a sticky, balanced assignment
+(:mod:`streamkit._assignment`) atomically in Redis and is announced on a control
+stream, which every member watches to keep its view of the assignment current. The
+keys, the JSON state and the pure planning of each change are in
+:mod:`streamkit._membership_state`; this module does the I/O.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
@@ -31,249 +20,42 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import coredis
-import orjson
 import trio
 import trio_util
 
 from ._assignment import Assignment, Assignor, assign
 from ._backoff import Backoff, retry_unavailable
-from ._errors import ConfigError, MetadataMismatch, RedisUnavailable, StreamkitError
-from ._groups import leaves
+from ._errors import RedisUnavailable, StreamkitError
+from ._groups import open_service_nursery
+from ._membership_settings import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_LEAVE_TIMEOUT,
+    DEFAULT_REFRESH_INTERVAL,
+    DEFAULT_SESSION_TIMEOUT,
+    DEFAULT_STATIC_GRACE,
+    MembershipSettings,
+)
+from ._membership_state import (
+    CONTROL_STREAM_MAXLEN,
+    GroupState,
+    MemberInfo,
+    MembershipKeys,
+    membership_keys,
+    plan_join,
+    plan_removal,
+    tag_safe,
+)
+from ._periodic import run_periodically
 from ._redis import Redis, redis_errors
 
 if TYPE_CHECKING:
-    from collections.abc import (
-        AsyncIterator,
-        Callable,
-        Collection,
-        Iterator,
-        Mapping,
-        Sequence,
-    )
+    from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 
-__all__ = [
-    "MemberInfo",
-    "Membership",
-    "MembershipKeys",
-    "MembershipSettings",
-    "MembershipSnapshot",
-    "MembershipStatistics",
-    "membership_keys",
-    "next_deadline",
-    "open_membership",
-    "read_membership",
-    "reset_membership",
-    "run_periodically",
-]
+__all__ = ["Membership", "MembershipStatistics", "open_membership"]
 
-DEFAULT_HEARTBEAT_INTERVAL = 1.0
-DEFAULT_SESSION_TIMEOUT = 10.0
-DEFAULT_STATIC_GRACE = 60.0
-DEFAULT_REFRESH_INTERVAL = 5.0
-DEFAULT_LEAVE_TIMEOUT = 2.0
-CONTROL_STREAM_MAXLEN = 1000
-_STATE_VERSION = 1
 _CONTROL_READ_COUNT = 100
 
 log = logging.getLogger("streamkit.membership")
-
-
-# --------------------------------------------------------------------------- keys
-
-
-def _tag_safe(kind: str, value: str) -> str:
-    # Braces would change the hash tag, so the group's keys could land on different
-    # cluster slots and the transactions below would fail there.
-    if not isinstance(value, str) or not value or "{" in value or "}" in value:
-        raise ConfigError(kind, f"must be a non-empty string without braces, got {value!r}")
-    return value
-
-
-@attrs.frozen
-class MembershipKeys:
-    """The Redis keys of one membership group (all in one cluster slot).
-
-    Attributes:
-        group: the group's name.
-        state: the JSON state (members, assignment, generation, partitions).
-        control: the control stream announcing every change.
-    """
-
-    group: str
-    state: str
-    control: str
-
-    def heartbeat(self, member_id: str) -> str:
-        """The heartbeat key of ``member_id``."""
-        return f"__beat:{{{self.group}}}:{member_id}"
-
-
-def membership_keys(group: str) -> MembershipKeys:
-    """Return the keys of ``group``.
-
-    Error handling:
-        :class:`ConfigError` if ``group`` is empty or contains braces.
-    """
-    _tag_safe("group", group)
-    return MembershipKeys(group, f"__memb:{{{group}}}", f"__ctrl:{{{group}}}")
-
-
-# --------------------------------------------------------------------------- state
-
-
-@attrs.frozen(kw_only=True)
-class MemberInfo:
-    """What the group records about a member.
-
-    Attributes:
-        id: the member's id.
-        static: whether a graceful exit keeps its place for ``static_grace`` seconds.
-        host: the host name it runs on.
-        pid: its process id.
-        joined_at: when it joined, as a Unix timestamp.
-        heartbeat_ttl: seconds until its heartbeat expires, as last read (``None``
-            where unknown or already expired); only set by :func:`read_membership`.
-    """
-
-    id: str
-    static: bool = False
-    host: str = ""
-    pid: int = 0
-    joined_at: float = 0.0
-    heartbeat_ttl: float | None = None
-
-    def _to_json(self) -> dict[str, Any]:
-        return {
-            "static": self.static,
-            "host": self.host,
-            "pid": self.pid,
-            "joined_at": self.joined_at,
-        }
-
-    @classmethod
-    def _from_json(cls, member_id: str, data: Mapping[str, Any]) -> MemberInfo:
-        return cls(
-            id=member_id,
-            static=bool(data.get("static", False)),
-            host=str(data.get("host", "")),
-            pid=int(data.get("pid", 0)),
-            joined_at=float(data.get("joined_at", 0.0)),
-        )
-
-
-@attrs.frozen(kw_only=True)
-class _State:
-    """The decoded ``__memb`` key; every change produces a new one."""
-
-    generation: int
-    partitions: tuple[int, ...]
-    members: Mapping[str, MemberInfo]
-    assignment: Assignment
-
-    def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "version": _STATE_VERSION,
-                "generation": self.generation,
-                "partitions": list(self.partitions),
-                "members": {m: info._to_json() for m, info in sorted(self.members.items())},
-                "assignment": {m: list(p) for m, p in self.assignment.members.items()},
-            }
-        )
-
-    @classmethod
-    def decode(cls, raw: bytes | None) -> _State | None:
-        if raw is None:
-            return None
-        try:
-            data = orjson.loads(raw)
-            generation = int(data["generation"])
-            partitions = tuple(int(p) for p in data["partitions"])
-            members = {m: MemberInfo._from_json(m, info) for m, info in data["members"].items()}
-            assignment = Assignment(
-                generation=generation,
-                partitions=partitions,
-                members={m: [int(p) for p in ps] for m, ps in data["assignment"].items()},
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StreamkitError(f"membership state is corrupt: {exc!r}") from exc
-        return cls(
-            generation=generation, partitions=partitions, members=members, assignment=assignment
-        )
-
-
-def _checked(
-    assignor: Assignor,
-    partitions: tuple[int, ...],
-    members: Collection[str],
-    previous: Mapping[str, Collection[int]],
-) -> dict[str, tuple[int, ...]]:
-    if not members:
-        # The last member left: nobody owns anything until someone joins.
-        return {}
-    result = assignor(partitions, members, previous)
-    given = sorted(p for owned in result.values() for p in owned)
-    if given != sorted(partitions) or not set(result) <= set(members):
-        raise ConfigError(
-            "assignor",
-            f"must give each of {list(partitions)} to exactly one of {sorted(members)}, "
-            f"returned {result!r}",
-        )
-    return {m: tuple(result.get(m, ())) for m in members}
-
-
-def _with_members(
-    state: _State | None,
-    members: Mapping[str, MemberInfo],
-    partitions: tuple[int, ...],
-    assignor: Assignor,
-) -> _State:
-    generation = (state.generation if state else 0) + 1
-    previous = state.assignment.members if state else {}
-    owners = _checked(assignor, partitions, list(members), previous)
-    return _State(
-        generation=generation,
-        partitions=partitions,
-        members=dict(members),
-        assignment=Assignment(generation=generation, partitions=partitions, members=owners),
-    )
-
-
-def plan_join(
-    state: _State | None,
-    member: MemberInfo,
-    partitions: tuple[int, ...],
-    assignor: Assignor,
-    *,
-    group: str = "",
-) -> _State | None:
-    """The state after ``member`` joins, or ``None`` if nothing changes.
-
-    A member that is already in the group (a static member back within its grace
-    period, or a rejoin that raced with nothing) changes nothing, so nobody's
-    partitions move and the generation stays.
-
-    Error handling:
-        :class:`MetadataMismatch` if the group has members and other partitions.
-    """
-    if state is not None and state.members:
-        if member.id in state.members:
-            return None
-        if state.partitions != partitions:
-            raise MetadataMismatch(
-                f"membership group {group}", "partitions", list(state.partitions), list(partitions)
-            )
-    members = dict(state.members) if state else {}
-    members[member.id] = member
-    return _with_members(state, members, partitions, assignor)
-
-
-def plan_removal(state: _State | None, gone: Collection[str], assignor: Assignor) -> _State | None:
-    """The state after the ``gone`` members leave or are reaped; ``None``: no change."""
-    if state is None or not set(gone) & set(state.members):
-        return None
-    members = {m: info for m, info in state.members.items() if m not in gone}
-    return _with_members(state, members, state.partitions, assignor)
 
 
 def _announce(pipe: Any, keys: MembershipKeys, event: str, member: str, generation: int) -> None:
@@ -284,90 +66,6 @@ def _announce(pipe: Any, keys: MembershipKeys, event: str, member: str, generati
         threshold=CONTROL_STREAM_MAXLEN,
         trim_operator=coredis.PureToken.APPROXIMATELY,
     )
-
-
-# --------------------------------------------------------------------------- periodic
-
-
-def next_deadline(start: float, interval: float, now: float) -> float:
-    """Return the first ``start + k * interval`` (``k >= 1``) strictly after ``now``.
-
-    Ticks that were missed (because the work took longer than ``interval``) are
-    skipped rather than run back to back, and the schedule never drifts.
-    """
-    k = max(1, math.floor((now - start) / interval) + 1)
-    deadline = start + k * interval
-    # Floating point may put start + k*interval a hair below now.
-    while deadline <= now:
-        k += 1
-        deadline = start + k * interval
-    return deadline
-
-
-async def run_periodically(interval: float, fn: Callable[[], Any], *, first: float = 0.0) -> None:
-    """Await ``fn()`` at ``start + first + k * interval`` for ``k = 0, 1, ...``, forever.
-
-    Cancellation:
-        Returns only by cancellation.
-    """
-    start = trio.current_time() + first
-    await trio.sleep_until(start)
-    while True:
-        await fn()
-        await trio.sleep_until(next_deadline(start, interval, trio.current_time()))
-
-
-# --------------------------------------------------------------------------- settings
-
-
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(attribute.name, f"must be a positive number, got {value!r}")
-
-
-def _partitions(value: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        raise ConfigError("partitions", f"must be a count or a sequence of ints, got {value!r}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ConfigError("partitions", f"must be at least 1, got {value!r}")
-        return tuple(range(value))
-    parts = tuple(sorted(set(value)))
-    if not parts or not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
-        raise ConfigError("partitions", f"must be a non-empty sequence of ints, got {value!r}")
-    return parts
-
-
-@attrs.frozen(kw_only=True)
-class MembershipSettings:
-    """How a member behaves in its group. All times are in seconds.
-
-    Attributes:
-        partitions: the group's partitions (an int ``n`` means ``0 .. n-1``).
-        heartbeat_interval: how often the member renews its heartbeat and looks for
-            dead members.
-        session_timeout: how long a heartbeat lasts; a member silent this long is
-            reaped. Must exceed ``heartbeat_interval`` (keep it several times larger).
-        static_grace: how long a static member's place is kept after it exits.
-        refresh_interval: the longest the member goes without re-reading the state,
-            as a safety net behind the control stream.
-        leave_timeout: the longest leaving may take on exit.
-    """
-
-    partitions: tuple[int, ...] = attrs.field(converter=_partitions)
-    heartbeat_interval: float = attrs.field(default=DEFAULT_HEARTBEAT_INTERVAL, validator=_positive)
-    session_timeout: float = attrs.field(default=DEFAULT_SESSION_TIMEOUT, validator=_positive)
-    static_grace: float = attrs.field(default=DEFAULT_STATIC_GRACE, validator=_positive)
-    refresh_interval: float = attrs.field(default=DEFAULT_REFRESH_INTERVAL, validator=_positive)
-    leave_timeout: float = attrs.field(default=DEFAULT_LEAVE_TIMEOUT, validator=_positive)
-
-    @session_timeout.validator
-    def _longer_than_heartbeat(self, attribute: attrs.Attribute[float], value: float) -> None:
-        if value <= self.heartbeat_interval:
-            raise ConfigError(
-                "session_timeout",
-                f"must be longer than heartbeat_interval ({self.heartbeat_interval}), got {value}",
-            )
 
 
 @contextlib.contextmanager
@@ -382,9 +80,6 @@ def _timeout(seconds: float, what: str) -> Iterator[None]:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-
-
-# --------------------------------------------------------------------------- the member
 
 
 @attrs.frozen(kw_only=True)
@@ -463,7 +158,7 @@ class Membership:
 
     def __attrs_post_init__(self) -> None:
         self.keys = membership_keys(self.group)
-        _tag_safe("member_id", self.id)
+        tag_safe("member_id", self.id)
         self._info = MemberInfo(
             id=self.id,
             static=self.static,
@@ -502,7 +197,7 @@ class Membership:
 
     # ----------------------------------------------------------------- publishing
 
-    def _publish(self, state: _State) -> None:
+    def _publish(self, state: GroupState) -> None:
         # Only the watch task (and join, before it starts) publishes, in the order
         # Redis answered, so values never go back in time.
         if state.assignment != self.assignment.value:
@@ -519,13 +214,13 @@ class Membership:
 
     async def _transact(
         self,
-        decide: Callable[[_State | None], _State | None],
+        decide: Callable[[GroupState | None], GroupState | None],
         *,
         event: str,
         member: str,
         beat_px: int | None = None,
         delete_beat: bool = False,
-    ) -> tuple[_State | None, bool]:
+    ) -> tuple[GroupState | None, bool]:
         """Read the state, decide, write: atomically, retried on conflicts.
 
         ``decide`` is pure: it maps the state read to a new state, or ``None`` for no
@@ -540,8 +235,8 @@ class Membership:
         redis = self.redis
         keys = self.keys
 
-        async def body(pipe: Any) -> tuple[_State | None, bool]:
-            state = _State.decode(await redis.get(keys.state))
+        async def body(pipe: Any) -> tuple[GroupState | None, bool]:
+            state = GroupState.decode(await redis.get(keys.state))
             new = decide(state)
             if beat_px is not None:
                 pipe.set(keys.heartbeat(member), str(time.time()), px=beat_px)
@@ -556,13 +251,13 @@ class Membership:
         with redis_errors():
             return await redis.transaction(body, keys.state)
 
-    async def _join(self) -> _State:
+    async def _join(self) -> GroupState:
         parts = self.settings.partitions
         beat = _ms(self.settings.session_timeout)
 
         info = attrs.evolve(self._info, joined_at=time.time())
 
-        def decide(state: _State | None) -> _State | None:
+        def decide(state: GroupState | None) -> GroupState | None:
             return plan_join(state, info, parts, self.assignor, group=self.group)
 
         state, changed = await self._transact(decide, event="join", member=self.id, beat_px=beat)
@@ -626,7 +321,7 @@ class Membership:
                 self.id, reaped, self.group, state.generation,
             )  # fmt: skip
 
-    async def _transact_reap(self, members: Collection[str]) -> tuple[_State | None, list[str]]:
+    async def _transact_reap(self, members: Collection[str]) -> tuple[GroupState | None, list[str]]:
         """Remove every member whose heartbeat key is gone, atomically.
 
         The liveness check runs under WATCH on every member's heartbeat key, so a
@@ -641,8 +336,8 @@ class Membership:
 
             async def body(
                 pipe: Any, watched: tuple[str, ...] = watched
-            ) -> tuple[_State | None, list[str]]:
-                state = _State.decode(await redis.get(keys.state))
+            ) -> tuple[GroupState | None, list[str]]:
+                state = GroupState.decode(await redis.get(keys.state))
                 if state is None:
                     return None, []
                 if not set(state.members) <= set(watched):
@@ -707,7 +402,7 @@ class Membership:
 
     async def _refresh(self) -> None:
         """Re-read the state and publish it; rejoin if we are no longer a member."""
-        state = _State.decode(await self._get_state_raw())
+        state = GroupState.decode(await self._get_state_raw())
         self._refreshes += 1
         if state is None or self.id not in state.members:
             log.warning(
@@ -831,7 +526,7 @@ async def open_membership(
         assignor=assignor,
     )
 
-    async def join() -> _State:
+    async def join() -> GroupState:
         # Read the control stream's position first: any change after it, our own
         # join included, wakes the watcher, so nothing between is missed.
         member._control_id = await member._last_control_id()
@@ -844,24 +539,10 @@ async def open_membership(
         what=f"joining membership group {group!r} as {member.id!r}",
     )
     member._publish(state)
-    body_error: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_service_nursery(reason="membership closing") as nursery:
             nursery.start_soon(member._run)
-            try:
-                yield member
-            except BaseException as exc:
-                body_error = exc
-                raise
-            finally:
-                nursery.cancel_scope.cancel("membership closing")
-    except BaseExceptionGroup as group_exc:
-        unwrapped = _unwrap(group_exc, body_error)
-        if unwrapped is group_exc:
-            raise
-        # Keep the error's own cause (the Redis error behind a streamkit error, or
-        # whatever the user chained), but not the group around it.
-        raise unwrapped from unwrapped.__cause__
+            yield member
     finally:
         if member._leave_on_exit:
             with trio.move_on_after(settings.leave_timeout, shield=True) as scope:
@@ -878,86 +559,3 @@ async def open_membership(
                     member.id, group, settings.leave_timeout,
                 )  # fmt: skip
         member.partitions.value = frozenset()
-
-
-def _unwrap(
-    group: BaseExceptionGroup[BaseException], preferred: BaseException | None
-) -> BaseException:
-    # Prefer the user's own exception, then the one meaningful background error.
-    found = leaves(group)
-    if (
-        preferred is not None
-        and not isinstance(preferred, trio.Cancelled)
-        and any(leaf is preferred for leaf in found)
-    ):
-        return preferred
-    meaningful = [leaf for leaf in found if not isinstance(leaf, trio.Cancelled)]
-    if len(meaningful) == 1:
-        return meaningful[0]
-    return group
-
-
-# --------------------------------------------------------------------------- CLI helpers
-
-
-@attrs.frozen(kw_only=True)
-class MembershipSnapshot:
-    """What :func:`read_membership` found in Redis.
-
-    Attributes:
-        group: the group's name.
-        generation: the current generation.
-        partitions: the group's partitions.
-        members: every member, with its heartbeat's remaining time.
-        assignment: who owns what.
-    """
-
-    group: str
-    generation: int
-    partitions: tuple[int, ...]
-    members: tuple[MemberInfo, ...]
-    assignment: Assignment
-
-
-async def read_membership(redis: Redis, group: str) -> MembershipSnapshot | None:
-    """Return a snapshot of ``group``'s state, or ``None`` if it has never had members.
-
-    Error handling:
-        :class:`RedisUnavailable` / :class:`BackendError` from Redis;
-        :class:`StreamkitError` if the state is corrupt.
-    """
-    keys = membership_keys(group)
-    with redis_errors():
-        raw = await redis.get(keys.state)
-    state = _State.decode(raw)
-    if state is None:
-        return None
-    ids = sorted(state.members)
-    with redis_errors():
-        async with redis.pipeline(transaction=False) as pipe:
-            requests = [pipe.pttl(keys.heartbeat(m)) for m in ids]
-        ttls = [await request for request in requests]
-    members = tuple(
-        attrs.evolve(state.members[m], heartbeat_ttl=ttl / 1000 if ttl >= 0 else None)
-        for m, ttl in zip(ids, ttls, strict=True)
-    )
-    return MembershipSnapshot(
-        group=group,
-        generation=state.generation,
-        partitions=state.partitions,
-        members=members,
-        assignment=state.assignment,
-    )
-
-
-async def reset_membership(redis: Redis, group: str) -> None:
-    """Delete ``group``'s state, heartbeats and control stream (for ``streamkit reset``).
-
-    Only safe while no member runs: live members would rejoin at once.
-    """
-    keys = membership_keys(group)
-    with redis_errors():
-        raw = await redis.get(keys.state)
-        state = _State.decode(raw)
-        members = list(state.members) if state else []
-        await redis.delete([keys.state, keys.control, *(keys.heartbeat(m) for m in members)])

@@ -24,7 +24,7 @@ Each partition goes through these states::
 from __future__ import annotations
 
 import logging
-import math
+import warnings
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal
 
@@ -33,8 +33,10 @@ import trio
 import trio_util
 
 from ._backoff import Backoff
-from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
-from ._groups import meaningful_leaf
+from ._errors import LockLost, RedisUnavailable, StreamkitError
+from ._groups import open_service_nursery
+from ._locks import valid_ttl
+from ._validate import non_negative_number
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection
@@ -60,14 +62,17 @@ log = logging.getLogger("streamkit.rebalancer")
 #: member that died (``kill -9``) stays locked after the group reassigned it.
 DEFAULT_LEASE_TTL = 10.0
 
-#: How long ``run()`` has to return after its partition started draining.
-DEFAULT_GRACE = 2.0
+#: How long ``run()`` has to return after its partition started draining: enough
+#: for a processor to finish and acknowledge the event or batch in hand. The worker's
+#: ``grace_period`` setting defaults to it.
+DEFAULT_GRACE = 5.0
 
 #: The pause before re-acquiring a partition whose lease was lost.
 DEFAULT_ACQUIRE_BACKOFF = Backoff(initial=0.05, maximum=2.0)
 
-# "releasing": run() has ended, the hold is releasing the lease.
-_State = Literal["acquiring", "running", "draining", "releasing", "idle"]
+# Where a partition under way is; "releasing": run() has ended, the hold is
+# releasing the lease.
+_SlotState = Literal["acquiring", "running", "draining", "releasing", "idle"]
 
 
 # --------------------------------------------------------------------------- the plan
@@ -148,16 +153,27 @@ class Claim:
             being moved away (or the rebalancer drains): finish the current unit of
             work, acknowledge it, and return.
         started_at: Trio-clock time when ``run()`` was started.
-        generation: how many times this rebalancer has started ``run()`` for this
+        previous_runs: how many times this rebalancer has started ``run()`` for this
             partition before (0 the first time; more after a lost lease or a
-            re-assignment).
+            re-assignment). Not to be confused with an :class:`~streamkit.Assignment`'s
+            ``generation``, which counts membership changes.
     """
 
     partition: int
     held: HeldLease = attrs.field(repr=False)
     draining: trio_util.AsyncBool = attrs.field(factory=trio_util.AsyncBool, repr=False)
     started_at: float = attrs.field(factory=trio.current_time, repr=False)
-    generation: int = 0
+    previous_runs: int = 0
+
+    @property
+    def generation(self) -> int:
+        """Deprecated: the old name of :attr:`previous_runs`."""
+        warnings.warn(
+            "Claim.generation is deprecated; use Claim.previous_runs",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.previous_runs
 
     async def wait_draining(self) -> None:
         """Wait until the partition must be handed back.
@@ -166,20 +182,6 @@ class Claim:
             Safe to cancel.
         """
         await self.draining.wait_value(True)
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-    if not ok or math.isnan(value):
-        raise ConfigError(attribute.name, f"must be a number of seconds >= 0, got {value!r}")
-
-
-def _lease_ttl(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0.001:
-        raise ConfigError(
-            attribute.name, f"must be a finite number of seconds >= 0.001, got {value!r}"
-        )
 
 
 @attrs.frozen(kw_only=True)
@@ -193,8 +195,8 @@ class RebalancerSettings:
             was lost (it grows while losses repeat).
     """
 
-    lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=_lease_ttl)
-    grace: float = attrs.field(default=DEFAULT_GRACE, validator=_non_negative)
+    lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=valid_ttl)
+    grace: float = attrs.field(default=DEFAULT_GRACE, validator=non_negative_number)
     acquire_backoff: Backoff = attrs.field(
         default=DEFAULT_ACQUIRE_BACKOFF, validator=attrs.validators.instance_of(Backoff)
     )
@@ -232,7 +234,7 @@ class _Slot:
     """The rebalancer's bookkeeping for one partition under way."""
 
     partition: int
-    state: _State = "acquiring"
+    state: _SlotState = "acquiring"
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     claim: Claim | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
@@ -282,7 +284,7 @@ class Rebalancer:
 
     # ----------------------------------------------------------------- inspection
 
-    def _in(self, *states: _State) -> frozenset[int]:
+    def _in(self, *states: _SlotState) -> frozenset[int]:
         return frozenset(p for p, s in self._slots.items() if s.state in states)
 
     def statistics(self) -> RebalancerStatistics:
@@ -426,8 +428,8 @@ class Rebalancer:
         claim: Claim | None = None
         try:
             async with self.locks.hold(name, ttl=self.settings.lease_ttl, wait=None) as held:
-                claim = Claim(p, held, generation=self._runs.get(p, 0))
-                self._runs[p] = claim.generation + 1
+                claim = Claim(p, held, previous_runs=self._runs.get(p, 0))
+                self._runs[p] = claim.previous_runs + 1
                 slot.claim = claim
                 slot.state = "running"
                 self._starts += 1
@@ -515,7 +517,7 @@ class Rebalancer:
             still runs (leases are still released).
         """
         grace = self.settings.grace if grace is None else grace
-        _non_negative(None, attrs.fields(RebalancerSettings).grace, grace)
+        non_negative_number.check("grace", grace)
         self._closing = True
         log.info("draining all partitions (%r, grace %ss)", self, grace)
         for slot in list(self._slots.values()):
@@ -611,30 +613,19 @@ async def open_rebalancer(
     """
     settings = RebalancerSettings(lease_ttl=lease_ttl, grace=grace, acquire_backoff=acquire_backoff)
     rebalancer = Rebalancer(assigned, locks, lock_name, run, settings)
-    body_exc: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_service_nursery(reason="rebalancer closing") as nursery:
             rebalancer._nursery = nursery
             nursery.start_soon(rebalancer._supervise, name="streamkit rebalancer")
-            try:
-                yield rebalancer
-            except BaseException as exc:
-                # Kept aside and re-raised below, so it is never wrapped in a group.
-                body_exc = exc
-            else:
-                await rebalancer.drain()
-            finally:
-                nursery.cancel_scope.cancel("rebalancer closing")
-    except BaseExceptionGroup as group:
-        # Only if the block's exit was cancelled from outside while draining: our
-        # tasks keep their errors to themselves.
-        raise meaningful_leaf(group) from None
+            yield rebalancer
+            await rebalancer.drain()
+    except trio.Cancelled:
+        # Cancelled from outside just as run() failed: the failure is the news.
+        if rebalancer._fatal is None:
+            raise
     finally:
         rebalancer._closing = True
         rebalancer.owned.value = frozenset()
-    if body_exc is not None and not (
-        rebalancer._fatal is not None and isinstance(body_exc, trio.Cancelled)
-    ):
-        raise body_exc
     if rebalancer._fatal is not None:
+        # run() failed: the nursery was cancelled and the block with it.
         raise rebalancer._fatal

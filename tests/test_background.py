@@ -10,19 +10,11 @@ import trio
 import trio.testing
 
 from streamkit import App, ConfigError
-from streamkit._background import BackgroundTask, next_cron_time, next_tick, run_background_task
+from streamkit._background import BackgroundTask, next_cron_time, run_background_task
 from streamkit._worker import Worker, run_worker
 
 if TYPE_CHECKING:
     from streamkit import Redis
-
-
-def test_ticks_stay_on_the_grid() -> None:
-    assert next_tick(10.0, 2.0, 10.0) == 12.0
-    assert next_tick(10.0, 2.0, 11.9) == 12.0
-    assert next_tick(10.0, 2.0, 12.0) == 14.0
-    # A run that overran skips the ticks it missed instead of bursting.
-    assert next_tick(10.0, 2.0, 17.5) == 18.0
 
 
 def test_next_cron_time() -> None:

@@ -25,7 +25,6 @@ from streamkit._locks import (
     keep_lease_alive,
     local_deadline,
     lock_key,
-    next_renewal,
     open_lock_manager,
     tagged,
 )
@@ -449,14 +448,6 @@ async def test_two_processes_exclude_each_other(redis_url: str, redis: Redis) ->
 
 
 # --- the renewal schedule, on a mock clock -------------------------------------------
-
-
-def test_next_renewal_is_drift_free() -> None:
-    assert next_renewal(10.0, 1.0, 10.0) == 11.0
-    assert next_renewal(10.0, 1.0, 10.5) == 11.0
-    assert next_renewal(10.0, 1.0, 11.0) == 12.0
-    assert next_renewal(10.0, 1.0, 13.75) == 14.0
-    assert next_renewal(10.0, 1.0, 9.0) == 11.0  # never before the first period
 
 
 def test_local_deadline_allows_for_clock_drift() -> None:

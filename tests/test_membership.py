@@ -14,17 +14,9 @@ import pytest
 import trio
 
 from streamkit import ConfigError, MetadataMismatch
-from streamkit._membership import (
-    Membership,
-    _State as State,
-    membership_keys,
-    next_deadline,
-    open_membership,
-    plan_removal,
-    read_membership,
-    reset_membership,
-    run_periodically,
-)
+from streamkit._membership import Membership, open_membership
+from streamkit._membership_admin import read_membership, reset_membership
+from streamkit._membership_state import GroupState, membership_keys, plan_removal
 from streamkit._redis import Redis, open_redis
 
 if TYPE_CHECKING:
@@ -289,7 +281,7 @@ async def test_a_member_removed_behind_its_back_rejoins(
 
     # As if b had been paused past its session and reaped by someone else.
     keys = membership_keys(GROUP)
-    state = State.decode(await redis.get(keys.state))
+    state = GroupState.decode(await redis.get(keys.state))
     removed = plan_removal(state, ["b"], a.assignor)
     assert removed is not None
     with caplog.at_level(logging.WARNING, logger="streamkit.membership"):
@@ -424,31 +416,3 @@ async def test_read_and_reset(redis: Redis) -> None:
     await reset_membership(redis, GROUP)
     assert await read_membership(redis, GROUP) is None
     assert await redis.keys("*{" + GROUP + "}*") == set()
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-def test_next_deadline_is_drift_free() -> None:
-    assert next_deadline(10.0, 0.5, 10.0) == 10.5
-    assert next_deadline(10.0, 0.5, 10.2) == 10.5
-    assert next_deadline(10.0, 0.5, 10.5) == 11.0
-    # Missed ticks are skipped, not bunched up.
-    assert next_deadline(10.0, 0.5, 11.7) == 12.0
-    assert next_deadline(0.0, 0.1, 0.30000000000000004) > 0.30000000000000004
-
-
-async def test_run_periodically_keeps_its_schedule(autojump_clock: trio.testing.MockClock) -> None:
-    times: list[float] = []
-    work = iter([0.1, 0.3, 0.9, 0.0, 0.0])
-
-    async def tick() -> None:
-        times.append(trio.current_time())
-        await trio.sleep(next(work))
-
-    start = trio.current_time()
-    with trio.move_on_after(3.0):
-        await run_periodically(0.5, tick, first=0.5)
-    # Work of 0.1 and 0.3 s does not shift the schedule; 0.9 s skips one tick.
-    # (The tick due at 3.0 loses to the cancellation due at the same instant.)
-    assert [t - start for t in times] == [0.5, 1.0, 1.5, 2.5]

@@ -19,7 +19,7 @@ import trio_util
 
 from streamkit import ConfigError, LockLost
 from streamkit._backoff import Backoff
-from streamkit._locks import LockManager, lock_key, open_lock_manager
+from streamkit._locks import HeldLease, Lease, LockManager, lock_key, open_lock_manager
 from streamkit._membership import Membership, open_membership
 from streamkit._rebalancer import (
     Claim,
@@ -98,6 +98,12 @@ def test_plan_empty_assignment_releases_everything() -> None:
 def test_settings_are_validated(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         RebalancerSettings(**options)
+
+
+async def test_claim_generation_is_a_deprecated_name_of_previous_runs() -> None:
+    claim = Claim(3, HeldLease(Lease("p", lock_key("p"), "me", 1, 1.0, 1.0)), previous_runs=2)
+    with pytest.deprecated_call(match="previous_runs"):
+        assert claim.generation == 2
 
 
 # --------------------------------------------------------------------------- harness
@@ -439,7 +445,7 @@ async def test_lost_lease_restarts_the_partition(redis: Redis) -> None:
             await intruder.release(lease)
             await rec.wait(lambda: rec.running(0) == "x")
             second = claims[-1]
-            assert (second.partition, second.generation) == (0, 1)
+            assert (second.partition, second.previous_runs) == (0, 1)
             assert second.held.token > lease.token > first.held.token
             await rebalancer.owned.wait_value(frozenset({0, 1}))
             assert rec.starts("x", 1) == 1

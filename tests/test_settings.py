@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from streamkit import App, ConfigError, Settings
+from streamkit import App, ConfigError, MembershipSettings, RebalancerSettings, Settings
 
 
 def test_defaults() -> None:
     settings = Settings.from_env({})
     assert settings.partition_count == 16
     assert settings.max_len is None
+
+
+def test_component_defaults_are_the_settings_defaults() -> None:
+    settings = Settings.from_env({})
+    rebalancer = RebalancerSettings()
+    membership = MembershipSettings(partitions=1)
+    assert settings.grace_period == rebalancer.grace == 5.0
+    assert settings.lease_ttl == rebalancer.lease_ttl
+    assert settings.heartbeat_interval == membership.heartbeat_interval
+    assert settings.session_timeout == membership.session_timeout
+    assert settings.static_grace == membership.static_grace
 
 
 def test_environment_overrides_defaults_and_keywords_override_environment() -> None:
@@ -38,6 +49,8 @@ def test_nullable_setting_can_be_unset_from_the_environment() -> None:
         ({"STREAMKIT_PARTITION_COUNT": "0"}, {}, "partition_count"),
         ({}, {"partition_count": -1}, "partition_count"),
         ({}, {"compression": "gzip"}, "compression"),
+        ({}, {"lease_ttl": float("inf")}, "lease_ttl"),
+        ({}, {"grace_period": float("nan")}, "grace_period"),
         ({}, {"redis_url": "localhost"}, "redis_url"),
         ({}, {"partition_cuont": 3}, "partition_cuont"),
     ],
