@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 import trio
 
 from ._errors import DecodeError, LockLost, StreamkitError
-from ._groups import meaningful_leaf, pick_exception
+from ._groups import open_service_nursery
 from ._locks import local_deadline
+from ._validate import non_negative_number
 from ._wire import field_pairs
 
 if TYPE_CHECKING:
@@ -330,9 +331,8 @@ class Events(Generic[R]):
             from the feed; the ids are kept for a later attempt (they are pending in
             Redis either way) and the error is recorded as :attr:`failure`.
         """
-        if not self._acks:
-            await trio.lowlevel.checkpoint()
-            return
+        # Even with nothing new: the feed may hold acknowledgements handed over
+        # earlier for its next read, and sends them now.
         ids, self._acks = self._acks, []
         try:
             await self._feed.ack(ids)
@@ -685,8 +685,7 @@ class _Batches(AsyncIterator[list[T]]):
     def __init__(self, events: Events[Any], n: int, within: float | None, *, decode: bool) -> None:
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"take() needs a positive batch size, got {n!r}")
-        if within is not None and not within >= 0:
-            raise ValueError(f"within must be a number of seconds >= 0, got {within!r}")
+        non_negative_number.or_none().check("within", within)
         self._events = events
         self._n = n
         self._within = math.inf if within is None else within
@@ -798,29 +797,18 @@ async def open_events(
         divert=divert,
         middleware=middleware,
     )
-    body_exc: BaseException | None = None
-    task_exc: BaseException | None = None
+    ended_normally = False
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_service_nursery(reason="events closed") as nursery:
             events._nursery = nursery
             if draining is not None:
                 nursery.start_soon(_watch_draining, draining, events)
-            try:
-                yield events
-            except BaseException as exc:
-                # Re-raised below as itself, not wrapped in the nursery's group.
-                body_exc = exc
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        task_exc = meaningful_leaf(group)
+            yield events
+        ended_normally = True
     finally:
         events._nursery = None
         events._stop_pump()
-    to_raise = pick_exception(body_exc, task_exc)
-    await _leave(events, commit=to_raise is None)
-    if to_raise is not None:
-        raise to_raise
+        await _leave(events, commit=ended_normally)
 
 
 async def _watch_draining(draining: trio_util.AsyncBool, events: Events[Any]) -> None:

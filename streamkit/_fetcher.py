@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
@@ -39,9 +38,10 @@ from coredis.commands.script import Script
 from ._backoff import Backoff
 from ._errors import BackendError, ConfigError, LockLost, RedisUnavailable, StreamkitError
 from ._feed import Batch, FeedEnded
-from ._groups import meaningful_leaf, pick_exception
+from ._groups import open_service_nursery
 from ._redis import Redis, redis_errors
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
+from ._validate import positive_finite_number, positive_int
 from ._wire import ACK_LUA, READ_LUA, text
 
 if TYPE_CHECKING:
@@ -134,7 +134,14 @@ class _Feed:
 
     async def ack(self, ids: Sequence[bytes]) -> None:
         due, self.acks_due = self.acks_due, []
-        await self.fetcher._ack(self, [*due, *ids])
+        if not (due or ids):
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            await self.fetcher._ack(self, [*due, *ids])
+        except BaseException:
+            self.acks_due[:0] = due
+            raise
 
     def _put(self, batch: Batch) -> None:
         self._send.send_nowait(batch)
@@ -537,17 +544,11 @@ async def open_fetcher(
         the stream, a batch size below one, ...). Redis being unavailable does not end
         the fetcher: it retries with backoff, logging each failure.
     """
-    if batch_size < 1:
-        raise ConfigError("batch_size", f"must be a positive integer, got {batch_size!r}")
-    if prefetch < 1:
-        raise ConfigError("prefetch", f"must be a positive integer, got {prefetch!r}")
-    for name, value in (
-        ("idle_block", idle_block),
-        ("busy_poll", busy_poll),
-        ("command_timeout", command_timeout),
-    ):
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(name, f"must be a positive number of seconds, got {value!r}")
+    positive_int.check("batch_size", batch_size)
+    positive_int.check("prefetch", prefetch)
+    positive_finite_number.check("idle_block", idle_block)
+    positive_finite_number.check("busy_poll", busy_poll)
+    positive_finite_number.check("command_timeout", command_timeout)
     spec = spec_of(stream)
     fetcher = Fetcher(
         redis,
@@ -559,23 +560,10 @@ async def open_fetcher(
         busy_poll,
         command_timeout,
     )
-    body_exc: BaseException | None = None
-    task_exc: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            fetcher._nursery = nursery
-            nursery.start_soon(fetcher._run)
-            try:
-                yield fetcher
-            except BaseException as exc:
-                # Re-raised below as itself, not wrapped in the nursery's group.
-                body_exc = exc
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group_exc:
-        task_exc = meaningful_leaf(group_exc)
-    finally:
-        fetcher._nursery = None
-    to_raise = pick_exception(body_exc, task_exc)
-    if to_raise is not None:
-        raise to_raise
+    async with open_service_nursery(reason="fetcher closed") as nursery:
+        fetcher._nursery = nursery
+        nursery.start_soon(fetcher._run)
+        try:
+            yield fetcher
+        finally:
+            fetcher._nursery = None

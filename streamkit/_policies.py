@@ -35,6 +35,7 @@ from ._backoff import Backoff
 from ._errors import ConfigError, DecodeError, ProcessorHalted, RedisUnavailable
 from ._events import DEFAULT_ACK_BATCH, open_events
 from ._redis import Redis, as_unavailable, redis_errors
+from ._validate import non_negative_int, one_of, positive_int
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -73,24 +74,6 @@ DEAD_LETTER_FIELDS = (
 )
 
 
-def _check_retries(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not (isinstance(value, int) and value >= 0):
-        raise ConfigError(attribute.name, f"must be an integer >= 0, got {value!r}")
-
-
-def _check_max_deliveries(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and not (isinstance(value, int) and value >= 1):
-        raise ConfigError(attribute.name, f"must be None or an integer >= 1, got {value!r}")
-
-
-def _one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value not in choices:
-            raise ConfigError(attribute.name, f"must be one of {', '.join(choices)}; got {value!r}")
-
-    return check
-
-
 @attrs.frozen(kw_only=True)
 class ExceptionPolicy:
     """What to do when a processor raises while processing events.
@@ -118,15 +101,15 @@ class ExceptionPolicy:
     """
 
     action: Action = attrs.field(
-        default="halt", validator=_one_of("halt", "retry", "dead_letter", "ignore")
+        default="halt", validator=one_of("halt", "retry", "dead_letter", "ignore")
     )
-    retries: int = attrs.field(default=DEFAULT_RETRIES, validator=_check_retries)
+    retries: int = attrs.field(default=DEFAULT_RETRIES, validator=non_negative_int)
     backoff: Backoff = attrs.field(default=DEFAULT_RETRY_BACKOFF)
     on_exhausted: ExhaustedAction = attrs.field(
-        default="halt", validator=_one_of("halt", "dead_letter", "ignore")
+        default="halt", validator=one_of("halt", "dead_letter", "ignore")
     )
     max_deliveries: int | None = attrs.field(
-        default=DEFAULT_MAX_DELIVERIES, validator=_check_max_deliveries
+        default=DEFAULT_MAX_DELIVERIES, validator=positive_int.or_none()
     )
 
     @property

@@ -26,6 +26,7 @@ from ._membership_settings import (
 from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._redis import DEFAULT_CONNECT_TIMEOUT
 from ._validate import Check, non_negative_number, positive_int, positive_number
+from ._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -37,8 +38,6 @@ ENV_PREFIX = "STREAMKIT_"
 # The defaults of the settings that belong to no single component.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 DEFAULT_PARTITION_COUNT = 16
-DEFAULT_PARTITION_SIZE = 100_000
-DEFAULT_SEND_CHUNK_SIZE = 1_000
 DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
 
 _url = Check(lambda value: isinstance(value, str) and "://" in value, "a redis:// URL")

@@ -17,8 +17,9 @@ import attrs
 import trio
 from coredis.commands.script import Script
 
-from ._errors import ConfigError, MetadataMismatch
+from ._errors import MetadataMismatch
 from ._redis import redis_errors
+from ._validate import positive_int
 from ._wire import METADATA_LUA, SEND_LUA, compare_metadata, flatten_fields, metadata_pairs
 
 if TYPE_CHECKING:
@@ -205,8 +206,7 @@ class Stream(Generic[R]):
             have been sent and later ones have not; the failing one may be partly sent.
         """
         chunk = chunk_size if chunk_size is not None else self.settings.send_chunk_size
-        if chunk < 1:
-            raise ConfigError("chunk_size", f"must be a positive integer, got {chunk!r}")
+        positive_int.check("chunk_size", chunk)
         await self.check_metadata()
         window_size = chunk * WINDOW_PER_PARTITION * self.partition_count
         ids: list[str] = []

@@ -21,6 +21,8 @@ __all__ = [
     "ACK_LUA",
     "APPEND_AND_TRIM_LUA",
     "COMPARED_METADATA",
+    "DEFAULT_PARTITION_SIZE",
+    "DEFAULT_SEND_CHUNK_SIZE",
     "METADATA_LUA",
     "METADATA_VERSION",
     "READ_LUA",
@@ -33,6 +35,11 @@ __all__ = [
 ]
 
 METADATA_VERSION = "1"
+
+#: Entries a partition keeps before appends trim it (never past unprocessed entries).
+DEFAULT_PARTITION_SIZE = 100_000
+#: Entries appended per script call by the producer and the Spark writer.
+DEFAULT_SEND_CHUNK_SIZE = 1_000
 
 #: The metadata fields compared between a stream's record and a producer or consumer.
 #: An empty ``partition_by`` means "a callable", which cannot be compared.

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .. import _keys
+from .._compression import valid_compression
 from .._errors import ConfigError, MetadataMismatch
-from .._settings import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
 from .._spec import record_metadata
-from .._wire import compare_metadata
+from .._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE, compare_metadata
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -244,8 +244,7 @@ class WriteOptions:
         """Parse Spark's options; raise :class:`~streamkit.ConfigError` on a bad one."""
         options = _lower(raw)
         compression = options.get("compression") or None
-        if compression not in (None, "lz4", "zstd"):
-            raise ConfigError("compression", f"expected lz4 or zstd, got {compression!r}")
+        valid_compression.check("compression", compression)
         write_id = options.get("writeid") or None
         if write_id is not None and not re.fullmatch(r"[A-Za-z0-9_.\-]+", write_id):
             raise ConfigError(
