@@ -44,7 +44,7 @@ import attrs
 import orjson
 import trio
 
-from streamkit import App, Events, Record, open_redis, run_worker
+from streamkit import App, Events, Record, Redis, open_redis, run_worker
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from streamkit import Stream
 
-    Seen = Callable[[int, float, float], None]
+    Seen = Callable[[int, float, float, int], None]
     Send = Callable[[Sequence["Ping"]], Awaitable[None]]
 
 Loop = Literal["bare", "streamkit"]
@@ -184,8 +184,16 @@ async def produce(url: str, app_name: str, plan: Plan) -> None:
 class Result:
     loop: Loop
     rate: int
-    latencies: list[float]
+    #: (send time, latency, partition) of every counted record, in arrival order.
+    samples: list[tuple[float, float, int]]
     producer: dict[str, float]
+    #: CPU used while the counted records flowed, in cores: this process, redis-server.
+    consumer_cpu: float
+    redis_cpu: float
+
+    @property
+    def latencies(self) -> list[float]:
+        return [latency for _, latency, _ in self.samples]
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -201,18 +209,29 @@ async def run_producer(url: str, app_name: str, plan: Plan) -> dict[str, float]:
 
 async def measure(url: str, loop: Loop, plan: Plan) -> Result:
     app_name = f"lat{time.monotonic_ns()}"
-    latencies: list[float] = []
+    samples: list[tuple[float, float, int]] = []
     received = 0
     finished = trio.Event()
+    counting = trio.Event()
     producer: dict[str, float] = {"rate": math.nan, "worst_lag": math.nan}
+    cpu: dict[str, float] = {}
 
-    def seen(seq: int, sent: float, now: float) -> None:
+    async def measure_cpu(redis: Redis) -> None:
+        await counting.wait()
+        began, own, server = time.perf_counter(), time.process_time(), await redis_cpu(redis)
+        await finished.wait()
+        wall = time.perf_counter() - began
+        cpu["consumer"] = (time.process_time() - own) / wall
+        cpu["redis"] = (await redis_cpu(redis) - server) / wall
+
+    def seen(seq: int, sent: float, now: float, partition: int) -> None:
         nonlocal received
         if seq < 0:
             return
         received += 1
         if seq >= plan.first_counted:
-            latencies.append(now - sent)
+            samples.append((sent, now - sent, partition))
+            counting.set()
         if received == plan.total:
             finished.set()
 
@@ -228,33 +247,53 @@ async def measure(url: str, loop: Loop, plan: Plan) -> Result:
             @app.processor(stream)
             async def process(events: Events[Ping]) -> None:
                 async for ping in events.records():
-                    seen(ping.seq, ping.sent, time.time())
+                    seen(ping.seq, ping.sent, time.time(), events.partition)
 
             await nursery.start(run_worker, app)
+        nursery.start_soon(measure_cpu, app.redis)
         with trio.move_on_after(plan.warmup + plan.seconds + 30):
             producer = await run_producer(url, app_name, plan)
             await finished.wait()
+            while "redis" not in cpu:
+                await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     if received != plan.total:
         print(f"  warning: {loop} at {plan.rate:,}/s received {received:,} of {plan.total:,}")
-    return Result(loop, plan.rate, latencies, producer)
+    return Result(
+        loop,
+        plan.rate,
+        samples,
+        producer,
+        cpu.get("consumer", math.nan),
+        cpu.get("redis", math.nan),
+    )
+
+
+async def redis_cpu(redis: Redis) -> float:
+    """CPU seconds redis-server has used so far."""
+    info = await redis.info("cpu")
+    return sum(float(str(info[name])) for name in ("used_cpu_user", "used_cpu_sys"))
 
 
 async def bare_loop(url: str, keys: Sequence[str], seen: Seen) -> None:
     """Blocking XREADGROUP over all partitions on one connection; read, process, ack."""
     streams: dict[str | bytes, str | bytes] = dict.fromkeys(keys, ">")
+    partition_of: dict[str | bytes, int] = {}
+    for partition, name in enumerate(keys):
+        partition_of[name] = partition_of[name.encode()] = partition
     async with open_redis(url) as redis:
         while True:
             reply = await redis.xreadgroup("g", "c", streams=streams, count=500, block=1000)
             if not reply:
                 continue
-            for entries in reply.values():
+            for stream_key, entries in reply.items():
+                partition = partition_of[stream_key]
                 for entry in entries:
                     ping = orjson.loads(entry.field_values[b"data"])
-                    seen(ping["seq"], ping["sent"], time.time())
+                    seen(ping["seq"], ping["sent"], time.time(), partition)
             async with redis.pipeline(transaction=False) as pipe:
-                for key, entries in reply.items():
-                    pipe.xack(key, "g", [entry.identifier for entry in entries])
+                for stream_key, entries in reply.items():
+                    pipe.xack(stream_key, "g", [entry.identifier for entry in entries])
 
 
 # --- report -----------------------------------------------------------------------
@@ -266,7 +305,7 @@ LABELS: dict[Loop, str] = {
 }
 
 
-async def run(plans: Sequence[Plan]) -> None:
+async def run(plans: Sequence[Plan], by_partition: float | None = None) -> None:
     loops: tuple[Loop, ...] = ("bare", "streamkit")
     results: list[Result] = []
     with RedisServer() as server:
@@ -295,12 +334,41 @@ async def run(plans: Sequence[Plan]) -> None:
             ratio = p99 / bare_p99[result.rate]
             line += f"{ratio:>12.2f}x  target <= {P99_TARGET:g}x"
         print(line)
-    print("  producer: achieved rate, and the latest a tick was sent behind its schedule")
+    print(
+        "  load while the counted records flowed: the producer's achieved rate and latest "
+        "tick, CPU used (1.00 = one core)"
+    )
+    print(
+        f"  {'rate':>8}  {'loop':<34}{'sent/s':>8}{'late ms':>9}{'CPU here':>10}{'CPU redis':>11}"
+    )
     for result in results:
         print(
-            f"    {result.rate:>6,}/s, {LABELS[result.loop]:<34}"
-            f"{result.producer['rate']:>8,.0f}/s {result.producer['worst_lag'] * 1000:>7.1f} ms"
+            f"  {result.rate:>6,}/s  {LABELS[result.loop]:<34}{result.producer['rate']:>8,.0f}"
+            f"{result.producer['worst_lag'] * 1000:>9.1f}{result.consumer_cpu:>10.2f}"
+            f"{result.redis_cpu:>11.2f}"
         )
+    if by_partition is not None:
+        for result in results:
+            print_by_partition(result, by_partition)
+
+
+def print_by_partition(result: Result, window: float) -> None:
+    """The worst latency of each partition in each window of send time: shows whether
+    a tail is a pause of the whole process or some partitions waiting."""
+    start = min(sent for sent, _, _ in result.samples)
+    partitions = 1 + max(partition for _, _, partition in result.samples)
+    worst: dict[int, list[float]] = {}
+    for sent, latency, partition in result.samples:
+        row = worst.setdefault(int((sent - start) / window), [0.0] * partitions)
+        row[partition] = max(row[partition], latency)
+    print(
+        f"  {result.rate:,}/s, {LABELS[result.loop]}: worst latency (ms) per partition "
+        f"and {window * 1000:g} ms of send time"
+    )
+    print(f"  {'sent at':>8} " + "".join(f"{f'p{p}':>7}" for p in range(partitions)))
+    for index in sorted(worst):
+        cells = "".join(f"{latency * 1000:>7.0f}" for latency in worst[index])
+        print(f"  {index * window:>7.2f}s {cells}")
 
 
 def main() -> None:
@@ -316,6 +384,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not counted")
     parser.add_argument("--tick-ms", type=float, default=1.0, help="producer tick")
+    parser.add_argument(
+        "--by-partition",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="also print each partition's worst latency per window of this many seconds",
+    )
     parser.add_argument(
         "--producer",
         choices=["socket", "streamkit"],
@@ -334,7 +409,7 @@ def main() -> None:
         )
         for rate in args.rates
     ]
-    trio.run(run, plans)
+    trio.run(run, plans, args.by_partition)
 
 
 if __name__ == "__main__":
