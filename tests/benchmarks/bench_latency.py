@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import itertools
 import json
 import math
@@ -398,6 +399,9 @@ def main() -> None:
         help="socket: XADD by hand on a trio socket (default); streamkit: Stream.send",
     )
     args = parser.parse_args()
+    if args.producer == "socket" and importlib.util.find_spec("hiredis") is None:
+        print("  (hiredis, a dev dependency, is not installed: the producer uses Stream.send)")
+        args.producer = "streamkit"
     plans = [
         Plan(
             rate=rate,
