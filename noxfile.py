@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,10 +18,17 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 
 SOURCES = ["streamkit", "tests", "examples", "noxfile.py"]
-BENCHMARKS = ["bench_send.py", "bench_consume.py", "bench_rebalance.py", "bench_spark.py"]
+BENCHMARKS = [
+    "bench_send.py",
+    "bench_consume.py",
+    "bench_latency.py",
+    "bench_rebalance.py",
+    "bench_spark.py",
+]
 BENCHMARK_TITLES = {
     "bench_send.py": "Sending",
     "bench_consume.py": "Consuming",
+    "bench_latency.py": "End-to-end latency",
     "bench_rebalance.py": "Rebalancing",
     "bench_spark.py": "Spark",
 }
@@ -31,10 +39,31 @@ BENCHMARK_NOTES = {
         "of machine."
     ),
     "bench_consume.py": (
-        "One worker (`run_worker`), one processor with a trivial body, against a bare "
-        "coredis `XREADGROUP COUNT 500` + `XACK` loop on the same data. For reference, "
+        "One worker (`run_worker`), one processor with a trivial body, timed from its "
+        "first event to its last, against two bare loops over the same backlog in the same "
+        "process: the coredis `XREADGROUP COUNT 500` + `XACK` loop streamkit is built on, "
+        "and the same commands written by hand in RESP on a Trio socket, replies parsed by "
+        "`hiredis`, all partitions in one round trip: the limit for one Python process. "
+        "**Targets: `records()` at least 75% and `take(500)` at least 90% of bare "
+        "coredis.** coredis 6.9 parses replies with its own compiled parser and does not "
+        "use `hiredis` even when it is installed (the run checks this, and the coredis "
+        "loop is as fast either way), so installing `hiredis` speeds up neither coredis "
+        "nor streamkit: it is only the yardstick here, a dev dependency. For reference, "
         "runnel processes about 3.9k events/s with `records()` and 6k with `take(500)` on "
-        "this kind of machine."
+        "this kind of machine. Where the time goes: "
+        "`python tests/benchmarks/bench_consume.py --profile` (cProfile, top 25 by own "
+        "time)."
+    ),
+    "bench_latency.py": (
+        "A producer process sends small records at a fixed rate, paced drift-free (a "
+        "group every millisecond), each stamped with its send time; the latency is from "
+        "the send to the processing code. One worker with a `records()` processor against "
+        "a bare blocking `XREADGROUP` loop on one coredis connection, with the same "
+        "producer and partition count. **Target: streamkit's p99 within 2x of the bare "
+        "loop's.** The second table shows that the producer held its rate and how much "
+        "CPU the consumer and redis-server used; `--by-partition 0.25` prints each "
+        "partition's worst latency over time, telling a pause of the process from some "
+        "partitions waiting."
     ),
     "bench_rebalance.py": (
         "Membership, locks and rebalancer with 16 partitions whose work ticks every 5 ms: "
@@ -53,7 +82,10 @@ This page is written by `./dev bench` (the nox `bench` session) from the output 
 the benchmark scripts in `tests/benchmarks/`: the figures come from a run, not from a
 hand. Each script measures streamkit side by side with the bare Redis loop it is
 built on, in the same run, so the ratios hold even where the absolute numbers depend
-on the machine (a busy machine moves both).
+on the machine (a busy machine moves both). Run `./dev bench` to reproduce the page,
+or one script alone for a quick before/after, e.g.
+`python tests/benchmarks/bench_consume.py` inside `.venv` (`--help` lists the sizes,
+rounds and rates for bigger runs).
 """
 
 
@@ -88,29 +120,59 @@ def tests(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: print figures and ratios measured side by side, and write
     docs/performance.md from this run's output."""
+    load = _load()
     outputs = {}
     for script in BENCHMARKS:
         output = session.run("python", f"tests/benchmarks/{script}", silent=True)
         assert isinstance(output, str)
         print(output)
         outputs[script] = output
-    Path("docs/performance.md").write_text(performance_page(outputs))
+    Path("docs/performance.md").write_text(performance_page(outputs, load))
     session.log("wrote docs/performance.md")
 
 
-def performance_page(outputs: dict[str, str]) -> str:
+def performance_page(outputs: dict[str, str], load: str = "unknown") -> str:
     """The performance docs page: the benchmarks' own output from this run."""
     lines = [PERFORMANCE_INTRO.strip(), ""]
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines.append(
-        f"Run on {now}: {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, {platform.system()}."
+        f"Run on {now}: {_cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {platform.system()}, {_redis_version()}; "
+        f"load average {load} when the run began, as other work shares the machine."
     )
     for script, output in outputs.items():
         lines += ["", f"## {BENCHMARK_TITLES[script]}", "", BENCHMARK_NOTES[script], ""]
         kept = [line for line in output.splitlines() if not _noise(line)]
         lines += ["```text", *kept, "```"]
     return "\n".join(lines) + "\n"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _redis_version() -> str:
+    try:
+        out = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "redis-server (version unknown)"
+    version = next((p for p in out.split() if p.startswith("v=")), "v=?")[2:]
+    return f"redis-server {version}"
+
+
+def _load() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def _noise(line: str) -> bool:

@@ -1,27 +1,53 @@
-"""Consuming throughput: records(), take(500) and a bare XREADGROUP + XACK loop.
+"""Consuming throughput: records() and take(500) against two bare loops, in one run.
 
-Run with ``python tests/benchmarks/bench_consume.py`` inside .venv. All three loops
-run in one process against the same private redis-server, on the same backlog shape
-(``--events`` small records over ``--partitions`` partitions, one worker), and the
-figures are printed side by side with their ratios. The bare loop neither decodes nor
-fences: it is the transport's ceiling.
+Run with ``./dev bench`` (or ``python tests/benchmarks/bench_consume.py`` inside .venv).
+Every loop runs in this one process against the same private redis-server, on the same
+backlog shape (``--events`` small records over ``--partitions`` partitions), and the
+figures are printed side by side with their ratios:
+
+* **bare coredis**: ``XREADGROUP COUNT 500`` + ``XACK`` per partition on the coredis
+  client streamkit itself uses, one command at a time. It neither decodes nor fences:
+  it is the ceiling of the transport streamkit is built on.
+* **hiredis limit**: the same reads and acknowledgements written by hand in RESP on a
+  ``trio.open_tcp_stream`` socket, replies parsed by ``hiredis.Reader``, one round trip
+  for all partitions (each partition's ``XACK`` of its previous batch pipelined with its
+  next ``XREADGROUP``). About as lean as a Python loop gets: the limit for one Python
+  process. Skipped, with a note, when ``hiredis`` (a dev dependency) is not installed.
+* **records()** and **take(500)**: one worker (``run_worker``), one processor with a
+  trivial body. Timed from the first event the processor sees to the last, so the
+  worker's start-up (joining, locking) is not counted as consuming.
+
+Targets: ``records()`` at least 75% and ``take(500)`` at least 90% of bare coredis.
+
+``--profile`` instead runs the ``records()`` and ``take(500)`` loops once each under
+cProfile and prints the top functions by own time (``--profile-top``), and writes the
+raw profiles for snakeviz & co. with ``--profile-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import importlib.util
+import pstats
+import statistics
+import sys
 import time
-from typing import TYPE_CHECKING
+import urllib.parse
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from streamkit import App, Record
-from streamkit._worker import run_worker
+from streamkit import App, Events, Record, Stream, run_worker
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
-    from streamkit._events import Events
-    from streamkit._streams import Stream
+    from collections.abc import Sequence
+
+Mode = Literal["records", "take"]
+BATCH = 500
+TARGETS: dict[str, float] = {"records": 0.75, "take": 0.90}
 
 
 class Tick(Record):
@@ -34,39 +60,69 @@ async def fill(stream: Stream[Tick], n: int) -> None:
     await stream.send_many(Tick(symbol=f"S{i % 500}", price=i / 100, volume=i) for i in range(n))
 
 
-async def bench_worker(redis_url: str, n: int, partitions: int, mode: str) -> float:
-    """One worker (``run_worker``) with one processor with a trivial body."""
+# --- streamkit -------------------------------------------------------------------
+
+
+async def bench_worker(
+    redis_url: str,
+    n: int,
+    partitions: int,
+    mode: Mode,
+    profiler: cProfile.Profile | None = None,
+) -> tuple[float, float]:
+    """One worker (``run_worker``) with one processor with a trivial body.
+
+    Returns events/s from the first event to the last, and the seconds from starting
+    the worker to its first event (start-up, not counted in the rate).
+    """
     app = App(f"bench{time.monotonic_ns()}", redis_url=redis_url)
     stream = app.stream("ticks", record=Tick, partition_by="symbol", partition_count=partitions)
     done = 0
+    first = last = 0.0
     finished = trio.Event()
 
     @app.processor(stream)
     async def process(events: Events[Tick]) -> None:
-        nonlocal done
+        nonlocal done, first, last
         if mode == "records":
             async for _ in events.records():
+                if not done:
+                    first = time.perf_counter()
                 done += 1
                 if done == n:
+                    last = time.perf_counter()
                     finished.set()
         else:
-            async for batch in events.take(500, within=0.01):
+            async for batch in events.take(BATCH, within=0.01):
+                if not done:
+                    first = time.perf_counter()
                 done += len(batch)
                 if done == n:
+                    last = time.perf_counter()
                     finished.set()
 
     async with app:
         await fill(stream, n)
         async with trio.open_nursery() as nursery:
-            began = time.perf_counter()
-            worker = await nursery.start(run_worker, app)
-            await finished.wait()
-            elapsed = time.perf_counter() - began
+            if profiler is not None:
+                profiler.enable()
+            try:
+                began = time.perf_counter()
+                worker = await nursery.start(run_worker, app)
+                await finished.wait()
+            finally:
+                if profiler is not None:
+                    profiler.disable()
             await worker.stop()
-    return n / elapsed
+    # The first event's own batch is not timed: count the events after the first.
+    return (n - 1) / (last - first), first - began
 
 
-async def bench_bare(app: App, n: int, partitions: int) -> float:
+# --- bare coredis ----------------------------------------------------------------
+
+
+async def bench_coredis(app: App, n: int, partitions: int) -> float:
+    """XREADGROUP COUNT 500 + XACK per partition on streamkit's own coredis client."""
     stream = app.stream(
         f"bare{time.monotonic_ns()}", record=Tick, partition_by="symbol", partition_count=partitions
     )
@@ -79,7 +135,7 @@ async def bench_bare(app: App, n: int, partitions: int) -> float:
     done = 0
     for key in keys:
         while True:
-            reply = await redis.xreadgroup("g", "c", streams={key: ">"}, count=500)
+            reply = await redis.xreadgroup("g", "c", streams={key: ">"}, count=BATCH)
             if not reply:
                 break
             entries = next(iter(reply.values()))
@@ -89,43 +145,207 @@ async def bench_bare(app: App, n: int, partitions: int) -> float:
     return n / (time.perf_counter() - began)
 
 
+# --- bare hiredis over a trio socket --------------------------------------------
+
+
+def _command(*parts: bytes) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def _xack(key: bytes, ids: Sequence[bytes]) -> bytes:
+    head = b"*%d\r\n$4\r\nXACK\r\n$%d\r\n%s\r\n$1\r\ng\r\n" % (len(ids) + 3, len(key), key)
+    return head + b"".join([b"$%d\r\n%s\r\n" % (len(i), i) for i in ids])
+
+
+async def bench_hiredis(app: App, url: str, n: int, partitions: int) -> float:
+    """The same reads and acknowledgements as bench_coredis, in hand-written RESP on a
+    trio socket, parsed by hiredis, all partitions in one round trip."""
+    import hiredis  # optional: the bench runs without it
+
+    stream = app.stream(
+        f"hiredis{time.monotonic_ns()}",
+        record=Tick,
+        partition_by="symbol",
+        partition_count=partitions,
+    )
+    await fill(stream, n)
+    keys = [key.encode() for key in stream.partition_keys()]
+    for key in keys:
+        await app.redis.xgroup_create(key, "g", "0", mkstream=True)
+    reads = {
+        key: _command(
+            b"XREADGROUP", b"GROUP", b"g", b"c", b"COUNT", b"%d" % BATCH, b"STREAMS", key, b">"
+        )
+        for key in keys
+    }
+    parts = urllib.parse.urlsplit(url)
+    sock = await trio.open_tcp_stream(parts.hostname or "127.0.0.1", parts.port or 6379)
+    reader = hiredis.Reader()
+    began = time.perf_counter()
+    done = 0
+    async with sock:
+        active = list(keys)
+        pending: dict[bytes, list[bytes]] = {}
+        while active:
+            out = bytearray()
+            expected = 0
+            for key in active:
+                ids = pending.get(key)
+                if ids:
+                    out += _xack(key, ids)
+                    expected += 1
+                out += reads[key]
+                expected += 1
+            await sock.send_all(out)
+            replies: list[object] = []
+            while len(replies) < expected:
+                reply = reader.gets()
+                if reply is False:
+                    data = await sock.receive_some(1 << 20)
+                    if not data:
+                        raise ConnectionError("redis closed the connection")
+                    reader.feed(data)
+                    continue
+                if isinstance(reply, hiredis.ReplyError):
+                    raise reply
+                replies.append(reply)
+            still: list[bytes] = []
+            at = 0
+            for key in active:
+                if pending.pop(key, None):
+                    at += 1  # the XACK's count
+                reply = replies[at]
+                at += 1
+                if reply:
+                    assert isinstance(reply, list)
+                    entries = reply[0][1]
+                    pending[key] = [entry[0] for entry in entries]
+                    done += len(entries)
+                    still.append(key)
+            active = still
+    assert done == n, done
+    return n / (time.perf_counter() - began)
+
+
+def hiredis_available() -> bool:
+    return importlib.util.find_spec("hiredis") is not None
+
+
+# --- runs ------------------------------------------------------------------------
+
+
+def _row(label: str, value: float, coredis: float, limit: float | None, note: str = "") -> str:
+    vs_limit = f"{value / limit:>12.0%}" if limit else f"{'-':>12}"
+    return f"  {label:<44}{value:>10,.0f}{value / coredis:>12.0%}{vs_limit}  {note}".rstrip()
+
+
 async def run(n: int, partitions: int, rounds: int) -> None:
-    results: dict[str, list[float]] = {"bare": [], "records": [], "take": []}
+    with_hiredis = hiredis_available()
+    # Whether coredis itself loaded hiredis (it would parse with it): checked before
+    # this script imports hiredis for its own loop.
+    coredis_loaded_hiredis = False
+    results: dict[str, list[float]] = {"coredis": [], "hiredis": [], "records": [], "take": []}
+    startups: dict[str, list[float]] = {"records": [], "take": []}
     with RedisServer() as server:
         async with App("bench", redis_url=server.url) as app:
             for round_ in range(1, rounds + 1):
                 await app.redis.flushall()
-                bare = await bench_bare(app, n, partitions)
+                coredis = await bench_coredis(app, n, partitions)
+                if round_ == 1:
+                    coredis_loaded_hiredis = "hiredis" in sys.modules
+                limit = None
+                if with_hiredis:
+                    await app.redis.flushall()
+                    limit = await bench_hiredis(app, server.url, n, partitions)
+                    results["hiredis"].append(limit)
                 await app.redis.flushall()
-                records = await bench_worker(server.url, n, partitions, "records")
+                records, startup = await bench_worker(server.url, n, partitions, "records")
+                startups["records"].append(startup)
                 await app.redis.flushall()
-                take = await bench_worker(server.url, n, partitions, "take")
-                for name, value in (("bare", bare), ("records", records), ("take", take)):
-                    results[name].append(value)
+                take, startup = await bench_worker(server.url, n, partitions, "take")
+                startups["take"].append(startup)
+                results["coredis"].append(coredis)
+                results["records"].append(records)
+                results["take"].append(take)
+                hiredis_part = f" | hiredis {limit:,.0f}/s" if limit else ""
                 print(
-                    f"  round {round_}: bare {bare:,.0f}/s | records() {records:,.0f}/s "
-                    f"({records / bare:.0%}) | take(500) {take:,.0f}/s ({take / bare:.0%})"
+                    f"  round {round_}: coredis {coredis:,.0f}/s{hiredis_part} | records() "
+                    f"{records:,.0f}/s ({records / coredis:.0%}) | take(500) {take:,.0f}/s "
+                    f"({take / coredis:.0%})"
                 )
-    best = {name: max(values) for name, values in results.items()}
-    print(f"consume throughput, {n:,} queued small events, {partitions} partitions, 1 worker")
-    print(f"  bare XREADGROUP COUNT 500 + XACK (coredis)  {best['bare']:>9,.0f} events/s")
+    best = {name: max(values) for name, values in results.items() if values}
+    coredis, limit = best["coredis"], best.get("hiredis")
     print(
-        f"  worker, records()                           {best['records']:>9,.0f} events/s "
-        f"({best['records'] / best['bare']:.0%} of bare)"
+        f"consume throughput, {n:,} queued small events, {partitions} partitions, 1 worker, "
+        f"best of {rounds} rounds"
+    )
+    print(f"  {'':<44}{'events/s':>10}{'vs coredis':>12}{'vs hiredis':>12}")
+    if limit:
+        print(_row("bare hiredis over a trio socket (the limit)", limit, coredis, limit))
+    print(_row(f"bare coredis XREADGROUP COUNT {BATCH} + XACK", coredis, coredis, limit))
+    for mode, label in (("records", "worker, records()"), ("take", f"worker, take({BATCH})")):
+        target = f"target >= {TARGETS[mode]:.0%} of coredis"
+        print(_row(label, best[mode], coredis, limit, target))
+    medians = {
+        mode: statistics.median(
+            ours / bare for ours, bare in zip(results[mode], results["coredis"], strict=True)
+        )
+        for mode in ("records", "take")
+    }
+    print(
+        f"  median of per-round ratios to coredis: records() {medians['records']:.0%}, "
+        f"take({BATCH}) {medians['take']:.0%}"
     )
     print(
-        f"  worker, take(500)                           {best['take']:>9,.0f} events/s "
-        f"({best['take'] / best['bare']:.0%} of bare)"
+        "  worker start to first event, not timed (median): "
+        f"records() {statistics.median(startups['records']) * 1000:.0f} ms, "
+        f"take({BATCH}) {statistics.median(startups['take']) * 1000:.0f} ms"
     )
+    if not with_hiredis:
+        print("  (hiredis is not installed: no limit loop; it is in the dev extra)")
+    print(
+        f"  hiredis installed: {'yes' if with_hiredis else 'no'}; "
+        f"loaded by coredis: {'yes' if coredis_loaded_hiredis else 'no'}"
+    )
+
+
+async def profile(n: int, partitions: int, top: int) -> dict[str, cProfile.Profile]:
+    profiles = {}
+    with RedisServer() as server:
+        for mode, label in (("records", "records()"), ("take", f"take({BATCH})")):
+            profiler = cProfile.Profile()
+            rate, _ = await bench_worker(server.url, n, partitions, mode, profiler)  # type: ignore[arg-type]
+            print(
+                f"=== cProfile: worker, {label}, {n:,} events, {partitions} partitions "
+                f"({rate:,.0f} events/s under the profiler), top {top} by tottime"
+            )
+            stats = pstats.Stats(profiler, stream=sys.stdout)
+            stats.strip_dirs().sort_stats("tottime").print_stats(top)
+            profiles[mode] = profiler
+    return profiles
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--profile", action="store_true", help="profile records() and take(500) instead"
+    )
+    parser.add_argument("--profile-top", type=int, default=25, metavar="N")
+    parser.add_argument("--profile-dir", type=Path, default=None, metavar="DIR")
     args = parser.parse_args()
-    trio.run(run, args.events, args.partitions, args.rounds)
+    if args.profile:
+        profiles = trio.run(profile, args.events, args.partitions, args.profile_top)
+        if args.profile_dir is not None:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            for mode, profiler in profiles.items():
+                profiler.dump_stats(args.profile_dir / f"consume-{mode}.prof")
+    else:
+        trio.run(run, args.events, args.partitions, args.rounds)
 
 
 if __name__ == "__main__":
