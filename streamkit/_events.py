@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import trio
 
-from ._errors import DecodeError, LockLost, StreamkitError
+from ._errors import ConfigError, DecodeError, LockLost, StreamkitError
 from ._groups import open_service_nursery
 from ._locks import local_deadline
-from ._validate import non_negative_number
+from ._validate import non_negative_number, positive_int
 from ._wire import field_pairs
 
 if TYPE_CHECKING:
@@ -189,8 +189,12 @@ class Events(Generic[R]):
         divert: DivertHook | None = None,
         middleware: Sequence[Middleware] = (),
     ) -> None:
-        if not (isinstance(ack_batch, int) and ack_batch >= 1):
-            raise ValueError(f"ack_batch must be a positive integer, got {ack_batch!r}")
+        positive_int.check("ack_batch", ack_batch)
+        if max_deliveries is not None and divert is None:
+            # Poison events would otherwise be skipped without a word, left pending.
+            raise ConfigError(
+                "max_deliveries", "needs a divert hook to hand the poison events to"
+            )
         self.partition: int = feed.partition
         self.stream: StreamSpec[R] = feed.stream
         self.keys: ProcessorKeys = feed.keys
@@ -772,7 +776,8 @@ async def open_events(
         ack_batch: flush acknowledgements when this many accumulate; they are also
             flushed before waiting for events and when the block is left.
         max_deliveries: events delivered more often than this are *poison*: they
-            go to ``divert`` instead of the processor (``None``: no limit).
+            go to ``divert`` instead of the processor (``None``: no limit; a limit
+            needs a ``divert`` hook).
         divert: the hook for poison and undecodable events (see
             :data:`~streamkit.DivertHook`); without one an undecodable record raises
             :class:`~streamkit.DecodeError` from the iterator.

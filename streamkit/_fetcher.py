@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
@@ -58,7 +59,7 @@ log = logging.getLogger("streamkit.fetcher")
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_PREFETCH = 2
 DEFAULT_IDLE_BLOCK = 1.0
-DEFAULT_BUSY_POLL = 0.05
+DEFAULT_BUSY_POLL = 0.01
 DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
 ACK_CHUNK = 2000
@@ -295,6 +296,9 @@ class Fetcher(Generic[R]):
 
     async def _run(self) -> None:
         delays = None
+        # While some partition waits for room, idle ones are polled at this time (kept
+        # across rounds, so that frequent wake-ups cannot postpone it forever).
+        poll_at = math.inf
         while True:
             # A fresh event each round: a wake after the checks below is not lost.
             self._changed = trio.Event()
@@ -302,24 +306,26 @@ class Fetcher(Generic[R]):
             has_room = [f for f in active if f.batches_out < self.prefetch]
             # Due acknowledgements ride along with a read, even of an idle partition.
             ready = [f for f in has_room if not f.idle or f.acks_due]
+            idle = [f for f in has_room if f.idle and not f.acks_due]
             acks_only = [f for f in active if f.acks_due and f.batches_out >= self.prefetch]
             try:
                 if ready or acks_only:
-                    await self._read_all(ready, acks_only)
-                    delays = None
-                    continue
-                idle = [f for f in has_room if f.idle]
-                stalled = len(has_room) < len(active)
-                if idle and not stalled:
-                    await self._block(idle)
+                    # The idle partitions are checked in the same round, with one
+                    # non-blocking XREAD: busy partitions never starve quiet ones.
+                    await self._read_all(ready, acks_only, idle)
+                elif idle and len(has_room) == len(active):
+                    await self._wait_for_entries(idle, block=self.idle_block)
                 elif idle:
-                    # Some partition waits for its consumer to make room: XREAD would
-                    # need cancelling each time it does, so poll the idle ones instead.
-                    with trio.move_on_after(self.busy_poll) as poll:
+                    # Some partition waits for its consumer to make room: a blocking
+                    # XREAD would need cancelling each time it does, so wait for room
+                    # and poll the idle ones every busy_poll seconds.
+                    if poll_at == math.inf:
+                        poll_at = trio.current_time() + self.busy_poll
+                    with trio.move_on_at(poll_at):
                         await self._changed.wait()
-                    if poll.cancelled_caught:
-                        for feed in idle:
-                            feed.idle = False
+                    if trio.current_time() >= poll_at:
+                        poll_at = math.inf
+                        await self._wait_for_entries(idle, block=None)
                 else:
                     await self._changed.wait()
                 delays = None
@@ -330,9 +336,12 @@ class Fetcher(Generic[R]):
                 log.warning("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
                 await trio.sleep(delay)
 
-    async def _read_all(self, feeds: list[_Feed], acks_only: list[_Feed]) -> None:
-        """Read ``feeds`` and send the due acknowledgements of ``acks_only``, concurrently."""
-        if len(feeds) == 1 and not acks_only:
+    async def _read_all(
+        self, feeds: list[_Feed], acks_only: list[_Feed], idle: list[_Feed]
+    ) -> None:
+        """Read ``feeds``, send the due acknowledgements of ``acks_only`` and check
+        whether ``idle`` partitions have new entries, concurrently."""
+        if len(feeds) == 1 and not (acks_only or idle):
             error = await self._read(feeds[0])
         else:
             errors: list[RedisUnavailable] = []
@@ -352,11 +361,19 @@ class Fetcher(Generic[R]):
                 except LockLost:
                     pass  # the feed failed: its consumer learns why
 
+            async def check(idle: list[_Feed]) -> None:
+                try:
+                    await self._wait_for_entries(idle, block=None)
+                except RedisUnavailable as exc:
+                    errors.append(exc)
+
             async with trio.open_nursery() as nursery:
                 for feed in feeds:
                     nursery.start_soon(read, feed)
                 for feed in acks_only:
                     nursery.start_soon(ack, feed)
+                if idle:
+                    nursery.start_soon(check, idle)
             error = errors[0] if errors else None
         if error is not None:
             raise error
@@ -427,22 +444,34 @@ class Fetcher(Generic[R]):
             feed.last_id = text(last_id)
         return None
 
-    async def _block(self, idle: list[_Feed]) -> None:
-        """Wait in one ``XREAD BLOCK`` until an idle partition has new entries."""
+    async def _wait_for_entries(self, idle: list[_Feed], *, block: float | None) -> None:
+        """Mark the ``idle`` partitions that have new entries as ready to read.
+
+        With ``block``, wait in one ``XREAD BLOCK`` for up to ``block`` seconds until
+        one has (cancelled when partitions are added or removed); else just look.
+        """
         streams = {f.key: f.last_id for f in idle}
         by_key = {f.key.encode(): f for f in idle}
-        block_ms = max(1, round(self.idle_block * 1000))
-        self._blocks += 1
         with trio.CancelScope() as scope:
-            self._block_scope = scope
             try:
-                # A cancelled XREAD's connection is dropped by coredis, never reused.
-                with redis_errors(), trio.fail_after(self.idle_block + self.command_timeout):
-                    reply = await self.redis.xread(
-                        cast("dict[str | bytes, str | bytes]", streams), count=1, block=block_ms
-                    )
+                if block is None:
+                    with redis_errors(), trio.fail_after(self.command_timeout):
+                        reply = await self.redis.xread(
+                            cast("dict[str | bytes, str | bytes]", streams), count=1
+                        )
+                else:
+                    self._blocks += 1
+                    self._block_scope = scope
+                    block_ms = max(1, round(block * 1000))
+                    # A cancelled XREAD's connection is dropped by coredis, never reused.
+                    with redis_errors(), trio.fail_after(block + self.command_timeout):
+                        reply = await self.redis.xread(
+                            cast("dict[str | bytes, str | bytes]", streams),
+                            count=1,
+                            block=block_ms,
+                        )
             except trio.TooSlowError as exc:
-                raise RedisUnavailable("redis", "a blocking read timed out") from exc
+                raise RedisUnavailable("redis", "reading the stream ends timed out") from exc
             finally:
                 self._block_scope = None
         if scope.cancelled_caught or not reply:
