@@ -24,6 +24,7 @@ BENCHMARKS = [
     "bench_latency.py",
     "bench_rebalance.py",
     "bench_spark.py",
+    "bench_versions.py",
 ]
 BENCHMARK_TITLES = {
     "bench_send.py": "Sending",
@@ -31,6 +32,7 @@ BENCHMARK_TITLES = {
     "bench_latency.py": "End-to-end latency",
     "bench_rebalance.py": "Rebalancing",
     "bench_spark.py": "Spark",
+    "bench_versions.py": "Before and after",
 }
 BENCHMARK_NOTES = {
     "bench_send.py": (
@@ -73,6 +75,17 @@ BENCHMARK_NOTES = {
     "bench_spark.py": (
         "Spark batch write and read (local[2]) against a pipelined redis-py `XADD` loop "
         "and a redis-py `XRANGE` paging loop."
+    ),
+    "bench_versions.py": (
+        "The working tree's streamkit against the one at a git ref, measured in one run: "
+        "`./dev bench -- --baseline REF` (or `python tests/benchmarks/bench_versions.py "
+        "--baseline REF`). The ref is checked out into a temporary git worktree, and each "
+        "version runs in its own processes, each with its own private redis-server, the "
+        "versions alternating round by round so that load from other work on the machine "
+        "hits both alike: `send_many`, and one worker's `records()` and `take(500)` on a "
+        "backlog, with the bare coredis `XREADGROUP COUNT 500` + `XACK` loop as the "
+        "yardstick. The yardstick does not depend on streamkit: its ratio shows the "
+        "noise. Ratios are current / baseline."
     ),
 }
 PERFORMANCE_INTRO = """
@@ -120,15 +133,41 @@ def tests(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: print figures and ratios measured side by side, and write
     docs/performance.md from this run's output."""
+    baseline = _baseline_option(session)
     load = _load()
     outputs = {}
     for script in BENCHMARKS:
-        output = session.run("python", f"tests/benchmarks/{script}", silent=True)
+        args: list[str] = []
+        if script == "bench_versions.py":
+            if baseline is None:
+                print(
+                    "bench_versions.py skipped: `./dev bench -- --baseline REF` compares "
+                    "the working tree's streamkit with the one at git ref REF"
+                )
+                continue
+            args = ["--baseline", baseline]
+        output = session.run("python", f"tests/benchmarks/{script}", *args, silent=True)
         assert isinstance(output, str)
         print(output)
         outputs[script] = output
     Path("docs/performance.md").write_text(performance_page(outputs, load))
     session.log("wrote docs/performance.md")
+
+
+def _baseline_option(session: nox.Session) -> str | None:
+    """The ``--baseline REF`` (or ``--baseline=REF``) given after ``--``, if any: the
+    bench session's only argument, for bench_versions.py."""
+    args = list(session.posargs)
+    baseline = None
+    while args:
+        arg = args.pop(0)
+        if arg == "--baseline" and args:
+            baseline = args.pop(0)
+        elif arg.startswith("--baseline="):
+            baseline = arg.split("=", 1)[1]
+        else:
+            session.error(f"bench: unexpected argument {arg!r}; the only one is --baseline REF")
+    return baseline
 
 
 def performance_page(outputs: dict[str, str], load: str = "unknown") -> str:
