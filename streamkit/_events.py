@@ -192,9 +192,7 @@ class Events(Generic[R]):
         positive_int.check("ack_batch", ack_batch)
         if max_deliveries is not None and divert is None:
             # Poison events would otherwise be skipped without a word, left pending.
-            raise ConfigError(
-                "max_deliveries", "needs a divert hook to hand the poison events to"
-            )
+            raise ConfigError("max_deliveries", "needs a divert hook to hand the poison events to")
         self.partition: int = feed.partition
         self.stream: StreamSpec[R] = feed.stream
         self.keys: ProcessorKeys = feed.keys
@@ -342,7 +340,7 @@ class Events(Generic[R]):
             await self._feed.ack(ids)
         except BaseException as exc:
             self._acks[:0] = ids
-            if isinstance(exc, StreamkitError):
+            if isinstance(exc, StreamkitError) and self._failure is None:
                 self._failure = exc
             raise
         self.acknowledged += len(ids)
@@ -393,6 +391,11 @@ class Events(Generic[R]):
         """
         held = self._feed.held
         now = trio.current_time()
+        failure = self._feed.failure
+        if failure is not None:
+            # A refused read or acknowledgement: the lease is not ours any more,
+            # whatever the local clock says.
+            raise self._internal(failure)
         if held.lost_reason is None and now < self._deadline:
             return
         if held.lost_reason is None:
@@ -550,6 +553,10 @@ class Events(Generic[R]):
         assert self._pump_receive is not None
         if self._draining:
             raise _Stop
+        if self._acks:
+            # The pump may be waiting for new events already: what the processor
+            # moved past since must not wait with it.
+            self._ack_soon()
         with trio.CancelScope(deadline=deadline) as scope:
             self._wait_scope = scope
             try:
@@ -572,32 +579,36 @@ class Events(Generic[R]):
         if self._nursery is None:
             raise RuntimeError("middleware needs the events opened by `open_events()`")
         self._dispatched = collections.deque()
-        chain: AsyncIterator[Event[Any]] = _Base(self)
+        stages: list[AsyncIterator[Event[Any]]] = [_Base(self)]
         for middleware in self._middleware:
-            chain = middleware(chain)
+            stages.append(middleware(stages[-1]))
         send, receive = trio.open_memory_channel[Event[R] | _PumpError](0)
         self._pump_receive = receive
         self._pump_scope = trio.CancelScope()
-        self._nursery.start_soon(self._pump, chain, send, self._pump_scope)
+        self._nursery.start_soon(self._pump, stages, send, self._pump_scope)
 
     async def _pump(
         self,
-        chain: AsyncIterator[Event[R]],
+        stages: list[AsyncIterator[Event[R]]],
         send: trio.MemorySendChannel[Event[R] | _PumpError],
         scope: trio.CancelScope,
     ) -> None:
         with scope, send:
             try:
-                async for event in chain:
+                async for event in stages[-1]:
                     await send.send(event)
             except Exception as exc:
                 await send.send(_PumpError(exc))
             finally:
-                aclose = getattr(chain, "aclose", None)
-                if aclose is not None:
-                    with trio.move_on_after(MIDDLEWARE_CLOSE_TIMEOUT) as closing:
-                        closing.shield = True
-                        await aclose()
+                # Close every stage, outermost first, here and now: an inner one
+                # left suspended would be finalized later, outside the partition.
+                with trio.move_on_after(MIDDLEWARE_CLOSE_TIMEOUT) as closing:
+                    closing.shield = True
+                    for stage in reversed(stages):
+                        aclose = getattr(stage, "aclose", None)
+                        if aclose is not None:
+                            with contextlib.suppress(Exception):
+                                await aclose()
 
     def _stop_pump(self) -> None:
         if self._pump_scope is not None:
@@ -669,7 +680,11 @@ class _OneByOne(AsyncIterator[T]):
                 assert next_event is not None
                 event = next_event
             # The lease, against its cached local deadline.
-            if not (self._held.lost_reason is None and trio.current_time() < events._deadline):
+            if not (
+                self._held.lost_reason is None
+                and trio.current_time() < events._deadline
+                and events._feed.failure is None
+            ):
                 events._check_lease()
             events._inflight = [event]
             if not self._decode:
@@ -749,7 +764,13 @@ class _Batches(AsyncIterator[list[T]]):
                             await events._divert_event(event, exc, "undecodable")
                             continue
                 except BaseException:
-                    events._put_back(ready[i + 1 :])
+                    if events._inflight and events._inflight[-1] is event:
+                        # An undecodable record with no hook: the batch so far and
+                        # the event are in flight, for the caller to settle.
+                        events._put_back(ready[i + 1 :])
+                    else:
+                        # The divert hook raised: nothing gathered was settled.
+                        events._put_back([*batch, *ready[i:]])
                     raise
                 batch.append(event)
         return batch, out

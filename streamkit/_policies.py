@@ -214,7 +214,9 @@ class _Handler:
             await self._apply(policy.on_exhausted, failing, error, "retries exhausted")
         else:
             await self._apply(policy.action, failing, error, "error")
-        # Dead-lettered or ignored: the processor has moved past them.
+        # Dead-lettered or ignored: the processor has moved past them, and the next
+        # failure starts a retry budget of its own.
+        self._failing = None
         events.commit()
         await events.flush()
 
@@ -273,7 +275,6 @@ class _Handler:
             log.warning("dead-lettered %s (%s): %s", self._where(failing), reason, what)
         else:
             log.warning("ignoring %s (%s): %s", self._where(failing), reason, what)
-        self._failing = None
 
     async def _dead_letter(
         self,
