@@ -31,10 +31,18 @@ import trio
 from coredis.commands.script import Script
 
 from ._backoff import Backoff
-from ._errors import BackendError, ConfigError, LockLost, RedisUnavailable, StreamkitError
+from ._errors import (
+    BackendError,
+    ConfigError,
+    GroupExists,
+    LockLost,
+    NoSuchGroup,
+    RedisUnavailable,
+    StreamkitError,
+)
 from ._events import Event, Events, Middleware
 from ._groups import meaningful_leaf, pick_exception
-from ._redis import Redis, redis_errors
+from ._redis import Redis, redis_errors, run_blocking
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -311,9 +319,8 @@ class Fetcher(Generic[R]):
             with redis_errors(), trio.fail_after(self.command_timeout):
                 await self.redis.xgroup_create(key, self.group, "0", mkstream=True)
             log.info("created consumer group %r on %s", self.group, key)
-        except BackendError as exc:
-            if "BUSYGROUP" not in str(exc) and "already exists" not in str(exc):
-                raise
+        except GroupExists:
+            pass
         except trio.TooSlowError as exc:
             raise RedisUnavailable("redis", "creating the consumer group timed out") from exc
 
@@ -400,20 +407,16 @@ class Fetcher(Generic[R]):
             return RedisUnavailable("redis", "a fenced read timed out")
         except RedisUnavailable as exc:
             return exc
+        except NoSuchGroup:
+            log.warning("consumer group %r on %s vanished; recreating it", self.group, state.key)
+            try:
+                await self._create_group(state.key)
+            except RedisUnavailable as unavailable:
+                return unavailable
+            except StreamkitError as error:
+                self._fail(state, error)
+            return None
         except BackendError as exc:
-            # Inside a script, Redis 7 reports it without the NOGROUP code: "No such
-            # key '...' or consumer group '...' in XREADGROUP with GROUP option".
-            if "NOGROUP" in str(exc) or "No such key" in str(exc):
-                log.warning(
-                    "consumer group %r on %s vanished; recreating it", self.group, state.key
-                )
-                try:
-                    await self._create_group(state.key)
-                except RedisUnavailable as unavailable:
-                    return unavailable
-                except StreamkitError as error:
-                    self._fail(state, error)
-                return None
             self._fail(state, exc)
             return None
         self._reads += 1
@@ -460,13 +463,16 @@ class Fetcher(Generic[R]):
         with trio.CancelScope() as scope:
             self._block_scope = scope
             try:
-                # A cancelled XREAD's connection is dropped by coredis, never reused.
-                with redis_errors(), trio.fail_after(self.idle_block + self.command_timeout):
-                    reply = await self.redis.xread(
+                # On a connection of its own: cancelling it (on every partition change)
+                # discards that connection only, never one other commands are on.
+                reply = await run_blocking(
+                    self.redis,
+                    lambda r: r.xread(
                         cast("dict[str | bytes, str | bytes]", streams), count=1, block=block_ms
-                    )
-            except trio.TooSlowError as exc:
-                raise RedisUnavailable("redis", "a blocking read timed out") from exc
+                    ),
+                    timeout=self.idle_block + self.command_timeout,
+                    what="a blocking read",
+                )
             finally:
                 self._block_scope = None
         if scope.cancelled_caught or not reply:

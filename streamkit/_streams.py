@@ -19,6 +19,7 @@ from coredis.commands.script import Script
 from . import _keys
 from ._codec import Codec, codec_for
 from ._errors import ConfigError, MetadataMismatch
+from ._idempotent import append_once
 from ._partitioner import Partitioner
 from ._records import is_primitive
 from ._redis import redis_errors
@@ -280,16 +281,20 @@ class Stream(Generic[R]):
         return ids
 
     async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:
+        # Idempotent: retried with the same marker when a connection is lost, so an
+        # event is never appended twice (see streamkit._idempotent).
         max_len = self.settings.max_len or 0
-        args: list[bytes | int] = [self.settings.partition_size, max_len]
+        flat: list[bytes | int] = []
         for entry in entries:
-            args.extend(entry)
-        with redis_errors():
-            reply: Any = await _SEND_SCRIPT(
-                keys=[self.key(partition)], args=args, client=self.app.redis
-            )
-        entry_ids: list[bytes] = reply[0]
-        dropped: int = reply[1]
+            flat.extend(entry)
+        entry_ids, dropped = await append_once(
+            self.app.redis,
+            self.key(partition),
+            keep=self.settings.partition_size,
+            cap=max_len,
+            entries=flat,
+            body=APPEND_AND_TRIM_LUA,
+        )
         if dropped:
             log.warning(
                 "max_len=%d dropped %d unprocessed entries from %s partition %d",
