@@ -120,6 +120,35 @@ def mask_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+def _cancelled_in(exc: BaseException | None, depth: int = 0) -> bool:
+    if exc is None or depth > 10:
+        return False
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup) and any(
+        _cancelled_in(e, depth + 1) for e in exc.exceptions
+    ):
+        return True
+    return _cancelled_in(exc.__cause__ or exc.__context__, depth + 1)
+
+
+class _NoCancelledConnectNoise(logging.Filter):
+    """Drops coredis's ERROR record for a connection attempt that was cancelled.
+
+    coredis logs "Connection attempt failed unexpectedly!" with a traceback when the
+    command that opens a connection is cancelled during the handshake: nothing failed.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            return not _cancelled_in(record.exc_info[1])
+        return True
+
+
+if not any(isinstance(f, _NoCancelledConnectNoise) for f in logging.getLogger("coredis").filters):
+    logging.getLogger("coredis").addFilter(_NoCancelledConnectNoise())
+
+
 # ----------------------------------------------------------------------------- errors
 
 
