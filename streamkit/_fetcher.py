@@ -470,7 +470,7 @@ class Fetcher(Generic[R]):
                     lambda r: r.xread(
                         cast("dict[str | bytes, str | bytes]", streams), count=1, block=block_ms
                     ),
-                    timeout=self.idle_block + self.command_timeout,
+                    within=self.idle_block + self.command_timeout,
                     what="a blocking read",
                 )
             finally:

@@ -94,6 +94,9 @@ DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_RETRY_FOR = 5.0
 # Command-level retries start fast: a lost connection is usually replaced at once.
 RETRY_BACKOFF = Backoff(initial=0.02, maximum=0.5)
+# Seconds after a lost connection was reported during which further losses are only
+# counted (and logged at debug level).
+LOSS_REPORT_INTERVAL = 10.0
 
 log = logging.getLogger("streamkit.redis")
 
@@ -335,7 +338,7 @@ async def run_blocking(
     redis: Redis,
     fn: Callable[[Redis], Awaitable[T]],
     *,
-    timeout: float,
+    within: float,
     what: str,
 ) -> T:
     """Await one blocking command, ``fn(redis)``, on a connection of its own.
@@ -346,7 +349,7 @@ async def run_blocking(
     :func:`open_redis` sends every blocking command on a dedicated connection, which
     carries nothing else while the command runs.
 
-    ``timeout`` is the client-side deadline: the command's own block time plus a
+    ``within`` is the client-side deadline: the command's own block time plus a
     margin for a slow server.
 
     Cancellation:
@@ -356,20 +359,18 @@ async def run_blocking(
     Error handling:
         :class:`ConfigError` if ``redis`` did not come from :func:`open_redis` (it
         would block on a shared connection). :class:`RedisUnavailable` if there is no
-        answer within ``timeout`` or Redis cannot be reached; :class:`OutcomeUnknown`
+        answer within ``within`` seconds or Redis cannot be reached; :class:`OutcomeUnknown`
         if the connection was lost meanwhile (for a plain ``XREAD`` that is harmless:
         read again); other errors as by :func:`redis_errors`.
     """
     if not isinstance(redis, _Client):
-        raise ConfigError(
-            "redis", "blocking commands need a client from streamkit.open_redis"
-        )
+        raise ConfigError("redis", "blocking commands need a client from streamkit.open_redis")
     try:
-        with redis_errors(redis._health.url), trio.fail_after(timeout):
+        with redis_errors(redis._health.url), trio.fail_after(within):
             return await fn(redis)
     except trio.TooSlowError as exc:
         raise RedisUnavailable(
-            redis._health.url, f"{what} got no answer within {timeout:g}s"
+            redis._health.url, f"{what} got no answer within {within:g}s"
         ) from exc
 
 
@@ -400,23 +401,37 @@ class RedisStatistics:
 
 @attrs.define(eq=False)
 class _Health:
-    """What happened to a client's connections; logs losses and recoveries once."""
+    """What happened to a client's connections; reports losses and recoveries.
+
+    A lost connection is logged as a warning, and so is the next connection opened
+    after it. Losses within :data:`LOSS_REPORT_INTERVAL` of a reported one are logged
+    at debug level only, and counted in the next warning: a flapping network does not
+    flood the log.
+    """
 
     url: str
     lost: int = 0
     discarded: int = 0
     reconnects: int = 0
     _down_since: float | None = None
+    _reported_at: float = -math.inf
+    _reported_down: bool = False
+    _unreported: int = 0
 
     def established(self) -> None:
-        if self._down_since is not None:
-            self.reconnects += 1
+        if self._down_since is None:
+            return
+        self.reconnects += 1
+        if self._reported_down:
             log.warning(
                 "reconnected to Redis at %s (%.2fs after a connection was lost)",
                 self.url,
                 time.monotonic() - self._down_since,
             )
-            self._down_since = None
+        else:
+            log.debug("reconnected to Redis at %s", self.url)
+        self._down_since = None
+        self._reported_down = False
 
     def ended(self, connection: BaseConnection, *, dedicated: bool) -> None:
         error = connection._last_error
@@ -427,16 +442,24 @@ class _Health:
                 log.debug("discarded a dedicated connection to Redis at %s", self.url)
             return
         self.lost += 1
+        now = time.monotonic()
         if self._down_since is None:
-            self._down_since = time.monotonic()
-            log.warning(
-                "lost a connection to Redis at %s (%s); commands in flight on it have "
-                "an unknown outcome and are not sent again; reconnecting",
-                self.url,
-                _reason(error),
-            )
-        else:
-            log.debug("lost another connection to Redis at %s: %s", self.url, _reason(error))
+            self._down_since = now
+        if now - self._reported_at < LOSS_REPORT_INTERVAL or self._reported_down:
+            self._unreported += 1
+            log.debug("lost a connection to Redis at %s: %s", self.url, _reason(error))
+            return
+        more = f" ({self._unreported} more lost since the last report)" if self._unreported else ""
+        log.warning(
+            "lost a connection to Redis at %s (%s)%s; commands in flight on it have an "
+            "unknown outcome and are not sent again; reconnecting",
+            self.url,
+            _reason(error),
+            more,
+        )
+        self._reported_at = now
+        self._reported_down = True
+        self._unreported = 0
 
 
 class _Pool(ConnectionPool[BaseConnection]):
@@ -535,9 +558,7 @@ class _Client(coredis.Redis[bytes]):
         raise_on_error: bool = True,
         timeout: float | None = None,
     ) -> Pipeline[bytes]:
-        return self._dedicated.pipeline(
-            transaction, raise_on_error=raise_on_error, timeout=timeout
-        )
+        return self._dedicated.pipeline(transaction, raise_on_error=raise_on_error, timeout=timeout)
 
 
 def redis_statistics(redis: Redis) -> RedisStatistics:

@@ -269,12 +269,12 @@ async def test_a_lost_connection_is_logged_once_with_the_url_masked(
 
 async def test_run_blocking(redis: Redis) -> None:
     reply = await run_blocking(
-        redis, lambda r: r.xread({"s": "$"}, count=1, block=10), timeout=5, what="reading"
+        redis, lambda r: r.xread({"s": "$"}, count=1, block=10), within=5, what="reading"
     )
     assert reply is None
     with pytest.raises(RedisUnavailable, match="no answer within"):
         await run_blocking(
-            redis, lambda r: r.blpop(["none"], timeout=5), timeout=0.05, what="popping"
+            redis, lambda r: r.blpop(["none"], timeout=5), within=0.05, what="popping"
         )
     assert redis_statistics(redis).dedicated_in_use == 0
 
@@ -285,7 +285,7 @@ async def test_blocking_helpers_refuse_foreign_clients(redis_url: str) -> None:
     async with coredis.Redis.from_url(redis_url) as foreign:
         with pytest.raises(ConfigError, match="open_redis"):
             await run_blocking(
-                foreign, lambda r: r.xread({"s": "$"}, block=10), timeout=1, what="reading"
+                foreign, lambda r: r.xread({"s": "$"}, block=10), within=1, what="reading"
             )
         with pytest.raises(ConfigError, match="open_redis"):
             redis_statistics(foreign)
