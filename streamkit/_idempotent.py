@@ -50,11 +50,22 @@ _PROCESS = uuid.uuid4().hex[:16]
 _tokens = itertools.count()
 
 # Per client: stream key -> markers of appends whose replies arrived (safe to delete).
+_prefixes: dict[str, str] = {}
+
 _finished: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = weakref.WeakKeyDictionary()
 
 
 def marker_key(stream_key: str, token: str) -> str:
     """The idempotency marker ``token`` of an append to ``stream_key``, in its hash slot."""
+    prefix = _prefixes.get(stream_key)
+    if prefix is None:
+        if len(_prefixes) > 10_000:
+            _prefixes.clear()
+        prefix = _prefixes[stream_key] = _marker_prefix(stream_key)
+    return prefix + token
+
+
+def _marker_prefix(stream_key: str) -> str:
     start = stream_key.find("{")
     end = stream_key.find("}", start + 1)
     if start >= 0 and end > start + 1:
@@ -62,30 +73,35 @@ def marker_key(stream_key: str, token: str) -> str:
     else:
         # No hash tag: the whole key as the tag hashes to the key's own slot.
         tag = "{" + stream_key + "}"
-    return f"__once:{tag}:{token}"
+    return f"__once:{tag}:"
 
 
 @functools.cache
 def _script(body: str) -> Script[bytes]:
     # KEYS: stream, marker, markers of finished appends to delete.
-    # ARGV: partition_size, max_len (0 = no cap), marker ttl, then the entries.
+    # ARGV: partition_size, max_len (0 = no cap), marker ttl, whether the marker may exist
+    # already (1 on a retry), then the entries.
     # Returns {entry ids, dropped, 1 if the marker was there (appended before) else 0}.
     return Script(
         script="""
 local key = KEYS[1]
 local keep = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
-local first = 4
+local first = 5
 for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
-local seen = redis.call('GET', KEYS[2])
-if seen then
-  local done = cjson.decode(seen)
-  return {done[1], done[2], 1}
+if ARGV[4] == '1' then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then
+    local bar = string.find(seen, '|', 1, true)
+    local done = {}
+    for id in string.gmatch(string.sub(seen, bar + 1), '[^,]+') do done[#done + 1] = id end
+    return {done, tonumber(string.sub(seen, 1, bar - 1)), 1}
+  end
 end
 """
         + body
         + """
-redis.call('SET', KEYS[2], cjson.encode({ids, dropped}), 'EX', tonumber(ARGV[3]))
+redis.call('SET', KEYS[2], dropped .. '|' .. table.concat(ids, ','), 'EX', ARGV[3])
 return {ids, dropped, 0}
 """
     )
@@ -123,54 +139,71 @@ async def append_once(
         may have (a connection was lost with it in flight, and no later attempt got
         through to tell).
     """
-    finished = _finished.setdefault(redis, {})
-    done = finished.pop(key, [])
+    finished = _finished.get(redis)
+    if finished is None:
+        finished = _finished[redis] = {}
+    done = finished.pop(key, None) or []
     if len(done) > MAX_DONE_PER_CALL:
         finished[key] = done[MAX_DONE_PER_CALL:]
         done = done[:MAX_DONE_PER_CALL]
     marker = marker_key(key, f"{_PROCESS}:{next(_tokens)}")
     keys = [key, marker, *done]
-    args: list[bytes | int] = [keep, cap, MARKER_TTL, *entries]
+    # ARGV[4]: 0 on the first attempt (a fresh marker cannot exist yet), 1 on retries.
+    args: list[bytes | int] = [keep, cap, MARKER_TTL, 0, *entries]
     script = _script(body)
-    deadline = trio.current_time() + give_up_after
-    unknown: OutcomeUnknown | None = None
     reply: Any = None
-    succeeded = False
     try:
-        for attempt, delay in enumerate(backoff.delays(), start=1):
-            try:
-                with redis_errors():
-                    reply = await script(keys=keys, args=args, client=redis)
-                succeeded = True
-                break
-            except RedisUnavailable as exc:
-                if isinstance(exc, OutcomeUnknown):
-                    unknown = exc
-                if trio.current_time() + delay > deadline:
-                    if unknown is not None:
-                        raise OutcomeUnknown(
-                            exc.url,
-                            f"appending to {key}: {unknown.reason}; retried for "
-                            f"{give_up_after:g}s without learning whether it was applied",
-                        ) from exc
-                    raise
-                log.debug(
-                    "appending to %s: %s (attempt %d, retrying in %.2fs)",
-                    key,
-                    exc.reason,
-                    attempt,
-                    delay,
-                )
-            await trio.sleep(delay)
-    finally:
-        # Deleting a marker twice is harmless: hand back the ones not surely deleted.
-        pending = finished.setdefault(key, [])
-        if succeeded:
-            pending.append(marker)
-        else:
-            pending.extend(done)
-    ids: list[bytes] = reply[0]
-    dropped: int = reply[1]
+        with redis_errors():
+            reply = await script(keys=keys, args=args, client=redis)
+    except RedisUnavailable as exc:
+        args[3] = 1
+        try:
+            reply = await _retry(script, keys, args, redis, exc, key, give_up_after, backoff)
+        except BaseException:
+            # Deleting a marker twice is harmless: keep those not surely deleted.
+            finished.setdefault(key, []).extend(done)
+            raise
+    except BaseException:
+        finished.setdefault(key, []).extend(done)
+        raise
+    finished.setdefault(key, []).append(marker)
     if reply[2]:
         log.debug("append to %s was applied before its connection was lost; not repeated", key)
-    return ids, dropped
+    return reply[0], reply[1]
+
+
+async def _retry(
+    script: Script[bytes],
+    keys: list[str],
+    args: list[bytes | int],
+    redis: Redis,
+    first: RedisUnavailable,
+    key: str,
+    give_up_after: float,
+    backoff: Backoff,
+) -> Any:
+    """Send the append again, with the same marker, until it gets through."""
+    deadline = trio.current_time() + give_up_after
+    unknown = first if isinstance(first, OutcomeUnknown) else None
+    error = first
+    for attempt, delay in enumerate(backoff.delays(), start=1):
+        if trio.current_time() + delay > deadline:
+            if unknown is not None:
+                raise OutcomeUnknown(
+                    error.url,
+                    f"appending to {key}: {unknown.reason}; retried for {give_up_after:g}s "
+                    f"without learning whether it was applied",
+                ) from error
+            raise error
+        log.debug(
+            "appending to %s: %s (attempt %d, retrying in %.2fs)", key, error.reason, attempt, delay
+        )
+        await trio.sleep(delay)
+        try:
+            with redis_errors():
+                return await script(keys=keys, args=args, client=redis)
+        except RedisUnavailable as exc:
+            error = exc
+            if isinstance(exc, OutcomeUnknown):
+                unknown = exc
+    raise AssertionError("unreachable")  # pragma: no cover

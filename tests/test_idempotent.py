@@ -29,7 +29,7 @@ async def test_a_resent_append_returns_the_first_ids_and_appends_nothing(redis: 
     script = _script(APPEND_AND_TRIM_LUA)
     key = stream_key("app", "s", 0)
     marker = marker_key(key, "resent")
-    args: list[Any] = [1000, 0, MARKER_TTL, 1, b"f", b"v", 1, b"f", b"w"]
+    args: list[Any] = [1000, 0, MARKER_TTL, 1, 1, b"f", b"v", 1, b"f", b"w"]
     first: Any = await script(keys=[key, marker], args=args, client=redis)
     # As if the reply to the first call was lost and the call was sent again.
     second: Any = await script(keys=[key, marker], args=args, client=redis)
