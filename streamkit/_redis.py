@@ -39,8 +39,6 @@ import urllib.parse
 import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
-import anyio
-import anyio.lowlevel
 import attrs
 import coredis
 import coredis.exceptions
@@ -64,7 +62,6 @@ from ._groups import leaves
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-    from anyio.abc import TaskStatus
     from coredis.commands import CommandRequest
     from coredis.patterns.pipeline import Pipeline
 
@@ -101,8 +98,13 @@ LOSS_REPORT_INTERVAL = 10.0
 log = logging.getLogger("streamkit.redis")
 
 # coredis ConnectionErrors raised before the command was handed to a connection: the
-# connection could not be opened, or was found broken when the command was queued.
-_NOT_SENT_MESSAGES = ("Unable to establish a connection", "Connection not usable")
+# connection could not be opened, was found broken when the command was queued, or no
+# pool slot came free in time.
+_NOT_SENT_MESSAGES = (
+    "Unable to establish a connection",
+    "Connection not usable",
+    "Connection pool exhausted",
+)
 
 # Errors meaning the connection was lost (or never answered) with the command in flight.
 _LOST = (
@@ -481,33 +483,42 @@ class _Pool(ConnectionPool[BaseConnection]):
         self._established = weakref.WeakSet()
 
     async def get_connection(self, **_: Any) -> BaseConnection:
-        with anyio.fail_after(self.timeout):
-            connection = await self._available_connections.get()
-            # The slot is ours now: give it back if anything below fails or is cancelled.
-            try:
-                if connection is None or not connection.reusable:
-                    if connection is not None:
-                        connection.invalidate()
-                    connection = None
-                    fresh = await self._construct_connection()
-                    error = await self.task_group.start(self._run_connection, fresh)
-                    if error is not None:
-                        # coredis turns the cancellation of a connection being opened
-                        # into a ConnectionError: let the cancellation win.
-                        await anyio.lowlevel.checkpoint_if_cancelled()
-                        raise error
-                    connection = fresh
-                    self.statistics.connection_created(connection)
-                    self._online_connections.add(connection)
-                    self._established.add(connection)
-                    self._health.established()
-            except BaseException:
-                if connection is None:
-                    self._available_connections.append_nowait(None)
-                else:
-                    self._available_connections.put_nowait(connection)
-                raise
+        try:
+            with trio.fail_after(math.inf if self.timeout is None else self.timeout):
+                connection = await self._get_connection()
+        except trio.TooSlowError as exc:
+            raise coredis.exceptions.ConnectionError(
+                f"Connection pool exhausted: no free connection within {self.timeout}s"
+            ) from exc
         self.statistics.connection_leased(connection)
+        return connection
+
+    async def _get_connection(self) -> BaseConnection:
+        connection = await self._available_connections.get()
+        # The slot is ours now: give it back if anything below fails or is cancelled.
+        try:
+            if connection is None or not connection.reusable:
+                if connection is not None:
+                    connection.invalidate()
+                connection = None
+                fresh = await self._construct_connection()
+                error = await self.task_group.start(self._run_connection, fresh)
+                if error is not None:
+                    # coredis turns the cancellation of a connection being opened into
+                    # a ConnectionError: let the cancellation win.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    raise error
+                connection = fresh
+                self.statistics.connection_created(connection)
+                self._online_connections.add(connection)
+                self._established.add(connection)
+                self._health.established()
+        except BaseException:
+            if connection is None:
+                self._available_connections.append_nowait(None)
+            else:
+                self._available_connections.put_nowait(connection)
+            raise
         return connection
 
     def release(self, connection: BaseConnection) -> None:
@@ -524,7 +535,7 @@ class _Pool(ConnectionPool[BaseConnection]):
         self,
         connection: BaseConnection,
         *,
-        task_status: TaskStatus[Exception | None] = anyio.TASK_STATUS_IGNORED,
+        task_status: trio.TaskStatus[Exception | None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         try:
             await connection.run(task_status=task_status)

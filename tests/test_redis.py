@@ -289,3 +289,22 @@ async def test_blocking_helpers_refuse_foreign_clients(redis_url: str) -> None:
             )
         with pytest.raises(ConfigError, match="open_redis"):
             redis_statistics(foreign)
+
+
+async def test_an_exhausted_pool_is_reported_as_never_sent(redis_url: str) -> None:
+    # ?timeout= is coredis's wait for a free pool slot.
+    async with open_redis(f"{redis_url}?timeout=1", max_connections=1) as client:
+
+        async def hold_the_slot() -> None:
+            await client.blpop(["never"], timeout=3)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_the_slot)
+            with trio.fail_after(5):
+                while redis_statistics(client).dedicated_in_use == 0:
+                    await trio.sleep(0.005)
+            with pytest.raises(RedisUnavailable, match="pool exhausted") as info, redis_errors():
+                await client.blpop(["never"], timeout=1)
+            assert not isinstance(info.value, OutcomeUnknown)
+            nursery.cancel_scope.cancel()
+        assert redis_statistics(client).dedicated_in_use == 0
