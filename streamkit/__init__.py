@@ -18,11 +18,14 @@ from ._errors import (
     ConfigError as ConfigError,
     DecodeError as DecodeError,
     EncodeError as EncodeError,
+    GroupExists as GroupExists,
     LockLost as LockLost,
     LockNotAcquired as LockNotAcquired,
     MetadataMismatch as MetadataMismatch,
+    NoSuchGroup as NoSuchGroup,
     NotConnected as NotConnected,
     NotLockOwner as NotLockOwner,
+    OutcomeUnknown as OutcomeUnknown,
     ProcessorHalted as ProcessorHalted,
     RedisUnavailable as RedisUnavailable,
     StreamkitError as StreamkitError,
@@ -84,7 +87,16 @@ from ._rebalancer import (
     plan_rebalance as plan_rebalance,
 )
 from ._records import Record as Record, is_primitive as is_primitive
-from ._redis import Redis as Redis, open_redis as open_redis, redis_errors as redis_errors
+from ._redis import (
+    Redis as Redis,
+    RedisStatistics as RedisStatistics,
+    call_once as call_once,
+    open_redis as open_redis,
+    redis_errors as redis_errors,
+    redis_statistics as redis_statistics,
+    retry_idempotent as retry_idempotent,
+    run_blocking as run_blocking,
+)
 from ._settings import Settings as Settings
 from ._spec import ProcessorKeys as ProcessorKeys, StreamSpec as StreamSpec
 from ._streams import Stream as Stream

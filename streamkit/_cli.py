@@ -125,9 +125,12 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # coredis logs its own internal retries (script reloads, optimistic transaction
-    # conflicts); streamkit logs what matters about them itself.
-    logging.getLogger("coredis").setLevel(logging.ERROR)
+    # streamkit's Redis layer reports what an operator should see about connections
+    # itself, once and with the URL masked (streamkit.redis: a connection lost, and
+    # re-established). coredis's own records would repeat those, or describe its
+    # internals (script reloads, optimistic transaction conflicts); it retries
+    # nothing, so none of them hides a command sent twice.
+    logging.getLogger("coredis").setLevel(logging.CRITICAL)
 
 
 def redis_url_option(function: Any) -> Any:

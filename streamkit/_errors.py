@@ -11,11 +11,14 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "EncodeError",
+    "GroupExists",
     "LockLost",
     "LockNotAcquired",
     "MetadataMismatch",
+    "NoSuchGroup",
     "NotConnected",
     "NotLockOwner",
+    "OutcomeUnknown",
     "ProcessorHalted",
     "RedisUnavailable",
     "StreamkitError",
@@ -51,8 +54,42 @@ class RedisUnavailable(StreamkitError):
         self.reason = reason
 
 
+class OutcomeUnknown(RedisUnavailable):
+    """The connection was lost while a command was in flight: it may or may not have run.
+
+    streamkit never sends such a command again on its own unless running it twice is
+    harmless (a read, an acknowledgement, an append carrying an idempotency key). When
+    you see this error, the command's effect is unknown: check before repeating it.
+
+    Attributes:
+        url: the server address, with any password masked.
+        reason: what happened to the connection.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        StreamkitError.__init__(
+            self,
+            f"lost the connection to Redis at {url} while a command was in flight "
+            f"({reason}): the command may or may not have run, and was not sent again",
+        )
+        self.url = url
+        self.reason = reason
+
+
 class BackendError(StreamkitError):
     """Redis answered a command with an error (wrong type, script error, ...)."""
+
+
+class GroupExists(BackendError):
+    """A consumer group could not be created: it exists already (``BUSYGROUP``)."""
+
+
+class NoSuchGroup(BackendError):
+    """A stream or consumer group a command needs does not exist (``NOGROUP``).
+
+    Also raised for Redis 7's form of the error inside a Lua script, "No such key
+    '...' or consumer group '...' in XREADGROUP with GROUP option".
+    """
 
 
 class EncodeError(StreamkitError, ValueError):

@@ -37,10 +37,19 @@ import trio
 from coredis.commands.script import Script
 
 from ._backoff import Backoff
-from ._errors import BackendError, ConfigError, LockLost, RedisUnavailable, StreamkitError
+from ._errors import (
+    BackendError,
+    ConfigError,
+    GroupExists,
+    LockLost,
+    NoSuchGroup,
+    OutcomeUnknown,
+    RedisUnavailable,
+    StreamkitError,
+)
 from ._feed import Batch, FeedEnded
 from ._groups import open_service_nursery
-from ._redis import Redis, redis_errors
+from ._redis import Redis, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
 from ._wire import ACK_LUA, READ_LUA, text
@@ -83,6 +92,8 @@ class _Feed:
     start: str = "0"
     # The stream's last id when a read found nothing new: XREAD blocks on it.
     last_id: str = "0-0"
+    # The id of the last entry read: a lost reply is looked for in the history after it.
+    last_seen: str = "0"
     idle: bool = False
     active: bool = True
     # Batches handed out and not yet reported done (in the channel or being processed).
@@ -281,9 +292,8 @@ class Fetcher(Generic[R]):
             with redis_errors(), trio.fail_after(self.command_timeout):
                 await self.redis.xgroup_create(key, self.group, "0", mkstream=True)
             log.info("created consumer group %r on %s", self.group, key)
-        except BackendError as exc:
-            if "BUSYGROUP" not in str(exc) and "already exists" not in str(exc):
-                raise
+        except GroupExists:
+            pass
         except trio.TooSlowError as exc:
             raise RedisUnavailable("redis", "creating the consumer group timed out") from exc
 
@@ -406,22 +416,21 @@ class Fetcher(Generic[R]):
             return RedisUnavailable("redis", "a fenced read timed out")
         except RedisUnavailable as exc:
             feed.acks_due[:0] = acks
+            if isinstance(exc, OutcomeUnknown) and feed.start == ">":
+                # The lost reply may have delivered entries to us: pending now, never
+                # seen. Read the history after the last entry we did see to find them.
+                feed.start = feed.last_seen
             return exc
-        except BaseException:
-            feed.acks_due[:0] = acks
-            raise
+        except NoSuchGroup:
+            log.warning("consumer group %r on %s vanished; recreating it", self.group, feed.key)
+            try:
+                await self._create_group(feed.key)
+            except RedisUnavailable as unavailable:
+                return unavailable
+            except StreamkitError as error:
+                self._fail(feed, error)
+            return None
         except BackendError as exc:
-            # Inside a script, Redis 7 reports it without the NOGROUP code: "No such
-            # key '...' or consumer group '...' in XREADGROUP with GROUP option".
-            if "NOGROUP" in str(exc) or "No such key" in str(exc):
-                log.warning("consumer group %r on %s vanished; recreating it", self.group, feed.key)
-                try:
-                    await self._create_group(feed.key)
-                except RedisUnavailable as unavailable:
-                    return unavailable
-                except StreamkitError as error:
-                    self._fail(feed, error)
-                return None
             self._fail(feed, exc)
             return None
         self._reads += 1
@@ -439,6 +448,7 @@ class Fetcher(Generic[R]):
         feed.start = text(next_start)
         if entries:
             feed._put(Batch([e[0] for e in entries], [e[1] for e in entries], counts or None))
+            feed.last_seen = text(entries[-1][0])
         elif feed.start == ">":
             feed.idle = True
             feed.last_id = text(last_id)
@@ -463,13 +473,19 @@ class Fetcher(Generic[R]):
                     self._blocks += 1
                     self._block_scope = scope
                     block_ms = max(1, round(block * 1000))
-                    # A cancelled XREAD's connection is dropped by coredis, never reused.
-                    with redis_errors(), trio.fail_after(block + self.command_timeout):
-                        reply = await self.redis.xread(
+                    # On a connection of its own: cancelling it (on every partition
+                    # change) discards that connection only, never one that other
+                    # commands are on.
+                    reply = await run_blocking(
+                        self.redis,
+                        lambda r: r.xread(
                             cast("dict[str | bytes, str | bytes]", streams),
                             count=1,
                             block=block_ms,
-                        )
+                        ),
+                        within=block + self.command_timeout,
+                        what="a blocking read",
+                    )
             except trio.TooSlowError as exc:
                 raise RedisUnavailable("redis", "reading the stream ends timed out") from exc
             finally:

@@ -1,7 +1,32 @@
-"""The one place that builds Redis clients and translates Redis client errors.
+"""The one Redis layer: builds clients, owns their connections, decides retries, translates errors.
 
 Every other module talks to Redis through a client from :func:`open_redis` and wraps
 its commands in :func:`redis_errors`, so no coredis exception reaches users.
+
+Connections. A client from :func:`open_redis` has two connection pools:
+
+* the *shared* pool carries simple commands (``GET``, ``EVALSHA``, ``XADD``, ...),
+  multiplexed: many tasks' commands are in flight on one connection at once. Cancelling
+  such a command never touches the connection; its reply is read and dropped.
+* *dedicated* connections carry every command that holds a connection for its whole
+  run: blocking commands (``XREAD``, ``XREADGROUP``, ``BLPOP``, ``BLMOVE``,
+  ``BZPOPMIN``, ...), pipelines and transactions. While such a command runs, its
+  connection carries nothing else. Cancelling it discards that connection (the server
+  may still be blocked on it) and frees its slot; no other command is touched.
+
+coredis 6.9 sends blocking commands over the shared pool and, when one is cancelled,
+drops a connection that other tasks' commands may be in flight on, and never gives the
+pool slot back (after 64 cancellations the pool is empty and every command waits
+forever). :class:`_Pool` fixes the slot accounting; :class:`_Client` routes
+connection-holding commands to the dedicated pool. See ``docs/redis.md``.
+
+Retries. coredis is told never to retry (its default re-sends a command whose
+connection was lost, although Redis may have run it). A lost connection surfaces as
+:class:`~streamkit.OutcomeUnknown` when the command may have reached Redis, as plain
+:class:`~streamkit.RedisUnavailable` when it surely did not. Retrying is decided here:
+:func:`retry_idempotent` for operations that may run twice (reads, acknowledgements,
+idempotent scripts), :func:`call_once` for the others (retried only while they surely
+never reached Redis).
 """
 
 from __future__ import annotations
@@ -9,32 +34,82 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 import urllib.parse
-from typing import TYPE_CHECKING, TypeAlias
+import weakref
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
+import attrs
 import coredis
 import coredis.exceptions
 import trio
+from coredis.connection import BaseConnection
+from coredis.pool import ConnectionPool
+from coredis.retry import NoRetryPolicy
 
 from ._backoff import Backoff, retry_unavailable
-from ._errors import BackendError, ConfigError, RedisUnavailable, StreamkitError
+from ._errors import (
+    BackendError,
+    ConfigError,
+    GroupExists,
+    NoSuchGroup,
+    OutcomeUnknown,
+    RedisUnavailable,
+    StreamkitError,
+)
 from ._groups import leaves
 from ._urls import mask_url
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-__all__ = ["Redis", "as_unavailable", "mask_url", "open_redis", "redis_errors"]
+    from coredis.commands import CommandRequest
+    from coredis.patterns.pipeline import Pipeline
+
+__all__ = [
+    "Redis",
+    "RedisStatistics",
+    "as_unavailable",
+    "call_once",
+    "mask_url",
+    "open_redis",
+    "redis_errors",
+    "redis_statistics",
+    "retry_idempotent",
+    "run_blocking",
+]
 
 Redis: TypeAlias = "coredis.Redis[bytes]"
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 DEFAULT_CONNECT_TIMEOUT = 2.0
+# Slots of each pool (shared and dedicated). Connections are opened lazily, when a
+# command finds no idle one: a pool holds as many as were ever in use at once.
+DEFAULT_MAX_CONNECTIONS = 64
+# How long retry_idempotent (and the producer's idempotent append) keep retrying.
+DEFAULT_RETRY_FOR = 5.0
+# Command-level retries start fast: a lost connection is usually replaced at once.
+RETRY_BACKOFF = Backoff(initial=0.02, maximum=0.5)
+# Seconds after a lost connection was reported during which further losses are only
+# counted (and logged at debug level).
+LOSS_REPORT_INTERVAL = 10.0
 
 log = logging.getLogger("streamkit.redis")
 
-_UNAVAILABLE = (
+# coredis ConnectionErrors raised before the command was handed to a connection: the
+# connection could not be opened, was found broken when the command was queued, or no
+# pool slot came free in time.
+_NOT_SENT_MESSAGES = (
+    "Unable to establish a connection",
+    "Connection not usable",
+    "Connection pool exhausted",
+)
+
+# Errors meaning the connection was lost (or never answered) with the command in flight.
+_LOST = (
     coredis.exceptions.ConnectionError,
-    coredis.exceptions.BusyLoadingError,
     ConnectionError,
     TimeoutError,
     trio.BrokenResourceError,
@@ -42,21 +117,85 @@ _UNAVAILABLE = (
 )
 
 
+def _cancelled_in(exc: BaseException | None, depth: int = 0) -> bool:
+    if exc is None or depth > 10:
+        return False
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup) and any(
+        _cancelled_in(e, depth + 1) for e in exc.exceptions
+    ):
+        return True
+    return _cancelled_in(exc.__cause__ or exc.__context__, depth + 1)
+
+
+class _NoCancelledConnectNoise(logging.Filter):
+    """Drops coredis's ERROR record for a connection attempt that was cancelled.
+
+    coredis logs "Connection attempt failed unexpectedly!" with a traceback when the
+    command that opens a connection is cancelled during the handshake: nothing failed.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            return not _cancelled_in(record.exc_info[1])
+        return True
+
+
+if not any(isinstance(f, _NoCancelledConnectNoise) for f in logging.getLogger("coredis").filters):
+    logging.getLogger("coredis").addFilter(_NoCancelledConnectNoise())
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _not_sent(exc: BaseException) -> bool:
+    return isinstance(exc, coredis.exceptions.ConnectionError) and str(exc).startswith(
+        _NOT_SENT_MESSAGES
+    )
+
+
+def _group_error(exc: coredis.exceptions.RedisError) -> BackendError | None:
+    text = str(exc)
+    if isinstance(exc, coredis.exceptions.StreamDuplicateConsumerGroupError) or (
+        "BUSYGROUP" in text
+    ):
+        return GroupExists(text)
+    # Redis 7 reports a missing group inside a script as "No such key '...' or consumer
+    # group '...' in XREADGROUP with GROUP option"; coredis keeps the NOGROUP code as
+    # the exception's type only.
+    if isinstance(exc, coredis.exceptions.StreamConsumerGroupError) or (
+        "NOGROUP" in text or ("No such key" in text and "consumer group" in text)
+    ):
+        return NoSuchGroup(text)
+    return None
+
+
 def _translate(exc: BaseException, url: str) -> StreamkitError | None:
     if isinstance(exc, StreamkitError):
         return exc
-    if isinstance(exc, _UNAVAILABLE):
-        return RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__)
+    masked = mask_url(url)
+    if isinstance(exc, coredis.exceptions.BusyLoadingError):
+        # Redis refused the command while loading its data: it did not run.
+        return RedisUnavailable(masked, _reason(exc))
+    if _not_sent(exc):
+        return RedisUnavailable(masked, _reason(exc))
+    if isinstance(exc, _LOST):
+        return OutcomeUnknown(masked, _reason(exc))
     if isinstance(exc, coredis.exceptions.AuthenticationError):
-        return RedisUnavailable(mask_url(url), f"authentication failed: {exc}")
+        return RedisUnavailable(masked, f"authentication failed: {exc}")
     if isinstance(exc, coredis.exceptions.RedisError):
-        return BackendError(str(exc))
+        return _group_error(exc) or BackendError(str(exc))
     if isinstance(exc, BaseExceptionGroup):
         # coredis runs its pool in a task group, so a dropped connection can arrive
         # wrapped in a group. Unwrap it when every leaf is a Redis error.
-        leaves = [_translate(e, url) for e in exc.exceptions]
-        if leaves and all(leaf is not None for leaf in leaves):
-            return leaves[0]
+        translated = [_translate(e, url) for e in exc.exceptions]
+        if translated and all(leaf is not None for leaf in translated):
+            return translated[0]
     return None
 
 
@@ -66,17 +205,20 @@ def as_unavailable(exc: BaseException, url: str = "redis") -> RedisUnavailable |
     For errors raised by code that uses the client directly (a processor calling
     ``app.redis``), where coredis exceptions are not translated: a streamkit
     :class:`RedisUnavailable`, or a coredis connection or loading error (alone or in
-    an exception group of them). Built-in ``ConnectionError`` / ``TimeoutError`` do not
-    count here: user code raises those for its own reasons.
+    an exception group of them), as :class:`OutcomeUnknown` where the command may have
+    run. Built-in ``ConnectionError`` / ``TimeoutError`` do not count here: user code
+    raises those for its own reasons.
     """
     if isinstance(exc, RedisUnavailable):
         return exc
-    if isinstance(exc, coredis.exceptions.ConnectionError | coredis.exceptions.BusyLoadingError):
-        return RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__)
+    if isinstance(exc, coredis.exceptions.ConnectionError):
+        translated = _translate(exc, url)
+        assert isinstance(translated, RedisUnavailable)
+        return translated
     if isinstance(exc, BaseExceptionGroup):
-        leaves = [as_unavailable(e, url) for e in exc.exceptions]
-        if leaves and all(leaf is not None for leaf in leaves):
-            return leaves[0]
+        found = [as_unavailable(e, url) for e in exc.exceptions]
+        if found and all(leaf is not None for leaf in found):
+            return found[0]
     return None
 
 
@@ -97,8 +239,12 @@ def redis_errors(url: str = "redis") -> Iterator[None]:
     """Translate Redis client errors raised in the block into streamkit errors.
 
     Error handling:
-        Connection problems become :class:`RedisUnavailable`; errors Redis replied
-        with become :class:`BackendError`. Anything else passes through untouched.
+        :class:`OutcomeUnknown` when the connection was lost with a command in flight
+        (it may have run); :class:`RedisUnavailable` when Redis could not be reached
+        or refused to run the command (it did not run); :class:`GroupExists` /
+        :class:`NoSuchGroup` for ``BUSYGROUP`` / ``NOGROUP`` replies;
+        :class:`BackendError` for other errors Redis replied with. Anything else
+        passes through untouched.
     """
     try:
         yield
@@ -109,16 +255,375 @@ def redis_errors(url: str = "redis") -> Iterator[None]:
         raise translated from exc
 
 
-def _client_from_url(url: str, connect_timeout: float) -> Redis:
+# ---------------------------------------------------------------------------- retries
+
+
+async def retry_idempotent(
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    what: str,
+    give_up_after: float = DEFAULT_RETRY_FOR,
+    backoff: Backoff = RETRY_BACKOFF,
+) -> T:
+    """Await ``fn(*args)``, retrying while Redis is unavailable; for idempotent operations.
+
+    Use it only where running the operation twice is harmless: reads, acknowledgements,
+    scripts that check before they write. It is retried also when the connection was
+    lost with it in flight (it may have run already).
+
+    Error handling:
+        Errors are translated as by :func:`redis_errors`. The last
+        :class:`RedisUnavailable` is re-raised once ``give_up_after`` seconds passed;
+        other errors are raised at once.
+    """
+    return await _retry_loop(
+        fn, args, idempotent=True, what=what, give_up_after=give_up_after, backoff=backoff
+    )
+
+
+async def call_once(
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    what: str,
+    give_up_after: float = DEFAULT_RETRY_FOR,
+    backoff: Backoff = RETRY_BACKOFF,
+) -> T:
+    """Await ``fn(*args)`` for an operation that must not run twice (INCR, XADD, ...).
+
+    It is retried only while it surely never reached Redis (no connection could be
+    opened, or Redis refused it while loading its data).
+
+    Error handling:
+        :class:`OutcomeUnknown`, at once, when the connection was lost with the
+        operation in flight: it may or may not have run, and is not sent again. The
+        last :class:`RedisUnavailable` once ``give_up_after`` seconds passed. Other
+        errors as by :func:`redis_errors`.
+    """
+    return await _retry_loop(
+        fn, args, idempotent=False, what=what, give_up_after=give_up_after, backoff=backoff
+    )
+
+
+async def _retry_loop(
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    *,
+    idempotent: bool,
+    what: str,
+    give_up_after: float,
+    backoff: Backoff,
+) -> T:
+    deadline = trio.current_time() + give_up_after
+    for attempt, delay in enumerate(backoff.delays(), start=1):
+        try:
+            with redis_errors():
+                return await fn(*args)
+        except RedisUnavailable as exc:
+            if isinstance(exc, OutcomeUnknown) and not idempotent:
+                raise
+            if trio.current_time() + delay > deadline:
+                raise
+            log.debug("%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, attempt, delay)
+        await trio.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def run_blocking(
+    redis: Redis,
+    fn: Callable[[Redis], Awaitable[T]],
+    *,
+    within: float,
+    what: str,
+) -> T:
+    """Await one blocking command, ``fn(redis)``, on a connection of its own.
+
+    ``fn`` sends one blocking command (``XREAD ... BLOCK``, ``XREADGROUP ... BLOCK``,
+    ``BLMOVE``, ``BZPOPMIN``, ...) through ``redis``, e.g.
+    ``lambda r: r.xread({key: last_id}, count=1, block=1000)``. A client from
+    :func:`open_redis` sends every blocking command on a dedicated connection, which
+    carries nothing else while the command runs.
+
+    ``within`` is the client-side deadline: the command's own block time plus a
+    margin for a slow server.
+
+    Cancellation:
+        Cancelling discards the command's dedicated connection (the server may still
+        be blocked on it) and frees its slot; no other command is touched.
+
+    Error handling:
+        :class:`ConfigError` if ``redis`` did not come from :func:`open_redis` (it
+        would block on a shared connection). :class:`RedisUnavailable` if there is no
+        answer within ``within`` seconds or Redis cannot be reached; :class:`OutcomeUnknown`
+        if the connection was lost meanwhile (for a plain ``XREAD`` that is harmless:
+        read again); other errors as by :func:`redis_errors`.
+    """
+    if not isinstance(redis, _Client):
+        raise ConfigError("redis", "blocking commands need a client from streamkit.open_redis")
+    try:
+        with redis_errors(redis._health.url), trio.fail_after(within):
+            return await fn(redis)
+    except trio.TooSlowError as exc:
+        raise RedisUnavailable(
+            redis._health.url, f"{what} got no answer within {within:g}s"
+        ) from exc
+
+
+# ------------------------------------------------------------------------ connections
+
+
+@attrs.frozen
+class RedisStatistics:
+    """A snapshot of a client's connections (see :func:`redis_statistics`).
+
+    Attributes:
+        shared_connections: open connections of the shared (multiplexed) pool.
+        dedicated_connections: open dedicated connections, idle or running a command.
+        dedicated_in_use: dedicated connections running a command now.
+        discarded: dedicated connections thrown away because the command on them was
+            cancelled or timed out (their state was unknown).
+        lost: connections lost unexpectedly (server closed or killed them, network).
+        reconnects: times a connection was opened again after one was lost.
+    """
+
+    shared_connections: int
+    dedicated_connections: int
+    dedicated_in_use: int
+    discarded: int
+    lost: int
+    reconnects: int
+
+
+@attrs.define(eq=False)
+class _Health:
+    """What happened to a client's connections; reports losses and recoveries.
+
+    A lost connection is logged as a warning, and so is the next connection opened
+    after it. Losses within :data:`LOSS_REPORT_INTERVAL` of a reported one are logged
+    at debug level only, and counted in the next warning: a flapping network does not
+    flood the log.
+    """
+
+    url: str
+    lost: int = 0
+    discarded: int = 0
+    reconnects: int = 0
+    _down_since: float | None = None
+    _reported_at: float = -math.inf
+    _reported_down: bool = False
+    _unreported: int = 0
+
+    def established(self) -> None:
+        if self._down_since is None:
+            return
+        self.reconnects += 1
+        if self._reported_down:
+            log.warning(
+                "reconnected to Redis at %s (%.2fs after a connection was lost)",
+                self.url,
+                time.monotonic() - self._down_since,
+            )
+        else:
+            log.debug("reconnected to Redis at %s", self.url)
+        self._down_since = None
+        self._reported_down = False
+
+    def ended(self, connection: BaseConnection, *, dedicated: bool) -> None:
+        error = connection._last_error
+        if error is None:
+            # Closed on purpose: discarded after a cancelled command, or shut down.
+            if connection._terminated and dedicated:
+                self.discarded += 1
+                log.debug("discarded a dedicated connection to Redis at %s", self.url)
+            return
+        self.lost += 1
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        if now - self._reported_at < LOSS_REPORT_INTERVAL or self._reported_down:
+            self._unreported += 1
+            log.debug("lost a connection to Redis at %s: %s", self.url, _reason(error))
+            return
+        more = f" ({self._unreported} more lost since the last report)" if self._unreported else ""
+        log.warning(
+            "lost a connection to Redis at %s (%s)%s; commands in flight on it have an "
+            "unknown outcome and are not sent again; reconnecting",
+            self.url,
+            _reason(error),
+            more,
+        )
+        self._reported_at = now
+        self._reported_down = True
+        self._unreported = 0
+
+
+class _Pool(ConnectionPool[BaseConnection]):
+    """coredis's pool with its slot accounting fixed, and connection events reported.
+
+    coredis 6.9 loses a slot whenever a leased connection ends unusable (a cancelled
+    blocking command invalidates its connection, then ``release`` drops it without
+    returning the slot) and when the task getting a connection is cancelled while the
+    connection is being opened. Here every slot taken is given back, whatever happens.
+    """
+
+    _health: _Health
+    _dedicated: bool
+    _established: weakref.WeakSet[BaseConnection]
+
+    def _setup(self, health: _Health, *, dedicated: bool) -> None:
+        self._health = health
+        self._dedicated = dedicated
+        self._established = weakref.WeakSet()
+
+    async def get_connection(self, **_: Any) -> BaseConnection:
+        try:
+            with trio.fail_after(math.inf if self.timeout is None else self.timeout):
+                connection = await self._get_connection()
+        except trio.TooSlowError as exc:
+            raise coredis.exceptions.ConnectionError(
+                f"Connection pool exhausted: no free connection within {self.timeout}s"
+            ) from exc
+        self.statistics.connection_leased(connection)
+        return connection
+
+    async def _get_connection(self) -> BaseConnection:
+        connection = await self._available_connections.get()
+        # The slot is ours now: give it back if anything below fails or is cancelled.
+        try:
+            if connection is None or not connection.reusable:
+                if connection is not None:
+                    connection.invalidate()
+                connection = None
+                fresh = await self._construct_connection()
+                error = await self.task_group.start(self._run_connection, fresh)
+                if error is not None:
+                    # coredis turns the cancellation of a connection being opened into
+                    # a ConnectionError: let the cancellation win.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    raise error
+                connection = fresh
+                self.statistics.connection_created(connection)
+                self._online_connections.add(connection)
+                self._established.add(connection)
+                self._health.established()
+        except BaseException:
+            if connection is None:
+                self._available_connections.append_nowait(None)
+            else:
+                self._available_connections.put_nowait(connection)
+            raise
+        return connection
+
+    def release(self, connection: BaseConnection) -> None:
+        self.statistics.connection_released(connection)
+        if connection.usable:
+            self._available_connections.put_nowait(connection)
+        else:
+            # Cancelled mid-command (coredis invalidated it) or lost: the slot comes back
+            # empty; the next command opens a fresh connection.
+            connection.invalidate()
+            self._available_connections.append_nowait(None)
+
+    async def _run_connection(
+        self,
+        connection: BaseConnection,
+        *,
+        task_status: trio.TaskStatus[Exception | None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await connection.run(task_status=task_status)
+        except coredis.exceptions.RedisError as error:
+            # Raised only before the connection was ready: report it to get_connection.
+            task_status.started(error)
+        finally:
+            self._online_connections.discard(connection)
+            if connection in self._available_connections:
+                self._available_connections.remove(connection)
+                self._available_connections.append_nowait(None)
+            if connection in self._established:
+                self._health.ended(connection, dedicated=self._dedicated)
+
+
+class _Client(coredis.Redis[bytes]):
+    """A coredis client that runs connection-holding commands on dedicated connections."""
+
+    _dedicated: coredis.Redis[bytes]
+    _health: _Health
+
+    async def execute_command(self, command: CommandRequest[R]) -> R:
+        if command.blocking:
+            return await self._dedicated.execute_command(command)
+        return await super().execute_command(command)
+
+    def pipeline(
+        self,
+        transaction: bool = True,
+        *,
+        raise_on_error: bool = True,
+        timeout: float | None = None,
+    ) -> Pipeline[bytes]:
+        return self._dedicated.pipeline(transaction, raise_on_error=raise_on_error, timeout=timeout)
+
+
+def redis_statistics(redis: Redis) -> RedisStatistics:
+    """A snapshot of the connections of ``redis``, a client from :func:`open_redis`.
+
+    Error handling:
+        :class:`ConfigError` for a client that did not come from :func:`open_redis`.
+    """
+    if not isinstance(redis, _Client):
+        raise ConfigError("redis", "statistics need a client from streamkit.open_redis")
+    shared = redis.connection_pool
+    dedicated = redis._dedicated.connection_pool
+    assert isinstance(shared, _Pool)
+    assert isinstance(dedicated, _Pool)
+    in_use = dedicated.max_connections - len(dedicated._available_connections)
+    health = redis._health
+    return RedisStatistics(
+        shared_connections=len(shared._online_connections),
+        dedicated_connections=len(dedicated._online_connections),
+        dedicated_in_use=in_use,
+        discarded=health.discarded,
+        lost=health.lost,
+        reconnects=health.reconnects,
+    )
+
+
+def _pool_from_url(
+    url: str, connect_timeout: float, max_connections: int, health: _Health, *, dedicated: bool
+) -> _Pool:
+    # from_url builds the class it is called on; its overloads do not say so.
+    pool = cast(
+        "_Pool",
+        _Pool.from_url(
+            url,
+            connect_timeout=connect_timeout,
+            decode_responses=False,
+            max_connections=max_connections,
+        ),
+    )
+    pool._setup(health, dedicated=dedicated)
+    return pool
+
+
+def _client_from_url(url: str, connect_timeout: float, max_connections: int) -> _Client:
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(
             "redis_url", f"expected redis://, rediss:// or unix://, got {mask_url(url)!r}"
         )
+    health = _Health(mask_url(url))
     try:
-        return coredis.Redis.from_url(url, connect_timeout=connect_timeout, decode_responses=False)
+        shared = _pool_from_url(url, connect_timeout, max_connections, health, dedicated=False)
+        dedicated = _pool_from_url(url, connect_timeout, max_connections, health, dedicated=True)
     except ValueError as exc:
         raise ConfigError("redis_url", f"{mask_url(url)!r}: {exc}") from exc
+    # No retries in coredis: a command whose connection was lost may have run.
+    client = _Client(connection_pool=shared, decode_responses=False, retry_policy=NoRetryPolicy())
+    client._dedicated = coredis.Redis(
+        connection_pool=dedicated, decode_responses=False, retry_policy=NoRetryPolicy()
+    )
+    client._health = health
+    return client
 
 
 @contextlib.asynccontextmanager
@@ -128,6 +633,7 @@ async def open_redis(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     give_up_after: float | None = 0.0,
     backoff: Backoff | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> AsyncIterator[Redis]:
     """Connect to Redis at ``url`` and yield a client; close it on exit.
 
@@ -139,13 +645,19 @@ async def open_redis(
     connecting is retried with exponential backoff, logging each failure, for up to
     ``give_up_after`` seconds (``None``: forever; ``0``: a single attempt).
 
+    Simple commands share (multiplex) connections; blocking commands, pipelines and
+    transactions each run on a connection of their own while they run, so cancelling
+    one never disturbs another command. ``max_connections`` bounds each of the two
+    pools; connections are opened only when needed. The client never sends a command
+    again by itself: see :func:`retry_idempotent` and :func:`call_once`.
+
     Error handling:
         :class:`ConfigError` for a malformed URL; :class:`RedisUnavailable` once the
         server stayed unreachable for ``give_up_after`` seconds.
     """
     masked = mask_url(url)
     backoff = backoff or Backoff()
-    client = _client_from_url(url, connect_timeout)
+    client = _client_from_url(url, connect_timeout, max_connections)
 
     async def ping() -> None:
         try:
@@ -155,7 +667,7 @@ async def open_redis(
             raise RedisUnavailable(masked, "timed out") from exc
 
     with redis_errors(url), _unwrapped_group():
-        async with client:
+        async with client, client._dedicated:
             await retry_unavailable(
                 ping,
                 backoff=backoff,

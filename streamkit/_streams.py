@@ -18,9 +18,16 @@ import trio
 from coredis.commands.script import Script
 
 from ._errors import MetadataMismatch
+from ._idempotent import append_once
 from ._redis import redis_errors
 from ._validate import positive_int
-from ._wire import METADATA_LUA, SEND_LUA, compare_metadata, flatten_fields, metadata_pairs
+from ._wire import (
+    APPEND_AND_TRIM_LUA,
+    METADATA_LUA,
+    compare_metadata,
+    flatten_fields,
+    metadata_pairs,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +48,6 @@ log = logging.getLogger("streamkit.streams")
 # keeping every partition's pipeline full.
 WINDOW_PER_PARTITION = 4
 
-_SEND_SCRIPT: Script[bytes] = Script(script=SEND_LUA)
 _METADATA_SCRIPT: Script[bytes] = Script(script=METADATA_LUA)
 
 
@@ -77,18 +83,29 @@ async def append_entries(
 
     Each entry is its field count followed by field names and values (see
     :func:`streamkit._wire.flatten_fields`). One script call, so the entries are
-    appended together or not at all.
+    appended together or not at all; exactly once, as the call carries an
+    idempotency marker and is retried with it while a lost connection leaves its
+    outcome unknown (see :mod:`streamkit._idempotent`).
 
     Returns:
         the new entry ids, in order.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` when Redis stayed unreachable and nothing
+        was appended; :class:`~streamkit.OutcomeUnknown` when the entries may or may
+        not have been appended.
     """
-    args: list[bytes | int] = [partition_size, max_len or 0]
+    flat: list[bytes | int] = []
     for entry in entries:
-        args.extend(entry)
-    with redis_errors():
-        reply: Any = await _SEND_SCRIPT(keys=[spec.key(partition)], args=args, client=redis)
-    entry_ids: list[bytes] = reply[0]
-    dropped: int = reply[1]
+        flat.extend(entry)
+    entry_ids, dropped = await append_once(
+        redis,
+        spec.key(partition),
+        keep=partition_size,
+        cap=max_len or 0,
+        entries=flat,
+        body=APPEND_AND_TRIM_LUA,
+    )
     if dropped:
         log.warning(
             "max_len=%d dropped %d unprocessed entries from %s partition %d",

@@ -5,7 +5,8 @@ same entries with the same scripts and the same metadata. Everything they must a
 on lives here, with no import of trio or of a Redis client, so that Spark's Python
 workers can import it cheaply:
 
-* the Lua sources of the append-and-trim, metadata, fenced-read and fenced-ack scripts;
+* the Lua sources of the append-and-trim (wrapped by the producer's idempotent
+  append and the Spark writer), metadata, fenced-read and fenced-ack scripts;
 * the stream metadata schema (:data:`METADATA_VERSION`, :func:`compare_metadata`);
 * the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`.
 """
@@ -26,7 +27,6 @@ __all__ = [
     "METADATA_LUA",
     "METADATA_VERSION",
     "READ_LUA",
-    "SEND_LUA",
     "compare_metadata",
     "field_pairs",
     "flatten_fields",
@@ -155,19 +155,6 @@ elseif length > keep then
   end
 end
 """
-
-# KEYS: the partition. ARGV: partition_size, max_len (0 = no cap), then the entries.
-# Returns {entry ids, number of unacknowledged entries the hard cap dropped}.
-SEND_LUA = (
-    """
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 3
-"""
-    + APPEND_AND_TRIM_LUA
-    + "return {ids, dropped}\n"
-)
 
 # KEYS: the metadata hash. ARGV: field, value, ... Records the metadata if the stream
 # is new (returns an empty list); returns what is recorded otherwise.

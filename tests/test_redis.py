@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import logging
+import warnings
+from typing import Any
 
 import pytest
 import trio
 
-from streamkit import ConfigError, RedisUnavailable
+from streamkit import (
+    BackendError,
+    ConfigError,
+    GroupExists,
+    NoSuchGroup,
+    OutcomeUnknown,
+    RedisUnavailable,
+    call_once,
+    redis_statistics,
+    retry_idempotent,
+    run_blocking,
+)
 from streamkit._backoff import Backoff
 from streamkit._redis import Redis, mask_url, open_redis, redis_errors
 from streamkit.testing import RedisServer, free_port
@@ -91,3 +104,207 @@ async def test_a_restarted_server_is_reconnected(private_redis: RedisServer) -> 
                     break
                 except RedisUnavailable:
                     await trio.sleep(0.05)
+
+
+# -- outcome-unknown errors, retries, group errors, connection logs -----------------
+
+
+async def wait_for_client(killer: Redis, cmd: str) -> int:
+    """The id of the (one) client whose current command is ``cmd``, once there is one."""
+    with trio.fail_after(5):
+        while True:
+            found = [c["id"] for c in await killer.client_list() if c["cmd"] == cmd]
+            if found:
+                return int(found[0])
+            await trio.sleep(0.005)
+
+
+def _wait_for_replicas(redis: Redis) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # coredis prefers ensure_replication
+        return redis.wait(1, 5000)
+
+
+async def test_refused_connections_are_not_outcome_unknown() -> None:
+    url = f"redis://127.0.0.1:{free_port()}"
+    with pytest.raises(RedisUnavailable) as info:
+        async with open_redis(url):
+            pass
+    assert not isinstance(info.value, OutcomeUnknown)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "command"),
+    [
+        # A blocking command, on a dedicated connection.
+        ("blpop", lambda r: r.blpop(["nothing"], timeout=5)),
+        # A simple command, on the shared connection (WAIT blocks only its client).
+        ("wait", lambda r: _wait_for_replicas(r)),
+    ],
+)
+async def test_a_connection_killed_mid_command_is_outcome_unknown(
+    redis_url: str, cmd: str, command: Any
+) -> None:
+    async with open_redis(redis_url) as client, open_redis(redis_url) as killer:
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                with pytest.raises(OutcomeUnknown) as info, redis_errors(redis_url):
+                    await command(client)
+                assert "may or may not have run" in str(info.value)
+
+            nursery.start_soon(run)
+            await killer.client_kill(identifier=await wait_for_client(killer, cmd))
+        # The client recovers on a fresh connection.
+        assert await client.ping() == b"PONG"
+        assert redis_statistics(client).lost == 1
+
+
+async def test_call_once_does_not_resend_and_retry_idempotent_does(redis_url: str) -> None:
+    async with open_redis(redis_url) as client, open_redis(redis_url) as killer:
+        calls = 0
+
+        async def blocking_pop() -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return await client.blpop(["jobs"], timeout=5)
+            return "second attempt"
+
+        async with trio.open_nursery() as nursery:
+
+            async def once() -> None:
+                with pytest.raises(OutcomeUnknown):
+                    await call_once(blocking_pop, what="popping a job")
+
+            nursery.start_soon(once)
+            await killer.client_kill(identifier=await wait_for_client(killer, "blpop"))
+        assert calls == 1
+
+        calls = 0
+        async with trio.open_nursery() as nursery:
+
+            async def idempotent() -> None:
+                assert await retry_idempotent(blocking_pop, what="reading") == "second attempt"
+
+            nursery.start_soon(idempotent)
+            await killer.client_kill(identifier=await wait_for_client(killer, "blpop"))
+        assert calls == 2
+
+
+async def test_call_once_retries_what_never_reached_redis() -> None:
+    server = RedisServer()
+    attempts = 0
+
+    async def incr(client: Redis) -> int:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 2:
+            # The server comes up between the second and third attempts.
+            await trio.to_thread.run_sync(server.start)
+        return await client.incr("n")
+
+    try:
+        url = server.url
+        await trio.to_thread.run_sync(server.start)
+        async with open_redis(url) as client:
+            await trio.to_thread.run_sync(server.stop)
+            with trio.fail_after(5):
+                while redis_statistics(client).lost == 0:
+                    await trio.sleep(0.005)
+            # Attempt 1 is refused (never sent), attempt 2 runs.
+            with trio.fail_after(20):
+                assert await call_once(incr, client, what="counting", give_up_after=15) == 1
+        assert attempts == 2
+    finally:
+        server.close()
+
+
+async def test_group_errors_are_typed(redis: Redis) -> None:
+    await redis.xgroup_create("s", "g", "0", mkstream=True)
+    with pytest.raises(GroupExists), redis_errors():
+        await redis.xgroup_create("s", "g", "0", mkstream=True)
+    with pytest.raises(NoSuchGroup), redis_errors():
+        await redis.xreadgroup("missing", "c", streams={"s": ">"})
+    # Redis 7's form inside a script: "No such key '...' or consumer group '...'".
+    with pytest.raises(NoSuchGroup, match="No such key"), redis_errors():
+        await redis.eval(
+            "return redis.call('XREADGROUP', 'GROUP', 'missing', 'c', 'STREAMS', KEYS[1], '>')",
+            keys=["s"],
+        )
+    with pytest.raises(GroupExists), redis_errors():
+        await redis.eval("return redis.call('XGROUP', 'CREATE', KEYS[1], 'g', '0')", keys=["s"])
+    assert issubclass(GroupExists, BackendError)
+    assert issubclass(NoSuchGroup, BackendError)
+
+
+async def test_a_lost_connection_is_logged_once_with_the_url_masked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    acl = ("--user", "default", "on", "nopass", "~*", "&*", "+@all")
+    alice = ("--user", "alice", "on", ">s3cret", "~*", "&*", "+@all")
+    with RedisServer(extra_args=(*acl, *alice)) as server:
+        url = f"redis://alice:s3cret@127.0.0.1:{server.port}"
+        async with open_redis(url) as client, open_redis(server.url) as killer:
+            await client.set("k", "v")
+            with caplog.at_level(logging.DEBUG, logger="streamkit.redis"):
+                await killer.client_kill(user="alice")
+                # The next commands find the connection gone and open a new one.
+                with trio.fail_after(5):
+                    while True:
+                        try:
+                            with redis_errors():
+                                assert await client.get("k") == b"v"
+                            break
+                        except RedisUnavailable:
+                            await trio.sleep(0.01)
+            stats = redis_statistics(client)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([w for w in warnings if w.startswith("lost a connection")]) == 1, warnings
+    assert len([w for w in warnings if w.startswith("reconnected")]) == 1, warnings
+    assert all(r.name == "streamkit.redis" for r in caplog.records if r.levelno >= logging.WARNING)
+    assert all("s3cret" not in w and "alice:***@" in w for w in warnings), warnings
+    assert (stats.lost, stats.reconnects) == (1, 1)
+
+
+async def test_run_blocking(redis: Redis) -> None:
+    reply = await run_blocking(
+        redis, lambda r: r.xread({"s": "$"}, count=1, block=10), within=5, what="reading"
+    )
+    assert reply is None
+    with pytest.raises(RedisUnavailable, match="no answer within"):
+        await run_blocking(
+            redis, lambda r: r.blpop(["none"], timeout=5), within=0.05, what="popping"
+        )
+    assert redis_statistics(redis).dedicated_in_use == 0
+
+
+async def test_blocking_helpers_refuse_foreign_clients(redis_url: str) -> None:
+    import coredis
+
+    async with coredis.Redis.from_url(redis_url) as foreign:
+        with pytest.raises(ConfigError, match="open_redis"):
+            await run_blocking(
+                foreign, lambda r: r.xread({"s": "$"}, block=10), within=1, what="reading"
+            )
+        with pytest.raises(ConfigError, match="open_redis"):
+            redis_statistics(foreign)
+
+
+async def test_an_exhausted_pool_is_reported_as_never_sent(redis_url: str) -> None:
+    # ?timeout= is coredis's wait for a free pool slot.
+    async with open_redis(f"{redis_url}?timeout=1", max_connections=1) as client:
+
+        async def hold_the_slot() -> None:
+            await client.blpop(["never"], timeout=3)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_the_slot)
+            with trio.fail_after(5):
+                while redis_statistics(client).dedicated_in_use == 0:
+                    await trio.sleep(0.005)
+            with pytest.raises(RedisUnavailable, match="pool exhausted") as info, redis_errors():
+                await client.blpop(["never"], timeout=1)
+            assert not isinstance(info.value, OutcomeUnknown)
+            nursery.cancel_scope.cancel()
+        assert redis_statistics(client).dedicated_in_use == 0
