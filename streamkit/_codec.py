@@ -238,11 +238,7 @@ class Codec(Generic[R]):
         try:
             return self._decode(fields)
         except Exception as exc:
-            if isinstance(entry_id, bytes):
-                entry_id = entry_id.decode("ascii", "replace")
-            raise DecodeError(
-                _reason(exc), stream=stream, partition=partition, entry_id=entry_id
-            ) from exc
+            raise _decode_error(exc, stream, partition, entry_id) from exc
 
     def entry_decoder(
         self, *, stream: str, partition: int | None = None
@@ -274,11 +270,7 @@ class Codec(Generic[R]):
             try:
                 return decode_flat(flat)
             except Exception as exc:
-                if isinstance(entry_id, bytes):
-                    entry_id = entry_id.decode("ascii", "replace")
-                raise DecodeError(
-                    _reason(exc), stream=stream, partition=partition, entry_id=entry_id
-                ) from exc
+                raise _decode_error(exc, stream, partition, entry_id) from exc
 
         return decode
 
@@ -398,6 +390,14 @@ _FLAT_CHECKS = {
     float: "(type({v}) is float or type({v}) is int)",
     bool: "type({v}) is bool",
 }
+
+
+def _decode_error(
+    exc: Exception, stream: str, partition: int | None, entry_id: str | bytes | None
+) -> DecodeError:
+    if isinstance(entry_id, bytes):
+        entry_id = entry_id.decode("ascii", "replace")
+    return DecodeError(_reason(exc), stream=stream, partition=partition, entry_id=entry_id)
 
 
 def _flat_builder(

@@ -17,6 +17,7 @@ key                                what it holds
 ``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
 ``__lock:{app}.leader``            the app's leader lease
 ``__sprk:{app.stream.N}:...``      a Spark write's idempotency marker (expires)
+``__once:{app.stream.N}:...``      a producer append's idempotency marker (expires)
 =================================  ===================================================
 """
 
