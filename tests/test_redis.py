@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -10,7 +11,7 @@ import trio
 from streamkit import ConfigError, RedisUnavailable
 from streamkit._backoff import Backoff
 from streamkit._redis import Redis, mask_url, open_redis, redis_errors
-from streamkit.testing import RedisServer, free_port
+from streamkit.testing import RedisServer, free_port, wait_until
 
 
 async def test_ping_through_open_redis(redis: Redis) -> None:
@@ -29,22 +30,29 @@ async def test_unreachable_server_is_reported_clearly() -> None:
 async def test_connecting_retries_until_the_server_comes_up(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server = RedisServer()
+    # No server yet: something listens on the port but never answers, so the first
+    # attempt times out. Once the client has given up on it, the server starts there.
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
 
-        async def start_later() -> None:
-            # Wait until the first failed attempt has been logged, then start.
-            while not any("attempt 1" in r.message for r in caplog.records):
-                await trio.sleep(0.01)
-            await trio.to_thread.run_sync(server.start)
+        async def start_after_the_first_attempt() -> None:
+            async with listener, await listener.accept() as first:
+                with contextlib.suppress(trio.BrokenResourceError):
+                    while await first.receive_some():  # until the client hangs up
+                        pass
+            await nursery.start(RedisServer(port=port).run)
 
-        nursery.start_soon(start_later)
+        nursery.start_soon(start_after_the_first_attempt)
         with caplog.at_level(logging.WARNING, logger="streamkit.redis"), trio.fail_after(20):
             async with open_redis(
-                server.url, give_up_after=None, backoff=Backoff(initial=0.05, jitter=0)
+                f"redis://127.0.0.1:{port}",
+                connect_timeout=0.1,
+                give_up_after=None,
+                backoff=Backoff(initial=0.05, jitter=0),
             ) as client:
                 assert await client.ping() == b"PONG"
-    server.close()
+        nursery.cancel_scope.cancel()
     assert any("retrying in" in r.message for r in caplog.records)
 
 
@@ -83,11 +91,13 @@ async def test_a_restarted_server_is_reconnected(private_redis: RedisServer) -> 
     async with open_redis(private_redis.url) as client:
         await client.set("k", "v")
         await trio.to_thread.run_sync(private_redis.restart)
-        with trio.fail_after(10):
-            while True:
-                try:
-                    with redis_errors():
-                        assert await client.get("k") == b"v"
-                    break
-                except RedisUnavailable:
-                    await trio.sleep(0.05)
+
+        async def reconnected() -> bool:
+            try:
+                with redis_errors():
+                    assert await client.get("k") == b"v"
+            except RedisUnavailable:
+                return False
+            return True
+
+        await wait_until(reconnected, what="the client to reach the restarted server", within=10)
