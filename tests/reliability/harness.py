@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
-from streamkit import ProcessorKeys, RedisUnavailable, redis_errors
-from streamkit._locks import lock_key
+from streamkit import RedisUnavailable, redis_errors
 from tests.apps.scenario import SEEN, Numbered
 from tests.scenarios import Tally, numbered_events
-from tests.workers import SCENARIO_GROUP
+from tests.workers import SCENARIO_GROUP, lock_holders
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Collection, Iterable
@@ -297,27 +296,6 @@ class SeenMonitor:
 
 
 # --------------------------------------------------------------------------- Redis state
-
-
-def _pid_of(lock_value: bytes | str | None) -> int | None:
-    if lock_value is None:
-        return None
-    text = lock_value.decode() if isinstance(lock_value, bytes) else lock_value
-    # "<hostname>:<pid>:<random>:<token>"
-    parts = text.rsplit(":", 3)
-    try:
-        return int(parts[-3])
-    except (IndexError, ValueError):
-        return None
-
-
-async def lock_holders(redis: Redis, partitions: int = 8) -> dict[int, int | None]:
-    """Per partition of the scenario app, the pid of the worker holding its lease."""
-    holders: dict[int, int | None] = {}
-    for p in range(partitions):
-        name = ProcessorKeys(app="scenario", stream="numbered", processor="record").lock_name(p)
-        holders[p] = _pid_of(await redis.get(lock_key(name)))
-    return holders
 
 
 async def pending_events(
