@@ -14,7 +14,7 @@ from tests.scenarios import numbered_events, seen, tally
 from tests.workers import WorkerProcess, lock_holders, start_worker, wait_members
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
     from pathlib import Path
 
     from streamkit import Redis
@@ -88,7 +88,7 @@ async def test_a_second_signal_exits_at_once(
     everything = dict.fromkeys(range(8), worker.pid)
     only_busy = {p: worker.pid if p == busy else None for p in range(8)}
 
-    async def holds(expected: dict[int, int | None]) -> bool:
+    async def holds(expected: Mapping[int, int | None]) -> bool:
         return await lock_holders(redis) == expected
 
     async def in_a_batch() -> bool:
