@@ -46,6 +46,7 @@ from streamkit.testing import RedisServer
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+
 class Order(Record):
     order_id: int
     customer: str

@@ -28,9 +28,11 @@ import sys
 from typing import TYPE_CHECKING
 
 import trio
+import trio_util
 
 from streamkit import (
     Claim,
+    Rebalancer,
     Redis,
     open_lock_manager,
     open_membership,
@@ -104,7 +106,7 @@ async def worker_main(
     partitions: int,
     running: dict[int, str],
     *,
-    task_status: trio.TaskStatus[trio.Event],
+    task_status: trio.TaskStatus[tuple[trio.Event, Rebalancer]],
 ) -> None:
     """One worker: join the group, run the assigned partitions until told to stop."""
     stop = trio.Event()
@@ -119,21 +121,19 @@ async def worker_main(
             lease_ttl=LEASE_TTL, grace=GRACE,
         ) as rebalancer,
     ):  # fmt: skip
-        task_status.started(stop)
+        task_status.started((stop, rebalancer))
         await stop.wait()
         # Hand everything back gracefully before leaving the group.
         await rebalancer.drain()
         print(f"{worker}: drained {rebalancer!r}", flush=True)
 
 
-async def wait_owned(redis: Redis, workers: list[str], partitions: int) -> None:
-    """Wait until each partition is held by one of ``workers``, per its lock."""
-    async with open_lock_manager(redis) as locks:
-        while True:
-            holders = [await locks.holder(lock_name(p)) for p in range(partitions)]
-            if all(h is not None and h.owner in workers for h in holders):
-                return
-            await trio.sleep(0.02)
+async def wait_spread(rebalancers: dict[str, Rebalancer], partitions: int) -> None:
+    """Wait until every partition runs (under its lease) on one of ``rebalancers``,
+    and each of them runs some."""
+    everything = frozenset(range(partitions))
+    with trio_util.compose_values(**{w: r.owned for w, r in rebalancers.items()}) as owned:
+        await owned.wait_value(lambda each: all(each) and frozenset().union(*each) == everything)
 
 
 async def demo(url: str, partitions: int, duration: float) -> int:
@@ -143,17 +143,22 @@ async def demo(url: str, partitions: int, duration: float) -> int:
         with redis_errors():
             await redis.delete([log_key(p) for p in range(partitions)])
         async with trio.open_nursery() as nursery:
-            stops = {"w1": await nursery.start(worker_main, redis, "w1", partitions, running)}
-            await trio.sleep(step)
-            for worker in ("w2", "w3"):
-                stops[worker] = await nursery.start(worker_main, redis, worker, partitions, running)
+            stops: dict[str, trio.Event] = {}
+            rebalancers: dict[str, Rebalancer] = {}
+            for worker in ("w1", "w2", "w3"):
+                if worker == "w2":
+                    await trio.sleep(step)
+                stops[worker], rebalancers[worker] = await nursery.start(
+                    worker_main, redis, worker, partitions, running
+                )
             with trio.fail_after(10):
-                await wait_owned(redis, ["w1", "w2", "w3"], partitions)
+                await wait_spread(rebalancers, partitions)
             await trio.sleep(step)
             print("stopping w2 gracefully", flush=True)
             stops["w2"].set()
+            del rebalancers["w2"]
             with trio.fail_after(10):
-                await wait_owned(redis, ["w1", "w3"], partitions)
+                await wait_spread(rebalancers, partitions)
             await trio.sleep(step)
             for stop in stops.values():
                 stop.set()

@@ -57,6 +57,9 @@ class LeaderElection:
         is_leader: a ``trio_util.AsyncBool``, true while this contender leads.
             Watch it with ``await election.is_leader.wait_value(True)`` or
             ``async for leading in election.is_leader.eventual_values(): ...``.
+        leader_lease: a ``trio_util.AsyncValue`` of this contender's leader lease
+            while it leads (a new value with each extension), ``None`` while it
+            follows.
         terms: how many times this contender has been elected.
     """
 
@@ -64,6 +67,9 @@ class LeaderElection:
     name: str
     ttl: float
     is_leader: trio_util.AsyncBool = attrs.field(init=False, factory=trio_util.AsyncBool)
+    leader_lease: trio_util.AsyncValue[Lease | None] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(None)
+    )
     terms: int = attrs.field(init=False, default=0)
     # The held lease of the current term, or None between terms.
     _term: trio_util.AsyncValue[HeldLease | None] = attrs.field(
@@ -134,6 +140,7 @@ class LeaderElection:
     def _elected(self, held: HeldLease) -> None:
         self.terms += 1
         self._term.value = held
+        self.leader_lease.value = held.lease
         self.is_leader.value = True
         log.info("%s leads %r (token %d)", self._locks.owner, self.name, held.token)
 
@@ -141,6 +148,7 @@ class LeaderElection:
         if self._term.value is held:
             self._term.value = None
             self.is_leader.value = False
+            self.leader_lease.value = None
         reason = held.lost_reason or "the election was left"
         for scope in self._term_scopes:
             scope.cancel(f"leadership of {self.name!r} ended: {reason}")
@@ -163,7 +171,9 @@ class LeaderElection:
                         started = True
                         task_status.started()
                     try:
-                        await trio.sleep_forever()
+                        # Publish each extension, until the hold is left.
+                        async for lease in held.current.eventual_values():
+                            self.leader_lease.value = lease
                     finally:
                         self._deposed(held)
             except LockNotAcquired:

@@ -295,6 +295,8 @@ class HeldLease:
 
     Attributes:
         lease: the current lease; replaced after each extension (same token).
+        current: a ``trio_util.AsyncValue`` of :attr:`lease`: it changes with every
+            extension (``await held.current.wait_transition()`` waits for the next).
         lost: a ``trio_util.AsyncBool`` that turns true, once, the moment the lease
             is lost.
         lost_reason: why it was lost, or ``None`` while it holds.
@@ -302,6 +304,10 @@ class HeldLease:
     """
 
     lease: Lease
+    current: trio_util.AsyncValue[Lease] = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda self: trio_util.AsyncValue(self.lease), takes_self=True),
+    )
     lost: trio_util.AsyncBool = attrs.field(init=False, factory=trio_util.AsyncBool)
     lost_reason: str | None = attrs.field(init=False, default=None)
     extensions: int = attrs.field(init=False, default=0)
@@ -342,8 +348,10 @@ class HeldLease:
         return f"lease on {self.name!r} lost: {self.lost_reason}"
 
     def _extended(self, lease: Lease) -> None:
-        self.lease = lease
+        # Counted and replaced before it is published: waiters see all three agree.
         self.extensions += 1
+        self.lease = lease
+        self.current.value = lease
 
     def _lose(self, reason: str) -> None:
         if self.lost_reason is not None:

@@ -133,6 +133,10 @@ class Membership:
             known assignment.
         partitions: ``trio_util.AsyncValue[frozenset[int]]``: the partitions this
             member owns. Iterate ``member.partitions.eventual_values()`` to follow it.
+        connected: ``trio_util.AsyncBool``: whether its last Redis command succeeded.
+        last_heartbeat: ``trio_util.AsyncValue[float | None]``: the Trio-clock time
+            at which the last successful heartbeat was sent (``None`` before the
+            first); each heartbeat changes it.
     """
 
     redis: Redis = attrs.field(repr=False)
@@ -146,7 +150,12 @@ class Membership:
     partitions: trio_util.AsyncValue[frozenset[int]] = attrs.field(init=False, repr=False)
     _info: MemberInfo = attrs.field(init=False, repr=False)
     _control_id: str | bytes = attrs.field(default=b"0-0", init=False)
-    _connected: bool = attrs.field(default=True, init=False)
+    connected: trio_util.AsyncBool = attrs.field(
+        init=False, repr=False, factory=lambda: trio_util.AsyncBool(True)
+    )
+    last_heartbeat: trio_util.AsyncValue[float | None] = attrs.field(
+        init=False, repr=False, factory=lambda: trio_util.AsyncValue(None)
+    )
     _heartbeats: int = attrs.field(default=0, init=False)
     _heartbeat_failures: int = attrs.field(default=0, init=False)
     _joins: int = attrs.field(default=0, init=False)
@@ -175,7 +184,7 @@ class Membership:
             f"<Membership {self.id!r} of {self.group!r}{' static' if self.static else ''}: "
             f"generation {current.generation}, {len(current.members)} members, "
             f"owns {sorted(self.partitions.value)}"
-            f"{'' if self._connected else ', Redis unreachable'}>"
+            f"{'' if self.connected.value else ', Redis unreachable'}>"
         )
 
     def statistics(self) -> MembershipStatistics:
@@ -192,7 +201,7 @@ class Membership:
             joins=self._joins,
             reaped=self._reaped,
             refreshes=self._refreshes,
-            connected=self._connected,
+            connected=self.connected.value,
         )
 
     # ----------------------------------------------------------------- publishing
@@ -369,6 +378,7 @@ class Membership:
 
     async def _heartbeat(self) -> None:
         session = self.settings.session_timeout
+        sent_at = trio.current_time()
         try:
             with _timeout(session, "heartbeat"), redis_errors():
                 await self.redis.set(
@@ -380,6 +390,7 @@ class Membership:
         else:
             self._heartbeats += 1
             self._set_connected(True)
+            self.last_heartbeat.value = sent_at
 
     async def _reap(self) -> None:
         try:
@@ -389,16 +400,16 @@ class Membership:
             self._set_connected(False, exc)
 
     def _set_connected(self, connected: bool, exc: RedisUnavailable | None = None) -> None:
-        if connected and not self._connected:
+        if connected and not self.connected.value:
             log.warning("member %s of %s: Redis is reachable again", self.id, self.group)
-        elif not connected and self._connected:
+        elif not connected and self.connected.value:
             log.warning(
                 "member %s of %s: Redis unreachable (%s); keeping the last known "
                 "assignment (generation %d, partitions %s) and retrying",
                 self.id, self.group, exc.reason if exc else "?",
                 self.assignment.value.generation, sorted(self.partitions.value),
             )  # fmt: skip
-        self._connected = connected
+        self.connected.value = connected
 
     async def _refresh(self) -> None:
         """Re-read the state and publish it; rejoin if we are no longer a member."""

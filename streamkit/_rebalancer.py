@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import warnings
 from contextlib import asynccontextmanager
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -39,7 +40,7 @@ from ._locks import valid_ttl
 from ._validate import non_negative_number
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+    from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 
     from ._locks import HeldLease, LockManager
 
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_LEASE_TTL",
     "Claim",
+    "PartitionState",
     "RebalancePlan",
     "Rebalancer",
     "RebalancerSettings",
@@ -70,9 +72,8 @@ DEFAULT_GRACE = 5.0
 #: The pause before re-acquiring a partition whose lease was lost.
 DEFAULT_ACQUIRE_BACKOFF = Backoff(initial=0.05, maximum=2.0)
 
-# Where a partition under way is; "releasing": run() has ended, the hold is
-# releasing the lease.
-_SlotState = Literal["acquiring", "running", "draining", "releasing", "idle"]
+#: Where a partition under way is (see :attr:`Rebalancer.partition_states`).
+PartitionState = Literal["acquiring", "running", "draining", "releasing", "idle"]
 
 
 # --------------------------------------------------------------------------- the plan
@@ -234,7 +235,7 @@ class _Slot:
     """The rebalancer's bookkeeping for one partition under way."""
 
     partition: int
-    state: _SlotState = "acquiring"
+    state: PartitionState = "acquiring"
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     claim: Claim | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
@@ -257,6 +258,13 @@ class Rebalancer:
         assigned: ``trio_util.AsyncValue[frozenset[int]]``: the partitions to own.
         owned: ``trio_util.AsyncValue[frozenset[int]]``: the partitions whose
             ``run()`` is running now (under a held lease), draining ones included.
+        partition_states: ``trio_util.AsyncValue`` of a read-only mapping from each
+            partition under way to where it is: ``"acquiring"`` (waiting for its
+            lock, or backing off after a lost lease), ``"running"``, ``"draining"``
+            (``run()`` told to return), ``"releasing"`` (``run()`` ended, the lease
+            is being released) or ``"idle"`` (``run()`` returned while assigned).
+            A partition is absent once it is gone. Wait with
+            ``await rebalancer.partition_states.wait_value(lambda s: 3 not in s)``.
         settings: lease TTL, grace and backoff.
     """
 
@@ -267,6 +275,9 @@ class Rebalancer:
     settings: RebalancerSettings
     owned: trio_util.AsyncValue[frozenset[int]] = attrs.field(
         init=False, factory=lambda: trio_util.AsyncValue(frozenset())
+    )
+    partition_states: trio_util.AsyncValue[Mapping[int, PartitionState]] = attrs.field(
+        init=False, factory=lambda: trio_util.AsyncValue(MappingProxyType({}))
     )
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
     _slots: dict[int, _Slot] = attrs.field(init=False, factory=dict)
@@ -284,7 +295,7 @@ class Rebalancer:
 
     # ----------------------------------------------------------------- inspection
 
-    def _in(self, *states: _SlotState) -> frozenset[int]:
+    def _in(self, *states: PartitionState) -> frozenset[int]:
         return frozenset(p for p, s in self._slots.items() if s.state in states)
 
     def statistics(self) -> RebalancerStatistics:
@@ -315,10 +326,17 @@ class Rebalancer:
 
     # ----------------------------------------------------------------- state changes
 
-    def _changed(self) -> None:
+    def _publish(self) -> None:
+        """Update :attr:`owned` and :attr:`partition_states` from the slots."""
         owned = self._in("running", "draining")
         if owned != self.owned.value:
             self.owned.value = owned
+        states = {p: slot.state for p, slot in sorted(self._slots.items())}
+        if states != self.partition_states.value:
+            self.partition_states.value = MappingProxyType(states)
+
+    def _changed(self) -> None:
+        self._publish()
         self._version.value += 1
 
     def _begin_drain(self, slot: _Slot, reason: str, grace: float) -> None:
@@ -365,6 +383,8 @@ class Rebalancer:
         for p in plan.claim:
             slot = self._slots[p] = _Slot(p)
             self._nursery.start_soon(self._run_partition, slot, name=f"streamkit partition {p}")
+        # The planner's own changes: published, but no reason to plan again.
+        self._publish()
 
     async def _supervise(self) -> None:
         """Follow :attr:`assigned` and the partition tasks, applying each plan."""
@@ -626,6 +646,7 @@ async def open_rebalancer(
     finally:
         rebalancer._closing = True
         rebalancer.owned.value = frozenset()
+        rebalancer.partition_states.value = MappingProxyType({})
     if rebalancer._fatal is not None:
         # run() failed: the nursery was cancelled and the block with it.
         raise rebalancer._fatal

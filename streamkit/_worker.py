@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import attrs
 import trio
@@ -33,7 +34,8 @@ from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
+    from types import FrameType
 
     from ._app import App, Processor
 
@@ -67,6 +69,11 @@ class Worker:
     executors: list[Executor] = attrs.field(factory=list)
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _stopping: bool = attrs.field(default=False)
+    # Connecting to Redis; cancelled by a signal that arrives before the worker runs.
+    _starting: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
+    # The worker's nursery while it runs (None before and after).
+    _nursery: trio.Nursery | None = attrs.field(init=False, default=None)
+    _phase: Literal["starting", "running", "stopped"] = attrs.field(init=False, default="starting")
 
     async def stop(self, *, grace: float | None = None) -> None:
         """Stop gracefully: let every partition finish and acknowledge its current
@@ -84,6 +91,18 @@ class Worker:
     def stop_now(self) -> None:
         """Stop at once: cancel everything (leases are still released, shielded)."""
         self._cancel_scope.cancel("worker stopped at once")
+
+    def _on_first_signal(self, signum: int) -> None:
+        """Act on the first SIGINT / SIGTERM (called in the Trio thread)."""
+        name = signal.Signals(signum).name
+        if self._nursery is not None:
+            log.info("%s: stopping gracefully (send it again to exit at once)", name)
+            self._nursery.start_soon(self.stop)
+        elif self._phase == "starting":
+            # Still connecting: there is nothing to drain yet.
+            log.info("%s: stopping before the worker started", name)
+            self._starting.cancel(f"{name} while starting")
+        # Otherwise the worker has stopped already and is only cleaning up.
 
 
 def select_processors(app: App, names: Sequence[str] | None) -> list[Processor]:
@@ -111,7 +130,10 @@ async def run_worker(
     """Run ``app``'s processors and background tasks until stopped.
 
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
-    :meth:`Worker.stop`); a second signal stops it at once.
+    :meth:`Worker.stop`; while it is still connecting, it simply stops), and a second
+    signal, at any time after the first, exits the process at once with code 128 +
+    the signal number (130 for SIGINT, 143 for SIGTERM). Signal handling needs the
+    main thread.
 
     Cancellation:
         Cancelling stops everything at once; leases are released and the groups left
@@ -123,43 +145,85 @@ async def run_worker(
         :class:`~streamkit.ProcessorHalted` when a processor's policy halts.
     """
     selected = select_processors(app, processors)
-    async with app, open_lock_manager(app.redis) as locks:
-        worker = Worker(app)
-        with worker._cancel_scope:
-            async with trio.open_nursery() as nursery:
-                if handle_signals:
-                    nursery.start_soon(_handle_signals, worker)
-                for processor in selected:
-                    executor: Executor = await nursery.start(_run_executor, app, processor, locks)
-                    worker.executors.append(executor)
-                if app.background:
-                    await nursery.start(_run_background, app, locks)
-                log.info(
-                    "worker of %s running %s",
-                    app.name,
-                    ", ".join(p.name for p in selected) or "no processors",
-                )
-                # Everything allocated so far (modules, the app, the pieces) lives as
-                # long as the worker: keep it out of the cyclic collector's full
-                # passes, which otherwise stall every partition for tens of
-                # milliseconds on a big heap.
-                gc.freeze()
-                task_status.started(worker)
+    worker = Worker(app)
+    with (
+        _stop_on_signals(worker) if handle_signals else contextlib.nullcontext(),
+        worker._starting,  # cancelled only by a signal that arrives while connecting
+    ):
+        async with app, open_lock_manager(app.redis) as locks:
+            with worker._cancel_scope:
+                try:
+                    async with trio.open_nursery() as nursery:
+                        worker._nursery = nursery
+                        worker._phase = "running"
+                        for processor in selected:
+                            executor: Executor = await nursery.start(
+                                _run_executor, app, processor, locks
+                            )
+                            worker.executors.append(executor)
+                        if app.background:
+                            await nursery.start(_run_background, app, locks)
+                        log.info(
+                            "worker of %s running %s",
+                            app.name,
+                            ", ".join(p.name for p in selected) or "no processors",
+                        )
+                        # Everything allocated so far (modules, the app, the pieces)
+                        # lives as long as the worker: keep it out of the cyclic
+                        # collector's full passes, which otherwise stall every
+                        # partition for tens of milliseconds on a big heap.
+                        gc.freeze()
+                        task_status.started(worker)
+                finally:
+                    worker._nursery = None
+                    worker._phase = "stopped"
+    if worker._starting.cancelled_caught:
+        log.info("worker of %s stopped before it started", app.name)
+        return
     log.info("worker of %s stopped", app.name)
 
 
-async def _handle_signals(worker: Worker) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if worker._stopping:
-                    log.warning("%s again: exiting at once", name)
-                    # The second signal must not wait for anything, not even the
-                    # shielded lease releases: leases expire by themselves.
-                    os._exit(128 + signum)
-                log.info("%s: stopping gracefully (send it again to exit at once)", name)
-                nursery.start_soon(worker.stop)
+#: The signals that stop a worker run with ``handle_signals``.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(worker: Worker) -> Iterator[None]:
+    """While the block runs, the first SIGINT or SIGTERM stops ``worker`` gracefully
+    and a second one exits the process at once, with code 128 + the signal number.
+
+    These are plain Python signal handlers, in place from before the worker connects
+    until after its last cleanup: each runs in the main thread the moment its signal
+    arrives, so whether a signal is the first or the second is decided then, whatever
+    the worker is doing. (A Trio signal receiver would count signals only as a task
+    reads them, and give them back to the previous handlers, Python's
+    ``KeyboardInterrupt`` for SIGINT, once it is closed.)
+    """
+    token = trio.lowlevel.current_trio_token()
+    received: list[int] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if received:
+            _exit_at_once(signum)
+        received.append(signum)
+        token.run_sync_soon(worker._on_first_signal, signum)
+
+    previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def _exit_at_once(signum: int) -> NoReturn:
+    # The second signal must not wait for anything, not even the shielded lease
+    # releases: leases expire by themselves. Nothing here may block or take a lock the
+    # interrupted main thread could hold (the logging module's, say): one raw write.
+    message = f"streamkit worker: {signal.Signals(signum).name} again: exiting at once\n"
+    with contextlib.suppress(OSError):
+        os.write(2, message.encode())
+    os._exit(128 + signum)
 
 
 async def _run_executor(

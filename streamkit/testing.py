@@ -2,18 +2,31 @@
 
 :class:`RedisServer` starts ``redis-server`` on a free loopback port in a throwaway
 directory and stops it again. streamkit's own tests, demo and benchmarks use it; so can
-yours::
+yours. In Trio code, run it in a nursery::
 
-    with RedisServer() as server:
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(RedisServer().run)
         app = App("test", redis_url=server.url)
         ...
+        nursery.cancel_scope.cancel()  # stops the server and deletes its directory
+
+From synchronous code (a session fixture, a script), use it as a context manager::
+
+    with RedisServer() as server:
+        ...
+
+:func:`wait_until` waits for a condition that nothing can notify about, such as state
+in Redis written by another process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -22,28 +35,93 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 import attrs
+import trio
 
 from ._errors import StreamkitError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from types import TracebackType
 
-__all__ = ["RedisServer", "RedisServerError", "free_port"]
+__all__ = ["RedisServer", "RedisServerError", "free_port", "wait_until"]
 
+#: How long ``redis-server`` has to answer ``PING`` after it was started.
 STARTUP_TIMEOUT = 10.0
+
+#: How many ports a server whose port was chosen for it tries, when the chosen port
+#: is taken by someone else before ``redis-server`` binds it.
+PORT_ATTEMPTS = 5
+
+#: How often a starting server is pinged.
+_PING_INTERVAL = 0.01
+
+#: What ``redis-server`` logs when its port is taken.
+_PORT_TAKEN = "Address already in use"
 
 
 class RedisServerError(StreamkitError):
     """The private ``redis-server`` could not be found or started."""
 
 
+class _PortTaken(RedisServerError):
+    """``redis-server`` exited because its port was taken."""
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
+    """Return a TCP port on 127.0.0.1 that nothing listens on right now.
+
+    The port is found by binding port 0 and closing the socket again, so someone else
+    may take it before you bind it: :class:`RedisServer` retries with another port
+    when that happens.
+    """
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+async def wait_until(
+    condition: Callable[[], object],
+    *,
+    what: str,
+    within: float,
+    interval: float = 0.02,
+) -> None:
+    """Wait until ``condition()`` is true, checking every ``interval`` seconds.
+
+    For state nothing can notify about: keys in Redis written by another process, a
+    subprocess's output, a server coming up. State of your own process is better
+    waited for with the ``trio_util.AsyncValue`` the component exposes
+    (``await rebalancer.owned.wait_value(...)``).
+
+    Args:
+        condition: a function or an async function returning whether the awaited
+            state is reached.
+        what: the awaited state, for the error message (``"3 members in the group"``).
+        within: how long to wait at most. The deadline is the helper's own (not the
+            caller's ``trio.fail_after``) so that the error can name ``what``.
+        interval: the pause between two checks.
+
+    Cancellation:
+        Safe to cancel.
+
+    Error handling:
+        :class:`trio.TooSlowError` naming ``what`` when ``within`` seconds ran out.
+        Exceptions raised by ``condition`` propagate.
+    """
+    with trio.move_on_after(within):
+        # The one audited polling loop: what it waits for cannot be watched.
+        while not await _holds(condition):  # noqa: ASYNC110
+            await trio.sleep(interval)
+        return
+    raise trio.TooSlowError(f"gave up after {within}s waiting for {what}")
+
+
+async def _holds(condition: Callable[[], object]) -> bool:
+    result = condition()
+    if inspect.isawaitable(result):
+        result = await result
+    return bool(result)
 
 
 def _redis_server_binary() -> str:
@@ -62,21 +140,42 @@ def _redis_server_binary() -> str:
 class RedisServer:
     """A private ``redis-server`` process on 127.0.0.1.
 
+    Start it with ``await nursery.start(server.run)`` in Trio code, or as a context
+    manager (``with RedisServer() as server:``) from synchronous code.
+
     Args:
-        port: the port to listen on; a free one by default. Kept across restarts.
+        port: the port to listen on. By default a free one is chosen when the server
+            first starts (if someone takes it before ``redis-server`` binds it,
+            another one is tried); either way it is kept across restarts.
         appendonly: turn on the append-only file, so a restart keeps every write.
         extra_args: more ``redis-server`` command-line arguments.
     """
 
-    port: int = attrs.field(factory=free_port, kw_only=True)
+    _requested_port: int | None = attrs.field(default=None, kw_only=True, alias="port")
     appendonly: bool = attrs.field(default=False, kw_only=True)
     extra_args: Sequence[str] = attrs.field(default=(), kw_only=True)
+    _port: int | None = attrs.field(default=None, init=False)
     _dir: Path | None = attrs.field(default=None, init=False)
     _process: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
+    # Where the current process's part of the log starts.
+    _log_offset: int = attrs.field(default=0, init=False)
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on.
+
+        Error handling:
+            :class:`RedisServerError` if no port was given and the server has not been
+            started yet (the port is chosen when it starts).
+        """
+        port = self._port if self._port is not None else self._requested_port
+        if port is None:
+            raise RedisServerError("the server's port is chosen when it starts; start it first")
+        return port
 
     @property
     def url(self) -> str:
-        """The ``redis://`` URL of the server."""
+        """The ``redis://`` URL of the server (see :attr:`port`)."""
         return f"redis://127.0.0.1:{self.port}"
 
     @property
@@ -84,19 +183,24 @@ class RedisServer:
         """Whether the server process is alive."""
         return self._process is not None and self._process.poll() is None
 
-    def start(self) -> None:
-        """Start the server and wait until it answers ``PING``.
+    # ----------------------------------------------------------------- starting
 
-        Error handling:
-            :class:`RedisServerError` if ``redis-server`` is missing or does not come up.
-        """
-        if self.running:
+    def _ports(self) -> Iterator[tuple[int, bool]]:
+        """The ports to try, each with whether another may be tried after it."""
+        if self._port is not None or self._requested_port is not None:
+            yield self.port, False
             return
+        for attempt in range(PORT_ATTEMPTS):
+            yield free_port(), attempt < PORT_ATTEMPTS - 1
+
+    def _spawn(self, port: int) -> None:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="streamkit-redis-"))
+        log = self._dir / "redis.log"
+        self._log_offset = log.stat().st_size if log.exists() else 0
         args = [
             _redis_server_binary(),
-            "--port", str(self.port),
+            "--port", str(port),
             "--bind", "127.0.0.1",
             "--dir", str(self._dir),
             "--save", "",
@@ -105,34 +209,143 @@ class RedisServer:
             "--daemonize", "no",
             "--protected-mode", "yes",
             "--loglevel", "warning",
-            "--logfile", str(self._dir / "redis.log"),
+            "--logfile", str(log),
             *self.extra_args,
         ]  # fmt: skip
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
-        self._wait_ready()
 
-    def _wait_ready(self) -> None:
+    def _check_alive(self, port: int) -> None:
+        """Raise if the process starting on ``port`` has exited."""
+        assert self._process is not None
+        code = self._process.poll()
+        if code is None:
+            return
+        self._process = None
+        log = self._new_log()
+        if _PORT_TAKEN in log:
+            raise _PortTaken(f"port {port} is taken: {log.strip()}")
+        raise RedisServerError(f"redis-server exited with code {code}; log: {log.strip()}")
+
+    def _new_log(self) -> str:
+        """What the current (or last) process wrote to the log."""
+        if self._dir is None or not (self._dir / "redis.log").exists():
+            return "(no log)"
+        with (self._dir / "redis.log").open("rb") as log:
+            log.seek(self._log_offset)
+            return log.read().decode(errors="replace")
+
+    def _give_up(self, port: int, timeout: float) -> RedisServerError:
+        self.stop()
+        return RedisServerError(
+            f"redis-server on port {port} did not answer within {timeout}s; "
+            f"log: {self._new_log().strip()}"
+        )
+
+    def start(self) -> None:
+        """Start the server and wait until it answers ``PING`` (blocking).
+
+        From Trio code, prefer ``await nursery.start(server.run)``.
+
+        Error handling:
+            :class:`RedisServerError` if ``redis-server`` is missing or does not come
+            up (its port was taken and none was free after :data:`PORT_ATTEMPTS`
+            tries, say).
+        """
+        if self.running:
+            return
+        for port, may_retry in self._ports():
+            self._spawn(port)
+            try:
+                self._wait_ready(port)
+            except _PortTaken as exc:
+                if may_retry:
+                    continue
+                raise self._port_error(exc) from None
+            self._port = port
+            return
+
+    def _port_error(self, exc: _PortTaken) -> RedisServerError:
+        if self._port is None and self._requested_port is None:
+            return RedisServerError(f"no port was free in {PORT_ATTEMPTS} attempts; last: {exc}")
+        return RedisServerError(str(exc))
+
+    def _wait_ready(self, port: int) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                raise RedisServerError(
-                    f"redis-server exited with code {self._process.returncode}; "
-                    f"log: {self.log_tail()}"
-                )
-            if self._answers_ping():
+            self._check_alive(port)
+            if self._answers_ping(port):
                 return
-            time.sleep(0.01)
-        self.stop()
-        raise RedisServerError(f"redis-server on port {self.port} did not answer in time")
+            time.sleep(_PING_INTERVAL)
+        raise self._give_up(port, STARTUP_TIMEOUT)
 
-    def _answers_ping(self) -> bool:
+    @staticmethod
+    def _answers_ping(port: int) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
                 return sock.recv(64).startswith(b"+PONG")
         except OSError:
             return False
+
+    async def run(self, *, task_status: trio.TaskStatus[Self] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the server while this task runs: ``server = await nursery.start(s.run)``.
+
+        ``start()`` returns the server once it answers ``PING``; when the task is
+        cancelled, the server is stopped and its directory deleted (as :meth:`close`).
+        :meth:`stop`, :meth:`restart`, :meth:`pause` and :meth:`resume` may be used
+        meanwhile.
+
+        Cancellation:
+            Cancelling stops the server.
+
+        Error handling:
+            :class:`RedisServerError` from ``nursery.start()`` if ``redis-server`` is
+            missing or does not come up.
+        """
+        try:
+            await self._start_async()
+            task_status.started(self)
+            await trio.sleep_forever()
+        finally:
+            self.close()
+
+    async def _start_async(self) -> None:
+        if self.running:
+            return
+        for port, may_retry in self._ports():
+            self._spawn(port)
+            try:
+                await wait_until(
+                    functools.partial(self._ready, port),
+                    what=f"redis-server on port {port} to answer PING",
+                    within=STARTUP_TIMEOUT,
+                    interval=_PING_INTERVAL,
+                )
+            except _PortTaken as exc:
+                if may_retry:
+                    continue
+                raise self._port_error(exc) from None
+            except trio.TooSlowError:
+                raise self._give_up(port, STARTUP_TIMEOUT) from None
+            except BaseException:
+                self.stop()
+                raise
+            self._port = port
+            return
+
+    async def _ready(self, port: int) -> bool:
+        self._check_alive(port)
+        try:
+            with trio.move_on_after(0.5):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    await stream.send_all(b"PING\r\n")
+                    return (await stream.receive_some(64)).startswith(b"+PONG")
+        except (OSError, trio.BrokenResourceError):
+            pass
+        return False
+
+    # ----------------------------------------------------------------- the rest
 
     def log_tail(self, lines: int = 20) -> str:
         """Return the last lines of the server's log, for error messages."""
@@ -150,19 +363,19 @@ class RedisServer:
         self._process = None
 
     def restart(self) -> None:
-        """Stop and start again on the same port and directory."""
+        """Stop and start again on the same port and directory (blocking)."""
         self.stop()
         self.start()
 
     def pause(self) -> None:
         """Freeze the server process (SIGSTOP), as a hung or partitioned server."""
         assert self._process is not None
-        self._process.send_signal(19)
+        self._process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
         """Thaw a paused server (SIGCONT)."""
         assert self._process is not None
-        self._process.send_signal(18)
+        self._process.send_signal(signal.SIGCONT)
 
     def close(self) -> None:
         """Stop the server and delete its directory."""

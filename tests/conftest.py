@@ -6,6 +6,7 @@ import inspect
 from typing import TYPE_CHECKING
 
 import pytest
+import trio
 
 from streamkit import App, LockManager, Redis, Stream, open_lock_manager, open_redis
 from streamkit.testing import RedisServer
@@ -38,10 +39,12 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
+async def private_redis() -> AsyncIterator[RedisServer]:
     """A server of this test's own, which the test may stop, restart or pause."""
-    with RedisServer(appendonly=True) as server:
+    async with trio.open_nursery() as nursery:
+        server: RedisServer = await nursery.start(RedisServer(appendonly=True).run)
         yield server
+        nursery.cancel_scope.cancel()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ import trio.testing
 from streamkit import App, ConfigError
 from streamkit._background import BackgroundTask, next_cron_time, run_background_task
 from streamkit._worker import Worker, run_worker
+from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
     from streamkit import Redis
@@ -77,9 +78,11 @@ async def test_workers_run_tasks_and_leader_only_tasks(redis_url: str, redis: Re
 
     async with trio.open_nursery() as nursery:
         workers: list[Worker] = [await nursery.start(run_worker, make(n)) for n in ("a", "b")]
-        with trio.fail_after(20):
-            while await redis.llen("bg:leader") < 5 or await redis.hlen("bg:ticks") < 2:
-                await trio.sleep(0.02)
+
+        async def both_running() -> bool:
+            return await redis.llen("bg:leader") >= 5 and await redis.hlen("bg:ticks") >= 2
+
+        await wait_until(both_running, what="leader runs and both workers' ticks", within=20)
         leaders = set(await redis.lrange("bg:leader", 0, -1))
         assert len(leaders) == 1  # only the leader runs on_leader work
         [leader] = leaders
@@ -87,8 +90,10 @@ async def test_workers_run_tasks_and_leader_only_tasks(redis_url: str, redis: Re
         index = 0 if leader == b"a" else 1
         await workers[index].stop()
         other = b"b" if leader == b"a" else b"a"
-        with trio.fail_after(20):
-            while other not in await redis.lrange("bg:leader", -1, -1):
-                await trio.sleep(0.02)
+
+        async def taken_over() -> bool:
+            return other in await redis.lrange("bg:leader", -1, -1)
+
+        await wait_until(taken_over, what="the other worker's leader runs", within=20)
         await workers[1 - index].stop()
     assert sorted(await redis.lrange("bg:hello", 0, -1)) == [b"a", b"b"]

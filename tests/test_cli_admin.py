@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from streamkit._worker import run_worker
+from streamkit.testing import wait_until
 from tests.apps import failing
 from tests.test_cli import streamkit
 
@@ -27,9 +28,11 @@ async def processed(redis_url: str, redis: Redis) -> None:
     async with app, trio.open_nursery() as nursery:
         worker = await nursery.start(run_worker, app)
         await failing.jobs.send_many(failing.Job(key=f"k{n % 4}", n=n) for n in range(30))
-        with trio.fail_after(30):
-            while await redis.llen("failing:done") < 27 or await redis.xlen(DEAD) < 3:
-                await trio.sleep(0.02)
+
+        async def processed() -> bool:
+            return await redis.llen("failing:done") >= 27 and await redis.xlen(DEAD) >= 3
+
+        await wait_until(processed, what="27 jobs done and 3 dead letters", within=30)
         await worker.stop()
 
 

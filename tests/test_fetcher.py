@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import trio
 
 from streamkit import ConfigError, LockLost, open_events, open_fetcher
-from tests.consume import GROUP, PARTITIONS, lock_name, pending_ids, serving, ticks_for
+from streamkit.testing import wait_until
+from tests.consume import (
+    GROUP,
+    PARTITIONS,
+    lock_name,
+    pending_count,
+    pending_ids,
+    serving,
+    ticks_for,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from streamkit import App, Fetcher, LockManager, Redis, Stream
     from tests.consume import Tick
+
+
+async def blocked_clients(redis: Redis) -> bool:
+    """Whether some client waits in a blocking command (the session's server is ours)."""
+    return cast("int", (await redis.info("clients"))["blocked_clients"]) > 0
+
+
+async def delivered(redis: Redis, ticks: Stream[Tick], count: int) -> bool:
+    """Whether ``count`` entries of partition 0 are delivered and unacknowledged."""
+    return await pending_count(redis, ticks, 0) >= count
 
 
 async def test_records_in_order_per_partition(
@@ -57,9 +77,13 @@ async def test_new_events_wake_an_idle_fetcher(
         ):
 
             async def produce() -> None:
-                # Wait until the fetcher blocks on the empty partition, then send.
-                while fetcher.statistics().blocks == 0:
-                    await trio.sleep(0.005)
+                # Wait until the fetcher's XREAD blocks in Redis, then send.
+                await wait_until(
+                    functools.partial(blocked_clients, redis),
+                    what="a client blocked in Redis",
+                    within=5,
+                    interval=0.005,
+                )
                 await ticks.send_many(ticks_for(1, range(5)))
 
             nursery.start_soon(produce)
@@ -200,14 +224,19 @@ async def test_backpressure_bounds_buffered_entries(
         ):
             iterator = events.records()
             first = await iterator.__anext__()
-            while fetcher.statistics().buffered_batches[0] < prefetch:
-                await trio.sleep(0.005)
-            # Give a misbehaving fetcher the chance to overshoot.
+            # What the fetcher read is delivered to its consumer in Redis: wait until
+            # it read all it may.
+            await wait_until(
+                functools.partial(delivered, redis, ticks, prefetch * batch_size),
+                what=f"{prefetch * batch_size} entries delivered",
+                within=10,
+                interval=0.005,
+            )
+            # Give a misbehaving fetcher the chance to overshoot: nothing notifies
+            # about a read that must not happen, so this one wait is a pause.
             await trio.sleep(0.1)
-            stats = fetcher.statistics()
-            assert stats.buffered_entries[0] == prefetch * batch_size
-            delivered = await redis.xpending(ticks.key(0), GROUP)
-            assert cast("Any", delivered).pending == prefetch * batch_size
+            assert await pending_count(redis, ticks, 0) == prefetch * batch_size
+            assert fetcher.statistics().buffered_entries[0] == prefetch * batch_size
 
             # Consuming frees room, and the fetcher reads on.
             rest = [t.n async for t in _first(iterator, 1500)]

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
+import trio_util
 
 from streamkit import RedisUnavailable
 from streamkit._leadership import LeaderElection, open_leader_election
@@ -56,22 +57,26 @@ async def test_exactly_one_leader_and_failover(redis: Redis) -> None:
             assert first.lease is not None
             assert (await first.leader()) is not None
 
-            # Several TTLs later, still exactly one leader, holding the lock.
+            # Several TTLs later, still exactly one leader, holding the lock: the
+            # same term, extended all along, and no other contender ever elected.
             token = first.lease.token
             later = trio.current_time() + 3 * TTL
-            while (lease := await first.wait_leader()).valid_until < later:
-                assert leaders(elections) == ["n1"]
-                await trio.sleep(0.01)
+            lease = await first.leader_lease.wait_value(
+                lambda lease: lease is not None and lease.valid_until >= later
+            )
             assert lease.token == token
             assert leaders(elections) == ["n1"]
+            assert [e.terms for e in elections.values()] == [1, 0, 0]
             info = await elections["n2"].leader()
             assert info is not None
             assert (info.owner, info.token) == ("n1", token)
 
             # Kill the leader: another contender takes over, with a newer token.
             scopes["n1"].cancel()
-            while len(leaders(elections)) != 1 or leaders(elections) == ["n1"]:
-                await trio.sleep(0.01)
+            await trio_util.wait_any(
+                lambda: elections["n2"].is_leader.wait_value(True),
+                lambda: elections["n3"].is_leader.wait_value(True),
+            )
             [new] = leaders(elections)
             assert new in ("n2", "n3")
             new_lease = await elections[new].wait_leader()
@@ -83,16 +88,16 @@ async def test_exactly_one_leader_and_failover(redis: Redis) -> None:
 
 
 async def test_leader_work_is_cancelled_on_loss_and_restarted(redis: Redis) -> None:
-    events: list[str] = []
+    events = trio_util.AsyncValue[tuple[str, ...]](())
     reasons: list[str] = []
 
     async def leader_work() -> None:
-        events.append("start")
+        events.value += ("start",)
         try:
             await trio.sleep_forever()
         except trio.Cancelled as exc:
-            events.append("cancelled")
             reasons.append(str(exc.reason))
+            events.value += ("cancelled",)
             raise
 
     with trio.fail_after(10):
@@ -103,35 +108,33 @@ async def test_leader_work_is_cancelled_on_loss_and_restarted(redis: Redis) -> N
             trio.open_nursery() as nursery,
         ):
             nursery.start_soon(election.run_while_leader, leader_work)
-            while events != ["start"]:
-                await trio.sleep(0.01)
+            await events.wait_value(("start",))
             first = await election.wait_leader()
 
             # Someone else takes the lock: the leader work stops, leadership is lost.
             await redis.delete([lock_key("scheduler")])
             theirs = await usurper.acquire("scheduler", ttl=30)
             await election.is_leader.wait_value(False)
-            while events != ["start", "cancelled"]:
-                await trio.sleep(0.01)
+            await events.wait_value(("start", "cancelled"))
             assert reasons[0].startswith("lease on 'scheduler' lost: extension refused")
             assert election.lease is None
+            assert election.leader_lease.value is None
 
             # The deposed leader campaigns again and wins once the lock is free.
             await usurper.release(theirs)
             second = await election.wait_leader()
             assert second.token > theirs.token > first.token
-            while events != ["start", "cancelled", "start"]:
-                await trio.sleep(0.01)
+            await events.wait_value(("start", "cancelled", "start"))
             assert election.terms == 2
             nursery.cancel_scope.cancel()
 
 
 async def test_work_that_returns_waits_for_the_next_term(redis: Redis) -> None:
-    runs: list[int] = []
+    runs = trio_util.AsyncValue[tuple[int, ...]](())
 
     async def once(election: LeaderElection) -> None:
         lease = await election.wait_leader()
-        runs.append(lease.token)
+        runs.value += (lease.token,)
 
     with trio.fail_after(10):
         async with (
@@ -140,12 +143,10 @@ async def test_work_that_returns_waits_for_the_next_term(redis: Redis) -> None:
             trio.open_nursery() as nursery,
         ):
             nursery.start_soon(election.run_while_leader, once, election)
-            while not runs:
-                await trio.sleep(0.01)
+            await runs.wait_value(lambda r: len(r) == 1)
             await redis.delete([lock_key("scheduler")])  # depose; it is re-elected
-            while len(runs) < 2:
-                await trio.sleep(0.01)
-            assert runs[1] > runs[0]
+            second = await runs.wait_value(lambda r: len(r) == 2)
+            assert second[1] > second[0]
             nursery.cancel_scope.cancel()
 
 
@@ -184,6 +185,7 @@ async def test_leader_rides_out_a_redis_restart(private_redis: RedisServer) -> N
         restarted = trio.current_time()
         with trio.fail_after(10):
             # Leading on a lease extended (or won again) after the restart.
-            while (lease := await election.wait_leader()).valid_until < restarted + 0.5:
-                await trio.sleep(0.01)
+            lease = await election.leader_lease.wait_value(
+                lambda lease: lease is not None and lease.valid_until >= restarted + 0.5
+            )
         assert lease.token >= first.token

@@ -29,6 +29,7 @@ from streamkit._locks import (
     tagged,
 )
 from streamkit._redis import open_redis
+from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -43,9 +44,7 @@ CONTENDER = Path(__file__).with_name("lock_contender.py")
 
 async def next_extension(held: HeldLease) -> None:
     """Wait until ``held`` has been extended once more."""
-    extensions = held.extensions
-    while held.extensions == extensions:
-        await trio.sleep(0.005)
+    await held.current.wait_transition()
 
 
 @pytest.fixture
@@ -133,19 +132,18 @@ async def test_waiting_acquire_gets_the_lock_when_released(
     locks: LockManager, other: LockManager
 ) -> None:
     lease = await locks.acquire("jobs", ttl=30)
-    async with trio.open_nursery() as nursery:
-        got: list[Lease] = []
+    got: list[Lease] = []
 
-        async def wait_for_it() -> None:
-            got.append(await other.acquire("jobs", ttl=5, wait=None))
+    async def wait_for_it() -> None:
+        got.append(await other.acquire("jobs", ttl=5, wait=None))
 
-        nursery.start_soon(wait_for_it)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not got
-        await locks.release(lease)
-        with trio.fail_after(5):
-            while not got:
-                await trio.sleep(0.01)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_for_it)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not got
+            await locks.release(lease)
+        # The nursery waited for wait_for_it: it got the lock.
     assert got[0].owner == "bob"
     assert got[0].token == lease.token + 1
 
@@ -173,9 +171,11 @@ async def test_fencing_tokens_strictly_increase(
         lease = await manager.acquire("jobs", ttl=5)
         tokens.append(lease.token)
         await redis.pexpire(lease.key, 1)
-        with trio.fail_after(5):
-            while await redis.exists([lease.key]):
-                await trio.sleep(0.005)
+
+        async def expired(key: str = lease.key) -> bool:
+            return not await redis.exists([key])
+
+        await wait_until(expired, what=f"{lease.key} to expire", within=5, interval=0.005)
     assert tokens == sorted(set(tokens))
     assert tokens == list(range(1, 9))
     # Locks do not share counters.
@@ -245,8 +245,7 @@ async def test_hold_keeps_the_lease_alive_and_releases_it(redis: Redis, locks: L
         async with locks.hold("jobs", ttl=0.3) as held:
             assert locks.statistics().holding == ("jobs",)
             # Three times past the original TTL, the lease still holds.
-            while held.extensions < 3:
-                await trio.sleep(0.02)
+            await held.current.wait_value(lambda _: held.extensions >= 3)
             assert trio.current_time() > held.lease.valid_until - 0.3
             assert await redis.get(held.lease.key) == held.lease.value
             assert not held.lost.value

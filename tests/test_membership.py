@@ -346,17 +346,25 @@ async def test_an_error_in_the_block_propagates_unwrapped_and_leaves(redis: Redi
     assert snapshot.members == ()
 
 
+async def heartbeats(m: Membership, count: int) -> None:
+    """Wait for ``count`` heartbeats of ``m`` sent from now on."""
+    since = trio.current_time()
+    await m.last_heartbeat.wait_value(lambda sent_at: sent_at is not None and sent_at >= since)
+    for _ in range(count - 1):
+        await m.last_heartbeat.wait_transition()
+
+
 async def test_heartbeats_keep_the_member_alive(redis: Redis) -> None:
     async with open_membership(redis, GROUP, partitions=4, member_id="a", **FAST) as m:
         with trio.fail_after(WAIT):
-            while m.statistics().heartbeats < 8:
-                await trio.sleep(0.05)
+            await heartbeats(m, 8)  # well past the session timeout
         ttl = await redis.pttl(membership_keys(GROUP).heartbeat("a"))
         assert 0 < ttl <= 500
         stats = m.statistics()
         assert stats.generation == 1
         assert stats.partitions == frozenset(range(4))
         assert stats.connected
+        assert stats.heartbeats >= 8
 
 
 async def test_an_outage_keeps_the_last_assignment(
@@ -367,18 +375,14 @@ async def test_an_outage_keeps_the_last_assignment(
             with caplog.at_level(logging.WARNING, logger="streamkit.membership"):
                 await trio.to_thread.run_sync(private_redis.stop)
                 with trio.fail_after(WAIT):
-                    while m.statistics().connected:
-                        await trio.sleep(0.05)
+                    await m.connected.wait_value(False)
                 assert m.partitions.value == frozenset(range(4))
                 assert any("keeping the last known" in r.getMessage() for r in caplog.records)
 
                 await trio.to_thread.run_sync(private_redis.start)
                 with trio.fail_after(WAIT):
-                    while not (m.statistics().connected and m.statistics().heartbeats > 0):
-                        await trio.sleep(0.05)
-                    base = m.statistics().heartbeats
-                    while m.statistics().heartbeats < base + 3:
-                        await trio.sleep(0.05)
+                    await heartbeats(m, 3)
+                assert m.connected.value
             assert m.partitions.value == frozenset(range(4))
             assert m.assignment.value.generation == 1
         snapshot = await read_membership(redis, GROUP)
@@ -394,15 +398,13 @@ async def test_a_hung_server_counts_as_unreachable(private_redis: RedisServer) -
         private_redis.pause()
         try:
             with trio.fail_after(WAIT):
-                while m.statistics().connected:
-                    await trio.sleep(0.05)
+                await m.connected.wait_value(False)
             assert m.partitions.value == frozenset(range(4))
         finally:
             private_redis.resume()
         with trio.fail_after(WAIT):
-            base = m.statistics().heartbeats
-            while not (m.statistics().connected and m.statistics().heartbeats > base + 2):
-                await trio.sleep(0.05)
+            await heartbeats(m, 3)
+        assert m.connected.value
         assert m.statistics().heartbeat_failures > 0
         assert m.assignment.value.generation == 1
 

@@ -271,13 +271,6 @@ async def nursery(redis: Redis) -> AsyncIterator[trio.Nursery]:
         n.cancel_scope.cancel()
 
 
-async def until(predicate: Callable[[], object]) -> None:
-    """Wait for a condition nothing notifies about (statistics), checking every 5 ms."""
-    with trio.fail_after(WAIT):
-        while not predicate():
-            await trio.sleep(0.005)
-
-
 async def holders(locks: LockManager, partitions: range | list[int]) -> dict[int, str | None]:
     result = {}
     for p in partitions:
@@ -390,7 +383,7 @@ async def test_run_ignoring_draining_is_cancelled_after_grace(redis: Redis) -> N
             assigned.value = frozenset({4})
             unassigned_at = trio.current_time()
             await rebalancer.owned.wait_value(frozenset({4}))
-            await until(lambda: not rebalancer.statistics().draining)  # lease released
+            await rebalancer.partition_states.wait_value(lambda s: 3 not in s)  # released
             (stop,) = [e for e in rec.of(3) if e.kind == "stop"]
             assert stop.how == "cancelled"
             assert "partition 3 moved" in stop.reason
@@ -433,7 +426,8 @@ async def test_lost_lease_restarts_the_partition(redis: Redis) -> None:
             # Someone else takes the lock (as after our lease expired in a pause).
             await redis.delete([lock_key(lock_name(0))])
             lease = await intruder.acquire(lock_name(0), ttl=5)
-            await until(lambda: rebalancer.statistics().lost == 1)
+            # Lost, and waiting for the lock again.
+            await rebalancer.partition_states.wait_value(lambda s: s.get(0) == "acquiring")
             stop = rec.of(0)[-1]
             assert stop.how == "cancelled"
             assert "lost" in stop.reason
@@ -531,9 +525,9 @@ async def test_unassigned_before_acquired_stops_waiting(redis: Redis) -> None:
             ) as rebalancer:
                 await rebalancer.owned.wait_value(frozenset({0}))
                 assigned.value = frozenset({0, 1})
-                await until(lambda: 1 in rebalancer.statistics().acquiring)
+                await rebalancer.partition_states.wait_value({0: "running", 1: "acquiring"})
                 assigned.value = frozenset({0})
-                await until(lambda: not rebalancer.statistics().acquiring)
+                await rebalancer.partition_states.wait_value({0: "running"})
                 assert rec.starts("x", 1) == 0
                 await other.release(lease)
                 assigned.value = frozenset({0, 1})
@@ -553,16 +547,17 @@ async def test_run_returning_early_is_not_restarted(redis: Redis) -> None:
             async with open_rebalancer(
                 assigned, locks, lock_name=lock_name, run=quits, lease_ttl=LEASE_TTL
             ) as rebalancer:
-                await until(lambda: rebalancer.statistics().idle == {0})
+                await rebalancer.partition_states.wait_value({0: "idle"})
                 assert rebalancer.owned.value == frozenset()
                 assert await locks.holder(lock_name(0)) is None
                 assigned.value = frozenset({0, 1})  # another change: still no restart
-                await until(lambda: rebalancer.statistics().starts >= 2)
+                await rebalancer.partition_states.wait_value({0: "idle", 1: "idle"})
                 assert calls == [0, 1]
                 assigned.value = frozenset()
-                await until(lambda: not rebalancer.statistics().idle)
+                await rebalancer.partition_states.wait_value({})
                 assigned.value = frozenset({0})  # assigned afresh: starts again
-                await until(lambda: calls.count(0) >= 2)
+                await rebalancer.partition_states.wait_value({0: "idle"})
+                assert calls == [0, 1, 0]
 
 
 async def test_hold_errors_are_not_swallowed(redis: Redis) -> None:

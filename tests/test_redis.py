@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from typing import Any
@@ -23,7 +24,7 @@ from streamkit import (
 )
 from streamkit._backoff import Backoff
 from streamkit._redis import Redis, mask_url, open_redis, redis_errors
-from streamkit.testing import RedisServer, free_port
+from streamkit.testing import RedisServer, free_port, wait_until
 
 
 async def test_ping_through_open_redis(redis: Redis) -> None:
@@ -42,22 +43,29 @@ async def test_unreachable_server_is_reported_clearly() -> None:
 async def test_connecting_retries_until_the_server_comes_up(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server = RedisServer()
+    # No server yet: something listens on the port but never answers, so the first
+    # attempt times out. Once the client has given up on it, the server starts there.
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
 
-        async def start_later() -> None:
-            # Wait until the first failed attempt has been logged, then start.
-            while not any("attempt 1" in r.message for r in caplog.records):
-                await trio.sleep(0.01)
-            await trio.to_thread.run_sync(server.start)
+        async def start_after_the_first_attempt() -> None:
+            async with listener, await listener.accept() as first:
+                with contextlib.suppress(trio.BrokenResourceError):
+                    while await first.receive_some():  # until the client hangs up
+                        pass
+            await nursery.start(RedisServer(port=port).run)
 
-        nursery.start_soon(start_later)
+        nursery.start_soon(start_after_the_first_attempt)
         with caplog.at_level(logging.WARNING, logger="streamkit.redis"), trio.fail_after(20):
             async with open_redis(
-                server.url, give_up_after=None, backoff=Backoff(initial=0.05, jitter=0)
+                f"redis://127.0.0.1:{port}",
+                connect_timeout=0.1,
+                give_up_after=None,
+                backoff=Backoff(initial=0.05, jitter=0),
             ) as client:
                 assert await client.ping() == b"PONG"
-    server.close()
+        nursery.cancel_scope.cancel()
     assert any("retrying in" in r.message for r in caplog.records)
 
 
@@ -96,14 +104,16 @@ async def test_a_restarted_server_is_reconnected(private_redis: RedisServer) -> 
     async with open_redis(private_redis.url) as client:
         await client.set("k", "v")
         await trio.to_thread.run_sync(private_redis.restart)
-        with trio.fail_after(10):
-            while True:
-                try:
-                    with redis_errors():
-                        assert await client.get("k") == b"v"
-                    break
-                except RedisUnavailable:
-                    await trio.sleep(0.05)
+
+        async def reconnected() -> bool:
+            try:
+                with redis_errors():
+                    assert await client.get("k") == b"v"
+            except RedisUnavailable:
+                return False
+            return True
+
+        await wait_until(reconnected, what="the client to reach the restarted server", within=10)
 
 
 # -- outcome-unknown errors, retries, group errors, connection logs -----------------
@@ -111,12 +121,14 @@ async def test_a_restarted_server_is_reconnected(private_redis: RedisServer) -> 
 
 async def wait_for_client(killer: Redis, cmd: str) -> int:
     """The id of the (one) client whose current command is ``cmd``, once there is one."""
-    with trio.fail_after(5):
-        while True:
-            found = [c["id"] for c in await killer.client_list() if c["cmd"] == cmd]
-            if found:
-                return int(found[0])
-            await trio.sleep(0.005)
+    found: list[int] = []
+
+    async def running() -> bool:
+        found[:] = [int(c["id"]) for c in await killer.client_list() if c["cmd"] == cmd]
+        return bool(found)
+
+    await wait_until(running, what=f"a client running {cmd}", within=5, interval=0.005)
+    return found[0]
 
 
 def _wait_for_replicas(redis: Redis) -> Any:
@@ -209,9 +221,12 @@ async def test_call_once_retries_what_never_reached_redis() -> None:
         await trio.to_thread.run_sync(server.start)
         async with open_redis(url) as client:
             await trio.to_thread.run_sync(server.stop)
-            with trio.fail_after(5):
-                while redis_statistics(client).lost == 0:
-                    await trio.sleep(0.005)
+            await wait_until(
+                lambda: redis_statistics(client).lost > 0,
+                what="the connection to be lost",
+                within=5,
+                interval=0.005,
+            )
             # Attempt 1 is refused (never sent), attempt 2 runs.
             with trio.fail_after(20):
                 assert await call_once(incr, client, what="counting", give_up_after=15) == 1
@@ -300,9 +315,12 @@ async def test_an_exhausted_pool_is_reported_as_never_sent(redis_url: str) -> No
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hold_the_slot)
-            with trio.fail_after(5):
-                while redis_statistics(client).dedicated_in_use == 0:
-                    await trio.sleep(0.005)
+            await wait_until(
+                lambda: redis_statistics(client).dedicated_in_use > 0,
+                what="the blocking command to hold its slot",
+                within=5,
+                interval=0.005,
+            )
             with pytest.raises(RedisUnavailable, match="pool exhausted") as info, redis_errors():
                 await client.blpop(["never"], timeout=1)
             assert not isinstance(info.value, OutcomeUnknown)

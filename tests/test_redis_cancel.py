@@ -19,6 +19,7 @@ import trio.lowlevel
 import trio.testing
 
 from streamkit import redis_errors, redis_statistics
+from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
     from streamkit import Redis
@@ -42,9 +43,11 @@ async def info_int(redis: Redis, section: str, field: str) -> int:
 
 async def wait_blocked_clients(redis: Redis, count: int) -> None:
     """Wait until the server counts exactly ``count`` clients blocked in a command."""
-    with trio.fail_after(5):
-        while await info_int(redis, "clients", "blocked_clients") != count:
-            await trio.sleep(0.001)
+
+    async def blocked() -> bool:
+        return await info_int(redis, "clients", "blocked_clients") == count
+
+    await wait_until(blocked, what=f"{count} blocked clients", within=5, interval=0.001)
 
 
 @pytest.mark.timeout(60)
@@ -146,9 +149,11 @@ async def test_a_thousand_cancelled_blocking_reads_leak_nothing(
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     # The server sees no connection the client forgot: discarded ones are closed.
     expected = stats.dedicated_connections + stats.shared_connections
-    with trio.fail_after(5):
-        while await info_int(redis, "clients", "connected_clients") > expected:
-            await trio.sleep(0.01)
+
+    async def closed() -> bool:
+        return await info_int(redis, "clients", "connected_clients") <= expected
+
+    await wait_until(closed, what="discarded connections to close", within=5, interval=0.01)
 
     # Blocking reads still work, and a pool slot is available for each.
     async def short_read() -> None:

@@ -24,6 +24,7 @@ import trio  # noqa: E402
 
 from streamkit import App, codec_for, partition_for  # noqa: E402
 from streamkit._worker import run_worker  # noqa: E402
+from streamkit.testing import wait_until  # noqa: E402
 from tests.apps.scenario import SEEN, Numbered, make_app  # noqa: E402
 from tests.spark.records import Line, Order, Reading, Status  # noqa: E402
 
@@ -298,9 +299,11 @@ def test_batch_write_is_processed_by_a_streamkit_worker(
         )
         async with trio.open_nursery() as nursery:
             worker = await nursery.start(run_worker, app)
-            with trio.fail_after(60):
-                while await app.redis.llen(SEEN) < count:
-                    await trio.sleep(0.05)
+
+            async def processed() -> bool:
+                return await app.redis.llen(SEEN) >= count
+
+            await wait_until(processed, what=f"{count} processings", within=60, interval=0.05)
             items: list[bytes] = await app.redis.lrange(SEEN, 0, -1)
             await worker.stop()
         return items

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import signal
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+import trio.testing
 
 from streamkit import ConfigError
 from streamkit._worker import Worker, run_worker
-from tests.apps.scenario import Numbered, make_app
+from streamkit.testing import free_port, wait_until
+from tests.apps.scenario import SEEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally
 
 if TYPE_CHECKING:
@@ -24,9 +28,10 @@ FAST: dict[str, Any] = {
 
 
 async def wait_processed(redis: Redis, count: int) -> None:
-    with trio.fail_after(30):
-        while await redis.llen("scenario:seen") < count:
-            await trio.sleep(0.02)
+    async def enough() -> bool:
+        return await redis.llen(SEEN) >= count
+
+    await wait_until(enough, what=f"{count} processings in {SEEN}", within=30)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -78,3 +83,31 @@ async def test_unknown_processor_is_refused(redis_url: str) -> None:
     app, _ = make_app(redis_url=redis_url)
     with pytest.raises(ConfigError, match="unknown processor 'nope'"):
         await run_worker(app, processors=["nope"])
+
+
+async def test_a_signal_stops_the_worker_gracefully(redis_url: str, redis: Redis) -> None:
+    app, stream = make_app(redis_url=redis_url, **FAST)
+    before = signal.getsignal(signal.SIGINT)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            worker: Worker = await nursery.start(
+                functools.partial(run_worker, app, handle_signals=True)
+            )
+            async with app:
+                await stream.send_many(numbered_events(keys=8, per_key=5))
+            await wait_processed(redis, 40)
+            signal.raise_signal(signal.SIGINT)
+            # The worker stops by itself: the nursery ends without being cancelled.
+    assert worker._stopping
+    assert signal.getsignal(signal.SIGINT) is before
+    locks = await redis.keys("__lock:*")
+    assert {k for k in locks if not k.endswith(b":fence")} == set()  # every lease released
+
+
+async def test_a_signal_while_connecting_stops_the_worker() -> None:
+    app, _ = make_app(redis_url=f"redis://127.0.0.1:{free_port()}", connect_give_up_after=60)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(run_worker, app, handle_signals=True))
+            await trio.testing.wait_all_tasks_blocked()  # retrying the connection
+            signal.raise_signal(signal.SIGINT)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 from typing import TYPE_CHECKING
 
 import pytest
-import trio
 
-from streamkit.testing import free_port
-from tests.apps.scenario import make_app
+from streamkit.testing import free_port, wait_until
+from tests.apps.scenario import SEEN, TAKEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally
-from tests.workers import WorkerProcess, start_worker, wait_members
+from tests.workers import WorkerProcess, lock_holders, start_worker, wait_members
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
     from pathlib import Path
 
     from streamkit import Redis
@@ -29,9 +29,10 @@ def workers(tmp_path: Path) -> Iterator[list[WorkerProcess]]:
 
 
 async def wait_seen(redis: Redis, count: int) -> None:
-    with trio.fail_after(60):
-        while await redis.llen("scenario:seen") < count:
-            await trio.sleep(0.05)
+    async def enough() -> bool:
+        return await redis.llen(SEEN) >= count
+
+    await wait_until(enough, what=f"{count} processings in {SEEN}", within=60)
 
 
 async def test_sigterm_finishes_acknowledges_and_leaves(
@@ -67,29 +68,49 @@ async def test_sigterm_finishes_acknowledges_and_leaves(
 async def test_a_second_signal_exits_at_once(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
+    # Events of one key only: its partition takes a batch that lasts far longer than
+    # the grace period, so only the second signal ends the worker; the others are idle.
     app, stream = make_app(redis_url=redis_url)
     async with app:
-        await stream.send_many(numbered_events(keys=8, per_key=50))
-    # Each batch takes far longer than the grace period: only the second signal ends it.
+        await stream.send_many(numbered_events(keys=1, per_key=50))
+    busy = stream.partition_of(Numbered(key="k0", seq=0))
     worker = start_worker(
         redis_url,
         tmp_path,
-        env={"SCENARIO_DELAY": "60", "STREAMKIT_GRACE_PERIOD": "60", "SCENARIO_BATCH": "1"},
+        env={
+            "SCENARIO_DELAY": "60",
+            "STREAMKIT_GRACE_PERIOD": "60",
+            "SCENARIO_BATCH": "1",
+            "SCENARIO_MARK_TAKEN": "1",
+        },
     )
     workers.append(worker)
-    await wait_members(redis, 1)
-    with trio.fail_after(30):
-        while "claimed partition" not in worker.log():
-            await trio.sleep(0.05)
+    everything = dict.fromkeys(range(8), worker.pid)
+    only_busy = {p: worker.pid if p == busy else None for p in range(8)}
+
+    async def holds(expected: Mapping[int, int | None]) -> bool:
+        return await lock_holders(redis) == expected
+
+    async def in_a_batch() -> bool:
+        return await holds(everything) and await redis.llen(TAKEN) > 0
+
+    await wait_until(in_a_batch, what="the worker holding every partition, one busy", within=30)
     worker.send_signal(signal.SIGINT)
-    with trio.fail_after(30):
-        while "stopping gracefully" not in worker.log():
-            await trio.sleep(0.05)
+    # Stopping gracefully: the idle partitions are handed back at once, the busy one
+    # is kept while its batch runs.
+    await wait_until(
+        functools.partial(holds, only_busy),
+        what=f"the worker holding partition {busy} only",
+        within=30,
+    )
     worker.send_signal(signal.SIGINT)
-    # It exits at once, long before the 60 s grace period: through the worker's own
-    # handler (exit code 128 + SIGINT), or, if the signal lands while the handler is
-    # being torn down, through Python's default one (killed by SIGINT).
-    assert await worker.wait_exit(within=10) in (128 + signal.SIGINT, -signal.SIGINT)
+    # It exits at once, long before the 60 s grace period, through its own handler.
+    assert await worker.wait_exit(within=10) == 128 + signal.SIGINT, worker.log()
+    log = worker.log()
+    assert "SIGINT: stopping gracefully (send it again to exit at once)" in log
+    assert "SIGINT again: exiting at once" in log
+    assert "Traceback" not in log
+    assert await redis.llen(SEEN) == 0  # the batch never finished
 
 
 async def test_killed_worker_partitions_are_taken_over(
@@ -107,10 +128,12 @@ async def test_killed_worker_partitions_are_taken_over(
     workers[0].kill()
     # Events in flight when the worker died are processed again: wait for every
     # distinct event, not for a count.
-    with trio.fail_after(60):
-        while (result := tally(sent, await seen(redis))).lost:
-            await trio.sleep(0.05)
-    assert result.lost == 0
+
+    async def nothing_lost() -> bool:
+        return tally(sent, await seen(redis)).lost == 0
+
+    await wait_until(nothing_lost, what="every event processed", within=60)
+    result = tally(sent, await seen(redis))
     assert result.order_violations == 0
     await wait_members(redis, 1)  # the dead worker was reaped
 

@@ -13,6 +13,8 @@ import attrs
 import trio
 
 from streamkit import ProcessorKeys, read_membership
+from streamkit._locks import lock_key
+from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
     from streamkit import Redis
@@ -52,10 +54,17 @@ class WorkerProcess:
         self.process.send_signal(signal.SIGKILL)
 
     async def wait_exit(self, within: float = 30) -> int:
+        """Wait until the process exits; return its exit code (``-N``: killed by signal N)."""
         with trio.fail_after(within):
-            while self.process.poll() is None:
-                await trio.sleep(0.02)
-        return self.process.returncode
+            if self.process.poll() is None:
+                # Not reaped yet, so the pid is still this process's: its pidfd turns
+                # readable when it exits.
+                pidfd = os.pidfd_open(self.process.pid)
+                try:
+                    await trio.lowlevel.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+        return self.process.wait()
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -88,9 +97,30 @@ def start_worker(
 
 async def wait_members(redis: Redis, count: int, *, group: str = SCENARIO_GROUP) -> None:
     """Wait until the scenario processor's group (or ``group``) has ``count`` members."""
-    with trio.fail_after(30):
-        while True:
-            snapshot = await read_membership(redis, group)
-            if snapshot is not None and len(snapshot.members) == count:
-                return
-            await trio.sleep(0.05)
+
+    async def members() -> bool:
+        snapshot = await read_membership(redis, group)
+        return snapshot is not None and len(snapshot.members) == count
+
+    await wait_until(members, what=f"{count} member(s) in {group}", within=30)
+
+
+def _pid_of(lock_value: bytes | str | None) -> int | None:
+    if lock_value is None:
+        return None
+    text = lock_value.decode() if isinstance(lock_value, bytes) else lock_value
+    # "<hostname>:<pid>:<random>:<token>"
+    parts = text.rsplit(":", 3)
+    try:
+        return int(parts[-3])
+    except (IndexError, ValueError):
+        return None
+
+
+async def lock_holders(redis: Redis, partitions: int = 8) -> dict[int, int | None]:
+    """Per partition of the scenario app, the pid of the worker holding its lease."""
+    holders: dict[int, int | None] = {}
+    for p in range(partitions):
+        name = ProcessorKeys(app="scenario", stream="numbered", processor="record").lock_name(p)
+        holders[p] = _pid_of(await redis.get(lock_key(name)))
+    return holders

@@ -9,6 +9,7 @@ Run it with ``./dev demo`` (or ``python -m examples.orders.demo`` inside .venv).
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamkit import read_membership
-from streamkit.testing import RedisServer
+from streamkit.testing import RedisServer, wait_until
 
 console = Console()
 
@@ -82,6 +83,9 @@ async def run_demo(redis_url: str, log_dir: Path) -> None:
             snapshot = await read_membership(redis, group)
             return 0 if snapshot is None else len(snapshot.members)
 
+        async def joined(count: int) -> bool:
+            return await members() >= count
+
         async def holds_its_partitions(pid: int) -> bool:
             """Whether worker ``pid`` holds the lease of every partition assigned to it."""
             snapshot = await read_membership(redis, group)
@@ -97,9 +101,8 @@ async def run_demo(redis_url: str, log_dir: Path) -> None:
             first = start_worker(redis_url, log_dir, 1)
             workers.append(first)
             pids[first.pid] = "worker 1"
-            with trio.fail_after(30):
-                while await members() < 1:
-                    await trio.sleep(0.05)
+            # Another process's state: polled (there is nothing to watch).
+            await wait_until(functools.partial(joined, 1), what="worker 1 to join", within=30)
             console.print(f"worker 1 (pid {first.pid}) joined and owns all 8 partitions")
 
             chunk = ORDERS // BATCHES
@@ -117,12 +120,20 @@ async def run_demo(redis_url: str, log_dir: Path) -> None:
                 if number == BATCHES // 2:
                     # Keep half of the orders for after the join, however slowly
                     # worker 2 starts, so that the rebalance is visible.
-                    with trio.fail_after(60):
-                        while await members() < 2:
-                            await trio.sleep(0.005)
-                        joined_at = time.perf_counter()
-                        while not await holds_its_partitions(second.pid):
-                            await trio.sleep(0.005)
+                    # Checked every 5 ms: that is the precision of the time measured.
+                    await wait_until(
+                        functools.partial(joined, 2),
+                        what="worker 2 to join",
+                        within=60,
+                        interval=0.005,
+                    )
+                    joined_at = time.perf_counter()
+                    await wait_until(
+                        functools.partial(holds_its_partitions, second.pid),
+                        what="worker 2 to hold its partitions",
+                        within=60,
+                        interval=0.005,
+                    )
                     resumed = time.perf_counter() - joined_at
                 await trio.sleep(0.05)
             console.print(f"sent all {ORDERS:,} orders in {time.perf_counter() - began:.1f}s")
@@ -141,13 +152,13 @@ async def run_demo(redis_url: str, log_dir: Path) -> None:
                 f"worker 1 processed its own partitions without a pause"
             )
 
-            with trio.fail_after(60):
-                while True:
-                    stats = {k.decode(): int(v) for k, v in (await redis.hgetall(STATS)).items()}
-                    done = sum(v for k, v in stats.items() if k.startswith("processed by"))
-                    if done >= ORDERS:
-                        break
-                    await trio.sleep(0.05)
+            stats: dict[str, int] = {}
+
+            async def all_processed() -> bool:
+                stats.update({k.decode(): int(v) for k, v in (await redis.hgetall(STATS)).items()})
+                return sum(v for k, v in stats.items() if k.startswith("processed by")) >= ORDERS
+
+            await wait_until(all_processed, what=f"all {ORDERS:,} orders processed", within=60)
         finally:
             for worker in workers:
                 if worker.poll() is None:

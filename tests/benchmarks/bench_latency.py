@@ -46,7 +46,7 @@ import orjson
 import trio
 
 from streamkit import App, Events, Record, Redis, open_redis, run_worker
-from streamkit.testing import RedisServer
+from streamkit.testing import RedisServer, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -255,8 +255,7 @@ async def measure(url: str, loop: Loop, plan: Plan) -> Result:
         with trio.move_on_after(plan.warmup + plan.seconds + 30):
             producer = await run_producer(url, app_name, plan)
             await finished.wait()
-            while "redis" not in cpu:
-                await trio.sleep(0.01)
+            await wait_until(lambda: "redis" in cpu, what="the CPU figures", within=10)
         nursery.cancel_scope.cancel()
     if received != plan.total:
         print(f"  warning: {loop} at {plan.rate:,}/s received {received:,} of {plan.total:,}")

@@ -5,7 +5,8 @@
   ``tests/reliability/write_report.py``.
 * :class:`Producer`: sends numbered events at a steady pace while faults are injected.
 * :class:`SeenMonitor`: follows the ``scenario:seen`` list as the workers append to it,
-  remembering when each processing was observed, to measure recovery times.
+  remembering when each processing was observed, to measure recovery times; waits on
+  what it observed are woken by each new observation.
 * :func:`inflight_of`: the entries a worker had delivered and not acknowledged, read
   right after it was killed or frozen: the bound on the duplicates it may cause.
 """
@@ -24,15 +25,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
+import trio_util
 
-from streamkit import ProcessorKeys, RedisUnavailable, redis_errors
-from streamkit._locks import lock_key
+from streamkit import RedisUnavailable, redis_errors
 from tests.apps.scenario import SEEN, Numbered
 from tests.scenarios import Tally, numbered_events
-from tests.workers import SCENARIO_GROUP
+from tests.workers import SCENARIO_GROUP, lock_holders
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Collection, Iterable
+    from collections.abc import AsyncIterator, Callable, Collection, Iterable
 
     from streamkit import Redis, Stream
     from tests.workers import WorkerProcess
@@ -137,6 +138,8 @@ class Producer:
     interval: float
     limit: int | None = None
     sent: list[Numbered] = attrs.field(factory=list)
+    # len(sent), as a watchable.
+    _sent_count: trio_util.AsyncValue[int] = attrs.field(factory=lambda: trio_util.AsyncValue(0))
     _next_seq: int = 0
     _stopped: trio.Event = attrs.field(factory=trio.Event)
     _done: trio.Event = attrs.field(factory=trio.Event)
@@ -154,6 +157,7 @@ class Producer:
                     await self.stream.send_many(batch)
                     self._next_seq += 1
                     self.sent.extend(batch)
+                    self._sent_count.value = len(self.sent)
                 rounds += 1
                 with trio.move_on_at(start + rounds * self.interval):
                     await self._stopped.wait()
@@ -172,9 +176,11 @@ class Producer:
         await self._done.wait()
 
     async def wait_sent(self, count: int, *, within: float = 60) -> None:
+        """Wait until ``count`` events were sent, or the producer ended."""
         with trio.fail_after(within):
-            while len(self.sent) < count and not self._done.is_set():
-                await trio.sleep(POLL)
+            await trio_util.wait_any(
+                lambda: self._sent_count.wait_value(lambda n: n >= count), self._done.wait
+            )
 
 
 # --------------------------------------------------------------------------- observing
@@ -198,6 +204,8 @@ class SeenMonitor:
     partition_of: dict[str, int]
     observations: list[Observation] = attrs.field(factory=list)
     distinct: set[tuple[str, int]] = attrs.field(factory=set)
+    #: len(observations), as a watchable: waits on the observations wait on it.
+    observed: trio_util.AsyncValue[int] = attrs.field(factory=lambda: trio_util.AsyncValue(0))
     _offset: int = 0
 
     @classmethod
@@ -230,8 +238,16 @@ class SeenMonitor:
             seq = int(seq_text)
             self.observations.append(Observation(key, seq, worker, now))
             self.distinct.add((key, seq))
+        self.observed.value = len(self.observations)
+
+    async def wait_observed(self, predicate: Callable[[], bool], *, within: float = 30) -> None:
+        """Wait until ``predicate()``, a condition on the observations, holds."""
+        with trio.fail_after(within):
+            await self.observed.wait_value(lambda _: predicate())
 
     async def run(self) -> None:
+        # Polls: the list is written by other processes. Observation times are
+        # measured from these polls, so they are every POLL seconds.
         while True:
             await self.poll()
             await trio.sleep(POLL)
@@ -267,17 +283,18 @@ class SeenMonitor:
         within: float = 30,
     ) -> float:
         """Wait until :meth:`resumed_at` is known; return it minus ``after``."""
-        with trio.fail_after(within):
-            while (at := self.resumed_at(partitions, after, excluding=excluding)) is None:
-                await trio.sleep(POLL)
+        await self.wait_observed(
+            lambda: self.resumed_at(partitions, after, excluding=excluding) is not None,
+            within=within,
+        )
+        at = self.resumed_at(partitions, after, excluding=excluding)
+        assert at is not None
         return at - after
 
     async def wait_processed(self, sent: Iterable[Numbered], *, within: float = 60) -> float:
         """Wait until every event of ``sent`` was processed; return the time it was seen."""
         expected = {(e.key, e.seq) for e in sent}
-        with trio.fail_after(within):
-            while not expected <= self.distinct:
-                await trio.sleep(POLL)
+        await self.wait_observed(lambda: expected <= self.distinct, within=within)
         return trio.current_time()
 
     def progress_gaps(self, *, after: float = -float("inf")) -> dict[int, float]:
@@ -297,27 +314,6 @@ class SeenMonitor:
 
 
 # --------------------------------------------------------------------------- Redis state
-
-
-def _pid_of(lock_value: bytes | str | None) -> int | None:
-    if lock_value is None:
-        return None
-    text = lock_value.decode() if isinstance(lock_value, bytes) else lock_value
-    # "<hostname>:<pid>:<random>:<token>"
-    parts = text.rsplit(":", 3)
-    try:
-        return int(parts[-3])
-    except (IndexError, ValueError):
-        return None
-
-
-async def lock_holders(redis: Redis, partitions: int = 8) -> dict[int, int | None]:
-    """Per partition of the scenario app, the pid of the worker holding its lease."""
-    holders: dict[int, int | None] = {}
-    for p in range(partitions):
-        name = ProcessorKeys(app="scenario", stream="numbered", processor="record").lock_name(p)
-        holders[p] = _pid_of(await redis.get(lock_key(name)))
-    return holders
 
 
 async def pending_events(

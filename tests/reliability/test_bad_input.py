@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from streamkit import ProcessorKeys
+from streamkit.testing import wait_until
 from tests.apps.poison import ATTEMPTS, MAX_DELIVERIES, RETRIES, Job, make_app
 from tests.apps.scenario import Numbered
 from tests.reliability.harness import ScenarioReport, SeenMonitor, record_report
@@ -91,12 +92,17 @@ async def test_poison_and_malformed_events_among_good_ones(
         nursery.start_soon(monitor.run)
         await monitor.wait_processed(sent, within=40)
         expected_dead = len(poison) + malformed + CRASH_LOOPED
+
+        async def dead_lettered() -> bool:
+            return await redis.xlen(DEAD) >= expected_dead
+
+        async def all_acknowledged() -> bool:
+            return not await pending(redis, [jobs.key(p) for p in range(jobs.partition_count)])
+
         with trio.fail_after(30):
-            while await redis.xlen(DEAD) < expected_dead:
-                await trio.sleep(0.02)
+            await wait_until(dead_lettered, what=f"{expected_dead} dead letters", within=30)
             # Everything, bad input included, ends up acknowledged.
-            while await pending(redis, [jobs.key(p) for p in range(jobs.partition_count)]):
-                await trio.sleep(0.02)
+            await wait_until(all_acknowledged, what="nothing pending", within=30)
         nursery.cancel_scope.cancel()
 
     result = tally(sent, await seen(redis))

@@ -9,14 +9,15 @@ coredis sent them again although Redis had run them (a HINCRBY counter said 1,02
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from typing import TYPE_CHECKING
 
 import pytest
 import trio
 
-from streamkit import redis_errors
-from streamkit._keys import processor_group
+from streamkit import ProcessorKeys, redis_errors
+from streamkit.testing import wait_until
 from tests.apps.counting import COUNTS, DELIVERIES, Number, make_app
 from tests.workers import start_worker, wait_members
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from tests.workers import WorkerProcess
 
 APP = "tests.apps.counting:app"
-GROUP = processor_group("counting", "numbers", "count")
+GROUP = ProcessorKeys(app="counting", stream="numbers", processor="count").group
 ENV = {"STREAMKIT_BATCH_SIZE": "20", "STREAMKIT_PREFETCH": "2", "COUNTING_DELAY": "0.005"}
 BATCH = 20
 INTERVAL = 0.02  # BATCH events every INTERVAL: about 1,000 events/s
@@ -82,9 +83,11 @@ async def test_every_count_equals_the_number_of_deliveries(
         await wait_members(redis, 2, group=GROUP)
         stop.set()
 
-    with trio.move_on_after(60):
-        while len(await counted(redis)) < len(sent):
-            await trio.sleep(0.05)
+    async def all_counted() -> bool:
+        return len(await counted(redis)) >= len(sent)
+
+    with contextlib.suppress(trio.TooSlowError):
+        await wait_until(all_counted, what="every event counted", within=60, interval=0.05)
     missing = len(sent) - len(await counted(redis))
     assert missing == 0, f"{missing} of {len(sent)} events never processed"
     assert await first.wait_exit(within=10) == 0

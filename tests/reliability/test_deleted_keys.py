@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from streamkit import membership_keys, read_membership
+from streamkit.testing import wait_until
 from tests.apps.scenario import make_app
 from tests.reliability.harness import (
     Producer,
@@ -118,15 +119,19 @@ async def test_deleted_keys_are_recovered(
         # Recovered: the coordination state is whole again and events sent after the
         # deletion are processed in every partition. Or a worker exits with a clear
         # error. Never a silent hang.
-        with trio.fail_after(20):
-            while True:
-                exited = [w for w in workers if w.process.poll() is not None]
-                assert not exited, f"a worker exited: {exited[0].log()[-2000:]}"
-                if monitor.resumed_at(
-                    range(PARTITIONS), deleted_at, min_seq=next_seq
-                ) is not None and await coordination_restored(redis, pids):
-                    break
-                await trio.sleep(0.05)
+
+        async def recovered() -> bool:
+            exited = [w for w in workers if w.process.poll() is not None]
+            assert not exited, f"a worker exited: {exited[0].log()[-2000:]}"
+            resumed = monitor.resumed_at(range(PARTITIONS), deleted_at, min_seq=next_seq)
+            return resumed is not None and await coordination_restored(redis, pids)
+
+        await wait_until(
+            recovered,
+            what="coordination restored and every partition resumed",
+            within=20,
+            interval=0.05,
+        )
         recovery = trio.current_time() - deleted_at
         resumed_at = monitor.resumed_at(range(PARTITIONS), deleted_at, min_seq=next_seq)
         assert resumed_at is not None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
+from streamkit.testing import wait_until
 from tests.apps.scenario import make_app
 from tests.reliability.harness import (
     Producer,
@@ -42,16 +43,18 @@ ENV = {
 async def wait_working(monitor: SeenMonitor, redis: Redis, worker: WorkerProcess) -> None:
     """Wait until ``worker`` holds a partition and has processed events of it."""
     me = worker_id(worker)
-    with trio.fail_after(30):
-        while True:
-            holders = await lock_holders(redis, PARTITIONS)
-            mine = {p for p, pid in holders.items() if pid == worker.pid}
-            if mine and any(
-                o.worker == me and monitor.partition_of[o.key] in mine
-                for o in monitor.observations[-500:]
-            ):
-                return
-            await trio.sleep(0.02)
+
+    async def working() -> bool:
+        holders = await lock_holders(redis, PARTITIONS)
+        mine = {p for p, pid in holders.items() if pid == worker.pid}
+        return bool(mine) and any(
+            o.worker == me and monitor.partition_of[o.key] in mine
+            for o in monitor.observations[-500:]
+        )
+
+    await wait_until(
+        working, what=f"worker {worker.pid} processing a partition it holds", within=30
+    )
 
 
 @pytest.mark.timeout(90)

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from streamkit import open_redis
-from streamkit.testing import free_port
+from streamkit.testing import free_port, wait_until
 from tests.apps.scenario import make_app
 from tests.reliability.harness import ScenarioReport, SeenMonitor, record_report
 from tests.scenarios import numbered_events, seen, tally
@@ -35,15 +35,16 @@ async def test_worker_waits_for_redis_to_come_up(
         private_redis.url, tmp_path, env={"STREAMKIT_CONNECT_GIVE_UP_AFTER": "30"}
     )
     workers.append(worker)
-    # It keeps retrying, saying so, while the server is down.
-    with trio.fail_after(20):
-        while worker.log().count("retrying in") < 3:
-            await trio.sleep(0.02)
+    # It keeps retrying, saying so, while the server is down: the log is the behaviour
+    # here (a refused connection leaves no other trace).
+    await wait_until(
+        lambda: worker.log().count("retrying in") >= 3, what="3 logged retries", within=20
+    )
     await trio.sleep(DOWN)  # the injected fault's duration, counted from the 3rd retry
     assert worker.process.poll() is None
     attempts = worker.log().count("retrying in")
 
-    private_redis.start()
+    await trio.to_thread.run_sync(private_redis.start)
     up_at = trio.current_time()
     app, stream = make_app(redis_url=private_redis.url)
     sent = numbered_events(KEYS, 10)
