@@ -9,6 +9,7 @@ import trio
 import trio.lowlevel
 import trio_util
 
+from streamkit.testing import wait_until
 from tests.consume import GROUP, events_of, pending_ids, send
 
 if TYPE_CHECKING:
@@ -39,10 +40,12 @@ async def test_take_without_within_waits_for_a_full_batch(
     with trio.fail_after(10):
         async with events_of(redis, ticks, batch_size=2) as events, trio.open_nursery() as nursery:
 
+            async def fetched() -> bool:
+                return bool(cast("Any", await redis.xpending(ticks.key(0), GROUP)).pending >= 3)
+
             async def later() -> None:
                 # Sent only once the first three were fetched.
-                while cast("Any", await redis.xpending(ticks.key(0), GROUP)).pending < 3:
-                    await trio.sleep(0.005)
+                await wait_until(fetched, what="three events fetched", within=5, interval=0.005)
                 await send(ticks, range(3, 5))
 
             nursery.start_soon(later)
@@ -122,15 +125,16 @@ async def test_draining_wakes_a_waiting_processor(redis: Redis, ticks: Stream[Ti
     seen: list[int] = []
     with trio.fail_after(10):
         async with events_of(redis, ticks, draining=draining) as events, trio.open_nursery() as n:
+            count = trio_util.AsyncValue(0)
 
             async def drain_once_idle() -> None:
-                while len(seen) < 2:
-                    await trio.sleep(0.005)
+                await count.wait_value(2)
                 draining.value = True
 
             n.start_soon(drain_once_idle)
             async for tick in events.records():
-                seen.append(tick.n)  # noqa: PERF401 (drain_once_idle watches it grow)
+                seen.append(tick.n)
+                count.value = len(seen)
             # The loop ended normally: both acknowledged.
             assert await pending_ids(redis, ticks) == []
     assert seen == [0, 1]

@@ -217,8 +217,8 @@ async def test_call_once_retries_what_never_reached_redis() -> None:
         return await client.incr("n")
 
     try:
-        url = server.url
         await trio.to_thread.run_sync(server.start)
+        url = server.url  # the port is chosen when the server first starts
         async with open_redis(url) as client:
             await trio.to_thread.run_sync(server.stop)
             await wait_until(
