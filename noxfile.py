@@ -78,7 +78,7 @@ BENCHMARK_NOTES = {
     ),
     "bench_versions.py": (
         "The working tree's streamkit against the one at a git ref, measured in one run: "
-        "`./dev bench -- --baseline REF` (or `python tests/benchmarks/bench_versions.py "
+        "`./dev bench --baseline REF` (or `python tests/benchmarks/bench_versions.py "
         "--baseline REF`). The ref is checked out into a temporary git worktree, and each "
         "version runs in its own processes, each with its own private redis-server, the "
         "versions alternating round by round so that load from other work on the machine "
@@ -141,7 +141,7 @@ def bench(session: nox.Session) -> None:
         if script == "bench_versions.py":
             if baseline is None:
                 print(
-                    "bench_versions.py skipped: `./dev bench -- --baseline REF` compares "
+                    "bench_versions.py skipped: `./dev bench --baseline REF` compares "
                     "the working tree's streamkit with the one at git ref REF"
                 )
                 continue
@@ -157,7 +157,8 @@ def bench(session: nox.Session) -> None:
 def _baseline_option(session: nox.Session) -> str | None:
     """The ``--baseline REF`` (or ``--baseline=REF``) given after ``--``, if any: the
     bench session's only argument, for bench_versions.py."""
-    args = list(session.posargs)
+    # `./dev bench --baseline REF` and `nox -s bench -- --baseline REF` both land here.
+    args = [arg for arg in session.posargs if arg != "--"]
     baseline = None
     while args:
         arg = args.pop(0)

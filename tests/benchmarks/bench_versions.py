@@ -1,7 +1,7 @@
 """Two versions of streamkit side by side in one run: the working tree against a git ref.
 
 Run with ``python tests/benchmarks/bench_versions.py --baseline REF`` inside .venv, or
-``./dev bench -- --baseline REF``. REF's code is checked out into a temporary detached
+``./dev bench --baseline REF``. REF's code is checked out into a temporary detached
 git worktree (removed afterwards); the working tree's code is "current". A process can
 import only one streamkit, so each version runs in its own subprocess: this same
 script, run as ``--driver --what send|consume`` with ``PYTHONPATH`` and the working
