@@ -445,15 +445,20 @@ class Events(Generic[R]):
             _Stop: draining began (only with ``wake``).
             StreamkitError: the feed stopped (the lease was lost, say).
         """
-        if self._acks:
-            self._ack_soon()
-        self._done_with_batch()
         feed = self._feed
         if wake and self._draining:
+            if self._acks:
+                self._ack_soon()
+            self._done_with_batch()
             raise _Stop
         try:
             batch = feed.receive_nowait()
         except trio.WouldBlock:
+            # Nothing ready: the feed sends the acknowledgements with its next read,
+            # or before it waits for new entries, whichever comes first.
+            if self._acks:
+                self._ack_soon()
+            self._done_with_batch()
             with trio.CancelScope(deadline=deadline) as scope:
                 if wake:
                     self._wait_scope = scope
@@ -471,6 +476,11 @@ class Events(Generic[R]):
         except StreamkitError as exc:
             raise self._internal(exc) from None
         else:
+            # The next batch is here already: the acknowledgements go with the
+            # partition's next read, which the room made below lets happen.
+            if self._acks:
+                self._ack_soon()
+            self._done_with_batch()
             # Let the fetcher run (and refill) between batches.
             await trio.lowlevel.checkpoint()
         self._load(batch)

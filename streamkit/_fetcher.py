@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
 import trio
-from coredis.commands.script import Script
 
 from ._backoff import Backoff
 from ._errors import (
@@ -49,7 +48,7 @@ from ._errors import (
 )
 from ._feed import Batch, FeedEnded
 from ._groups import open_service_nursery
-from ._redis import Redis, redis_errors, run_blocking
+from ._redis import LuaScript, Redis, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
 from ._wire import ACK_LUA, READ_LUA, text
@@ -73,8 +72,8 @@ DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
 ACK_CHUNK = 2000
 
-_READ_SCRIPT: Script[bytes] = Script(script=READ_LUA)
-_ACK_SCRIPT: Script[bytes] = Script(script=ACK_LUA)
+_READ_SCRIPT = LuaScript(READ_LUA)
+_ACK_SCRIPT = LuaScript(ACK_LUA)
 
 
 @attrs.define(eq=False, repr=False)
@@ -94,6 +93,8 @@ class _Feed:
     last_id: str = "0-0"
     # The id of the last entry read: a lost reply is looked for in the history after it.
     last_seen: str = "0"
+    # Made ready by an XREAD that saw new entries (not busy since).
+    woken: bool = False
     idle: bool = False
     active: bool = True
     # Batches handed out and not yet reported done (in the channel or being processed).
@@ -142,7 +143,6 @@ class _Feed:
     def ack_later(self, ids: Sequence[bytes]) -> None:
         if self.active:
             self.acks_due.extend(ids)
-            self.fetcher._changed.set()
 
     async def ack(self, ids: Sequence[bytes]) -> None:
         due, self.acks_due = self.acks_due, []
@@ -314,17 +314,20 @@ class Fetcher(Generic[R]):
             self._changed = trio.Event()
             active = [f for f in self._feeds.values() if f.active]
             has_room = [f for f in active if f.batches_out < self.prefetch]
-            # Due acknowledgements ride along with a read, even of an idle partition.
-            ready = [f for f in has_room if not f.idle or f.acks_due]
-            idle = [f for f in has_room if f.idle and not f.acks_due]
-            acks_only = [f for f in active if f.acks_due and f.batches_out >= self.prefetch]
+            ready = [f for f in has_room if not f.idle]
+            idle = [f for f in has_room if f.idle]
             try:
-                if ready or acks_only:
-                    # The idle partitions are checked in the same round, with one
-                    # non-blocking XREAD: busy partitions never starve quiet ones.
-                    await self._read_all(ready, acks_only, idle)
+                if ready:
+                    # While some partition is busy, the quiet ones are checked in
+                    # the same round with one non-blocking XREAD, so they never
+                    # starve; partitions just woken by an XREAD need no check.
+                    busy = any(not f.woken for f in ready)
+                    await self._read_all(ready, idle if busy else [])
                 elif idle and len(has_room) == len(active):
-                    await self._wait_for_entries(idle, block=self.idle_block)
+                    if not await self._wait_for_entries(idle, block=self.idle_block):
+                        # Quiet for a while: acknowledge what the consumers finished
+                        # rather than wait for a read to carry it.
+                        await self._send_due_acks(active)
                 elif idle:
                     # Some partition waits for its consumer to make room: a blocking
                     # XREAD would need cancelling each time it does, so wait for room
@@ -346,12 +349,33 @@ class Fetcher(Generic[R]):
                 log.warning("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
                 await trio.sleep(delay)
 
-    async def _read_all(
-        self, feeds: list[_Feed], acks_only: list[_Feed], idle: list[_Feed]
-    ) -> None:
-        """Read ``feeds``, send the due acknowledgements of ``acks_only`` and check
-        whether ``idle`` partitions have new entries, concurrently."""
-        if len(feeds) == 1 and not (acks_only or idle):
+    async def _send_due_acks(self, feeds: list[_Feed]) -> None:
+        """Send the acknowledgements the ``feeds`` hold for a read that is not coming."""
+        due = [f for f in feeds if f.acks_due]
+        if not due:
+            return
+        errors: list[RedisUnavailable] = []
+
+        async def send(feed: _Feed) -> None:
+            ids, feed.acks_due = feed.acks_due, []
+            try:
+                await self._ack(feed, ids)
+            except RedisUnavailable as exc:
+                feed.acks_due[:0] = ids
+                errors.append(exc)
+            except LockLost:
+                pass  # the feed failed: its consumer learns why from it
+
+        async with trio.open_nursery() as nursery:
+            for feed in due:
+                nursery.start_soon(send, feed)
+        if errors:
+            raise errors[0]
+
+    async def _read_all(self, feeds: list[_Feed], idle: list[_Feed]) -> None:
+        """Read ``feeds`` and check whether ``idle`` partitions have new entries,
+        concurrently."""
+        if len(feeds) == 1 and not idle:
             error = await self._read(feeds[0])
         else:
             errors: list[RedisUnavailable] = []
@@ -360,16 +384,6 @@ class Fetcher(Generic[R]):
                 error = await self._read(feed)
                 if error is not None:
                     errors.append(error)
-
-            async def ack(feed: _Feed) -> None:
-                due, feed.acks_due = feed.acks_due, []
-                try:
-                    await self._ack(feed, due)
-                except RedisUnavailable as exc:
-                    feed.acks_due[:0] = due
-                    errors.append(exc)
-                except LockLost:
-                    pass  # the feed failed: its consumer learns why
 
             async def check(idle: list[_Feed]) -> None:
                 try:
@@ -380,8 +394,6 @@ class Fetcher(Generic[R]):
             async with trio.open_nursery() as nursery:
                 for feed in feeds:
                     nursery.start_soon(read, feed)
-                for feed in acks_only:
-                    nursery.start_soon(ack, feed)
                 if idle:
                     nursery.start_soon(check, idle)
             error = errors[0] if errors else None
@@ -400,6 +412,7 @@ class Fetcher(Generic[R]):
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 reply: Any = await _READ_SCRIPT(
+                    self.redis,
                     keys=[feed.key, lease.key],
                     args=[
                         lease.value,
@@ -409,7 +422,6 @@ class Fetcher(Generic[R]):
                         feed.start,
                         *acks,
                     ],
-                    client=self.redis,
                 )
         except trio.TooSlowError:
             feed.acks_due[:0] = acks
@@ -446,16 +458,23 @@ class Fetcher(Generic[R]):
             return None
         entries, counts, next_start, last_id = reply
         feed.start = text(next_start)
+        feed.woken = False
         if entries:
             feed._put(Batch([e[0] for e in entries], [e[1] for e in entries], counts or None))
             feed.last_seen = text(entries[-1][0])
+            if feed.start == ">" and len(entries) < self.batch_size:
+                # Fewer than asked for: the read reached the end of the stream. Wait
+                # for more in the blocking XREAD instead of reading it again now.
+                feed.idle = True
+                feed.last_id = feed.last_seen
         elif feed.start == ">":
             feed.idle = True
             feed.last_id = text(last_id)
         return None
 
-    async def _wait_for_entries(self, idle: list[_Feed], *, block: float | None) -> None:
-        """Mark the ``idle`` partitions that have new entries as ready to read.
+    async def _wait_for_entries(self, idle: list[_Feed], *, block: float | None) -> bool:
+        """Mark the ``idle`` partitions that have new entries as ready to read; return
+        whether any had (or the wait was cut short by a change of partitions).
 
         With ``block``, wait in one ``XREAD BLOCK`` for up to ``block`` seconds until
         one has (cancelled when partitions are added or removed); else just look.
@@ -490,12 +509,16 @@ class Fetcher(Generic[R]):
                 raise RedisUnavailable("redis", "reading the stream ends timed out") from exc
             finally:
                 self._block_scope = None
-        if scope.cancelled_caught or not reply:
-            return
+        if scope.cancelled_caught:
+            return True
+        if not reply:
+            return False
         for key in reply:
             feed = by_key.get(key if isinstance(key, bytes) else key.encode())
             if feed is not None:
                 feed.idle = False
+                feed.woken = True
+        return True
 
     def _fail(self, feed: _Feed, error: StreamkitError) -> None:
         if feed.failure is None:
@@ -515,9 +538,9 @@ class Fetcher(Generic[R]):
             try:
                 with redis_errors(), trio.fail_after(self.command_timeout):
                     acked: Any = await _ACK_SCRIPT(
+                        self.redis,
                         keys=[feed.key, lease.key],
                         args=[lease.value, self.group, *chunk],
-                        client=self.redis,
                     )
             except trio.TooSlowError as exc:
                 raise RedisUnavailable("redis", "a fenced acknowledgement timed out") from exc

@@ -28,10 +28,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import trio
-from coredis.commands.script import Script
 
 from ._errors import OutcomeUnknown, RedisUnavailable
-from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, redis_errors
+from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, LuaScript, redis_errors
 
 if TYPE_CHECKING:
     from ._backoff import Backoff
@@ -77,13 +76,13 @@ def _marker_prefix(stream_key: str) -> str:
 
 
 @functools.cache
-def _script(body: str) -> Script[bytes]:
+def _script(body: str) -> LuaScript:
     # KEYS: stream, marker, markers of finished appends to delete.
     # ARGV: partition_size, max_len (0 = no cap), marker ttl, whether the marker may exist
     # already (1 on a retry), then the entries.
     # Returns {entry ids, dropped, 1 if the marker was there (appended before) else 0}.
-    return Script(
-        script="""
+    return LuaScript(
+        """
 local key = KEYS[1]
 local keep = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
@@ -154,7 +153,7 @@ async def append_once(
     reply: Any = None
     try:
         with redis_errors():
-            reply = await script(keys=keys, args=args, client=redis)
+            reply = await script(redis, keys=keys, args=args)
     except RedisUnavailable as exc:
         args[3] = 1
         try:
@@ -173,7 +172,7 @@ async def append_once(
 
 
 async def _retry(
-    script: Script[bytes],
+    script: LuaScript,
     keys: list[str],
     args: list[bytes | int],
     redis: Redis,
@@ -201,7 +200,7 @@ async def _retry(
         await trio.sleep(delay)
         try:
             with redis_errors():
-                return await script(keys=keys, args=args, client=redis)
+                return await script(redis, keys=keys, args=args)
         except RedisUnavailable as exc:
             error = exc
             if isinstance(exc, OutcomeUnknown):

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
-from coredis.commands.script import Script
 
 from ._errors import MetadataMismatch
 from ._idempotent import append_once
-from ._redis import redis_errors
+from ._redis import LuaScript, redis_errors
 from ._validate import positive_int
 from ._wire import (
     APPEND_AND_TRIM_LUA,
@@ -48,7 +47,7 @@ log = logging.getLogger("streamkit.streams")
 # keeping every partition's pipeline full.
 WINDOW_PER_PARTITION = 4
 
-_METADATA_SCRIPT: Script[bytes] = Script(script=METADATA_LUA)
+_METADATA_SCRIPT = LuaScript(METADATA_LUA)
 
 
 async def check_metadata(redis: Redis, spec: StreamSpec[Any]) -> None:
@@ -61,9 +60,7 @@ async def check_metadata(redis: Redis, spec: StreamSpec[Any]) -> None:
     mine = spec.metadata()
     with redis_errors():
         reply: object = await _METADATA_SCRIPT(
-            keys=[spec.meta_key],
-            args=list(itertools.chain.from_iterable(mine.items())),
-            client=redis,
+            redis, keys=[spec.meta_key], args=list(itertools.chain.from_iterable(mine.items()))
         )
     mismatch = compare_metadata(metadata_pairs(reply), mine)
     if mismatch is not None:

@@ -30,9 +30,9 @@ async def test_a_resent_append_returns_the_first_ids_and_appends_nothing(redis: 
     key = stream_key("app", "s", 0)
     marker = marker_key(key, "resent")
     args: list[Any] = [1000, 0, MARKER_TTL, 1, 1, b"f", b"v", 1, b"f", b"w"]
-    first: Any = await script(keys=[key, marker], args=args, client=redis)
+    first: Any = await script(redis, keys=[key, marker], args=args)
     # As if the reply to the first call was lost and the call was sent again.
-    second: Any = await script(keys=[key, marker], args=args, client=redis)
+    second: Any = await script(redis, keys=[key, marker], args=args)
     assert first[2] == 0
     assert second[2] == 1
     assert second[0] == first[0]
