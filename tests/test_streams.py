@@ -345,3 +345,13 @@ async def test_streams_recorded_without_a_schema_are_checked_by_name(
     await send_one(redis_url, classes["unrelated"], sku="x", quantity=1)  # same name
     with pytest.raises(MetadataMismatch, match=r"record=order_classes.<locals>.Order but .*Purchase"):
         await send_one(redis_url, classes["renamed"], order_id=1)
+
+
+async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redis) -> None:
+    events = app.stream("events", record=dict, partition_by="user", partition_count=4)
+    await events.send({"user": "ann", "n": 1}, {"user": 7, "n": 2})
+    for user in ("ann", 7):
+        entries = await read_partition(redis, events.spec.key(partition_for(user, 4)))
+        assert any(f'"user":{user!r}'.replace("'", '"') in str(e[1]) for e in entries)
+    with pytest.raises(ConfigError, match="^key: the record has no 'user' to partition by"):
+        await events.send({"name": "bob"})
