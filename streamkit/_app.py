@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -26,6 +27,15 @@ if TYPE_CHECKING:
 __all__ = ["App", "NotConnected", "Processor"]
 
 R = TypeVar("R")
+
+#: Partitions per stream above which declaring one logs a warning: every partition a
+#: worker owns holds a lease renewed every ``lease_ttl / 3`` seconds and costs a read
+#: per fetch round, so a worker owning thousands falls behind on renewals, loses
+#: leases and shuts down slowly (10,000 partitions on one worker: leases lost,
+#: shutdown took 40 s). See docs/worker.md, "How many partitions".
+PARTITION_WARNING_THRESHOLD = 1024
+
+log = logging.getLogger("streamkit.app")
 
 ProcessorFunction = Callable[["Events[Any]"], Awaitable[None]]
 BackgroundFunction = Callable[[], Awaitable[object]]
@@ -176,6 +186,19 @@ class App:
         }
         changes: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
         settings = attrs.evolve(self.settings, **changes) if changes else self.settings
+        if settings.partition_count > PARTITION_WARNING_THRESHOLD:
+            log.warning(
+                "stream %r has %d partitions, more than %d: each partition a worker owns "
+                "holds a lease renewed every lease_ttl/3 (%.1fs) and costs a read per fetch "
+                "round, so unless each worker owns at most about %d (run at least %d "
+                "workers), leases are lost and shutdowns are slow; see docs/worker.md",
+                name,
+                settings.partition_count,
+                PARTITION_WARNING_THRESHOLD,
+                settings.lease_ttl / 3,
+                PARTITION_WARNING_THRESHOLD,
+                -(-settings.partition_count // PARTITION_WARNING_THRESHOLD),
+            )
         spec: StreamSpec[R] = StreamSpec(
             app=self.name,
             name=name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -86,3 +87,15 @@ def test_sync_background_functions_are_refused(shop: App) -> None:
         shop.timer(interval=1)(tick)
     with pytest.raises(ConfigError, match="'tick' must be an async function"):
         shop.crontab("* * * * *")(tick)
+
+
+def test_a_partition_count_past_what_a_worker_holds_is_warned_about(
+    shop: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamkit.app"):
+        shop.stream("orders", record=Order, partition_by="customer", partition_count=1024)
+        assert not caplog.records
+        shop.stream("big", record=Order, partition_by="customer", partition_count=10_000)
+    [record] = caplog.records
+    assert "'big' has 10000 partitions" in record.message
+    assert "run at least 10 workers" in record.message
