@@ -149,7 +149,7 @@ class Partitioner(Generic[R]):
                 _check_key_field(self.record, self.partition_by)
             if isinstance(self.record, type) and issubclass(self.record, Mapping):
                 # dict records: the key is the value under that name.
-                key_of = operator.itemgetter(self.partition_by)
+                key_of = operator.itemgetter(self.partition_by)  # type: ignore[assignment]
             else:
                 key_of = operator.attrgetter(self.partition_by)
         elif callable(self.partition_by):

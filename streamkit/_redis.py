@@ -737,9 +737,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         yield current
         if isinstance(current, BaseExceptionGroup):
             todo.extend(current.exceptions)
-        for linked in (current.__cause__, current.__context__):
-            if linked is not None:
-                todo.append(linked)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
 
 _PERCENT_ENCODE = "percent-encode @ / : ? # in it as %40 %2F %3A %3F %23"

@@ -50,7 +50,6 @@ DEFAULT_PARTITION_COUNT = 16
 DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
 
 
-
 def _url(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     check_redis_url(value, setting=attribute.name)
 

@@ -102,8 +102,7 @@ def check_redis_url(url: object, *, setting: str = "redis_url") -> None:
     if path and not path.isdigit():
         raise ConfigError(
             setting,
-            f"{masked!r}: the path must be a database number (redis://host:6379/0), "
-            f"got /{path}",
+            f"{masked!r}: the path must be a database number (redis://host:6379/0), got /{path}",
         )
 
 

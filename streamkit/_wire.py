@@ -155,9 +155,7 @@ def compare_schemas(recorded: str, mine: str) -> list[tuple[str, str, str]]:
         our_field = ours.get(name)
         if their_field is not None and our_field is not None:
             if their_field[0] != our_field[0]:
-                differences.append(
-                    (name, f"{name}: {their_field[0]}", f"{name}: {our_field[0]}")
-                )
+                differences.append((name, f"{name}: {their_field[0]}", f"{name}: {our_field[0]}"))
         elif their_field is not None and not their_field[1]:
             differences.append((name, f"{name}: {their_field[0]}, required", f"no {name}"))
         elif our_field is not None and not our_field[1]:

@@ -22,13 +22,13 @@ def shop() -> App:
 
 def test_a_misspelt_processor_setting_is_refused_like_on_app(shop: App) -> None:
     orders = shop.stream("orders", record=Order, partition_by="customer")
-    with pytest.raises(ConfigError, match="^batchsize: unknown setting.*did you mean batch_size"):
+    with pytest.raises(ConfigError, match=r"^batchsize: unknown setting.*did you mean batch_size"):
         shop.processor(orders, batchsize=5)
 
 
 def test_processor_settings_are_validated_at_declaration(shop: App) -> None:
     orders = shop.stream("orders", record=Order, partition_by="customer")
-    with pytest.raises(ConfigError, match="^batch_size: must be"):
+    with pytest.raises(ConfigError, match=r"^batch_size: must be"):
         shop.processor(orders, batch_size=0)
 
 
@@ -39,7 +39,7 @@ def test_a_sync_processor_is_refused(shop: App) -> None:
         pass
 
     with pytest.raises(ConfigError, match="'printer' must be an async function"):
-        shop.processor(orders)(printer)
+        shop.processor(orders)(printer)  # type: ignore[arg-type]
     assert not shop.processors
 
 
@@ -55,7 +55,7 @@ def test_an_async_generator_processor_is_refused(shop: App) -> None:
 
 def test_a_non_function_processor_is_refused(shop: App) -> None:
     orders = shop.stream("orders", record=Order, partition_by="customer")
-    with pytest.raises(ConfigError, match="expected an async function.*got 42"):
+    with pytest.raises(ConfigError, match=r"expected an async function.*got 42"):
         shop.processor(orders)(42)  # type: ignore[arg-type]
 
 
@@ -82,11 +82,11 @@ def test_sync_background_functions_are_refused(shop: App) -> None:
         pass
 
     with pytest.raises(ConfigError, match="'tick' must be an async function"):
-        shop.task(tick)
+        shop.task(tick)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="'tick' must be an async function"):
-        shop.timer(interval=1)(tick)
+        shop.timer(interval=1)(tick)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="'tick' must be an async function"):
-        shop.crontab("* * * * *")(tick)
+        shop.crontab("* * * * *")(tick)  # type: ignore[arg-type]
 
 
 def test_a_partition_count_past_what_a_worker_holds_is_warned_about(

@@ -6,8 +6,7 @@ import contextlib
 import logging
 import urllib.parse
 import warnings
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import coredis.exceptions
 import pytest
@@ -28,6 +27,9 @@ from streamkit import (
 from streamkit._backoff import Backoff
 from streamkit._redis import Redis, mask_url, open_redis, redis_errors
 from streamkit.testing import RedisServer, free_port, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 
 async def test_ping_through_open_redis(redis: Redis) -> None:
@@ -382,7 +384,7 @@ async def test_a_refused_password_fails_at_once(
     password_redis: RedisServer, credentials: str, says: str
 ) -> None:
     url = f"redis://{credentials}127.0.0.1:{password_redis.port}"
-    with trio.fail_after(5), pytest.raises(ConfigError, match="^redis_url: ") as info:
+    with trio.fail_after(5), pytest.raises(ConfigError, match=r"^redis_url: ") as info:
         async with open_redis(url, give_up_after=30):
             pytest.fail("must not connect")
     assert says in str(info.value)

@@ -80,7 +80,7 @@ def test_app_takes_settings_from_keywords(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_misspelt_setting_names_the_closest_known_one() -> None:
     with pytest.raises(ConfigError, match="did you mean partition_count"):
         Settings.from_env({}, partition_cuont=3)
-    with pytest.raises(ConfigError, match="^batchsize: unknown setting.*did you mean batch_size"):
+    with pytest.raises(ConfigError, match=r"^batchsize: unknown setting.*did you mean batch_size"):
         App("shop", batchsize=5)
     with pytest.raises(ConfigError, match="did you mean batch_size"):
         App("shop", settings=Settings.from_env({}), batchsize=5)
@@ -111,7 +111,7 @@ def test_unknown_environment_variables_are_warned_about_once(
     ],
 )
 def test_bad_urls_are_refused_with_what_to_write(url: str, says: str) -> None:
-    with pytest.raises(ConfigError, match="^redis_url: ") as info:
+    with pytest.raises(ConfigError, match=r"^redis_url: ") as info:
         Settings.from_env({}, redis_url=url)
     assert says in str(info.value)
     assert "pa/ss" not in str(info.value)
