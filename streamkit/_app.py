@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -13,7 +15,7 @@ from ._background import BackgroundTask
 from ._errors import ConfigError, NotConnected
 from ._policies import ExceptionPolicy
 from ._redis import Redis, open_redis
-from ._settings import Settings
+from ._settings import Settings, check_setting_names
 from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
 
@@ -25,6 +27,15 @@ if TYPE_CHECKING:
 __all__ = ["App", "NotConnected", "Processor"]
 
 R = TypeVar("R")
+
+#: Partitions per stream above which declaring one logs a warning: every partition a
+#: worker owns holds a lease renewed every ``lease_ttl / 3`` seconds and costs a read
+#: per fetch round, so a worker owning thousands falls behind on renewals, loses
+#: leases and shuts down slowly (10,000 partitions on one worker: leases lost,
+#: shutdown took 40 s). See docs/worker.md, "How many partitions".
+PARTITION_WARNING_THRESHOLD = 1024
+
+log = logging.getLogger("streamkit.app")
 
 ProcessorFunction = Callable[["Events[Any]"], Awaitable[None]]
 BackgroundFunction = Callable[[], Awaitable[object]]
@@ -59,6 +70,32 @@ class Processor:
     def group(self) -> str:
         """The processor's membership group and consumer group name."""
         return self.keys.group
+
+
+def _name_of(fn: object) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _check_async(kind: str, fn: object, name: str | None = None) -> None:
+    """Refuse anything but an async function (or an object with an async ``__call__``).
+
+    A plain ``def`` would be accepted and fail only when first run, deep in a worker.
+    """
+    if inspect.isasyncgenfunction(fn):
+        raise ConfigError(
+            kind,
+            f"{name or _name_of(fn)!r} is an async generator; it must be an async "
+            f"function (async def without yield)",
+        )
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (an object with an async __call__)
+    ):
+        return
+    if callable(fn):
+        raise ConfigError(
+            kind, f"{name or _name_of(fn)!r} must be an async function (async def), not a def"
+        )
+    raise ConfigError(kind, f"expected an async function to decorate, got {fn!r}")
 
 
 @attrs.define(eq=False, init=False)
@@ -97,6 +134,7 @@ class App:
         **overrides: Any,
     ) -> None:
         self.name = _keys.validate_name("app name", name)
+        check_setting_names(overrides, where=f" for app {name!r}")
         if redis_url is not None:
             overrides["redis_url"] = redis_url
         if settings is None:
@@ -148,6 +186,19 @@ class App:
         }
         changes: dict[str, Any] = {f: v for f, v in given.items() if v is not None}
         settings = attrs.evolve(self.settings, **changes) if changes else self.settings
+        if settings.partition_count > PARTITION_WARNING_THRESHOLD:
+            log.warning(
+                "stream %r has %d partitions, more than %d: each partition a worker owns "
+                "holds a lease renewed every lease_ttl/3 (%.1fs) and costs a read per fetch "
+                "round, so unless each worker owns at most about %d (run at least %d "
+                "workers), leases are lost and shutdowns are slow; see docs/worker.md",
+                name,
+                settings.partition_count,
+                PARTITION_WARNING_THRESHOLD,
+                settings.lease_ttl / 3,
+                PARTITION_WARNING_THRESHOLD,
+                -(-settings.partition_count // PARTITION_WARNING_THRESHOLD),
+            )
         spec: StreamSpec[R] = StreamSpec(
             app=self.name,
             name=name,
@@ -193,11 +244,14 @@ class App:
             :class:`ConfigError` for a stream of another app, a name used twice or a
             bad setting.
         """
-        if self.streams.get(stream.name) is not stream:
+        if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
             raise ConfigError("stream", f"{stream!r} belongs to another app")
+        check_setting_names(overrides, where=f" for a processor of {stream.name!r}")
+        settings = attrs.evolve(self.settings, **overrides) if overrides else self.settings
 
         def register(fn: ProcessorFunction) -> ProcessorFunction:
-            processor_name = _keys.validate_name("processor name", name or fn.__name__)
+            _check_async("processor", fn, name)
+            processor_name = _keys.validate_name("processor name", name or _name_of(fn))
             if processor_name in self.processors:
                 raise ConfigError("processor", f"{processor_name!r} is already registered")
             self.processors[processor_name] = Processor(
@@ -206,7 +260,7 @@ class App:
                 fn=fn,
                 policy=policy or ExceptionPolicy(),
                 middleware=tuple(middleware),
-                settings=attrs.evolve(self.settings, **overrides) if overrides else self.settings,
+                settings=settings,
             )
             return fn
 
@@ -221,6 +275,7 @@ class App:
         """
 
         def register(fn: BackgroundFunction) -> BackgroundFunction:
+            _check_async("background task", fn)
             self.background.append(
                 BackgroundTask(name=fn.__name__, fn=fn, kind="task", on_leader=on_leader)
             )
@@ -238,6 +293,7 @@ class App:
         """
 
         def register(fn: BackgroundFunction) -> BackgroundFunction:
+            _check_async("background task", fn)
             self.background.append(
                 BackgroundTask(
                     name=fn.__name__, fn=fn, kind="timer", interval=interval, on_leader=on_leader
@@ -256,6 +312,7 @@ class App:
         """
 
         def register(fn: BackgroundFunction) -> BackgroundFunction:
+            _check_async("background task", fn)
             self.background.append(
                 BackgroundTask(
                     name=fn.__name__, fn=fn, kind="crontab", cron=expression, on_leader=on_leader

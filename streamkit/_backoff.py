@@ -58,20 +58,50 @@ async def retry_unavailable(
 ) -> T:
     """Call ``fn`` until it does not raise :class:`RedisUnavailable`.
 
-    Logs one line per failed attempt, so an operator sees why nothing happens yet.
+    Logs one warning at the first failure (the reason, and that it keeps retrying),
+    the further attempts at debug level only, and one line when it succeeds after
+    failures: an operator sees why nothing happens yet without a line per attempt.
 
     Error handling:
-        Re-raises the last :class:`RedisUnavailable` once ``give_up_after`` seconds
-        have passed since the first attempt (never, if ``None``).
+        Once ``give_up_after`` seconds have passed since the first attempt (never, if
+        ``None``), a :class:`RedisUnavailable` with the last reason and how many
+        attempts were made over how long.
     """
-    deadline = None if give_up_after is None else trio.current_time() + give_up_after
+    started = trio.current_time()
+    deadline = None if give_up_after is None else started + give_up_after
     for attempt, delay in enumerate(backoff.delays(), start=1):
         try:
-            return await fn()
+            result = await fn()
         except RedisUnavailable as exc:
             now = trio.current_time()
             if deadline is not None and now + delay > deadline:
-                raise
-            log.warning("%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, attempt, delay)
+                if attempt == 1:
+                    raise
+                raise RedisUnavailable(
+                    exc.url,
+                    f"{exc.reason} (gave up after {attempt} attempts in {now - started:.1f}s)",
+                ) from exc
+            if attempt == 1:
+                limit = "" if give_up_after is None else f" for up to {give_up_after:g}s"
+                log.warning(
+                    "%s: %s; retrying in %.2fs and on%s, logging only the outcome",
+                    what,
+                    exc.reason,
+                    delay,
+                    limit,
+                )
+            else:
+                log.debug(
+                    "%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, attempt, delay
+                )
             await trio.sleep(delay)
+        else:
+            if attempt > 1:
+                log.warning(
+                    "%s: succeeded at attempt %d, after %.1fs",
+                    what,
+                    attempt,
+                    trio.current_time() - started,
+                )
+            return result
     raise AssertionError("unreachable")  # pragma: no cover

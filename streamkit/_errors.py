@@ -41,6 +41,16 @@ class ConfigError(StreamkitError, ValueError):
         self.setting = setting
 
 
+def _known(url: str | None) -> str:
+    """``url``, or the masked URL of the client in use for ``None`` or the placeholder
+    ``"redis"`` (raised where the URL is not at hand)."""
+    if url is None or url == "redis":
+        from ._urls import current_url  # _urls imports this module
+
+        return current_url()
+    return url
+
+
 class RedisUnavailable(StreamkitError):
     """Redis could not be reached (refused, timed out, connection dropped).
 
@@ -48,7 +58,8 @@ class RedisUnavailable(StreamkitError):
         url: the server address, with any password masked.
     """
 
-    def __init__(self, url: str, reason: str) -> None:
+    def __init__(self, url: str | None, reason: str) -> None:
+        url = _known(url)
         super().__init__(f"Redis at {url} is unavailable: {reason}")
         self.url = url
         self.reason = reason
@@ -66,7 +77,8 @@ class OutcomeUnknown(RedisUnavailable):
         reason: what happened to the connection.
     """
 
-    def __init__(self, url: str, reason: str) -> None:
+    def __init__(self, url: str | None, reason: str) -> None:
+        url = _known(url)
         StreamkitError.__init__(
             self,
             f"lost the connection to Redis at {url} while a command was in flight "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import typing
+from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID
@@ -146,7 +147,11 @@ class Partitioner(Generic[R]):
         if isinstance(self.partition_by, str):
             if self.record is not None:
                 _check_key_field(self.record, self.partition_by)
-            key_of = operator.attrgetter(self.partition_by)
+            if isinstance(self.record, type) and issubclass(self.record, Mapping):
+                # dict records: the key is the value under that name.
+                key_of = operator.itemgetter(self.partition_by)  # type: ignore[assignment]
+            else:
+                key_of = operator.attrgetter(self.partition_by)
         elif callable(self.partition_by):
             key_of = self.partition_by
         else:
@@ -157,8 +162,23 @@ class Partitioner(Generic[R]):
         object.__setattr__(self, "_key_of", key_of)
 
     def partition_of(self, record: R) -> int:
-        """Return the partition a record belongs to."""
-        key = canonical_key_bytes(self._key_of(record))
+        """Return the partition a record belongs to.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a key of a type
+            :func:`canonical_key_bytes` refuses, or a record without the key field
+            (a ``dict`` record without that key).
+        """
+        try:
+            key = canonical_key_bytes(self._key_of(record))
+        except (KeyError, AttributeError, TypeError) as exc:
+            if not isinstance(self.partition_by, str):
+                raise
+            raise ConfigError(
+                "key",
+                f"the record has no {self.partition_by!r} to partition by "
+                f"({type(exc).__name__}: {exc}); every record needs one",
+            ) from None
         return xxhash.xxh64_intdigest(key, _HASH_SEED) % self.partition_count
 
 

@@ -35,8 +35,9 @@ import contextlib
 import hashlib
 import logging
 import math
+import socket
+import ssl
 import time
-import urllib.parse
 import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
@@ -59,7 +60,7 @@ from ._errors import (
     StreamkitError,
 )
 from ._groups import leaves
-from ._urls import mask_url
+from ._urls import check_redis_url, current_url, mask_url, using_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -200,7 +201,7 @@ def _translate(exc: BaseException, url: str) -> StreamkitError | None:
     return None
 
 
-def as_unavailable(exc: BaseException, url: str = "redis") -> RedisUnavailable | None:
+def as_unavailable(exc: BaseException, url: str | None = None) -> RedisUnavailable | None:
     """``exc`` as :class:`RedisUnavailable` if it says Redis cannot be reached, else ``None``.
 
     For errors raised by code that uses the client directly (a processor calling
@@ -212,6 +213,8 @@ def as_unavailable(exc: BaseException, url: str = "redis") -> RedisUnavailable |
     """
     if isinstance(exc, RedisUnavailable):
         return exc
+    if url is None:
+        url = current_url()
     if isinstance(exc, coredis.exceptions.ConnectionError):
         translated = _translate(exc, url)
         assert isinstance(translated, RedisUnavailable)
@@ -236,8 +239,12 @@ def _unwrapped_group() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def redis_errors(url: str = "redis") -> Iterator[None]:
+def redis_errors(url: str | None = None) -> Iterator[None]:
     """Translate Redis client errors raised in the block into streamkit errors.
+
+    Messages name ``url`` (masked), by default the URL of the client in use: the
+    innermost :func:`open_redis` of the calling task (see
+    :func:`streamkit._urls.current_url`).
 
     Error handling:
         :class:`OutcomeUnknown` when the connection was lost with a command in flight
@@ -250,7 +257,7 @@ def redis_errors(url: str = "redis") -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        translated = _translate(exc, url)
+        translated = _translate(exc, current_url() if url is None else url)
         if translated is None or translated is exc:
             raise
         raise translated from exc
@@ -626,10 +633,12 @@ def _pool_from_url(
     url: str, connect_timeout: float, max_connections: int, health: _Health, *, dedicated: bool
 ) -> _Pool:
     # from_url builds the class it is called on; its overloads do not say so.
+    # decode_components: a percent-encoded password (%40 for @, ...) is decoded.
     pool = cast(
         "_Pool",
         _Pool.from_url(
             url,
+            decode_components=True,
             connect_timeout=connect_timeout,
             decode_responses=False,
             max_connections=max_connections,
@@ -640,11 +649,7 @@ def _pool_from_url(
 
 
 def _client_from_url(url: str, connect_timeout: float, max_connections: int) -> _Client:
-    scheme = urllib.parse.urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(
-            "redis_url", f"expected redis://, rediss:// or unix://, got {mask_url(url)!r}"
-        )
+    check_redis_url(url)
     health = _Health(mask_url(url))
     try:
         shared = _pool_from_url(url, connect_timeout, max_connections, health, dedicated=False)
@@ -695,12 +700,20 @@ async def open_redis(
 
     async def ping() -> None:
         try:
-            with redis_errors(url), trio.fail_after(max(connect_timeout, 0.1) * 2):
+            with trio.fail_after(max(connect_timeout, 0.1) * 2):
                 await client.ping()
         except trio.TooSlowError as exc:
             raise RedisUnavailable(masked, "timed out") from exc
+        except BaseException as exc:
+            permanent = _permanent_failure(exc, url)
+            if permanent is not None:
+                raise permanent from exc
+            translated = _translate(exc, url)
+            if translated is None or translated is exc:
+                raise
+            raise translated from exc
 
-    with redis_errors(url), _unwrapped_group():
+    with using_url(url), redis_errors(url), _unwrapped_group():
         async with client, client._dedicated:
             await retry_unavailable(
                 ping,
@@ -710,3 +723,66 @@ async def open_redis(
             )
             log.debug("connected to Redis at %s", masked)
             yield client
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the leaves of an exception group, and their causes and contexts."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
+
+_PERCENT_ENCODE = "percent-encode @ / : ? # in it as %40 %2F %3A %3F %23"
+
+
+def _permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
+    """A connection failure that retrying cannot cure, as a ConfigError saying what to check.
+
+    A refused or missing password, a TLS handshake that fails (``rediss://`` to a plain
+    server, an untrusted certificate) and a host name that does not exist fail at once.
+    A host name that cannot be resolved *for now* (``EAI_AGAIN``: DNS not ready yet, as
+    in a starting container) is transient, like a refused connection or a timeout.
+    """
+    masked = mask_url(url)
+    tls = url.lower().startswith("rediss:")
+    for error in _chain(exc):
+        if isinstance(error, coredis.exceptions.AuthenticationRequiredError):
+            return ConfigError(
+                "redis_url",
+                f"Redis at {masked} requires a password: give it in the URL, "
+                f"redis://:PASSWORD@host:port ({_PERCENT_ENCODE})",
+            )
+        if isinstance(error, coredis.exceptions.AuthenticationError):
+            return ConfigError(
+                "redis_url",
+                f"Redis at {masked} refused the user name or password in the URL ({error}): "
+                f"check them ({_PERCENT_ENCODE})",
+            )
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return ConfigError(
+                "redis_url",
+                f"the TLS certificate of Redis at {masked} was refused ({error.verify_message}): "
+                f"give the CA with ?ssl_ca_certs=/path/ca.pem",
+            )
+        if tls and isinstance(error, ssl.SSLError):
+            return ConfigError(
+                "redis_url",
+                f"the TLS handshake with Redis at {masked} failed ({_reason(error)}): is the "
+                f"server speaking TLS? Use redis:// for a plain server, rediss:// for TLS",
+            )
+        if isinstance(error, socket.gaierror) and error.errno in (
+            socket.EAI_NONAME,
+            getattr(socket, "EAI_NODATA", socket.EAI_NONAME),
+        ):
+            return ConfigError(
+                "redis_url", f"unknown host in {masked} ({error.strerror}): check the host name"
+            )
+    return None

@@ -9,6 +9,8 @@ the component used on its own agree. A value is only ever replaced by one that w
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -25,22 +27,31 @@ from ._membership_settings import (
 )
 from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._redis import DEFAULT_CONNECT_TIMEOUT
-from ._validate import Check, non_negative_number, positive_int, positive_number
+from ._urls import check_redis_url
+from ._validate import non_negative_number, positive_int, positive_number
 from ._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "check_setting_names"]
 
 ENV_PREFIX = "STREAMKIT_"
+#: ``STREAMKIT_*`` variables that are not settings but are read elsewhere.
+OTHER_VARIABLES = frozenset({"STREAMKIT_RELIABILITY_REPORT"})
+
+log = logging.getLogger("streamkit.settings")
+# Unknown variables already warned about: each is named once per process.
+_warned: set[str] = set()
 
 # The defaults of the settings that belong to no single component.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 DEFAULT_PARTITION_COUNT = 16
 DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
 
-_url = Check(lambda value: isinstance(value, str) and "://" in value, "a redis:// URL")
+
+def _url(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    check_redis_url(value, setting=attribute.name)
 
 
 @attrs.frozen(kw_only=True)
@@ -110,16 +121,60 @@ class Settings:
         """
         environ = os.environ if environ is None else environ
         fields = attrs.fields_dict(cls)
-        unknown = sorted(set(overrides) - set(fields))
-        if unknown:
-            raise ConfigError(unknown[0], f"unknown setting; known: {', '.join(fields)}")
+        check_setting_names(overrides)
+        _warn_unknown_variables(environ)
         values: dict[str, Any] = {}
         for name, field in fields.items():
             variable = ENV_PREFIX + name.upper()
             if variable in environ:
                 values[name] = _parse(variable, environ[variable], field.type)
+                try:
+                    _Probe(**{name: values[name]})
+                except ConfigError as exc:
+                    raise ConfigError(variable, _message(exc)) from None
         values.update(overrides)
         return cls(**values)
+
+
+def _message(exc: ConfigError) -> str:
+    return str(exc).removeprefix(f"{exc.setting}: ")
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    if close:
+        return "did you mean " + " or ".join(close) + "?"
+    return "known: " + ", ".join(known)
+
+
+def check_setting_names(names: Mapping[str, object] | list[str], *, where: str = "") -> None:
+    """Refuse names that are not :class:`Settings` fields, suggesting close ones.
+
+    Error handling:
+        :class:`ConfigError` naming the first unknown setting (``where`` says where
+        it was given) and the known ones closest to it.
+    """
+    fields = list(attrs.fields_dict(Settings))
+    unknown = sorted(set(names) - set(fields))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown setting{where}; {_suggest(unknown[0], fields)}")
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    known = [ENV_PREFIX + name.upper() for name in attrs.fields_dict(Settings)]
+    for variable in sorted(environ):
+        if (
+            variable.startswith(ENV_PREFIX)
+            and variable not in known
+            and variable not in OTHER_VARIABLES
+            and variable not in _warned
+        ):
+            _warned.add(variable)
+            log.warning(
+                "ignoring the environment variable %s: it is not a streamkit setting; %s",
+                variable,
+                _suggest(variable, known),
+            )
 
 
 def _parse(variable: str, text: str, annotation: object) -> Any:
@@ -149,3 +204,15 @@ def _parse_bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(text)
+
+
+# Every field optional, with the same validators: checks one value alone.
+_Probe = attrs.make_class(
+    "_Probe",
+    {
+        name: attrs.field(default=None, validator=attrs.validators.optional(field.validator))
+        for name, field in attrs.fields_dict(Settings).items()
+        if field.validator is not None
+    },
+    kw_only=True,
+)

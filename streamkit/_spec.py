@@ -13,6 +13,8 @@ command line and the Spark data source all take their facts about a stream from 
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
@@ -22,7 +24,7 @@ from ._codec import Codec, codec_for
 from ._errors import ConfigError
 from ._partitioner import Partitioner
 from ._records import is_primitive
-from ._wire import METADATA_VERSION
+from ._wire import METADATA_VERSION, OPTIONAL_MARK, SCHEMA_SEPARATOR
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,6 +35,7 @@ __all__ = [
     "StreamSpec",
     "processor_keys",
     "record_metadata",
+    "record_schema",
     "spec_of",
 ]
 
@@ -40,11 +43,55 @@ R = TypeVar("R")
 
 
 def record_metadata(record: type[Any]) -> dict[str, str]:
-    """The metadata fields that describe a stream's record type (``record``, ``format``)."""
+    """The metadata fields that describe a stream's record type.
+
+    ``record`` (the class's name), ``format`` and ``schema``: the fields as
+    ``name:type`` separated by ``;``, each marked ``?`` when it has a default, e.g.
+    ``customer:str;amount:int;?note:str | None``. Types are written by name
+    (``list[Line]``, ``int | None``), nested records by their class name.
+    """
     return {
         "record": record.__qualname__,
         "format": "primitive" if is_primitive(record) else "json",
+        "schema": record_schema(record),
     }
+
+
+def record_schema(record: type[Any]) -> str:
+    """The ``schema`` metadata of ``record`` (empty for ``dict`` and non-attrs classes)."""
+    if not attrs.has(record):
+        return ""
+    try:
+        hints = typing.get_type_hints(record)
+    except (NameError, TypeError):
+        hints = {}
+    items = []
+    for field in attrs.fields(record):
+        if not field.init:
+            continue  # derived from the others, never stored
+        annotation = hints.get(field.name, field.type)
+        optional = OPTIONAL_MARK if field.default is not attrs.NOTHING else ""
+        items.append(f"{optional}{field.name}:{_type_text(annotation)}")
+    return SCHEMA_SEPARATOR.join(items)
+
+
+def _type_text(annotation: object) -> str:
+    if annotation is None or annotation is type(None):
+        return "None"
+    if isinstance(annotation, str):
+        return annotation  # an annotation that could not be resolved
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_text(arg) for arg in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(arg) for arg in args)}]"
+    if origin is not None:
+        inner = ", ".join("..." if arg is Ellipsis else _type_text(arg) for arg in args)
+        return f"{_type_text(origin)}[{inner}]"
+    if isinstance(annotation, type):
+        return annotation.__qualname__
+    return repr(annotation).removeprefix("typing.")
 
 
 def _name(kind: str) -> Callable[[object, attrs.Attribute[Any], str], None]:

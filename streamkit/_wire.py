@@ -28,13 +28,16 @@ __all__ = [
     "METADATA_VERSION",
     "READ_LUA",
     "compare_metadata",
+    "compare_schemas",
     "field_pairs",
     "flatten_fields",
     "metadata_pairs",
     "text",
 ]
 
-METADATA_VERSION = "1"
+#: Version 2 added ``schema``: the record's field names and types. Streams recorded
+#: by version 1 (no ``schema``) are still checked, by the record's name alone.
+METADATA_VERSION = "2"
 
 #: Entries a partition keeps before appends trim it (never past unprocessed entries).
 DEFAULT_PARTITION_SIZE = 100_000
@@ -44,6 +47,11 @@ DEFAULT_SEND_CHUNK_SIZE = 1_000
 #: The metadata fields compared between a stream's record and a producer or consumer.
 #: An empty ``partition_by`` means "a callable", which cannot be compared.
 COMPARED_METADATA = ("partition_count", "format", "record", "partition_by")
+
+#: In a ``schema``: fields are separated by this, each ``name:type``; a leading
+#: :data:`OPTIONAL_MARK` says the field has a default.
+SCHEMA_SEPARATOR = ";"
+OPTIONAL_MARK = "?"
 
 
 def text(value: object) -> str:
@@ -80,9 +88,16 @@ def compare_metadata(
 ) -> tuple[str, str, str] | None:
     """The first of ``fields`` on which ``recorded`` and ``mine`` disagree, or ``None``.
 
+    ``record`` is compared by ``schema`` (field names and types, see
+    :func:`compare_schemas`) when both sides recorded one: a renamed class with
+    compatible fields agrees, an unrelated class of the same name does not. Against
+    metadata without a schema (version 1) or a ``dict`` record, by name.
+
     Returns:
         ``(field, recorded value, my value)``. A field absent on either side, and an
-        empty ``partition_by`` (a callable) on either side, never disagree.
+        empty ``partition_by`` (a callable) on either side, never disagree. For a
+        schema difference, the values name the record and only the differing fields:
+        ``("record", "Order(amount: int)", "Order(amount: float)")``.
     """
     for field in fields:
         theirs = recorded.get(field)
@@ -91,9 +106,61 @@ def compare_metadata(
             continue
         if field == "partition_by" and "" in (theirs, ours):
             continue
+        if field == "record" and "dict" not in (theirs, ours):
+            their_schema = recorded.get("schema")
+            our_schema = mine.get("schema")
+            if their_schema is not None and our_schema is not None:
+                differences = compare_schemas(their_schema, our_schema)
+                if differences:
+                    return (
+                        field,
+                        f"{theirs}({'; '.join(d[1] for d in differences)})",
+                        f"{ours}({'; '.join(d[2] for d in differences)})",
+                    )
+                continue
         if theirs != ours:
             return field, theirs, ours
     return None
+
+
+def _parse_schema(schema: str) -> dict[str, tuple[str, bool]]:
+    fields: dict[str, tuple[str, bool]] = {}
+    for item in schema.split(SCHEMA_SEPARATOR):
+        if not item:
+            continue
+        optional = item.startswith(OPTIONAL_MARK)
+        name, _, kind = item.removeprefix(OPTIONAL_MARK).partition(":")
+        fields[name] = (kind, optional)
+    return fields
+
+
+def compare_schemas(recorded: str, mine: str) -> list[tuple[str, str, str]]:
+    """The fields on which two record schemas are incompatible, in field order.
+
+    Compatible: the same fields with the same types, plus any field that only one
+    side has *with a default* (an added optional field: entries without it decode
+    with the default, entries with it decode on a side that ignores it). Incompatible:
+    a field whose type differs, or that only one side has and requires.
+
+    Returns:
+        ``(name, how it is recorded, how it is here)`` per incompatible field,
+        e.g. ``("amount", "amount: int", "amount: float")`` or
+        ``("note", "no note", "note: str, required")``.
+    """
+    theirs = _parse_schema(recorded)
+    ours = _parse_schema(mine)
+    differences = []
+    for name in [*theirs, *(n for n in ours if n not in theirs)]:
+        their_field = theirs.get(name)
+        our_field = ours.get(name)
+        if their_field is not None and our_field is not None:
+            if their_field[0] != our_field[0]:
+                differences.append((name, f"{name}: {their_field[0]}", f"{name}: {our_field[0]}"))
+        elif their_field is not None and not their_field[1]:
+            differences.append((name, f"{name}: {their_field[0]}, required", f"no {name}"))
+        elif our_field is not None and not our_field[1]:
+            differences.append((name, f"no {name}", f"{name}: {our_field[0]}, required"))
+    return differences
 
 
 # Appends the entries given in ARGV from index `first` on (each: field count, then

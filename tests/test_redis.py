@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import urllib.parse
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import coredis.exceptions
 import pytest
 import trio
 
@@ -25,6 +27,9 @@ from streamkit import (
 from streamkit._backoff import Backoff
 from streamkit._redis import Redis, mask_url, open_redis, redis_errors
 from streamkit.testing import RedisServer, free_port, wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 
 async def test_ping_through_open_redis(redis: Redis) -> None:
@@ -326,3 +331,109 @@ async def test_an_exhausted_pool_is_reported_as_never_sent(redis_url: str) -> No
             assert not isinstance(info.value, OutcomeUnknown)
             nursery.cancel_scope.cancel()
         assert redis_statistics(client).dedicated_in_use == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://user:s3cret@h:1/0", "redis://user:***@h:1/0"),
+        ("redis://:s3cret@h:1", "redis://:***@h:1"),
+        ("redis://:s3%40cr%2Fet@h:1", "redis://:***@h:1"),
+        # Unencoded characters that end the password early for a URL parser.
+        ("redis://:s3/cr@et@h:1", "redis://:***@h:1"),
+        ("redis://:s3?cr#et@h:1", "redis://:***@h:1"),
+        ("redis://s3cret@h:1", "redis://***@h:1"),
+        ("redis://h:1?password=s3cret&db=2", "redis://h:1?password=***&db=2"),
+        ("redis://h:1/0", "redis://h:1/0"),
+    ],
+)
+def test_every_password_form_is_masked(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+    assert mask_url(masked) == masked
+
+
+@pytest.fixture
+async def password_redis() -> AsyncIterator[RedisServer]:
+    """A private server that requires the password ``p@ss/w:rd`` (set once it is up)."""
+    async with trio.open_nursery() as nursery:
+        server: RedisServer = await nursery.start(RedisServer().run)
+        async with open_redis(server.url) as client:
+            await client.config_set({"requirepass": PASSWORD})
+        yield server
+        nursery.cancel_scope.cancel()
+
+
+PASSWORD = "p@ss/w:rd"
+
+
+async def test_a_percent_encoded_password_is_decoded(password_redis: RedisServer) -> None:
+    encoded = urllib.parse.quote(PASSWORD, safe="")
+    with trio.fail_after(10):
+        async with open_redis(f"redis://:{encoded}@127.0.0.1:{password_redis.port}") as client:
+            assert await client.ping() == b"PONG"
+
+
+@pytest.mark.parametrize(
+    ("credentials", "says"),
+    [
+        (":wrong@", "refused the user name or password in the URL"),
+        ("", "requires a password: give it in the URL"),
+    ],
+)
+async def test_a_refused_password_fails_at_once(
+    password_redis: RedisServer, credentials: str, says: str
+) -> None:
+    url = f"redis://{credentials}127.0.0.1:{password_redis.port}"
+    with trio.fail_after(5), pytest.raises(ConfigError, match=r"^redis_url: ") as info:
+        async with open_redis(url, give_up_after=30):
+            pytest.fail("must not connect")
+    assert says in str(info.value)
+    assert "wrong" not in str(info.value)
+    assert mask_url(url) in str(info.value)
+
+
+async def test_tls_to_a_plain_server_fails_at_once(redis_url: str) -> None:
+    url = redis_url.replace("redis://", "rediss://:s3cret@")
+    with trio.fail_after(10), pytest.raises(ConfigError) as info:
+        async with open_redis(url, connect_timeout=0.5, give_up_after=30):
+            pytest.fail("must not connect")
+    assert "is the server speaking TLS? Use redis://" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+async def test_an_unknown_host_fails_at_once() -> None:
+    with trio.fail_after(10), pytest.raises(ConfigError, match="unknown host") as info:
+        async with open_redis("redis://no-such-host.invalid:6379", give_up_after=30):
+            pytest.fail("must not connect")
+    assert "check the host name" in str(info.value)
+
+
+async def test_retries_are_logged_once_then_summarised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"redis://:s3cret@127.0.0.1:{free_port()}"
+    with (
+        caplog.at_level(logging.DEBUG, logger="streamkit.redis"),
+        trio.fail_after(10),
+        pytest.raises(RedisUnavailable) as info,
+    ):
+        async with open_redis(url, give_up_after=0.5, backoff=Backoff(initial=0.02, jitter=0)):
+            pass
+    warnings_logged = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings_logged) == 1, warnings_logged
+    assert "retrying" in warnings_logged[0]
+    assert "gave up after" in str(info.value)
+    assert "s3cret" not in caplog.text + str(info.value)
+
+
+async def test_errors_name_the_url_of_the_client_in_use(redis_url: str) -> None:
+    # Two clients open: each block's errors name the innermost one's URL.
+    with trio.fail_after(10):
+        async with open_redis(redis_url) as client:
+            await client.set("k", "v")
+            async with open_redis(redis_url.replace("127.0.0.1", "localhost")):
+                unavailable = RedisUnavailable(None, "testing")
+                assert "localhost" in str(unavailable)
+            with pytest.raises(RedisUnavailable) as info, redis_errors():
+                raise coredis.exceptions.ConnectionError("Connection not usable")
+    assert f"Redis at {redis_url} is unavailable" in str(info.value)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 
 from streamkit import App, ConfigError, MembershipSettings, RebalancerSettings, Settings
@@ -46,7 +49,10 @@ def test_nullable_setting_can_be_unset_from_the_environment() -> None:
     ("env", "overrides", "named"),
     [
         ({"STREAMKIT_PARTITION_COUNT": "many"}, {}, "STREAMKIT_PARTITION_COUNT"),
-        ({"STREAMKIT_PARTITION_COUNT": "0"}, {}, "partition_count"),
+        ({"STREAMKIT_PARTITION_COUNT": "0"}, {}, "STREAMKIT_PARTITION_COUNT"),
+        ({"STREAMKIT_LEASE_TTL": "-1"}, {}, "STREAMKIT_LEASE_TTL"),
+        ({"STREAMKIT_COMPRESSION": "gzip"}, {}, "STREAMKIT_COMPRESSION"),
+        ({"STREAMKIT_REDIS_URL": "localhost"}, {}, "STREAMKIT_REDIS_URL"),
         ({}, {"partition_count": -1}, "partition_count"),
         ({}, {"compression": "gzip"}, "compression"),
         ({}, {"lease_ttl": float("inf")}, "lease_ttl"),
@@ -69,3 +75,60 @@ def test_app_takes_settings_from_keywords(monkeypatch: pytest.MonkeyPatch) -> No
     assert app.settings.partition_count == 3
     assert app.settings.partition_size == 10
     assert app.settings.redis_url == "redis://example:6380"
+
+
+def test_a_misspelt_setting_names_the_closest_known_one() -> None:
+    with pytest.raises(ConfigError, match="did you mean partition_count"):
+        Settings.from_env({}, partition_cuont=3)
+    with pytest.raises(ConfigError, match=r"^batchsize: unknown setting.*did you mean batch_size"):
+        App("shop", batchsize=5)
+    with pytest.raises(ConfigError, match="did you mean batch_size"):
+        App("shop", settings=Settings.from_env({}), batchsize=5)
+
+
+def test_unknown_environment_variables_are_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"STREAMKIT_PARTITON_COUNT": "3", "STREAMKIT_REDIS_URL": "redis://h:1"}
+    with caplog.at_level(logging.WARNING, logger="streamkit.settings"):
+        assert Settings.from_env(env).partition_count == 16
+        Settings.from_env(env)
+    [record] = caplog.records
+    assert "STREAMKIT_PARTITON_COUNT" in record.message
+    assert "did you mean STREAMKIT_PARTITION_COUNT" in record.message
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("127.0.0.1:6379", "write redis://127.0.0.1:6379"),
+        ("localhost:6379", "write redis://localhost:6379"),
+        ("redis://host/abc", "the path must be a database number"),
+        ("redis://host:6379/0/extra", "the path must be a database number"),
+        ("redis://host:port", "the port is not a number"),
+        ("http://host", "expected redis://, rediss:// or unix://"),
+        ("redis://:pa/ss@host:6379", "percent-encode it"),
+    ],
+)
+def test_bad_urls_are_refused_with_what_to_write(url: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=r"^redis_url: ") as info:
+        Settings.from_env({}, redis_url=url)
+    assert says in str(info.value)
+    assert "pa/ss" not in str(info.value)
+    with pytest.raises(ConfigError, match=f"^STREAMKIT_REDIS_URL: .*{re.escape(says)}"):
+        Settings.from_env({"STREAMKIT_REDIS_URL": url})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379",
+        "redis://127.0.0.1:6379/3",
+        "redis://127.0.0.1/",
+        "rediss://user:p%40ss@host:6380/0?ssl_cert_reqs=none",
+        "redis://:secret@host",
+        "unix:///tmp/redis.sock?db=1",
+    ],
+)
+def test_good_urls_are_accepted(url: str) -> None:
+    assert Settings.from_env({}, redis_url=url).redis_url == url

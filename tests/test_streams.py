@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from streamkit import App, ConfigError, MetadataMismatch, Record
 from streamkit._app import NotConnected
+from streamkit._codec import codec_for
 from streamkit._partitioner import partition_for
 
 if TYPE_CHECKING:
@@ -215,3 +216,147 @@ async def test_hard_cap_drops_and_warns_with_a_count(
     assert await redis.xlen(key) == 100
     # 50 oldest dropped: 40 were acknowledged, 10 were not.
     assert any("dropped 10 unprocessed" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------ record schema metadata
+
+
+def order_classes() -> dict[str, type[Any]]:
+    """Versions of a record, each a class called ``Order``, as separate deployments have."""
+
+    class Order(Record):
+        order_id: int
+        customer: str
+
+    original = Order
+
+    class Order(Record):  # type: ignore[no-redef]
+        order_id: int
+        customer: str
+        note: str = ""
+
+    with_optional = Order
+
+    class Order(Record):  # type: ignore[no-redef]
+        order_id: int
+        customer: str
+        note: str
+
+    with_required = Order
+
+    class Order(Record):  # type: ignore[no-redef]
+        order_id: str
+        customer: str
+
+    retyped = Order
+
+    class Order(Record):  # type: ignore[no-redef]
+        customer: str
+        sku: str
+        quantity: int
+
+    unrelated = Order
+
+    class Purchase(Record):
+        order_id: int
+        customer: str
+
+    return {
+        "original": original,
+        "with_optional": with_optional,
+        "with_required": with_required,
+        "retyped": retyped,
+        "unrelated": unrelated,
+        "renamed": Purchase,
+    }
+
+
+async def send_one(redis_url: str, record: type[Any], **fields: object) -> None:
+    async with App("shop", redis_url=redis_url) as app:
+        stream = app.stream("orders", record=record, partition_by="customer", partition_count=2)
+        await stream.send(record(customer="c", **fields))
+
+
+async def test_an_unrelated_record_of_the_same_name_is_refused(redis_url: str) -> None:
+    classes = order_classes()
+    await send_one(redis_url, classes["original"], order_id=1)
+    with pytest.raises(MetadataMismatch) as info:
+        await send_one(redis_url, classes["unrelated"], sku="x", quantity=1)
+    message = str(info.value)
+    assert info.value.field == "record"
+    for named in ("order_id: int, required", "no sku", "sku: str, required", "quantity"):
+        assert named in message
+    assert "customer" not in message  # only the differing fields are named
+
+
+@pytest.mark.parametrize(
+    ("recorded", "mine", "says"),
+    [
+        ("original", "retyped", "order_id: int"),
+        ("original", "with_required", "note: str, required"),
+        ("with_required", "original", "note: str, required"),
+    ],
+)
+async def test_incompatible_records_are_refused_naming_the_fields(
+    redis_url: str, recorded: str, mine: str, says: str
+) -> None:
+    classes = order_classes()
+    sample: dict[str, dict[str, object]] = {
+        "original": {"order_id": 1},
+        "with_required": {"order_id": 1, "note": "n"},
+    }
+    await send_one(redis_url, classes[recorded], **sample[recorded])
+    fields: dict[str, object] = {"order_id": "1"} if mine == "retyped" else {"order_id": 1}
+    if mine == "with_required":
+        fields["note"] = "n"
+    with pytest.raises(MetadataMismatch, match=says):
+        await send_one(redis_url, classes[mine], **fields)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "mine"),
+    [("original", "with_optional"), ("with_optional", "original"), ("original", "renamed")],
+)
+async def test_compatible_evolution_is_accepted(redis_url: str, recorded: str, mine: str) -> None:
+    classes = order_classes()
+    await send_one(redis_url, classes[recorded], order_id=1)
+    await send_one(redis_url, classes[mine], order_id=2)
+    # Each side decodes what the other wrote: a missing optional field gets its
+    # default, an unknown one is ignored.
+    old, new = classes[recorded], classes[mine]
+    assert old is not new or recorded == mine
+    decoded_by_new = codec_for(new).decode(
+        codec_for(old).encode(old(order_id=3, customer="c")), stream="orders"
+    )
+    assert decoded_by_new == new(order_id=3, customer="c")
+    decoded_by_old = codec_for(old).decode(
+        codec_for(new).encode(new(order_id=4, customer="c")), stream="orders"
+    )
+    assert decoded_by_old == old(order_id=4, customer="c")
+
+
+async def test_streams_recorded_without_a_schema_are_checked_by_name(
+    redis_url: str, redis: Redis
+) -> None:
+    classes = order_classes()
+    # What version 1 recorded: no schema.
+    await redis.hset(
+        "__meta:{shop.orders}",
+        {"version": "1", "partition_count": "2", "record": classes["original"].__qualname__,
+         "format": "json", "partition_by": "customer"},
+    )  # fmt: skip
+    await send_one(redis_url, classes["unrelated"], sku="x", quantity=1)  # same name
+    with pytest.raises(
+        MetadataMismatch, match=r"record=order_classes.<locals>.Order but .*Purchase"
+    ):
+        await send_one(redis_url, classes["renamed"], order_id=1)
+
+
+async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redis) -> None:
+    events = app.stream("events", record=dict, partition_by="user", partition_count=4)
+    await events.send({"user": "ann", "n": 1}, {"user": 7, "n": 2})
+    for user in ("ann", 7):
+        entries = await read_partition(redis, events.spec.key(partition_for(user, 4)))
+        assert any(f'"user":{user!r}'.replace("'", '"') in str(e[1]) for e in entries)
+    with pytest.raises(ConfigError, match=r"^key: the record has no 'user' to partition by"):
+        await events.send({"name": "bob"})
