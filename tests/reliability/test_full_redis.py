@@ -18,7 +18,8 @@ import trio
 
 from streamkit import App, ServerRefused, open_redis
 from streamkit.testing import wait_until
-from tests.reliability.full_app import PARTITIONS, Numbered
+from tests.apps.scenario import Numbered
+from tests.reliability.full_app import PARTITIONS
 from tests.reliability.harness import ScenarioReport, record_report
 from tests.scenarios import numbered_events, tally
 from tests.workers import SCENARIO_GROUP, start_worker, wait_members
