@@ -184,7 +184,7 @@ def _group_error(exc: coredis.exceptions.RedisError) -> BackendError | None:
 _REFUSALS: dict[str, tuple[str, str]] = {
     "OOM": (
         "out of memory",
-        "raise maxmemory, or free memory (trimming frees what consumers processed)",
+        "raise maxmemory or free memory; appends then trim what consumers have processed",
     ),
     "LOADING": ("loading its data set", "wait until the server has loaded its data"),
     "BUSY": (
