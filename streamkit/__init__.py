@@ -28,6 +28,7 @@ from ._errors import (
     OutcomeUnknown as OutcomeUnknown,
     ProcessorHalted as ProcessorHalted,
     RedisUnavailable as RedisUnavailable,
+    ServerRefused as ServerRefused,
     StreamkitError as StreamkitError,
 )
 from ._events import (

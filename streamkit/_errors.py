@@ -21,6 +21,7 @@ __all__ = [
     "OutcomeUnknown",
     "ProcessorHalted",
     "RedisUnavailable",
+    "ServerRefused",
     "StreamkitError",
 ]
 
@@ -86,6 +87,41 @@ class OutcomeUnknown(RedisUnavailable):
         )
         self.url = url
         self.reason = reason
+
+
+class ServerRefused(RedisUnavailable):
+    """Redis refused a command for a passing reason of its own; the command did not run.
+
+    Redis answers so while it is out of memory (``OOM``, with ``maxmemory`` reached
+    under ``maxmemory-policy noeviction``), loading its data set after a restart
+    (``LOADING``), busy running a long script (``BUSY``), unable to reach its
+    primary (``MASTERDOWN``), a replica after a failover (``READONLY``), without
+    enough replicas (``NOREPLICAS``), unable to persist (``MISCONF``), or in a
+    cluster reconfiguring itself (``TRYAGAIN``, ``CLUSTERDOWN``). streamkit treats it
+    like an outage: components that ride out an unreachable Redis ride this out too,
+    and trying again later is safe. A refused Lua script stopped at the refused
+    command: streamkit's scripts are safe to run again.
+
+    Attributes:
+        url: the server address, with any password masked.
+        reason: what the code means, with Redis's own reply.
+        code: the refusal's code (``"OOM"``, ``"LOADING"``, ``"READONLY"``, ...).
+        what: what the code means, in words (``"out of memory"``).
+        hint: what to check or do about it.
+    """
+
+    def __init__(self, url: str, code: str, reason: str, *, what: str, hint: str) -> None:
+        self.url = url
+        self.reason = f"{what} ({code} {reason})"
+        StreamkitError.__init__(self, f"Redis at {url} refused the command: {self.reason}; {hint}")
+        self.code = code
+        self.what = what
+        self.hint = hint
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Whether Redis refused for lack of memory (``OOM``)."""
+        return self.code == "OOM"
 
 
 class BackendError(StreamkitError):

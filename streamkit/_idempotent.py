@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import OutcomeUnknown, RedisUnavailable
+from ._errors import OutcomeUnknown, RedisUnavailable, ServerRefused
 from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, LuaScript, redis_errors
 
 if TYPE_CHECKING:
@@ -87,10 +87,16 @@ local key = KEYS[1]
 local keep = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
 local first = 5
-for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+-- Finished markers are deleted after the append, never before: Redis at maxmemory
+-- lets a script that has written once write on (DEL would let XADD past the limit),
+-- so the append is refused exactly when Redis is full.
+local function forget_finished()
+  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+end
 if ARGV[4] == '1' then
   local seen = redis.call('GET', KEYS[2])
   if seen then
+    forget_finished()
     local bar = string.find(seen, '|', 1, true)
     local done = {}
     for id in string.gmatch(string.sub(seen, bar + 1), '[^,]+') do done[#done + 1] = id end
@@ -101,6 +107,7 @@ end
         + body
         + """
 redis.call('SET', KEYS[2], dropped .. '|' .. table.concat(ids, ','), 'EX', ARGV[3])
+forget_finished()
 return {ids, dropped, 0}
 """
     )
@@ -136,7 +143,9 @@ async def append_once(
         :class:`RedisUnavailable` if Redis stayed unreachable for ``give_up_after``
         seconds and the append surely did not happen; :class:`OutcomeUnknown` if it
         may have (a connection was lost with it in flight, and no later attempt got
-        through to tell).
+        through to tell). :class:`ServerRefused` with ``out_of_memory`` at once,
+        without retrying, when Redis is at ``maxmemory``: nothing was appended.
+        Other refusals (loading, a replica, ...) are retried like an outage.
     """
     finished = _finished.get(redis)
     if finished is None:
@@ -155,6 +164,11 @@ async def append_once(
         with redis_errors():
             reply = await script(redis, keys=keys, args=args)
     except RedisUnavailable as exc:
+        if isinstance(exc, ServerRefused) and exc.out_of_memory:
+            # Nothing was appended; waiting seconds for memory would only keep the
+            # caller waiting: say so at once.
+            finished.setdefault(key, []).extend(done)
+            raise
         args[3] = 1
         try:
             reply = await _retry(script, keys, args, redis, exc, key, give_up_after, backoff)
@@ -201,6 +215,13 @@ async def _retry(
         try:
             with redis_errors():
                 return await script(redis, keys=keys, args=args)
+        except ServerRefused as exc:
+            if exc.out_of_memory:
+                # The script looks for the marker before it appends, and Redis
+                # refuses for memory only at the append: the marker was not there, so
+                # no attempt was applied. Nothing appended, surely.
+                raise
+            error = exc
         except RedisUnavailable as exc:
             error = exc
             if isinstance(exc, OutcomeUnknown):

@@ -103,7 +103,11 @@ DEFAULT_POLL_BACKOFF = Backoff(initial=0.02, maximum=0.5)
 
 # KEYS: lock, fence. ARGV: owner, ttl in ms.
 # Returns {1, token} when acquired, else {0, remaining ttl in ms (-1: no TTL)}.
-_ACQUIRE = """
+# allow-oom: Redis at maxmemory (noeviction) refuses INCR and SET, and a partition
+# nobody can lock is a backlog nobody can drain (draining is what frees memory). A lock
+# is two small keys per partition, so taking one is allowed past maxmemory. (Extending
+# uses PEXPIRE and releasing DEL, which Redis never refuses for memory.)
+_ACQUIRE = """#!lua flags=allow-oom
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   return {0, pttl}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -25,7 +26,7 @@ import trio_util
 
 from ._assignment import Assignment, Assignor, assign
 from ._backoff import Backoff, retry_unavailable
-from ._errors import RedisUnavailable, StreamkitError
+from ._errors import RedisUnavailable, ServerRefused, StreamkitError
 from ._groups import open_service_nursery
 from ._membership_settings import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -46,7 +47,8 @@ from ._membership_state import (
     tag_safe,
 )
 from ._periodic import run_periodically
-from ._redis import Redis, redis_errors
+from ._redis import LuaScript, Redis, redis_errors
+from ._refusals import REPORT_EVERY, ride_out_refusals
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
@@ -54,6 +56,14 @@ if TYPE_CHECKING:
 __all__ = ["Membership", "MembershipStatistics", "open_membership"]
 
 _CONTROL_READ_COUNT = 100
+
+# KEYS: heartbeat key. ARGV: value, ttl in ms. allow-oom: Redis at maxmemory
+# (noeviction) refuses SET, even on an existing key; a member whose heartbeats are
+# refused looks dead to the others. A heartbeat overwrites one small key, so it is
+# allowed past maxmemory.
+_HEARTBEAT = LuaScript("""#!lua flags=allow-oom
+return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+""")
 
 log = logging.getLogger("streamkit.membership")
 
@@ -158,6 +168,7 @@ class Membership:
     )
     _heartbeats: int = attrs.field(default=0, init=False)
     _heartbeat_failures: int = attrs.field(default=0, init=False)
+    _refused_reported_at: float = attrs.field(default=-math.inf, init=False)
     _joins: int = attrs.field(default=0, init=False)
     _reaped: int = attrs.field(default=0, init=False)
     _refreshes: int = attrs.field(default=0, init=False)
@@ -381,8 +392,10 @@ class Membership:
         sent_at = trio.current_time()
         try:
             with _timeout(session, "heartbeat"), redis_errors():
-                await self.redis.set(
-                    self.keys.heartbeat(self.id), str(time.time()), px=_ms(session)
+                await _HEARTBEAT(
+                    self.redis,
+                    keys=[self.keys.heartbeat(self.id)],
+                    args=[str(time.time()), _ms(session)],
                 )
         except RedisUnavailable as exc:
             self._heartbeat_failures += 1
@@ -396,17 +409,32 @@ class Membership:
         try:
             with _timeout(self.settings.session_timeout, "looking for dead members"):
                 await self._reap_once()
+        except ServerRefused as exc:
+            # Reachable, but refusing to change the state (out of memory, say): the
+            # dead stay members until it accepts again; heartbeats go on meanwhile.
+            self._refused("removing dead members", exc)
         except RedisUnavailable as exc:
             self._set_connected(False, exc)
+
+    def _refused(self, what: str, exc: ServerRefused) -> None:
+        now = trio.current_time()
+        if now - self._refused_reported_at >= REPORT_EVERY:
+            self._refused_reported_at = now
+            log.warning(
+                "member %s of %s: %s: %s; keeping the last known assignment and retrying",
+                self.id, self.group, what, exc,
+            )  # fmt: skip
 
     def _set_connected(self, connected: bool, exc: RedisUnavailable | None = None) -> None:
         if connected and not self.connected.value:
             log.warning("member %s of %s: Redis is reachable again", self.id, self.group)
         elif not connected and self.connected.value:
             log.warning(
-                "member %s of %s: Redis unreachable (%s); keeping the last known "
+                "member %s of %s: Redis %s (%s); keeping the last known "
                 "assignment (generation %d, partitions %s) and retrying",
-                self.id, self.group, exc.reason if exc else "?",
+                self.id, self.group,
+                "refused a command" if isinstance(exc, ServerRefused) else "unreachable",
+                exc.reason if exc else "?",
                 self.assignment.value.generation, sorted(self.partitions.value),
             )  # fmt: skip
         self.connected.value = connected
@@ -446,6 +474,10 @@ class Membership:
                         )
                     # Any message, or a quiet refresh_interval, means: look again.
                     await self._refresh()
+            except ServerRefused as exc:
+                # Reachable, but refusing to record a change (a rejoin, say).
+                self._refused("updating the group", exc)
+                await trio.sleep(next(delays))
             except RedisUnavailable as exc:
                 self._set_connected(False, exc)
                 await trio.sleep(next(delays))
@@ -543,8 +575,13 @@ async def open_membership(
         member._control_id = await member._last_control_id()
         return await member._join()
 
+    async def join_when_accepted() -> GroupState:
+        # Refused (Redis out of memory, say): wait for as long as it takes, saying
+        # so, rather than exit; only an unreachable Redis gives up.
+        return await ride_out_refusals(join, what=f"joining membership group {group!r}")
+
     state = await retry_unavailable(
-        join,
+        join_when_accepted,
         backoff=member._backoff,
         give_up_after=settings.session_timeout,
         what=f"joining membership group {group!r} as {member.id!r}",

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import re
 import socket
 import ssl
 import time
@@ -57,6 +58,7 @@ from ._errors import (
     NoSuchGroup,
     OutcomeUnknown,
     RedisUnavailable,
+    ServerRefused,
     StreamkitError,
 )
 from ._groups import leaves
@@ -177,13 +179,85 @@ def _group_error(exc: coredis.exceptions.RedisError) -> BackendError | None:
     return None
 
 
+# Replies by which Redis refuses a command for a passing reason of its own: the command
+# did not run (a script stopped at the refused command), and it may succeed later. Each
+# code: what it means, and what to check.
+_REFUSALS: dict[str, tuple[str, str]] = {
+    "OOM": (
+        "out of memory",
+        "raise maxmemory or free memory; appends then trim what consumers have processed",
+    ),
+    "LOADING": ("loading its data set", "wait until the server has loaded its data"),
+    "BUSY": (
+        "busy running a script or function",
+        "wait for it to end, or stop it with SCRIPT KILL / FUNCTION KILL",
+    ),
+    "MASTERDOWN": (
+        "a replica that lost its primary",
+        "check the primary and replication, or point streamkit at the primary",
+    ),
+    "READONLY": (
+        "a read-only replica",
+        "point streamkit at the primary (after a failover, the old primary is a replica)",
+    ),
+    "NOREPLICAS": ("not enough replicas to write", "check the replicas (min-replicas-to-write)"),
+    "MISCONF": ("unable to persist to disk", "check the Redis server's disk and its log"),
+    "TRYAGAIN": ("moving a cluster slot", "wait for the resharding to end"),
+    "CLUSTERDOWN": ("a cluster that is down", "check the cluster's state"),
+    "UNBLOCKED": (
+        "a blocking command unblocked by a role change",
+        "check for a failover, and that streamkit points at the primary",
+    ),
+    "MAXCLIENTS": (
+        "too many clients",
+        "raise the server's maxclients, or run fewer clients (max_connections)",
+    ),
+}
+
+# coredis strips these codes from the message and says them by the exception's type.
+_REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
+    (coredis.exceptions.BusyLoadingError, "LOADING"),
+    (coredis.exceptions.ReadOnlyError, "READONLY"),
+    (coredis.exceptions.TryAgainError, "TRYAGAIN"),
+    (coredis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (coredis.exceptions.UnblockedError, "UNBLOCKED"),
+)
+
+# coredis prefixes an error of a pipeline's command with the command.
+_PIPELINE_PREFIX = re.compile(r"^Command # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
+
+
+def _refusal(exc: BaseException, url: str) -> ServerRefused | None:
+    """``exc`` as :class:`ServerRefused` if it is one of Redis's passing refusals."""
+    if not isinstance(exc, coredis.exceptions.RedisError):
+        return None
+    text = _PIPELINE_PREFIX.sub("", str(exc), count=1).strip()
+    code = next((c for t, c in _REFUSAL_TYPES if isinstance(exc, t)), None)
+    if code is None:
+        if isinstance(exc, coredis.exceptions.ConnectionError) and text.startswith(
+            "max number of clients reached"
+        ):
+            code = "MAXCLIENTS"
+        else:
+            first, _, rest = text.partition(" ")
+            if first not in _REFUSALS:
+                return None
+            code, text = first, rest
+    elif text.startswith(code + " "):
+        text = text[len(code) + 1 :]
+    what, hint = _REFUSALS[code]
+    return ServerRefused(mask_url(url), code, text.rstrip(". ") or code, what=what, hint=hint)
+
+
 def _translate(exc: BaseException, url: str) -> StreamkitError | None:
     if isinstance(exc, StreamkitError):
         return exc
     masked = mask_url(url)
-    if isinstance(exc, coredis.exceptions.BusyLoadingError):
-        # Redis refused the command while loading its data: it did not run.
-        return RedisUnavailable(masked, _reason(exc))
+    refused = _refusal(exc, url)
+    if refused is not None:
+        # Redis refused the command (out of memory, loading, a replica, ...): it did
+        # not run, and may succeed later.
+        return refused
     if _not_sent(exc):
         return RedisUnavailable(masked, _reason(exc))
     if isinstance(exc, _LOST):
@@ -206,15 +280,19 @@ def as_unavailable(exc: BaseException, url: str | None = None) -> RedisUnavailab
 
     For errors raised by code that uses the client directly (a processor calling
     ``app.redis``), where coredis exceptions are not translated: a streamkit
-    :class:`RedisUnavailable`, or a coredis connection or loading error (alone or in
-    an exception group of them), as :class:`OutcomeUnknown` where the command may have
-    run. Built-in ``ConnectionError`` / ``TimeoutError`` do not count here: user code
+    :class:`RedisUnavailable`, a coredis connection error or a passing refusal by the
+    server (out of memory, loading, a read-only replica, ...: :class:`ServerRefused`),
+    alone or in an exception group of them, as :class:`OutcomeUnknown` where the
+    command may have run. Built-in ``ConnectionError`` / ``TimeoutError`` do not count here: user code
     raises those for its own reasons.
     """
     if isinstance(exc, RedisUnavailable):
         return exc
     if url is None:
         url = current_url()
+    refused = _refusal(exc, url)
+    if refused is not None:
+        return refused
     if isinstance(exc, coredis.exceptions.ConnectionError):
         translated = _translate(exc, url)
         assert isinstance(translated, RedisUnavailable)
@@ -248,8 +326,9 @@ def redis_errors(url: str | None = None) -> Iterator[None]:
 
     Error handling:
         :class:`OutcomeUnknown` when the connection was lost with a command in flight
-        (it may have run); :class:`RedisUnavailable` when Redis could not be reached
-        or refused to run the command (it did not run); :class:`GroupExists` /
+        (it may have run); :class:`RedisUnavailable` when Redis could not be reached,
+        :class:`ServerRefused` (a subclass) when it refused to run the command for a
+        passing reason (out of memory, loading, a replica, ...): it did not run; :class:`GroupExists` /
         :class:`NoSuchGroup` for ``BUSYGROUP`` / ``NOGROUP`` replies;
         :class:`BackendError` for other errors Redis replied with. Anything else
         passes through untouched.

@@ -32,6 +32,7 @@ from ._locks import LockManager, open_lock_manager
 from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
+from ._refusals import ride_out_refusals
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -238,7 +239,9 @@ async def _run_executor(
     keys = processor.keys
     # Refuse to consume a stream whose recorded layout differs from ours: reading
     # the wrong partition count would silently skip partitions.
-    await stream.check_metadata()
+    # Refused (Redis out of memory, say, for a new stream): wait, saying so, rather
+    # than exit; nothing else would drain a full Redis.
+    await ride_out_refusals(stream.check_metadata, what=f"recording stream {stream.name!r}")
 
     async with (
         open_membership(
