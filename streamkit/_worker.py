@@ -18,15 +18,20 @@ import gc
 import logging
 import os
 import signal
+import socket
+import sys
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import attrs
 import trio
+import trio_util
 
 from . import _keys
 from ._background import run_background_task
-from ._errors import ConfigError
+from ._errors import ConfigError, ProcessorHalted
 from ._fetcher import open_fetcher
+from ._halts import HaltRecord, read_halt, wait_resumed, write_halt
 from ._leadership import open_leader_election
 from ._locks import LockManager, open_lock_manager
 from ._membership import Membership, open_membership
@@ -34,7 +39,10 @@ from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from ._fetcher import Fetcher
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
     from types import FrameType
 
     from ._app import App, Processor
@@ -46,11 +54,27 @@ log = logging.getLogger("streamkit.worker")
 
 @attrs.define(eq=False)
 class Executor:
-    """One processor running in a worker: its membership and rebalancer."""
+    """One processor running in a worker: its membership and rebalancer.
+
+    Attributes:
+        halted: ``trio_util.AsyncValue`` of a read-only mapping from each partition
+            this worker owns and leaves halted to its halt record.
+    """
 
     processor: Processor
     membership: Membership
     rebalancer: Rebalancer
+    halted: trio_util.AsyncValue[Mapping[int, HaltRecord]] = attrs.field(
+        factory=lambda: trio_util.AsyncValue(MappingProxyType({}))
+    )
+
+    def _set_halted(self, partition: int, record: HaltRecord | None) -> None:
+        halted = dict(self.halted.value)
+        if record is None:
+            halted.pop(partition, None)
+        else:
+            halted[partition] = record
+        self.halted.value = MappingProxyType(halted)
 
     def __repr__(self) -> str:
         return f"<Executor {self.processor.name} member={self.membership.id} {self.rebalancer!r}>"
@@ -141,8 +165,9 @@ async def run_worker(
 
     Error handling:
         :class:`ConfigError` for unknown processors; :class:`RedisUnavailable` when
-        Redis stays unreachable for ``connect_give_up_after`` seconds at start;
-        :class:`~streamkit.ProcessorHalted` when a processor's policy halts.
+        Redis stays unreachable for ``connect_give_up_after`` seconds at start. A
+        processor's policy halting stops that partition only (see
+        :doc:`policies`): the worker keeps running.
     """
     selected = select_processors(app, processors)
     worker = Worker(app)
@@ -259,18 +284,11 @@ async def _run_executor(
             prefetch=settings.prefetch,
         ) as fetcher,
     ):
+        executor: Executor | None = None
 
         async def run(claim: Claim) -> None:
-            async with fetcher.partition(claim.partition, claim.held) as feed:
-                await run_processor(
-                    processor.fn,
-                    feed,
-                    processor.policy,
-                    redis=app.redis,
-                    draining=claim.draining,
-                    middleware=processor.middleware,
-                    ack_batch=settings.batch_size,
-                )
+            assert executor is not None
+            await _run_partition(app, processor, executor, fetcher, claim)
 
         async with open_rebalancer(
             membership.partitions,
@@ -280,8 +298,89 @@ async def _run_executor(
             lease_ttl=settings.lease_ttl,
             grace=settings.grace_period,
         ) as rebalancer:
-            task_status.started(Executor(processor, membership, rebalancer))
+            executor = Executor(processor, membership, rebalancer)
+            task_status.started(executor)
             await trio.sleep_forever()
+
+
+#: The worker's name in halt records: the host and process id.
+WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def _run_partition(
+    app: App, processor: Processor, executor: Executor, fetcher: Fetcher[Any], claim: Claim
+) -> None:
+    """Run the processor on one owned partition; a halt stops this partition only.
+
+    The halt is a property of the partition, recorded in Redis: the lease is kept
+    (the partition does not hop to another worker, to halt there too), and an owner
+    that finds the record, this worker or the next one after a rebalance, waits
+    until ``streamkit resume`` deletes it, then runs the processor again from the
+    halted events (still pending: the feed reads them again first).
+    """
+    keys = processor.keys
+    partition = claim.partition
+    announced = False
+    while True:
+        record = await read_halt(app.redis, keys, partition)
+        if record is not None:
+            if not announced:
+                log.warning(
+                    "%s partition %d is %s; it stays halted (lease kept) until "
+                    "`streamkit resume %s %s --partition %d`",
+                    keys.group,
+                    partition,
+                    record.describe(),
+                    _app_hint(app),
+                    processor.name,
+                    partition,
+                )
+            executor._set_halted(partition, record)
+            try:
+                resumed = await wait_resumed(app.redis, keys, partition, claim.draining)
+            finally:
+                executor._set_halted(partition, None)
+            if not resumed:
+                return  # moved away or stopping: the next owner finds the record
+            announced = False
+        try:
+            async with fetcher.partition(partition, claim.held) as feed:
+                await run_processor(
+                    processor.fn,
+                    feed,
+                    processor.policy,
+                    redis=app.redis,
+                    draining=claim.draining,
+                    middleware=processor.middleware,
+                    ack_batch=processor.settings.batch_size,
+                )
+            return
+        except ProcessorHalted as halted:
+            # The policy logged the processor's traceback; the events stay pending.
+            record = await write_halt(app.redis, keys, halted, worker=WORKER_NAME)
+            log.error(
+                "%s partition %d %s; the other partitions go on; fix the cause, then "
+                "`streamkit resume %s %s --partition %d` (--skip to skip the event)",
+                keys.group,
+                partition,
+                record.describe(),
+                _app_hint(app),
+                processor.name,
+                partition,
+            )
+            announced = True
+
+
+def _app_hint(app: App) -> str:
+    """``MODULE:APP`` for the commands the worker suggests: where the app is a
+    module's global (found only when a partition halts, so the search is cheap)."""
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or name.startswith(("streamkit", "_")):
+            continue
+        for attribute, value in list(getattr(module, "__dict__", {}).items()):
+            if value is app:
+                return f"{name}:{attribute}"
+    return "MODULE:APP"
 
 
 async def _run_background(
