@@ -20,6 +20,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -37,6 +39,7 @@ from ._locks import LockManager, open_lock_manager
 from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
+from ._validate import positive_finite_number
 
 if TYPE_CHECKING:
     from ._fetcher import Fetcher
@@ -50,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "Worker", "run_worker"]
 
 log = logging.getLogger("streamkit.worker")
+
+#: How long the event loop may go without running before the watchdog warns (s).
+DEFAULT_BLOCKED_WARNING = 2.0
 
 
 @attrs.define(eq=False)
@@ -149,6 +155,7 @@ async def run_worker(
     *,
     processors: Sequence[str] | None = None,
     handle_signals: bool = False,
+    blocked_warning: float | None = DEFAULT_BLOCKED_WARNING,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``app``'s processors and background tasks until stopped.
@@ -156,8 +163,13 @@ async def run_worker(
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
     :meth:`Worker.stop`; while it is still connecting, it simply stops), and a second
     signal, at any time after the first, exits the process at once with code 128 +
-    the signal number (130 for SIGINT, 143 for SIGTERM). Signal handling needs the
-    main thread.
+    the signal number (130 for SIGINT, 143 for SIGTERM), even while synchronous code
+    blocks the event loop. Signal handling needs the main thread.
+
+    A watchdog thread warns when the event loop has not run for ``blocked_warning``
+    seconds (``None``: no watchdog), naming the processor and partition whose
+    synchronous code blocks it: while it is blocked, no lease is renewed and no
+    heartbeat sent, so the worker's partitions move away.
 
     Cancellation:
         Cancelling stops everything at once; leases are released and the groups left
@@ -170,9 +182,12 @@ async def run_worker(
         :doc:`policies`): the worker keeps running.
     """
     selected = select_processors(app, processors)
+    if blocked_warning is not None:
+        positive_finite_number.check("blocked_warning", blocked_warning)
     worker = Worker(app)
     with (
-        _stop_on_signals(worker) if handle_signals else contextlib.nullcontext(),
+        _watch_event_loop(blocked_warning) as watchdog,
+        _stop_on_signals(worker, watchdog) if handle_signals else contextlib.nullcontext(),
         worker._starting,  # cancelled only by a signal that arrives while connecting
     ):
         async with app, open_lock_manager(app.redis) as locks:
@@ -212,8 +227,97 @@ async def run_worker(
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(path) + os.sep
+    for path in (trio.__file__, attrs.__file__, contextlib.__file__, __file__)
+    if path is not None
+)
+
+
+def _blocking_site(frame: FrameType | None) -> str:
+    """Name what runs in ``frame`` (a stack of the Trio thread): the processor and
+    partition under :func:`run_processor`, and the innermost line of the user's code."""
+    user: FrameType | None = None
+    where = ""
+    while frame is not None:
+        code = frame.f_code
+        if code is run_processor.__code__:
+            feed: Any = frame.f_locals.get("feed")
+            keys = getattr(feed, "keys", None)
+            if keys is not None:
+                where = f"processor {keys.processor!r} on {keys.stream} partition {feed.partition}"
+            break
+        if user is None and not code.co_filename.startswith(_LIBRARY_DIRS):
+            user = frame
+        frame = frame.f_back
+    if user is not None:
+        line = f"{user.f_code.co_filename}:{user.f_lineno} in {user.f_code.co_name}"
+        where = f"{where} ({line})" if where else line
+    return where or "unknown code"
+
+
+@attrs.define(eq=False)
+class _Watchdog:
+    """A thread that notices when the Trio event loop stops running.
+
+    Every ``period`` it asks the loop (``run_sync_soon``) to note the time; when
+    the last note is older than ``threshold``, something synchronous holds the loop.
+    """
+
+    threshold: float
+    _token: trio.lowlevel.TrioToken
+    _thread_id: int
+    _last_beat: float = attrs.field(factory=time.monotonic)
+    _stop: threading.Event = attrs.field(factory=threading.Event)
+
+    def stalled_for(self) -> float:
+        """Seconds since the event loop last ran (about 0 while it runs)."""
+        return time.monotonic() - self._last_beat
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+
+    def run(self) -> None:
+        period = min(0.25, self.threshold / 4)
+        blocked = False
+        while not self._stop.wait(period):
+            try:
+                self._token.run_sync_soon(self._beat)
+            except trio.RunFinishedError:
+                return
+            stalled = self.stalled_for()
+            if stalled > self.threshold and not blocked:
+                blocked = True
+                frame = sys._current_frames().get(self._thread_id)
+                log.warning(
+                    "the event loop has been blocked for %.1fs by %s: synchronous code "
+                    "stops every partition, heartbeat and lease renewal of this worker, "
+                    "so its leases lapse; run it with `await trio.to_thread.run_sync(...)`",
+                    stalled,
+                    _blocking_site(frame),
+                )
+            elif blocked and stalled <= period * 2:
+                blocked = False
+                log.warning("the event loop runs again")
+
+
 @contextlib.contextmanager
-def _stop_on_signals(worker: Worker) -> Iterator[None]:
+def _watch_event_loop(threshold: float | None) -> Iterator[_Watchdog | None]:
+    if threshold is None:
+        yield None
+        return
+    watchdog = _Watchdog(threshold, trio.lowlevel.current_trio_token(), threading.get_ident())
+    thread = threading.Thread(target=watchdog.run, name="streamkit watchdog", daemon=True)
+    thread.start()
+    try:
+        yield watchdog
+    finally:
+        watchdog._stop.set()
+        thread.join(1.0)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(worker: Worker, watchdog: _Watchdog | None = None) -> Iterator[None]:
     """While the block runs, the first SIGINT or SIGTERM stops ``worker`` gracefully
     and a second one exits the process at once, with code 128 + the signal number.
 
@@ -232,6 +336,16 @@ def _stop_on_signals(worker: Worker) -> Iterator[None]:
             _exit_at_once(signum)
         received.append(signum)
         token.run_sync_soon(worker._on_first_signal, signum)
+        if watchdog is not None and watchdog.stalled_for() > min(1.0, watchdog.threshold):
+            # The loop is blocked (this handler runs in between, in the main thread):
+            # say now that the signal was received, in one raw write.
+            name = signal.Signals(signum).name
+            message = (
+                f"streamkit worker: {name}: stopping once the event loop runs again "
+                f"(blocked by {_blocking_site(frame)}); send {name} again to exit at once\n"
+            )
+            with contextlib.suppress(OSError):
+                os.write(2, message.encode())
 
     previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:

@@ -4,7 +4,7 @@ it and ``streamkit resume`` (with or without ``--skip``) continues it."""
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -164,7 +164,8 @@ async def test_resume_skip_acknowledges_the_halted_event(
         assert await redis.llen(ATTEMPTS) == 1
 
         async def nothing_pending() -> bool:
-            return int((await redis.xpending(jobs.key(0), KEYS.group)).pending) == 0
+            summary: Any = await redis.xpending(jobs.key(0), KEYS.group)
+            return int(summary.pending) == 0
 
         await wait_until(nothing_pending, what="everything acknowledged", within=10)
 
