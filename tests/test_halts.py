@@ -119,7 +119,7 @@ async def test_a_halt_stops_one_partition_and_resume_continues_it(
         await wait_until(
             lambda: "stays halted" in survivor.log(),
             what="the survivor saying the partition stays halted",
-            within=5,
+            within=10,
         )
         assert await redis.llen(ATTEMPTS) == 1
         assert "halting the partition" not in survivor.log()
@@ -179,3 +179,30 @@ async def test_resume_skip_acknowledges_the_halted_event(
         )
         assert out_of_range.code == 2, out_of_range.err
         assert "jobs has no partition 9 (0..3)" in out_of_range.err
+
+
+@pytest.mark.timeout(60)
+async def test_undecodable_entries_do_not_stop_the_default_policy(
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    # Two entries written with a bare XADD used to stop every worker in turn.
+    workers.extend(start_worker(redis_url, tmp_path, app=APP) for _ in range(2))
+    await wait_members(redis, 2, group=KEYS.group)
+    sent = await send_jobs(redis_url, [key_in(0), key_in(1)])
+    await redis.xadd(jobs.key(0), {"data": "not json"})
+    await redis.xadd(jobs.key(1), {"what": "no data field"})
+    later = await send_jobs(redis_url, [key_in(2), key_in(3)])
+
+    async def all_done_and_dead_lettered() -> bool:
+        seen = set(await done(redis))
+        return set(sent + later) <= seen and await redis.xlen(KEYS.dead_letter_key) == 2
+
+    with trio.fail_after(30):
+        await wait_until(all_done_and_dead_lettered, what="jobs and 2 dead letters", within=20)
+    letters = await redis.xrange(KEYS.dead_letter_key)
+    assert {e.field_values[b"dl.reason"] for e in letters} == {b"undecodable"}
+    for worker in workers:
+        assert worker.process.poll() is None, worker.log()
+        assert "halting the partition" not in worker.log()
+    for partition in range(jobs.partition_count):
+        assert not await redis.exists([halt_key(partition)])
