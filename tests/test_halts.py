@@ -11,7 +11,9 @@ import pytest
 import trio
 
 from streamkit import ProcessorKeys
+from streamkit._admin import processor_status, resume_partitions
 from streamkit._locks import lock_key
+from streamkit._worker import Worker, run_worker
 from streamkit.testing import wait_until
 from tests.apps.halting import ATTEMPTS, BROKEN, DONE, Job, app, jobs
 from tests.test_cli import streamkit
@@ -206,3 +208,32 @@ async def test_undecodable_entries_do_not_stop_the_default_policy(
         assert "halting the partition" not in worker.log()
     for partition in range(jobs.partition_count):
         assert not await redis.exists([halt_key(partition)])
+
+
+async def test_in_process_halt_is_watchable_and_resumed_from_code(
+    redis_url: str, redis: Redis
+) -> None:
+    key = key_in(2)
+    await redis.sadd(BROKEN, [f"{key}:0"])
+    app.settings = attrs.evolve(app.settings, redis_url=redis_url, lease_ttl=1.5)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            worker: Worker = await nursery.start(run_worker, app)
+            [executor] = worker.executors
+            await jobs.send_many(Job(key=key, seq=s) for s in range(3))
+            await executor.halted.wait_value(lambda halted: 2 in halted)
+            record = executor.halted.value[2]
+            assert (record.error_type, record.error) == ("RuntimeError", f"boom on {key}:0")
+            statuses = await processor_status(app, app.processors["handle"])
+            assert [s.partition for s in statuses if s.halted is not None] == [2]
+            # The lease is kept while halted.
+            assert 2 in executor.rebalancer.owned.value
+            cleared = await resume_partitions(app, app.processors["handle"], skip=True)
+            assert list(cleared) == [2]
+            await executor.halted.wait_value(lambda halted: not halted)
+
+            async def rest_done() -> bool:
+                return await done(redis) == [f"{key}:1", f"{key}:2"]
+
+            await wait_until(rest_done, what="the jobs after the skipped one", within=10)
+            await worker.stop()
