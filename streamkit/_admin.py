@@ -1,6 +1,6 @@
-"""Inspection and administration of processors: status and position resets.
+"""Inspection and administration of processors: status, position resets, resuming.
 
-Used by ``streamkit status`` and ``streamkit reset``; usable from code too.
+Used by ``streamkit status``, ``reset`` and ``resume``; usable from code too.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ._errors import StreamkitError
+from ._errors import ConfigError, StreamkitError
+from ._halts import HaltRecord, clear_halt, read_halt
 from ._locks import open_lock_manager
 from ._membership_admin import read_membership
 from ._redis import LuaScript, redis_errors
@@ -23,9 +24,11 @@ __all__ = [
     "PartitionStatus",
     "ResetIncomplete",
     "ResetRefused",
+    "halted_partitions",
     "live_members",
     "processor_status",
     "reset_positions",
+    "resume_partitions",
 ]
 
 
@@ -43,6 +46,8 @@ class PartitionStatus:
             tell, e.g. after trimming).
         pending: entries delivered but not yet acknowledged.
         last_event_at: when the newest entry was added, or ``None`` if empty.
+        halted: why and since when the processor is halted on the partition (see
+            ``streamkit resume``), or ``None``.
     """
 
     partition: int
@@ -52,6 +57,7 @@ class PartitionStatus:
     lag: int | None
     pending: int
     last_event_at: datetime | None
+    halted: HaltRecord | None = None
 
 
 def _entry_time(entry_id: bytes | str) -> datetime | None:
@@ -98,6 +104,7 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
                     lag=None if lag is None else int(lag),
                     pending=int(info.get("pending", 0)),
                     last_event_at=_entry_time(last[0].identifier) if last else None,
+                    halted=await read_halt(redis, processor.keys, partition),
                 )
             )
     return statuses
@@ -187,3 +194,49 @@ async def reset_positions(app: App, processor: Processor, *, to: Literal["start"
                 await _RESET_SCRIPT(redis, keys=[key], args=[processor.group, position])
         except StreamkitError as exc:
             raise ResetIncomplete(exc, done, len(keys)) from exc
+
+
+async def halted_partitions(app: App, processor: Processor) -> dict[int, HaltRecord]:
+    """The partitions ``processor`` is halted on, with why and since when.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    halted = {}
+    for partition in range(processor.stream.partition_count):
+        record = await read_halt(app.redis, processor.keys, partition)
+        if record is not None:
+            halted[partition] = record
+    return halted
+
+
+async def resume_partitions(
+    app: App, processor: Processor, *, partitions: list[int] | None = None, skip: bool = False
+) -> dict[int, HaltRecord]:
+    """Resume ``processor`` on its halted ``partitions`` (all halted ones by default).
+
+    The worker owning each partition notices within a second and processes the
+    halted events again, or, with ``skip``, the events after them (the halted
+    events are acknowledged without being processed). Return the halt records
+    cleared, by partition.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` naming a partition the stream does not have;
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    count = processor.stream.partition_count
+    for partition in partitions or ():
+        if not 0 <= partition < count:
+            raise ConfigError(
+                "partition",
+                f"{processor.stream.name} has no partition {partition} (0..{count - 1})",
+            )
+    wanted = range(count) if partitions is None else sorted(set(partitions))
+    cleared = {}
+    for partition in wanted:
+        record = await clear_halt(
+            app.redis, processor.keys, processor.stream.key(partition), partition, skip=skip
+        )
+        if record is not None:
+            cleared[partition] = record
+    return cleared

@@ -16,7 +16,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ._admin import PartitionStatus, live_members, processor_status, reset_positions
+from ._admin import (
+    PartitionStatus,
+    live_members,
+    processor_status,
+    reset_positions,
+    resume_partitions,
+)
 from ._app import App
 from ._deadletters import list_dead_letters, purge_dead_letters, replay_dead_letters
 from ._errors import ConfigError, EncodeError, StreamkitError
@@ -293,8 +299,31 @@ async def status(app_path: str, redis_url: str | None) -> None:
             for processor in app.processors.values():
                 rows = await processor_status(app, processor)
                 console.print(status_table(app, processor, rows))
+                print_halted(console, app_path, processor, rows)
     except StreamkitError as exc:
         fail(str(exc))
+
+
+def print_halted(
+    console: Console, app_path: str, processor: Processor, rows: list[PartitionStatus]
+) -> None:
+    """One entry per partition the processor is halted on, with the command to resume."""
+    for row in rows:
+        if row.halted is not None:
+            console.print(
+                f"[bold red]partition {row.partition} halted[/]: "
+                f"{row.halted.describe().removeprefix('halted ')}",
+                markup=True,
+                highlight=False,
+                soft_wrap=True,
+            )
+            console.print(
+                f"  fix the cause, then: streamkit resume {app_path} {processor.name} "
+                f"--partition {row.partition}   (--skip: skip the halted event)",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def status_table(app: App, processor: Processor, rows: list[PartitionStatus]) -> Table:
@@ -361,6 +390,61 @@ async def reset(
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(f"{processor.name} now reads {processor.stream.name} from the {to}")
+
+
+@cli.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("processor_name", metavar="PROCESSOR")
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="A halted partition to resume (repeatable; default: every halted one).",
+)
+@click.option(
+    "--skip",
+    is_flag=True,
+    help="Acknowledge the halted events without processing them, then go on.",
+)
+@redis_url_option
+async def resume(
+    app_path: str,
+    processor_name: str,
+    partitions: tuple[int, ...],
+    skip: bool,
+    redis_url: str | None,
+) -> None:
+    """Resume a processor on partitions where its exception policy halted.
+
+    The worker owning each partition processes the halted event again (or, with
+    --skip, the events after it) within a second. `streamkit status` lists the
+    halted partitions and their errors.
+    """
+    app = load_app(app_path, redis_url)
+    processor = load_processor(app, processor_name)
+    try:
+        async with app:
+            cleared = await resume_partitions(
+                app, processor, partitions=list(partitions) or None, skip=skip
+            )
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    except StreamkitError as exc:
+        fail(str(exc))
+    missing = sorted(set(partitions) - set(cleared))
+    for partition, record in sorted(cleared.items()):
+        skipped = ""
+        if skip and record.entry_ids:
+            skipped = f", skipping {', '.join(record.entry_ids)}"
+        click.echo(f"resumed {processor.name} on partition {partition}{skipped}")
+    if missing:
+        fail(
+            f"{processor.name} is not halted on partition "
+            f"{', '.join(map(str, missing))} (see `streamkit status {app_path}`)"
+        )
+    if not cleared:
+        fail(f"{processor.name} is not halted on any partition; nothing to resume")
 
 
 @cli.group()

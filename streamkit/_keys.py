@@ -11,6 +11,7 @@ key                                what it holds
 ``__strm:{app.stream.N}``          partition N of a stream (a Redis stream)
 ``__meta:{app.stream}``            the stream's recorded metadata (a hash)
 ``__lock:{app.stream.N}.proc``     processor ``proc``'s lease on partition N
+``__halt:{app.stream.N}.proc``     why processor ``proc`` halted on partition N (a hash)
 ``__memb:{app.stream.proc}``       the processor's members and assignment
 ``__ctrl:{app.stream.proc}``       the processor's control stream
 ``__beat:{app.stream.proc}:ID``    member ID's heartbeat
@@ -29,6 +30,7 @@ from ._errors import ConfigError
 
 __all__ = [
     "dead_letter_key",
+    "halt_key",
     "leader_lock_name",
     "meta_key",
     "partition_lock_name",
@@ -74,6 +76,12 @@ def processor_group(app: str, stream: str, processor: str) -> str:
 def dead_letter_key(app: str, stream: str, processor: str) -> str:
     """The Redis stream collecting a processor's dead letters."""
     return f"__dead:{{{app}.{stream}.{processor}}}"
+
+
+def halt_key(app: str, stream: str, processor: str, partition: int) -> str:
+    """The hash recording that ``processor`` halted on ``partition`` (absent: not
+    halted); in the partition's slot, beside its stream and lease."""
+    return f"__halt:{{{app}.{stream}.{partition}}}.{processor}"
 
 
 def leader_lock_name(app: str) -> str:

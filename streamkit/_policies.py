@@ -15,11 +15,12 @@ action             what happens to the failing event(s)
 ``"ignore"``       acknowledged and logged
 =================  ==========================================================
 
-Two kinds of events skip the retries and go straight to ``on_exhausted`` (or halt
-when the action is ``"halt"``; are dead-lettered or ignored when it is one of
-those), without reaching the processor: *poison* events, delivered more than
-``max_deliveries`` times (say, after crash loops), and *undecodable* events. Nothing
-is ever dropped silently: every decision is logged on ``streamkit.policies``.
+Two kinds of events skip the retries and never reach the processor: *undecodable*
+events, which can never succeed, go to ``on_undecodable``, and *poison* events,
+delivered more than ``max_deliveries`` times (say, after crash loops), go to
+``on_poison``; both are dead-lettered by default. Nothing is ever dropped silently:
+every decision is logged on ``streamkit.policies``, with the processor's traceback
+when its exception ends a retry budget, halts, dead-letters or is ignored.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ log = logging.getLogger("streamkit.policies")
 
 Action = Literal["halt", "retry", "dead_letter", "ignore"]
 ExhaustedAction = Literal["halt", "dead_letter", "ignore"]
+DivertAction = Literal["dead_letter", "halt", "ignore"]
 
 DEFAULT_MAX_DELIVERIES = 20
 DEFAULT_RETRIES = 3
@@ -68,7 +70,7 @@ DEAD_LETTER_FIELDS = (
     b"dl.stream",  # the stream's name
     b"dl.partition",  # the partition number
     b"dl.entry_id",  # the original entry id
-    b"dl.delivery_count",  # deliveries of the entry when it was dead-lettered
+    b"dl.delivery_count",  # attempts: Redis deliveries plus the retries made in place
     b"dl.group",  # the consumer group (app.stream.processor)
     b"dl.time",  # Unix time in seconds, as a decimal string
 )
@@ -79,20 +81,27 @@ class ExceptionPolicy:
     """What to do when a processor raises while processing events.
 
     Attributes:
-        action: ``"halt"`` (the default), ``"retry"``, ``"dead_letter"`` or
-            ``"ignore"``.
+        action: what happens when the processor raises: ``"halt"`` (the default:
+            the partition stops at the event, the worker's other partitions go on),
+            ``"retry"``, ``"dead_letter"`` or ``"ignore"``.
         retries: with ``"retry"``: how many times the failing events are delivered
             again before ``on_exhausted`` applies.
         backoff: with ``"retry"``: the delays before each retry.
         on_exhausted: ``"halt"``, ``"dead_letter"`` or ``"ignore"``: what happens
-            after the retries, and to poison and undecodable events when the action
-            is ``"retry"``.
-        max_deliveries: an event Redis delivered more than this many times (crash
-            loops, takeovers) is poison: it goes to ``on_exhausted`` (or the action
-            itself unless that is ``"retry"``) without reaching the processor.
-            ``None``: no limit. Each takeover of a partition counts as a delivery
-            of the entries its previous owner had fetched but not finished, so keep
-            it well above the number of rebalances an event may live through.
+            after the retries.
+        on_undecodable: ``"dead_letter"`` (the default), ``"halt"`` or
+            ``"ignore"``: what happens to an event that cannot be decoded into the
+            stream's record; it never reaches the processor (it could never
+            succeed). Without a Redis client to write dead letters with (see
+            :func:`run_processor`), the default halts instead.
+        on_poison: ``"dead_letter"`` (the default), ``"halt"`` or ``"ignore"``:
+            what happens to a poison event, one Redis delivered more than
+            ``max_deliveries`` times (crash loops, takeovers); it never reaches the
+            processor. Without a Redis client, the default halts instead.
+        max_deliveries: the poison threshold. ``None``: no limit. Each takeover of
+            a partition counts as a delivery of the entries its previous owner had
+            fetched but not finished, so keep it well above the number of
+            rebalances an event may live through.
 
     Example::
 
@@ -111,11 +120,23 @@ class ExceptionPolicy:
     max_deliveries: int | None = attrs.field(
         default=DEFAULT_MAX_DELIVERIES, validator=positive_int.or_none()
     )
+    on_undecodable: DivertAction = attrs.field(
+        default="dead_letter", validator=one_of("dead_letter", "halt", "ignore")
+    )
+    on_poison: DivertAction = attrs.field(
+        default="dead_letter", validator=one_of("dead_letter", "halt", "ignore")
+    )
 
     @property
     def final_action(self) -> ExhaustedAction:
-        """The action for events that are not retried (poison, undecodable, exhausted)."""
+        """The action for events whose processing failed and is not retried (any
+        more): ``on_exhausted`` with ``"retry"``, else the action itself."""
         return self.on_exhausted if self.action == "retry" else self.action
+
+    def diverted_action(self, reason: str) -> DivertAction:
+        """The action for events that never reach the processor: ``reason`` is
+        ``"undecodable"`` or ``"poison"``."""
+        return self.on_undecodable if reason == "undecodable" else self.on_poison
 
 
 def _error_text(error: BaseException | None) -> tuple[str, str]:
@@ -131,9 +152,18 @@ def _error_text(error: BaseException | None) -> tuple[str, str]:
 
 
 def dead_letter_fields(
-    event: Event[Any], *, group: str, reason: str, error: BaseException | None, detail: str = ""
+    event: Event[Any],
+    *,
+    group: str,
+    reason: str,
+    error: BaseException | None,
+    detail: str = "",
+    retried: int = 0,
 ) -> dict[bytes, bytes]:
-    """The fields of ``event``'s dead letter: its own, plus :data:`DEAD_LETTER_FIELDS`."""
+    """The fields of ``event``'s dead letter: its own, plus :data:`DEAD_LETTER_FIELDS`.
+
+    ``retried``: the attempts made in place (retries) on top of Redis's deliveries.
+    """
     error_type, message = _error_text(error)
     fields = dict(event.fields)
     fields.update(
@@ -144,7 +174,7 @@ def dead_letter_fields(
             b"dl.stream": event.stream.encode(),
             b"dl.partition": str(event.partition).encode(),
             b"dl.entry_id": event.entry_id.encode(),
-            b"dl.delivery_count": str(event.delivery_count).encode(),
+            b"dl.delivery_count": str(event.delivery_count + retried).encode(),
             b"dl.group": group.encode(),
             b"dl.time": f"{time.time():.6f}".encode(),
         }
@@ -178,7 +208,15 @@ class _Handler:
                 f"delivered {event.delivery_count} times, more than "
                 f"max_deliveries={self.policy.max_deliveries}"
             )
-        await self._apply(self.policy.final_action, [event], error, reason, detail)
+        await self._apply(self._diverted_action(reason), [event], error, reason, detail)
+
+    def _diverted_action(self, reason: str) -> ExhaustedAction:
+        action = self.policy.diverted_action(reason)
+        if action == "dead_letter" and self.redis is None:
+            # run_processor without a Redis client (a composer's canned feed, say):
+            # nowhere to write the dead letter, and dropping it is never an option.
+            return "halt"
+        return action
 
     async def handle(self, events: Events[Any], error: Exception) -> None:
         """The processor raised ``error``: apply the policy, or raise ProcessorHalted."""
@@ -188,7 +226,8 @@ class _Handler:
             await self._not_tied_to_events(error)
             return
         if isinstance(error, DecodeError):
-            await self._apply(policy.final_action, failing, error, "undecodable")
+            # Raised by a lazy ``event.record`` in the processor: as undecodable.
+            await self._apply(self._diverted_action("undecodable"), failing, error, "undecodable")
         elif policy.action == "retry":
             key = tuple(e._id for e in failing)
             if key != self._failing:
@@ -211,7 +250,9 @@ class _Handler:
                 await trio.sleep(delay)
                 events.rewind()
                 return
-            await self._apply(policy.on_exhausted, failing, error, "retries exhausted")
+            await self._apply(
+                policy.on_exhausted, failing, error, "retries exhausted", retried=self._attempts
+            )
         else:
             await self._apply(policy.action, failing, error, "error")
         # Dead-lettered or ignored: the processor has moved past them, and the next
@@ -244,9 +285,10 @@ class _Handler:
             await trio.sleep(delay)
             return
         log.error(
-            "processor of %s partition %d failed outside any event; halting",
+            "processor of %s partition %d failed outside any event; halting the partition",
             self.stream,
             self.partition,
+            exc_info=_user_traceback(error),
         )
         raise ProcessorHalted(
             f"{type(error).__name__}: {error}", stream=self.stream, partition=self.partition
@@ -259,10 +301,18 @@ class _Handler:
         error: BaseException | None,
         reason: str,
         detail: str = "",
+        *,
+        retried: int = 0,
     ) -> None:
         what = f"{type(error).__name__}: {error}" if error is not None else detail
+        # The processor's own traceback (file and line), once, with the decision;
+        # a DecodeError's text says all there is to say.
+        trace = _user_traceback(error)
         if action == "halt":
-            log.error("halting on %s (%s): %s", self._where(failing), reason, what)
+            log.error(
+                "halting the partition on %s (%s): %s", self._where(failing), reason, what,
+                exc_info=trace,
+            )  # fmt: skip
             halted = ProcessorHalted(
                 f"{reason}: {what}",
                 stream=self.stream,
@@ -271,10 +321,12 @@ class _Handler:
             )
             raise halted from error
         if action == "dead_letter":
-            await self._dead_letter(failing, error, reason, detail)
-            log.warning("dead-lettered %s (%s): %s", self._where(failing), reason, what)
+            await self._dead_letter(failing, error, reason, detail, retried)
+            log.warning(
+                "dead-lettered %s (%s): %s", self._where(failing), reason, what, exc_info=trace
+            )
         else:
-            log.warning("ignoring %s (%s): %s", self._where(failing), reason, what)
+            log.warning("ignoring %s (%s): %s", self._where(failing), reason, what, exc_info=trace)
 
     async def _dead_letter(
         self,
@@ -282,6 +334,7 @@ class _Handler:
         error: BaseException | None,
         reason: str,
         detail: str,
+        retried: int,
     ) -> None:
         redis = self.redis
         assert redis is not None  # checked by run_processor
@@ -292,11 +345,24 @@ class _Handler:
                         pipe.xadd(
                             self.dead_letter_key,
                             dead_letter_fields(
-                                event, group=self.group, reason=reason, error=error, detail=detail
+                                event,
+                                group=self.group,
+                                reason=reason,
+                                error=error,
+                                detail=detail,
+                                retried=retried,
                             ),
                         )
         except trio.TooSlowError as exc:
             raise RedisUnavailable("redis", "writing a dead letter timed out") from exc
+
+
+def _user_traceback(error: BaseException | None) -> BaseException | None:
+    """The exception whose traceback to log: the processor's, not a decoding error
+    (its message names the entry and the field) nor a missing one."""
+    if error is None or isinstance(error, DecodeError):
+        return None
+    return error
 
 
 def _is_internal(error: BaseException, internal: BaseException | None) -> bool:
@@ -342,8 +408,10 @@ async def run_processor(
             ``feed.keys.dead_letter_key``, by default.
 
     Error handling:
-        :class:`~streamkit.ConfigError` up front when the policy dead-letters and no
-        ``redis`` is given. :class:`~streamkit.ProcessorHalted` (the processor's
+        :class:`~streamkit.ConfigError` up front when the policy's ``action`` (or
+        ``on_exhausted`` with ``"retry"``) dead-letters and no ``redis`` is given;
+        without ``redis``, undecodable and poison events the policy would
+        dead-letter halt instead. :class:`~streamkit.ProcessorHalted` (the processor's
         exception chained) when the policy halts. Failures of the machinery itself (a
         lost lease, Redis unreachable while fetching or acknowledging) and
         cancellation are never handled by the policy: they propagate as they are. So
@@ -353,6 +421,7 @@ async def run_processor(
     """
     policy = policy or ExceptionPolicy()
     if redis is None and "dead_letter" in (policy.action, policy.final_action):
+        # (on_undecodable / on_poison dead-lettering without a client halts instead.)
         raise ConfigError(
             "redis", "the exception policy dead-letters: pass the Redis client (redis=...)"
         )

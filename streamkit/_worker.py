@@ -18,24 +18,35 @@ import gc
 import logging
 import os
 import signal
+import socket
+import sys
+import threading
+import time
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import attrs
 import trio
+import trio_util
 
 from . import _keys
 from ._background import run_background_task
-from ._errors import ConfigError
+from ._errors import ConfigError, ProcessorHalted
 from ._fetcher import open_fetcher
+from ._halts import HaltRecord, read_halt, wait_resumed, write_halt
 from ._leadership import open_leader_election
 from ._locks import LockManager, open_lock_manager
 from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
 from ._refusals import ride_out_refusals
+from ._validate import positive_finite_number
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from ._fetcher import Fetcher
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
     from types import FrameType
 
     from ._app import App, Processor
@@ -44,14 +55,33 @@ __all__ = ["Executor", "Worker", "run_worker"]
 
 log = logging.getLogger("streamkit.worker")
 
+#: How long the event loop may go without running before the watchdog warns (s).
+DEFAULT_BLOCKED_WARNING = 2.0
+
 
 @attrs.define(eq=False)
 class Executor:
-    """One processor running in a worker: its membership and rebalancer."""
+    """One processor running in a worker: its membership and rebalancer.
+
+    Attributes:
+        halted: ``trio_util.AsyncValue`` of a read-only mapping from each partition
+            this worker owns and leaves halted to its halt record.
+    """
 
     processor: Processor
     membership: Membership
     rebalancer: Rebalancer
+    halted: trio_util.AsyncValue[Mapping[int, HaltRecord]] = attrs.field(
+        factory=lambda: trio_util.AsyncValue(MappingProxyType({}))
+    )
+
+    def _set_halted(self, partition: int, record: HaltRecord | None) -> None:
+        halted = dict(self.halted.value)
+        if record is None:
+            halted.pop(partition, None)
+        else:
+            halted[partition] = record
+        self.halted.value = MappingProxyType(halted)
 
     def __repr__(self) -> str:
         return f"<Executor {self.processor.name} member={self.membership.id} {self.rebalancer!r}>"
@@ -126,6 +156,7 @@ async def run_worker(
     *,
     processors: Sequence[str] | None = None,
     handle_signals: bool = False,
+    blocked_warning: float | None = DEFAULT_BLOCKED_WARNING,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``app``'s processors and background tasks until stopped.
@@ -133,8 +164,13 @@ async def run_worker(
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
     :meth:`Worker.stop`; while it is still connecting, it simply stops), and a second
     signal, at any time after the first, exits the process at once with code 128 +
-    the signal number (130 for SIGINT, 143 for SIGTERM). Signal handling needs the
-    main thread.
+    the signal number (130 for SIGINT, 143 for SIGTERM), even while synchronous code
+    blocks the event loop. Signal handling needs the main thread.
+
+    A watchdog thread warns when the event loop has not run for ``blocked_warning``
+    seconds (``None``: no watchdog), naming the processor and partition whose
+    synchronous code blocks it: while it is blocked, no lease is renewed and no
+    heartbeat sent, so the worker's partitions move away.
 
     Cancellation:
         Cancelling stops everything at once; leases are released and the groups left
@@ -142,13 +178,17 @@ async def run_worker(
 
     Error handling:
         :class:`ConfigError` for unknown processors; :class:`RedisUnavailable` when
-        Redis stays unreachable for ``connect_give_up_after`` seconds at start;
-        :class:`~streamkit.ProcessorHalted` when a processor's policy halts.
+        Redis stays unreachable for ``connect_give_up_after`` seconds at start. A
+        processor's policy halting stops that partition only (see
+        :doc:`policies`): the worker keeps running.
     """
     selected = select_processors(app, processors)
+    if blocked_warning is not None:
+        positive_finite_number.check("blocked_warning", blocked_warning)
     worker = Worker(app)
     with (
-        _stop_on_signals(worker) if handle_signals else contextlib.nullcontext(),
+        _watch_event_loop(blocked_warning) as watchdog,
+        _stop_on_signals(worker, watchdog) if handle_signals else contextlib.nullcontext(),
         worker._starting,  # cancelled only by a signal that arrives while connecting
     ):
         async with app, open_lock_manager(app.redis) as locks:
@@ -188,8 +228,97 @@ async def run_worker(
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(path) + os.sep
+    for path in (trio.__file__, attrs.__file__, contextlib.__file__, __file__)
+    if path is not None
+)
+
+
+def _blocking_site(frame: FrameType | None) -> str:
+    """Name what runs in ``frame`` (a stack of the Trio thread): the processor and
+    partition under :func:`run_processor`, and the innermost line of the user's code."""
+    user: FrameType | None = None
+    where = ""
+    while frame is not None:
+        code = frame.f_code
+        if code is run_processor.__code__:
+            feed: Any = frame.f_locals.get("feed")
+            keys = getattr(feed, "keys", None)
+            if keys is not None:
+                where = f"processor {keys.processor!r} on {keys.stream} partition {feed.partition}"
+            break
+        if user is None and not code.co_filename.startswith(_LIBRARY_DIRS):
+            user = frame
+        frame = frame.f_back
+    if user is not None:
+        line = f"{user.f_code.co_filename}:{user.f_lineno} in {user.f_code.co_name}"
+        where = f"{where} ({line})" if where else line
+    return where or "unknown code"
+
+
+@attrs.define(eq=False)
+class _Watchdog:
+    """A thread that notices when the Trio event loop stops running.
+
+    Every ``period`` it asks the loop (``run_sync_soon``) to note the time; when
+    the last note is older than ``threshold``, something synchronous holds the loop.
+    """
+
+    threshold: float
+    _token: trio.lowlevel.TrioToken
+    _thread_id: int
+    _last_beat: float = attrs.field(factory=time.monotonic)
+    _stop: threading.Event = attrs.field(factory=threading.Event)
+
+    def stalled_for(self) -> float:
+        """Seconds since the event loop last ran (about 0 while it runs)."""
+        return time.monotonic() - self._last_beat
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+
+    def run(self) -> None:
+        period = min(0.25, self.threshold / 4)
+        blocked = False
+        while not self._stop.wait(period):
+            try:
+                self._token.run_sync_soon(self._beat)
+            except trio.RunFinishedError:
+                return
+            stalled = self.stalled_for()
+            if stalled > self.threshold and not blocked:
+                blocked = True
+                frame = sys._current_frames().get(self._thread_id)
+                log.warning(
+                    "the event loop has been blocked for %.1fs by %s: synchronous code "
+                    "stops every partition, heartbeat and lease renewal of this worker, "
+                    "so its leases lapse; run it with `await trio.to_thread.run_sync(...)`",
+                    stalled,
+                    _blocking_site(frame),
+                )
+            elif blocked and stalled <= period * 2:
+                blocked = False
+                log.warning("the event loop runs again")
+
+
 @contextlib.contextmanager
-def _stop_on_signals(worker: Worker) -> Iterator[None]:
+def _watch_event_loop(threshold: float | None) -> Iterator[_Watchdog | None]:
+    if threshold is None:
+        yield None
+        return
+    watchdog = _Watchdog(threshold, trio.lowlevel.current_trio_token(), threading.get_ident())
+    thread = threading.Thread(target=watchdog.run, name="streamkit watchdog", daemon=True)
+    thread.start()
+    try:
+        yield watchdog
+    finally:
+        watchdog._stop.set()
+        thread.join(1.0)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(worker: Worker, watchdog: _Watchdog | None = None) -> Iterator[None]:
     """While the block runs, the first SIGINT or SIGTERM stops ``worker`` gracefully
     and a second one exits the process at once, with code 128 + the signal number.
 
@@ -208,6 +337,16 @@ def _stop_on_signals(worker: Worker) -> Iterator[None]:
             _exit_at_once(signum)
         received.append(signum)
         token.run_sync_soon(worker._on_first_signal, signum)
+        if watchdog is not None and watchdog.stalled_for() > min(1.0, watchdog.threshold):
+            # The loop is blocked (this handler runs in between, in the main thread):
+            # say now that the signal was received, in one raw write.
+            name = signal.Signals(signum).name
+            message = (
+                f"streamkit worker: {name}: stopping once the event loop runs again "
+                f"(blocked by {_blocking_site(frame)}); send {name} again to exit at once\n"
+            )
+            with contextlib.suppress(OSError):
+                os.write(2, message.encode())
 
     previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:
@@ -262,18 +401,11 @@ async def _run_executor(
             prefetch=settings.prefetch,
         ) as fetcher,
     ):
+        executor: Executor | None = None
 
         async def run(claim: Claim) -> None:
-            async with fetcher.partition(claim.partition, claim.held) as feed:
-                await run_processor(
-                    processor.fn,
-                    feed,
-                    processor.policy,
-                    redis=app.redis,
-                    draining=claim.draining,
-                    middleware=processor.middleware,
-                    ack_batch=settings.batch_size,
-                )
+            assert executor is not None
+            await _run_partition(app, processor, executor, fetcher, claim)
 
         async with open_rebalancer(
             membership.partitions,
@@ -283,8 +415,89 @@ async def _run_executor(
             lease_ttl=settings.lease_ttl,
             grace=settings.grace_period,
         ) as rebalancer:
-            task_status.started(Executor(processor, membership, rebalancer))
+            executor = Executor(processor, membership, rebalancer)
+            task_status.started(executor)
             await trio.sleep_forever()
+
+
+#: The worker's name in halt records: the host and process id.
+WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def _run_partition(
+    app: App, processor: Processor, executor: Executor, fetcher: Fetcher[Any], claim: Claim
+) -> None:
+    """Run the processor on one owned partition; a halt stops this partition only.
+
+    The halt is a property of the partition, recorded in Redis: the lease is kept
+    (the partition does not hop to another worker, to halt there too), and an owner
+    that finds the record, this worker or the next one after a rebalance, waits
+    until ``streamkit resume`` deletes it, then runs the processor again from the
+    halted events (still pending: the feed reads them again first).
+    """
+    keys = processor.keys
+    partition = claim.partition
+    announced = False
+    while True:
+        record = await read_halt(app.redis, keys, partition)
+        if record is not None:
+            if not announced:
+                log.warning(
+                    "%s partition %d is %s; it stays halted (lease kept) until "
+                    "`streamkit resume %s %s --partition %d`",
+                    keys.group,
+                    partition,
+                    record.describe(),
+                    _app_hint(app),
+                    processor.name,
+                    partition,
+                )
+            executor._set_halted(partition, record)
+            try:
+                resumed = await wait_resumed(app.redis, keys, partition, claim.draining)
+            finally:
+                executor._set_halted(partition, None)
+            if not resumed:
+                return  # moved away or stopping: the next owner finds the record
+            announced = False
+        try:
+            async with fetcher.partition(partition, claim.held) as feed:
+                await run_processor(
+                    processor.fn,
+                    feed,
+                    processor.policy,
+                    redis=app.redis,
+                    draining=claim.draining,
+                    middleware=processor.middleware,
+                    ack_batch=processor.settings.batch_size,
+                )
+            return
+        except ProcessorHalted as halted:
+            # The policy logged the processor's traceback; the events stay pending.
+            record = await write_halt(app.redis, keys, halted, worker=WORKER_NAME)
+            log.error(
+                "%s partition %d %s; the other partitions go on; fix the cause, then "
+                "`streamkit resume %s %s --partition %d` (--skip to skip the event)",
+                keys.group,
+                partition,
+                record.describe(),
+                _app_hint(app),
+                processor.name,
+                partition,
+            )
+            announced = True
+
+
+def _app_hint(app: App) -> str:
+    """``MODULE:APP`` for the commands the worker suggests: where the app is a
+    module's global (found only when a partition halts, so the search is cheap)."""
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or name.startswith(("streamkit", "_")):
+            continue
+        for attribute, value in list(getattr(module, "__dict__", {}).items()):
+            if value is app:
+                return f"{name}:{attribute}"
+    return "MODULE:APP"
 
 
 async def _run_background(

@@ -992,7 +992,9 @@ async def test_run_processor_retries_in_place_with_backoff(
     assert feed.acked == ids([1, 2, 3, 4])
 
 
-async def test_run_processor_halts_on_an_undecodable_entry() -> None:
+async def test_run_processor_without_redis_halts_on_an_undecodable_entry() -> None:
+    # The default dead-letters undecodable entries; with no Redis client to write
+    # the dead letter, it halts rather than drop the entry.
     feed = CannedFeed(batches([3], undecodable=[2]), then="wait")
     seen: list[int] = []
     with trio.fail_after(5), pytest.raises(ProcessorHalted) as caught:
@@ -1027,6 +1029,7 @@ async def test_a_diverted_event_does_not_reset_the_retries_of_another(
         backoff=Backoff(initial=1, maximum=1, jitter=0),
         on_exhausted="ignore",
         max_deliveries=3,
+        on_poison="ignore",
     )
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -1168,6 +1171,10 @@ async def run_scenario(scenario: Scenario) -> Run:
         backoff=Backoff(initial=0.001, maximum=0.001, jitter=0),
         on_exhausted="ignore",
         max_deliveries=scenario.max_deliveries,
+        # No Redis here: events that never reach the processor are ignored, or halt
+        # the partition with "halt".
+        on_undecodable="halt" if scenario.action == "halt" else "ignore",
+        on_poison="halt" if scenario.action == "halt" else "ignore",
     )
 
     async def end_feed() -> None:

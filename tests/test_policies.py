@@ -124,7 +124,8 @@ async def test_retries_exhausted_go_to_the_dead_letter_stream(
     assert letter[b"dl.stream"] == b"ticks"
     assert letter[b"dl.partition"] == b"0"
     assert letter[b"dl.entry_id"] == ids[1].encode()
-    assert letter[b"dl.delivery_count"] == b"1"
+    # One delivery by Redis, then two attempts in place: the attempts made.
+    assert letter[b"dl.delivery_count"] == b"3"
     assert letter[b"dl.group"] == GROUP.encode()
     assert float(letter[b"dl.time"]) > 0
 
@@ -202,13 +203,60 @@ async def test_undecodable_events_are_not_retried(redis: Redis, ticks: Stream[Ti
     assert letter[b"data"] == b"not json"
 
 
-async def test_undecodable_event_halts_under_halt(redis: Redis, ticks: Stream[Tick]) -> None:
+async def test_undecodable_event_is_dead_lettered_by_default(
+    redis: Redis, ticks: Stream[Tick]
+) -> None:
+    # The default action halts on processor errors, but an undecodable event can
+    # never succeed: halting on it would stop its partition for good.
     bad = cast("bytes", await redis.xadd(ticks.key(0), {b"data": b"[]"})).decode()
+    await send(ticks, [0])
+    seen: list[int] = []
+    with trio.fail_after(10):
+        async with feed_of(redis, ticks) as feed:
+            await run_processor(processor_until(0, seen, {}), feed, ExceptionPolicy(), redis=redis)
+    assert seen == [0]
+    [letter] = await dead_letters(redis)
+    assert (letter[b"dl.reason"], letter[b"dl.entry_id"]) == (b"undecodable", bad.encode())
+    assert await pending_ids(redis, ticks) == []
+
+
+async def test_undecodable_event_halts_when_told(redis: Redis, ticks: Stream[Tick]) -> None:
+    bad = cast("bytes", await redis.xadd(ticks.key(0), {b"data": b"[]"})).decode()
+    policy = ExceptionPolicy(on_undecodable="halt")
     with trio.fail_after(10), pytest.raises(ProcessorHalted) as info:
         async with feed_of(redis, ticks) as feed:
-            await run_processor(processor_until(0, [], {}), feed, ExceptionPolicy(), redis=redis)
+            await run_processor(processor_until(0, [], {}), feed, policy, redis=redis)
     assert info.value.entry_ids == (bad,)
     assert await pending_ids(redis, ticks) == [bad]
+
+
+async def test_a_halt_logs_the_processors_traceback_once(
+    redis: Redis, ticks: Stream[Tick], caplog: pytest.LogCaptureFixture
+) -> None:
+    await send(ticks, range(3))
+    with trio.fail_after(10), pytest.raises(ProcessorHalted):
+        async with feed_of(redis, ticks) as feed:
+            await run_processor(processor_until(2, [], {1: 1}), feed, redis=redis)
+    [record] = [r for r in caplog.records if r.exc_info is not None]
+    assert record.levelno == logging.ERROR
+    text = caplog.text
+    assert text.count("Traceback (most recent call last)") == 1
+    # The file and line of the processor's raise, not only "Boom: bad 1".
+    assert 'test_policies.py", line' in text
+    assert 'raise Boom(f"bad {tick.n}")' in text
+
+
+async def test_exhausted_retries_log_the_traceback_as_a_warning(
+    redis: Redis, ticks: Stream[Tick], caplog: pytest.LogCaptureFixture
+) -> None:
+    await send(ticks, range(3))
+    policy = ExceptionPolicy(action="retry", retries=2, backoff=FAST, on_exhausted="ignore")
+    with trio.fail_after(10):
+        async with feed_of(redis, ticks) as feed:
+            await run_processor(processor_until(2, [], {1: 99}), feed, policy, redis=redis)
+    traced = [r for r in caplog.records if r.exc_info is not None]
+    assert [r.levelno for r in traced] == [logging.WARNING]
+    assert "retries exhausted" in traced[0].getMessage()
 
 
 async def test_lost_lease_is_not_handled_by_the_policy(redis: Redis, ticks: Stream[Tick]) -> None:
@@ -256,3 +304,9 @@ def test_policy_validation() -> None:
         ExceptionPolicy(max_deliveries=0)
     assert ExceptionPolicy(action="retry", on_exhausted="ignore").final_action == "ignore"
     assert ExceptionPolicy(action="dead_letter").final_action == "dead_letter"
+    with pytest.raises(ConfigError):
+        ExceptionPolicy(on_undecodable="retry")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        ExceptionPolicy(on_poison="explode")  # type: ignore[arg-type]
+    default = ExceptionPolicy()
+    assert (default.on_undecodable, default.on_poison) == ("dead_letter", "dead_letter")
