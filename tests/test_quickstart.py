@@ -265,8 +265,9 @@ def test_the_readme_quickstart_is_the_same() -> None:
 
 
 def test_no_page_installs_someone_elses_package() -> None:
-    """``streamkit`` on the package index is an unrelated project."""
+    """``streamkit`` on the package index is an unrelated project: no command installs it."""
     for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
-        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
-            found = re.search(r"pip\s+install\s+[\"']?streamkit\b", line)
-            assert found is None, f"{page.name}:{number}: {line.strip()}"
+        for line, _, source, _ in fenced_blocks(page.read_text(encoding="utf-8")):
+            for offset, command in enumerate(source.splitlines()):
+                found = re.search(r"pip\s+install\s+[\"']?streamkit\b", command)
+                assert found is None, f"{page.name}:{line + offset}: {command.strip()}"
