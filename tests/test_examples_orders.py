@@ -8,11 +8,14 @@ already seen, not orders out of order, and the demo's summary counts them apart.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import trio
 
 from examples.orders.app import STATS, TOTALS, Order, record_batch
-from streamkit import Redis
+
+if TYPE_CHECKING:
+    from streamkit import Redis
 
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -82,7 +82,10 @@ def fenced_blocks(text: str) -> list[tuple[int, str, str, str]]:
 
 def steps(text: str) -> list[Step]:
     """The page's steps, in order."""
-    blocks = {line - 1: (language, source, before) for line, language, source, before in fenced_blocks(text)}
+    blocks = {
+        line - 1: (language, source, before)
+        for line, language, source, before in fenced_blocks(text)
+    }
     result: list[Step] = []
     lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
@@ -102,7 +105,9 @@ def steps(text: str) -> list[Step]:
         elif language == "text" and kind == "output":
             result.append(Step("output", number + 1, source))
         else:
-            raise AssertionError(f"line {number}: a ```{language} block is not a step the test runs")
+            raise AssertionError(
+                f"line {number}: a ```{language} block is not a step the test runs"
+            )
     return result
 
 
@@ -117,19 +122,20 @@ def install_streamkit(env_dir: Path, site: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     site.mkdir()
     (site / "streamkit").symlink_to(ROOT / "streamkit")
-    purelib = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    found = subprocess.run(
+        [env_dir / "bin" / "python", "-c", where], check=True, capture_output=True, text=True
+    )
+    purelib = found.stdout.strip()
     # Path lines of a .pth file are added to sys.path; the .pth files in those paths
     # are not read, so the running environment's editable install of the whole
     # repository does not come along.
     (Path(purelib) / "streamkit-quickstart.pth").write_text(
         f"{site}\n{sysconfig.get_paths()['purelib']}\n", encoding="utf-8"
     )
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "scripts"
+    ]
     module, function = scripts["streamkit"].split(":")
     command = env_dir / "bin" / "streamkit"
     command.write_text(
@@ -153,9 +159,8 @@ class Session:
         return f". {self.state}\n{source}"
 
     async def run(self, step: Step) -> str:
-        script = f"set -eo pipefail\n{self.script(step.source)}\n" + (
-            f'{{ export -p; printf "cd %q\\n" "$PWD"; }} > {self.state}\n'
-        )
+        save = f'{{ export -p; printf "cd %q\\n" "$PWD"; }} > {self.state}'
+        script = f"set -eo pipefail\n{self.script(step.source)}\n{save}\n"
         with trio.fail_after(STEP_TIMEOUT):
             result = await trio.run_process(
                 ["bash", "-c", script],
@@ -168,7 +173,9 @@ class Session:
             )
         out = result.stdout.decode() + result.stderr.decode()
         print(f"--- quickstart.md:{step.line}\n{step.source}{out}")
-        assert result.returncode == 0, f"the step at quickstart.md:{step.line} failed:\n{step.source}\n{out}"
+        assert result.returncode == 0, (
+            f"the step at quickstart.md:{step.line} failed:\n{step.source}\n{out}"
+        )
         return out
 
     async def start(self, step: Step) -> None:
@@ -186,7 +193,9 @@ class Session:
         self.background.append((process, log))
 
     def output(self) -> str:
-        return "".join(log.read_text(encoding="utf-8", errors="replace") for _, log in self.background)
+        return "".join(
+            log.read_text(encoding="utf-8", errors="replace") for _, log in self.background
+        )
 
     async def ctrl_c(self) -> None:
         for process, log in self.background:
@@ -213,7 +222,9 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
 
     home = tmp_path / "home"
     home.mkdir()
-    install_streamkit(home / "streamkit-env", tmp_path / "site-packages")
+    await trio.to_thread.run_sync(
+        install_streamkit, home / "streamkit-env", tmp_path / "site-packages"
+    )
     state = tmp_path / "shell-state"
     # The skipped install step ends with the environment activated.
     state.write_text('cd "$HOME"\n. ~/streamkit-env/bin/activate\n', encoding="utf-8")
@@ -239,15 +250,21 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
                         lines = session.output().splitlines()
                         return all(line in lines for line in expected)
 
-                    await wait_until(shown, what=f"the output at quickstart.md:{step.line}", within=20)
+                    await wait_until(
+                        shown, what=f"the output at quickstart.md:{step.line}", within=20
+                    )
                 elif step.kind == "ctrl-c":
                     await session.ctrl_c()
     finally:
         session.kill_all()
         # The page starts a daemonized server: stop it whatever happened.
-        subprocess.run(
-            ["redis-cli", "-p", port, "shutdown", "nosave"], capture_output=True, check=False
-        )
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await trio.run_process(
+                ["redis-cli", "-p", port, "shutdown", "nosave"],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
 
     [status] = [out for source, out in outputs.items() if source.startswith("streamkit status")]
     assert "printer" in status
