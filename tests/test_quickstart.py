@@ -159,7 +159,10 @@ class Session:
         return f". {self.state}\n{source}"
 
     async def run(self, step: Step) -> str:
-        save = f'{{ export -p; printf "cd %q\\n" "$PWD"; }} > {self.state}'
+        # A new file per step: a background process started before may still be
+        # reading the previous one.
+        after = self.state.with_name(f"shell-state-{step.line}")
+        save = f'{{ export -p; printf "cd %q\\n" "$PWD"; }} > {after}'
         script = f"set -eo pipefail\n{self.script(step.source)}\n{save}\n"
         with trio.fail_after(STEP_TIMEOUT):
             result = await trio.run_process(
@@ -176,6 +179,7 @@ class Session:
         assert result.returncode == 0, (
             f"the step at quickstart.md:{step.line} failed:\n{step.source}\n{out}"
         )
+        self.state = after
         return out
 
     async def start(self, step: Step) -> None:
@@ -191,6 +195,23 @@ class Session:
                 start_new_session=True,
             )
         self.background.append((process, log))
+
+    async def wait_output(self, step: Step) -> None:
+        """Wait until every line of ``step`` is a line of the background output."""
+        expected = step.source.splitlines()
+
+        def shown() -> bool:
+            for process, _ in self.background:
+                assert process.returncode is None, (
+                    f"exited ({process.returncode}):\n{self.output()}"
+                )
+            lines = self.output().splitlines()
+            return all(line in lines for line in expected)
+
+        try:
+            await wait_until(shown, what=f"the output at quickstart.md:{step.line}", within=30)
+        except trio.TooSlowError as exc:
+            raise AssertionError(f"{exc}; the output so far:\n{self.output()}") from None
 
     def output(self) -> str:
         return "".join(
@@ -244,15 +265,7 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
                 elif step.kind == "background":
                     await session.start(step)
                 elif step.kind == "output":
-                    expected = step.source.splitlines()
-
-                    def shown(expected: list[str] = expected) -> bool:
-                        lines = session.output().splitlines()
-                        return all(line in lines for line in expected)
-
-                    await wait_until(
-                        shown, what=f"the output at quickstart.md:{step.line}", within=20
-                    )
+                    await session.wait_output(step)
                 elif step.kind == "ctrl-c":
                     await session.ctrl_c()
     finally:

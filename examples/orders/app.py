@@ -1,8 +1,10 @@
 """runnel's README example on streamkit: orders, partitioned by customer.
 
 Redis is taken from ``STREAMKIT_REDIS_URL`` (default ``redis://127.0.0.1:6379``).
-Run workers with ``streamkit worker examples.orders.app:app``; send orders with
-``streamkit sendmany examples.orders.app:orders orders.jsonl``.
+From the root of a clone of the repository (``examples`` is not installed with
+streamkit), run workers with ``streamkit worker examples.orders.app:app`` and send
+orders with ``streamkit sendmany examples.orders.app:orders FILE.jsonl``; ``./dev demo``
+does all of it on a private Redis (``examples/orders/demo.py``).
 
 The processor keeps a running total per customer. It also records, for the demo, how
 many orders each worker processed, how many it saw again (redeliveries: after a worker
