@@ -6,6 +6,8 @@ them here (``raise ... from exc``) so callers catch streamkit errors only.
 
 from __future__ import annotations
 
+from ._urls import current_url
+
 __all__ = [
     "BackendError",
     "ConfigError",
@@ -46,8 +48,6 @@ def _known(url: str | None) -> str:
     """``url``, or the masked URL of the client in use for ``None`` or the placeholder
     ``"redis"`` (raised where the URL is not at hand)."""
     if url is None or url == "redis":
-        from ._urls import current_url  # _urls imports this module
-
         return current_url()
     return url
 

@@ -26,8 +26,7 @@ from ._membership_settings import (
     DEFAULT_STATIC_GRACE,
 )
 from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
-from ._redis import DEFAULT_CONNECT_TIMEOUT
-from ._urls import check_redis_url
+from ._redis import DEFAULT_CONNECT_TIMEOUT, check_redis_url
 from ._validate import non_negative_number, positive_int, positive_number
 from ._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
 
