@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -18,9 +20,17 @@ from rich.table import Table
 
 from ._admin import PartitionStatus, live_members, processor_status, reset_positions
 from ._app import App
-from ._deadletters import list_dead_letters, purge_dead_letters, replay_dead_letters
+from ._deadletters import (
+    count_dead_letters,
+    list_dead_letters,
+    parse_dead_letter_id,
+    purge_dead_letters,
+    replay_dead_letters,
+)
 from ._errors import ConfigError, EncodeError, StreamkitError
+from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
 from ._streams import Stream
+from ._urls import mask_url
 from ._worker import run_worker, select_processors
 
 if TYPE_CHECKING:
@@ -29,6 +39,8 @@ if TYPE_CHECKING:
     from ._app import Processor
 
 __all__ = ["cli", "main"]
+
+log = logging.getLogger("streamkit.cli")
 
 MAX_REPORTED_ERRORS = 20
 
@@ -47,7 +59,17 @@ class BadInput(CommandError):
     exit_code = 2
 
 
+class Stopped(CommandError):
+    """Stopped by a signal: exit code 128 + the signal's number, as a shell expects."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum  # type: ignore[misc]
+
+
 def fail(message: str, exit_code: int = 1) -> NoReturn:
+    if exit_code > 128:
+        raise Stopped(message, exit_code - 128)
     raise (BadInput if exit_code == 2 else CommandError)(message)
 
 
@@ -61,16 +83,53 @@ def load_object(path: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        fail(f"cannot import {module_name!r}: {exc}", 2)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and _is_parent_or_same(exc.name, module_name):
+            fail(f"cannot import {module_name!r}: {exc}", 2)
+        fail(import_failure(module_name, exc), 2)
     except StreamkitError as exc:
-        fail(f"importing {module_name!r} failed: {exc}", 2)
+        where = user_frame(exc)
+        fail(f"importing {module_name!r} failed{where}: {exc}", 2)
+    except Exception as exc:
+        fail(import_failure(module_name, exc), 2)
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             fail(f"{module_name!r} has no attribute {attribute!r}", 2)
     return target
+
+
+def _is_parent_or_same(missing: str, module_name: str) -> bool:
+    """Whether the module that was not found is ``module_name`` or one of its packages."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``exc``'s traceback outside importlib and this module."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [
+        frame
+        for frame in frames
+        if "importlib" not in frame.filename and frame.filename != __file__
+    ]
+
+
+def user_frame(exc: BaseException) -> str:
+    """Where the user's code raised ``exc``: " at FILE line N", or "" if unknown."""
+    here = os.path.dirname(__file__)
+    frames = [f for f in _user_frames(exc) if not f.filename.startswith(here + os.sep)]
+    if not frames:
+        return ""
+    return f" at {os.path.relpath(frames[-1].filename)} line {frames[-1].lineno}"
+
+
+def import_failure(module_name: str, exc: BaseException) -> str:
+    """A one-line header, then the user's own traceback (without streamkit's frames)."""
+    lines = traceback.format_list(_user_frames(exc))
+    lines += traceback.format_exception_only(type(exc), exc)
+    body = "".join(["Traceback (most recent call last):\n", *lines]).rstrip()
+    return f"module {module_name!r} failed to import; its traceback:\n{body}"
 
 
 def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
@@ -134,14 +193,35 @@ def configure_logging(level: str) -> None:
 
 
 def redis_url_option(function: Any) -> Any:
+    # No envvar here: STREAMKIT_REDIS_URL is read by the app's Settings, below the
+    # App's own keyword arguments. Reading it here too would let the environment
+    # override App(redis_url=...), unlike everywhere else.
     return click.option(
         "--redis-url",
-        envvar="STREAMKIT_REDIS_URL",
-        help="Redis to use, instead of the app's redis_url. [env: STREAMKIT_REDIS_URL]",
+        metavar="URL",
+        help=(
+            "Redis to use, overriding the app's redis_url (which comes from "
+            "App(redis_url=...), else STREAMKIT_REDIS_URL, else redis://127.0.0.1:6379)."
+        ),
     )(function)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class WholeHelpGroup(click.Group):
+    """A group whose command list shows each command's whole first sentence."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            rows.append((name, command.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=WholeHelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="streamkit")
 def cli() -> None:
     """streamkit: partitioned, ordered event processing on Redis Streams.
@@ -185,37 +265,62 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
 @click.option(
     "--chunk-size", type=click.IntRange(min=1), default=None, help="Records per round trip."
 )
+@click.option(
+    "--skip",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Skip the first N lines of FILE (sent by an earlier, interrupted sendmany).",
+)
+@click.option(
+    "--skip-sent",
+    "skip_sent",
+    metavar="PARTITION:LINE,...",
+    help="Also skip each listed partition's lines up to LINE (as an interrupted "
+    "sendmany's message says).",
+)
 async def sendmany(
-    stream_path: str, source: IO[bytes], redis_url: str | None, chunk_size: int | None
+    stream_path: str,
+    source: IO[bytes],
+    redis_url: str | None,
+    chunk_size: int | None,
+    skip: int,
+    skip_sent: str | None,
 ) -> None:
     """Send many records from a JSON Lines FILE ('-' for standard input).
 
-    Every line is checked before anything is sent: if any line is bad, the errors
-    are listed with their line numbers and nothing is sent. Blank lines are skipped.
+    Every line is checked before anything is sent (JSON, the record's fields, its
+    partition key): if any line is bad, the errors are listed with their line
+    numbers and nothing is sent. Blank lines are skipped.
+
+    If sending stops early (a Redis error, Ctrl-C, SIGTERM), the message says exactly
+    which lines are in Redis and gives the command that sends the rest without
+    duplicates (with --skip and --skip-sent). A first Ctrl-C lets the records in
+    flight finish; a second one stops at once.
     """
     app, stream = load_stream(stream_path, redis_url)
-    records: list[Any] = []
-    line_numbers: list[int] = []
-    errors: list[str] = []
-    for number, line in enumerate(source, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(parse_record(stream, line))
-            line_numbers.append(number)
-        except ValueError as exc:
-            errors.append(f"line {number}: {exc}")
+    try:
+        marks = parse_marks(skip_sent, stream.partition_count)
+    except ValueError as exc:
+        fail(f"--skip-sent: {exc}", 2)
+    try:
+        lines, errors, already = check_lines(
+            stream, source, lambda text: parse_record(stream, text), skip=skip, marks=marks
+        )
+    except KeyboardInterrupt:
+        fail("interrupted while checking the input; nothing was sent", 130)
     if errors:
         shown = "\n".join(errors[:MAX_REPORTED_ERRORS])
         more = len(errors) - MAX_REPORTED_ERRORS
         if more > 0:
             shown += f"\n... and {more} more bad lines"
         fail(f"{len(errors)} bad line(s), nothing was sent:\n{shown}", 2)
-    if not records:
-        click.echo("no records to send")
+    if not lines:
+        click.echo("no records to send" + (f" ({already} already sent)" if already else ""))
         return
 
-    sent = 0
+    outcome = SendOutcome(lines, skip, dict(marks))
+    chunk = chunk_size if chunk_size is not None else stream.settings.send_chunk_size
     with Progress(
         TextColumn("sending"),
         BarColumn(),
@@ -225,19 +330,37 @@ async def sendmany(
         transient=True,
         disable=not stderr.is_terminal,
     ) as progress:
-        task = progress.add_task("send", total=len(records))
+        task = progress.add_task("send", total=len(lines))
 
         def on_sent(n: int) -> None:
-            nonlocal sent
-            sent += n
-            progress.update(task, completed=sent)
+            progress.update(task, advance=n)
+
+        def on_signal(signum: int) -> None:
+            progress.console.print(
+                f"{signal.Signals(signum).name}: stopping once the records in flight are "
+                f"sent (a second signal stops at once)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
         try:
             async with app:
-                await stream.send_many(records, chunk_size=chunk_size, on_sent=on_sent)
+                await send_lines(
+                    stream, outcome, chunk_size=chunk, on_sent=on_sent, on_signal=on_signal
+                )
         except StreamkitError as exc:
-            fail(f"{exc}\n{describe_partial_send(line_numbers, sent, len(records))}")
-    click.echo(f"sent {len(records)} records to {app.name}.{stream.name}")
+            outcome.error = outcome.error or exc
+        except KeyboardInterrupt:
+            outcome.signal = signal.SIGINT
+    if outcome.complete and outcome.error is None:
+        click.echo(f"sent {len(lines):,} records to {app.name}.{stream.name}")
+        return
+    report = outcome.report(resume_command(stream_path, source.name, redis_url, chunk_size))
+    if outcome.error is not None:
+        fail(f"{outcome.error}\n{report}")
+    signum = outcome.signal or signal.SIGINT
+    how = "at once, by a second signal" if outcome.hard_stopped else "after the records in flight"
+    fail(f"stopped by {signal.Signals(signum).name} {how}\n{report}", 128 + signum)
 
 
 @cli.command()
@@ -254,6 +377,7 @@ async def sendmany(
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
     show_default=True,
+    help="Least severe log messages to show (on standard error).",
 )
 async def worker(
     app_path: str, processors: str | None, redis_url: str | None, log_level: str
@@ -267,15 +391,31 @@ async def worker(
     """
     configure_logging(log_level)
     app = load_app(app_path, redis_url)
-    names = [n.strip() for n in processors.split(",") if n.strip()] if processors else None
+    names = processor_names(app, processors)
     try:
         select_processors(app, names)
     except ConfigError as exc:
         fail(str(exc), 2)
+    log.info("using Redis at %s", mask_url(app.settings.redis_url))
     try:
         await run_worker(app, processors=names, handle_signals=True)
     except StreamkitError as exc:
         fail(str(exc))
+
+
+def processor_names(app: App, given: str | None) -> list[str] | None:
+    """The names given to ``--processors``, or ``None`` (all) if it was not given."""
+    if given is None:
+        return None
+    names = [name.strip() for name in given.split(",")]
+    if not all(names):
+        known = ", ".join(app.processors) or "none"
+        fail(
+            f"--processors: {given!r} has an empty processor name; give comma-separated "
+            f"names (known: {known}), or leave the option out to run them all",
+            2,
+        )
+    return names
 
 
 @cli.command()
@@ -363,7 +503,7 @@ async def reset(
     click.echo(f"{processor.name} now reads {processor.stream.name} from the {to}")
 
 
-@cli.group()
+@cli.group(cls=WholeHelpGroup)
 def deadletters() -> None:
     """List, replay and purge a processor's dead letters."""
 
@@ -371,7 +511,13 @@ def deadletters() -> None:
 @deadletters.command("list")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("processor_name", metavar="PROCESSOR")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Show at most this many dead letters (the oldest); says how many more exist.",
+)
 @redis_url_option
 async def deadletters_list(
     app_path: str, processor_name: str, limit: int, redis_url: str | None
@@ -382,6 +528,7 @@ async def deadletters_list(
     try:
         async with app:
             letters = await list_dead_letters(app.redis, processor.keys, count=limit)
+            total = await count_dead_letters(app.redis, processor.keys)
     except StreamkitError as exc:
         fail(str(exc))
     if not letters:
@@ -402,6 +549,11 @@ async def deadletters_list(
             str(letter.delivery_count),
         )
     Console(width=200).print(table)
+    if total > len(letters):
+        click.echo(
+            f"showing the oldest {len(letters):,} of {total:,} dead letters; "
+            f"pass --limit {total} to see them all"
+        )
 
 
 DeadLetterAction = Callable[["App", "Processor", "Sequence[str] | None"], Awaitable[int]]
@@ -434,15 +586,43 @@ async def act_on_dead_letters(
     yes: bool,
     redis_url: str | None,
 ) -> None:
-    """Confirm, then apply ``action`` (replay or purge) to the chosen dead letters."""
+    """Confirm, then apply ``action`` (replay or purge) to the chosen dead letters.
+
+    Given ids are checked first, in form and then in Redis: if any is not a dead
+    letter of the processor, nothing is done (exit code 2).
+    """
     app = load_app(app_path, redis_url)
     processor = load_processor(app, processor_name)
-    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
-    if not yes:
-        confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
+    wanted: list[str] = []
+    for given in ids:
+        parsed = parse_dead_letter_id(given)
+        if parsed is None:
+            fail(
+                f"--id {given!r} is not a dead letter id (ids look like 1767225600000-0; "
+                f"`streamkit deadletters list {app_path} {processor.name}` shows them); "
+                f"nothing was {done}",
+                2,
+            )
+        if parsed not in wanted:
+            wanted.append(parsed)
+    which = f"{len(wanted)} dead letter(s)" if wanted else "all dead letters"
     try:
         async with app:
-            count = await action(app, processor, ids or None)
+            if wanted:
+                existing = {
+                    letter.id for letter in await list_dead_letters(app.redis, processor.keys)
+                }
+                missing = [i for i in wanted if i not in existing]
+                if missing:
+                    fail(
+                        f"{processor.name} has no dead letter {', '.join(missing)} "
+                        f"(`streamkit deadletters list {app_path} {processor.name}` shows "
+                        f"those it has); nothing was {done}",
+                        2,
+                    )
+            if not yes:
+                confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
+            count = await action(app, processor, wanted or None)
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(f"{done} {count} dead letter(s) of {processor.name}")
@@ -489,16 +669,6 @@ async def deadletters_purge(
         ids=ids,
         yes=yes,
         redis_url=redis_url,
-    )
-
-
-def describe_partial_send(line_numbers: list[int], sent: int, total: int) -> str:
-    if sent == 0:
-        return "nothing was sent"
-    # send_many sends whole windows in order; the failing window may be partly sent.
-    return (
-        f"sent {sent} of {total} records (lines {line_numbers[0]}-{line_numbers[sent - 1]}); "
-        f"records from line {line_numbers[sent]} on may not have been sent"
     )
 
 
