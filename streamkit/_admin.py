@@ -10,15 +10,23 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from ._errors import StreamkitError
 from ._locks import open_lock_manager
 from ._membership_admin import read_membership
-from ._redis import redis_errors
+from ._redis import LuaScript, redis_errors
 from ._wire import text
 
 if TYPE_CHECKING:
     from ._app import App, Processor
 
-__all__ = ["PartitionStatus", "live_members", "processor_status", "reset_positions"]
+__all__ = [
+    "PartitionStatus",
+    "ResetIncomplete",
+    "ResetRefused",
+    "live_members",
+    "processor_status",
+    "reset_positions",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -103,19 +111,79 @@ async def live_members(app: App, processor: Processor) -> list[str]:
     return [m.id for m in snapshot.members if m.heartbeat_ttl is not None and m.heartbeat_ttl > 0]
 
 
+# KEYS: the partition's stream. ARGV: group, position ("0" or "$").
+# Forgets the group (and its pending entries) and creates it again at the position,
+# creating the stream if it does not exist yet: one atomic step per partition, and
+# running it twice leaves the same state.
+_RESET_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
+end
+redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], ARGV[2], 'MKSTREAM')
+return 1
+"""
+_RESET_SCRIPT = LuaScript(_RESET_LUA)
+
+
+class ResetRefused(StreamkitError):
+    """A reset was refused before anything changed (a partition key is not a stream)."""
+
+
+class ResetIncomplete(StreamkitError):
+    """A reset stopped part-way (Redis failed); running it again finishes it.
+
+    Attributes:
+        done: the partitions that were reset.
+        total: the number of partitions.
+    """
+
+    def __init__(self, cause: StreamkitError, done: int, total: int) -> None:
+        super().__init__(
+            f"{cause}\nreset {done} of {total} partitions before that; the reset can be "
+            f"run again safely, and finishes the rest"
+        )
+        self.done = done
+        self.total = total
+
+
 async def reset_positions(app: App, processor: Processor, *, to: Literal["start", "end"]) -> None:
     """Move ``processor`` to the start or the end of every partition.
 
     ``"start"`` processes every retained event again; ``"end"`` skips everything sent
     so far. Pending (delivered, unacknowledged) entries are forgotten either way. Run
-    it while no worker runs the processor.
+    it while no worker runs the processor. Partitions that do not exist yet (a new
+    app) are created.
+
+    Every partition is checked first, and nothing changes if one cannot be reset.
+    Then each partition is reset in one atomic step. The partitions live in different
+    Redis Cluster slots, so no transaction spans them: if Redis fails part-way, some
+    partitions are reset and the others not yet, and running the reset again
+    finishes it (each step is idempotent).
 
     Error handling:
-        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached;
+        :class:`ResetRefused` (nothing changed) if a partition's key holds something
+        other than a stream; :class:`ResetIncomplete` if Redis failed part-way.
     """
     redis = app.redis
     position = "0" if to == "start" else "$"
-    for key in processor.stream.partition_keys():
-        with redis_errors():
-            await redis.xgroup_destroy(key, processor.group)
-            await redis.xgroup_create(key, processor.group, position, mkstream=True)
+    keys = processor.stream.partition_keys()
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = [pipe.type(key) for key in keys]
+        types = [text(await request) for request in requests]
+    wrong = [
+        (key, kind) for key, kind in zip(keys, types, strict=True) if kind not in ("stream", "none")
+    ]
+    if wrong:
+        key, kind = wrong[0]
+        raise ResetRefused(
+            f"{key} holds a {kind}, not a stream: {processor.stream.name} cannot be reset "
+            f"there; nothing was reset"
+        )
+    for done, key in enumerate(keys):
+        try:
+            with redis_errors():
+                await _RESET_SCRIPT(redis, keys=[key], args=[processor.group, position])
+        except StreamkitError as exc:
+            raise ResetIncomplete(exc, done, len(keys)) from exc

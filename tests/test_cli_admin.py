@@ -88,3 +88,28 @@ async def test_unknown_processor_in_admin_commands(redis_url: str) -> None:
     result = await streamkit("deadletters", "list", APP, "nope", redis_url=redis_url)
     assert result.code == 2
     assert "unknown processor 'nope' (known: handle)" in result.err
+
+
+async def test_reset_a_new_app_creates_what_is_missing(redis_url: str, redis: Redis) -> None:
+    # Partition 0 exists (an event was sent), partition 1 does not yet.
+    await redis.xadd("__strm:{failing.jobs.0}", {"data": '{"key": "a", "n": 1}'})
+    done = await streamkit("reset", APP, "handle", "--to", "end", "--yes", redis_url=redis_url)
+    assert done.code == 0, done.err
+    assert "handle now reads jobs from the end" in done.out
+    for p in range(2):
+        [group] = await redis.xinfo_groups(f"__strm:{{failing.jobs.{p}}}")
+        fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in group.items()}
+        assert fields["lag"] == 0
+
+
+async def test_reset_checks_every_partition_before_changing_any(
+    redis_url: str, redis: Redis
+) -> None:
+    await redis.xadd("__strm:{failing.jobs.0}", {"data": '{"key": "a", "n": 1}'})
+    await redis.set("__strm:{failing.jobs.1}", "not a stream")
+    refused = await streamkit("reset", APP, "handle", "--to", "end", "--yes", redis_url=redis_url)
+    assert refused.code == 1
+    assert "__strm:{failing.jobs.1} holds a string, not a stream" in refused.err
+    assert "nothing was reset" in refused.err
+    assert "Traceback" not in refused.err
+    assert await redis.xinfo_groups("__strm:{failing.jobs.0}") == ()
