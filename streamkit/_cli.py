@@ -9,6 +9,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
@@ -18,7 +19,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ._admin import PartitionStatus, live_members, processor_status, reset_positions
+from ._admin import (
+    MemberStatus,
+    PartitionStatus,
+    lease_owner_name,
+    live_members,
+    member_statuses,
+    processor_status,
+    reset_positions,
+)
 from ._app import App
 from ._deadletters import (
     count_dead_letters,
@@ -421,44 +430,151 @@ def processor_names(app: App, given: str | None) -> list[str] | None:
 @cli.command()
 @click.argument("app_path", metavar="MODULE:APP")
 @redis_url_option
-async def status(app_path: str, redis_url: str | None) -> None:
-    """Show each processor's partitions: owner, lag, pending entries, last event."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def status(app_path: str, redis_url: str | None, as_json: bool) -> None:
+    """Show each processor's workers and partitions: who, lag, pending, last event.
+
+    A worker is named host:pid, plus its member id if it is a static member. The
+    table fits the terminal; --json prints everything, for scripts.
+    """
     app = load_app(app_path, redis_url)
-    if not app.processors:
-        click.echo(f"app {app.name} has no processors")
-        return
-    console = Console()
+    url = mask_url(app.settings.redis_url)
+    report: list[tuple[Processor, list[MemberStatus], list[PartitionStatus]]] = []
     try:
         async with app:
             for processor in app.processors.values():
+                members = await member_statuses(app, processor)
                 rows = await processor_status(app, processor)
-                console.print(status_table(app, processor, rows))
+                report.append((processor, members, rows))
     except StreamkitError as exc:
         fail(str(exc))
+    if as_json:
+        click.echo(orjson.dumps(status_json(app, url, report), option=orjson.OPT_INDENT_2))
+        return
+    console = Console(highlight=False)
+    console.print(f"app {app.name}, Redis at {url}", soft_wrap=True)
+    if not report:
+        console.print(f"app {app.name} has no processors")
+    now = datetime.now(UTC)
+    for processor, members, rows in report:
+        console.print()
+        console.print(members_table(processor, members, now))
+        console.print(status_table(processor, members, rows, now))
 
 
-def status_table(app: App, processor: Processor, rows: list[PartitionStatus]) -> Table:
+def worker_names(members: list[MemberStatus]) -> dict[str, str]:
+    """Member id, and lease owner ``host:pid``, -> the name shown for that worker."""
+    names = {m.id: m.name for m in members}
+    names.update({f"{m.host}:{m.pid}": m.name for m in members if m.host})
+    return names
+
+
+def partition_worker(row: PartitionStatus, names: dict[str, str]) -> str:
+    """Who processes a partition: the lease holder, and where it moves if it does."""
+    holder = (
+        names.get(lease_owner_name(row.owner), lease_owner_name(row.owner)) if row.owner else None
+    )
+    assigned = names.get(row.assigned_to, row.assigned_to) if row.assigned_to else None
+    if holder and assigned and holder != assigned:
+        return f"{holder} → {assigned}"
+    if holder:
+        return holder
+    if assigned:
+        return f"waits for {assigned}"
+    return "-"
+
+
+def ago(moment: datetime | None, now: datetime) -> str:
+    """``5s ago``, ``3m ago``, ``2h ago``, ``4d ago``: short enough for a narrow table."""
+    if moment is None:
+        return "-"
+    seconds = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def members_table(processor: Processor, members: list[MemberStatus], now: datetime) -> Table:
     table = Table(
-        title=f"{app.name}: processor {processor.name} on stream {processor.stream.name}",
+        title=f"processor {processor.name} (stream {processor.stream.name}): workers",
         title_justify="left",
     )
-    for column in ("partition", "assigned to", "lease held by", "entries", "lag", "pending"):
-        table.add_column(
-            column,
-            justify="right" if column in ("partition", "entries", "lag", "pending") else "left",
-        )
-    table.add_column("last event")
+    table.add_column("worker", overflow="fold", ratio=3)
+    table.add_column("state", overflow="fold", ratio=2)
+    table.add_column("joined", no_wrap=True)
+    for m in members:
+        if m.alive:
+            state = "alive"
+        elif m.static:
+            state = "dead (static: its partitions wait for it)"
+        else:
+            state = "dead (not reaped yet)"
+        table.add_row(m.name, state, ago(m.joined_at, now))
+    if not members:
+        table.add_row("-", "no worker has run it", "-")
+    return table
+
+
+def status_table(
+    processor: Processor, members: list[MemberStatus], rows: list[PartitionStatus], now: datetime
+) -> Table:
+    names = worker_names(members)
+    table = Table(
+        title=f"processor {processor.name} (stream {processor.stream.name}): partitions",
+        title_justify="left",
+    )
+    table.add_column("partition", justify="right", no_wrap=True)
+    table.add_column("worker", overflow="fold", ratio=1)
+    for column in ("entries", "lag", "pending"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("last event", no_wrap=True)
     for row in rows:
         table.add_row(
             str(row.partition),
-            row.assigned_to or "-",
-            row.owner or "-",
+            partition_worker(row, names),
             f"{row.length:,}",
             "?" if row.lag is None else f"{row.lag:,}",
             f"{row.pending:,}",
-            row.last_event_at.isoformat(timespec="seconds") if row.last_event_at else "-",
+            ago(row.last_event_at, now),
         )
     return table
+
+
+def status_json(
+    app: App,
+    url: str,
+    report: list[tuple[Processor, list[MemberStatus], list[PartitionStatus]]],
+) -> dict[str, Any]:
+    processors = []
+    for processor, members, rows in report:
+        names = worker_names(members)
+        processors.append(
+            {
+                "processor": processor.name,
+                "stream": processor.stream.name,
+                "workers": [{**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in members],
+                "partitions": [
+                    {
+                        "partition": row.partition,
+                        "worker": names.get(lease_owner_name(row.owner)) if row.owner else None,
+                        "lease_owner": row.owner,
+                        "assigned_to": names.get(row.assigned_to) if row.assigned_to else None,
+                        "assigned_member_id": row.assigned_to,
+                        "entries": row.length,
+                        "lag": row.lag,
+                        "pending": row.pending,
+                        "last_event_at": iso(row.last_event_at),
+                    }
+                    for row in rows
+                ],
+            }
+        )
+    return {"app": app.name, "redis_url": url, "processors": processors}
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment is not None else None
 
 
 @cli.command()
