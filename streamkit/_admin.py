@@ -12,18 +12,20 @@ import attrs
 
 from ._errors import StreamkitError
 from ._locks import open_lock_manager
-from ._membership_admin import read_membership
+from ._membership_admin import read_membership, reset_membership
 from ._redis import LuaScript, redis_errors
 from ._wire import text
 
 if TYPE_CHECKING:
     from ._app import App, Processor
+    from ._streams import Stream
 
 __all__ = [
     "MemberStatus",
     "PartitionStatus",
     "ResetIncomplete",
     "ResetRefused",
+    "delete_stream_keys",
     "lease_owner_name",
     "live_members",
     "member_name",
@@ -255,3 +257,25 @@ async def reset_positions(app: App, processor: Processor, *, to: Literal["start"
                 await _RESET_SCRIPT(redis, keys=[key], args=[processor.group, position])
         except StreamkitError as exc:
             raise ResetIncomplete(exc, done, len(keys)) from exc
+
+
+async def delete_stream_keys(app: App, stream: Stream[Any], processors: list[Processor]) -> int:
+    """Delete ``stream``'s partitions and metadata, and its processors' memberships.
+
+    What ``streamkit delete-stream`` does, so that the stream can be created again with
+    other settings. Dead letters are kept. Returns how many events were deleted.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    redis = app.redis
+    events = 0
+    for key in stream.partition_keys():
+        with redis_errors():
+            events += await redis.xlen(key)
+            await redis.delete([key])
+    for processor in processors:
+        await reset_membership(redis, processor.group)
+    with redis_errors():
+        await redis.delete([stream.spec.meta_key])
+    return events

@@ -22,6 +22,7 @@ from rich.table import Table
 from ._admin import (
     MemberStatus,
     PartitionStatus,
+    delete_stream_keys,
     lease_owner_name,
     live_members,
     member_statuses,
@@ -36,7 +37,7 @@ from ._deadletters import (
     purge_dead_letters,
     replay_dead_letters,
 )
-from ._errors import ConfigError, EncodeError, StreamkitError
+from ._errors import ConfigError, EncodeError, MetadataMismatch, StreamkitError
 from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
 from ._streams import Stream
 from ._urls import mask_url
@@ -139,6 +140,22 @@ def import_failure(module_name: str, exc: BaseException) -> str:
     lines += traceback.format_exception_only(type(exc), exc)
     body = "".join(["Traceback (most recent call last):\n", *lines]).rstrip()
     return f"module {module_name!r} failed to import; its traceback:\n{body}"
+
+
+def with_stream_path(exc: BaseException, path: str) -> str:
+    """``exc``'s message, with the stream's real MODULE:STREAM in a delete-stream hint.
+
+    ``path`` is the stream's own path, or the path of anything in its module (an app).
+    """
+    message = str(exc)
+    if not isinstance(exc, MetadataMismatch) or "MODULE:STREAM" not in message:
+        return message
+    module_name = path.partition(":")[0]
+    module = sys.modules.get(module_name)
+    for name, value in vars(module).items() if module is not None else ():
+        if isinstance(value, Stream) and value.name == exc.stream:
+            return message.replace("MODULE:STREAM", f"{module_name}:{name}")
+    return message
 
 
 def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
@@ -261,7 +278,7 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
         async with app:
             [entry_id] = await stream.send(record)
     except StreamkitError as exc:
-        fail(f"{exc}\nnothing was sent")
+        fail(f"{with_stream_path(exc, stream_path)}\nnothing was sent")
     click.echo(
         f"sent to {app.name}.{stream.name} partition {stream.partition_of(record)}: {entry_id}"
     )
@@ -366,7 +383,7 @@ async def sendmany(
         return
     report = outcome.report(resume_command(stream_path, source.name, redis_url, chunk_size))
     if outcome.error is not None:
-        fail(f"{outcome.error}\n{report}")
+        fail(f"{with_stream_path(outcome.error, stream_path)}\n{report}")
     signum = outcome.signal or signal.SIGINT
     how = "at once, by a second signal" if outcome.hard_stopped else "after the records in flight"
     fail(f"stopped by {signal.Signals(signum).name} {how}\n{report}", 128 + signum)
@@ -409,7 +426,7 @@ async def worker(
     try:
         await run_worker(app, processors=names, handle_signals=True)
     except StreamkitError as exc:
-        fail(str(exc))
+        fail(with_stream_path(exc, app_path))
 
 
 def processor_names(app: App, given: str | None) -> list[str] | None:
@@ -617,6 +634,41 @@ async def reset(
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(f"{processor.name} now reads {processor.stream.name} from the {to}")
+
+
+@cli.command("delete-stream")
+@click.argument("stream_path", metavar="MODULE:STREAM")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Delete even while workers run its processors.")
+@redis_url_option
+async def delete_stream(stream_path: str, yes: bool, force: bool, redis_url: str | None) -> None:
+    """Delete a stream's events, metadata and processors' membership, to recreate it.
+
+    For a stream created with other settings (partition count, record type, partition
+    key) than the code now uses. Only this stream's keys are deleted; its processors'
+    dead letters are kept. Stop its workers first.
+    """
+    app, stream = load_stream(stream_path, redis_url)
+    processors = [p for p in app.processors.values() if p.stream is stream]
+    try:
+        async with app:
+            for processor in processors:
+                alive = await live_members(app, processor)
+                if alive and not force:
+                    fail(
+                        f"{len(alive)} worker(s) run {processor.name} on {stream.name} right "
+                        f"now; stop them first, or pass --force; nothing was deleted"
+                    )
+            if not yes:
+                confirm(
+                    f"Delete all events of {app.name}.{stream.name} "
+                    f"({stream.partition_count} partitions) and its recorded settings?",
+                    refused="nothing was deleted",
+                )
+            deleted = await delete_stream_keys(app, stream, processors)
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(f"deleted {app.name}.{stream.name} ({deleted:,} event(s))")
 
 
 @cli.group(cls=WholeHelpGroup)

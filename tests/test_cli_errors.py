@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from streamkit.testing import free_port
-from tests.test_cli import ROOT, Result, assert_no_traceback, streamkit
+from tests.test_cli import ORDERS, ROOT, Result, assert_no_traceback, streamkit
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -159,3 +159,23 @@ async def test_dead_letter_ids_are_checked(redis_url: str, redis: Redis) -> None
     )
     assert listed.code == 0, listed.err
     assert "showing the oldest 2 of 5 dead letters; pass --limit 5 to see them all" in listed.out
+
+
+async def test_a_mismatch_names_the_delete_stream_command(redis_url: str, redis: Redis) -> None:
+    record = (
+        '{"order_id": 1, "customer": "ada", "amount": 1.5, "created_at": "2026-01-01T00:00:00Z"}'
+    )
+    await redis.hset("__meta:{orders_demo.orders}", {"partition_count": "4"})
+    refused = await streamkit("send", ORDERS, record, redis_url=redis_url)
+    assert refused.code == 1
+    command = "streamkit delete-stream examples.orders.app:orders"
+    assert command in refused.err
+    assert_no_traceback(refused)
+    await redis.xadd("__strm:{orders_demo.orders.3}", {"data": "{}"})
+    await redis.xadd("__strm:{orders_demo.unrelated.3}", {"data": "{}"})
+    deleted = await streamkit(*command.split()[1:], "--yes", redis_url=redis_url)
+    assert deleted.code == 0, deleted.err
+    assert "deleted orders_demo.orders (1 event(s))" in deleted.out
+    assert await redis.exists(["__strm:{orders_demo.unrelated.3}"]) == 1
+    sent = await streamkit("send", ORDERS, record, redis_url=redis_url)
+    assert sent.code == 0, sent.err
