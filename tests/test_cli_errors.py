@@ -145,7 +145,7 @@ async def test_dead_letter_ids_are_checked(redis_url: str, redis: Redis) -> None
         "--id",
         "1-0",
         "--id",
-        first.decode(),
+        str(first.decode() if isinstance(first, bytes) else first),
         "--yes",
         redis_url=redis_url,
     )
