@@ -13,19 +13,25 @@ import attrs
 from ._errors import ConfigError, StreamkitError
 from ._halts import HaltRecord, clear_halt, read_halt
 from ._locks import open_lock_manager
-from ._membership_admin import read_membership
+from ._membership_admin import read_membership, reset_membership
 from ._redis import LuaScript, redis_errors
 from ._wire import text
 
 if TYPE_CHECKING:
     from ._app import App, Processor
+    from ._streams import Stream
 
 __all__ = [
+    "MemberStatus",
     "PartitionStatus",
     "ResetIncomplete",
     "ResetRefused",
+    "delete_stream_keys",
     "halted_partitions",
+    "lease_owner_name",
     "live_members",
+    "member_name",
+    "member_statuses",
     "processor_status",
     "reset_positions",
     "resume_partitions",
@@ -108,6 +114,70 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
                 )
             )
     return statuses
+
+
+@attrs.frozen(kw_only=True)
+class MemberStatus:
+    """A member of a processor's group, as seen in Redis right now.
+
+    Attributes:
+        id: the member id (a random one, or the static ``member_id``).
+        name: a name a person recognises: ``host:pid``, plus the member id of a
+            static member (``host:pid (web-1)``).
+        host: the host it runs on.
+        pid: its process id.
+        static: whether it is a static member.
+        alive: whether its heartbeat is current.
+        joined_at: when it joined.
+        heartbeat_ttl: seconds until its heartbeat expires (``None`` if expired).
+    """
+
+    id: str
+    name: str
+    host: str
+    pid: int
+    static: bool
+    alive: bool
+    joined_at: datetime | None
+    heartbeat_ttl: float | None
+
+
+def member_name(host: str, pid: int, member_id: str, *, static: bool) -> str:
+    """``host:pid``, with the member id of a static member: the name status shows."""
+    name = f"{host}:{pid}" if host else member_id
+    return f"{name} ({member_id})" if static and host else name
+
+
+def lease_owner_name(owner: str) -> str:
+    """The ``host:pid`` of a lease owner id (``host:pid:random`` by default)."""
+    host_pid, sep, _ = owner.rpartition(":")
+    if sep and host_pid.rpartition(":")[2].isdigit():
+        return host_pid  # without the random part
+    return owner
+
+
+async def member_statuses(app: App, processor: Processor) -> list[MemberStatus]:
+    """Every member of ``processor``'s group, alive or not (a static member that left).
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    snapshot = await read_membership(app.redis, processor.group)
+    if snapshot is None:
+        return []
+    return [
+        MemberStatus(
+            id=m.id,
+            name=member_name(m.host, m.pid, m.id, static=m.static),
+            host=m.host,
+            pid=m.pid,
+            static=m.static,
+            alive=m.heartbeat_ttl is not None and m.heartbeat_ttl > 0,
+            joined_at=datetime.fromtimestamp(m.joined_at, tz=UTC) if m.joined_at else None,
+            heartbeat_ttl=m.heartbeat_ttl,
+        )
+        for m in snapshot.members
+    ]
 
 
 async def live_members(app: App, processor: Processor) -> list[str]:
@@ -240,3 +310,25 @@ async def resume_partitions(
         if record is not None:
             cleared[partition] = record
     return cleared
+
+
+async def delete_stream_keys(app: App, stream: Stream[Any], processors: list[Processor]) -> int:
+    """Delete ``stream``'s partitions and metadata, and its processors' memberships.
+
+    What ``streamkit delete-stream`` does, so that the stream can be created again with
+    other settings. Dead letters are kept. Returns how many events were deleted.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    redis = app.redis
+    events = 0
+    for key in stream.partition_keys():
+        with redis_errors():
+            events += await redis.xlen(key)
+            await redis.delete([key])
+    for processor in processors:
+        await reset_membership(redis, processor.group)
+    with redis_errors():
+        await redis.delete([stream.spec.meta_key])
+    return events

@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
@@ -17,16 +20,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ._admin import (
+    MemberStatus,
     PartitionStatus,
+    delete_stream_keys,
+    lease_owner_name,
     live_members,
+    member_statuses,
     processor_status,
     reset_positions,
     resume_partitions,
 )
 from ._app import App
-from ._deadletters import list_dead_letters, purge_dead_letters, replay_dead_letters
-from ._errors import ConfigError, EncodeError, StreamkitError
+from ._deadletters import (
+    count_dead_letters,
+    list_dead_letters,
+    parse_dead_letter_id,
+    purge_dead_letters,
+    replay_dead_letters,
+)
+from ._errors import ConfigError, EncodeError, MetadataMismatch, StreamkitError
+from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
 from ._streams import Stream
+from ._urls import mask_url
 from ._worker import run_worker, select_processors
 
 if TYPE_CHECKING:
@@ -35,6 +50,8 @@ if TYPE_CHECKING:
     from ._app import Processor
 
 __all__ = ["cli", "main"]
+
+log = logging.getLogger("streamkit.cli")
 
 MAX_REPORTED_ERRORS = 20
 
@@ -53,7 +70,17 @@ class BadInput(CommandError):
     exit_code = 2
 
 
+class Stopped(CommandError):
+    """Stopped by a signal: exit code 128 + the signal's number, as a shell expects."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum  # type: ignore[misc]
+
+
 def fail(message: str, exit_code: int = 1) -> NoReturn:
+    if exit_code > 128:
+        raise Stopped(message, exit_code - 128)
     raise (BadInput if exit_code == 2 else CommandError)(message)
 
 
@@ -67,16 +94,69 @@ def load_object(path: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        fail(f"cannot import {module_name!r}: {exc}", 2)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and _is_parent_or_same(exc.name, module_name):
+            fail(f"cannot import {module_name!r}: {exc}", 2)
+        fail(import_failure(module_name, exc), 2)
     except StreamkitError as exc:
-        fail(f"importing {module_name!r} failed: {exc}", 2)
+        where = user_frame(exc)
+        fail(f"importing {module_name!r} failed{where}: {exc}", 2)
+    except Exception as exc:
+        fail(import_failure(module_name, exc), 2)
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             fail(f"{module_name!r} has no attribute {attribute!r}", 2)
     return target
+
+
+def _is_parent_or_same(missing: str, module_name: str) -> bool:
+    """Whether the module that was not found is ``module_name`` or one of its packages."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``exc``'s traceback outside importlib and this module."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [
+        frame
+        for frame in frames
+        if "importlib" not in frame.filename and frame.filename != __file__
+    ]
+
+
+def user_frame(exc: BaseException) -> str:
+    """Where the user's code raised ``exc``: " at FILE line N", or "" if unknown."""
+    here = os.path.dirname(__file__)
+    frames = [f for f in _user_frames(exc) if not f.filename.startswith(here + os.sep)]
+    if not frames:
+        return ""
+    return f" at {os.path.relpath(frames[-1].filename)} line {frames[-1].lineno}"
+
+
+def import_failure(module_name: str, exc: BaseException) -> str:
+    """A one-line header, then the user's own traceback (without streamkit's frames)."""
+    lines = traceback.format_list(_user_frames(exc))
+    lines += traceback.format_exception_only(type(exc), exc)
+    body = "".join(["Traceback (most recent call last):\n", *lines]).rstrip()
+    return f"module {module_name!r} failed to import; its traceback:\n{body}"
+
+
+def with_stream_path(exc: BaseException, path: str) -> str:
+    """``exc``'s message, with the stream's real MODULE:STREAM in a delete-stream hint.
+
+    ``path`` is the stream's own path, or the path of anything in its module (an app).
+    """
+    message = str(exc)
+    if not isinstance(exc, MetadataMismatch) or "MODULE:STREAM" not in message:
+        return message
+    module_name = path.partition(":")[0]
+    module = sys.modules.get(module_name)
+    for name, value in vars(module).items() if module is not None else ():
+        if isinstance(value, Stream) and value.name == exc.stream:
+            return message.replace("MODULE:STREAM", f"{module_name}:{name}")
+    return message
 
 
 def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
@@ -140,14 +220,35 @@ def configure_logging(level: str) -> None:
 
 
 def redis_url_option(function: Any) -> Any:
+    # No envvar here: STREAMKIT_REDIS_URL is read by the app's Settings, below the
+    # App's own keyword arguments. Reading it here too would let the environment
+    # override App(redis_url=...), unlike everywhere else.
     return click.option(
         "--redis-url",
-        envvar="STREAMKIT_REDIS_URL",
-        help="Redis to use, instead of the app's redis_url. [env: STREAMKIT_REDIS_URL]",
+        metavar="URL",
+        help=(
+            "Redis to use, overriding the app's redis_url (which comes from "
+            "App(redis_url=...), else STREAMKIT_REDIS_URL, else redis://127.0.0.1:6379)."
+        ),
     )(function)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class WholeHelpGroup(click.Group):
+    """A group whose command list shows each command's whole first sentence."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            rows.append((name, command.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=WholeHelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="streamkit")
 def cli() -> None:
     """streamkit: partitioned, ordered event processing on Redis Streams.
@@ -178,7 +279,7 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
         async with app:
             [entry_id] = await stream.send(record)
     except StreamkitError as exc:
-        fail(f"{exc}\nnothing was sent")
+        fail(f"{with_stream_path(exc, stream_path)}\nnothing was sent")
     click.echo(
         f"sent to {app.name}.{stream.name} partition {stream.partition_of(record)}: {entry_id}"
     )
@@ -191,37 +292,62 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
 @click.option(
     "--chunk-size", type=click.IntRange(min=1), default=None, help="Records per round trip."
 )
+@click.option(
+    "--skip",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Skip the first N lines of FILE (sent by an earlier, interrupted sendmany).",
+)
+@click.option(
+    "--skip-sent",
+    "skip_sent",
+    metavar="PARTITION:LINE,...",
+    help="Also skip each listed partition's lines up to LINE (as an interrupted "
+    "sendmany's message says).",
+)
 async def sendmany(
-    stream_path: str, source: IO[bytes], redis_url: str | None, chunk_size: int | None
+    stream_path: str,
+    source: IO[bytes],
+    redis_url: str | None,
+    chunk_size: int | None,
+    skip: int,
+    skip_sent: str | None,
 ) -> None:
     """Send many records from a JSON Lines FILE ('-' for standard input).
 
-    Every line is checked before anything is sent: if any line is bad, the errors
-    are listed with their line numbers and nothing is sent. Blank lines are skipped.
+    Every line is checked before anything is sent (JSON, the record's fields, its
+    partition key): if any line is bad, the errors are listed with their line
+    numbers and nothing is sent. Blank lines are skipped.
+
+    If sending stops early (a Redis error, Ctrl-C, SIGTERM), the message says exactly
+    which lines are in Redis and gives the command that sends the rest without
+    duplicates (with --skip and --skip-sent). A first Ctrl-C lets the records in
+    flight finish; a second one stops at once.
     """
     app, stream = load_stream(stream_path, redis_url)
-    records: list[Any] = []
-    line_numbers: list[int] = []
-    errors: list[str] = []
-    for number, line in enumerate(source, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(parse_record(stream, line))
-            line_numbers.append(number)
-        except ValueError as exc:
-            errors.append(f"line {number}: {exc}")
+    try:
+        marks = parse_marks(skip_sent, stream.partition_count)
+    except ValueError as exc:
+        fail(f"--skip-sent: {exc}", 2)
+    try:
+        lines, errors, already = check_lines(
+            stream, source, lambda text: parse_record(stream, text), skip=skip, marks=marks
+        )
+    except KeyboardInterrupt:
+        fail("interrupted while checking the input; nothing was sent", 130)
     if errors:
         shown = "\n".join(errors[:MAX_REPORTED_ERRORS])
         more = len(errors) - MAX_REPORTED_ERRORS
         if more > 0:
             shown += f"\n... and {more} more bad lines"
         fail(f"{len(errors)} bad line(s), nothing was sent:\n{shown}", 2)
-    if not records:
-        click.echo("no records to send")
+    if not lines:
+        click.echo("no records to send" + (f" ({already} already sent)" if already else ""))
         return
 
-    sent = 0
+    outcome = SendOutcome(lines, skip, dict(marks))
+    chunk = chunk_size if chunk_size is not None else stream.settings.send_chunk_size
     with Progress(
         TextColumn("sending"),
         BarColumn(),
@@ -231,19 +357,37 @@ async def sendmany(
         transient=True,
         disable=not stderr.is_terminal,
     ) as progress:
-        task = progress.add_task("send", total=len(records))
+        task = progress.add_task("send", total=len(lines))
 
         def on_sent(n: int) -> None:
-            nonlocal sent
-            sent += n
-            progress.update(task, completed=sent)
+            progress.update(task, advance=n)
+
+        def on_signal(signum: int) -> None:
+            progress.console.print(
+                f"{signal.Signals(signum).name}: stopping once the records in flight are "
+                f"sent (a second signal stops at once)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
         try:
             async with app:
-                await stream.send_many(records, chunk_size=chunk_size, on_sent=on_sent)
+                await send_lines(
+                    stream, outcome, chunk_size=chunk, on_sent=on_sent, on_signal=on_signal
+                )
         except StreamkitError as exc:
-            fail(f"{exc}\n{describe_partial_send(line_numbers, sent, len(records))}")
-    click.echo(f"sent {len(records)} records to {app.name}.{stream.name}")
+            outcome.error = outcome.error or exc
+        except KeyboardInterrupt:
+            outcome.signal = signal.SIGINT
+    if outcome.complete and outcome.error is None:
+        click.echo(f"sent {len(lines):,} records to {app.name}.{stream.name}")
+        return
+    report = outcome.report(resume_command(stream_path, source.name, redis_url, chunk_size))
+    if outcome.error is not None:
+        fail(f"{with_stream_path(outcome.error, stream_path)}\n{report}")
+    signum = outcome.signal or signal.SIGINT
+    how = "at once, by a second signal" if outcome.hard_stopped else "after the records in flight"
+    fail(f"stopped by {signal.Signals(signum).name} {how}\n{report}", 128 + signum)
 
 
 @cli.command()
@@ -260,6 +404,7 @@ async def sendmany(
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
     show_default=True,
+    help="Least severe log messages to show (on standard error).",
 )
 async def worker(
     app_path: str, processors: str | None, redis_url: str | None, log_level: str
@@ -273,35 +418,67 @@ async def worker(
     """
     configure_logging(log_level)
     app = load_app(app_path, redis_url)
-    names = [n.strip() for n in processors.split(",") if n.strip()] if processors else None
+    names = processor_names(app, processors)
     try:
         select_processors(app, names)
     except ConfigError as exc:
         fail(str(exc), 2)
+    log.info("using Redis at %s", mask_url(app.settings.redis_url))
     try:
         await run_worker(app, processors=names, handle_signals=True)
     except StreamkitError as exc:
-        fail(str(exc))
+        fail(with_stream_path(exc, app_path))
+
+
+def processor_names(app: App, given: str | None) -> list[str] | None:
+    """The names given to ``--processors``, or ``None`` (all) if it was not given."""
+    if given is None:
+        return None
+    names = [name.strip() for name in given.split(",")]
+    if not all(names):
+        known = ", ".join(app.processors) or "none"
+        fail(
+            f"--processors: {given!r} has an empty processor name; give comma-separated "
+            f"names (known: {known}), or leave the option out to run them all",
+            2,
+        )
+    return names
 
 
 @cli.command()
 @click.argument("app_path", metavar="MODULE:APP")
 @redis_url_option
-async def status(app_path: str, redis_url: str | None) -> None:
-    """Show each processor's partitions: owner, lag, pending entries, last event."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def status(app_path: str, redis_url: str | None, as_json: bool) -> None:
+    """Show each processor's workers and partitions: who, lag, pending, last event.
+
+    A worker is named host:pid, plus its member id if it is a static member. The
+    table fits the terminal; --json prints everything, for scripts.
+    """
     app = load_app(app_path, redis_url)
-    if not app.processors:
-        click.echo(f"app {app.name} has no processors")
-        return
-    console = Console()
+    url = mask_url(app.settings.redis_url)
+    report: list[tuple[Processor, list[MemberStatus], list[PartitionStatus]]] = []
     try:
         async with app:
             for processor in app.processors.values():
+                members = await member_statuses(app, processor)
                 rows = await processor_status(app, processor)
-                console.print(status_table(app, processor, rows))
-                print_halted(console, app_path, processor, rows)
+                report.append((processor, members, rows))
     except StreamkitError as exc:
         fail(str(exc))
+    if as_json:
+        click.echo(orjson.dumps(status_json(app, url, report), option=orjson.OPT_INDENT_2))
+        return
+    console = Console(highlight=False)
+    console.print(f"app {app.name}, Redis at {url}", soft_wrap=True)
+    if not report:
+        console.print(f"app {app.name} has no processors")
+    now = datetime.now(UTC)
+    for processor, members, rows in report:
+        console.print()
+        console.print(members_table(processor, members, now))
+        console.print(status_table(processor, members, rows, now))
+        print_halted(console, app_path, processor, rows)
 
 
 def print_halted(
@@ -326,28 +503,128 @@ def print_halted(
             )
 
 
-def status_table(app: App, processor: Processor, rows: list[PartitionStatus]) -> Table:
+def worker_names(members: list[MemberStatus]) -> dict[str, str]:
+    """Member id, and lease owner ``host:pid``, -> the name shown for that worker."""
+    names = {m.id: m.name for m in members}
+    names.update({f"{m.host}:{m.pid}": m.name for m in members if m.host})
+    return names
+
+
+def partition_worker(row: PartitionStatus, names: dict[str, str]) -> str:
+    """Who processes a partition: the lease holder, and where it moves if it does."""
+    holder = (
+        names.get(lease_owner_name(row.owner), lease_owner_name(row.owner)) if row.owner else None
+    )
+    assigned = names.get(row.assigned_to, row.assigned_to) if row.assigned_to else None
+    if holder and assigned and holder != assigned:
+        return f"{holder} → {assigned}"
+    if holder:
+        return holder
+    if assigned:
+        return f"waits for {assigned}"
+    return "-"
+
+
+def ago(moment: datetime | None, now: datetime) -> str:
+    """``5s ago``, ``3m ago``, ``2h ago``, ``4d ago``: short enough for a narrow table."""
+    if moment is None:
+        return "-"
+    seconds = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def members_table(processor: Processor, members: list[MemberStatus], now: datetime) -> Table:
     table = Table(
-        title=f"{app.name}: processor {processor.name} on stream {processor.stream.name}",
+        title=f"processor {processor.name} (stream {processor.stream.name}): workers",
         title_justify="left",
     )
-    for column in ("partition", "assigned to", "lease held by", "entries", "lag", "pending"):
-        table.add_column(
-            column,
-            justify="right" if column in ("partition", "entries", "lag", "pending") else "left",
-        )
-    table.add_column("last event")
+    table.add_column("worker", overflow="fold", ratio=3)
+    table.add_column("state", overflow="fold", ratio=2)
+    table.add_column("joined", no_wrap=True)
+    for m in members:
+        if m.alive:
+            state = "alive"
+        elif m.static:
+            state = "dead (static: its partitions wait for it)"
+        else:
+            state = "dead (not reaped yet)"
+        table.add_row(m.name, state, ago(m.joined_at, now))
+    if not members:
+        table.add_row("-", "no worker has run it", "-")
+    return table
+
+
+def status_table(
+    processor: Processor, members: list[MemberStatus], rows: list[PartitionStatus], now: datetime
+) -> Table:
+    names = worker_names(members)
+    table = Table(
+        title=f"processor {processor.name} (stream {processor.stream.name}): partitions",
+        title_justify="left",
+    )
+    table.add_column("partition", justify="right", no_wrap=True)
+    table.add_column("worker", overflow="fold", ratio=1)
+    for column in ("entries", "lag", "pending"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("last event", no_wrap=True)
     for row in rows:
         table.add_row(
             str(row.partition),
-            row.assigned_to or "-",
-            row.owner or "-",
+            partition_worker(row, names),
             f"{row.length:,}",
             "?" if row.lag is None else f"{row.lag:,}",
             f"{row.pending:,}",
-            row.last_event_at.isoformat(timespec="seconds") if row.last_event_at else "-",
+            ago(row.last_event_at, now),
         )
     return table
+
+
+def status_json(
+    app: App,
+    url: str,
+    report: list[tuple[Processor, list[MemberStatus], list[PartitionStatus]]],
+) -> dict[str, Any]:
+    processors = []
+    for processor, members, rows in report:
+        names = worker_names(members)
+        processors.append(
+            {
+                "processor": processor.name,
+                "stream": processor.stream.name,
+                "workers": [{**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in members],
+                "partitions": [
+                    {
+                        "partition": row.partition,
+                        "worker": names.get(lease_owner_name(row.owner)) if row.owner else None,
+                        "lease_owner": row.owner,
+                        "assigned_to": names.get(row.assigned_to) if row.assigned_to else None,
+                        "assigned_member_id": row.assigned_to,
+                        "entries": row.length,
+                        "lag": row.lag,
+                        "pending": row.pending,
+                        "last_event_at": iso(row.last_event_at),
+                        "halted": None
+                        if row.halted is None
+                        else {
+                            "error_type": row.halted.error_type,
+                            "error": row.halted.error,
+                            "entry_ids": list(row.halted.entry_ids),
+                            "since": iso(row.halted.since),
+                            "worker": row.halted.worker,
+                        },
+                    }
+                    for row in rows
+                ],
+            }
+        )
+    return {"app": app.name, "redis_url": url, "processors": processors}
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment is not None else None
 
 
 @cli.command()
@@ -447,7 +724,42 @@ async def resume(
         fail(f"{processor.name} is not halted on any partition; nothing to resume")
 
 
-@cli.group()
+@cli.command("delete-stream")
+@click.argument("stream_path", metavar="MODULE:STREAM")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Delete even while workers run its processors.")
+@redis_url_option
+async def delete_stream(stream_path: str, yes: bool, force: bool, redis_url: str | None) -> None:
+    """Delete a stream's events, metadata and processors' membership, to recreate it.
+
+    For a stream created with other settings (partition count, record type, partition
+    key) than the code now uses. Only this stream's keys are deleted; its processors'
+    dead letters are kept. Stop its workers first.
+    """
+    app, stream = load_stream(stream_path, redis_url)
+    processors = [p for p in app.processors.values() if p.stream is stream]
+    try:
+        async with app:
+            for processor in processors:
+                alive = await live_members(app, processor)
+                if alive and not force:
+                    fail(
+                        f"{len(alive)} worker(s) run {processor.name} on {stream.name} right "
+                        f"now; stop them first, or pass --force; nothing was deleted"
+                    )
+            if not yes:
+                confirm(
+                    f"Delete all events of {app.name}.{stream.name} "
+                    f"({stream.partition_count} partitions) and its recorded settings?",
+                    refused="nothing was deleted",
+                )
+            deleted = await delete_stream_keys(app, stream, processors)
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(f"deleted {app.name}.{stream.name} ({deleted:,} event(s))")
+
+
+@cli.group(cls=WholeHelpGroup)
 def deadletters() -> None:
     """List, replay and purge a processor's dead letters."""
 
@@ -455,7 +767,13 @@ def deadletters() -> None:
 @deadletters.command("list")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("processor_name", metavar="PROCESSOR")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Show at most this many dead letters (the oldest); says how many more exist.",
+)
 @redis_url_option
 async def deadletters_list(
     app_path: str, processor_name: str, limit: int, redis_url: str | None
@@ -466,6 +784,7 @@ async def deadletters_list(
     try:
         async with app:
             letters = await list_dead_letters(app.redis, processor.keys, count=limit)
+            total = await count_dead_letters(app.redis, processor.keys)
     except StreamkitError as exc:
         fail(str(exc))
     if not letters:
@@ -486,6 +805,11 @@ async def deadletters_list(
             str(letter.delivery_count),
         )
     Console(width=200).print(table)
+    if total > len(letters):
+        click.echo(
+            f"showing the oldest {len(letters):,} of {total:,} dead letters; "
+            f"pass --limit {total} to see them all"
+        )
 
 
 DeadLetterAction = Callable[["App", "Processor", "Sequence[str] | None"], Awaitable[int]]
@@ -518,15 +842,43 @@ async def act_on_dead_letters(
     yes: bool,
     redis_url: str | None,
 ) -> None:
-    """Confirm, then apply ``action`` (replay or purge) to the chosen dead letters."""
+    """Confirm, then apply ``action`` (replay or purge) to the chosen dead letters.
+
+    Given ids are checked first, in form and then in Redis: if any is not a dead
+    letter of the processor, nothing is done (exit code 2).
+    """
     app = load_app(app_path, redis_url)
     processor = load_processor(app, processor_name)
-    which = f"{len(ids)} dead letter(s)" if ids else "all dead letters"
-    if not yes:
-        confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
+    wanted: list[str] = []
+    for given in ids:
+        parsed = parse_dead_letter_id(given)
+        if parsed is None:
+            fail(
+                f"--id {given!r} is not a dead letter id (ids look like 1767225600000-0; "
+                f"`streamkit deadletters list {app_path} {processor.name}` shows them); "
+                f"nothing was {done}",
+                2,
+            )
+        if parsed not in wanted:
+            wanted.append(parsed)
+    which = f"{len(wanted)} dead letter(s)" if wanted else "all dead letters"
     try:
         async with app:
-            count = await action(app, processor, ids or None)
+            if wanted:
+                existing = {
+                    letter.id for letter in await list_dead_letters(app.redis, processor.keys)
+                }
+                missing = [i for i in wanted if i not in existing]
+                if missing:
+                    fail(
+                        f"{processor.name} has no dead letter {', '.join(missing)} "
+                        f"(`streamkit deadletters list {app_path} {processor.name}` shows "
+                        f"those it has); nothing was {done}",
+                        2,
+                    )
+            if not yes:
+                confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
+            count = await action(app, processor, wanted or None)
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(f"{done} {count} dead letter(s) of {processor.name}")
@@ -573,16 +925,6 @@ async def deadletters_purge(
         ids=ids,
         yes=yes,
         redis_url=redis_url,
-    )
-
-
-def describe_partial_send(line_numbers: list[int], sent: int, total: int) -> str:
-    if sent == 0:
-        return "nothing was sent"
-    # send_many sends whole windows in order; the failing window may be partly sent.
-    return (
-        f"sent {sent} of {total} records (lines {line_numbers[0]}-{line_numbers[sent - 1]}); "
-        f"records from line {line_numbers[sent]} on may not have been sent"
     )
 
 

@@ -8,6 +8,7 @@ original event's fields, unchanged, plus ``dl.*`` fields describing the failure 
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,9 +24,18 @@ if TYPE_CHECKING:
     from ._redis import Redis
     from ._spec import ProcessorKeys, StreamSpec
 
-__all__ = ["DeadLetter", "list_dead_letters", "purge_dead_letters", "replay_dead_letters"]
+__all__ = [
+    "DeadLetter",
+    "count_dead_letters",
+    "list_dead_letters",
+    "parse_dead_letter_id",
+    "purge_dead_letters",
+    "replay_dead_letters",
+]
 
 _PREFIX = b"dl."
+
+_ID = re.compile(r"(\d+)(?:-(\d+))?\Z")
 
 
 @attrs.frozen(kw_only=True)
@@ -68,6 +78,27 @@ def _parse(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
         failed_at=datetime.fromtimestamp(float(info.get("time", "0")), tz=UTC),
         fields={k: v for k, v in raw.items() if not k.startswith(_PREFIX)},
     )
+
+
+def parse_dead_letter_id(text: str) -> str | None:
+    """The dead letter id ``text`` names, in full form (``"5-0"`` for ``"5"``).
+
+    Returns ``None`` if ``text`` is not an entry id (two numbers joined by ``-``),
+    rather than letting Redis answer with its own error.
+    """
+    match = _ID.match(text.strip())
+    if match is None:
+        return None
+    milliseconds, sequence = match.groups()
+    if int(milliseconds) >= 2**64 or int(sequence or 0) >= 2**64:
+        return None
+    return f"{int(milliseconds)}-{int(sequence or 0)}"
+
+
+async def count_dead_letters(redis: Redis, keys: ProcessorKeys) -> int:
+    """How many dead letters the processor has."""
+    with redis_errors():
+        return await redis.xlen(keys.dead_letter_key)
 
 
 async def list_dead_letters(

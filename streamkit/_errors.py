@@ -190,8 +190,8 @@ class MetadataMismatch(StreamkitError):
     def __init__(self, stream: str, field: str, recorded: object, given: object) -> None:
         super().__init__(
             f"stream {stream!r} was created with {field}={recorded} but this process "
-            f"uses {field}={given}; use the recorded value, or delete the stream to "
-            f"recreate it"
+            f"uses {field}={given}; use the recorded value, or delete the stream and "
+            f"all its events with `streamkit delete-stream MODULE:STREAM` to recreate it"
         )
         self.stream = stream
         self.field = field

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import TYPE_CHECKING
 
 import attrs
+import orjson
 import pytest
 import trio
 
@@ -39,11 +42,14 @@ async def processed(redis_url: str, redis: Redis) -> None:
 async def test_status_shows_every_partition(redis_url: str, processed: None) -> None:
     result = await streamkit("status", APP, redis_url=redis_url)
     assert result.code == 0, result.err
-    assert "processor handle on stream jobs" in result.out
+    assert "processor handle (stream jobs): partitions" in result.out
+    assert f"Redis at {redis_url}" in result.out
     lines = [line for line in result.out.splitlines() if line.strip().startswith("│")]
-    assert len(lines) == 2  # one row per partition
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines]
-    assert all(row[4:6] == ["0", "0"] for row in cells), result.out  # no lag, no pending
+    partitions = [row for row in cells if len(row) == 6]
+    assert len(partitions) == 2  # one row per partition
+    assert all(row[3:5] == ["0", "0"] for row in partitions), result.out  # no lag, no pending
+    assert max(len(line) for line in result.out.splitlines()) <= 80
 
 
 async def test_dead_letters_list_replay_purge(
@@ -88,3 +94,66 @@ async def test_unknown_processor_in_admin_commands(redis_url: str) -> None:
     result = await streamkit("deadletters", "list", APP, "nope", redis_url=redis_url)
     assert result.code == 2
     assert "unknown processor 'nope' (known: handle)" in result.err
+
+
+async def test_reset_a_new_app_creates_what_is_missing(redis_url: str, redis: Redis) -> None:
+    # Partition 0 exists (an event was sent), partition 1 does not yet.
+    await redis.xadd("__strm:{failing.jobs.0}", {"data": '{"key": "a", "n": 1}'})
+    done = await streamkit("reset", APP, "handle", "--to", "end", "--yes", redis_url=redis_url)
+    assert done.code == 0, done.err
+    assert "handle now reads jobs from the end" in done.out
+    for p in range(2):
+        [group] = await redis.xinfo_groups(f"__strm:{{failing.jobs.{p}}}")
+        fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in group.items()}
+        assert fields["lag"] == 0
+
+
+async def test_reset_checks_every_partition_before_changing_any(
+    redis_url: str, redis: Redis
+) -> None:
+    await redis.xadd("__strm:{failing.jobs.0}", {"data": '{"key": "a", "n": 1}'})
+    await redis.set("__strm:{failing.jobs.1}", "not a stream")
+    refused = await streamkit("reset", APP, "handle", "--to", "end", "--yes", redis_url=redis_url)
+    assert refused.code == 1
+    assert "__strm:{failing.jobs.1} holds a string, not a stream" in refused.err
+    assert "nothing was reset" in refused.err
+    assert "Traceback" not in refused.err
+    assert await redis.xinfo_groups("__strm:{failing.jobs.0}") == ()
+
+
+async def test_status_names_workers_once_and_shows_dead_static_members(
+    redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = failing.app
+    monkeypatch.setattr(app, "settings", attrs.evolve(app.settings, redis_url=redis_url))
+    handle = app.processors["handle"]
+    static = attrs.evolve(handle.settings, member_id="web-1", static_grace=0.5)
+    monkeypatch.setitem(app.processors, "handle", attrs.evolve(handle, settings=static))
+    async with app, trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await failing.jobs.send_many(failing.Job(key=f"k{n}", n=n * 10) for n in range(4))
+
+        async def done() -> bool:
+            return await redis.llen("failing:done") >= 4
+
+        await wait_until(done, what="4 jobs done", within=30)
+        alive = await streamkit("status", APP, "--json", redis_url=redis_url)
+        assert alive.code == 0, alive.err
+        report = orjson.loads(alive.out)
+        [processor] = report["processors"]
+        [member] = processor["workers"]
+        name = f"{socket.gethostname()}:{os.getpid()} (web-1)"
+        assert member["name"] == name
+        assert member["alive"] is True
+        assert {p["worker"] for p in processor["partitions"]} == {name}
+        assert report["redis_url"] == redis_url
+        await worker.stop()
+
+    async def beat_expired() -> bool:
+        return not await redis.exists(["__beat:{failing.jobs.handle}:web-1"])
+
+    await wait_until(beat_expired, what="the static member's heartbeat expired", within=10)
+    dead = await streamkit("status", APP, redis_url=redis_url)
+    assert dead.code == 0, dead.err
+    assert "dead (static" in dead.out
+    assert "waits for" in dead.out

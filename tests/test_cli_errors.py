@@ -1,0 +1,181 @@
+"""The command line's mistakes and precedence: one clear line, the right URL, whole help."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import trio
+
+from streamkit.testing import free_port
+from tests.test_cli import ORDERS, ROOT, Result, assert_no_traceback, streamkit
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from streamkit import Redis
+
+APP_MODULE = """
+import os
+from streamkit import App, Events, Record
+
+app = App("prec", redis_url=os.environ["PREC_URL"])
+
+
+class Item(Record):
+    key: str
+
+
+items = app.stream("items", record=Item, partition_by="key", partition_count=2)
+
+
+@app.processor(items)
+async def handle(events: Events[Item]) -> None:
+    async for _ in events.records():
+        pass
+"""
+
+
+async def run_in(directory: Path, *args: str, env: dict[str, str]) -> Result:
+    """``streamkit ARGS`` run in ``directory`` (where the user's modules are)."""
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "STREAMKIT_CONNECT_GIVE_UP_AFTER": "0",
+        **env,
+    }
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-m", "streamkit", *args],
+            cwd=directory,
+            env=environment,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+async def test_app_keyword_arguments_win_over_the_environment(
+    redis_url: str, redis: Redis, tmp_path: Path
+) -> None:
+    (tmp_path / "precapp.py").write_text(APP_MODULE)
+    nowhere = f"redis://127.0.0.1:{free_port()}"
+    env = {"PREC_URL": redis_url, "STREAMKIT_REDIS_URL": nowhere}
+    sent = await run_in(tmp_path, "send", "precapp:items", '{"key": "a"}', env=env)
+    assert sent.code == 0, sent.err
+    status = await run_in(tmp_path, "status", "precapp:app", env=env)
+    assert status.code == 0, status.err
+    assert f"Redis at {redis_url}" in status.out
+    # The flag wins over both.
+    flagged = await run_in(
+        tmp_path, "status", "precapp:app", "--redis-url", nowhere, env={"PREC_URL": redis_url}
+    )
+    assert flagged.code == 1
+    assert f"Redis at {nowhere} is unavailable" in flagged.err
+
+
+async def test_a_module_that_fails_to_import_shows_its_own_traceback(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(
+        "import json\n\n\ndef f():\n    raise RuntimeError('boom')\n\n\nf()\n"
+    )
+    result = await run_in(tmp_path, "worker", "broken:app", env={})
+    assert result.code == 2
+    lines = result.err.splitlines()
+    assert lines[0] == "Error: module 'broken' failed to import; its traceback:"
+    assert 'broken.py", line 8, in <module>' in result.err
+    assert 'broken.py", line 5, in f' in result.err
+    assert "RuntimeError: boom" in result.err
+    assert "importlib" not in result.err
+    assert "_cli.py" not in result.err
+
+
+async def test_a_missing_module_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "needs.py").write_text("import not_installed_anywhere\n")
+    missing = await run_in(tmp_path, "worker", "nothere:app", env={})
+    assert missing.code == 2
+    assert missing.err.strip() == ("Error: cannot import 'nothere': No module named 'nothere'")
+    # A module that imports a missing one is the user's own import failure.
+    needs = await run_in(tmp_path, "worker", "needs:app", env={})
+    assert needs.code == 2
+    assert "module 'needs' failed to import" in needs.err
+    assert "No module named 'not_installed_anywhere'" in needs.err
+
+
+async def test_empty_processor_names_are_refused(redis_url: str) -> None:
+    result = await streamkit("worker", "tests.apps.failing:app", "-p", ",", redis_url=redis_url)
+    assert result.code == 2
+    assert "--processors: ',' has an empty processor name" in result.err
+    assert "(known: handle)" in result.err
+    assert_no_traceback(result)
+
+
+async def test_help_is_whole(redis_url: str) -> None:
+    top = await streamkit("--help", redis_url=redis_url)
+    commands = top.out.split("Commands:")[1]
+    assert "..." not in commands, top.out
+    assert "pending, last event." in commands
+    worker = await streamkit("worker", "--help", redis_url=redis_url)
+    assert "Least severe log messages to show" in worker.out
+    listing = await streamkit("deadletters", "list", "--help", redis_url=redis_url)
+    assert "says how many more exist" in listing.out
+
+
+async def test_dead_letter_ids_are_checked(redis_url: str, redis: Redis) -> None:
+    app = "tests.apps.failing:app"
+    dead = "__dead:{failing.jobs.handle}"
+    first = await redis.xadd(dead, {"dl.reason": "error", "data": "{}"})
+    for _ in range(4):
+        await redis.xadd(dead, {"dl.reason": "error", "data": "{}"})
+
+    bogus = await streamkit(
+        "deadletters", "purge", app, "handle", "--id", "bogus", "--yes", redis_url=redis_url
+    )
+    assert bogus.code == 2
+    assert "--id 'bogus' is not a dead letter id" in bogus.err
+    assert "nothing was purged" in bogus.err
+    assert "Invalid stream ID" not in bogus.err
+
+    missing = await streamkit(
+        "deadletters",
+        "replay",
+        app,
+        "handle",
+        "--id",
+        "1-0",
+        "--id",
+        str(first.decode() if isinstance(first, bytes) else first),
+        "--yes",
+        redis_url=redis_url,
+    )
+    assert missing.code == 2
+    assert "handle has no dead letter 1-0" in missing.err
+    assert "nothing was replayed" in missing.err
+    assert await redis.xlen(dead) == 5
+
+    listed = await streamkit(
+        "deadletters", "list", app, "handle", "--limit", "2", redis_url=redis_url
+    )
+    assert listed.code == 0, listed.err
+    assert "showing the oldest 2 of 5 dead letters; pass --limit 5 to see them all" in listed.out
+
+
+async def test_a_mismatch_names_the_delete_stream_command(redis_url: str, redis: Redis) -> None:
+    record = (
+        '{"order_id": 1, "customer": "ada", "amount": 1.5, "created_at": "2026-01-01T00:00:00Z"}'
+    )
+    await redis.hset("__meta:{orders_demo.orders}", {"partition_count": "4"})
+    refused = await streamkit("send", ORDERS, record, redis_url=redis_url)
+    assert refused.code == 1
+    command = "streamkit delete-stream examples.orders.app:orders"
+    assert command in refused.err
+    assert_no_traceback(refused)
+    await redis.xadd("__strm:{orders_demo.orders.3}", {"data": "{}"})
+    await redis.xadd("__strm:{orders_demo.unrelated.3}", {"data": "{}"})
+    deleted = await streamkit(*command.split()[1:], "--yes", redis_url=redis_url)
+    assert deleted.code == 0, deleted.err
+    assert "deleted orders_demo.orders (1 event(s))" in deleted.out
+    assert await redis.exists(["__strm:{orders_demo.unrelated.3}"]) == 1
+    sent = await streamkit("send", ORDERS, record, redis_url=redis_url)
+    assert sent.code == 0, sent.err
