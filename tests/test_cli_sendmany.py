@@ -84,8 +84,9 @@ async def test_a_full_redis_midway_reports_the_exact_lines_and_the_resume_comman
             )
             async with open_redis(server.url) as redis:
                 info = await redis.info("memory")
-                # Room for a few chunks of 100 records (about 60 kB each), not for all.
-                await redis.config_set({"maxmemory": int(str(info["used_memory"])) + 250_000})
+                # Room for some chunks of 100 records (about 60 kB each, and the
+                # arguments of the call that appends one count too), not for all.
+                await redis.config_set({"maxmemory": int(str(info["used_memory"])) + 1_000_000})
                 failed = await streamkit(
                     "sendmany", ORDERS, str(path), "--chunk-size", "100", redis_url=server.url
                 )
