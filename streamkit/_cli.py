@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import asyncclick as click
 import attrs
 import orjson
+import trio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -39,10 +40,11 @@ from ._deadletters import (
     replay_dead_letters,
 )
 from ._errors import ConfigError, EncodeError, MetadataMismatch, StreamkitError
+from ._groups import leaves
 from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
 from ._streams import Stream
 from ._urls import mask_url
-from ._worker import run_worker, select_processors
+from ._worker import Worker, run_worker, select_processors
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -424,10 +426,29 @@ async def worker(
     except ConfigError as exc:
         fail(str(exc), 2)
     log.info("using Redis at %s", mask_url(app.settings.redis_url))
+    status = _WorkerStarted()
     try:
-        await run_worker(app, processors=names, handle_signals=True)
+        await run_worker(app, processors=names, handle_signals=True, task_status=status)
     except StreamkitError as exc:
         fail(with_stream_path(exc, app_path))
+    except BaseExceptionGroup as group:
+        found = leaves(group)
+        if found and all(isinstance(leaf, StreamkitError) for leaf in found):
+            fail(with_stream_path(found[0], app_path))
+        raise
+    # Exit status 0 only for a stop that was asked for (a signal, Worker.stop): a
+    # worker that ended on its own must be restarted by its supervisor.
+    if status.worker is not None and not status.worker._stopping:
+        fail(f"worker of {app.name} stopped without being asked to; see the log above")
+
+
+class _WorkerStarted(trio.TaskStatus[Worker]):
+    """Keeps the running worker, to tell a requested stop from any other end."""
+
+    worker: Worker | None = None
+
+    def started(self, value: Worker | None = None) -> None:
+        self.worker = value
 
 
 def processor_names(app: App, given: str | None) -> list[str] | None:

@@ -388,7 +388,7 @@ def test_replayed_writes_add_no_duplicates(
     ("options", "message"),
     [
         ({"stream": "nope"}, r"stream 'nope' of app 'shop' does not exist"),
-        ({"record": "tests.spark.records:Other"}, r"created with record=Order but .* record=Other"),
+        ({"record": "tests.spark.records:Other"}, r"created with record=Order\(.*record=Other"),
         ({"record": "tests.spark.records:Missing"}, r"has no 'Missing'"),
         ({"record": "no_such_module:Order"}, r"cannot import module 'no_such_module'"),
         ({"url": "redis://127.0.0.1:1"}, r"Redis at redis://127.0.0.1:1 is unavailable"),
