@@ -44,6 +44,7 @@ from ._errors import (
     NoSuchGroup,
     OutcomeUnknown,
     RedisUnavailable,
+    ServerRefused,
     StreamkitError,
 )
 from ._feed import Batch, FeedEnded
@@ -215,6 +216,8 @@ class Fetcher(Generic[R]):
     idle_block: float
     busy_poll: float
     command_timeout: float
+    # Entries a partition keeps when acknowledging trims it (0: no trimming).
+    trim_to: int
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _feeds: dict[int, _Feed] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -294,8 +297,20 @@ class Fetcher(Generic[R]):
             log.info("created consumer group %r on %s", self.group, key)
         except GroupExists:
             pass
+        except ServerRefused:
+            # A full Redis refuses XGROUP CREATE even for a group that exists; reading
+            # is allowed, and consuming what is there is what frees memory.
+            if not await self._group_exists(key):
+                raise
         except trio.TooSlowError as exc:
             raise RedisUnavailable("redis", "creating the consumer group timed out") from exc
+
+    async def _group_exists(self, key: str) -> bool:
+        with redis_errors(), trio.fail_after(self.command_timeout):
+            if not await self.redis.exists([key]):
+                return False
+            groups: Any = await self.redis.xinfo_groups(key)
+        return any(text(g.get(b"name", g.get("name", b""))) == self.group for g in groups)
 
     # -- the background task --
 
@@ -420,6 +435,7 @@ class Fetcher(Generic[R]):
                         feed.consumer,
                         self.batch_size,
                         feed.start,
+                        self.trim_to,
                         *acks,
                     ],
                 )
@@ -540,7 +556,7 @@ class Fetcher(Generic[R]):
                     acked: Any = await _ACK_SCRIPT(
                         self.redis,
                         keys=[feed.key, lease.key],
-                        args=[lease.value, self.group, *chunk],
+                        args=[lease.value, self.group, self.trim_to, *chunk],
                     )
             except trio.TooSlowError as exc:
                 raise RedisUnavailable("redis", "a fenced acknowledgement timed out") from exc
@@ -585,6 +601,7 @@ async def open_fetcher(
     idle_block: float = DEFAULT_IDLE_BLOCK,
     busy_poll: float = DEFAULT_BUSY_POLL,
     command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+    trim_to: int | None = None,
 ) -> AsyncIterator[Fetcher[R]]:
     """Run a :class:`Fetcher` for ``stream``'s consumer group ``group``.
 
@@ -606,6 +623,10 @@ async def open_fetcher(
         busy_poll: while some partition's buffer is full, idle partitions are polled
             this often instead of blocking.
         command_timeout: seconds after which a Redis command counts as failed.
+        trim_to: trim each partition, when acknowledging, down to no fewer than this
+            many entries, never past one a consumer group still needs (as the
+            producer's appends do; consuming then frees memory even while Redis is
+            too full to append). ``None``: acknowledging never trims.
 
     Error handling:
         :class:`ConfigError` for bad arguments (a group that is not a processor of
@@ -617,6 +638,7 @@ async def open_fetcher(
     positive_finite_number.check("idle_block", idle_block)
     positive_finite_number.check("busy_poll", busy_poll)
     positive_finite_number.check("command_timeout", command_timeout)
+    positive_int.or_none().check("trim_to", trim_to)
     spec = spec_of(stream)
     fetcher = Fetcher(
         redis,
@@ -627,6 +649,7 @@ async def open_fetcher(
         idle_block,
         busy_poll,
         command_timeout,
+        trim_to or 0,
     )
     async with open_service_nursery(reason="fetcher closed") as nursery:
         fetcher._nursery = nursery

@@ -27,6 +27,7 @@ __all__ = [
     "METADATA_LUA",
     "METADATA_VERSION",
     "READ_LUA",
+    "TRIM_FUNCTIONS_LUA",
     "compare_metadata",
     "compare_schemas",
     "field_pairs",
@@ -163,12 +164,11 @@ def compare_schemas(recorded: str, mine: str) -> list[tuple[str, str, str]]:
     return differences
 
 
-# Appends the entries given in ARGV from index `first` on (each: field count, then
-# names and values) to the stream `key`, then trims it: never below the oldest entry
-# a consumer group still needs, unless the hard cap `cap` (0 = none) says otherwise.
-# Leaves the new ids in `ids` and the number of unprocessed entries the cap dropped in
-# `dropped`. Shared by the producer and the Spark writer, so both append exactly alike.
-APPEND_AND_TRIM_LUA = """
+# Functions of the scripts that trim a partition (`key` must be set): never below the
+# oldest entry some consumer group still needs. Appends trim, and so do
+# acknowledgements, so that consuming frees memory even while Redis is too full
+# to append (XTRIM and XACK are allowed then; XADD is not).
+TRIM_FUNCTIONS_LUA = """
 local function parse(id)
   local dash = string.find(id, '-', 1, true)
   return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
@@ -199,6 +199,26 @@ local function oldest_needed()
   return needed
 end
 
+-- Trims what every consumer group has processed, down to no fewer than `keep`
+-- entries; `length` is the stream's length now.
+local function trim_processed(length, keep)
+  if keep > 0 and length > keep then
+    local needed = oldest_needed()
+    if needed ~= nil then
+      redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
+    end
+  end
+end
+"""
+
+# Appends the entries given in ARGV from index `first` on (each: field count, then
+# names and values) to the stream `key`, then trims it: never below the oldest entry
+# a consumer group still needs, unless the hard cap `cap` (0 = none) says otherwise.
+# Leaves the new ids in `ids` and the number of unprocessed entries the cap dropped in
+# `dropped`. Shared by the producer and the Spark writer, so both append exactly alike.
+APPEND_AND_TRIM_LUA = (
+    TRIM_FUNCTIONS_LUA
+    + """
 local ids = {}
 local i = first
 while i <= #ARGV do
@@ -215,13 +235,11 @@ if cap > 0 and length > cap then
     if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
   end
   redis.call('XTRIM', key, 'MAXLEN', cap)
-elseif length > keep then
-  local needed = oldest_needed()
-  if needed ~= nil then
-    redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
-  end
+else
+  trim_processed(length, keep)
 end
 """
+)
 
 # KEYS: the metadata hash. ARGV: field, value, ... Records the metadata if the stream
 # is new (returns an empty list); returns what is recorded otherwise.
@@ -234,13 +252,21 @@ return redis.call('HGETALL', KEYS[1])
 """
 
 # The fenced read. KEYS: stream, lock. ARGV: lease value, group, consumer, count,
-# start id, then the ids to acknowledge first (the consumer's finished events).
+# start id, entries to keep when trimming (0: do not trim), then the ids to
+# acknowledge first (the consumer's finished events).
 # Returns 0 if the lease is not ours (nothing read or acknowledged); else
 # {entries, delivery counts (history only), next start id, last stream id (if idle)}.
-READ_LUA = """
+READ_LUA = (
+    """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
-if #ARGV > 5 then redis.call('XACK', key, group, unpack(ARGV, 6)) end
+"""
+    + TRIM_FUNCTIONS_LUA
+    + """
+if #ARGV > 6 then
+  redis.call('XACK', key, group, unpack(ARGV, 7))
+  trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]))
+end
 
 local function read(id)
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
@@ -277,10 +303,20 @@ local last_id = '0-0'
 if last[1] then last_id = last[1][1] end
 return {entries, {}, '>', last_id}
 """
+)
 
-# The fenced acknowledgement. KEYS: stream, lock. ARGV: lease value, group, ids...
+# The fenced acknowledgement. KEYS: stream, lock. ARGV: lease value, group, entries to
+# keep when trimming (0: do not trim), ids...
 # Returns -1 if the lease is not ours (nothing acknowledged), else the number acked.
-ACK_LUA = """
+ACK_LUA = (
+    """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-return redis.call('XACK', KEYS[1], ARGV[2], unpack(ARGV, 3))
+local key = KEYS[1]
 """
+    + TRIM_FUNCTIONS_LUA
+    + """
+local acked = redis.call('XACK', key, ARGV[2], unpack(ARGV, 4))
+trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]))
+return acked
+"""
+)

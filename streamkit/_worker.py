@@ -399,6 +399,7 @@ async def _run_executor(
             group=keys,
             batch_size=settings.batch_size,
             prefetch=settings.prefetch,
+            trim_to=stream.settings.partition_size,
         ) as fetcher,
     ):
         executor: Executor | None = None

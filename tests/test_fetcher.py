@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from streamkit import ConfigError, LockLost, open_events, open_fetcher
+from streamkit import ConfigError, LockLost, ServerRefused, open_events, open_fetcher
 from streamkit.testing import wait_until
 from tests.consume import (
     GROUP,
@@ -309,3 +309,57 @@ async def test_history_reads_count_deliveries(
 
 class _Crash(Exception):
     pass
+
+
+async def test_acknowledging_trims_what_every_group_processed(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """Consuming frees memory: acknowledgements trim, as appends do (keeping trim_to)."""
+    await ticks.send_many(ticks_for(0, range(2000)), chunk_size=500)
+    await ticks.send_many(ticks_for(1, range(50)))
+    seen = 0
+    with trio.fail_after(20):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, batch_size=100, trim_to=10) as fetcher,
+            serving(fetcher, locks, 0) as events,
+        ):
+            async for _ in events.records():
+                seen += 1
+                if seen == 2000:
+                    break
+    assert seen == 2000
+    # Trimmed whole stream nodes (XTRIM MINID ~): far below the 2,000 appended,
+    # never below what is still needed, and only where this group processed.
+    assert await redis.xlen(ticks.key(0)) < 200
+    assert await redis.xlen(ticks.key(1)) == 50
+    assert await pending_ids(redis, ticks, 0) == []
+
+
+async def test_consuming_a_full_redis_frees_memory_for_producers(
+    locks: LockManager, redis: Redis, ticks: Stream[Tick]
+) -> None:
+    # Workers ran before Redis filled up: the group exists (a full Redis refuses to
+    # create one, but lets it be found and read).
+    await redis.xgroup_create(ticks.key(0), GROUP, "0", mkstream=True)
+    await ticks.send_many(ticks_for(0, range(20_000)), chunk_size=1000)
+    info: Any = await redis.info("memory")
+    await redis.config_set({"maxmemory-policy": "noeviction"})
+    await redis.config_set({"maxmemory": int(info["used_memory"])})
+    try:
+        with pytest.raises(ServerRefused):
+            await ticks.send_many(ticks_for(0, range(1000)))
+        seen = 0
+        with trio.fail_after(30):
+            async with (
+                open_fetcher(redis, ticks, group=GROUP, trim_to=10) as fetcher,
+                serving(fetcher, locks, 0) as events,
+            ):
+                async for _ in events.records():
+                    seen += 1
+                    if seen == 20_000:
+                        break
+        assert seen == 20_000
+        # What was processed was trimmed while Redis was full: producers go on.
+        await ticks.send_many(ticks_for(0, range(1000)))
+    finally:
+        await redis.config_set({"maxmemory": 0})
