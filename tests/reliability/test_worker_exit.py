@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from streamkit.testing import wait_until
 from tests.workers import ROOT, start_worker
 
 if TYPE_CHECKING:
@@ -38,9 +39,13 @@ async def test_a_worker_that_ends_on_its_own_exits_non_zero(
 async def test_a_worker_stopped_by_a_signal_exits_zero(
     private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    worker = start_worker(private_redis.url, tmp_path, app="tests.reliability.full_app:app")
+    worker = start_worker(
+        private_redis.url,
+        tmp_path,
+        app="tests.reliability.full_app:app",
+        env={"FULL_SEEN_DIR": str(tmp_path)},  # its processor's record of what it saw
+    )
     workers.append(worker)
-    from streamkit.testing import wait_until
 
     await wait_until(lambda: "running record" in worker.log(), what="the worker running", within=30)
     worker.send_signal(signal.SIGTERM)
