@@ -15,6 +15,8 @@ from tests.consume import PARTITIONS, Tick
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
+    from tests.workers import WorkerProcess
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
@@ -82,3 +84,12 @@ async def locks(redis: Redis) -> AsyncIterator[LockManager]:
     """A lock manager on the test's server."""
     async with open_lock_manager(redis) as locks:
         yield locks
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    """Worker processes started by the test; killed (if still alive) at its end."""
+    started: list[WorkerProcess] = []
+    yield started
+    for worker in started:
+        worker.close()

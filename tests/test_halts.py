@@ -20,7 +20,6 @@ from tests.test_cli import streamkit
 from tests.workers import WorkerProcess, _pid_of, start_worker, wait_members
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from streamkit import Redis
@@ -28,14 +27,6 @@ if TYPE_CHECKING:
 APP = "tests.apps.halting:app"
 KEYS = ProcessorKeys(app="halting", stream="jobs", processor="handle")
 PER_KEY = 5
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for worker in started:
-        worker.close()
 
 
 def halt_key(partition: int) -> str:

@@ -15,21 +15,12 @@ from tests.apps.blocking import STARTED, Job, app, jobs
 from tests.workers import WorkerProcess, start_worker, wait_members
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from streamkit import Redis
 
 APP = "tests.apps.blocking:app"
 GROUP = "blocking.jobs.sleepy"
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for worker in started:
-        worker.close()
 
 
 async def blocked_worker(
