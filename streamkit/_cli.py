@@ -255,7 +255,7 @@ class WholeHelpGroup(click.Group):
 def cli() -> None:
     """streamkit: partitioned, ordered event processing on Redis Streams.
 
-    Streams and apps are named as MODULE:NAME, e.g. examples.orders.app:orders,
+    Streams and apps are named as MODULE:NAME, e.g. shop:orders (stream orders of shop.py),
     importable from the current directory.
     """
 
@@ -269,7 +269,7 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
 
     \b
     Example:
-      streamkit send examples.orders.app:orders \\
+      streamkit send shop:orders \\
         '{"order_id": 1, "customer": "ada", "amount": 9.5, "created_at": "2026-01-01T00:00:00Z"}'
     """
     app, stream = load_stream(stream_path, redis_url)
