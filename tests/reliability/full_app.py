@@ -1,7 +1,7 @@
 """A scenario app for a full Redis: records each processing in a file, not in Redis.
 
 Redis at ``maxmemory`` refuses the scenario app's ``RPUSH``; this app's processor
-appends ``key:seq:worker`` lines to ``$FULL_SEEN_DIR/<pid>.log`` instead, so that a
+appends ``<time ns> key:seq:worker`` lines to ``$FULL_SEEN_DIR/<pid>.log`` instead, so that a
 test sees what a worker consumed while Redis refused every write that grows memory.
 ``FULL_DELAY`` is seconds per batch (default 0.02), to keep a backlog around a while.
 """
@@ -9,6 +9,7 @@ test sees what a worker consumed while Redis refused every write that grows memo
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import trio
@@ -29,5 +30,6 @@ async def record(events: Events[Numbered]) -> None:
     with path.open("a", encoding="utf-8") as out:
         async for items in events.take(20, within=0.02):
             await trio.sleep(DELAY)
-            out.write("".join(f"{e.key}:{e.seq}:{WORKER}\n" for e in items))
+            now = time.time_ns()  # orders the lines of several workers' files
+            out.write("".join(f"{now} {e.key}:{e.seq}:{WORKER}\n" for e in items))
             out.flush()

@@ -37,11 +37,14 @@ BACKLOG = 40  # events per key before Redis fills up: 640 in all
 
 
 def seen_lines(directory: Path) -> list[bytes]:
-    return [
-        line.encode()
-        for path in sorted(directory.glob("*.log"))
+    """Every worker's ``key:seq:worker`` lines, in the order they were processed."""
+    stamped = [
+        line.split(" ", 1)
+        for path in directory.glob("*.log")
         for line in path.read_text().splitlines()
     ]
+    # Stable: a batch's lines share a stamp and keep their order.
+    return [rest.encode() for _, rest in sorted(stamped, key=lambda pair: int(pair[0]))]
 
 
 def processed(directory: Path) -> set[tuple[str, int]]:
