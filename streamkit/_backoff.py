@@ -74,13 +74,17 @@ async def retry_unavailable(
             result = await fn()
         except RedisUnavailable as exc:
             now = trio.current_time()
-            if deadline is not None and now + delay > deadline:
+            if deadline is not None and now >= deadline:
                 if attempt == 1:
                     raise
                 raise RedisUnavailable(
                     exc.url,
                     f"{exc.reason} (gave up after {attempt} attempts in {now - started:.1f}s)",
                 ) from exc
+            if deadline is not None:
+                # The last attempt is made at the deadline, not a backoff step before
+                # it: giving up takes the time the user configured.
+                delay = min(delay, deadline - now)
             if attempt == 1:
                 limit = "" if give_up_after is None else f" for up to {give_up_after:g}s"
                 log.warning(

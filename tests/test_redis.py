@@ -437,3 +437,24 @@ async def test_errors_name_the_url_of_the_client_in_use(redis_url: str) -> None:
             with pytest.raises(RedisUnavailable) as info, redis_errors():
                 raise coredis.exceptions.ConnectionError("Connection not usable")
     assert f"Redis at {redis_url} is unavailable" in str(info.value)
+
+
+async def test_connecting_gives_up_after_the_configured_time_not_before(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The last attempt is made at the deadline: give_up_after is the time it takes."""
+    from streamkit._backoff import retry_unavailable
+
+    attempts: list[float] = []
+
+    async def refuse() -> None:
+        attempts.append(trio.current_time())
+        raise RedisUnavailable("redis://example:1", "refused")
+
+    began = trio.current_time()
+    with pytest.raises(RedisUnavailable, match="gave up after"):
+        await retry_unavailable(
+            refuse, backoff=Backoff(initial=0.4, maximum=5.0, jitter=0), give_up_after=3.0, what="x"
+        )
+    assert attempts[-1] - began == pytest.approx(3.0)
+    assert len(attempts) >= 3
