@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ._errors import MetadataMismatch
+from ._groups import meaningful_leaf
 from ._idempotent import append_once
 from ._redis import LuaScript, redis_errors
 from ._validate import positive_int
@@ -258,9 +259,14 @@ class Stream(Generic[R]):
         if len(arguments) == 1:
             await send_partition(next(iter(arguments)))
         else:
-            async with trio.open_nursery() as nursery:
-                for partition in arguments:
-                    nursery.start_soon(send_partition, partition)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for partition in arguments:
+                        nursery.start_soon(send_partition, partition)
+            except BaseExceptionGroup as group:
+                # One error for the caller, as from a single partition: the first
+                # partition's failure cancelled the others (no exception-group soup).
+                raise meaningful_leaf(group) from None
         return ids
 
     async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from streamkit import App, ConfigError, MetadataMismatch, Record
+from streamkit import App, ConfigError, MetadataMismatch, Record, ServerRefused
 from streamkit._app import NotConnected
 from streamkit._codec import codec_for
 from streamkit._partitioner import partition_for
@@ -360,3 +360,15 @@ async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redi
         assert any(f'"user":{user!r}'.replace("'", '"') in str(e[1]) for e in entries)
     with pytest.raises(ConfigError, match=r"^key: the record has no 'user' to partition by"):
         await events.send({"name": "bob"})
+
+
+async def test_a_failure_across_partitions_is_one_error_not_a_group(app: App, redis: Redis) -> None:
+    """send_many over several partitions raises the failure itself, as for one."""
+    stream = app.stream("wide", record=Order, partition_by="customer", partition_count=4)
+    await stream.send_many(make_orders(1))
+    await redis.config_set({"maxmemory-policy": "noeviction", "maxmemory": 1})
+    try:
+        with pytest.raises(ServerRefused):
+            await stream.send_many(make_orders(40, customers=40))
+    finally:
+        await redis.config_set({"maxmemory": 0})
