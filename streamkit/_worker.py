@@ -444,14 +444,11 @@ async def _run_partition(
         if record is not None:
             if not announced:
                 log.warning(
-                    "%s partition %d is %s; it stays halted (lease kept) until "
-                    "`streamkit resume %s %s --partition %d`",
+                    "%s partition %d is %s; it stays halted (lease kept) until %s",
                     keys.group,
                     partition,
                     record.describe(),
-                    _app_hint(app),
-                    processor.name,
-                    partition,
+                    _resume_command(app, processor, partition),
                 )
             executor._set_halted(partition, record)
             try:
@@ -478,15 +475,18 @@ async def _run_partition(
             record = await write_halt(app.redis, keys, halted, worker=WORKER_NAME)
             log.error(
                 "%s partition %d %s; the other partitions go on; fix the cause, then "
-                "`streamkit resume %s %s --partition %d` (--skip to skip the event)",
+                "%s (--skip to skip the event)",
                 keys.group,
                 partition,
                 record.describe(),
-                _app_hint(app),
-                processor.name,
-                partition,
+                _resume_command(app, processor, partition),
             )
             announced = True
+
+
+def _resume_command(app: App, processor: Processor, partition: int) -> str:
+    """The command that resumes ``processor`` on a halted ``partition``."""
+    return f"`streamkit resume {_app_hint(app)} {processor.name} --partition {partition}`"
 
 
 def _app_hint(app: App) -> str:

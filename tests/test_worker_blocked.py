@@ -42,17 +42,21 @@ async def blocked_worker(
     return worker, jobs.partition_of(job)
 
 
+async def wait_for_watchdog(worker: WorkerProcess) -> None:
+    await wait_until(
+        lambda: "the event loop has been blocked" in worker.log(),
+        what="the watchdog's warning",
+        within=6,
+    )
+
+
 @pytest.mark.timeout(30)
 async def test_the_watchdog_names_the_blocking_processor(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
     with trio.fail_after(25):
         worker, partition = await blocked_worker(redis_url, redis, tmp_path, workers)
-        await wait_until(
-            lambda: "the event loop has been blocked" in worker.log(),
-            what="the watchdog's warning",
-            within=6,
-        )
+        await wait_for_watchdog(worker)
         log = worker.log()
         assert f"processor 'sleepy' on jobs partition {partition}" in log, log
         assert "tests/apps/blocking.py:" in log, log
@@ -71,11 +75,7 @@ async def test_a_second_signal_ends_a_blocked_worker_at_once(
 ) -> None:
     with trio.fail_after(25):
         worker, partition = await blocked_worker(redis_url, redis, tmp_path, workers)
-        await wait_until(
-            lambda: "the event loop has been blocked" in worker.log(),
-            what="the watchdog's warning",
-            within=6,
-        )
+        await wait_for_watchdog(worker)
         worker.send_signal(signum)
         # The first signal is acknowledged although the loop cannot run.
         await wait_until(
