@@ -6,9 +6,12 @@ Sessions run in the current environment (no per-session virtualenvs), so that
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +27,8 @@ BENCHMARKS = [
     "bench_latency.py",
     "bench_rebalance.py",
     "bench_spark.py",
+    "bench_jobs.py",
+    "bench_cluster.py",
     "bench_versions.py",
 ]
 BENCHMARK_TITLES = {
@@ -32,6 +37,8 @@ BENCHMARK_TITLES = {
     "bench_latency.py": "End-to-end latency",
     "bench_rebalance.py": "Rebalancing",
     "bench_spark.py": "Spark",
+    "bench_jobs.py": "Job queues",
+    "bench_cluster.py": "Redis Cluster",
     "bench_versions.py": "Before and after",
 }
 BENCHMARK_NOTES = {
@@ -76,6 +83,40 @@ BENCHMARK_NOTES = {
         "Spark batch write and read (local[2]) against a pipelined redis-py `XADD` loop "
         "and a redis-py `XRANGE` paging loop."
     ),
+    "bench_jobs.py": (
+        "streamkit.jobs against four asyncio job queues from PyPI, streaq, saq, arq and "
+        "taskiq (+ taskiq-redis's `RedisStreamBroker`), in one run on one private "
+        "redis-server, each queue in processes of its own: the peers run from "
+        "virtualenvs of their own in `.venv-peers` (`./dev bench` makes them from the "
+        "pinned lists in `tests/benchmarks/jobs_peers/`; their redis clients clash with "
+        "ours and with each other), with their own API, their defaults but the "
+        "concurrency (32 per worker process) and asyncio's event loop. Completion is "
+        "told the same way for every queue, by markers the jobs write to Redis, not by "
+        "any result API. Enqueue: 20,000 jobs by one producer process, with the batch "
+        "API where there is one (streamkit and streaq `enqueue_many`; saq, arq and taskiq "
+        "have none: `asyncio.gather` over their one-job enqueue, 50 in flight). Then 1 "
+        "or 2 worker processes, timed from the first job's start to the last job's end. "
+        "The bare `XREADGROUP`/`XACK` loop is the Redis work of taking and letting go a "
+        "job with no job at all. Crash recovery: 32 jobs of a 5 s sleep running on "
+        "worker A, worker B idle, A killed with SIGKILL: seconds until all 32 started "
+        "again on B and until all 32 completed, each queue with its defaults (what "
+        "those are, from each queue's source, is on the right). The peers' recovery runs "
+        "wait out their timeouts at "
+        "the same time, each in a Redis database of its own, for at most 400 s "
+        "(`./dev bench --quick` skips them). **Targets: streamkit "
+        "at least 5,000 no-op jobs/s per worker process and faster than every peer; its "
+        "enqueue at least 3x the fastest peer's; a killed worker's jobs taken over within "
+        "the lease TTL + 1 s.**"
+    ),
+    "bench_cluster.py": (
+        "Send and consume throughput on a local Redis Cluster of 3 masters with a replica "
+        "each (6 redis-server processes) against one redis-server, in one run: "
+        "`send_many`, one awaited `send` of one record at a time (the round trip, median), "
+        "and a backlog consumed by two `streamkit worker` processes (`take(500)`, one "
+        "`INCRBY` per batch). On 2 cores the cluster cannot be faster: the figures show "
+        "that it works and what the cluster client costs per operation (see "
+        "{doc}`cluster`)."
+    ),
     "bench_versions.py": (
         "The working tree's streamkit against the one at a git ref, measured in one run: "
         "`./dev bench --baseline REF` (or `python tests/benchmarks/bench_versions.py "
@@ -88,6 +129,13 @@ BENCHMARK_NOTES = {
         "noise. Ratios are current / baseline."
     ),
 }
+# bench_jobs.py's peers: asyncio job queues from PyPI, each in its own virtualenv under
+# .venv-peers (they pin redis clients that clash with each other: arq wants redis < 6,
+# taskiq-redis redis >= 8), installed from the pinned lists in tests/benchmarks/jobs_peers.
+PEERS_DIR = Path("tests/benchmarks/jobs_peers")
+PEERS_VENVS = Path(".venv-peers")
+PEERS = ["streaq", "saq", "arq", "taskiq"]
+
 PERFORMANCE_INTRO = """
 # Performance
 
@@ -125,7 +173,8 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite, against private redis-server processes."""
+    """The whole test suite, against private redis-server processes (and a private
+    Redis Cluster for the tests marked ``cluster``)."""
     session.run("pytest", *session.posargs)
 
 
@@ -133,11 +182,14 @@ def tests(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: print figures and ratios measured side by side, and write
     docs/performance.md from this run's output."""
-    baseline = _baseline_option(session)
+    baseline, quick = _bench_options(session)
     load = _load()
     outputs = {}
     for script in BENCHMARKS:
         args: list[str] = []
+        if script == "bench_jobs.py":
+            _peers_venvs(session)
+            args = ["--peers-venvs", str(PEERS_VENVS), *(["--quick"] if quick else [])]
         if script == "bench_versions.py":
             if baseline is None:
                 print(
@@ -146,7 +198,12 @@ def bench(session: nox.Session) -> None:
                 )
                 continue
             args = ["--baseline", baseline]
-        output = session.run("python", f"tests/benchmarks/{script}", *args, silent=True)
+        # bench_jobs.py reports its progress on stderr, left on the terminal (it runs
+        # for minutes); its figures, on stdout, go to the page.
+        stderr = None if script == "bench_jobs.py" else subprocess.STDOUT
+        output = session.run(
+            "python", f"tests/benchmarks/{script}", *args, silent=True, stderr=stderr
+        )
         assert isinstance(output, str)
         print(output)
         outputs[script] = output
@@ -154,21 +211,58 @@ def bench(session: nox.Session) -> None:
     session.log("wrote docs/performance.md")
 
 
-def _baseline_option(session: nox.Session) -> str | None:
-    """The ``--baseline REF`` (or ``--baseline=REF``) given after ``--``, if any: the
-    bench session's only argument, for bench_versions.py."""
+@nox.session
+def peers(session: nox.Session) -> None:
+    """Create or update .venv-peers: the job queues bench_jobs.py compares with, one
+    virtualenv each, at the versions pinned in tests/benchmarks/jobs_peers/*.txt.
+    ``./dev bench`` does this itself; this session is for running bench_jobs.py alone."""
+    _peers_venvs(session)
+
+
+def _peers_venvs(session: nox.Session) -> None:
+    """Install each peer's pinned requirements into .venv-peers/NAME, unless that
+    virtualenv already holds exactly them (a stamp keeps the lock file's hash)."""
+    uv = shutil.which("uv")
+    for peer in PEERS:
+        lock = PEERS_DIR / f"{peer}.txt"
+        venv = PEERS_VENVS / peer
+        python = venv / "bin" / "python"
+        stamp = venv / ".bench-installed"
+        wanted = hashlib.sha256(lock.read_bytes()).hexdigest()
+        if python.exists() and stamp.exists() and stamp.read_text().strip() == wanted:
+            continue
+        session.log(f"installing {peer} into {venv} ({lock})")
+        if uv is not None:
+            session.run(uv, "venv", "-q", "--allow-existing", "--python", sys.executable, str(venv))
+            session.run(uv, "pip", "install", "-q", "--python", str(python), "-r", str(lock))
+        else:
+            session.run(sys.executable, "-m", "venv", str(venv))
+            session.run(str(python), "-m", "pip", "install", "-q", "-r", str(lock), external=True)
+        stamp.write_text(wanted + "\n")
+
+
+def _bench_options(session: nox.Session) -> tuple[str | None, bool]:
+    """The bench session's arguments, given after ``--``: ``--baseline REF`` (or
+    ``--baseline=REF``) for bench_versions.py, and ``--quick``, which skips
+    bench_jobs.py's crash-recovery runs of the peers (they wait out timeouts for about
+    7 minutes)."""
     # `./dev bench --baseline REF` and `nox -s bench -- --baseline REF` both land here.
     args = [arg for arg in session.posargs if arg != "--"]
     baseline = None
+    quick = False
     while args:
         arg = args.pop(0)
         if arg == "--baseline" and args:
             baseline = args.pop(0)
         elif arg.startswith("--baseline="):
             baseline = arg.split("=", 1)[1]
+        elif arg == "--quick":
+            quick = True
         else:
-            session.error(f"bench: unexpected argument {arg!r}; the only one is --baseline REF")
-    return baseline
+            session.error(
+                f"bench: unexpected argument {arg!r}; the arguments are --baseline REF and --quick"
+            )
+    return baseline, quick
 
 
 def performance_page(outputs: dict[str, str], load: str = "unknown") -> str:

@@ -1,8 +1,5 @@
 """streamkit: partitioned, ordered event processing on Redis Streams, for Trio."""
 
-import contextlib
-import typing
-
 from ._app import App as App
 from ._assignment import (
     Assignment as Assignment,
@@ -25,6 +22,7 @@ from ._errors import (
     NoSuchGroup as NoSuchGroup,
     NotConnected as NotConnected,
     NotLockOwner as NotLockOwner,
+    NotReplicated as NotReplicated,
     OutcomeUnknown as OutcomeUnknown,
     ProcessorHalted as ProcessorHalted,
     RedisUnavailable as RedisUnavailable,
@@ -78,6 +76,7 @@ from ._partitioner import (
     partition_for as partition_for,
 )
 from ._policies import ExceptionPolicy as ExceptionPolicy, run_processor as run_processor
+from ._public import fix_module_metadata as _fix_module_metadata
 from ._rebalancer import (
     Claim as Claim,
     RebalancePlan as RebalancePlan,
@@ -106,35 +105,6 @@ from ._worker import Worker as Worker, run_worker as run_worker
 __version__ = "0.1.0"
 
 
-def _fixup_module_metadata() -> None:
-    """Make public names report ``streamkit`` as their module, as trio's do, so that
-    tracebacks, reprs and docs show ``streamkit.LockLost``, not ``streamkit._errors``.
+_fix_module_metadata(__name__, globals())
 
-    Classes with annotations keep their home module: type hints are resolved there."""
-    seen: set[int] = set()
-
-    def fix(qualname: str, obj: object) -> None:
-        if id(obj) in seen or not getattr(obj, "__module__", "").startswith("streamkit._"):
-            return
-        own = vars(obj).get("__annotations__") if isinstance(obj, type) else None
-        if own:
-            # typing.get_type_hints (cattrs, attrs) resolves a class's annotations in
-            # the namespace of its __module__: resolve them at home first. (Where names
-            # were imported for type checking only, they resolve nowhere anyway.)
-            with contextlib.suppress(Exception):
-                hints = typing.get_type_hints(obj, include_extras=True)
-                obj.__annotations__ = {n: hints.get(n, v) for n, v in own.items()}
-        seen.add(id(obj))
-        obj.__module__ = __name__
-        if isinstance(obj, type):
-            for attr, value in vars(obj).items():
-                if callable(value) and getattr(value, "__qualname__", "").startswith(qualname):
-                    fix(f"{qualname}.{attr}", value)
-
-    for name, value in list(globals().items()):
-        if not name.startswith("_") and (isinstance(value, type) or callable(value)):
-            fix(getattr(value, "__qualname__", name), value)
-
-
-_fixup_module_metadata()
-del _fixup_module_metadata
+del _fix_module_metadata

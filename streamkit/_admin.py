@@ -85,16 +85,26 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
     snapshot = await read_membership(redis, processor.group)
     assignment = snapshot.assignment if snapshot is not None else None
     # A processor with no worker yet has no group: all of a partition is lag.
+    keys = stream.partition_keys()
+    # One pipeline for all partitions (on a Redis Cluster it is sent per node: each
+    # partition's stream has a slot of its own), then one for the consumer groups of
+    # the partitions that exist.
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = [
+                (pipe.exists([key]), pipe.xlen(key), pipe.xrevrange(key, count=1)) for key in keys
+            ]
+        replies = [(await exists, await length, await last) for exists, length, last in requests]
+        existing = [key for key, (exists, _, _) in zip(keys, replies, strict=True) if exists]
+        async with redis.pipeline(transaction=False) as pipe:
+            group_requests = {key: pipe.xinfo_groups(key) for key in existing}
+        groups_of = {key: await request for key, request in group_requests.items()}
     statuses = []
     async with open_lock_manager(redis) as locks:
-        for partition in range(stream.partition_count):
-            key = stream.key(partition)
-            lock_name = processor.keys.lock_name(partition)
-            holder = await locks.holder(lock_name)
-            with redis_errors():
-                length = await redis.xlen(key)
-                groups = await redis.xinfo_groups(key) if await redis.exists([key]) else ()
-                last = await redis.xrevrange(key, count=1)
+        for partition, key in enumerate(keys):
+            holder = await locks.holder(processor.keys.lock_name(partition))
+            _, length, last = replies[partition]
+            groups = groups_of.get(key, ())
             info: dict[str, Any] = {}
             for group in groups:
                 fields = {text(k): v for k, v in group.items()}
@@ -322,11 +332,15 @@ async def delete_stream_keys(app: App, stream: Stream[Any], processors: list[Pro
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
     """
     redis = app.redis
-    events = 0
-    for key in stream.partition_keys():
-        with redis_errors():
-            events += await redis.xlen(key)
-            await redis.delete([key])
+    keys = stream.partition_keys()
+    # One pipeline, sent per node on a Redis Cluster; one key per DEL, as each
+    # partition has a slot of its own.
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            lengths = [pipe.xlen(key) for key in keys]
+            for key in keys:
+                pipe.delete([key])
+        events = sum([await length for length in lengths])
     for processor in processors:
         await reset_membership(redis, processor.group)
     with redis_errors():

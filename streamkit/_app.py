@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import attrs
 
@@ -18,11 +18,14 @@ from ._redis import Redis, open_redis
 from ._settings import Settings, check_setting_names
 from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
+from .jobs._handle import Job
+from .jobs._model import JobOptions, Schedule
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from ._events import Events, Middleware
+    from .jobs import JobQueue
 
 __all__ = ["App", "NotConnected", "Processor"]
 
@@ -121,7 +124,9 @@ class App:
     streams: dict[str, Stream[Any]]
     processors: dict[str, Processor]
     background: list[BackgroundTask]
+    jobs: dict[str, Job]
     _redis: Redis | None
+    _job_queue: JobQueue | None
     _exit_stack: contextlib.AsyncExitStack | None
     _entered: int
 
@@ -145,7 +150,9 @@ class App:
         self.streams = {}
         self.processors = {}
         self.background = []
+        self.jobs = {}
         self._redis = None
+        self._job_queue = None
         self._exit_stack = None
         self._entered = 0
 
@@ -322,6 +329,68 @@ class App:
 
         return register
 
+    @overload
+    def job(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Job: ...
+
+    @overload
+    def job(
+        self, fn: None = None, *, name: str | None = None, **options: Any
+    ) -> Callable[[Callable[..., Any]], Job]: ...
+
+    def job(
+        self, fn: Callable[..., Any] | None = None, *, name: str | None = None, **options: Any
+    ) -> Job | Callable[[Callable[..., Any]], Job]:
+        """Declare ``fn`` (``async def`` or plain ``def``) as a job of the app's queue.
+
+        Use as ``@app.job`` or ``@app.job(retries=3, timeout=30)``; the options are
+        those of :meth:`streamkit.jobs.JobQueue.job`. ``streamkit worker`` runs the
+        app's jobs; inside ``async with app:`` the job's ``delay``, ``enqueue`` and
+        ``enqueue_many`` enqueue it. The queue is named after the app.
+        """
+
+        def declare(fn: Callable[..., Any]) -> Job:
+            job = Job(name or fn.__name__, fn, JobOptions(**options), None, lambda: self.job_queue)
+            if job.name in self.jobs:
+                raise ConfigError("job name", f"app {self.name!r} has a job {job.name!r} already")
+            self.jobs[job.name] = job
+            return job
+
+        return declare if fn is None else declare(fn)
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        misfire_grace: float = 60.0,
+        name: str | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[..., Any]], Job]:
+        """Declare a job run at the times of a crontab ``expression`` (UTC), each tick
+        once across all workers. See :meth:`streamkit.jobs.JobQueue.cron`."""
+        from croniter import croniter
+
+        if not croniter.is_valid(expression):
+            raise ConfigError("cron", f"{expression!r} is not a valid crontab expression")
+
+        def declare(fn: Callable[..., Any]) -> Job:
+            job: Job = self.job(name=name, **options)(fn)
+            job.schedule = Schedule(expression=expression, misfire_grace=misfire_grace)
+            return job
+
+        return declare
+
+    @property
+    def job_queue(self) -> JobQueue:
+        """The app's job queue.
+
+        Error handling:
+            :class:`NotConnected` outside ``async with app:``, or if the app declares
+            no jobs.
+        """
+        if self._job_queue is None:
+            raise NotConnected(self.name)
+        return self._job_queue
+
     @property
     def redis(self) -> Redis:
         """The app's Redis client.
@@ -344,6 +413,20 @@ class App:
                         give_up_after=self.settings.connect_give_up_after,
                     )
                 )
+                if self.jobs:
+                    from .jobs import open_job_queue
+
+                    queue = await stack.enter_async_context(
+                        open_job_queue(
+                            self._redis,
+                            self.name,
+                            shards=self.settings.job_shards,
+                            lease_ttl=self.settings.job_lease_ttl,
+                        )
+                    )
+                    for job in self.jobs.values():
+                        queue.add(job)
+                    self._job_queue = queue
                 self._exit_stack = stack.pop_all()
         self._entered += 1
         return self
@@ -358,6 +441,7 @@ class App:
         if self._entered == 0 and self._exit_stack is not None:
             stack, self._exit_stack = self._exit_stack, None
             self._redis = None
+            self._job_queue = None
             await stack.__aexit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:

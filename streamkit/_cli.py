@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -10,15 +11,17 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Literal, NoReturn
 
 import asyncclick as click
 import attrs
 import orjson
 import trio
+from asyncclick.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from ._admin import (
     MemberStatus,
@@ -41,15 +44,21 @@ from ._deadletters import (
 )
 from ._errors import ConfigError, EncodeError, MetadataMismatch, StreamkitError
 from ._groups import leaves
+from ._keys import validate_name
+from ._redis import open_redis
 from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
+from ._settings import Settings
 from ._streams import Stream
+from ._supervisor import WORKER_INDEX_VARIABLE, check_member_ids, run_supervisor
 from ._urls import mask_url
 from ._worker import Worker, run_worker, select_processors
+from .jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import AsyncIterator, Iterable, Sequence
 
     from ._app import Processor
+    from .jobs import JobInfo, QueueCounts
 
 __all__ = ["cli", "main"]
 
@@ -208,9 +217,13 @@ def confirm(question: str, *, refused: str) -> None:
 
 
 def configure_logging(level: str) -> None:
+    # A worker process of `worker --processes N` says which one it is: the N workers
+    # write to the same standard error.
+    index = os.environ.get(WORKER_INDEX_VARIABLE)
+    worker = "" if index is None else f"[worker {index}] "
     logging.basicConfig(
         level=level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)-7s {worker}%(name)s: %(message)s",
         stream=sys.stderr,
     )
     # streamkit's Redis layer reports what an operator should see about connections
@@ -408,15 +421,38 @@ async def sendmany(
     show_default=True,
     help="Least severe log messages to show (on standard error).",
 )
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Jobs run at once by this worker process (default: the job_concurrency setting, 32).",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Run N worker processes under a supervisor that restarts those that die.",
+)
 async def worker(
-    app_path: str, processors: str | None, redis_url: str | None, log_level: str
+    app_path: str,
+    processors: str | None,
+    redis_url: str | None,
+    log_level: str,
+    concurrency: int | None,
+    processes: int,
 ) -> None:
-    """Run an app's processors and background tasks.
+    """Run an app's processors, jobs and background tasks.
 
     Start as many workers as you like, on one machine or many: the partitions of
     each stream are spread over them and move when workers join, leave or die.
     SIGINT or SIGTERM stops a worker gracefully (current events finish and are
     acknowledged, leases are released); a second signal exits at once.
+
+    With --processes N, this process supervises N worker processes: it restarts
+    those that die and passes signals on to them.
     """
     configure_logging(log_level)
     app = load_app(app_path, redis_url)
@@ -425,10 +461,19 @@ async def worker(
         select_processors(app, names)
     except ConfigError as exc:
         fail(str(exc), 2)
+    if processes > 1:
+        await supervise_workers(app, names, processes)
+        return
     log.info("using Redis at %s", mask_url(app.settings.redis_url))
     status = _WorkerStarted()
     try:
-        await run_worker(app, processors=names, handle_signals=True, task_status=status)
+        await run_worker(
+            app,
+            processors=names,
+            handle_signals=True,
+            concurrency=concurrency,
+            task_status=status,
+        )
     except StreamkitError as exc:
         fail(with_stream_path(exc, app_path))
     except BaseExceptionGroup as group:
@@ -440,6 +485,49 @@ async def worker(
     # worker that ended on its own must be restarted by its supervisor.
     if status.worker is not None and not status.worker._stopping:
         fail(f"worker of {app.name} stopped without being asked to; see the log above")
+
+
+async def supervise_workers(app: App, names: list[str] | None, processes: int) -> None:
+    """``worker --processes N``: run N copies of this very command, without
+    ``--processes``, under a supervisor (see :func:`run_supervisor`)."""
+    try:
+        check_member_ids(select_processors(app, names), os.environ, processes=processes)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    command = [sys.executable, "-m", "streamkit", "worker", *given_arguments(without="processes")]
+    outcome = await run_supervisor(
+        command, processes=processes, handle_signals=True, config_error_code=BadInput.exit_code
+    )
+    if outcome.code:
+        fail(outcome.reason, outcome.code)
+
+
+def given_arguments(*, without: str) -> list[str]:
+    """The current command's arguments and the options given (not defaulted), as
+    command-line words, leaving out the parameter named ``without``."""
+    ctx = click.get_current_context()
+    words: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name is None or name == without:
+            continue
+        value = ctx.params[name]
+        if isinstance(param, click.Argument):
+            words.extend(str(v) for v in (value if param.multiple else [value]))
+        elif isinstance(param, click.Option) and (
+            ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+        ):
+            if param.count:
+                words.extend([param.opts[0]] * int(value))
+            elif param.is_flag:
+                if value:
+                    words.append(param.opts[0])
+                elif param.secondary_opts:
+                    words.append(param.secondary_opts[0])
+            else:
+                for item in value if param.multiple else [value]:
+                    words.extend([param.opts[0], str(item)])
+    return words
 
 
 class _WorkerStarted(trio.TaskStatus[Worker]):
@@ -947,6 +1035,575 @@ async def deadletters_purge(
         yes=yes,
         redis_url=redis_url,
     )
+
+
+# ---------------------------------------------------------------------------- jobs
+
+#: A job status -> the name of its count in ``streamkit jobs info`` (as in QueueCounts).
+COUNT_NAMES: dict[JobStatus, str] = {
+    JobStatus.SENT: "queued",
+    JobStatus.SCHEDULED: "scheduled",
+    JobStatus.WAITING: "waiting",
+    JobStatus.EXECUTING: "running",
+    JobStatus.RETRY: "retrying",
+    JobStatus.DEAD: "dead",
+    JobStatus.SUCCESS: "succeeded",
+    JobStatus.ABORTED: "aborted",
+    JobStatus.EXPIRED: "expired",
+}
+
+
+#: What each job status means, as ``streamkit jobs show`` says it.
+STATUS_GLOSSES: dict[JobStatus, str] = {
+    JobStatus.SCHEDULED: "delayed until it is due",
+    JobStatus.WAITING: "for the jobs it depends on",
+    JobStatus.SENT: "queued for a worker",
+    JobStatus.EXECUTING: "running now",
+    JobStatus.RETRY: "a try failed; waiting for the next",
+    JobStatus.DEAD: "in the dead-letter queue",
+    JobStatus.EXPIRED: "not started before it expired",
+}
+
+
+@attrs.frozen
+class QueueTarget:
+    """The job queue a ``streamkit jobs`` command works on: an app's, or one by name.
+
+    Attributes:
+        name: the queue's name (an app's queue is named after the app).
+        shards: its shard count.
+        settings: where Redis is, and how to connect.
+        app: the app whose queue it is, if it was given as MODULE:APP.
+        path: how the command was told which queue, to repeat in hints.
+    """
+
+    name: str
+    shards: int
+    settings: Settings
+    app: App | None
+    path: str
+
+    def describe(self) -> str:
+        owner = f"app {self.app.name}" if self.app is not None else "no app"
+        plural = "" if self.shards == 1 else "s"
+        return f"queue {self.name} ({owner}, {self.shards} shard{plural})"
+
+
+def queue_target(
+    app_path: str | None, queue_name: str | None, shards: int | None, redis_url: str | None
+) -> QueueTarget:
+    """The queue named by MODULE:APP or by --queue (and --shards), checked."""
+    if app_path is not None and queue_name is not None:
+        fail(f"give MODULE:APP or --queue NAME, not both (got {app_path} and {queue_name})", 2)
+    if app_path is None and queue_name is None:
+        fail(
+            "give MODULE:APP (an app that declares jobs), or --queue NAME for a queue "
+            "opened with open_job_queue(redis, NAME)",
+            2,
+        )
+    if app_path is not None:
+        if shards is not None:
+            fail("--shards goes with --queue: an app's queue has its job_shards setting", 2)
+        app = load_app(app_path, redis_url)
+        if not app.jobs:
+            fail(f"{app_path}: app {app.name} declares no jobs (@app.job), so no job queue", 2)
+        return QueueTarget(app.name, app.settings.job_shards, app.settings, app, app_path)
+    assert queue_name is not None
+    try:
+        validate_name("--queue", queue_name)
+        overrides: dict[str, Any] = {} if redis_url is None else {"redis_url": redis_url}
+        settings = Settings.from_env(**overrides)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    count = shards if shards is not None else settings.job_shards
+    return QueueTarget(queue_name, count, settings, None, f"--queue {queue_name}")
+
+
+@contextlib.asynccontextmanager
+async def open_target(target: QueueTarget) -> AsyncIterator[JobQueue]:
+    """Connect, and yield the target's queue."""
+    if target.app is not None:
+        async with target.app:
+            yield target.app.job_queue
+        return
+    settings = target.settings
+    async with (
+        open_redis(
+            settings.redis_url,
+            connect_timeout=settings.connect_timeout,
+            give_up_after=settings.connect_give_up_after,
+        ) as redis,
+        open_job_queue(redis, target.name, shards=target.shards) as queue,
+    ):
+        yield queue
+
+
+def queue_options(function: Any) -> Any:
+    """--queue, --shards and --redis-url, for a queue given without an app."""
+    function = redis_url_option(function)
+    function = click.option(
+        "--shards",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="With --queue: its shard count (default: STREAMKIT_JOB_SHARDS, else 1).",
+    )(function)
+    return click.option(
+        "--queue",
+        "queue_name",
+        metavar="NAME",
+        help="A queue opened with open_job_queue(redis, NAME), instead of MODULE:APP.",
+    )(function)
+
+
+def app_and_id(
+    app_path: str | None, job_id: str | None, queue_name: str | None
+) -> tuple[str | None, str]:
+    """``[MODULE:APP] ID``: with --queue, a lone argument is the job id."""
+    if job_id is None and queue_name is not None and app_path is not None:
+        app_path, job_id = None, app_path
+    if job_id is None:
+        fail("missing the job ID (after MODULE:APP, or alone with --queue NAME)", 2)
+    if not job_id:
+        fail("the job ID is empty", 2)
+    return app_path, job_id
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """``2026-01-01T10:00:00+00:00 (5s ago)``, ``... (in 2m)``, or ``-``."""
+    if moment is None:
+        return "-"
+    stamp = moment.isoformat(timespec="seconds")
+    if moment <= now:
+        return f"{stamp} ({ago(moment, now)})"
+    return f"{stamp} (in {ago(now, moment).removesuffix(' ago')})"
+
+
+def iso_ms(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="milliseconds") if moment is not None else None
+
+
+def job_json(info: JobInfo) -> dict[str, Any]:
+    data = attrs.asdict(info)
+    for field in ("enqueued_at", "due_at", "started_at", "finished_at", "expires_at"):
+        data[field] = iso_ms(data[field])
+    data["status"] = info.status.value
+    return data
+
+
+def status_text(status: JobStatus) -> str:
+    gloss = STATUS_GLOSSES.get(status)
+    return f"{status.value} ({gloss})" if gloss else status.value
+
+
+def call_text(info: JobInfo) -> str:
+    """The job as a call: ``send_email('ada@example.com', retry=True)``."""
+    parts = [repr(arg) for arg in info.args]
+    parts += [f"{key}={value!r}" for key, value in info.kwargs.items()]
+    return f"{info.name}({', '.join(parts)})"
+
+
+def error_text(info: JobInfo) -> str:
+    if info.error is None:
+        return "-"
+    return f"{info.error.type}: {info.error.message}" if info.error.message else info.error.type
+
+
+def counts_by_name(counts: QueueCounts, declared: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Job name -> count name -> jobs, every count present; declared jobs included."""
+    names = sorted({*counts.by_name, *declared})
+    result: dict[str, dict[str, int]] = {}
+    for name in names:
+        per_status = counts.by_name.get(name, {})
+        result[name] = {count: per_status.get(status, 0) for status, count in COUNT_NAMES.items()}
+    return result
+
+
+def info_json(target: QueueTarget, counts: QueueCounts) -> dict[str, Any]:
+    declared = target.app.jobs if target.app is not None else ()
+    return {
+        "queue": target.name,
+        "app": target.app.name if target.app is not None else None,
+        "shards": target.shards,
+        "redis_url": mask_url(target.settings.redis_url),
+        "counts": {
+            "queued": counts.queued,
+            "scheduled": counts.scheduled,
+            "waiting": counts.waiting,
+            "running": counts.running,
+            "retrying": counts.retrying,
+            "dead": counts.dead,
+            "succeeded": counts.succeeded,
+            "aborted": counts.aborted,
+            "expired": counts.expired,
+            "pending": counts.pending,
+        },
+        "by_name": counts_by_name(counts, declared),
+    }
+
+
+def counts_table(target: QueueTarget, counts: QueueCounts) -> Table:
+    table = Table(title=f"queue {target.name}: jobs", title_justify="left")
+    table.add_column("status")
+    table.add_column("jobs", justify="right")
+    rows = [
+        *((f"queued, {prio} priority", n) for prio, n in counts.queued.items()),
+        ("scheduled (delayed)", counts.scheduled),
+        ("waiting for other jobs", counts.waiting),
+        ("running", counts.running),
+        ("retrying (waiting for a try)", counts.retrying),
+        ("dead", counts.dead),
+        ("succeeded (total)", counts.succeeded),
+        ("aborted (total)", counts.aborted),
+        ("expired (total)", counts.expired),
+    ]
+    for label, number in rows:
+        table.add_row(label, f"{number:,}")
+    return table
+
+
+def by_name_table(target: QueueTarget, by_name: dict[str, dict[str, int]]) -> Table:
+    table = Table(title=f"queue {target.name}: jobs by name", title_justify="left")
+    table.add_column("job", overflow="fold")
+    table.add_column("jobs by status", overflow="fold", ratio=1)
+    for name, per_count in by_name.items():
+        shown = ", ".join(f"{n:,} {count}" for count, n in per_count.items() if n)
+        table.add_row(Text(name), Text(shown or "none"))
+    return table
+
+
+@cli.group(cls=WholeHelpGroup)
+def jobs() -> None:
+    """Inspect an app's job queue: counts, one job, dead jobs; abort a job.
+
+    Name the queue by its app, MODULE:APP (the queue is named after the app, and its
+    shard count is the app's job_shards setting), or, for a queue opened with
+    open_job_queue(redis, NAME) without an app, by --queue NAME (with --shards and
+    --redis-url as needed).
+    """
+
+
+@jobs.command("info")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@queue_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def jobs_info(
+    app_path: str | None,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Show how many jobs a queue holds, by status, priority and job name.
+
+    Queued, scheduled, waiting, running, retrying and dead are the jobs in that state
+    now; succeeded, aborted and expired are running totals.
+    """
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            counts = await queue.counts()
+    except StreamkitError as exc:
+        fail(str(exc))
+    report = info_json(target, counts)
+    if as_json:
+        click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        return
+    console = Console(highlight=False)
+    console.print(
+        f"{target.describe()}, Redis at {report['redis_url']}", soft_wrap=True, markup=False
+    )
+    console.print(counts_table(target, counts))
+    if report["by_name"]:
+        console.print(by_name_table(target, report["by_name"]))
+
+
+@jobs.command("show")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.argument("job_id", metavar="ID", required=False)
+@queue_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def jobs_show(
+    app_path: str | None,
+    job_id: str | None,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Show one job: status, arguments, tries, times, worker, progress, last error.
+
+    The last error comes with its traceback, as the worker formatted it.
+    """
+    app_path, job_id = app_and_id(app_path, job_id, queue_name)
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            info = await queue.info(job_id)
+    except StreamkitError as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(orjson.dumps(job_json(info), option=orjson.OPT_INDENT_2))
+        return
+    now = datetime.now(UTC)
+    rows: list[tuple[str, str]] = [
+        ("status", status_text(info.status)),
+        ("call", call_text(info)),
+        ("priority", info.priority),
+        ("tries", f"{info.tries} of {info.max_tries}"),
+        ("enqueued", relative(info.enqueued_at, now)),
+    ]
+    if info.due_at is not None:
+        rows.append(("due", relative(info.due_at, now)))
+    if info.expires_at is not None:
+        rows.append(("expires", relative(info.expires_at, now)))
+    rows += [
+        ("started", relative(info.started_at, now)),
+        ("finished", relative(info.finished_at, now)),
+        ("worker", info.worker or "-"),
+    ]
+    if info.progress is not None:
+        done = f"{info.progress:.0%}"
+        rows.append(
+            ("progress", f"{done} {info.progress_message}" if info.progress_message else done)
+        )
+    if info.lost:
+        rows.append(("lost", f"its worker died while running it {info.lost} time(s)"))
+    rows.append(("error", error_text(info)))
+    click.echo(f"job {info.id} of queue {info.queue}")
+    for label, value in rows:
+        click.echo(f"  {label:<9} {value}")
+    if info.error is not None and info.error.traceback:
+        click.echo("  traceback of the last failed try:")
+        for line in info.error.traceback.rstrip().splitlines():
+            click.echo(f"    {line}")
+
+
+@jobs.command("abort")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.argument("job_id", metavar="ID", required=False)
+@click.option(
+    "--reason",
+    default="aborted by streamkit jobs abort",
+    show_default=True,
+    help="Recorded as the job's error message.",
+)
+@queue_options
+async def jobs_abort(
+    app_path: str | None,
+    job_id: str | None,
+    reason: str,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+) -> None:
+    """Abort a job: a job not running ends aborted at once; a running one is
+    cancelled by its worker within a second.
+
+    A job that already ended (succeeded, dead, aborted, expired) is left as it is;
+    the command says so, with exit code 0. Jobs waiting for it end dead.
+    """
+    app_path, job_id = app_and_id(app_path, job_id, queue_name)
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            handle = await queue.find(job_id)
+            info = await handle.info()
+            status = await handle.abort(reason)
+    except StreamkitError as exc:
+        fail(str(exc))
+    what = f"job {job_id} ({info.name})"
+    # abort() answers ABORTED for a job it aborted and for one aborted before.
+    if status is JobStatus.ABORTED and not info.status.final:
+        click.echo(f"aborted {what}")
+    elif status is JobStatus.EXECUTING:
+        worker = f" on {info.worker}" if info.worker else ""
+        click.echo(
+            f"{what} is running{worker}: its worker cancels it within a second, and it ends aborted"
+        )
+    else:
+        click.echo(f"{what} already ended {status.value}; nothing to abort")
+
+
+@jobs.group("dlq", cls=WholeHelpGroup)
+def jobs_dlq() -> None:
+    """List, replay and purge a queue's dead jobs (the dead-letter queue)."""
+
+
+@jobs_dlq.command("list")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Show at most this many dead jobs; says how many more exist.",
+)
+@queue_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def jobs_dlq_list(
+    app_path: str | None,
+    limit: int,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Show a queue's dead jobs, oldest first, with their last errors."""
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            dead = await queue.dead_letters(limit=limit)
+            total = (await queue.counts()).dead
+    except StreamkitError as exc:
+        fail(str(exc))
+    total = max(total, len(dead))
+    if as_json:
+        report = {"queue": target.name, "total": total, "jobs": [job_json(i) for i in dead]}
+        click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        return
+    if not dead:
+        click.echo(f"queue {target.name} has no dead jobs")
+        return
+    table = Table(title=f"dead jobs of queue {target.name}", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("job", overflow="fold")
+    table.add_column("failed", no_wrap=True)
+    table.add_column("tries", justify="right", no_wrap=True)
+    table.add_column("error", overflow="fold", ratio=1)
+    now = datetime.now(UTC)
+    for info in dead:
+        first_line = error_text(info).splitlines()[0] if info.error else "-"
+        table.add_row(
+            Text(info.id),
+            Text(info.name),
+            ago(info.finished_at, now),
+            f"{info.tries}/{info.max_tries}",
+            Text(first_line),
+        )
+    Console(highlight=False).print(table)
+    if total > len(dead):
+        click.echo(
+            f"showing {len(dead):,} of {total:,} dead jobs; pass --limit {total} to see them all"
+        )
+
+
+async def act_on_dead_jobs(
+    action: Literal["replay", "purge"],
+    *,
+    target: QueueTarget,
+    ids: tuple[str, ...],
+    yes: bool,
+) -> None:
+    """Confirm, then replay or purge the chosen dead jobs (all by default).
+
+    Given ids are checked first: if one is not a dead job of the queue, nothing is
+    done (exit code 2).
+    """
+    done_word = "replayed" if action == "replay" else "purged"
+    nothing = f"nothing was {done_word}"
+    wanted = list(dict.fromkeys(ids))
+    if any(not job_id for job_id in wanted):
+        fail(f"--id: a job id is not empty; {nothing}", 2)
+    listing = f"`streamkit jobs dlq list {target.path}` lists the dead ones"
+    total = 0
+    so_far = 0  # jobs replayed or purged, for a message if interrupted
+    try:
+        async with open_target(target) as queue:
+            if wanted:
+                problems: list[str] = []
+                for job_id in wanted:
+                    try:
+                        status = (await queue.info(job_id)).status
+                    except JobNotFound:
+                        problems.append(f"{job_id} (no such job)")
+                        continue
+                    if status is not JobStatus.DEAD:
+                        problems.append(f"{job_id} ({status.value})")
+                if problems:
+                    fail(
+                        f"not dead jobs of queue {target.name}: {', '.join(problems)} "
+                        f"({listing}); {nothing}",
+                        2,
+                    )
+                total = len(wanted)
+            else:
+                total = (await queue.counts()).dead
+                if not total:
+                    click.echo(f"queue {target.name} has no dead jobs; {nothing}")
+                    return
+            which = f"{total:,} dead job(s)" if wanted else f"all {total:,} dead job(s)"
+            if not yes:
+                question = (
+                    f"Replay {which} of queue {target.name}, their tries starting over?"
+                    if action == "replay"
+                    else f"Delete {which} of queue {target.name} for good?"
+                )
+                confirm(question, refused=nothing)
+            act = queue.replay if action == "replay" else queue.purge
+            with Progress(
+                TextColumn(action),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=stderr,
+                transient=True,
+                disable=not stderr.is_terminal,
+            ) as progress:
+                task = progress.add_task(action, total=total)
+
+                def on_progress(through: int, done: int) -> None:
+                    nonlocal so_far
+                    so_far += done
+                    progress.update(task, advance=through)
+
+                finished = await act(wanted or None, on_progress=on_progress)
+    except StreamkitError as exc:
+        if so_far:
+            fail(f"{exc}\n{done_word} {so_far:,} of {total:,} dead job(s) before it")
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail(f"interrupted: {done_word} {so_far:,} of {total:,} dead job(s)", 130)
+    skipped = total - len(finished) if wanted else 0
+    tail = f" ({skipped} were no longer dead)" if skipped else ""
+    how = ", queued again with their tries reset" if action == "replay" else ""
+    click.echo(f"{done_word} {len(finished):,} dead job(s) of queue {target.name}{how}{tail}")
+
+
+@jobs_dlq.command("replay")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option("--id", "ids", multiple=True, metavar="ID", help="Replay only these (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@queue_options
+async def jobs_dlq_replay(
+    app_path: str | None,
+    ids: tuple[str, ...],
+    yes: bool,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+) -> None:
+    """Queue dead jobs again, with their tries reset: all of them, or those of --id."""
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    await act_on_dead_jobs("replay", target=target, ids=ids, yes=yes)
+
+
+@jobs_dlq.command("purge")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option("--id", "ids", multiple=True, metavar="ID", help="Purge only these (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@queue_options
+async def jobs_dlq_purge(
+    app_path: str | None,
+    ids: tuple[str, ...],
+    yes: bool,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+) -> None:
+    """Delete dead jobs and their records for good: all of them, or those of --id."""
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    await act_on_dead_jobs("purge", target=target, ids=ids, yes=yes)
 
 
 def parse_record(stream: Stream[Any], text: str | bytes) -> Any:

@@ -14,15 +14,20 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "GroupExists",
+    "JobError",
+    "JobFailed",
+    "JobNotFound",
     "LockLost",
     "LockNotAcquired",
     "MetadataMismatch",
     "NoSuchGroup",
     "NotConnected",
     "NotLockOwner",
+    "NotReplicated",
     "OutcomeUnknown",
     "ProcessorHalted",
     "RedisUnavailable",
+    "ResultNotKept",
     "ServerRefused",
     "StreamkitError",
 ]
@@ -122,6 +127,31 @@ class ServerRefused(RedisUnavailable):
     def out_of_memory(self) -> bool:
         """Whether Redis refused for lack of memory (``OOM``)."""
         return self.code == "OOM"
+
+
+class NotReplicated(StreamkitError):
+    """A write ran on the master, but fewer replicas than asked acknowledged it in time.
+
+    Raised by sends with ``replicas=N`` (``WAIT N timeout`` after the append, on the
+    node that took it): the entries *are* in the stream on the master, and may reach
+    the replicas later, but a failover before they do would lose them. Sending them
+    again would append them twice if they survive; whether to do so is the caller's
+    choice (consumers that tolerate duplicates may).
+
+    Attributes:
+        wanted: the number of replicas asked for.
+        acknowledged: the number that acknowledged within the timeout.
+        timeout: the timeout, in seconds.
+    """
+
+    def __init__(self, wanted: int, acknowledged: int, timeout: float) -> None:
+        super().__init__(
+            f"the write ran on the master but only {acknowledged} of {wanted} replicas "
+            f"acknowledged it within {timeout:g}s: a failover now could lose it"
+        )
+        self.wanted = wanted
+        self.acknowledged = acknowledged
+        self.timeout = timeout
 
 
 class BackendError(StreamkitError):
@@ -269,3 +299,65 @@ class ProcessorHalted(StreamkitError):
         self.partition = partition
         self.entry_ids = entry_ids
         self.reason = reason
+
+
+class JobError(StreamkitError):
+    """A job's result could not be had.
+
+    Attributes:
+        job_id: the job's id.
+    """
+
+    def __init__(self, job_id: str, message: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class JobFailed(JobError):
+    """The job ended without a result: dead (its tries ran out, or bad input),
+    aborted, or expired before it started.
+
+    Attributes:
+        job_id: the job's id.
+        status: ``"dead"``, ``"aborted"`` or ``"expired"``.
+        error_type: the name of the exception the job's last try raised (its
+            qualified name, e.g. ``"ValueError"``, ``"myapp.errors.Bounce"``), or what
+            ended it (``"Timeout"``, ``"Aborted"``, ``"WorkerLost"``,
+            ``"DependencyFailed"``, ``"BadInput"``, ``"Expired"``).
+        message: that exception's message.
+        traceback: the formatted traceback of the last try, as text ("" if none).
+    """
+
+    def __init__(
+        self, job_id: str, status: str, error_type: str, message: str, traceback: str = ""
+    ) -> None:
+        text = f"job {job_id} ended {status}: {error_type}"
+        if message:
+            text += f": {message}"
+        super().__init__(job_id, text)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.traceback = traceback
+
+
+class JobNotFound(JobError):
+    """No record of the job: it was never enqueued on this queue, or it finished
+    longer ago than its ``result_ttl`` and its record expired."""
+
+    def __init__(self, job_id: str, queue: str) -> None:
+        super().__init__(
+            job_id,
+            f"no job {job_id!r} on queue {queue!r}: never enqueued there, or it finished "
+            "longer ago than its result_ttl and its record expired",
+        )
+        self.queue = queue
+
+
+class ResultNotKept(JobError):
+    """The job succeeded, but it was declared with ``keep_result=False``."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            job_id, f"job {job_id} succeeded, but its result was not kept (keep_result=False)"
+        )

@@ -49,7 +49,7 @@ from ._errors import (
 )
 from ._feed import Batch, FeedEnded
 from ._groups import open_service_nursery
-from ._redis import LuaScript, Redis, redis_errors, run_blocking
+from ._redis import LuaScript, Redis, by_slot, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
 from ._wire import ACK_LUA, READ_LUA, text
@@ -495,6 +495,10 @@ class Fetcher(Generic[R]):
         With ``block``, wait in one ``XREAD BLOCK`` for up to ``block`` seconds until
         one has (cancelled when partitions are added or removed); else just look.
         """
+        groups = by_slot(self.redis, [f.key for f in idle])
+        if len(groups) > 1:
+            # On a Redis Cluster one XREAD may name the streams of one slot only.
+            return await self._wait_per_slot(idle, groups, block=block)
         streams = {f.key: f.last_id for f in idle}
         by_key = {f.key.encode(): f for f in idle}
         with trio.CancelScope() as scope:
@@ -527,6 +531,10 @@ class Fetcher(Generic[R]):
                 self._block_scope = None
         if scope.cancelled_caught:
             return True
+        return self._woken_by(reply, by_key)
+
+    @staticmethod
+    def _woken_by(reply: Any, by_key: dict[bytes, _Feed]) -> bool:
         if not reply:
             return False
         for key in reply:
@@ -535,6 +543,64 @@ class Fetcher(Generic[R]):
                 feed.idle = False
                 feed.woken = True
         return True
+
+    async def _wait_per_slot(
+        self, idle: list[_Feed], groups: list[list[str]], *, block: float | None
+    ) -> bool:
+        """:meth:`_wait_for_entries` on a Redis Cluster: one ``XREAD`` per slot.
+
+        Without ``block`` the looks run concurrently (multiplexed on the shared
+        connections). With it, one blocking ``XREAD`` per slot runs on a dedicated
+        connection each; the first that sees entries (or a change of partitions) ends
+        the others, whose connections are discarded.
+        """
+        by_key = {f.key.encode(): f for f in idle}
+        last_ids = {f.key: f.last_id for f in idle}
+        woken = False
+        errors: list[BaseException] = []
+
+        async def look(keys: list[str], nursery: trio.Nursery) -> None:
+            nonlocal woken
+            streams = cast("dict[str | bytes, str | bytes]", {k: last_ids[k] for k in keys})
+            try:
+                if block is None:
+                    with redis_errors(), trio.fail_after(self.command_timeout):
+                        reply = await self.redis.xread(streams, count=1)
+                else:
+                    block_ms = max(1, round(block * 1000))
+                    reply = await run_blocking(
+                        self.redis,
+                        lambda r: r.xread(streams, count=1, block=block_ms),
+                        within=block + self.command_timeout,
+                        what="a blocking read",
+                    )
+            except trio.TooSlowError:
+                errors.append(RedisUnavailable("redis", "reading the stream ends timed out"))
+                return
+            except RedisUnavailable as exc:
+                errors.append(exc)
+                nursery.cancel_scope.cancel("a blocking read failed")
+                return
+            if self._woken_by(reply, by_key):
+                woken = True
+                if block is not None:
+                    nursery.cancel_scope.cancel("a partition has new entries")
+
+        with trio.CancelScope() as scope:
+            if block is not None:
+                self._blocks += 1
+                self._block_scope = scope
+            try:
+                async with trio.open_nursery() as nursery:
+                    for keys in groups:
+                        nursery.start_soon(look, keys, nursery)
+            finally:
+                self._block_scope = None
+        if scope.cancelled_caught:
+            return True
+        if errors and not woken:
+            raise errors[0]
+        return woken
 
     def _fail(self, feed: _Feed, error: StreamkitError) -> None:
         if feed.failure is None:
@@ -607,7 +673,8 @@ async def open_fetcher(
 
     One background task serves every registered partition: it runs one fenced read
     per partition whose buffer has room (concurrently), and when none had anything
-    new, waits in one blocking ``XREAD`` over all idle partitions.
+    new, waits in one blocking ``XREAD`` over all idle partitions (on a Redis Cluster,
+    one per hash slot, concurrently).
 
     Args:
         redis: a client from :func:`streamkit.open_redis`.

@@ -96,6 +96,9 @@ end
 if ARGV[4] == '1' then
   local seen = redis.call('GET', KEYS[2])
   if seen then
+    -- A write, so that a WAIT after this call (send(..., replicas=N)) waits for the
+    -- replication stream to pass it, and so the earlier append too.
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
     forget_finished()
     local bar = string.find(seen, '|', 1, true)
     local done = {}

@@ -20,6 +20,11 @@ pool slot back (after 64 cancellations the pool is empty and every command waits
 forever). :class:`_Pool` fixes the slot accounting; :class:`_Client` routes
 connection-holding commands to the dedicated pool. See ``docs/redis.md``.
 
+A ``redis+cluster://`` URL gives a :class:`_ClusterClient` built the same way on
+coredis's cluster client: both pools per node, no retries, cross-slot commands refused
+rather than split; redirections (``MOVED``, ``ASK``, ``TRYAGAIN``) are followed by
+coredis, since the node that answered so ran nothing.
+
 Retries. coredis is told never to retry (its default re-sends a command whose
 connection was lost, although Redis may have run it). A lost connection surfaces as
 :class:`~streamkit.OutcomeUnknown` when the command may have reached Redis, as plain
@@ -47,8 +52,12 @@ import attrs
 import coredis
 import coredis.exceptions
 import trio
-from coredis.connection import BaseConnection
-from coredis.pool import ConnectionPool
+from coredis._concurrency import QueueFull
+from coredis._utils import hash_slot
+from coredis.commands.constants import CommandName
+from coredis.connection import BaseConnection, ClusterConnection, TCPLocation
+from coredis.globals import READONLY_COMMANDS
+from coredis.pool import ClusterConnectionPool, ConnectionPool
 from coredis.retry import NoRetryPolicy
 
 from ._backoff import Backoff, retry_unavailable
@@ -57,29 +66,40 @@ from ._errors import (
     ConfigError,
     GroupExists,
     NoSuchGroup,
+    NotReplicated,
     OutcomeUnknown,
     RedisUnavailable,
     ServerRefused,
     StreamkitError,
 )
 from ._groups import leaves
+from ._redis_urls import (
+    check_redis_url as check_redis_url,
+    is_cluster_url as is_cluster_url,
+    seed_url as _seed_url,
+)
 from ._urls import current_url, mask_url, using_url
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 
+    from coredis.cluster._node import ClusterNodeLocation
     from coredis.commands import CommandRequest
-    from coredis.patterns.pipeline import Pipeline
+    from coredis.patterns.pipeline import ClusterPipeline, Pipeline
 
 __all__ = [
     "Redis",
     "RedisStatistics",
     "as_unavailable",
+    "by_slot",
     "call_once",
+    "is_cluster",
+    "key_slot",
     "mask_url",
     "open_redis",
     "redis_errors",
     "redis_statistics",
+    "replicated",
     "retry_idempotent",
     "run_blocking",
 ]
@@ -204,6 +224,11 @@ _REFUSALS: dict[str, tuple[str, str]] = {
     "NOREPLICAS": ("not enough replicas to write", "check the replicas (min-replicas-to-write)"),
     "MISCONF": ("unable to persist to disk", "check the Redis server's disk and its log"),
     "TRYAGAIN": ("moving a cluster slot", "wait for the resharding to end"),
+    "MOVED": (
+        "a cluster node that no longer serves the key's slot",
+        "the cluster is resharding or failing over; the client follows its new layout",
+    ),
+    "ASK": ("a cluster node moving the key's slot", "wait for the resharding to end"),
     "CLUSTERDOWN": ("a cluster that is down", "check the cluster's state"),
     "UNBLOCKED": (
         "a blocking command unblocked by a role change",
@@ -222,6 +247,9 @@ _REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
     (coredis.exceptions.TryAgainError, "TRYAGAIN"),
     (coredis.exceptions.ClusterDownError, "CLUSTERDOWN"),
     (coredis.exceptions.UnblockedError, "UNBLOCKED"),
+    # MovedError is an AskError: MOVED first.
+    (coredis.exceptions.MovedError, "MOVED"),
+    (coredis.exceptions.AskError, "ASK"),
 )
 
 # coredis prefixes an error of a pipeline's command with the command.
@@ -253,6 +281,8 @@ def _refusal(exc: BaseException, url: str) -> ServerRefused | None:
 def _translate(exc: BaseException, url: str) -> StreamkitError | None:
     if isinstance(exc, StreamkitError):
         return exc
+    if isinstance(exc, _TooFewReplicas):
+        return NotReplicated(exc.wanted, exc.acknowledged, exc.timeout_ms / 1000)
     masked = mask_url(url)
     refused = _refusal(exc, url)
     if refused is not None:
@@ -261,6 +291,10 @@ def _translate(exc: BaseException, url: str) -> StreamkitError | None:
         return refused
     if _not_sent(exc):
         return RedisUnavailable(masked, _reason(exc))
+    if isinstance(exc, coredis.exceptions.ClusterError):
+        # The cluster client followed MOVED / ASK / TRYAGAIN redirections until it gave
+        # up: no node ran the command.
+        return RedisUnavailable(masked, f"the cluster kept redirecting the command ({exc})")
     if isinstance(exc, _LOST):
         return OutcomeUnknown(masked, _reason(exc))
     if isinstance(exc, coredis.exceptions.AuthenticationError):
@@ -438,9 +472,7 @@ class LuaScript:
     def _sha(self) -> str:
         return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
 
-    async def __call__(
-        self, redis: Redis, *, keys: Sequence[str | bytes], args: Sequence[Any]
-    ) -> Any:
+    async def __call__(self, redis: Redis, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """Run the script on ``redis``; errors are coredis's (wrap in :func:`redis_errors`)."""
         try:
             return await redis.evalsha(self.sha, keys=keys, args=args)
@@ -478,15 +510,12 @@ async def run_blocking(
         if the connection was lost meanwhile (for a plain ``XREAD`` that is harmless:
         read again); other errors as by :func:`redis_errors`.
     """
-    if not isinstance(redis, _Client):
-        raise ConfigError("redis", "blocking commands need a client from streamkit.open_redis")
+    url = _own(redis, "blocking commands")._health.url
     try:
-        with redis_errors(redis._health.url), trio.fail_after(within):
+        with redis_errors(url), trio.fail_after(within):
             return await fn(redis)
     except trio.TooSlowError as exc:
-        raise RedisUnavailable(
-            redis._health.url, f"{what} got no answer within {within:g}s"
-        ) from exc
+        raise RedisUnavailable(url, f"{what} got no answer within {within:g}s") from exc
 
 
 # ------------------------------------------------------------------------ connections
@@ -532,6 +561,20 @@ class _Health:
     _reported_at: float = -math.inf
     _reported_down: bool = False
     _unreported: int = 0
+    # A cluster's masters, as its client last learned them.
+    _masters: list[str] | None = None
+
+    def learned_layout(self, masters: list[str]) -> None:
+        """A cluster client learned the cluster's layout: warn if its masters changed."""
+        if self._masters is not None and masters != self._masters:
+            log.warning(
+                "the Redis Cluster at %s has other masters now (a failover, or nodes "
+                "added or removed): %s, before %s; commands go to the new ones",
+                self.url,
+                ", ".join(masters),
+                ", ".join(self._masters),
+            )
+        self._masters = masters
 
     def established(self) -> None:
         if self._down_since is None:
@@ -664,14 +707,84 @@ class _Pool(ConnectionPool[BaseConnection]):
                 self._health.ended(connection, dedicated=self._dedicated)
 
 
+class _TooFewReplicas(coredis.exceptions.ReplicationError):
+    """``WAIT`` after a command counted fewer replicas than asked (with the count)."""
+
+    def __init__(self, command: bytes, wanted: int, timeout_ms: int, acknowledged: int) -> None:
+        super().__init__(command, wanted, timeout_ms)
+        self.wanted = wanted
+        self.timeout_ms = timeout_ms
+        self.acknowledged = acknowledged
+
+
+_NOTHING_TO_WAIT_FOR = READONLY_COMMANDS | {CommandName.SCRIPT_LOAD}
+
+
+async def _wait_for_replicas(
+    wait: tuple[int, int] | None, command: CommandRequest[Any], connection: BaseConnection
+) -> None:
+    """Send ``WAIT`` on the connection (so the node) that ran ``command``; count replicas.
+
+    coredis's own check raises without the count; this one keeps it. Reads and
+    ``SCRIPT LOAD`` (a script's first call on a server) wrote nothing to wait for.
+    """
+    if not wait or wait[0] <= 0 or command.name in _NOTHING_TO_WAIT_FOR:
+        return
+    reply = await connection.create_request(CommandName.WAIT, *wait, decode=False)
+    acknowledged = int(cast("int", reply))
+    if acknowledged < wait[0]:
+        raise _TooFewReplicas(command.name, wait[0], wait[1], acknowledged)
+
+
+class _DedicatedClient(coredis.Redis[bytes]):
+    """The dedicated half of :class:`_Client`; also runs the commands of :func:`replicated`."""
+
+    async def _ensure_wait_and_persist(
+        self, command: CommandRequest[Any], connection: BaseConnection
+    ) -> None:
+        await _wait_for_replicas(self._waitcontext.get(), command, connection)
+
+
+class _DedicatedClusterClient(coredis.RedisCluster[bytes]):
+    """The dedicated half of :class:`_ClusterClient`; also runs :func:`replicated` commands.
+
+    coredis sends the ``WAIT`` on the connection that ran the command, after any
+    redirection: to the master that took the write.
+    """
+
+    async def _ensure_wait_and_persist(
+        self, command: CommandRequest[Any], connection: BaseConnection
+    ) -> None:
+        await _wait_for_replicas(self._waitcontext.get(), command, connection)
+
+
+@contextlib.contextmanager
+def replicated(redis: Redis, replicas: int, timeout: float) -> Iterator[None]:
+    """Make every command sent through ``redis`` in the block wait for ``replicas``.
+
+    Each command (from this task and tasks it starts in the block) runs on a dedicated
+    connection and is followed on it by ``WAIT replicas timeout``, so on a cluster
+    by the master that ran it.
+
+    Error handling:
+        :class:`NotReplicated` (from :func:`redis_errors`) when fewer replicas
+        acknowledged a command within ``timeout`` seconds: the command ran on the
+        master. :class:`ConfigError` for a client not from :func:`open_redis`.
+    """
+    client = _own(redis, "replicas=")
+    with client._dedicated.ensure_replication(replicas, max(1, round(timeout * 1000))):
+        yield
+
+
 class _Client(coredis.Redis[bytes]):
     """A coredis client that runs connection-holding commands on dedicated connections."""
 
-    _dedicated: coredis.Redis[bytes]
+    _dedicated: _DedicatedClient
     _health: _Health
 
     async def execute_command(self, command: CommandRequest[R]) -> R:
-        if command.blocking:
+        # A command followed by WAIT holds its connection until the WAIT returns.
+        if command.blocking or self._dedicated.requires_wait:
             return await self._dedicated.execute_command(command)
         return await super().execute_command(command)
 
@@ -685,20 +798,163 @@ class _Client(coredis.Redis[bytes]):
         return self._dedicated.pipeline(transaction, raise_on_error=raise_on_error, timeout=timeout)
 
 
+class _ClusterPool(ClusterConnectionPool):
+    """coredis's cluster pool with the slot accounting of :class:`_Pool`, per node.
+
+    Its per-node queues have the flaws :class:`_Pool` fixes: a connection released
+    unusable (a cancelled blocking command) and a cancelled connection attempt each
+    lose their node's slot for good.
+    """
+
+    _health: _Health
+    _dedicated: bool
+    _established: weakref.WeakSet[ClusterConnection]
+
+    def _setup(self, health: _Health, *, dedicated: bool) -> None:
+        self._health = health
+        self._dedicated = dedicated
+        self._established = weakref.WeakSet()
+        layout = self.cluster_layout
+        learn = layout._refresh
+
+        async def learn_and_report() -> None:
+            await learn()
+            health.learned_layout(sorted(node.name for node in layout.primaries))
+
+        # coredis learns the layout again by itself (after redirections and errors):
+        # say so when the masters changed, the mark of a failover.
+        setattr(layout, "_refresh", learn_and_report)  # noqa: B010 (mypy: a method)
+
+    async def _get_connection_by_node(self, node: ClusterNodeLocation) -> ClusterConnection:
+        queue = self._node_pool(TCPLocation(node.host, node.port))
+        try:
+            with trio.fail_after(math.inf if self.timeout is None else self.timeout):
+                connection = await queue.get()
+        except trio.TooSlowError as exc:
+            raise coredis.exceptions.ConnectionError(
+                f"Connection pool exhausted: no free connection to {node.name} "
+                f"within {self.timeout}s"
+            ) from exc
+        # The slot is ours now: give it back if anything below fails or is cancelled.
+        try:
+            if connection is None or not connection.reusable:
+                if connection is not None:
+                    connection.invalidate()
+                connection = None
+                try:
+                    fresh = await self._make_node_connection(node)
+                except coredis.exceptions.ConnectionError as exc:
+                    # coredis turns the cancellation of a connection being opened into
+                    # a ConnectionError: let the cancellation win.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    # coredis counts errors to decide when to learn the cluster's layout
+                    # again, but not this one (raised before its command's error
+                    # handling): a dead master's slots would be sent to it forever,
+                    # never to the replica promoted in its place.
+                    self.cluster_layout.report_errors(node, exc)
+                    raise
+                connection = fresh
+                self._established.add(connection)
+                self._health.established()
+        except BaseException:
+            if connection is None:
+                queue.append_nowait(None)
+            else:
+                queue.put_nowait(connection)
+            raise
+        return connection
+
+    def release(self, connection: ClusterConnection) -> None:
+        self.statistics.connection_released(connection)
+        queue = self._node_pool(connection.location)
+        with contextlib.suppress(QueueFull):  # the node left the layout: a fresh queue
+            if connection.usable:
+                queue.put_nowait(connection)
+                return
+            # Cancelled mid-command or lost: the slot comes back empty.
+            queue.append_nowait(None)
+        connection.invalidate()
+
+    async def _wrap_connection(
+        self,
+        connection: ClusterConnection,
+        *,
+        task_status: trio.TaskStatus[Exception | None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await super()._wrap_connection(connection, task_status=task_status)
+        finally:
+            if connection in self._established:
+                self._health.ended(connection, dedicated=self._dedicated)
+
+
+class _ClusterClient(coredis.RedisCluster[bytes]):
+    """A coredis cluster client that runs connection-holding commands on dedicated connections.
+
+    coredis's cluster client multiplexes simple commands like the standalone one (a
+    connection goes back to its node's pool as soon as the command is written), so a
+    blocking command must not share its pool either.
+    """
+
+    _dedicated: _DedicatedClusterClient
+    _health: _Health
+
+    async def execute_command(self, command: CommandRequest[R]) -> R:
+        if command.blocking or self._dedicated.requires_wait:
+            return await self._dedicated.execute_command(command)
+        return await super().execute_command(command)
+
+    def pipeline(
+        self,
+        transaction: bool = False,
+        *,
+        raise_on_error: bool = True,
+        timeout: float | None = None,
+    ) -> ClusterPipeline[bytes]:
+        return self._dedicated.pipeline(transaction, raise_on_error=raise_on_error, timeout=timeout)
+
+    async def transaction(
+        self,
+        func: Callable[[ClusterPipeline[bytes]], Awaitable[R]],
+        *watches: str | bytes,
+        watch_delay: float | None = None,
+    ) -> R:
+        """``coredis.Redis.transaction``, which coredis's cluster client lacks.
+
+        Runs ``func(pipe)`` with ``watches`` watched (they must share a slot); the
+        commands it queues on ``pipe`` run in one ``MULTI``/``EXEC`` on that slot's
+        master, and the whole function runs again while a watched key changed.
+        """
+        while True:
+            try:
+                async with self.pipeline(transaction=False) as pipe, pipe.watch(*watches):
+                    return await func(pipe)
+            except coredis.exceptions.WatchError:
+                log.debug("a watched key changed; running the transaction again")
+            if watch_delay:
+                await trio.sleep(watch_delay)
+
+
 def redis_statistics(redis: Redis) -> RedisStatistics:
     """A snapshot of the connections of ``redis``, a client from :func:`open_redis`.
 
     Error handling:
         :class:`ConfigError` for a client that did not come from :func:`open_redis`.
     """
-    if not isinstance(redis, _Client):
-        raise ConfigError("redis", "statistics need a client from streamkit.open_redis")
-    shared = redis.connection_pool
-    dedicated = redis._dedicated.connection_pool
-    assert isinstance(shared, _Pool)
-    assert isinstance(dedicated, _Pool)
-    in_use = dedicated.max_connections - len(dedicated._available_connections)
-    health = redis._health
+    client: _Client | _ClusterClient = _own(redis, "statistics")
+    shared = client.connection_pool
+    dedicated = client._dedicated.connection_pool
+    if isinstance(dedicated, _ClusterPool):
+        assert isinstance(shared, _ClusterPool)
+        in_use = sum(
+            queue._maxsize - len(queue._queue)
+            for queue in dedicated._cluster_available_connections.values()
+        )
+    else:
+        assert isinstance(shared, _Pool)
+        assert isinstance(dedicated, _Pool)
+        in_use = dedicated.max_connections - len(dedicated._available_connections)
+    health = client._health
     return RedisStatistics(
         shared_connections=len(shared._online_connections),
         dedicated_connections=len(dedicated._online_connections),
@@ -709,64 +965,41 @@ def redis_statistics(redis: Redis) -> RedisStatistics:
     )
 
 
-SCHEMES = ("redis", "rediss", "unix")
+def _own(redis: object, what: str) -> _Client | _ClusterClient:
+    """``redis`` as the client :func:`open_redis` made, or :class:`ConfigError`."""
+    if not isinstance(redis, (_Client, _ClusterClient)):
+        raise ConfigError("redis", f"{what} need a client from streamkit.open_redis")
+    return redis
 
 
-def check_redis_url(url: object, *, setting: str = "redis_url") -> None:
-    """Check that ``url`` is a Redis URL streamkit can use.
+def is_cluster(redis: object) -> bool:
+    """Whether ``redis`` is a client of a Redis Cluster (from a ``redis+cluster://`` URL)."""
+    return isinstance(redis, coredis.RedisCluster)
 
-    ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
-    ``unix:///path/to/socket[?db=N]``; a password holding ``@``, ``/``, ``:`` and the
-    like must be percent-encoded (``%40``, ``%2F``, ``%3A``).
 
-    Error handling:
-        :class:`ConfigError` naming ``setting``, with the masked URL and what to
-        write instead: no scheme (``127.0.0.1:6379``: use ``redis://127.0.0.1:6379``),
-        another scheme, no host, a port that is not a number, or a path that is not
-        a database number (``redis://host/abc``).
+K = TypeVar("K", str, bytes)
+
+
+def by_slot(redis: object, keys: Iterable[K]) -> list[list[K]]:
+    """``keys`` grouped so that each group may go into one multi-key command.
+
+    On a single server that is one group (empty if there are no keys); on a Redis
+    Cluster one group per hash slot, in the order of the keys' first appearance. A
+    command may name several keys only if they share a slot (see ``docs/redis.md``,
+    "Redis Cluster").
     """
-    if not isinstance(url, str):
-        raise ConfigError(setting, f"must be a redis:// URL, got {url!r}")
-    masked = mask_url(url)
-    if "://" not in url:
-        raise ConfigError(
-            setting,
-            f"{masked!r} is not a URL; write redis://{masked} (rediss:// for TLS, "
-            f"unix:///path for a socket)",
-        )
-    scheme = url.partition("://")[0].lower()
-    if scheme not in SCHEMES:
-        raise ConfigError(
-            setting, f"{masked!r}: expected redis://, rediss:// or unix://, not {scheme}://"
-        )
-    parts = urllib.parse.urlsplit(url)
-    if scheme == "unix":
-        if not parts.path:
-            raise ConfigError(setting, f"{masked!r}: expected unix:///path/to/socket")
-        return
-    rest = url.partition("://")[2]
-    if "@" in parts.path or "@" in parts.query or "@" in parts.fragment:
-        raise ConfigError(
-            setting,
-            f"{masked!r}: the password holds a character that ends it early; "
-            f"percent-encode it (@ as %40, / as %2F, : as %3A, ? as %3F, # as %23)",
-        )
-    if not parts.hostname and not rest.startswith("/"):
-        raise ConfigError(setting, f"{masked!r}: no host; expected redis://host[:port][/db]")
-    try:
-        parts.port  # noqa: B018 (parsing it is the check)
-    except ValueError:
-        raise ConfigError(
-            setting,
-            f"{masked!r}: the port is not a number; expected redis://host[:port][/db] "
-            f"(percent-encode a password holding ':')",
-        ) from None
-    path = parts.path.strip("/")
-    if path and not path.isdigit():
-        raise ConfigError(
-            setting,
-            f"{masked!r}: the path must be a database number (redis://host:6379/0), got /{path}",
-        )
+    keys = list(keys)
+    if not is_cluster(redis):
+        return [keys] if keys else []
+    groups: dict[int, list[K]] = {}
+    for key in keys:
+        groups.setdefault(key_slot(key), []).append(key)
+    return list(groups.values())
+
+
+def key_slot(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of ``key`` (its hash tag's, if it has one)."""
+    return hash_slot(key.encode() if isinstance(key, str) else key)
 
 
 def _pool_from_url(
@@ -798,9 +1031,58 @@ def _client_from_url(url: str, connect_timeout: float, max_connections: int) -> 
         raise ConfigError("redis_url", f"{mask_url(url)!r}: {exc}") from exc
     # No retries in coredis: a command whose connection was lost may have run.
     client = _Client(connection_pool=shared, decode_responses=False, retry_policy=NoRetryPolicy())
-    client._dedicated = coredis.Redis(
+    client._dedicated = _DedicatedClient(
         connection_pool=dedicated, decode_responses=False, retry_policy=NoRetryPolicy()
     )
+    client._health = health
+    return client
+
+
+def _cluster_pool_from_url(
+    url: str, connect_timeout: float, max_connections: int, health: _Health, *, dedicated: bool
+) -> _ClusterPool:
+    seed = urllib.parse.urlsplit(_seed_url(url))
+    pool = _ClusterPool.from_url(
+        _seed_url(url),
+        # Given, or coredis builds it in a deprecated form (a warning).
+        startup_nodes=[TCPLocation(seed.hostname or "127.0.0.1", seed.port or 6379)],
+        decode_components=True,
+        connect_timeout=connect_timeout,
+        decode_responses=False,
+        # Each node gets max_connections slots (not a share of them).
+        max_connections=max_connections,
+        max_connections_per_node=True,
+    )
+    pool._setup(health, dedicated=dedicated)
+    return pool
+
+
+def _cluster_client_from_url(
+    url: str, connect_timeout: float, max_connections: int
+) -> _ClusterClient:
+    check_redis_url(url)
+    health = _Health(mask_url(url))
+    try:
+        shared = _cluster_pool_from_url(
+            url, connect_timeout, max_connections, health, dedicated=False
+        )
+        dedicated = _cluster_pool_from_url(
+            url, connect_timeout, max_connections, health, dedicated=True
+        )
+    except ValueError as exc:
+        raise ConfigError("redis_url", f"{mask_url(url)!r}: {exc}") from exc
+    # No retries in coredis (its cluster client's default re-sends a command whose
+    # connection was lost), and a command whose keys are in several slots is refused
+    # rather than split into one command per node (which would not be atomic).
+    # Redirections (MOVED, ASK) and TRYAGAIN are still followed: the refusing node ran
+    # nothing.
+    options: dict[str, Any] = {
+        "decode_responses": False,
+        "retry_policy": NoRetryPolicy(),
+        "non_atomic_cross_slot": False,
+    }
+    client = _ClusterClient(connection_pool=shared, **options)
+    client._dedicated = _DedicatedClusterClient(connection_pool=dedicated, **options)
     client._health = health
     return client
 
@@ -817,8 +1099,10 @@ async def open_redis(
     """Connect to Redis at ``url`` and yield a client; close it on exit.
 
     ``url`` is ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS
-    (``?ssl_cert_reqs=none`` and friends as query arguments) or
-    ``unix:///path/to/socket?db=0``.
+    (``?ssl_cert_reqs=none`` and friends as query arguments),
+    ``unix:///path/to/socket?db=0``, or ``redis+cluster://host[:port]`` naming any node
+    of a Redis Cluster (``rediss+cluster://`` for TLS; see ``docs/redis.md``, "Redis
+    Cluster").
 
     The server is pinged before the client is yielded. While it cannot be reached,
     connecting is retried with exponential backoff, logging each failure, for up to
@@ -836,7 +1120,11 @@ async def open_redis(
     """
     masked = mask_url(url)
     backoff = backoff or Backoff()
-    client = _client_from_url(url, connect_timeout, max_connections)
+    check_redis_url(url)
+    cluster = is_cluster_url(url)
+    # A cluster client discovers the cluster's layout from the URL's node when it is
+    # entered: ping that node first, with a plain client, to wait for it as for a server.
+    client = _client_from_url(_seed_url(url) if cluster else url, connect_timeout, max_connections)
 
     async def ping() -> None:
         try:
@@ -861,8 +1149,30 @@ async def open_redis(
                 give_up_after=math.inf if give_up_after is None else give_up_after,
                 what=f"connecting to Redis at {masked}",
             )
-            log.debug("connected to Redis at %s", masked)
-            yield client
+            if not cluster:
+                log.debug("connected to Redis at %s", masked)
+                yield client
+                return
+            await _check_cluster_node(client, masked)
+        nodes = _cluster_client_from_url(url, connect_timeout, max_connections)
+        async with nodes, nodes._dedicated:
+            log.debug("connected to the Redis Cluster at %s", masked)
+            # Typed as a standalone client: streamkit and its users call the commands
+            # both have (see docs/redis.md, "Redis Cluster").
+            yield cast("Redis", nodes)
+
+
+async def _check_cluster_node(client: Redis, masked: str) -> None:
+    try:
+        await client.cluster_info()
+    except coredis.exceptions.ResponseError as exc:
+        if "cluster support disabled" not in str(exc):
+            raise
+        raise ConfigError(
+            "redis_url",
+            f"Redis at {masked} is not a cluster node (cluster support disabled): "
+            f"use redis:// for a single server",
+        ) from exc
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -892,7 +1202,7 @@ def _permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
     in a starting container) is transient, like a refused connection or a timeout.
     """
     masked = mask_url(url)
-    tls = url.lower().startswith("rediss:")
+    tls = url.lower().startswith(("rediss:", "rediss+cluster:"))
     for error in _chain(exc):
         if isinstance(error, coredis.exceptions.AuthenticationRequiredError):
             return ConfigError(

@@ -37,7 +37,7 @@ __all__ = ["Settings", "check_setting_names"]
 
 ENV_PREFIX = "STREAMKIT_"
 #: ``STREAMKIT_*`` variables that are not settings but are read elsewhere.
-OTHER_VARIABLES = frozenset({"STREAMKIT_RELIABILITY_REPORT"})
+OTHER_VARIABLES = frozenset({"STREAMKIT_RELIABILITY_REPORT", "STREAMKIT_WORKER_INDEX"})
 
 log = logging.getLogger("streamkit.settings")
 # Unknown variables already warned about: each is named once per process.
@@ -63,7 +63,8 @@ class Settings:
     with an empty value or ``none``.
     """
 
-    #: Where Redis is: ``redis://[:password@]host[:port][/db]``, ``rediss://`` for TLS.
+    #: Where Redis is: ``redis://[:password@]host[:port][/db]``, ``rediss://`` for TLS,
+    #: ``redis+cluster://host:port`` (any node) for a Redis Cluster.
     redis_url: str = attrs.field(default=DEFAULT_REDIS_URL, validator=_url)
     #: Partitions of a new stream (recorded in Redis on first use, then fixed).
     partition_count: int = attrs.field(default=DEFAULT_PARTITION_COUNT, validator=positive_int)
@@ -109,6 +110,15 @@ class Settings:
     #: Batches buffered per partition ahead of the processor (memory stays bounded
     #: by partitions x prefetch x batch_size entries, whatever the backlog).
     prefetch: int = attrs.field(default=DEFAULT_PREFETCH, validator=positive_int)
+    #: Jobs a worker process runs at once (``streamkit worker --concurrency``).
+    job_concurrency: int = attrs.field(default=32, validator=positive_int)
+    #: Seconds after which a job whose worker stopped renewing its lease (killed,
+    #: paused, cut off) is taken over by another worker.
+    job_lease_ttl: float = attrs.field(default=5.0, validator=positive_number)
+    #: Shards of the app's job queue; every producer and worker must agree on it.
+    job_shards: int = attrs.field(default=1, validator=positive_int)
+    #: Worker threads per process for jobs that are plain (not async) functions.
+    job_threads: int = attrs.field(default=8, validator=positive_int)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -205,13 +215,18 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(text)
 
 
-# Every field optional, with the same validators: checks one value alone.
+# Every field optional, with the same validators: checks one value alone. (Fields
+# without a validator are here too, so that any variable can be probed.)
 _Probe = attrs.make_class(
     "_Probe",
     {
-        name: attrs.field(default=None, validator=attrs.validators.optional(field.validator))
+        name: attrs.field(
+            default=None,
+            validator=None
+            if field.validator is None
+            else attrs.validators.optional(field.validator),
+        )
         for name, field in attrs.fields_dict(Settings).items()
-        if field.validator is not None
     },
     kw_only=True,
 )

@@ -9,6 +9,7 @@ partition without ever dropping an entry some consumer group has not acknowledge
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -19,8 +20,8 @@ import trio
 from ._errors import MetadataMismatch
 from ._groups import meaningful_leaf
 from ._idempotent import append_once
-from ._redis import LuaScript, redis_errors
-from ._validate import positive_int
+from ._redis import LuaScript, redis_errors, replicated
+from ._validate import non_negative_int, positive_finite_number, positive_int
 from ._wire import (
     APPEND_AND_TRIM_LUA,
     METADATA_LUA,
@@ -47,6 +48,8 @@ log = logging.getLogger("streamkit.streams")
 # Records encoded at a time by send_many: bounds memory for huge iterables while
 # keeping every partition's pipeline full.
 WINDOW_PER_PARTITION = 4
+# Seconds a send with replicas=N waits for them, per append, by default.
+DEFAULT_REPLICA_TIMEOUT = 1.0
 
 _METADATA_SCRIPT = LuaScript(METADATA_LUA)
 
@@ -193,15 +196,30 @@ class Stream(Generic[R]):
         await check_metadata(self._connection(), self.spec)
         self._metadata_checked = True
 
-    async def send(self, *records: R) -> list[str]:
+    async def send(
+        self,
+        *records: R,
+        replicas: int = 0,
+        replica_timeout: float = DEFAULT_REPLICA_TIMEOUT,
+    ) -> list[str]:
         """Append ``records`` to their partitions; return their entry ids in order.
+
+        Redis replicates asynchronously: a send returns once the master has the
+        records, and a failover before they reach a replica loses them. With
+        ``replicas=N``, each append is followed by ``WAIT N`` on the master that took
+        it (on a cluster, the partition's master), and the send returns only once
+        ``N`` replicas acknowledged it, waiting up to ``replica_timeout`` seconds per
+        append. See ``docs/cluster.md``.
 
         Error handling:
             :class:`~streamkit.EncodeError` for a record that cannot be encoded (then
             nothing is sent); :class:`~streamkit.RedisUnavailable` if Redis cannot be
-            reached; :class:`MetadataMismatch` if the stream disagrees with this one.
+            reached; :class:`MetadataMismatch` if the stream disagrees with this one;
+            :class:`~streamkit.NotReplicated` (with the count reached) when fewer than
+            ``replicas`` replicas acknowledged within ``replica_timeout``: the records
+            are on the master, and sending them again may append them twice.
         """
-        return await self.send_many(records)
+        return await self.send_many(records, replicas=replicas, replica_timeout=replica_timeout)
 
     async def send_many(
         self,
@@ -209,6 +227,8 @@ class Stream(Generic[R]):
         *,
         chunk_size: int | None = None,
         on_sent: Callable[[int], None] | None = None,
+        replicas: int = 0,
+        replica_timeout: float = DEFAULT_REPLICA_TIMEOUT,
     ) -> list[str]:
         """Append many records, pipelined: one round trip per partition and chunk.
 
@@ -216,20 +236,34 @@ class Stream(Generic[R]):
         consumed a window at a time, so a generator of millions of records needs little
         memory. ``on_sent(n)`` is called after each window with the number sent.
 
+        ``replicas`` and ``replica_timeout`` as for :meth:`send`: every chunk's append
+        waits for the replicas of its partition's master.
+
         Error handling:
             As :meth:`send`. If Redis fails midway, the windows before the failing one
             have been sent and later ones have not; the failing one may be partly sent.
+            With :class:`~streamkit.NotReplicated`, the failing window's chunks are on
+            their masters, some of them maybe not yet on replicas.
         """
         chunk = chunk_size if chunk_size is not None else self.settings.send_chunk_size
         positive_int.check("chunk_size", chunk)
+        non_negative_int.check("replicas", replicas)
+        positive_finite_number.check("replica_timeout", replica_timeout)
         await self.check_metadata()
         window_size = chunk * WINDOW_PER_PARTITION * self.partition_count
         ids: list[str] = []
         iterator = iter(records)
-        while window := list(itertools.islice(iterator, window_size)):
-            ids.extend(await self._send_window(window, chunk))
-            if on_sent is not None:
-                on_sent(len(window))
+        waiting = (
+            replicated(self._connection(), replicas, replica_timeout)
+            if replicas
+            else contextlib.nullcontext()
+        )
+        # The tasks sending a window's partitions inherit the wait (a context variable).
+        with waiting:
+            while window := list(itertools.islice(iterator, window_size)):
+                ids.extend(await self._send_window(window, chunk))
+                if on_sent is not None:
+                    on_sent(len(window))
         return ids
 
     async def _send_window(self, records: Sequence[R], chunk: int) -> list[str]:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from ._app import App, Processor
+    from .jobs import JobWorker
 
 __all__ = ["Executor", "Worker", "run_worker"]
 
@@ -98,6 +100,8 @@ class Worker:
 
     app: App
     executors: list[Executor] = attrs.field(factory=list)
+    #: The worker of the app's job queue, if the app declares jobs.
+    jobs: JobWorker | None = None
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _stopping: bool = attrs.field(default=False)
     # Connecting to Redis; cancelled by a signal that arrives before the worker runs.
@@ -108,8 +112,9 @@ class Worker:
 
     async def stop(self, *, grace: float | None = None) -> None:
         """Stop gracefully: let every partition finish and acknowledge its current
-        event (up to ``grace`` seconds, the ``grace_period`` setting by default),
-        release the leases, leave the groups, and end :func:`run_worker`."""
+        event and every running job end (up to ``grace`` seconds, the
+        ``grace_period`` setting by default), release the leases, leave the groups,
+        put back the jobs still running, and end :func:`run_worker`."""
         if self._stopping:
             return
         self._stopping = True
@@ -117,6 +122,10 @@ class Worker:
         async with trio.open_nursery() as nursery:
             for executor in self.executors:
                 nursery.start_soon(executor.rebalancer.drain, grace)
+            if self.jobs is not None:
+                nursery.start_soon(
+                    self.jobs.drain, self.app.settings.grace_period if grace is None else grace
+                )
         self._cancel_scope.cancel("worker stopped")
 
     def stop_now(self) -> None:
@@ -157,6 +166,7 @@ async def run_worker(
     processors: Sequence[str] | None = None,
     handle_signals: bool = False,
     blocked_warning: float | None = DEFAULT_BLOCKED_WARNING,
+    concurrency: int | None = None,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``app``'s processors and background tasks until stopped.
@@ -171,6 +181,11 @@ async def run_worker(
     seconds (``None``: no watchdog), naming the processor and partition whose
     synchronous code blocks it: while it is blocked, no lease is renewed and no
     heartbeat sent, so the worker's partitions move away.
+
+    The app's jobs run too, ``concurrency`` at once (``settings.job_concurrency`` by
+    default). A graceful stop takes no more jobs and gives the running ones the grace
+    period to end; those still running then are put back on the queue without
+    spending a try.
 
     Cancellation:
         Cancelling stops everything at once; leases are released and the groups left
@@ -202,12 +217,24 @@ async def run_worker(
                                 _run_executor, app, processor, locks
                             )
                             worker.executors.append(executor)
+                        if app.jobs:
+                            worker.jobs = await nursery.start(
+                                functools.partial(
+                                    app.job_queue.serve,
+                                    concurrency=concurrency or app.settings.job_concurrency,
+                                    threads=app.settings.job_threads,
+                                )
+                            )
                         if app.background:
                             await nursery.start(_run_background, app, locks)
                         log.info(
                             "worker of %s running %s",
                             app.name,
-                            ", ".join(p.name for p in selected) or "no processors",
+                            ", ".join(
+                                [p.name for p in selected]
+                                + ([f"{len(app.jobs)} jobs"] if app.jobs else [])
+                            )
+                            or "no processors",
                         )
                         # Everything allocated so far (modules, the app, the pieces)
                         # lives as long as the worker: keep it out of the cyclic

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
     from types import TracebackType
 
-__all__ = ["RedisServer", "RedisServerError", "free_port", "wait_until"]
+__all__ = ["RedisCluster", "RedisServer", "RedisServerError", "free_port", "wait_until"]
 
 #: How long ``redis-server`` has to answer ``PING`` after it was started.
 STARTUP_TIMEOUT = 10.0
@@ -51,6 +51,9 @@ STARTUP_TIMEOUT = 10.0
 #: How many ports a server whose port was chosen for it tries, when the chosen port
 #: is taken by someone else before ``redis-server`` binds it.
 PORT_ATTEMPTS = 5
+
+#: How long a new cluster has to reach ``cluster_state:ok`` on every node.
+CLUSTER_TIMEOUT = 30.0
 
 #: How often a starting server is pinged.
 _PING_INTERVAL = 0.01
@@ -122,6 +125,18 @@ async def _holds(condition: Callable[[], object]) -> bool:
     if inspect.isawaitable(result):
         result = await result
     return bool(result)
+
+
+def _redis_cli_binary() -> str:
+    binary = shutil.which("redis-cli") or (
+        "/usr/bin/redis-cli" if os.path.exists("/usr/bin/redis-cli") else None
+    )
+    if binary is None:
+        raise RedisServerError(
+            "redis-cli is not installed; install it (Debian: apt-get install redis-tools) "
+            "or run ./dev, which installs it for you"
+        )
+    return binary
 
 
 def _redis_server_binary() -> str:
@@ -395,3 +410,215 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@attrs.define(eq=False)
+class RedisCluster:
+    """A private Redis Cluster on 127.0.0.1: masters with replicas, each a ``redis-server``.
+
+    ``masters`` nodes share the 16384 hash slots; each has ``replicas`` replicas
+    (``redis-cli --cluster create ... --cluster-replicas N``). Start it with
+    ``await nursery.start(cluster.run)`` in Trio code, or as a context manager from
+    synchronous code; either returns once ``CLUSTER INFO`` says ``cluster_state:ok`` on
+    every node, every node knows every other, and every replica has synced with its
+    master.
+
+    Args:
+        masters: how many masters (at least 3, as ``redis-cli`` requires).
+        replicas: how many replicas each master has.
+        node_timeout: ``cluster-node-timeout`` in milliseconds: how long a master may
+            be unreachable before its replica is promoted.
+        extra_args: more ``redis-server`` command-line arguments for every node.
+    """
+
+    masters: int = attrs.field(default=3, kw_only=True)
+    replicas: int = attrs.field(default=1, kw_only=True)
+    node_timeout: int = attrs.field(default=2000, kw_only=True)
+    extra_args: Sequence[str] = attrs.field(default=(), kw_only=True)
+    _nodes: list[RedisServer] = attrs.field(factory=list, init=False)
+
+    @property
+    def nodes(self) -> list[RedisServer]:
+        """Every node (masters first, as created; a failover changes who is master)."""
+        return list(self._nodes)
+
+    @property
+    def url(self) -> str:
+        """The ``redis+cluster://`` URL of the cluster (naming its first node).
+
+        Error handling:
+            :class:`RedisServerError` if the cluster has not been started yet.
+        """
+        if not self._nodes:
+            raise RedisServerError("the cluster's ports are chosen when it starts; start it first")
+        return f"redis+cluster://127.0.0.1:{self._nodes[0].port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether every node's process is alive."""
+        return bool(self._nodes) and all(node.running for node in self._nodes)
+
+    def _new_nodes(self) -> None:
+        count = self.masters * (1 + self.replicas)
+        self._nodes = [RedisServer(extra_args=self._node_args()) for _ in range(count)]
+
+    def _node_args(self) -> list[str]:
+        return [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self.node_timeout),
+            # The bus port defaults to port + 10000, which may be taken or beyond
+            # 65535: choose a free one.
+            "--cluster-port", str(free_port()),
+            # Replicas sync at once (the default waits 5 s for more replicas to come).
+            "--repl-diskless-sync-delay", "0",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def _create_args(self) -> list[str]:
+        return [
+            _redis_cli_binary(),
+            "--cluster", "create",
+            *(f"127.0.0.1:{node.port}" for node in self._nodes),
+            "--cluster-replicas", str(self.replicas),
+            "--cluster-yes",
+        ]  # fmt: skip
+
+    def _create_failed(self, code: int, output: bytes) -> RedisServerError:
+        self.close()
+        return RedisServerError(
+            f"redis-cli --cluster create exited with code {code}: "
+            f"{output.decode(errors='replace').strip()}"
+        )
+
+    def _cluster_ok(self) -> bool:
+        expected = len(self._nodes)
+        for node in self._nodes:
+            info = _cluster_info(node.port)
+            if info.get("cluster_state") != "ok" or info.get("cluster_known_nodes") != str(
+                expected
+            ):
+                return False
+            # Replicas have synced: a failover from now on loses only what had not
+            # reached them, and WAIT counts them.
+            replication = _cluster_info(node.port, b"INFO replication")
+            if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                return False
+        return True
+
+    def start(self) -> None:
+        """Start the nodes, create the cluster and wait until it is ok (blocking).
+
+        From Trio code, prefer ``await nursery.start(cluster.run)``.
+
+        Error handling:
+            :class:`RedisServerError` if ``redis-server`` or ``redis-cli`` is missing,
+            or the cluster does not come up within :data:`CLUSTER_TIMEOUT` seconds.
+        """
+        if self.running:
+            return
+        self._new_nodes()
+        try:
+            for node in self._nodes:
+                node.start()
+            done = subprocess.run(
+                self._create_args(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=CLUSTER_TIMEOUT,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise self._create_failed(done.returncode, done.stdout + done.stderr)
+            deadline = time.monotonic() + CLUSTER_TIMEOUT
+            while not self._cluster_ok():
+                if time.monotonic() > deadline:
+                    raise RedisServerError(
+                        f"the cluster was not ok on every node within {CLUSTER_TIMEOUT}s"
+                    )
+                time.sleep(_PING_INTERVAL * 5)
+        except BaseException:
+            self.close()
+            raise
+
+    async def run(self, *, task_status: trio.TaskStatus[Self] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the cluster while this task runs: ``cluster = await nursery.start(c.run)``.
+
+        ``start()`` returns the cluster once every node says ``cluster_state:ok``;
+        when the task is cancelled, every node is stopped and its directory deleted.
+
+        Cancellation:
+            Cancelling stops the cluster.
+
+        Error handling:
+            :class:`RedisServerError` from ``nursery.start()`` if a node or the cluster
+            does not come up.
+        """
+        try:
+            self._new_nodes()
+            for node in self._nodes:
+                await node._start_async()
+            with trio.fail_after(CLUSTER_TIMEOUT):
+                done = await trio.run_process(
+                    self._create_args(),
+                    stdin=b"",
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+            if done.returncode != 0:
+                raise self._create_failed(done.returncode, done.stdout + done.stderr)
+            await wait_until(
+                lambda: trio.to_thread.run_sync(self._cluster_ok),
+                what="cluster_state:ok on every node",
+                within=CLUSTER_TIMEOUT,
+                interval=_PING_INTERVAL * 5,
+            )
+            task_status.started(self)
+            await trio.sleep_forever()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop every node and delete its directory."""
+        for node in self._nodes:
+            node.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _cluster_info(port: int, command: bytes = b"CLUSTER INFO") -> dict[str, str]:
+    """``CLUSTER INFO`` (or another command replying ``name:value`` lines, such as
+    ``INFO replication``) of the node on ``port`` as a dict; empty if it does not answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(command + b"\r\n")
+            reply = b""
+            while b"\r\n" not in reply:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return {}
+                reply += chunk
+            header, _, body = reply.partition(b"\r\n")
+            if not header.startswith(b"$"):
+                return {}
+            length = int(header[1:])
+            while len(body) < length:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return {}
+                body += chunk
+    except (OSError, ValueError):
+        return {}
+    fields = (line.partition(":") for line in body[:length].decode().splitlines())
+    return {name: value for name, _, value in fields if name}

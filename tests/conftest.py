@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from streamkit import App, LockManager, Redis, Stream, open_lock_manager, open_redis
-from streamkit.testing import RedisServer
+from streamkit.testing import RedisCluster, RedisServer
 from tests.consume import PARTITIONS, Tick
 
 if TYPE_CHECKING:
@@ -25,12 +25,53 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run a test marked ``cluster`` that uses ``redis_url`` (or another fixture built on
+    ``redis_backend``) on a server and on a cluster."""
+    if "redis_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "cluster"
+    ):
+        metafunc.parametrize("redis_backend", ["server", "cluster"], indirect=True)
+
+
 @pytest.fixture
-async def redis_url(redis_server: RedisServer) -> str:
-    """The URL of the session's server, flushed empty for this test."""
-    async with open_redis(redis_server.url) as client:
+def redis_backend(request: pytest.FixtureRequest) -> str:
+    """What ``redis_url`` names: ``"server"`` or, for tests marked ``cluster``, also
+    ``"cluster"`` (a second run of the test)."""
+    return str(getattr(request, "param", "server"))
+
+
+@pytest.fixture
+async def redis_url(redis_backend: str, request: pytest.FixtureRequest) -> str:
+    """The URL of the session's server (or cluster, see ``redis_backend``), flushed empty."""
+    if redis_backend == "cluster":
+        return await _flushed_cluster(request.getfixturevalue("redis_cluster"))
+    server: RedisServer = request.getfixturevalue("redis_server")
+    async with open_redis(server.url) as client:
         await client.flushall()
-    return redis_server.url
+    return server.url
+
+
+async def _flushed_cluster(cluster: RedisCluster) -> str:
+    for node in cluster.nodes:
+        async with open_redis(node.url) as client:
+            role = await client.role()
+            if role.role == "master":
+                await client.flushall()
+    return cluster.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One private Redis Cluster (3 masters, 1 replica each) for the session."""
+    with RedisCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def redis_cluster_url(redis_cluster: RedisCluster) -> str:
+    """The ``redis+cluster://`` URL of the session's cluster, flushed empty for this test."""
+    return await _flushed_cluster(redis_cluster)
 
 
 @pytest.fixture

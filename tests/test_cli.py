@@ -62,6 +62,7 @@ def assert_no_traceback(result: Result) -> None:
     assert "Traceback" not in result.err + result.out
 
 
+@pytest.mark.cluster
 async def test_send_one_record(redis_url: str, redis: Redis) -> None:
     result = await streamkit("send", ORDERS, orjson.dumps(order(1)).decode(), redis_url=redis_url)
     assert result.code == 0, result.err
@@ -69,6 +70,7 @@ async def test_send_one_record(redis_url: str, redis: Redis) -> None:
     assert await count_orders(redis) == 1
 
 
+@pytest.mark.cluster
 async def test_sendmany_from_a_file(redis_url: str, redis: Redis, tmp_path: Path) -> None:
     lines = b"\n".join(orjson.dumps(order(i)) for i in range(500)) + b"\n\n"
     path = tmp_path / "orders.jsonl"
@@ -86,6 +88,7 @@ async def test_sendmany_from_stdin(redis_url: str, redis: Redis) -> None:
     assert await count_orders(redis) == 10
 
 
+@pytest.mark.cluster
 async def test_sendmany_names_bad_lines_and_sends_nothing(redis_url: str, redis: Redis) -> None:
     lines = [
         orjson.dumps(order(1)),

@@ -39,6 +39,7 @@ async def processed(redis_url: str, redis: Redis) -> None:
         await worker.stop()
 
 
+@pytest.mark.cluster
 async def test_status_shows_every_partition(redis_url: str, processed: None) -> None:
     result = await streamkit("status", APP, redis_url=redis_url)
     assert result.code == 0, result.err
@@ -52,6 +53,7 @@ async def test_status_shows_every_partition(redis_url: str, processed: None) -> 
     assert max(len(line) for line in result.out.splitlines()) <= 80
 
 
+@pytest.mark.cluster
 async def test_dead_letters_list_replay_purge(
     redis_url: str, redis: Redis, processed: None
 ) -> None:
@@ -76,6 +78,7 @@ async def test_dead_letters_list_replay_purge(
     assert await redis.xlen(DEAD) == 0
 
 
+@pytest.mark.cluster
 async def test_reset_needs_confirmation(redis_url: str, redis: Redis, processed: None) -> None:
     refused = await streamkit("reset", APP, "handle", "--to", "start", redis_url=redis_url)
     assert refused.code == 1
@@ -96,6 +99,7 @@ async def test_unknown_processor_in_admin_commands(redis_url: str) -> None:
     assert "unknown processor 'nope' (known: handle)" in result.err
 
 
+@pytest.mark.cluster
 async def test_reset_a_new_app_creates_what_is_missing(redis_url: str, redis: Redis) -> None:
     # Partition 0 exists (an event was sent), partition 1 does not yet.
     await redis.xadd("__strm:{failing.jobs.0}", {"data": '{"key": "a", "n": 1}'})
@@ -108,6 +112,7 @@ async def test_reset_a_new_app_creates_what_is_missing(redis_url: str, redis: Re
         assert fields["lag"] == 0
 
 
+@pytest.mark.cluster
 async def test_reset_checks_every_partition_before_changing_any(
     redis_url: str, redis: Redis
 ) -> None:
@@ -121,6 +126,7 @@ async def test_reset_checks_every_partition_before_changing_any(
     assert await redis.xinfo_groups("__strm:{failing.jobs.0}") == ()
 
 
+@pytest.mark.cluster
 async def test_status_names_workers_once_and_shows_dead_static_members(
     redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

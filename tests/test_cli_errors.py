@@ -6,6 +6,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+import pytest
 import trio
 
 from streamkit.testing import free_port
@@ -161,6 +162,7 @@ async def test_dead_letter_ids_are_checked(redis_url: str, redis: Redis) -> None
     assert "showing the oldest 2 of 5 dead letters; pass --limit 5 to see them all" in listed.out
 
 
+@pytest.mark.cluster
 async def test_a_mismatch_names_the_delete_stream_command(redis_url: str, redis: Redis) -> None:
     record = (
         '{"order_id": 1, "customer": "ada", "amount": 1.5, "created_at": "2026-01-01T00:00:00Z"}'

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import orjson
+import pytest
 import trio
 from coredis.tokens import PureToken
 
@@ -53,6 +54,7 @@ def resume_args(err: str) -> list[str]:
     return command[1:]
 
 
+@pytest.mark.cluster
 async def test_bad_partition_keys_are_found_before_anything_is_sent(
     redis_url: str, redis: Redis
 ) -> None:
@@ -159,6 +161,7 @@ async def test_ctrl_c_stops_after_the_records_in_flight_and_says_how_to_resume(
     assert sorted(await order_ids(redis)) == list(range(total))
 
 
+@pytest.mark.cluster
 async def test_skip_sent_is_checked(redis_url: str) -> None:
     result = await streamkit(
         "sendmany", ORDERS, "-", "--skip-sent", "9:10", redis_url=redis_url, stdin=b""

@@ -15,6 +15,7 @@ PARTITIONS = 6
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.cluster
 async def test_rebalance_example_hands_partitions_over(redis_url: str) -> None:
     with trio.fail_after(50):
         result = await trio.run_process(

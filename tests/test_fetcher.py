@@ -38,6 +38,7 @@ async def delivered(redis: Redis, ticks: Stream[Tick], count: int) -> bool:
     return await pending_count(redis, ticks, 0) >= count
 
 
+@pytest.mark.cluster
 async def test_records_in_order_per_partition(
     app: App, redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
@@ -65,6 +66,7 @@ async def test_records_in_order_per_partition(
         assert await pending_ids(redis, ticks, p) == []
 
 
+@pytest.mark.cluster
 async def test_new_events_wake_an_idle_fetcher(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
@@ -117,6 +119,7 @@ async def _first(iterator: AsyncIterator[Any], n: int) -> AsyncIterator[Any]:
             return
 
 
+@pytest.mark.cluster
 async def test_takeover_processes_pending_entries_first_in_order(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
@@ -151,6 +154,7 @@ async def test_takeover_processes_pending_entries_first_in_order(
     assert second_owner == [(n, 2) for n in range(5, 20)] + [(n, 1) for n in range(20, 24)]
 
 
+@pytest.mark.cluster
 async def test_fenced_out_reader_cannot_read(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
@@ -210,6 +214,7 @@ async def test_fenced_out_worker_cannot_ack(
     assert await pending_ids(redis, ticks, 1) == []
 
 
+@pytest.mark.cluster
 async def test_backpressure_bounds_buffered_entries(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
@@ -286,6 +291,7 @@ async def test_users_exception_leaves_the_fetcher_unwrapped(
             raise KeyError("mine")
 
 
+@pytest.mark.cluster
 async def test_history_reads_count_deliveries(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
@@ -311,6 +317,7 @@ class _Crash(Exception):
     pass
 
 
+@pytest.mark.cluster
 async def test_acknowledging_trims_what_every_group_processed(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:

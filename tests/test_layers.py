@@ -46,7 +46,7 @@ def _is_module(name: str) -> bool:
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     # The package facades re-export everything below them; they are the top.
-    facades = {"streamkit", "streamkit.spark"}
+    facades = {"streamkit", "streamkit.spark", "streamkit.jobs"}
     return {
         name: {m for m in imports_of(path) if m in modules and m not in facades}
         for name, path in modules.items()

@@ -44,6 +44,7 @@ def leaders(elections: dict[str, LeaderElection]) -> list[str]:
     return [owner for owner, e in elections.items() if e.is_leader.value]
 
 
+@pytest.mark.cluster
 async def test_exactly_one_leader_and_failover(redis: Redis) -> None:
     elections: dict[str, LeaderElection] = {}
     scopes: dict[str, trio.CancelScope] = {}
@@ -87,6 +88,7 @@ async def test_exactly_one_leader_and_failover(redis: Redis) -> None:
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.cluster
 async def test_leader_work_is_cancelled_on_loss_and_restarted(redis: Redis) -> None:
     events = trio_util.AsyncValue[tuple[str, ...]](())
     reasons: list[str] = []
@@ -150,6 +152,7 @@ async def test_work_that_returns_waits_for_the_next_term(redis: Redis) -> None:
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.cluster
 async def test_leaving_the_election_releases_leadership(redis: Redis) -> None:
     async with open_lock_manager(redis) as locks:
         async with open_leader_election(locks, "scheduler", ttl=30) as election:

@@ -82,6 +82,7 @@ def test_names_get_a_hash_tag_unless_they_have_one(name: str, expected: str) -> 
 # --- single operations ---------------------------------------------------------------
 
 
+@pytest.mark.cluster
 async def test_acquire_extend_release(redis: Redis, locks: LockManager) -> None:
     lease = await locks.acquire("jobs", ttl=5)
     assert (lease.name, lease.key, lease.owner) == ("jobs", "__lock:{jobs}", "alice")
@@ -110,6 +111,7 @@ async def test_acquire_extend_release(redis: Redis, locks: LockManager) -> None:
     assert "alice" in repr(locks)
 
 
+@pytest.mark.cluster
 async def test_a_held_lock_is_not_acquired(locks: LockManager, other: LockManager) -> None:
     await locks.acquire("jobs", ttl=5)
     with pytest.raises(LockNotAcquired) as info:
@@ -128,6 +130,7 @@ async def test_acquire_with_wait_times_out(locks: LockManager, other: LockManage
     assert trio.current_time() - start >= 0.3
 
 
+@pytest.mark.cluster
 async def test_waiting_acquire_gets_the_lock_when_released(
     locks: LockManager, other: LockManager
 ) -> None:
@@ -158,6 +161,7 @@ async def test_waiting_acquire_gets_the_lock_when_it_expires(
     assert trio.current_time() >= first.valid_until - 0.01
 
 
+@pytest.mark.cluster
 async def test_fencing_tokens_strictly_increase(
     redis: Redis, locks: LockManager, other: LockManager
 ) -> None:
@@ -240,6 +244,7 @@ async def test_unreachable_redis_while_waiting(private_redis: RedisServer) -> No
 # --- hold ----------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 async def test_hold_keeps_the_lease_alive_and_releases_it(redis: Redis, locks: LockManager) -> None:
     with trio.fail_after(5):
         async with locks.hold("jobs", ttl=0.3) as held:
@@ -302,6 +307,7 @@ async def test_expired_key_cancels_the_body(redis: Redis, locks: LockManager) ->
             await body(held)
 
 
+@pytest.mark.cluster
 async def test_takeover_cancels_the_body_and_leaves_the_new_lease_alone(
     redis: Redis, locks: LockManager, other: LockManager
 ) -> None:
@@ -427,6 +433,7 @@ async def test_long_outage_loses_the_lease(private_redis: RedisServer) -> None:
         assert locks.statistics().lost == 1
 
 
+@pytest.mark.cluster
 async def test_two_processes_exclude_each_other(redis_url: str, redis: Redis) -> None:
     processes, rounds = 3, 4
     async with trio.open_nursery() as nursery:

@@ -106,6 +106,7 @@ async def nursery(redis: Redis) -> AsyncIterator[trio.Nursery]:
         n.cancel_scope.cancel()
 
 
+@pytest.mark.cluster
 async def test_three_members_share_the_partitions(redis: Redis, nursery: trio.Nursery) -> None:
     a, b, c = [(await start_member(nursery, redis, i)).member for i in "abc"]
     await all_see([a, b, c], with_members("a", "b", "c"))
@@ -125,6 +126,7 @@ async def test_three_members_share_the_partitions(redis: Redis, nursery: trio.Nu
     assert "generation 3, 3 members" in repr(a)
 
 
+@pytest.mark.cluster
 async def test_a_leave_moves_only_the_leavers_partitions(
     redis: Redis, nursery: trio.Nursery
 ) -> None:
@@ -152,6 +154,7 @@ async def test_a_leave_moves_only_the_leavers_partitions(
     assert await redis.exists([membership_keys(GROUP).heartbeat("b")]) == 0
 
 
+@pytest.mark.cluster
 async def test_a_dead_member_is_reaped(redis: Redis, nursery: trio.Nursery) -> None:
     a = (await start_member(nursery, redis, "a")).member
     b = await start_member(nursery, redis, "b")
@@ -245,6 +248,7 @@ async def test_watchers_follow_changes(redis: Redis, nursery: trio.Nursery) -> N
     assert len(half) == 4
 
 
+@pytest.mark.cluster
 async def test_concurrent_joins_are_atomic(redis: Redis, nursery: trio.Nursery) -> None:
     ids = [f"m{i}" for i in range(5)]
     members: dict[str, Membership] = {}
@@ -272,6 +276,7 @@ async def test_concurrent_joins_are_atomic(redis: Redis, nursery: trio.Nursery) 
     ]
 
 
+@pytest.mark.cluster
 async def test_a_member_removed_behind_its_back_rejoins(
     redis: Redis, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -354,6 +359,7 @@ async def heartbeats(m: Membership, count: int) -> None:
         await m.last_heartbeat.wait_transition()
 
 
+@pytest.mark.cluster
 async def test_heartbeats_keep_the_member_alive(redis: Redis) -> None:
     async with open_membership(redis, GROUP, partitions=4, member_id="a", **FAST) as m:
         with trio.fail_after(WAIT):
@@ -409,6 +415,7 @@ async def test_a_hung_server_counts_as_unreachable(private_redis: RedisServer) -
         assert m.assignment.value.generation == 1
 
 
+@pytest.mark.cluster
 async def test_read_and_reset(redis: Redis) -> None:
     assert await read_membership(redis, GROUP) is None
     async with open_membership(redis, GROUP, partitions=2, member_id="a", static=True, **FAST) as m:

@@ -45,6 +45,20 @@ def test_nullable_setting_can_be_unset_from_the_environment() -> None:
     assert Settings.from_env(env).connect_give_up_after is None
 
 
+def test_a_setting_without_a_validator_comes_from_the_environment_too() -> None:
+    # STREAMKIT_MEMBER_ID (deployment.md's systemd unit) used to raise a TypeError.
+    assert Settings.from_env({"STREAMKIT_MEMBER_ID": "host-shop-1"}).member_id == "host-shop-1"
+    assert Settings.from_env({"STREAMKIT_MEMBER_ID": ""}).member_id is None
+
+
+def test_the_worker_index_variable_is_no_unknown_setting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamkit.settings"):
+        Settings.from_env({"STREAMKIT_WORKER_INDEX": "1"})
+    assert not caplog.records
+
+
 @pytest.mark.parametrize(
     ("env", "overrides", "named"),
     [
@@ -106,7 +120,7 @@ def test_unknown_environment_variables_are_warned_about_once(
         ("redis://host/abc", "the path must be a database number"),
         ("redis://host:6379/0/extra", "the path must be a database number"),
         ("redis://host:port", "the port is not a number"),
-        ("http://host", "expected redis://, rediss:// or unix://"),
+        ("http://host", "expected redis://, rediss://, unix:// or redis+cluster://"),
         ("redis://:pa/ss@host:6379", "percent-encode it"),
     ],
 )

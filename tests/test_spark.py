@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-    from streamkit.testing import RedisServer
+    from streamkit.testing import RedisCluster, RedisServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -68,18 +68,31 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+def sync_client(url: str) -> Any:
+    """redis-py's client of the server or, for a ``redis+cluster://`` URL, the cluster."""
+    if url.startswith("redis+cluster://"):
+        return redis_py.cluster.RedisCluster.from_url(url.replace("+cluster", "", 1))
+    return redis_py.Redis.from_url(url)
+
+
 @pytest.fixture
-def url(redis_server: RedisServer) -> str:
-    """The session's Redis server, flushed empty (a sync twin of ``redis_url``)."""
-    client = redis_py.Redis.from_url(redis_server.url)
-    client.flushall()
-    client.close()
-    return redis_server.url
+def url(redis_backend: str, request: pytest.FixtureRequest) -> str:
+    """The session's Redis server, or for tests marked ``cluster`` also the session's
+    cluster, flushed empty (a sync twin of ``redis_url``)."""
+    if redis_backend == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        with sync_client(cluster.url) as client:
+            client.flushall(target_nodes=redis_py.cluster.RedisCluster.PRIMARIES)
+        return cluster.url
+    server: RedisServer = request.getfixturevalue("redis_server")
+    with sync_client(server.url) as client:
+        client.flushall()
+    return server.url
 
 
 @pytest.fixture
 def client(url: str) -> Iterator[Any]:
-    with redis_py.Redis.from_url(url) as connection:
+    with sync_client(url) as connection:
         yield connection
 
 
@@ -123,6 +136,7 @@ def read(spark: SparkSession, url: str, stream: str, **options: str) -> DataFram
     return reader.load()
 
 
+@pytest.mark.cluster
 def test_batch_read_all_partitions_with_typed_columns(
     spark: SparkSession, url: str, client: Any
 ) -> None:
@@ -241,6 +255,7 @@ def run_stream_read(
     return [int(p["numInputRows"]) for p in query.recentProgress if p["numInputRows"]]
 
 
+@pytest.mark.cluster
 def test_streaming_read_resumes_from_the_checkpoint(
     spark: SparkSession, url: str, tmp_path: Path
 ) -> None:
@@ -279,11 +294,16 @@ def write_numbered(df: DataFrame, url: str, **options: str) -> None:
     writer.save()
 
 
+@pytest.mark.cluster
 def test_batch_write_is_processed_by_a_streamkit_worker(
-    spark: SparkSession, url: str, client: Any
+    spark: SparkSession, url: str, client: Any, redis_backend: str
 ) -> None:
     count, keys = 2000, 40
-    write_numbered(numbered_frame(spark, count, keys), url, partitionCount="8", key="key")
+    frame = numbered_frame(spark, count, keys)
+    write_numbered(frame, url, partitionCount="8", key="key", writeId="w1", chunkSize="100")
+    # The same write again: every chunk's marker (in its partition's slot) is found.
+    write_numbered(frame, url, key="key", writeId="w1", chunkSize="100")
+    assert stream_length(client, "scenario", "numbered", 8) == count
 
     codec = codec_for(Numbered)
     assert client.hget("__meta:{scenario.numbered}", "partition_count") == b"8"
@@ -392,6 +412,10 @@ def test_replayed_writes_add_no_duplicates(
         ({"record": "tests.spark.records:Missing"}, r"has no 'Missing'"),
         ({"record": "no_such_module:Order"}, r"cannot import module 'no_such_module'"),
         ({"url": "redis://127.0.0.1:1"}, r"Redis at redis://127.0.0.1:1 is unavailable"),
+        (
+            {"url": "redis+cluster://127.0.0.1:1"},
+            r"Redis at redis\+cluster://127.0.0.1:1 is unavailable",
+        ),
         ({"start": "yesterday"}, r"start: expected an entry id"),
         ({"app": "bad.name"}, r"app: must be letters"),
     ],
@@ -406,6 +430,24 @@ def test_bad_read_options_fail_clearly(
         reader = reader.option(name, value)
     with pytest.raises(Exception, match=message):
         reader.load().collect()
+
+
+def test_a_server_url_naming_a_cluster_node_fails_clearly(redis_cluster: RedisCluster) -> None:
+    from streamkit import ConfigError
+    from streamkit.spark._client import connect, read_metadata
+
+    node = redis_cluster.nodes[0]
+    with sync_client(redis_cluster.url) as cluster:
+        # A stream whose metadata hash another master serves: the node answers MOVED.
+        stream = next(
+            f"s{n}"
+            for n in range(100)
+            if cluster.get_node_from_key(f"__meta:{{{APP}.s{n}}}").port != node.port
+        )
+    with connect(node.url) as client, pytest.raises(ConfigError) as caught:
+        read_metadata(client, node.url, APP, stream)
+    assert "names a node of a Redis Cluster" in str(caught.value)
+    assert f"write redis+cluster://127.0.0.1:{node.port}" in str(caught.value)
 
 
 def test_bad_write_options_fail_clearly(spark: SparkSession, url: str) -> None:

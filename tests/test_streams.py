@@ -50,6 +50,7 @@ async def read_partition(redis: Redis, key: str) -> list[tuple[str, dict[bytes, 
     ]
 
 
+@pytest.mark.cluster
 async def test_send_routes_each_record_to_its_partition_in_order(app: App, redis: Redis) -> None:
     orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
     sent = make_orders(200)
@@ -74,6 +75,7 @@ async def test_send_routes_each_record_to_its_partition_in_order(app: App, redis
         assert entry_id in stored_ids
 
 
+@pytest.mark.cluster
 async def test_send_returns_one_id_per_record(app: App, redis: Redis) -> None:
     orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=2)
     first, second = make_orders(2)
@@ -161,6 +163,7 @@ async def small_nodes(redis: Redis) -> AsyncIterator[None]:
     await redis.config_set({"stream-node-max-entries": 100})
 
 
+@pytest.mark.cluster
 async def test_trimming_never_removes_unacknowledged_entries(
     app: App, redis: Redis, small_nodes: None
 ) -> None:
@@ -189,6 +192,7 @@ async def test_trimming_never_removes_unacknowledged_entries(
     assert 50 <= await redis.xlen(key) < 80
 
 
+@pytest.mark.cluster
 async def test_streams_without_consumer_groups_are_not_trimmed(
     app: App, redis: Redis, small_nodes: None
 ) -> None:
@@ -199,6 +203,7 @@ async def test_streams_without_consumer_groups_are_not_trimmed(
     assert await redis.xlen(orders.key(0)) == 200
 
 
+@pytest.mark.cluster
 async def test_hard_cap_drops_and_warns_with_a_count(
     app: App, redis: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -352,6 +357,7 @@ async def test_streams_recorded_without_a_schema_are_checked_by_name(
         await send_one(redis_url, classes["renamed"], order_id=1)
 
 
+@pytest.mark.cluster
 async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redis) -> None:
     events = app.stream("events", record=dict, partition_by="user", partition_count=4)
     await events.send({"user": "ann", "n": 1}, {"user": 7, "n": 2})
@@ -362,6 +368,7 @@ async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redi
         await events.send({"name": "bob"})
 
 
+@pytest.mark.cluster
 async def test_a_failure_across_partitions_is_one_error_not_a_group(app: App, redis: Redis) -> None:
     """send_many over several partitions raises the failure itself, as for one."""
     stream = app.stream("wide", record=Order, partition_by="customer", partition_count=4)

@@ -12,7 +12,7 @@ import trio.testing
 
 import streamkit.testing
 from streamkit import open_redis
-from streamkit.testing import RedisServer, RedisServerError, wait_until
+from streamkit.testing import RedisCluster, RedisServer, RedisServerError, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -144,3 +144,23 @@ async def test_wait_until_names_what_it_waited_for(
     with pytest.raises(trio.TooSlowError, match="gave up after 2s waiting for the moon"):
         await wait_until(lambda: False, what="the moon", within=2)
     assert trio.current_time() - start == 2
+
+
+async def test_a_cluster_comes_up_in_seconds_with_a_replica_per_master() -> None:
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            cluster: RedisCluster = await nursery.start(RedisCluster().run)
+            assert cluster.url.startswith("redis+cluster://127.0.0.1:")
+            roles = []
+            for node in cluster.nodes:
+                async with open_redis(node.url) as client:
+                    roles.append((await client.role()).role)
+            assert sorted(roles) == ["master"] * 3 + ["slave"] * 3
+            nursery.cancel_scope.cancel()
+    assert not cluster.running
+    assert all(node.log_tail() == "(no log)" for node in cluster.nodes)  # directories gone
+
+
+def test_the_cluster_url_is_known_once_started() -> None:
+    with pytest.raises(RedisServerError, match="start it first"):
+        _ = RedisCluster().url

@@ -35,6 +35,7 @@ async def wait_processed(redis: Redis, count: int) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.cluster
 async def test_workers_process_every_event_in_order(
     redis_url: str, redis: Redis, workers: int
 ) -> None:
@@ -56,6 +57,7 @@ async def test_workers_process_every_event_in_order(
     assert len(result.workers) == workers
 
 
+@pytest.mark.cluster
 async def test_workers_joining_and_leaving_one_by_one(redis_url: str, redis: Redis) -> None:
     total: list[Numbered] = []
     async with trio.open_nursery() as nursery:

@@ -35,6 +35,7 @@ async def wait_seen(redis: Redis, count: int) -> None:
     await wait_until(enough, what=f"{count} processings in {SEEN}", within=60)
 
 
+@pytest.mark.cluster
 async def test_sigterm_finishes_acknowledges_and_leaves(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
@@ -113,6 +114,7 @@ async def test_a_second_signal_exits_at_once(
     assert await redis.llen(SEEN) == 0  # the batch never finished
 
 
+@pytest.mark.cluster
 async def test_killed_worker_partitions_are_taken_over(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:

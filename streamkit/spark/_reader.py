@@ -30,20 +30,21 @@ from pyspark.sql.streaming.datasource import (
 from .. import _keys
 from .._codec import Codec, codec_for
 from .._errors import DecodeError
-from ._client import connect, redis_errors
+from ._client import Client, connect, redis_errors
 from ._options import ReadOptions, format_position, load_record, predecessor
 from ._schema import record_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    import redis
-
 __all__ = ["BatchReader", "PartitionRange", "StreamReader"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-# Ids only: planning a limited micro-batch must not ship the entries' payloads.
+# Ids only: planning a limited micro-batch must not ship the entries' payloads. Sent
+# as a plain EVAL command: redis-py's cluster pipelines refuse EVALSHA and have an
+# eval() of their own that takes no script; the script is short, and its one key routes
+# it to the partition's node.
 _IDS_SCRIPT = """
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
 local ids = {}
@@ -74,8 +75,12 @@ def _id_tuple(entry_id: bytes | str) -> tuple[int, int]:
     return int(millis), int(seq or 0)
 
 
-def _last_ids(client: redis.Redis, options: ReadOptions, count: int) -> list[tuple[int, int]]:
-    """The id of the last entry of each partition, ``(0, 0)`` for an empty one."""
+def _last_ids(client: Client, options: ReadOptions, count: int) -> list[tuple[int, int]]:
+    """The id of the last entry of each partition, ``(0, 0)`` for an empty one.
+
+    One pipeline; on a cluster, a cluster pipeline sends each node its partitions'
+    commands together.
+    """
     with redis_errors(options.url):
         pipe = client.pipeline(transaction=False)
         for partition in range(count):
@@ -260,21 +265,24 @@ def _positions(offset: Offset, count: int) -> list[tuple[int, int]]:
 
 
 def _limited(
-    client: redis.Redis,
+    client: Client,
     options: ReadOptions,
     begin: list[tuple[int, int]],
     latest: list[tuple[int, int]],
     max_rows: int,
 ) -> list[tuple[int, int]]:
     """End offsets covering the ``max_rows`` oldest entries after ``begin``, by id."""
-    script = client.register_script(_IDS_SCRIPT)
     with redis_errors(options.url):
         pipe = client.pipeline(transaction=False)
         for partition, (low, high) in enumerate(zip(begin, latest, strict=True)):
-            script(
-                keys=[_keys.stream_key(options.app, options.stream, partition)],
-                args=["(" + format_position(low), format_position(high), max_rows],
-                client=pipe,
+            pipe.execute_command(
+                "EVAL",
+                _IDS_SCRIPT,
+                1,
+                _keys.stream_key(options.app, options.stream, partition),
+                "(" + format_position(low),
+                format_position(high),
+                max_rows,
             )
         replies = pipe.execute()
     tagged = (

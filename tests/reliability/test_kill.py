@@ -58,6 +58,7 @@ async def wait_working(monitor: SeenMonitor, redis: Redis, worker: WorkerProcess
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.cluster
 async def test_kill_9_repeatedly_while_two_others_run(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:

@@ -1,0 +1,54 @@
+"""streamkit.jobs: a job queue on Redis Streams, for Trio.
+
+Jobs with results and statuses, delays and ETAs, cron, retries on a schedule, leases
+renewed while a job runs, fenced completion, dead letters, abort, dedupe, priorities
+and dependencies. See the jobs guide in the documentation.
+"""
+
+from .._errors import (
+    JobError as JobError,
+    JobFailed as JobFailed,
+    JobNotFound as JobNotFound,
+    ResultNotKept as ResultNotKept,
+)
+from .._public import fix_module_metadata as _fix_module_metadata
+from ._handle import Job as Job, JobHandle as JobHandle
+from ._model import (
+    JobCall as JobCall,
+    JobErrorInfo as JobErrorInfo,
+    JobInfo as JobInfo,
+    JobOptions as JobOptions,
+    JobStatus as JobStatus,
+    Priority as Priority,
+    Schedule as Schedule,
+)
+from ._queue import (
+    JobQueue as JobQueue,
+    QueueCounts as QueueCounts,
+    open_job_queue as open_job_queue,
+)
+from ._serve import JobWorker as JobWorker, progress as progress
+
+__all__ = [
+    "Job",
+    "JobCall",
+    "JobError",
+    "JobErrorInfo",
+    "JobFailed",
+    "JobHandle",
+    "JobInfo",
+    "JobNotFound",
+    "JobOptions",
+    "JobQueue",
+    "JobStatus",
+    "JobWorker",
+    "Priority",
+    "QueueCounts",
+    "ResultNotKept",
+    "Schedule",
+    "open_job_queue",
+    "progress",
+]
+
+_fix_module_metadata(__name__, globals())
+del _fix_module_metadata

@@ -1,0 +1,354 @@
+"""A handle on one enqueued job: its status, result, info, and abort."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import attrs
+import orjson
+
+from .._errors import ConfigError, JobFailed, JobNotFound, ResultNotKept
+from .._keys import validate_name
+from .._redis import redis_errors, retry_idempotent
+from .._wire import text
+from ._model import (
+    JobCall,
+    JobErrorInfo,
+    JobInfo,
+    JobOptions,
+    JobRef,
+    JobStatus,
+    Priority,
+    Schedule,
+    When,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from .._redis import Redis
+    from ._layout import ShardKeys
+
+__all__ = ["Job", "JobHandle", "QueueLike", "decode_info", "outcome"]
+
+_PRIORITY_NAMES: tuple[Priority, ...] = ("high", "normal", "low")
+
+
+def _time(value: bytes | None) -> datetime | None:
+    if not value or value == b"0":
+        return None
+    return datetime.fromtimestamp(int(value) / 1000, UTC)
+
+
+def _error(value: bytes | None) -> JobErrorInfo | None:
+    if not value:
+        return None
+    data = orjson.loads(value)
+    return JobErrorInfo(data.get("type", "?"), data.get("message", ""), data.get("traceback", ""))
+
+
+def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
+    """A :class:`JobInfo` from a job's hash."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    raw_args = fields.get(b"args")
+    if raw_args:
+        try:
+            args, kwargs = orjson.loads(raw_args)
+        except (orjson.JSONDecodeError, ValueError, TypeError):
+            args, kwargs = [text(raw_args)], {}
+    progress = fields.get(b"progress")
+    fraction, message = orjson.loads(progress) if progress else (None, None)
+    worker = fields.get(b"worker")
+    return JobInfo(
+        id=job_id,
+        queue=queue,
+        name=text(fields.get(b"name", b"?")),
+        status=JobStatus(text(fields[b"status"])),
+        args=tuple(args),
+        kwargs=kwargs,
+        priority=_PRIORITY_NAMES[int(fields.get(b"prio", b"1"))],
+        tries=int(fields.get(b"tries", b"0")),
+        max_tries=int(fields.get(b"max_tries", b"1")),
+        enqueued_at=_time(fields.get(b"enqueued")),
+        due_at=_time(fields.get(b"due")),
+        started_at=_time(fields.get(b"started")),
+        finished_at=_time(fields.get(b"finished")),
+        expires_at=_time(fields.get(b"expires")),
+        worker=text(worker) if worker else None,
+        error=_error(fields.get(b"error")),
+        progress=fraction,
+        progress_message=message,
+        lost=int(fields.get(b"lost", b"0")),
+    )
+
+
+def outcome(job_id: str, status: JobStatus, result: bytes | None, error: bytes | None) -> Any:
+    """The result of a final job, or the :class:`JobFailed` its end raises."""
+    if status is JobStatus.SUCCESS:
+        if result is None:
+            raise ResultNotKept(job_id)
+        return orjson.loads(result)
+    info = _error(error) or JobErrorInfo("Expired" if status is JobStatus.EXPIRED else "?", "")
+    if status is JobStatus.EXPIRED:
+        info = JobErrorInfo("Expired", "it was not started before it expired")
+    raise JobFailed(job_id, status.value, info.type, info.message, info.traceback)
+
+
+class QueueLike(Protocol):
+    """What jobs and handles need of their queue (a :class:`JobQueue`)."""
+
+    name: str
+    redis: Redis
+    shards: int
+    lease_ttl: float
+    max_deliveries: int
+    shard_keys: list[ShardKeys]
+    jobs: dict[str, Job]
+
+    def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle: ...
+
+    async def enqueue_calls(
+        self,
+        job: Job,
+        calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+        *,
+        priority: Priority | None = None,
+        delay: When | None = None,
+    ) -> list[JobHandle]: ...
+
+    async def wait_result(self, handle: JobHandle, timeout: float | None) -> Any: ...  # noqa: ASYNC109
+
+    async def abort(
+        self, job_id: str, reason: str = "aborted", *, shard: int | None = None
+    ) -> JobStatus: ...
+
+
+@attrs.frozen
+class JobHandle:
+    """A job on a queue, by id: ask for its status, result or info, or abort it.
+
+    Handles are cheap values: get one for any id with :meth:`JobQueue.handle`.
+
+    Attributes:
+        queue: the queue the job is on.
+        id: the job's id.
+        shard: the queue shard it lives on.
+    """
+
+    queue: QueueLike = attrs.field(repr=False)
+    id: str
+    shard: int
+
+    @property
+    def _key(self) -> str:
+        return self.queue.shard_keys[self.shard].job(self.id)
+
+    async def status(self) -> JobStatus:
+        """Where the job is now.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
+        """
+        with redis_errors():
+            value = await retry_idempotent(
+                self.queue.redis.hget, self._key, "status", what="reading a job's status"
+            )
+        if value is None:
+            raise JobNotFound(self.id, self.queue.name)
+        return JobStatus(text(value))
+
+    async def info(self) -> JobInfo:
+        """Everything the queue records of the job: tries, times, worker, error, progress.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
+        """
+        fields = cast(
+            "dict[bytes, bytes]",
+            await retry_idempotent(self.queue.redis.hgetall, self._key, what="reading a job"),
+        )
+        if not fields or b"status" not in fields:
+            raise JobNotFound(self.id, self.queue.name)
+        return decode_info(self.queue.name, self.id, fields)
+
+    async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
+        """Wait until the job is over and return its result.
+
+        Waiting does not poll: the queue's one reader per shard is woken when an
+        awaited job ends. A result stays collectable for the job's ``result_ttl``
+        after it ended, so a late caller gets it too.
+
+        Args:
+            timeout: give up after this many seconds (``None``: wait as long as it
+                takes).
+
+        Error handling:
+            :class:`~streamkit.jobs.JobFailed` if it ended dead, aborted or expired
+            (with the original exception's type, message and traceback text);
+            :class:`~streamkit.jobs.JobNotFound` at once if there is no record of it
+            (never enqueued, or its record expired); :class:`~streamkit.jobs.ResultNotKept`
+            if its job keeps no results; ``trio.TooSlowError`` after ``timeout``.
+        """
+        return await self.queue.wait_result(self, timeout)
+
+    async def abort(self, reason: str = "aborted") -> JobStatus:
+        """Abort the job: a queued job ends ``aborted`` at once; a running job's try
+        is cancelled by its worker (within a second) and ends ``aborted``.
+
+        Returns:
+            the job's status after the call: ``ABORTED``, ``EXECUTING`` (its worker
+            cancels it shortly), or the final status it had already reached.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
+        """
+        return await self.queue.abort(self.id, reason, shard=self.shard)
+
+
+def _positional_range(signature: inspect.Signature) -> tuple[float, float]:
+    """How many positional arguments alone bind, as (least, most); (1, 0) if a
+    required keyword-only parameter means they never do."""
+    low, high = 0, 0.0
+    for param in signature.parameters.values():
+        if param.kind is param.VAR_POSITIONAL:
+            high = math.inf
+        elif param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            high += 1
+            if param.default is param.empty:
+                low += 1
+        elif param.kind is param.KEYWORD_ONLY and param.default is param.empty:
+            return (1, 0)
+    return (low, high)
+
+
+@attrs.define(eq=False)
+class Job:
+    """A function declared as a job of a queue (by :meth:`JobQueue.job` or ``App.job``).
+
+    Calling it calls the function itself; :meth:`delay`, :meth:`enqueue` and
+    :meth:`enqueue_many` enqueue it to run on a worker.
+
+    Attributes:
+        name: the job's name, unique in its queue.
+        fn: the function (``async def`` or plain ``def``, run in a thread).
+        options: retries, timeout and the other options it was declared with.
+        schedule: its cron schedule, for a cron job.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    options: JobOptions
+    schedule: Schedule | None
+    _queue: Callable[[], QueueLike]
+    signature: inspect.Signature = attrs.field(init=False)
+    is_async: bool = attrs.field(init=False)
+    _positional: tuple[float, float] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        validate_name("job name", self.name)
+        self.signature = inspect.signature(self.fn)
+        self._positional = _positional_range(self.signature)
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        if inspect.isasyncgenfunction(self.fn) or inspect.isgeneratorfunction(self.fn):
+            raise ConfigError(self.name, "a job must be a function, not a generator")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise ``TypeError`` unless the function accepts these arguments."""
+        low, high = self._positional
+        if not kwargs and low <= len(args) <= high:
+            return
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"job {self.name}: {exc}") from None
+
+    async def delay(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Enqueue the job with these arguments, with its declared options.
+
+        Error handling:
+            ``TypeError`` if the function does not accept the arguments;
+            :class:`~streamkit.EncodeError` if they are not JSON-serialisable.
+        """
+        handles: list[JobHandle] = await self._queue().enqueue_calls(
+            self, [JobCall(args=args, kwargs=kwargs)]
+        )
+        return handles[0]
+
+    async def enqueue(
+        self,
+        *args: Any,
+        job_id: str | None = None,
+        delay: When | None = None,
+        at: datetime | None = None,
+        priority: Priority | None = None,
+        expires: When | datetime | None = None,
+        after: Sequence[JobRef | str] = (),
+        **kwargs: Any,
+    ) -> JobHandle:
+        """Enqueue the job with these arguments and options.
+
+        Args:
+            *args: the function's positional arguments.
+            job_id: an id of your own, making the enqueue idempotent: while a job with
+                this id is queued or running, and for ``dedupe_window`` seconds after
+                it was enqueued, enqueueing it again returns the existing job instead
+                of adding one (concurrent enqueues included). Without it, the job gets
+                a random id.
+            delay: run no sooner than this long from now (a ``timedelta`` or seconds).
+            at: run no sooner than this (timezone-aware) time.
+            priority: ``"high"``, ``"normal"`` or ``"low"``; the job's by default.
+            expires: end as ``expired`` unless started within this long (or by this
+                time); the job's ``expires`` by default.
+            after: jobs (handles or ids, on the same shard) that must all succeed
+                before this one runs; if one ends dead, aborted or expired, this one
+                ends dead.
+            **kwargs: the function's keyword arguments.
+
+        Error handling:
+            ``TypeError`` if the function does not accept the arguments;
+            :class:`~streamkit.EncodeError` if they are not JSON-serialisable;
+            :class:`~streamkit.ConfigError` for bad options.
+        """
+        call = JobCall(
+            args=args,
+            kwargs=kwargs,
+            job_id=job_id,
+            delay=delay,
+            at=at,
+            priority=priority,
+            expires=expires,
+            after=after,
+        )
+        handles: list[JobHandle] = await self._queue().enqueue_calls(self, [call])
+        return handles[0]
+
+    async def enqueue_many(
+        self,
+        calls: Any,
+        *,
+        priority: Priority | None = None,
+        delay: When | None = None,
+    ) -> list[JobHandle]:
+        """Enqueue many jobs at once, pipelined: far faster than one at a time.
+
+        Args:
+            calls: an iterable of a tuple (positional arguments), a mapping (keyword
+                arguments) or a :class:`JobCall` (arguments and options) per job.
+            priority: the priority of the calls that do not name one.
+            delay: the delay of the calls that do not name one.
+
+        Error handling:
+            As :meth:`enqueue`, checked for every call before any is sent.
+        """
+        queue = self._queue()
+        return list(await queue.enqueue_calls(self, calls, priority=priority, delay=delay))
+
+    def __repr__(self) -> str:
+        return f"<Job {self.name}>"

@@ -1,0 +1,240 @@
+"""The job queue's values: statuses, priorities, job declarations, calls and info (pure)."""
+
+from __future__ import annotations
+
+import enum
+import math
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import attrs
+import orjson
+
+from .._backoff import Backoff
+from .._errors import ConfigError, EncodeError
+from .._json_converter import converter
+from .._validate import non_negative_int, positive_int, positive_number
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+
+__all__ = [
+    "PRIORITIES",
+    "JobCall",
+    "JobErrorInfo",
+    "JobInfo",
+    "JobOptions",
+    "JobRef",
+    "JobStatus",
+    "Priority",
+    "Schedule",
+    "dumps",
+]
+
+Priority = Literal["high", "normal", "low"]
+#: Priority name -> the number of its ready stream (lower runs first).
+PRIORITIES: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
+
+#: Tries after the first, by default (as fennel's ``default_retries``): a try lost
+#: with its worker counts, so a job survives a crash or two of its worker.
+DEFAULT_RETRIES = 3
+#: How long a job's record (and result) is kept after it finished, by default.
+DEFAULT_RESULT_TTL = 24 * 3600.0
+#: Retry delays by default: 1 s, 2 s, 4 s ... up to 5 minutes, each cut by up to half
+#: at random so that jobs that failed together do not retry together.
+DEFAULT_RETRY_BACKOFF = Backoff(initial=1.0, maximum=300.0, factor=2.0, jitter=0.5)
+#: How long ``job_id=`` dedupes enqueues, by default.
+DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
+
+
+def _unstructure(value: object) -> object:
+    if attrs.has(type(value)):
+        return converter.unstructure(value)
+    if isinstance(value, set | frozenset):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def dumps(value: object, what: str) -> bytes:
+    """JSON of ``value`` (attrs instances as dicts); :class:`EncodeError` if impossible."""
+    try:
+        return orjson.dumps(value, default=_unstructure)
+    except TypeError as exc:
+        raise EncodeError(f"{what}: {exc}") from None
+
+
+class JobRef(Protocol):
+    """Anything naming a job on a queue shard (a :class:`JobHandle`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def shard(self) -> int: ...
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life.
+
+    ``SENT -> EXECUTING -> SUCCESS`` is the happy path; a failed try goes to
+    ``RETRY`` (waiting for its next try) or, when its tries ran out, to ``DEAD`` (the
+    dead-letter queue). ``SCHEDULED`` jobs wait for their time, ``WAITING`` jobs for
+    the jobs they depend on. ``ABORTED`` and ``EXPIRED`` jobs never finished.
+    """
+
+    SCHEDULED = "scheduled"
+    WAITING = "waiting"
+    SENT = "sent"
+    EXECUTING = "executing"
+    RETRY = "retry"
+    SUCCESS = "success"
+    DEAD = "dead"
+    ABORTED = "aborted"
+    EXPIRED = "expired"
+
+    @property
+    def final(self) -> bool:
+        """Whether the job is over (no more tries will run)."""
+        return self in _FINAL
+
+
+_FINAL = frozenset({JobStatus.SUCCESS, JobStatus.DEAD, JobStatus.ABORTED, JobStatus.EXPIRED})
+
+
+@attrs.frozen
+class JobErrorInfo:
+    """The error that ended a job's try.
+
+    Attributes:
+        type: the exception's qualified name, or what ended the try (``"Timeout"``,
+            ``"WorkerLost"``, ``"BadInput"``, ``"Aborted"``, ``"DependencyFailed"``).
+        message: its message.
+        traceback: the formatted traceback, "" if there is none.
+    """
+
+    type: str
+    message: str
+    traceback: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class JobInfo:
+    """What a queue knows of one job (see :meth:`JobHandle.info`).
+
+    Attributes:
+        id: the job's id.
+        queue: its queue's name.
+        name: its job name (the function that runs it).
+        status: where it is in its life.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+        priority: ``"high"``, ``"normal"`` or ``"low"``.
+        tries: times it was started.
+        max_tries: times it may be started (retries + 1).
+        enqueued_at: when it was enqueued (the Redis server's clock).
+        due_at: when a delayed job becomes due, if it was delayed.
+        started_at: when its last try started.
+        finished_at: when it ended.
+        expires_at: when it expires unless started, if it does.
+        worker: the worker (consumer) that ran its last try.
+        error: the error of its last failed try.
+        progress: the fraction its running try reported, from 0 to 1.
+        progress_message: the message reported with it.
+        lost: times a worker died while running it.
+    """
+
+    id: str
+    queue: str
+    name: str
+    status: JobStatus
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    priority: Priority
+    tries: int
+    max_tries: int
+    enqueued_at: datetime | None
+    due_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    worker: str | None
+    error: JobErrorInfo | None
+    progress: float | None
+    progress_message: str | None
+    lost: int
+
+
+When = timedelta | float | int
+
+
+def _check_priority(_i: object, _a: object, value: object) -> None:
+    if value not in PRIORITIES:
+        raise ConfigError("priority", f"must be 'high', 'normal' or 'low', got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class JobCall:
+    """One job to enqueue with :meth:`Job.enqueue_many`, with options of its own.
+
+    Attributes:
+        args: positional arguments of the job.
+        kwargs: keyword arguments of the job.
+        job_id: makes the enqueue idempotent (see :meth:`Job.enqueue`).
+        delay: run no sooner than this long from now.
+        at: run no sooner than this time.
+        priority: overrides the job's priority.
+        expires: give up unless started within this long (or by this time).
+        after: jobs that must succeed first.
+    """
+
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    job_id: str | None = None
+    delay: When | None = None
+    at: datetime | None = None
+    priority: Priority | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_check_priority)
+    )
+    expires: When | datetime | None = None
+    after: Sequence[JobRef | str] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A cron schedule of a job (see :meth:`JobQueue.cron`).
+
+    Attributes:
+        expression: a crontab expression, e.g. ``"*/5 * * * *"``, in UTC.
+        misfire_grace: a tick missed while no worker ran is still run if it is at most
+            this many seconds late; an older one is skipped with a log line.
+    """
+
+    expression: str
+    misfire_grace: float = attrs.field(default=60.0, validator=positive_number)
+
+
+def _check_retry_on(_i: object, _a: object, value: object) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in value
+    ):
+        raise ConfigError("retry_on", f"must be a tuple of exception types, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class JobOptions:
+    """How a job runs. See :meth:`JobQueue.job` for each option."""
+
+    retries: int = attrs.field(default=DEFAULT_RETRIES, validator=non_negative_int)
+    timeout: float | None = attrs.field(default=None, validator=positive_number.or_none())
+    retry_on: tuple[type[BaseException], ...] = attrs.field(
+        default=(Exception,), validator=_check_retry_on
+    )
+    backoff: Backoff = DEFAULT_RETRY_BACKOFF
+    priority: Priority = attrs.field(default="normal", validator=_check_priority)
+    result_ttl: float = attrs.field(default=DEFAULT_RESULT_TTL, validator=positive_number)
+    keep_result: bool = True
+    expires: float | None = attrs.field(default=None, validator=positive_number.or_none())
+    dedupe_window: int = attrs.field(
+        default=int(DEFAULT_DEDUPE_WINDOW), converter=math.ceil, validator=positive_int
+    )

@@ -1,0 +1,762 @@
+"""The job queue: declare jobs, enqueue them, follow them, manage the dead letters."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import secrets
+from collections.abc import Mapping  # noqa: TC003 (isinstance)
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+import attrs
+import orjson
+import trio
+
+from .._backoff import Backoff
+from .._errors import ConfigError, JobNotFound, RedisUnavailable
+from .._groups import open_service_nursery
+from .._redis import (
+    LuaScript,
+    Redis,
+    call_once,
+    retry_idempotent,
+    run_blocking,
+)
+from .._validate import positive_int, positive_number
+from .._wire import text
+from . import _scripts
+from ._handle import Job, JobHandle, decode_info, outcome
+from ._layout import ShardKeys, shard_for
+from ._model import (
+    DEFAULT_DEDUPE_WINDOW,
+    DEFAULT_RESULT_TTL,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_BACKOFF,
+    PRIORITIES,
+    JobCall,
+    JobInfo,
+    JobOptions,
+    JobRef,
+    JobStatus,
+    Priority,
+    Schedule,
+    When,
+    dumps,
+)
+from ._serve import Handlers, JobWorker, serve_jobs
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+
+__all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
+
+log = logging.getLogger("streamkit.jobs")
+
+#: A running job's lease: a worker that stops renewing it (killed, paused, cut off)
+#: loses its jobs to another worker after this many seconds.
+DEFAULT_LEASE_TTL = 5.0
+#: Times a job may lose its worker (the worker died while running it) before it is
+#: considered to be what kills the workers, and goes to the dead-letter queue.
+DEFAULT_MAX_DELIVERIES = 3
+#: Jobs per enqueue script call.
+_ENQUEUE_CHUNK = 500
+
+_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
+_ABORT = LuaScript(_scripts.ABORT_LUA)
+_WATCH = LuaScript(_scripts.WATCH_LUA)
+_REPLAY = LuaScript(_scripts.REPLAY_LUA)
+_PURGE = LuaScript(_scripts.PURGE_LUA)
+_COUNTS = LuaScript(_scripts.COUNTS_LUA)
+
+
+def _options(call: JobCall, after: list[JobRef]) -> bytes:
+    """The per-job options field of the enqueue script: "" when there are none."""
+    opts: dict[str, Any] = {}
+    if call.priority is not None:
+        opts["p"] = PRIORITIES[call.priority]
+    if call.delay is not None:
+        opts["d"] = _ms(call.delay, "delay")
+    if call.at is not None:
+        opts["a"] = _at_ms(call.at, "at")
+    if call.expires is not None:
+        opts["e"] = (
+            _at_ms(call.expires, "expires")
+            if isinstance(call.expires, datetime)
+            else -_ms(call.expires, "expires")
+        )
+    if call.job_id is not None:
+        opts["w"] = 1
+    if after:
+        opts["after"] = [h.id for h in after]
+    return orjson.dumps(opts) if opts else b""
+
+
+def _ms(value: When | None, name: str) -> int:
+    if value is None:
+        return 0
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    positive_number.check(name, seconds) if seconds != 0 else None
+    return math.ceil(seconds * 1000)
+
+
+def _at_ms(value: datetime | None, name: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ConfigError(name, f"must be a timezone-aware datetime, got {value!r}")
+    return math.ceil(value.timestamp() * 1000)
+
+
+@attrs.frozen(kw_only=True)
+class QueueCounts:
+    """How many jobs a queue holds, by status (see :meth:`JobQueue.counts`).
+
+    Attributes:
+        queued: jobs in the ready queue of each priority, not running (retries that
+            are due included).
+        scheduled: jobs waiting for their time.
+        waiting: jobs waiting for the jobs they depend on.
+        running: jobs running now.
+        retrying: jobs whose last try failed, waiting for their next try (in the
+            schedule, or due and queued).
+        dead: jobs in the dead-letter queue.
+        succeeded: jobs that succeeded (a running total).
+        aborted: jobs aborted (a running total).
+        expired: jobs expired (a running total).
+        pending: jobs not over yet (sent, scheduled, waiting, running or retrying),
+            each counted once.
+        by_name: the same counts per job name: name -> status -> count.
+    """
+
+    queued: dict[str, int]
+    scheduled: int
+    waiting: int
+    running: int
+    retrying: int
+    dead: int
+    succeeded: int
+    aborted: int
+    expired: int
+    pending: int
+    by_name: dict[str, dict[str, int]]
+
+
+@attrs.define(eq=False)
+class _Waiters:
+    """Result waiters of one shard, woken by one reader of the shard's completions."""
+
+    keys: ShardKeys
+    events: dict[str, list[trio.Event]] = attrs.field(factory=dict)
+    started: bool = False
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    def wake_all(self) -> None:
+        for events in self.events.values():
+            for event in events:
+                event.set()
+
+    async def run(self, redis: Redis, *, task_status: trio.TaskStatus[None]) -> None:
+        last = await retry_idempotent(
+            redis.xrevrange, self.keys.done, "+", "-", 1, what="reading job completions"
+        )
+        cursor = last[0].identifier if last else b"0-0"
+        task_status.started()
+        backoff = Backoff()
+        while True:
+            try:
+                reply = await run_blocking(
+                    redis,
+                    lambda r, cursor=cursor: r.xread(  # type: ignore[misc]
+                        {self.keys.done: cursor}, count=1000, block=5000
+                    ),
+                    within=10.0,
+                    what="waiting for job results",
+                )
+            except RedisUnavailable as exc:
+                log.warning("waiting for job results: %s; retrying", exc)
+                await trio.sleep(next(iter(backoff.delays())))
+                self.wake_all()  # re-check every waiter after the outage
+                continue
+            for entries in (reply or {}).values():
+                for entry in entries:
+                    cursor = entry.identifier
+                    job_id = text(entry.field_values.get(b"id", b""))
+                    for event in self.events.get(job_id, ()):
+                        event.set()
+
+
+@attrs.define(eq=False)
+class JobQueue:
+    """A job queue on Redis: jobs with results and statuses, delays, cron, retries,
+    leases renewed while a job runs, dead letters, abort, dedupe and priorities.
+
+    Get one from :func:`open_job_queue`. Declare jobs with :meth:`job` (or
+    :meth:`cron`), enqueue them with the declared job's ``delay``/``enqueue``/
+    ``enqueue_many``, and run them with ``await nursery.start(queue.serve)``.
+
+    Attributes:
+        redis: the client.
+        name: the queue's name (namespaces its keys).
+        shards: how many shards it is split into.
+        lease_ttl: seconds after which a job whose worker stopped renewing its lease
+            is taken over by another worker.
+        max_deliveries: times a job may lose its worker before it goes dead.
+        jobs: the declared jobs, by name.
+    """
+
+    redis: Redis
+    name: str
+    shards: int = attrs.field(default=1, validator=positive_int)
+    lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=positive_number)
+    max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
+    jobs: dict[str, Job] = attrs.field(factory=dict)
+    shard_keys: list[ShardKeys] = attrs.field(init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _waiters: list[_Waiters] = attrs.field(init=False)
+    _id_prefix: str = attrs.field(init=False, factory=lambda: secrets.token_hex(8))
+    _counter: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self.shard_keys = [ShardKeys(self.name, s) for s in range(self.shards)]
+        self._waiters = [_Waiters(keys) for keys in self.shard_keys]
+
+    # ------------------------------------------------------------------ declaring
+
+    @overload
+    def job(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        timeout: float | None = None,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
+        priority: Priority = "normal",
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        keep_result: bool = True,
+        expires: float | None = None,
+        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+    ) -> Job: ...
+
+    @overload
+    def job(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        timeout: float | None = None,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
+        priority: Priority = "normal",
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        keep_result: bool = True,
+        expires: float | None = None,
+        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+    ) -> Callable[[Callable[..., Any]], Job]: ...
+
+    def job(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        timeout: float | None = None,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
+        priority: Priority = "normal",
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        keep_result: bool = True,
+        expires: float | None = None,
+        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+    ) -> Job | Callable[[Callable[..., Any]], Job]:
+        """Declare ``fn`` (``async def`` or plain ``def``) as a job of this queue.
+
+        Use as ``@queue.job`` or ``@queue.job(retries=3, timeout=30)``. Plain
+        functions run in worker threads, at most ``threads`` at once per worker.
+
+        Args:
+            name: the job's name; the function's name by default.
+            retries: tries after the first when a try fails.
+            timeout: seconds a try may run; a try that runs longer is cancelled and
+                counts as failed (and is retried if tries are left).
+            retry_on: the exception types that are retried; others go dead at once.
+            backoff: delays between tries (exponential, with jitter).
+            priority: the default priority: ``"high"``, ``"normal"`` or ``"low"``.
+            result_ttl: seconds a finished job's record and result are kept.
+            keep_result: whether its return value is stored (it must be
+                JSON-serialisable).
+            expires: seconds after enqueueing after which it ends ``expired``
+                unless it started.
+            dedupe_window: seconds during which ``job_id=`` dedupes enqueues.
+
+        Returns:
+            the :class:`Job`, which is still callable as the plain function.
+        """
+        options = JobOptions(
+            retries=retries,
+            timeout=timeout,
+            retry_on=retry_on,
+            backoff=backoff,
+            priority=priority,
+            result_ttl=result_ttl,
+            keep_result=keep_result,
+            expires=expires,
+            dedupe_window=math.ceil(dedupe_window),
+        )
+
+        def declare(fn: Callable[..., Any]) -> Job:
+            return self.add(Job(name or fn.__name__, fn, options, None, lambda: self))
+
+        return declare if fn is None else declare(fn)
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        misfire_grace: float = 60.0,
+        name: str | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[..., Any]], Job]:
+        """Declare a job that runs at the times of a crontab ``expression`` (UTC).
+
+        Each tick runs once across all the workers serving the queue: every worker
+        enqueues it with a job id made of the job's name and the tick's time, and the
+        dedupe keeps one. A tick missed while no worker ran is run once if it is at
+        most ``misfire_grace`` seconds late, and skipped (with a log line) otherwise.
+        ``options`` are those of :meth:`job`.
+        """
+        from croniter import croniter
+
+        if not croniter.is_valid(expression):
+            raise ConfigError("cron", f"{expression!r} is not a valid crontab expression")
+        schedule = Schedule(expression=expression, misfire_grace=misfire_grace)
+
+        def declare(fn: Callable[..., Any]) -> Job:
+            job: Job = self.job(name=name, **options)(fn)
+            job.schedule = schedule
+            return job
+
+        return declare
+
+    def add(self, job: Job) -> Job:
+        """Add a declared job (used by ``App`` to bind its jobs to the queue)."""
+        if job.name in self.jobs and self.jobs[job.name] is not job:
+            raise ConfigError("job name", f"queue {self.name!r} has a job {job.name!r} already")
+        self.jobs[job.name] = job
+        return job
+
+    # ------------------------------------------------------------------ enqueueing
+
+    def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle:
+        """A handle on job ``job_id``.
+
+        Every job lives on the shard its id maps to (see the key layout), so the
+        shard need not be given.
+        """
+        return JobHandle(self, job_id, shard_for(job_id, self.shards) if shard is None else shard)
+
+    def _place(self, call: JobCall, after: list[JobRef]) -> tuple[str, int]:
+        """The id and shard of a new job: the shard its id maps to, which for a job
+        with dependencies must be theirs (a generated id is drawn until it fits)."""
+        if call.job_id is not None and (not isinstance(call.job_id, str) or not call.job_id):
+            raise ConfigError("job_id", f"must be a non-empty string, got {call.job_id!r}")
+        if not after or self.shards == 1:
+            job_id = call.job_id if call.job_id is not None else self._new_id()
+            return job_id, shard_for(job_id, self.shards)
+        shards = {h.shard for h in after}
+        if len(shards) > 1:
+            raise ConfigError("after", "the jobs a job depends on must be on one shard")
+        shard = shards.pop()
+        if call.job_id is None:
+            while shard_for(job_id := self._new_id(), self.shards) != shard:
+                pass
+            return job_id, shard
+        if shard_for(call.job_id, self.shards) != shard:
+            raise ConfigError(
+                "after",
+                f"job id {call.job_id!r} maps to shard {shard_for(call.job_id, self.shards)} "
+                f"but the jobs it depends on are on shard {shard}: dependencies need one "
+                "shard; leave job_id out, or pick one on their shard",
+            )
+        return call.job_id, shard
+
+    async def enqueue_calls(
+        self,
+        job: Job,
+        calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+        *,
+        priority: Priority | None = None,
+        delay: When | None = None,
+    ) -> list[JobHandle]:
+        """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
+        if priority is not None and priority not in PRIORITIES:
+            raise ConfigError("priority", f"must be 'high', 'normal' or 'low', got {priority!r}")
+        options = job.options
+        handles: list[JobHandle] = []
+        per_shard: dict[int, list[Any]] = {}
+        name = job.name
+        check = job.check_arguments
+        new_id = self._new_id
+        shards = self.shards
+        single = per_shard.setdefault(0, []) if shards == 1 else None
+        for item in calls:
+            if isinstance(item, tuple):
+                check(item, {})
+                job_id = new_id()
+                args = dumps([item, {}], f"the arguments of job {name}")
+                opts = b""
+                shard = 0 if shards == 1 else shard_for(job_id, shards)
+            else:
+                call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
+                check(call.args, call.kwargs)
+                after: list[JobRef] = [
+                    self.handle(h) if isinstance(h, str) else h for h in call.after
+                ]
+                job_id, shard = self._place(call, after)
+                args = dumps([call.args, call.kwargs], f"the arguments of job {name}")
+                opts = _options(call, after)
+            fields = single if single is not None else per_shard.setdefault(shard, [])
+            fields.extend((job_id, args, opts))
+            handles.append(JobHandle(self, job_id, shard))
+        expires = options.expires
+        defaults = (
+            name,
+            PRIORITIES[priority or options.priority],
+            _ms(delay, "delay"),
+            options.retries + 1,
+            math.ceil(options.result_ttl),
+            options.dedupe_window,
+            -_ms(expires, "expires") if expires is not None else 0,
+        )
+        for shard, fields in per_shard.items():
+            if fields:
+                await self._send(shard, defaults, fields)
+        return handles
+
+    def _new_id(self) -> str:
+        """A new job id: this queue object's random prefix and a counter."""
+        self._counter += 1
+        return f"{self._id_prefix}{self._counter:x}"
+
+    async def _send(self, shard: int, defaults: tuple[Any, ...], fields: list[Any]) -> None:
+        """Send one shard's jobs, a few chunks at a time."""
+        keys = self.shard_keys[shard]
+        step = 3 * _ENQUEUE_CHUNK
+
+        async def send(start: int) -> None:
+            await call_once(
+                _ENQUEUE,
+                self.redis,
+                keys.keys,
+                (keys.base, *defaults, *fields[start : start + step]),
+                what=f"enqueueing jobs on {self.name}",
+            )
+
+        if len(fields) <= step:
+            await send(0)
+            return
+        # A few chunks in flight at once: the server runs one while the next arrives.
+        limiter = trio.CapacityLimiter(4)
+
+        async def limited(start: int) -> None:
+            async with limiter:
+                await send(start)
+
+        async with trio.open_nursery() as nursery:
+            for start in range(0, len(fields), step):
+                nursery.start_soon(limited, start)
+
+    # ------------------------------------------------------------------ following
+
+    async def _ensure_waiter(self, shard: int) -> _Waiters:
+        waiters = self._waiters[shard]
+        if not waiters.started:
+            async with waiters.lock:
+                if not waiters.started:
+                    if self._nursery is None:
+                        raise ConfigError(
+                            "queue", "results are awaited inside `async with open_job_queue(...)`"
+                        )
+                    await self._nursery.start(waiters.run, self.redis)
+                    waiters.started = True
+        return waiters
+
+    async def wait_result(self, handle: JobHandle, timeout: float | None) -> Any:  # noqa: ASYNC109
+        """Wait for ``handle``'s job to end (see :meth:`JobHandle.result`)."""
+        keys = self.shard_keys[handle.shard]
+        with trio.fail_after(math.inf if timeout is None else timeout):
+            waiters = await self._ensure_waiter(handle.shard)
+            event = trio.Event()
+            waiters.events.setdefault(handle.id, []).append(event)
+            try:
+                while True:
+                    reply = await retry_idempotent(
+                        _WATCH,
+                        self.redis,
+                        keys.keys,
+                        (keys.base, handle.id),
+                        what="waiting for a job's result",
+                    )
+                    if not reply:
+                        raise JobNotFound(handle.id, self.name)
+                    status = JobStatus(text(reply[0]))
+                    if status.final:
+                        return outcome(handle.id, status, reply[1], reply[2])
+                    await event.wait()
+                    event = trio.Event()
+                    waiters.events[handle.id] = [
+                        e for e in waiters.events.get(handle.id, []) if not e.is_set()
+                    ] + [event]
+            finally:
+                remaining = [e for e in waiters.events.get(handle.id, []) if e is not event]
+                if remaining:
+                    waiters.events[handle.id] = remaining
+                else:
+                    waiters.events.pop(handle.id, None)
+
+    async def find(self, job_id: str) -> JobHandle:
+        """The handle of job ``job_id``, looking on every shard.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if no shard has it.
+        """
+        home = shard_for(job_id, self.shards)
+        for shard in [home, *(s for s in range(self.shards) if s != home)]:
+            exists = await retry_idempotent(
+                self.redis.exists, [self.shard_keys[shard].job(job_id)], what="finding a job"
+            )
+            if exists:
+                return JobHandle(self, job_id, shard)
+        raise JobNotFound(job_id, self.name)
+
+    async def info(self, job_id: str) -> JobInfo:
+        """What the queue knows of job ``job_id`` (see :meth:`JobHandle.info`)."""
+        return await (await self.find(job_id)).info()
+
+    async def abort(
+        self, job_id: str, reason: str = "aborted", *, shard: int | None = None
+    ) -> JobStatus:
+        """Abort job ``job_id`` (see :meth:`JobHandle.abort`)."""
+        handle = await self.find(job_id) if shard is None else JobHandle(self, job_id, shard)
+        keys = self.shard_keys[handle.shard]
+        reply = text(
+            await retry_idempotent(
+                _ABORT,
+                self.redis,
+                keys.keys,
+                (keys.base, job_id, reason),
+                what="aborting a job",
+            )
+        )
+        if reply == "unknown":
+            raise JobNotFound(job_id, self.name)
+        if reply == "requested":
+            return JobStatus.EXECUTING
+        return JobStatus(reply)
+
+    # ------------------------------------------------------------------ inspecting
+
+    async def counts(self) -> QueueCounts:
+        """How many jobs the queue holds, by status, priority and job name."""
+        by_name: dict[str, dict[str, int]] = {}
+        queued = dict.fromkeys(PRIORITIES, 0)
+        for keys in self.shard_keys:
+            flat, per_priority = await retry_idempotent(
+                _COUNTS, self.redis, keys.keys, (keys.base,), what="counting jobs"
+            )
+            for field, value in zip(flat[::2], flat[1::2], strict=True):
+                status, _, name = text(field).partition("|")
+                slot = by_name.setdefault(name, {})
+                slot[status] = slot.get(status, 0) + int(value)
+            for prio, count in zip(PRIORITIES, per_priority, strict=True):
+                queued[prio] += int(count)
+        totals: dict[str, int] = {}
+        for per_status in by_name.values():
+            for status, value in per_status.items():
+                totals[status] = totals.get(status, 0) + value
+        return QueueCounts(
+            queued=queued,
+            scheduled=totals.get("scheduled", 0),
+            waiting=totals.get("waiting", 0),
+            running=totals.get("executing", 0),
+            retrying=totals.get("retry", 0),
+            dead=totals.get("dead", 0),
+            succeeded=totals.get("success", 0),
+            aborted=totals.get("aborted", 0),
+            expired=totals.get("expired", 0),
+            pending=sum(
+                totals.get(status, 0)
+                for status in ("sent", "scheduled", "waiting", "executing", "retry")
+            ),
+            by_name={n: s for n, s in sorted(by_name.items()) if any(s.values())},
+        )
+
+    async def dead_letters(self, *, limit: int | None = None) -> list[JobInfo]:
+        """The jobs in the dead-letter queue, oldest first, with their errors."""
+        out: list[tuple[int, JobInfo]] = []
+        for keys in self.shard_keys:
+            # The oldest `limit` of every shard, merged by when they died.
+            entries = await retry_idempotent(
+                self.redis.xrange, keys.dead, "-", "+", limit, what="reading dead jobs"
+            )
+            job_ids = [text(entry.field_values[b"id"]) for entry in entries]
+            # The shard's jobs in one pipeline: one round trip, not one per job.
+            every_fields = await retry_idempotent(
+                self._hgetall_many,
+                [keys.job(job_id) for job_id in job_ids],
+                what="reading dead jobs",
+            )
+            for entry, job_id, fields in zip(entries, job_ids, every_fields, strict=True):
+                if fields.get(b"status") == b"dead":
+                    died = int(text(entry.identifier).partition("-")[0])
+                    out.append((died, decode_info(self.name, job_id, fields)))
+        out.sort(key=lambda pair: pair[0])
+        return [info for _, info in out[:limit]]
+
+    async def _hgetall_many(self, keys: list[str]) -> list[dict[bytes, bytes]]:
+        if not keys:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            requests = [pipe.hgetall(key) for key in keys]
+        return [await request for request in requests]
+
+    async def _by_shard(
+        self,
+        script: LuaScript,
+        ids: Sequence[str] | None,
+        what: str,
+        on_progress: Callable[[int, int], object] | None,
+    ) -> list[str]:
+        done: list[str] = []
+        grouped: dict[int, list[str]] = {}
+        if ids is None:
+            # Every shard's own dead jobs: a job without an id of the caller's lives on
+            # the shard it was sent to (round robin), not on the one its id hashes to.
+            for keys in self.shard_keys:
+                entries = await retry_idempotent(
+                    self.redis.xrange, keys.dead, "-", "+", what="reading dead jobs"
+                )
+                grouped[keys.shard] = [text(entry.field_values[b"id"]) for entry in entries]
+        else:
+            for job_id in ids:
+                handle = await self.find(job_id)
+                grouped.setdefault(handle.shard, []).append(job_id)
+        for shard, group in grouped.items():
+            keys = self.shard_keys[shard]
+            for i in range(0, len(group), 500):
+                reply = await retry_idempotent(
+                    script,
+                    self.redis,
+                    keys.keys,
+                    (keys.base, *group[i : i + 500]),
+                    what=what,
+                )
+                done.extend(text(x) for x in reply)
+                if on_progress is not None:
+                    on_progress(len(group[i : i + 500]), len(reply))
+        return done
+
+    async def replay(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        on_progress: Callable[[int, int], object] | None = None,
+    ) -> list[str]:
+        """Queue dead jobs again with their tries reset; all of them by default.
+
+        Args:
+            ids: the jobs to replay; every dead job by default.
+            on_progress: called after each step (up to 500 jobs, one round trip) with
+                how many jobs the step went through and how many it replayed, e.g.
+                to drive a progress bar.
+
+        Returns:
+            the ids queued again (ids that were not dead are skipped).
+        """
+        return await self._by_shard(_REPLAY, ids, "replaying dead jobs", on_progress)
+
+    async def purge(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        on_progress: Callable[[int, int], object] | None = None,
+    ) -> list[str]:
+        """Delete dead jobs and their records; all of them by default.
+
+        Args:
+            ids: the jobs to purge; every dead job by default.
+            on_progress: as for :meth:`replay`.
+
+        Returns:
+            the ids deleted.
+        """
+        return await self._by_shard(_PURGE, ids, "purging dead jobs", on_progress)
+
+    # ------------------------------------------------------------------ running
+
+    async def serve(
+        self,
+        handlers: Handlers | None = None,
+        *,
+        concurrency: int = 32,
+        threads: int = 8,
+        task_status: trio.TaskStatus[JobWorker] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run jobs of this queue until cancelled: ``await nursery.start(queue.serve)``.
+
+        Args:
+            handlers: the jobs to run: declared :class:`Job` objects, or a mapping of
+                job name to function; all the queue's declared jobs by default.
+            concurrency: jobs run at once by this worker.
+            threads: worker threads for plain (non-async) job functions.
+
+        ``nursery.start`` returns the running :class:`JobWorker`; its
+        :meth:`~JobWorker.drain` stops taking jobs and waits for the running ones.
+
+        Cancellation:
+            Cancelling stops claiming jobs; the tries running then are cancelled and
+            put back on the queue without spending a try, for another worker.
+        """
+
+        await serve_jobs(
+            self, handlers, concurrency=concurrency, threads=threads, task_status=task_status
+        )
+
+    def __repr__(self) -> str:
+        return f"<JobQueue {self.name} shards={self.shards} jobs={sorted(self.jobs)}>"
+
+
+@contextlib.asynccontextmanager
+async def open_job_queue(
+    redis: Redis,
+    name: str,
+    *,
+    shards: int = 1,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+) -> AsyncIterator[JobQueue]:
+    """Open the job queue ``name`` on ``redis``.
+
+    Args:
+        redis: a client from :func:`streamkit.open_redis`.
+        name: the queue's name: letters, digits, ``_`` and ``-``.
+        shards: how many shards to split the queue into (each a Redis Cluster slot
+            of its own). Every producer and worker of a queue must agree on it.
+        lease_ttl: seconds after which a job whose worker stopped renewing its lease
+            (killed, paused, cut off) is taken over by another worker.
+        max_deliveries: times a job may lose its worker before it goes dead.
+
+    The block owns the queue's background work (the reader that wakes result
+    waiters); jobs run where :meth:`JobQueue.serve` is started.
+    """
+    queue = JobQueue(redis, name, shards=shards, lease_ttl=lease_ttl, max_deliveries=max_deliveries)
+    async with open_service_nursery(reason=f"job queue {name} closing") as nursery:
+        queue._nursery = nursery
+        try:
+            yield queue
+        finally:
+            queue._nursery = None

@@ -1,0 +1,208 @@
+"""Master failovers on a real local Redis Cluster while workers process and producers send.
+
+Its own cluster (3 masters, 1 replica each; the session's cluster is not killed), two
+``streamkit worker`` subprocesses running the scenario app (8 partitions), and two
+producers in this process: one sending with ``replicas=1`` ("safe" keys), one plain.
+
+Where the keys are (slots are given to masters in order: node 0 has 0-5460, node 1
+5461-10922, node 2 10923-16383): partitions 0 and 4 on node 0; 1 and 5 and the stream's
+metadata on node 1; 2, 3, 6, 7, the processor's membership and control stream, the
+leader lease and the ``scenario:seen`` list the processor appends to on node 2.
+
+What is done: ``CLUSTER FAILOVER`` on node 2's replica (a manual failover: the master
+hands over once its replica has everything), then ``kill -9`` of node 1 (its replica
+is promoted after ``cluster-node-timeout``).
+
+Expectation, written before the first run:
+
+* at-least-once: no event whose ``send(..., replicas=1)`` returned is lost, across both
+  failovers;
+* a plain send that returned may be lost by Redis if it had not reached node 1's
+  replica when node 1 was killed: only events of partitions 1 and 5, acknowledged
+  shortly (well under a second on one machine) before the kill. The manual failover
+  loses nothing;
+* nothing that is in a stream after the failovers goes unprocessed (a loss by
+  streamkit, as opposed to one by Redis);
+* duplicates are allowed (acknowledgements and lease state that had not reached the
+  replica make a promoted master deliver again), counted and reported;
+* per-key order holds: no event is processed for the first time after a later event
+  of its key (keys that lost events merely skip them);
+* both workers and both producers go on after each promotion, without restarting;
+  the workers log a warning (the lost connection, the redirection), not an exit.
+
+Added after the first runs, with the warning it checks: each worker warns that the
+cluster's masters changed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from streamkit import App, RedisUnavailable, open_redis, redis_errors
+from streamkit.testing import RedisCluster, wait_until
+from tests.apps.scenario import Numbered
+from tests.cluster_scenarios import (
+    PARTITIONS,
+    Producer,
+    cluster_ok,
+    count_processed,
+    has_role,
+    order_violations,
+    processed,
+    processed_at_least,
+    replica_of,
+    stream_contents,
+)
+from tests.workers import start_worker
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.workers import WorkerProcess
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+# The partitions whose master (node 1) is killed.
+KILLED_PARTITIONS = {1, 5}
+
+
+async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_master(
+    tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster: RedisCluster = await nursery.start(RedisCluster(node_timeout=1000).run)
+        nodes = cluster.nodes
+        env = {"SCENARIO_PARTITIONS": str(PARTITIONS), "SCENARIO_BATCH": "20"}
+        workers.extend(start_worker(cluster.url, tmp_path, env=env) for _ in range(2))
+        app = App("scenario", redis_url=cluster.url)
+        stream = app.stream(
+            "numbered", record=Numbered, partition_by="key", partition_count=PARTITIONS
+        )
+        safe, plain = Producer("s", replicas=1), Producer("p", replicas=0)
+        stop = trio.Event()
+        async with app:
+            redis = app.redis
+            async with trio.open_nursery() as producers:
+                producers.start_soon(safe.run, stream, stop)
+                producers.start_soon(plain.run, stream, stop)
+
+                await wait_until(
+                    lambda: processed_at_least(redis, 400), what="400 processed", within=60
+                )
+
+                # 1. Manual failover of node 2 (membership, seen list, 4 partitions).
+                promoted = await replica_of(nodes[2])
+                async with open_redis(f"redis://127.0.0.1:{promoted}") as replica:
+                    await replica.cluster_failover()
+                await wait_until(
+                    lambda: has_role(promoted, "master"),
+                    what="node 2's replica promoted",
+                    within=20,
+                )
+                await wait_until(lambda: cluster_ok(nodes), what="cluster_state:ok", within=20)
+                count = await count_processed(redis)
+                await wait_until(
+                    lambda: processed_at_least(redis, count + 400),
+                    what="progress after the manual failover",
+                    within=30,
+                )
+
+                # 2. kill -9 of node 1 (partitions 1 and 5).
+                successor = await replica_of(nodes[1])
+                nodes[1].stop()
+                killed_at = time.monotonic()
+                await wait_until(
+                    lambda: has_role(successor, "master"),
+                    what="node 1's replica promoted",
+                    within=30,
+                )
+                alive = [n for n in nodes if n is not nodes[1]]
+                await wait_until(lambda: cluster_ok(alive), what="cluster_state:ok", within=20)
+                recovered_at = time.monotonic()
+                count = await count_processed(redis)
+                await wait_until(
+                    lambda: processed_at_least(redis, count + 400),
+                    what="progress after the killed master",
+                    within=30,
+                )
+                stop.set()
+
+            # Everything in the streams now is processed, eventually.
+            in_streams = await stream_contents(redis, stream)
+
+            async def all_processed() -> bool:
+                return in_streams <= set(await processed(redis))
+
+            await wait_until(all_processed, what="every event in a stream processed", within=60)
+            seen = await processed(redis)
+
+        for worker in workers:
+            assert worker.process.poll() is None, worker.log()
+        nursery.cancel_scope.cancel()
+
+    acknowledged = {**safe.acknowledged, **plain.acknowledged}
+    lost_by_redis = set(acknowledged) - in_streams
+    lost_safe = lost_by_redis & set(safe.acknowledged)
+    unprocessed = in_streams - set(seen)
+    duplicated = len(seen) - len(set(seen))
+    violations = order_violations(seen)
+    report = (
+        f"safe: {len(safe.acknowledged)} acknowledged, {len(safe.failed)} failed; "
+        f"plain: {len(plain.acknowledged)} acknowledged, {len(plain.failed)} failed; "
+        f"lost by Redis: {len(lost_by_redis)} (safe {len(lost_safe)}); "
+        f"unprocessed: {len(unprocessed)}; duplicated: {duplicated}; "
+        f"order violations: {violations}; producer errors: "
+        f"{sorted(set(safe.errors + plain.errors))[:5]}"
+    )
+    print(report)
+    assert not lost_safe, report
+    assert not unprocessed, report
+    for key, seq in lost_by_redis:
+        assert stream.partition_of(Numbered(key=key, seq=seq)) in KILLED_PARTITIONS, report
+        assert killed_at - acknowledged[key, seq] < 1.0, report
+    assert violations == 0, report
+    # The producers went on after the promotion, without a new client.
+    assert max(plain.acknowledged.values()) > recovered_at, report
+    # The safe one too, though a send to node 1's slots now fails: its new master has
+    # no replica left (NotReplicated).
+    assert safe.answered_at > recovered_at, report
+    # Each worker says that the masters changed (the manual failover, the killed one).
+    for worker in workers:
+        assert "has other masters now" in worker.log()
+
+
+async def test_the_client_follows_the_replica_promoted_for_a_killed_master(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A killed master's slots go to its promoted replica, not to the dead node forever
+    (coredis relearns the layout after errors, but did not count a refused connection),
+    and the client says that the masters changed."""
+    async with trio.open_nursery() as nursery:
+        cluster: RedisCluster = await nursery.start(RedisCluster(node_timeout=1000).run)
+        nodes = cluster.nodes
+        key = "{x}k"  # slot 16287: node 2's
+        async with open_redis(cluster.url) as redis:
+            await redis.set(key, "1")
+            successor = await replica_of(nodes[2])
+            nodes[2].stop()
+            await wait_until(
+                lambda: has_role(successor, "master"), what="replica promoted", within=30
+            )
+
+            async def answered() -> bool:
+                try:
+                    with redis_errors():
+                        return await redis.get(key) == b"1"
+                except RedisUnavailable:
+                    return False
+
+            await wait_until(answered, what="the key read from the promoted replica", within=10)
+        nursery.cancel_scope.cancel()
+    changed = [r for r in caplog.records if "has other masters now" in r.getMessage()]
+    assert changed, [r.getMessage() for r in caplog.records]
+    assert changed[-1].levelname == "WARNING"
+    assert f"127.0.0.1:{successor}" in changed[-1].getMessage().partition("before")[0]
