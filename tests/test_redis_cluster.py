@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import coredis.exceptions
 import pytest
 import trio
+from coredis._utils import hash_slot
+from coredis.response._callbacks import NoopCallback
+from coredis.typing import Key
 
 from streamkit import (
     BackendError,
@@ -180,3 +183,56 @@ def test_redirections_given_up_on_are_unavailable_not_outcome_unknown() -> None:
     translated = _translate(error, "redis+cluster://127.0.0.1:7000")
     assert isinstance(translated, RedisUnavailable)
     assert not isinstance(translated, OutcomeUnknown)
+
+
+async def test_a_transaction_refused_after_its_slot_moved_runs_again_on_the_new_owner(
+    redis_cluster: RedisCluster, redis_cluster_url: str
+) -> None:
+    # A failover or a resharding between WATCH and EXEC: the queued command is refused
+    # with MOVED and EXEC runs nothing (EXECABORT). The transaction runs again where
+    # the slot is now, instead of failing with "Transaction discarded".
+    key = "{tx}state"
+    slot = hash_slot(key.encode())
+    async with open_redis(redis_cluster.nodes[0].url) as node:
+        nodes = await node.cluster_nodes()
+    masters = [n for n in nodes if n["slots"]]
+    owner = next(n for n in masters if slot in n["slots"])
+    target = next(n for n in masters if n["id"] != owner["id"])
+
+    async def move_slot() -> None:
+        async with (
+            open_redis(f"redis://{owner['host']}:{owner['port']}") as source,
+            open_redis(f"redis://{target['host']}:{target['port']}") as destination,
+        ):
+            await destination.cluster_setslot(slot, importing=owner["id"])
+            await source.cluster_setslot(slot, migrating=target["id"])
+            await destination.cluster_setslot(slot, node=target["id"])
+            await source.cluster_setslot(slot, node=target["id"])
+
+    runs = 0
+
+    async def body(pipe: Any) -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            await move_slot()
+        pipe.set(key, str(runs))
+
+    async with open_redis(redis_cluster_url) as redis:
+        with redis_errors():
+            await cast("Any", redis).transaction(body, key)
+        assert runs == 2
+        assert await redis.get(key) == b"2"
+
+
+async def test_a_transaction_refused_for_good_raises_the_refusal(redis_cluster_url: str) -> None:
+    async with open_redis(redis_cluster_url) as redis:
+
+        async def body(pipe: Any) -> None:
+            pipe.set("{tx}first", "1")
+            # Refused when queued (wrong number of arguments): EXEC runs nothing.
+            pipe.create_request(b"SET", Key("{tx}second"), callback=NoopCallback())
+
+        with pytest.raises(BackendError, match="wrong number of arguments"), redis_errors():
+            await cast("Any", redis).transaction(body, "{tx}first")
+        assert await redis.get("{tx}first") is None
