@@ -54,6 +54,13 @@ from ._locks import (
     LockManagerStatistics as LockManagerStatistics,
     open_lock_manager as open_lock_manager,
 )
+from ._logs import (
+    ConsoleLogFormatter as ConsoleLogFormatter,
+    JsonLogFormatter as JsonLogFormatter,
+    LogContextFilter as LogContextFilter,
+    configure_logging as configure_logging,
+    log_context as log_context,
+)
 from ._membership import (
     Membership as Membership,
     MembershipStatistics as MembershipStatistics,

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from . import _logs
 from ._admin import (
     MemberStatus,
     PartitionStatus,
@@ -55,9 +56,11 @@ from ._worker import Worker, run_worker, select_processors
 from .jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
 
 if TYPE_CHECKING:
+    import types
     from collections.abc import AsyncIterator, Iterable, Sequence
 
     from ._app import Processor
+    from ._logs import LogFormat
     from .jobs import JobInfo, QueueCounts
 
 __all__ = ["cli", "main"]
@@ -73,6 +76,13 @@ class CommandError(click.ClickException):
     """A failure the user can act on: printed without a traceback, exit code 1."""
 
     exit_code = 1
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print the message, or log it as an error where logs are JSON lines."""
+        if _logs.current_format() == "json":
+            log.error("%s", self.format_message())
+        else:
+            super().show(file)
 
 
 class BadInput(CommandError):
@@ -216,22 +226,49 @@ def confirm(question: str, *, refused: str) -> None:
     fail(refused)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, log_format: LogFormat = "console") -> None:
+    """Log to standard error in ``log_format``; a command that runs for long calls it
+    first, so that even its import-time records are formatted.
+
+    With ``"json"``, everything the process writes to standard error is a JSON line:
+    a command's error (see :meth:`CommandError.show`) and an unexpected exception's
+    traceback are logged as records.
+    """
     # A worker process of `worker --processes N` says which one it is: the N workers
-    # write to the same standard error.
+    # write to the same standard error. (A JSON line has the worker's host:pid.)
     index = os.environ.get(WORKER_INDEX_VARIABLE)
-    worker = "" if index is None else f"[worker {index}] "
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s %(levelname)-7s {worker}%(name)s: %(message)s",
-        stream=sys.stderr,
+    _logs.configure_logging(
+        level, format=log_format, label=None if index is None else f"worker {index}"
     )
-    # streamkit's Redis layer reports what an operator should see about connections
-    # itself, once and with the URL masked (streamkit.redis: a connection lost, and
-    # re-established). coredis's own records would repeat those, or describe its
-    # internals (script reloads, optimistic transaction conflicts); it retries
-    # nothing, so none of them hides a command sent twice.
-    logging.getLogger("coredis").setLevel(logging.CRITICAL)
+    if log_format == "json":
+        sys.excepthook = _log_uncaught
+
+
+def _log_uncaught(
+    kind: type[BaseException], exc: BaseException, tb: types.TracebackType | None
+) -> None:
+    log.critical("stopped by an unexpected error: %r", exc, exc_info=(kind, exc, tb))
+
+
+def logging_options(function: Any) -> Any:
+    """``--log-level`` and ``--log-format``, for the commands that run for long."""
+    function = click.option(
+        "--log-format",
+        type=click.Choice(_logs.LOG_FORMATS, case_sensitive=False),
+        default="console",
+        show_default=True,
+        envvar="STREAMKIT_LOG_FORMAT",
+        help="How log records are written (on standard error): readable lines, or one "
+        "JSON object per line with worker, processor, partition and member fields.",
+    )(function)
+    return click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+        default="info",
+        show_default=True,
+        envvar="STREAMKIT_LOG_LEVEL",
+        help="Least severe log messages to show (on standard error).",
+    )(function)
 
 
 def redis_url_option(function: Any) -> Any:
@@ -414,13 +451,7 @@ async def sendmany(
     help="Comma-separated processors to run (default: all of the app's).",
 )
 @redis_url_option
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-    default="info",
-    show_default=True,
-    help="Least severe log messages to show (on standard error).",
-)
+@logging_options
 @click.option(
     "--concurrency",
     "-c",
@@ -441,6 +472,7 @@ async def worker(
     processors: str | None,
     redis_url: str | None,
     log_level: str,
+    log_format: LogFormat,
     concurrency: int | None,
     processes: int,
 ) -> None:
@@ -454,7 +486,7 @@ async def worker(
     With --processes N, this process supervises N worker processes: it restarts
     those that die and passes signals on to them.
     """
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     app = load_app(app_path, redis_url)
     names = processor_names(app, processors)
     try:

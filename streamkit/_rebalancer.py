@@ -37,6 +37,7 @@ from ._backoff import Backoff
 from ._errors import LockLost, RedisUnavailable, StreamkitError
 from ._groups import open_service_nursery
 from ._locks import valid_ttl
+from ._logs import log_context
 from ._validate import non_negative_number
 
 if TYPE_CHECKING:
@@ -348,10 +349,15 @@ class Rebalancer:
         assert slot.claim is not None
         slot.state = "draining"
         log.info(
-            "draining partition %d (%s); run() has %ss to return", slot.partition, reason, grace
+            "draining partition %d (%s); run() has %ss to return",
+            slot.partition,
+            reason,
+            grace,
+            extra={"partition": slot.partition},
         )
         slot.claim.draining.value = True
-        self._nursery.start_soon(self._enforce_grace, slot, reason, grace)
+        with log_context(partition=slot.partition):
+            self._nursery.start_soon(self._enforce_grace, slot, reason, grace)
         self._changed()
 
     async def _enforce_grace(self, slot: _Slot, reason: str, grace: float) -> None:
@@ -368,7 +374,7 @@ class Rebalancer:
 
     def _abandon(self, slot: _Slot, reason: str) -> None:
         slot.leaving = reason
-        log.info("partition %d %s before its lock was acquired; no longer waiting", slot.partition, reason)  # fmt: skip
+        log.info("partition %d %s before its lock was acquired; no longer waiting", slot.partition, reason, extra={"partition": slot.partition})  # fmt: skip
         slot.scope.cancel(f"partition {slot.partition} {reason} before its lock was acquired")
 
     def _apply(self, plan: RebalancePlan, reason: str) -> None:
@@ -382,7 +388,10 @@ class Rebalancer:
             del self._slots[p]
         for p in plan.claim:
             slot = self._slots[p] = _Slot(p)
-            self._nursery.start_soon(self._run_partition, slot, name=f"streamkit partition {p}")
+            # The task starts with a copy of this context: the partition is in the log
+            # context of everything it runs.
+            with log_context(partition=p):
+                self._nursery.start_soon(self._run_partition, slot, name=f"streamkit partition {p}")
         # The planner's own changes: published, but no reason to plan again.
         self._publish()
 

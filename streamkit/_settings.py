@@ -37,7 +37,15 @@ __all__ = ["Settings", "check_setting_names"]
 
 ENV_PREFIX = "STREAMKIT_"
 #: ``STREAMKIT_*`` variables that are not settings but are read elsewhere.
-OTHER_VARIABLES = frozenset({"STREAMKIT_RELIABILITY_REPORT", "STREAMKIT_WORKER_INDEX"})
+OTHER_VARIABLES = frozenset(
+    {
+        "STREAMKIT_RELIABILITY_REPORT",
+        "STREAMKIT_WORKER_INDEX",
+        # streamkit worker --log-format, --log-level
+        "STREAMKIT_LOG_FORMAT",
+        "STREAMKIT_LOG_LEVEL",
+    }
+)
 
 log = logging.getLogger("streamkit.settings")
 # Unknown variables already warned about: each is named once per process.

@@ -19,10 +19,10 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
+import uuid
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -37,6 +37,7 @@ from ._fetcher import open_fetcher
 from ._halts import HaltRecord, read_halt, wait_resumed, write_halt
 from ._leadership import open_leader_election
 from ._locks import LockManager, open_lock_manager
+from ._logs import line_for_signal_handler, log_context, worker_name
 from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
@@ -121,7 +122,8 @@ class Worker:
         log.info("stopping: draining %d processor(s)", len(self.executors))
         async with trio.open_nursery() as nursery:
             for executor in self.executors:
-                nursery.start_soon(executor.rebalancer.drain, grace)
+                with log_context(processor=executor.processor.name, member=executor.membership.id):
+                    nursery.start_soon(executor.rebalancer.drain, grace)
             if self.jobs is not None:
                 nursery.start_soon(
                     self.jobs.drain, self.app.settings.grace_period if grace is None else grace
@@ -370,10 +372,10 @@ def _stop_on_signals(worker: Worker, watchdog: _Watchdog | None = None) -> Itera
             name = signal.Signals(signum).name
             message = (
                 f"streamkit worker: {name}: stopping once the event loop runs again "
-                f"(blocked by {_blocking_site(frame)}); send {name} again to exit at once\n"
+                f"(blocked by {_blocking_site(frame)}); send {name} again to exit at once"
             )
             with contextlib.suppress(OSError):
-                os.write(2, message.encode())
+                os.write(2, line_for_signal_handler(message, logger=log.name))
 
     previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:
@@ -387,9 +389,9 @@ def _exit_at_once(signum: int) -> NoReturn:
     # The second signal must not wait for anything, not even the shielded lease
     # releases: leases expire by themselves. Nothing here may block or take a lock the
     # interrupted main thread could hold (the logging module's, say): one raw write.
-    message = f"streamkit worker: {signal.Signals(signum).name} again: exiting at once\n"
+    message = f"streamkit worker: {signal.Signals(signum).name} again: exiting at once"
     with contextlib.suppress(OSError):
-        os.write(2, message.encode())
+        os.write(2, line_for_signal_handler(message, logger=log.name))
     os._exit(128 + signum)
 
 
@@ -401,55 +403,58 @@ async def _run_executor(
     task_status: trio.TaskStatus[Executor] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     settings = processor.settings
-    stream = processor.stream
-    keys = processor.keys
-    # Refuse to consume a stream whose recorded layout differs from ours: reading
-    # the wrong partition count would silently skip partitions.
-    # Refused (Redis out of memory, say, for a new stream): wait, saying so, rather
-    # than exit; nothing else would drain a full Redis.
-    await ride_out_refusals(stream.check_metadata, what=f"recording stream {stream.name!r}")
+    # Chosen here rather than by open_membership, to be in the log context from the start.
+    member_id = settings.member_id or uuid.uuid4().hex
+    with log_context(processor=processor.name, member=member_id):
+        stream = processor.stream
+        keys = processor.keys
+        # Refuse to consume a stream whose recorded layout differs from ours: reading
+        # the wrong partition count would silently skip partitions.
+        # Refused (Redis out of memory, say, for a new stream): wait, saying so, rather
+        # than exit; nothing else would drain a full Redis.
+        await ride_out_refusals(stream.check_metadata, what=f"recording stream {stream.name!r}")
 
-    async with (
-        open_membership(
-            app.redis,
-            keys.group,
-            partitions=stream.partition_count,
-            member_id=settings.member_id,
-            static=settings.member_id is not None,
-            heartbeat_interval=settings.heartbeat_interval,
-            session_timeout=settings.session_timeout,
-            static_grace=settings.static_grace,
-        ) as membership,
-        open_fetcher(
-            app.redis,
-            stream.spec,
-            group=keys,
-            batch_size=settings.batch_size,
-            prefetch=settings.prefetch,
-            trim_to=stream.settings.partition_size,
-        ) as fetcher,
-    ):
-        executor: Executor | None = None
+        async with (
+            open_membership(
+                app.redis,
+                keys.group,
+                partitions=stream.partition_count,
+                member_id=member_id,
+                static=settings.member_id is not None,
+                heartbeat_interval=settings.heartbeat_interval,
+                session_timeout=settings.session_timeout,
+                static_grace=settings.static_grace,
+            ) as membership,
+            open_fetcher(
+                app.redis,
+                stream.spec,
+                group=keys,
+                batch_size=settings.batch_size,
+                prefetch=settings.prefetch,
+                trim_to=stream.settings.partition_size,
+            ) as fetcher,
+        ):
+            executor: Executor | None = None
 
-        async def run(claim: Claim) -> None:
-            assert executor is not None
-            await _run_partition(app, processor, executor, fetcher, claim)
+            async def run(claim: Claim) -> None:
+                assert executor is not None
+                await _run_partition(app, processor, executor, fetcher, claim)
 
-        async with open_rebalancer(
-            membership.partitions,
-            locks,
-            lock_name=keys.lock_name,
-            run=run,
-            lease_ttl=settings.lease_ttl,
-            grace=settings.grace_period,
-        ) as rebalancer:
-            executor = Executor(processor, membership, rebalancer)
-            task_status.started(executor)
-            await trio.sleep_forever()
+            async with open_rebalancer(
+                membership.partitions,
+                locks,
+                lock_name=keys.lock_name,
+                run=run,
+                lease_ttl=settings.lease_ttl,
+                grace=settings.grace_period,
+            ) as rebalancer:
+                executor = Executor(processor, membership, rebalancer)
+                task_status.started(executor)
+                await trio.sleep_forever()
 
 
-#: The worker's name in halt records: the host and process id.
-WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+#: The worker's name in halt records and logs: the host and process id.
+WORKER_NAME = worker_name()
 
 
 async def _run_partition(
@@ -498,14 +503,15 @@ async def _run_partition(
                 )
             return
         except ProcessorHalted as halted:
-            # The policy logged the processor's traceback; the events stay pending.
-            record = await write_halt(app.redis, keys, halted, worker=WORKER_NAME)
-            log.error(
-                "%s partition %d %s; the other partitions go on; fix the cause, then "
-                "%s (--skip to skip the event)",
+            # The policy logged the processor's exception with its traceback, as an
+            # error: this says what follows, without repeating it.
+            await write_halt(app.redis, keys, halted, worker=WORKER_NAME)
+            log.warning(
+                "%s partition %d halted: its events stay pending and it keeps its lease; "
+                "the other partitions go on; fix the cause, then %s (--skip to skip the "
+                "event)",
                 keys.group,
                 partition,
-                record.describe(),
                 _resume_command(app, processor, partition),
             )
             announced = True

@@ -46,6 +46,7 @@ from .._errors import (
 )
 from .._groups import open_service_nursery
 from .._json_converter import converter
+from .._logs import log_context
 from .._periodic import next_tick
 from .._redis import LuaScript, call_once, retry_idempotent, run_blocking
 from .._wire import text
@@ -362,7 +363,9 @@ class JobWorker:
     async def executor(self, receive: trio.MemoryReceiveChannel[tuple[int, list[Any]]]) -> None:
         async for shard, claimed in receive:
             try:
-                await self._run_try(shard, claimed)
+                # claimed: [job id, name, ...]; the job is in the log context of its try.
+                with log_context(job=text(claimed[1]), job_id=text(claimed[0])):
+                    await self._run_try(shard, claimed)
             finally:
                 self._slot_freed()
 
@@ -431,8 +434,9 @@ class JobWorker:
                 if current.abort_reason is not None:
                     self._finish(current, "aborted", _error("Aborted", current.abort_reason), 0)
                 else:
-                    error = _error("Timeout", f"timed out after {options.timeout:g}s")
-                    self._retry_or_die(current, job, tries, error, retryable=True)
+                    why = f"timed out after {options.timeout:g}s"
+                    error = _error("Timeout", why)
+                    self._retry_or_die(current, job, tries, error, why=why, retryable=True)
                 return
             if options.keep_result:
                 try:
@@ -451,18 +455,56 @@ class JobWorker:
             current.finished = True
             self._forget(current.id, current.token)
             return
-        log.warning("job %s (%s) failed on try %d: %r", current.id, job.name, tries, exc)
-        retryable = isinstance(exc, job.options.retry_on)
+        name = _type_name(exc)
         self._retry_or_die(
-            current, job, tries, _error(_type_name(exc), str(exc), exc), retryable=retryable
+            current,
+            job,
+            tries,
+            _error(name, str(exc), exc),
+            why=f"{name}: {exc}",
+            retryable=isinstance(exc, job.options.retry_on),
+            exc=exc,
         )
 
     def _retry_or_die(
-        self, current: _Try, job: Job, tries: int, error: bytes, *, retryable: bool
+        self,
+        current: _Try,
+        job: Job,
+        tries: int,
+        error: bytes,
+        *,
+        why: str,
+        retryable: bool,
+        exc: Exception | None = None,
     ) -> None:
-        if retryable and tries < job.options.retries + 1:
-            self._finish(current, "retry", error, _retry_delay(job.options, tries))
+        """Record a failed try, retried or dead, and log it once: a warning if it is
+        retried, an error if the job is dead; with the traceback of ``exc``."""
+        max_tries = job.options.retries + 1
+        if retryable and tries < max_tries:
+            delay = _retry_delay(job.options, tries)
+            log.warning(
+                "job %s (%s) failed on try %d of %d (%s); retrying in %gs",
+                current.id,
+                job.name,
+                tries,
+                max_tries,
+                why,
+                delay / 1000,
+                exc_info=exc,
+            )
+            self._finish(current, "retry", error, delay)
         else:
+            retries = "" if retryable else ", not retried (not in retry_on)"
+            log.error(
+                "job %s (%s) failed on try %d of %d (%s)%s; it is dead",
+                current.id,
+                job.name,
+                tries,
+                max_tries,
+                why,
+                retries,
+                exc_info=exc,
+            )
             self._finish(current, "dead", error, 0)
 
     # ------------------------------------------------------------------ finishing
@@ -740,26 +782,27 @@ async def serve_jobs(
         await runner.ensure_groups(shard)
     send, receive = trio.open_memory_channel[tuple[int, list[Any]]](math.inf)
     runner._send = send
-    log.info(
-        "serving jobs of queue %s as %s: %s (concurrency %d)",
-        queue.name,
-        runner.consumer,
-        ", ".join(sorted(jobs)),
-        concurrency,
-    )
     try:
-        async with open_service_nursery(reason="job worker stopping") as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(runner.executor, receive)
-            nursery.start_soon(runner.renewer)
-            for shard in range(queue.shards):
-                nursery.start_soon(runner.finisher, shard)
-                nursery.start_soon(runner._claim_until_drained, shard)
-            for job in jobs.values():
-                if job.schedule is not None:
-                    nursery.start_soon(_cron, queue, job)
-            task_status.started(runner)
-            await trio.sleep_forever()
+        with log_context(queue=queue.name):
+            log.info(
+                "serving jobs of queue %s as %s: %s (concurrency %d)",
+                queue.name,
+                runner.consumer,
+                ", ".join(sorted(jobs)),
+                concurrency,
+            )
+            async with open_service_nursery(reason="job worker stopping") as nursery:
+                for _ in range(concurrency):
+                    nursery.start_soon(runner.executor, receive)
+                nursery.start_soon(runner.renewer)
+                for shard in range(queue.shards):
+                    nursery.start_soon(runner.finisher, shard)
+                    nursery.start_soon(runner._claim_until_drained, shard)
+                for job in jobs.values():
+                    if job.schedule is not None:
+                        nursery.start_soon(_cron, queue, job)
+                task_status.started(runner)
+                await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(5.0) as cleanup:
             try:

@@ -1,0 +1,274 @@
+"""Logs: context fields on every record, and the console and JSON formats.
+
+Where a record comes from is kept in a context variable, set once per scope rather
+than once per record: the worker sets the processor and member for everything an
+executor runs, the rebalancer sets the partition in each partition's task, and the job
+worker sets the job for each try. Trio tasks start with a copy of the context of the
+task that started them, so the fields reach every task below (and threads started by
+``trio.to_thread``) at no cost per event. :class:`LogContextFilter`, on a handler,
+copies them onto each record it sees, with the worker's name (``host:pid``).
+
+Two formats: :class:`ConsoleLogFormatter`, a readable line with the context compact
+(``[orders p3]``), and :class:`JsonLogFormatter`, one JSON object per line (a
+traceback is a string field, never extra lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import socket
+import sys
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+import orjson
+from pythonjsonlogger.orjson import OrjsonFormatter
+
+from ._errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+__all__ = [
+    "CONTEXT_FIELDS",
+    "LOG_FORMATS",
+    "ConsoleLogFormatter",
+    "JsonLogFormatter",
+    "LogContextFilter",
+    "LogFormat",
+    "configure_logging",
+    "current_format",
+    "line_for_signal_handler",
+    "log_context",
+    "worker_name",
+]
+
+LogFormat = Literal["console", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("console", "json")
+
+#: The context fields streamkit sets: JSON keys, and attributes of the records.
+CONTEXT_FIELDS = ("worker", "processor", "partition", "member", "queue", "job", "job_id")
+
+_context: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
+    "streamkit_log_context", default=MappingProxyType({})
+)
+
+
+def worker_name() -> str:
+    """This process's name in logs, halt records and ``streamkit status``: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@contextlib.contextmanager
+def log_context(**fields: object) -> Iterator[None]:
+    """Add ``fields`` to every record logged inside the block, by this task and by the
+    tasks (and ``trio.to_thread`` threads) it starts meanwhile.
+
+    Blocks nest: an inner block adds to the outer one's fields, or overrides them.
+    Setting it costs a dictionary copy, once per block: use it per scope (a partition,
+    a job), never per event. The fields reach a handler's output through
+    :class:`LogContextFilter`.
+
+    Example::
+
+        with streamkit.log_context(shard=3):
+            log.info("starting")  # a JSON line with "shard": 3
+    """
+    token = _context.set({**_context.get(), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class LogContextFilter(logging.Filter):
+    """A handler filter that adds the context fields to every record it passes.
+
+    It sets ``worker`` (this process's ``host:pid``) and each field of the current
+    :func:`log_context` (``processor``, ``partition``, ``member``, ``queue``,
+    ``job``, ``job_id`` where streamkit set them) as attributes of the record, unless
+    the record has the attribute already (given with ``extra=``). It drops nothing.
+
+    Put it on a handler, not a logger (a logger's filters skip the records its
+    children propagate)::
+
+        handler.addFilter(streamkit.LogContextFilter())
+
+    Args:
+        worker: the ``worker`` field; this process's ``host:pid`` by default.
+    """
+
+    def __init__(self, worker: str | None = None) -> None:
+        super().__init__()
+        self.worker = worker_name() if worker is None else worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        attributes = record.__dict__
+        attributes.setdefault("worker", self.worker)
+        for name, value in _context.get().items():
+            attributes.setdefault(name, value)
+        return True
+
+
+def _iso_time(created: float) -> str:
+    """``created`` (Unix time) in ISO 8601, UTC, to the millisecond: ``...T12:00:00.123Z``."""
+    moment = datetime.fromtimestamp(created, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonLogFormatter(OrjsonFormatter):
+    """One JSON object per record, on one line (python-json-logger's, with orjson).
+
+    Keys: ``time`` (ISO 8601, UTC), ``level``, ``logger``, ``message``; then the
+    record's extra attributes, among them the context fields of
+    :class:`LogContextFilter`; then ``traceback``, the formatted exception, when
+    the record has one. Newlines inside values are escaped, so a line is a record.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={
+                "asctime": "time",
+                "levelname": "level",
+                "name": "logger",
+                "exc_info": "traceback",
+            },
+        )
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso_time(record.created)
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_data, record, message_dict)
+        # The long fields last, after the context, for a reader scanning lines.
+        for key in ("traceback", "stack_info"):
+            if key in log_data:
+                log_data[key] = log_data.pop(key)
+
+
+class ConsoleLogFormatter(logging.Formatter):
+    """A readable line: time, level, ``[label]``, the context compact, logger, message.
+
+    The context shows the processor and partition (``[orders p3]``) or the job
+    (``[job send_email 4f1c...]``); the worker and member ids, the same on most lines
+    of a process, are left to the JSON format. An exception's traceback follows its
+    line, as usual.
+    """
+
+    def __init__(self, label: str | None = None) -> None:
+        # The format only tells logging.Formatter to fill in asctime: formatMessage
+        # lays the line out itself.
+        super().__init__("%(asctime)s %(message)s")
+        self._label = f"[{label}] " if label else ""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return (
+            f"{record.asctime} {record.levelname:<7} {self._label}{_where(record)}"
+            f"{record.name}: {record.message}"
+        )
+
+
+def _where(record: logging.LogRecord) -> str:
+    """The record's context, compact: ``[orders p3] ``, ``[job name id] ``, or ``""``."""
+    fields = record.__dict__
+    job = fields.get("job")
+    if job is not None:
+        parts = ["job", str(job), str(fields.get("job_id", "?"))]
+    else:
+        parts = []
+        processor = fields.get("processor")
+        if processor is not None:
+            parts.append(str(processor))
+        partition = fields.get("partition")
+        if partition is not None:
+            parts.append(f"p{partition}")
+    return f"[{' '.join(parts)}] " if parts else ""
+
+
+# What configure_logging installed last: replaced, not added to, by the next call.
+_installed: logging.Handler | None = None
+_format: LogFormat = "console"
+_worker = worker_name()
+
+
+def configure_logging(
+    level: str | int = "info",
+    *,
+    format: LogFormat = "console",  # noqa: A002 (the option's name)
+    label: str | None = None,
+    stream: TextIO | None = None,
+) -> logging.Handler:
+    """Log to standard error in ``format``, with the context fields, as the worker does.
+
+    Installs one handler on the root logger (replacing the one an earlier call
+    installed; other handlers are left alone), with a :class:`LogContextFilter`
+    and a :class:`JsonLogFormatter` (``"json"``) or :class:`ConsoleLogFormatter`
+    (``"console"``), and sets the root logger's level. coredis's own records are
+    silenced: streamkit reports what matters about connections itself.
+
+    Args:
+        level: the least severe records shown: ``"debug"``, ``"info"``,
+            ``"warning"``, ``"error"`` (any case), or a number.
+        format: ``"console"`` or ``"json"``.
+        label: shown in brackets on every console line (``worker 2``).
+        stream: where to write; standard error by default.
+
+    Returns:
+        the handler installed.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` for an unknown format or level.
+    """
+    global _installed, _format, _worker
+    if format not in LOG_FORMATS:
+        raise ConfigError("log_format", f"must be one of {', '.join(LOG_FORMATS)}, got {format!r}")
+    if isinstance(level, str):
+        number = logging.getLevelName(level.upper())
+        if not isinstance(number, int):
+            raise ConfigError("log_level", f"unknown level {level!r}")
+        level = number
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    handler.addFilter(LogContextFilter())
+    handler.setFormatter(JsonLogFormatter() if format == "json" else ConsoleLogFormatter(label))
+    root = logging.getLogger()
+    if _installed is not None:
+        root.removeHandler(_installed)
+    root.addHandler(handler)
+    root.setLevel(level)
+    _installed, _format, _worker = handler, format, worker_name()
+    # streamkit's Redis layer reports what an operator should see about connections
+    # itself, once and with the URL masked (streamkit.redis: a connection lost, and
+    # re-established). coredis's own records would repeat those, or describe its
+    # internals (script reloads, optimistic transaction conflicts); it retries
+    # nothing, so none of them hides a command sent twice.
+    logging.getLogger("coredis").setLevel(logging.CRITICAL)
+    return handler
+
+
+def current_format() -> LogFormat:
+    """The format :func:`configure_logging` set last (``"console"`` before any call)."""
+    return _format
+
+
+def line_for_signal_handler(message: str, *, logger: str, level: str = "WARNING") -> bytes:
+    """``message`` as one line of the format :func:`configure_logging` set, for a
+    signal handler to write with ``os.write`` (the logging module takes locks that
+    the interrupted code may hold). Without context fields: a signal handler runs
+    in whatever context was current."""
+    if _format == "json":
+        record: dict[str, Any] = {
+            "time": _iso_time(datetime.now(UTC).timestamp()),
+            "level": level,
+            "logger": logger,
+            "message": message,
+            "worker": _worker,
+        }
+        return orjson.dumps(record) + b"\n"
+    return f"{message}\n".encode()
