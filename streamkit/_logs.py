@@ -15,7 +15,6 @@ traceback is a string field, never extra lines).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 import os
@@ -31,7 +30,8 @@ from pythonjsonlogger.orjson import OrjsonFormatter
 from ._errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Mapping
+    from contextlib import AbstractContextManager
 
 __all__ = [
     "CONTEXT_FIELDS",
@@ -63,8 +63,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@contextlib.contextmanager
-def log_context(**fields: object) -> Iterator[None]:
+def log_context(**fields: object) -> AbstractContextManager[None]:
     """Add ``fields`` to every record logged inside the block, by this task and by the
     tasks (and ``trio.to_thread`` threads) it starts meanwhile.
 
@@ -78,11 +77,23 @@ def log_context(**fields: object) -> Iterator[None]:
         with streamkit.log_context(shard=3):
             log.info("starting")  # a JSON line with "shard": 3
     """
-    token = _context.set({**_context.get(), **fields})
-    try:
-        yield
-    finally:
-        _context.reset(token)
+    return _LogContext(fields)
+
+
+class _LogContext:
+    """What :func:`log_context` returns: a class, as it is entered once per job, and
+    half as costly as a generator-based context manager."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, fields: Mapping[str, object]) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._token = _context.set({**_context.get(), **self._fields})
+
+    def __exit__(self, *exc_info: object) -> None:
+        _context.reset(self._token)
 
 
 class LogContextFilter(logging.Filter):

@@ -344,3 +344,17 @@ async def test_a_json_workers_error_is_a_json_line(
     [record] = worker_records(worker)
     assert (record["level"], record["logger"]) == ("ERROR", "streamkit.cli")
     assert "unknown processor 'nope' (known: handle)" in record["message"]
+
+
+async def test_a_json_workers_crash_is_a_json_line_with_its_traceback(
+    redis_url: str, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    worker = start_worker(
+        redis_url, tmp_path, app="tests.apps.crashing:app", args=("--log-format", "json")
+    )
+    workers.append(worker)
+    assert await worker.wait_exit(within=20) == 1, worker.log()
+    records = worker_records(worker)
+    [crash] = [r for r in records if mentions(r, "a bug in a background task")]
+    assert (crash["level"], crash["logger"]) == ("CRITICAL", "streamkit.cli")
+    assert 'tests/apps/crashing.py", line' in crash["traceback"]
