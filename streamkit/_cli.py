@@ -258,6 +258,7 @@ def logging_options(function: Any) -> Any:
         default="console",
         show_default=True,
         envvar="STREAMKIT_LOG_FORMAT",
+        show_envvar=True,
         help="How log records are written (on standard error): readable lines, or one "
         "JSON object per line with worker, processor, partition and member fields.",
     )(function)
@@ -267,6 +268,7 @@ def logging_options(function: Any) -> Any:
         default="info",
         show_default=True,
         envvar="STREAMKIT_LOG_LEVEL",
+        show_envvar=True,
         help="Least severe log messages to show (on standard error).",
     )(function)
 

@@ -374,7 +374,12 @@ class Rebalancer:
 
     def _abandon(self, slot: _Slot, reason: str) -> None:
         slot.leaving = reason
-        log.info("partition %d %s before its lock was acquired; no longer waiting", slot.partition, reason, extra={"partition": slot.partition})  # fmt: skip
+        log.info(
+            "partition %d %s before its lock was acquired; no longer waiting",
+            slot.partition,
+            reason,
+            extra={"partition": slot.partition},
+        )
         slot.scope.cancel(f"partition {slot.partition} {reason} before its lock was acquired")
 
     def _apply(self, plan: RebalancePlan, reason: str) -> None:

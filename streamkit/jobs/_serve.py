@@ -494,7 +494,7 @@ class JobWorker:
             )
             self._finish(current, "retry", error, delay)
         else:
-            retries = "" if retryable else ", not retried (not in retry_on)"
+            unretried = "" if retryable else ", not retried (not in retry_on)"
             log.error(
                 "job %s (%s) failed on try %d of %d (%s)%s; it is dead",
                 current.id,
@@ -502,7 +502,7 @@ class JobWorker:
                 tries,
                 max_tries,
                 why,
-                retries,
+                unretried,
                 exc_info=exc,
             )
             self._finish(current, "dead", error, 0)
