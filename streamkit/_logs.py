@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
 __all__ = [
-    "CONTEXT_FIELDS",
     "LOG_FORMATS",
     "ConsoleLogFormatter",
     "JsonLogFormatter",
@@ -49,9 +48,6 @@ __all__ = [
 
 LogFormat = Literal["console", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("console", "json")
-
-#: The context fields streamkit sets: JSON keys, and attributes of the records.
-CONTEXT_FIELDS = ("worker", "processor", "partition", "member", "queue", "job", "job_id")
 
 _context: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
     "streamkit_log_context", default=MappingProxyType({})
