@@ -38,7 +38,15 @@ from ._deadletters import (
     replay_dead_letters,
 )
 from ._errors import ConfigError, EncodeError, MetadataMismatch, StreamkitError
-from ._fleet import NO_RATES, counts_by_name, counts_json, fleet_json, job_json, take_snapshot
+from ._fleet import (
+    NO_RATES,
+    counts_by_name,
+    counts_json,
+    fleet_json,
+    job_history,
+    job_json,
+    take_snapshot,
+)
 from ._fleet_view import ago, jobs_table, jobs_title, members_table, status_table
 from ._groups import leaves
 from ._keys import validate_name
@@ -1113,6 +1121,10 @@ def relative(moment: datetime | None, now: datetime) -> str:
     return f"{stamp} (in {ago(now, moment).removesuffix(' ago')})"
 
 
+def iso_ms(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="milliseconds") if moment is not None else None
+
+
 def status_text(status: JobStatus) -> str:
     gloss = STATUS_GLOSSES.get(status)
     return f"{status.value} ({gloss})" if gloss else status.value
@@ -1271,9 +1283,13 @@ async def jobs_show(
     if info.lost:
         rows.append(("lost", f"its worker died while running it {info.lost} time(s)"))
     rows.append(("error", error_text(info)))
+    kept = f" (only the last of its {info.tries} tries is kept)" if info.tries > 1 else ""
+    rows.append(("history", f"oldest first{kept}"))
     click.echo(f"job {info.id} of queue {info.queue}")
     for label, value in rows:
         click.echo(f"  {label:<9} {value}")
+    for at, what in job_history(info):
+        click.echo(f"    {iso_ms(at) or '-':<29} {what}")
     if info.error is not None and info.error.traceback:
         click.echo("  traceback of the last failed try:")
         for line in info.error.traceback.rstrip().splitlines():

@@ -40,6 +40,7 @@ __all__ = [
     "fleet_json",
     "fleet_rates",
     "fleet_samples",
+    "job_history",
     "job_json",
     "partition_worker",
     "take_snapshot",
@@ -184,9 +185,7 @@ def fleet_rates(before: FleetSnapshot | None, after: FleetSnapshot) -> FleetRate
     return FleetRates(seconds=seconds, partitions=partitions, processors=processors, jobs=jobs)
 
 
-async def take_snapshot(
-    app: App, *, clock: Callable[[], float] = time.monotonic
-) -> FleetSnapshot:
+async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic) -> FleetSnapshot:
     """Read what the status view shows of ``app`` (inside ``async with app:``).
 
     The processors and the job queue are read at the same time, each in a few
@@ -328,12 +327,44 @@ def iso(moment: datetime | None, timespec: str = "seconds") -> str | None:
     return moment.isoformat(timespec=timespec) if moment is not None else None
 
 
+def job_history(info: JobInfo) -> list[tuple[datetime | None, str]]:
+    """A job's life so far, oldest first, from what its record keeps (pure).
+
+    The record keeps the times of the enqueue, of the last try's start and of the
+    end, and the last error: the history of a job tried more than once shows its last
+    try only (the earlier ones are counted in ``tries``). A retry's failure has no
+    time of its own (``None``).
+    """
+    events: list[tuple[datetime | None, str]] = []
+    if info.enqueued_at is not None:
+        events.append((info.enqueued_at, f"enqueued ({info.priority} priority)"))
+    if info.due_at is not None:
+        events.append((info.due_at, "due (delayed until then)"))
+    if info.started_at is not None:
+        where = f" on {info.worker}" if info.worker else ""
+        events.append((info.started_at, f"try {info.tries} of {info.max_tries} started{where}"))
+    error = f": {info.error.type}: {info.error.message}" if info.error is not None else ""
+    if info.finished_at is not None:
+        ended = error if info.status is not JobStatus.SUCCESS else ""
+        events.append((info.finished_at, f"ended {info.status.value}{ended}"))
+    elif info.status is JobStatus.RETRY:
+        events.append((None, f"try {info.tries} failed{error}; waiting for the next try"))
+    timed = sorted(
+        [(at, what) for at, what in events if at is not None], key=lambda event: event[0]
+    )
+    return [*timed, *((at, what) for at, what in events if at is None)]
+
+
 def job_json(info: JobInfo) -> dict[str, Any]:
-    """What a queue knows of one job, as JSON (``jobs show --json``, ``/api/jobs/ID``)."""
+    """What a queue knows of one job, as JSON (``jobs show --json``, ``/api/jobs/ID``),
+    with its history (see :func:`job_history`)."""
     data = attrs.asdict(info)
     for field in ("enqueued_at", "due_at", "started_at", "finished_at", "expires_at"):
         data[field] = iso(data[field], "milliseconds")
     data["status"] = info.status.value
+    data["history"] = [
+        {"at": iso(at, "milliseconds"), "text": what} for at, what in job_history(info)
+    ]
     return data
 
 

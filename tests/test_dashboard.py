@@ -12,14 +12,14 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import orjson
 import pytest
 import trio
 
-from streamkit.testing import free_port, wait_until
+from streamkit.testing import wait_until
 from tests.apps import fleet
 from tests.test_cli import ROOT, streamkit
 from tests.workers import start_worker
@@ -68,7 +68,9 @@ async def running(
 ) -> AsyncIterator[Fleet]:
     """A worker that processed a backlog of clicks and runs one long job (it runs one
     at a time) while others wait: 5 normal, 2 low, 1 scheduled; and the dashboard."""
-    monkeypatch.setattr(fleet.app, "settings", attrs.evolve(fleet.app.settings, redis_url=redis_url))
+    monkeypatch.setattr(
+        fleet.app, "settings", attrs.evolve(fleet.app.settings, redis_url=redis_url)
+    )
     async with fleet.app:
         await fleet.clicks.send_many(fleet.Click(user=f"u{n % 50}", n=n) for n in range(CLICKS))
         held = await fleet.hold.enqueue(60, priority="high")
@@ -150,6 +152,10 @@ async def test_api_jobs_and_read_only_routes(running: Fleet) -> None:
     assert job["status"] == "executing"
     assert job["tries"] == 1
     assert job["worker"]
+    assert [event["text"] for event in job["history"]] == [
+        "enqueued (high priority)",
+        f"try 1 of 4 started on {job['worker']}",
+    ]
 
     status, missing = await get_json(f"{running.url}/api/jobs/no-such-job")
     assert status == 404
@@ -185,7 +191,6 @@ def browse(url: str, screenshot: Path) -> dict[str, Any]:
     the job depths; save a screenshot. Return what the page shows."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
@@ -204,30 +209,33 @@ def browse(url: str, screenshot: Path) -> dict[str, Any]:
     try:
         driver.get(url)
 
-        def rendered(_: object) -> bool:
-            rows = driver.find_elements(By.CSS_SELECTOR, "#partitions-count tr[data-partition]")
-            running = driver.find_elements(By.CSS_SELECTOR, "[data-count=running] b")
-            return len(rows) == 4 and bool(running) and running[0].text == "1"
+        def shown_when_rendered(_: object) -> dict[str, Any] | Literal[False]:
+            # Read the page in one script: it redraws itself every second, so elements
+            # found one call earlier may be gone.
+            shown: dict[str, Any] = driver.execute_script(READ_PAGE)
+            running = shown["depths"].get("running")
+            return shown if len(shown["partitions"]) == 4 and running == "1" else False
 
-        WebDriverWait(driver, 30, poll_frequency=0.2).until(rendered)
-        rows = driver.find_elements(By.CSS_SELECTOR, "#partitions-count tr[data-partition]")
-        shown = {
-            "partitions": [
-                [cell.text for cell in row.find_elements(By.TAG_NAME, "td")] for row in rows
-            ],
-            "depths": {
-                box.get_attribute("data-count"): box.find_element(By.TAG_NAME, "b").text
-                for box in driver.find_elements(By.CSS_SELECTOR, "#jobs [data-count]")
-            },
-            "text": driver.find_element(By.TAG_NAME, "body").text,
-            "viewport": driver.execute_script(
-                "return [innerWidth * devicePixelRatio, innerHeight * devicePixelRatio]"
-            ),
-        }
+        shown: dict[str, Any] = WebDriverWait(driver, 30, poll_frequency=0.2).until(
+            shown_when_rendered
+        )
         driver.save_screenshot(str(screenshot))
         return shown
     finally:
         driver.quit()
+
+
+#: What the page shows: the cells of the partitions table, the job depths, the text.
+READ_PAGE = """
+const rows = [...document.querySelectorAll("#partitions-count tr[data-partition]")];
+const boxes = [...document.querySelectorAll("#jobs [data-count]")];
+return {
+  partitions: rows.map((row) => [...row.cells].map((cell) => cell.textContent)),
+  depths: Object.fromEntries(boxes.map((b) => [b.dataset.count, b.querySelector("b").textContent])),
+  text: document.body.innerText,
+  viewport: [innerWidth * devicePixelRatio, innerHeight * devicePixelRatio],
+};
+"""
 
 
 async def test_the_page_in_a_real_browser(running: Fleet, tmp_path: Path) -> None:

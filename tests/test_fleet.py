@@ -18,11 +18,12 @@ from streamkit._fleet import (
     QueueSnapshot,
     fleet_json,
     fleet_rates,
+    job_history,
     take_snapshot,
 )
 from streamkit._fleet_view import compact, fit_rows, fleet_view, pick_rows
 from streamkit._halts import HaltRecord
-from streamkit.jobs import QueueCounts
+from streamkit.jobs import JobErrorInfo, JobInfo, JobStatus, QueueCounts
 from tests.apps import fleet
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
@@ -241,3 +242,47 @@ async def test_a_snapshot_of_a_real_app(redis_url: str, monkeypatch: pytest.Monk
     assert taken.jobs.counts.queued == {"high": 1, "normal": 2, "low": 0}
     assert taken.jobs.counts.scheduled == 1
     assert taken.jobs.declared == ("hold", "tally", "fail")
+
+
+def job(**changes: object) -> JobInfo:
+    fields: dict[str, object] = {
+        "id": "j1",
+        "queue": "fleet",
+        "name": "tally",
+        "status": JobStatus.DEAD,
+        "args": (1,),
+        "kwargs": {},
+        "priority": "normal",
+        "tries": 2,
+        "max_tries": 2,
+        "enqueued_at": NOW,
+        "due_at": None,
+        "started_at": NOW + timedelta(seconds=5),
+        "finished_at": NOW + timedelta(seconds=6),
+        "expires_at": None,
+        "worker": "web-1-4242",
+        "error": JobErrorInfo("ValueError", "bad"),
+        "progress": None,
+        "progress_message": None,
+        "lost": 0,
+    }
+    return JobInfo(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_a_jobs_history_from_its_record() -> None:
+    assert job_history(job()) == [
+        (NOW, "enqueued (normal priority)"),
+        (NOW + timedelta(seconds=5), "try 2 of 2 started on web-1-4242"),
+        (NOW + timedelta(seconds=6), "ended dead: ValueError: bad"),
+    ]
+    retrying = job(status=JobStatus.RETRY, tries=1, finished_at=None, due_at=NOW)
+    assert job_history(retrying) == [
+        (NOW, "enqueued (normal priority)"),
+        (NOW, "due (delayed until then)"),
+        (NOW + timedelta(seconds=5), "try 1 of 2 started on web-1-4242"),
+        (None, "try 1 failed: ValueError: bad; waiting for the next try"),
+    ]
+    done = job(status=JobStatus.SUCCESS, error=None)
+    assert job_history(done)[-1] == (NOW + timedelta(seconds=6), "ended success")
+    queued = job(status=JobStatus.SENT, tries=0, started_at=None, finished_at=None, error=None)
+    assert job_history(queued) == [(NOW, "enqueued (normal priority)")]
