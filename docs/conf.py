@@ -24,7 +24,8 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_fence_as_directive = ["mermaid"]
 myst_heading_anchors = 3
-exclude_patterns = ["_build"]
+# _observability_view.md: a section of observability.md, kept apart until it is merged in.
+exclude_patterns = ["_build", "_observability_view.md"]
 
 html_theme = "furo"
 html_title = "streamkit"

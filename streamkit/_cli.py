@@ -582,10 +582,9 @@ def processor_names(app: App, given: str | None) -> list[str] | None:
 async def status(
     app_path: str, redis_url: str | None, as_json: bool, watch: bool, interval: float
 ) -> None:
-    """Show each processor's workers and partitions: who, lag, pending, last event,
-    and the app's job queue.
+    """Show each processor's workers and partitions: who, lag, pending, last event.
 
-    A worker is named host:pid, plus its member id if it is a static member. The
+    Then the app's job queue, if it declares jobs. A worker is named host:pid, plus its member id if it is a static member. The
     table fits the terminal; --json prints everything, for scripts. --watch keeps
     the view up to date, with each partition's rate (events/s).
     """
