@@ -238,13 +238,18 @@ return {
 """
 
 
-async def test_the_page_in_a_real_browser(running: Fleet, tmp_path: Path) -> None:
+async def test_the_page_in_a_real_browser(
+    running: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
         pytest.fail(
             f"{CHROMIUM} and {CHROMEDRIVER} are needed (Debian's chromium and "
             f"chromium-driver): run ./dev test, whose set-up installs them"
         )
     assert shutil.which("chromedriver") in (CHROMEDRIVER, None)
+    # Selenium Manager is not needed (both paths are given); were it ever asked, it
+    # must not try to download a browser or a driver.
+    monkeypatch.setenv("SE_OFFLINE", "true")
     await wait_settled(running.url)
     screenshot = tmp_path / "dashboard.png"
     with trio.fail_after(90):
