@@ -1282,8 +1282,7 @@ async def jobs_show(
     if info.lost:
         rows.append(("lost", f"its worker died while running it {info.lost} time(s)"))
     rows.append(("error", error_text(info)))
-    kept = f" (only the last of its {info.tries} tries is kept)" if info.tries > 1 else ""
-    rows.append(("history", f"oldest first{kept}"))
+    rows.append(("history", "oldest first"))
     click.echo(f"job {info.id} of queue {info.queue}")
     for label, value in rows:
         click.echo(f"  {label:<9} {value}")

@@ -21,7 +21,7 @@ from ._errors import StreamkitError
 from ._groups import meaningful_leaf
 from ._periodic import next_tick
 from ._urls import mask_url
-from .jobs import JobInfo, JobStatus, QueueCounts
+from .jobs import JobInfo, JobStatus, JobTry, QueueCounts
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Iterable
@@ -327,28 +327,49 @@ def iso(moment: datetime | None, timespec: str = "seconds") -> str | None:
     return moment.isoformat(timespec=timespec) if moment is not None else None
 
 
-def job_history(info: JobInfo) -> list[tuple[datetime | None, str]]:
-    """A job's life so far, oldest first, from what its record keeps (pure).
+#: How a try ended, as a job's history says it.
+TRY_OUTCOMES = {
+    "success": "succeeded",
+    "retry": "failed; tried again",
+    "dead": "failed; no try left",
+    "aborted": "aborted",
+    "released": "put back when its worker stopped (not spent)",
+    "lost": "lost: its worker died",
+}
 
-    The record keeps the times of the enqueue, of the last try's start and of the
-    end, and the last error: the history of a job tried more than once shows its last
-    try only (the earlier ones are counted in ``tries``). A retry's failure has no
-    time of its own (``None``).
+
+def job_history(info: JobInfo) -> list[tuple[datetime | None, str]]:
+    """A job's life so far, oldest first (pure): enqueued, due, each try's start
+    and end (from :attr:`~streamkit.jobs.JobInfo.history`), and how it ended.
+
+    A record written before tries were kept has no history of tries: its last try
+    is told from the record's times. An event without a time has ``None``.
     """
     events: list[tuple[datetime | None, str]] = []
     if info.enqueued_at is not None:
         events.append((info.enqueued_at, f"enqueued ({info.priority} priority)"))
     if info.due_at is not None:
         events.append((info.due_at, "due (delayed until then)"))
-    if info.started_at is not None:
-        where = f" on {info.worker}" if info.worker else ""
-        events.append((info.started_at, f"try {info.tries} of {info.max_tries} started{where}"))
+    tries = info.history
+    if not tries and info.started_at is not None:
+        tries = (JobTry(number=info.tries, started_at=info.started_at, worker=info.worker),)
+    for attempt in tries:
+        of = f"try {attempt.number} of {info.max_tries}"
+        if attempt.started_at is not None:
+            where = f" on {attempt.worker}" if attempt.worker else ""
+            events.append((attempt.started_at, f"{of} started{where}"))
+        if attempt.outcome is not None:
+            how = TRY_OUTCOMES.get(attempt.outcome, attempt.outcome)
+            error = f" ({attempt.error_type})" if attempt.error_type else ""
+            events.append((attempt.ended_at, f"{of} {how}{error}"))
     error = f": {info.error.type}: {info.error.message}" if info.error is not None else ""
     if info.finished_at is not None:
         ended = error if info.status is not JobStatus.SUCCESS else ""
         events.append((info.finished_at, f"ended {info.status.value}{ended}"))
-    elif info.status is JobStatus.RETRY:
+    elif info.status is JobStatus.RETRY and not info.history:
         events.append((None, f"try {info.tries} failed{error}; waiting for the next try"))
+    elif info.status is JobStatus.RETRY:
+        events.append((None, f"waiting for try {info.tries + 1}{error}"))
     timed = sorted(
         [(at, what) for at, what in events if at is not None], key=lambda event: event[0]
     )
@@ -356,13 +377,21 @@ def job_history(info: JobInfo) -> list[tuple[datetime | None, str]]:
 
 
 def job_json(info: JobInfo) -> dict[str, Any]:
-    """What a queue knows of one job, as JSON (``jobs show --json``, ``/api/jobs/ID``),
-    with its history (see :func:`job_history`)."""
+    """What a queue knows of one job, as JSON (``jobs show --json``, ``/api/jobs/ID``):
+    its tries (``history``) and, in words, its ``timeline`` (see :func:`job_history`)."""
     data = attrs.asdict(info)
     for field in ("enqueued_at", "due_at", "started_at", "finished_at", "expires_at"):
         data[field] = iso(data[field], "milliseconds")
     data["status"] = info.status.value
     data["history"] = [
+        {
+            **attrs.asdict(attempt),
+            "started_at": iso(attempt.started_at, "milliseconds"),
+            "ended_at": iso(attempt.ended_at, "milliseconds"),
+        }
+        for attempt in info.history
+    ]
+    data["timeline"] = [
         {"at": iso(at, "milliseconds"), "text": what} for at, what in job_history(info)
     ]
     return data

@@ -152,7 +152,7 @@ async def test_api_jobs_and_read_only_routes(running: Fleet) -> None:
     assert job["status"] == "executing"
     assert job["tries"] == 1
     assert job["worker"]
-    assert [event["text"] for event in job["history"]] == [
+    assert [event["text"] for event in job["timeline"]] == [
         "enqueued (high priority)",
         f"try 1 of 4 started on {job['worker']}",
     ]

@@ -23,7 +23,8 @@ from streamkit._fleet import (
 )
 from streamkit._fleet_view import compact, fit_rows, fleet_view, pick_rows
 from streamkit._halts import HaltRecord
-from streamkit.jobs import JobErrorInfo, JobInfo, JobStatus, QueueCounts
+from streamkit.jobs import JobErrorInfo, JobInfo, JobStatus, JobTry, QueueCounts
+from streamkit.jobs._handle import decode_history
 from tests.apps import fleet
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
@@ -270,6 +271,7 @@ def job(**changes: object) -> JobInfo:
 
 
 def test_a_jobs_history_from_its_record() -> None:
+    # A record without kept tries (written before they were kept): its last try.
     assert job_history(job()) == [
         (NOW, "enqueued (normal priority)"),
         (NOW + timedelta(seconds=5), "try 2 of 2 started on web-1-4242"),
@@ -286,3 +288,62 @@ def test_a_jobs_history_from_its_record() -> None:
     assert job_history(done)[-1] == (NOW + timedelta(seconds=6), "ended success")
     queued = job(status=JobStatus.SENT, tries=0, started_at=None, finished_at=None, error=None)
     assert job_history(queued) == [(NOW, "enqueued (normal priority)")]
+
+
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def test_a_jobs_history_from_its_kept_tries() -> None:
+    ms = int(NOW.timestamp() * 1000)
+    hist = (
+        f"s,1,{ms + 1000},web-1\n"
+        f"e,1,{ms + 1500},lost\n"
+        f"s,2,{ms + 7000},web-2\n"
+        f"e,2,{ms + 7200},released\n"
+        f"s,2,{ms + 8000},web-2\n"
+        f"e,2,{ms + 8100},retry,ValueError\n"
+        f"s,3,{ms + 9000},web-3\n"
+        f"e,3,{ms + 9100},dead,KeyError\n"
+    ).encode()
+    tries = decode_history(hist)
+    assert tries == (
+        JobTry(number=1, started_at=at(1), worker="web-1", ended_at=at(1.5), outcome="lost"),
+        JobTry(number=2, started_at=at(7), worker="web-2", ended_at=at(7.2), outcome="released"),
+        JobTry(
+            number=2,
+            started_at=at(8),
+            worker="web-2",
+            ended_at=at(8.1),
+            outcome="retry",
+            error_type="ValueError",
+        ),
+        JobTry(
+            number=3,
+            started_at=at(9),
+            worker="web-3",
+            ended_at=at(9.1),
+            outcome="dead",
+            error_type="KeyError",
+        ),
+    )
+    # Cut by the size limit: an end whose start is gone; a running try.
+    assert decode_history(f"e,4,{ms},retry,X\ns,5,{ms},w\n".encode()) == (
+        JobTry(
+            number=4, started_at=None, worker=None, ended_at=NOW, outcome="retry", error_type="X"
+        ),
+        JobTry(number=5, started_at=NOW, worker="w"),
+    )
+    info = job(tries=3, max_tries=3, finished_at=at(9.1), history=tries, error=None)
+    assert [what for _, what in job_history(info)] == [
+        "enqueued (normal priority)",
+        "try 1 of 3 started on web-1",
+        "try 1 of 3 lost: its worker died",
+        "try 2 of 3 started on web-2",
+        "try 2 of 3 put back when its worker stopped (not spent)",
+        "try 2 of 3 started on web-2",
+        "try 2 of 3 failed; tried again (ValueError)",
+        "try 3 of 3 started on web-3",
+        "try 3 of 3 failed; no try left (KeyError)",
+        "ended dead",
+    ]
