@@ -24,8 +24,8 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_fence_as_directive = ["mermaid"]
 myst_heading_anchors = 3
-# _observability_logs.md: a section of observability.md, kept apart until it is pasted in.
-exclude_patterns = ["_build", "_observability_logs.md"]
+# Sections of observability.md, kept apart until they are pasted in.
+exclude_patterns = ["_build", "_observability_logs.md", "_observability_view.md"]
 
 html_theme = "furo"
 html_title = "streamkit"

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from ._errors import ConfigError, StreamkitError
-from ._halts import HaltRecord, clear_halt, read_halt
-from ._locks import open_lock_manager
+from ._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
+from ._locks import _parse_value, lock_key
 from ._membership_admin import read_membership, reset_membership
 from ._redis import LuaScript, redis_errors
 from ._wire import text
 
 if TYPE_CHECKING:
     from ._app import App, Processor
+    from ._membership_admin import MembershipSnapshot
     from ._streams import Stream
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "member_name",
     "member_statuses",
     "processor_status",
+    "read_processor",
     "reset_positions",
     "resume_partitions",
 ]
@@ -54,6 +56,9 @@ class PartitionStatus:
         last_event_at: when the newest entry was added, or ``None`` if empty.
         halted: why and since when the processor is halted on the partition (see
             ``streamkit resume``), or ``None``.
+        entries_read: how many entries the processor's group has been delivered
+            in all (Redis's ``entries-read`` counter, which trimming leaves alone;
+            ``None`` if unknown): two readings give the processing rate.
     """
 
     partition: int
@@ -64,6 +69,7 @@ class PartitionStatus:
     pending: int
     last_event_at: datetime | None
     halted: HaltRecord | None = None
+    entries_read: int | None = None
 
 
 def _entry_time(entry_id: bytes | str) -> datetime | None:
@@ -80,50 +86,70 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
     """
+    _, partitions = await read_processor(app, processor)
+    return partitions
+
+
+async def read_processor(
+    app: App, processor: Processor
+) -> tuple[list[MemberStatus], list[PartitionStatus]]:
+    """``processor``'s members and partitions, in three pipelined round trips.
+
+    One read of the membership (state and heartbeats), one pipeline for every
+    partition's length, newest entry, lease and halt record, one for the consumer
+    groups of the partitions that exist. On a Redis Cluster a pipeline is sent per
+    node (each partition has a slot of its own).
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
     redis = app.redis
-    stream = processor.stream
     snapshot = await read_membership(redis, processor.group)
     assignment = snapshot.assignment if snapshot is not None else None
-    # A processor with no worker yet has no group: all of a partition is lag.
-    keys = stream.partition_keys()
-    # One pipeline for all partitions (on a Redis Cluster it is sent per node: each
-    # partition's stream has a slot of its own), then one for the consumer groups of
-    # the partitions that exist.
+    keys = processor.stream.partition_keys()
+    locks = [lock_key(processor.keys.lock_name(p)) for p in range(len(keys))]
+    halts = [halt_key(processor.keys, p) for p in range(len(keys))]
     with redis_errors():
         async with redis.pipeline(transaction=False) as pipe:
-            requests = [
-                (pipe.exists([key]), pipe.xlen(key), pipe.xrevrange(key, count=1)) for key in keys
-            ]
-        replies = [(await exists, await length, await last) for exists, length, last in requests]
-        existing = [key for key, (exists, _, _) in zip(keys, replies, strict=True) if exists]
+            exists_requests = [pipe.exists([key]) for key in keys]
+            length_requests = [pipe.xlen(key) for key in keys]
+            last_requests = [pipe.xrevrange(key, count=1) for key in keys]
+            lease_requests = [pipe.get(key) for key in locks]
+            halt_requests = [pipe.hgetall(key) for key in halts]
+        exists = [await request for request in exists_requests]
+        lengths = [await request for request in length_requests]
+        lasts = [await request for request in last_requests]
+        leases = [await request for request in lease_requests]
+        halt_fields = [await request for request in halt_requests]
+        # A processor with no worker yet has no group: all of a partition is lag.
+        existing = [key for key, found in zip(keys, exists, strict=True) if found]
         async with redis.pipeline(transaction=False) as pipe:
             group_requests = {key: pipe.xinfo_groups(key) for key in existing}
         groups_of = {key: await request for key, request in group_requests.items()}
     statuses = []
-    async with open_lock_manager(redis) as locks:
-        for partition, key in enumerate(keys):
-            holder = await locks.holder(processor.keys.lock_name(partition))
-            _, length, last = replies[partition]
-            groups = groups_of.get(key, ())
-            info: dict[str, Any] = {}
-            for group in groups:
-                fields = {text(k): v for k, v in group.items()}
-                if text(fields.get("name")) == processor.group:
-                    info = fields
-            lag = info.get("lag", length) if info else length
-            statuses.append(
-                PartitionStatus(
-                    partition=partition,
-                    assigned_to=assignment.owner(partition) if assignment is not None else None,
-                    owner=holder.owner if holder is not None else None,
-                    length=length,
-                    lag=None if lag is None else int(lag),
-                    pending=int(info.get("pending", 0)),
-                    last_event_at=_entry_time(last[0].identifier) if last else None,
-                    halted=await read_halt(redis, processor.keys, partition),
-                )
+    for partition, key in enumerate(keys):
+        length, last, lease = lengths[partition], lasts[partition], leases[partition]
+        info: dict[str, Any] = {}
+        for group in groups_of.get(key, ()):
+            fields = {text(k): v for k, v in group.items()}
+            if text(fields.get("name")) == processor.group:
+                info = fields
+        lag = info.get("lag", length) if info else length
+        read = info.get("entries-read") if info else 0
+        statuses.append(
+            PartitionStatus(
+                partition=partition,
+                assigned_to=assignment.owner(partition) if assignment is not None else None,
+                owner=_parse_value(lease)[0] if lease is not None else None,
+                length=length,
+                lag=None if lag is None else int(lag),
+                pending=int(info.get("pending", 0)),
+                last_event_at=_entry_time(last[0].identifier) if last else None,
+                halted=decode_halt(partition, halt_fields[partition]),
+                entries_read=None if read is None else int(read),
             )
-    return statuses
+        )
+    return _members(snapshot), statuses
 
 
 @attrs.frozen(kw_only=True)
@@ -172,7 +198,10 @@ async def member_statuses(app: App, processor: Processor) -> list[MemberStatus]:
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
     """
-    snapshot = await read_membership(app.redis, processor.group)
+    return _members(await read_membership(app.redis, processor.group))
+
+
+def _members(snapshot: MembershipSnapshot | None) -> list[MemberStatus]:
     if snapshot is None:
         return []
     return [

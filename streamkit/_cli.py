@@ -25,13 +25,8 @@ from rich.text import Text
 
 from . import _logs
 from ._admin import (
-    MemberStatus,
-    PartitionStatus,
     delete_stream_keys,
-    lease_owner_name,
     live_members,
-    member_statuses,
-    processor_status,
     reset_positions,
     resume_partitions,
 )
@@ -44,6 +39,16 @@ from ._deadletters import (
     replay_dead_letters,
 )
 from ._errors import ConfigError, EncodeError, MetadataMismatch, StreamkitError
+from ._fleet import (
+    NO_RATES,
+    counts_by_name,
+    counts_json,
+    fleet_json,
+    job_history,
+    job_json,
+    take_snapshot,
+)
+from ._fleet_view import ago, jobs_table, jobs_title, members_table, status_table
 from ._groups import leaves
 from ._keys import validate_name
 from ._redis import open_redis
@@ -57,9 +62,10 @@ from .jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
 
 if TYPE_CHECKING:
     import types
-    from collections.abc import AsyncIterator, Iterable, Sequence
+    from collections.abc import AsyncIterator, Sequence
 
     from ._app import Processor
+    from ._fleet import ProcessorSnapshot
     from ._logs import LogFormat
     from .jobs import JobInfo, QueueCounts
 
@@ -592,43 +598,70 @@ def processor_names(app: App, given: str | None) -> list[str] | None:
 @click.argument("app_path", metavar="MODULE:APP")
 @redis_url_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
-async def status(app_path: str, redis_url: str | None, as_json: bool) -> None:
+@click.option(
+    "--watch",
+    "-w",
+    is_flag=True,
+    help="Refresh every --interval seconds until Ctrl-C: in place on a terminal, "
+    "one snapshot after another otherwise (one JSON document per line with --json).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --watch: seconds between refreshes.",
+)
+async def status(
+    app_path: str, redis_url: str | None, as_json: bool, watch: bool, interval: float
+) -> None:
     """Show each processor's workers and partitions: who, lag, pending, last event.
 
-    A worker is named host:pid, plus its member id if it is a static member. The
-    table fits the terminal; --json prints everything, for scripts.
+    Then the app's job queue, if it declares jobs. A worker is named host:pid, plus its member id if it is a static member. The
+    table fits the terminal; --json prints everything, for scripts. --watch keeps
+    the view up to date, with each partition's rate (events/s).
     """
+    ctx = click.get_current_context()
+    if not watch and ctx.get_parameter_source("interval") is not ParameterSource.DEFAULT:
+        fail("--interval goes with --watch", 2)
     app = load_app(app_path, redis_url)
-    url = mask_url(app.settings.redis_url)
-    report: list[tuple[Processor, list[MemberStatus], list[PartitionStatus]]] = []
+    if watch:
+        from ._watch import watch_status
+
+        try:
+            await watch_status(app, interval=interval, as_json=as_json)
+        except StreamkitError as exc:
+            fail(str(exc))
+        return
     try:
         async with app:
-            for processor in app.processors.values():
-                members = await member_statuses(app, processor)
-                rows = await processor_status(app, processor)
-                report.append((processor, members, rows))
+            snapshot = await take_snapshot(app)
     except StreamkitError as exc:
         fail(str(exc))
     if as_json:
-        click.echo(orjson.dumps(status_json(app, url, report), option=orjson.OPT_INDENT_2))
+        click.echo(orjson.dumps(fleet_json(snapshot), option=orjson.OPT_INDENT_2))
         return
     console = Console(highlight=False)
-    console.print(f"app {app.name}, Redis at {url}", soft_wrap=True)
-    if not report:
+    console.print(f"app {app.name}, Redis at {snapshot.redis_url}", soft_wrap=True)
+    if not snapshot.processors:
         console.print(f"app {app.name} has no processors")
     now = datetime.now(UTC)
-    for processor, members, rows in report:
+    for processor in snapshot.processors:
         console.print()
-        console.print(members_table(processor, members, now))
-        console.print(status_table(processor, members, rows, now))
-        print_halted(console, app_path, processor, rows)
+        console.print(members_table(processor, now))
+        console.print(status_table(processor, now))
+        print_halted(console, app_path, processor)
+    if snapshot.jobs is not None:
+        console.print()
+        console.print(jobs_title(snapshot.jobs, NO_RATES))
+        names = list(counts_by_name(snapshot.jobs.counts, snapshot.jobs.declared))
+        console.print(jobs_table(snapshot.jobs, names, console.width))
 
 
-def print_halted(
-    console: Console, app_path: str, processor: Processor, rows: list[PartitionStatus]
-) -> None:
+def print_halted(console: Console, app_path: str, processor: ProcessorSnapshot) -> None:
     """One entry per partition the processor is halted on, with the command to resume."""
-    for row in rows:
+    for row in processor.partitions:
         if row.halted is not None:
             console.print(
                 f"[bold red]partition {row.partition} halted[/]: "
@@ -646,128 +679,50 @@ def print_halted(
             )
 
 
-def worker_names(members: list[MemberStatus]) -> dict[str, str]:
-    """Member id, and lease owner ``host:pid``, -> the name shown for that worker."""
-    names = {m.id: m.name for m in members}
-    names.update({f"{m.host}:{m.pid}": m.name for m in members if m.host})
-    return names
+@cli.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@redis_url_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    required=True,
+    help="The port to listen on (0: any free port; the URL is printed).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between readings of Redis (however many pages are open).",
+)
+async def dashboard(
+    app_path: str, redis_url: str | None, host: str, port: int, interval: float
+) -> None:
+    """Serve a read-only web dashboard of an app: its processors' partitions, workers,
+    lag and throughput (with a chart), and its job queue.
 
+    The page reads /api/status (the same JSON as `streamkit status --json`, with
+    rates) every second; /api/jobs/ID shows a job. Needs the dashboard extra:
+    pip install 'streamkit[dashboard]'. Ctrl-C stops it.
+    """
+    app = load_app(app_path, redis_url)
+    try:
+        import hypercorn  # noqa: F401
+    except ImportError:
+        fail("the dashboard needs hypercorn: pip install 'streamkit[dashboard]'", 2)
+    from ._dashboard import run_dashboard
 
-def partition_worker(row: PartitionStatus, names: dict[str, str]) -> str:
-    """Who processes a partition: the lease holder, and where it moves if it does."""
-    holder = (
-        names.get(lease_owner_name(row.owner), lease_owner_name(row.owner)) if row.owner else None
-    )
-    assigned = names.get(row.assigned_to, row.assigned_to) if row.assigned_to else None
-    if holder and assigned and holder != assigned:
-        return f"{holder} → {assigned}"
-    if holder:
-        return holder
-    if assigned:
-        return f"waits for {assigned}"
-    return "-"
+    def serving(url: str) -> None:
+        click.echo(f"serving the dashboard of app {app.name} on {url} (Ctrl-C stops)")
 
-
-def ago(moment: datetime | None, now: datetime) -> str:
-    """``5s ago``, ``3m ago``, ``2h ago``, ``4d ago``: short enough for a narrow table."""
-    if moment is None:
-        return "-"
-    seconds = max(0, int((now - moment).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def members_table(processor: Processor, members: list[MemberStatus], now: datetime) -> Table:
-    table = Table(
-        title=f"processor {processor.name} (stream {processor.stream.name}): workers",
-        title_justify="left",
-    )
-    table.add_column("worker", overflow="fold", ratio=3)
-    table.add_column("state", overflow="fold", ratio=2)
-    table.add_column("joined", no_wrap=True)
-    for m in members:
-        if m.alive:
-            state = "alive"
-        elif m.static:
-            state = "dead (static: its partitions wait for it)"
-        else:
-            state = "dead (not reaped yet)"
-        table.add_row(m.name, state, ago(m.joined_at, now))
-    if not members:
-        table.add_row("-", "no worker has run it", "-")
-    return table
-
-
-def status_table(
-    processor: Processor, members: list[MemberStatus], rows: list[PartitionStatus], now: datetime
-) -> Table:
-    names = worker_names(members)
-    table = Table(
-        title=f"processor {processor.name} (stream {processor.stream.name}): partitions",
-        title_justify="left",
-    )
-    table.add_column("partition", justify="right", no_wrap=True)
-    table.add_column("worker", overflow="fold", ratio=1)
-    for column in ("entries", "lag", "pending"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("last event", no_wrap=True)
-    for row in rows:
-        table.add_row(
-            str(row.partition),
-            partition_worker(row, names),
-            f"{row.length:,}",
-            "?" if row.lag is None else f"{row.lag:,}",
-            f"{row.pending:,}",
-            ago(row.last_event_at, now),
-        )
-    return table
-
-
-def status_json(
-    app: App,
-    url: str,
-    report: list[tuple[Processor, list[MemberStatus], list[PartitionStatus]]],
-) -> dict[str, Any]:
-    processors = []
-    for processor, members, rows in report:
-        names = worker_names(members)
-        processors.append(
-            {
-                "processor": processor.name,
-                "stream": processor.stream.name,
-                "workers": [{**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in members],
-                "partitions": [
-                    {
-                        "partition": row.partition,
-                        "worker": names.get(lease_owner_name(row.owner)) if row.owner else None,
-                        "lease_owner": row.owner,
-                        "assigned_to": names.get(row.assigned_to) if row.assigned_to else None,
-                        "assigned_member_id": row.assigned_to,
-                        "entries": row.length,
-                        "lag": row.lag,
-                        "pending": row.pending,
-                        "last_event_at": iso(row.last_event_at),
-                        "halted": None
-                        if row.halted is None
-                        else {
-                            "error_type": row.halted.error_type,
-                            "error": row.halted.error,
-                            "entry_ids": list(row.halted.entry_ids),
-                            "since": iso(row.halted.since),
-                            "worker": row.halted.worker,
-                        },
-                    }
-                    for row in rows
-                ],
-            }
-        )
-    return {"app": app.name, "redis_url": url, "processors": processors}
-
-
-def iso(moment: datetime | None) -> str | None:
-    return moment.isoformat(timespec="seconds") if moment is not None else None
+    try:
+        await run_dashboard(app, host=host, port=port, interval=interval, on_serving=serving)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    except StreamkitError as exc:
+        fail(str(exc))
 
 
 @cli.command()
@@ -1073,20 +1028,6 @@ async def deadletters_purge(
 
 # ---------------------------------------------------------------------------- jobs
 
-#: A job status -> the name of its count in ``streamkit jobs info`` (as in QueueCounts).
-COUNT_NAMES: dict[JobStatus, str] = {
-    JobStatus.SENT: "queued",
-    JobStatus.SCHEDULED: "scheduled",
-    JobStatus.WAITING: "waiting",
-    JobStatus.EXECUTING: "running",
-    JobStatus.RETRY: "retrying",
-    JobStatus.DEAD: "dead",
-    JobStatus.SUCCESS: "succeeded",
-    JobStatus.ABORTED: "aborted",
-    JobStatus.EXPIRED: "expired",
-}
-
-
 #: What each job status means, as ``streamkit jobs show`` says it.
 STATUS_GLOSSES: dict[JobStatus, str] = {
     JobStatus.SCHEDULED: "delayed until it is due",
@@ -1217,14 +1158,6 @@ def iso_ms(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="milliseconds") if moment is not None else None
 
 
-def job_json(info: JobInfo) -> dict[str, Any]:
-    data = attrs.asdict(info)
-    for field in ("enqueued_at", "due_at", "started_at", "finished_at", "expires_at"):
-        data[field] = iso_ms(data[field])
-    data["status"] = info.status.value
-    return data
-
-
 def status_text(status: JobStatus) -> str:
     gloss = STATUS_GLOSSES.get(status)
     return f"{status.value} ({gloss})" if gloss else status.value
@@ -1243,16 +1176,6 @@ def error_text(info: JobInfo) -> str:
     return f"{info.error.type}: {info.error.message}" if info.error.message else info.error.type
 
 
-def counts_by_name(counts: QueueCounts, declared: Iterable[str]) -> dict[str, dict[str, int]]:
-    """Job name -> count name -> jobs, every count present; declared jobs included."""
-    names = sorted({*counts.by_name, *declared})
-    result: dict[str, dict[str, int]] = {}
-    for name in names:
-        per_status = counts.by_name.get(name, {})
-        result[name] = {count: per_status.get(status, 0) for status, count in COUNT_NAMES.items()}
-    return result
-
-
 def info_json(target: QueueTarget, counts: QueueCounts) -> dict[str, Any]:
     declared = target.app.jobs if target.app is not None else ()
     return {
@@ -1260,18 +1183,7 @@ def info_json(target: QueueTarget, counts: QueueCounts) -> dict[str, Any]:
         "app": target.app.name if target.app is not None else None,
         "shards": target.shards,
         "redis_url": mask_url(target.settings.redis_url),
-        "counts": {
-            "queued": counts.queued,
-            "scheduled": counts.scheduled,
-            "waiting": counts.waiting,
-            "running": counts.running,
-            "retrying": counts.retrying,
-            "dead": counts.dead,
-            "succeeded": counts.succeeded,
-            "aborted": counts.aborted,
-            "expired": counts.expired,
-            "pending": counts.pending,
-        },
+        "counts": counts_json(counts),
         "by_name": counts_by_name(counts, declared),
     }
 
@@ -1404,9 +1316,12 @@ async def jobs_show(
     if info.lost:
         rows.append(("lost", f"its worker died while running it {info.lost} time(s)"))
     rows.append(("error", error_text(info)))
+    rows.append(("history", "oldest first"))
     click.echo(f"job {info.id} of queue {info.queue}")
     for label, value in rows:
         click.echo(f"  {label:<9} {value}")
+    for at, what in job_history(info):
+        click.echo(f"    {iso_ms(at) or '-':<29} {what}")
     if info.error is not None and info.error.traceback:
         click.echo("  traceback of the last failed try:")
         for line in info.error.traceback.rstrip().splitlines():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -25,6 +25,8 @@ from ._redis import redis_errors
 from ._wire import text
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._errors import ProcessorHalted
     from ._redis import Redis
     from ._spec import ProcessorKeys
@@ -33,6 +35,7 @@ __all__ = [
     "HALT_POLL_INTERVAL",
     "HaltRecord",
     "clear_halt",
+    "decode_halt",
     "halt_key",
     "read_halt",
     "wait_resumed",
@@ -114,6 +117,11 @@ async def read_halt(redis: Redis, keys: ProcessorKeys, partition: int) -> HaltRe
     """The processor's halt record on ``partition``, or ``None`` if it is not halted."""
     with redis_errors():
         raw = await redis.hgetall(halt_key(keys, partition))
+    return decode_halt(partition, raw)
+
+
+def decode_halt(partition: int, raw: Mapping[Any, Any]) -> HaltRecord | None:
+    """The halt record in the fields of a halt key (``HGETALL``), or ``None`` if empty."""
     if not raw:
         return None
     fields = {text(k): text(v) for k, v in raw.items()}

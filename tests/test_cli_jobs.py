@@ -449,3 +449,31 @@ async def test_a_bad_job_id_is_one_line_never_a_traceback(redis_url: str) -> Non
         "empty --id": (2, ["dlq", "purge", APP, "--id", "", "--yes"], "--id: a job id is not"),
     }
     await run_cases(redis_url, cases)
+
+
+async def test_show_a_jobs_history_try_by_try(app: App, redis_url: str) -> None:
+    queue = app.job_queue
+    with trio.fail_after(30):
+        handle = await jobbing.flaky.delay(7)  # fails every try; one retry
+
+        async def dead() -> bool:
+            return await handle.status() is JobStatus.DEAD
+
+        await run_until(queue, "the flaky job dead", dead)
+        text = await streamkit("jobs", "show", APP, handle.id, redis_url=redis_url)
+        as_json = await streamkit("jobs", "show", APP, handle.id, "--json", redis_url=redis_url)
+    assert as_json.code == 0, as_json.err
+    info = orjson.loads(as_json.out)
+    worker = info["worker"]
+    assert [try_["outcome"] for try_ in info["history"]] == ["retry", "dead"]
+    assert [event["text"] for event in info["timeline"]] == [
+        "enqueued (normal priority)",
+        f"try 1 of 2 started on {worker}",
+        "try 1 of 2 failed; tried again (RuntimeError)",
+        f"try 2 of 2 started on {worker}",
+        "try 2 of 2 failed; no try left (RuntimeError)",
+        "ended dead: RuntimeError: flaky 7",
+    ]
+    assert text.code == 0, text.err
+    assert "  history   oldest first\n" in text.out
+    assert "failed; tried again (RuntimeError)" in text.out

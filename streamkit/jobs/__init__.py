@@ -19,6 +19,7 @@ from ._model import (
     JobInfo as JobInfo,
     JobOptions as JobOptions,
     JobStatus as JobStatus,
+    JobTry as JobTry,
     Priority as Priority,
     Schedule as Schedule,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "JobOptions",
     "JobQueue",
     "JobStatus",
+    "JobTry",
     "JobWorker",
     "Priority",
     "QueueCounts",

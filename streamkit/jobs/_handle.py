@@ -21,6 +21,7 @@ from ._model import (
     JobOptions,
     JobRef,
     JobStatus,
+    JobTry,
     Priority,
     Schedule,
     When,
@@ -48,6 +49,39 @@ def _error(value: bytes | None) -> JobErrorInfo | None:
         return None
     data = orjson.loads(value)
     return JobErrorInfo(data.get("type", "?"), data.get("message", ""), data.get("traceback", ""))
+
+
+def decode_history(value: bytes | None) -> tuple[JobTry, ...]:
+    """The tries in a job's ``hist`` field (see :mod:`streamkit.jobs._scripts`)."""
+    tries: list[JobTry] = []
+    for line in text(value or b"").splitlines():
+        kind, _, rest = line.partition(",")
+        parts = rest.split(",", 3)
+        try:
+            number, moment = int(parts[0]), _time(parts[1].encode())
+        except (IndexError, ValueError):
+            continue  # a line cut by the size limit, or unknown
+        if kind == "s":
+            worker = parts[2] if len(parts) > 2 else None
+            tries.append(JobTry(number=number, started_at=moment, worker=worker))
+        elif kind == "e" and len(parts) > 2:
+            outcome, error_type = parts[2], parts[3] if len(parts) > 3 else None
+            if tries and tries[-1].outcome is None and tries[-1].number == number:
+                tries[-1] = attrs.evolve(
+                    tries[-1], ended_at=moment, outcome=outcome, error_type=error_type
+                )
+            else:  # its start was cut off by the size limit
+                tries.append(
+                    JobTry(
+                        number=number,
+                        started_at=None,
+                        worker=None,
+                        ended_at=moment,
+                        outcome=outcome,
+                        error_type=error_type,
+                    )
+                )
+    return tuple(tries)
 
 
 def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
@@ -83,6 +117,7 @@ def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
         progress=fraction,
         progress_message=message,
         lost=int(fields.get(b"lost", b"0")),
+        history=decode_history(fields.get(b"hist")),
     )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "JobOptions",
     "JobRef",
     "JobStatus",
+    "JobTry",
     "Priority",
     "Schedule",
     "dumps",
@@ -119,6 +120,32 @@ class JobErrorInfo:
 
 
 @attrs.frozen(kw_only=True)
+class JobTry:
+    """One try of a job, as the job's record keeps it (see :attr:`JobInfo.history`).
+
+    Attributes:
+        number: which try it was (1 for the first); a try put back without being
+            spent (its worker stopped gracefully) is started again with the same
+            number.
+        started_at: when it started (the Redis server's clock).
+        worker: the worker (consumer) that ran it.
+        ended_at: when it ended, or ``None`` while it runs.
+        outcome: how it ended: ``"success"``, ``"retry"`` (failed, tried again),
+            ``"dead"`` (failed, no try left), ``"aborted"``, ``"released"`` (put back
+            when its worker stopped; not spent), ``"lost"`` (its worker died), or
+            ``None`` while it runs.
+        error_type: the type of the error it failed with, if it failed.
+    """
+
+    number: int
+    started_at: datetime | None
+    worker: str | None
+    ended_at: datetime | None = None
+    outcome: str | None = None
+    error_type: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class JobInfo:
     """What a queue knows of one job (see :meth:`JobHandle.info`).
 
@@ -142,6 +169,8 @@ class JobInfo:
         progress: the fraction its running try reported, from 0 to 1.
         progress_message: the message reported with it.
         lost: times a worker died while running it.
+        history: its tries, oldest first: the newest 2 KB or so of them (about 20
+            tries) are kept in its record.
     """
 
     id: str
@@ -163,6 +192,7 @@ class JobInfo:
     progress: float | None
     progress_message: str | None
     lost: int
+    history: tuple[JobTry, ...] = ()
 
 
 When = timedelta | float | int

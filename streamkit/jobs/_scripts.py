@@ -26,6 +26,9 @@ field          meaning
 ``owner``      the token of the claim running it now (fencing)
 ``lost``       times a worker died while running it (poison detection)
 ``result``     the JSON result; ``error`` the last error, JSON
+``hist``       the tries, a line per start (``s,TRY,MS,WORKER``) and end
+               (``e,TRY,MS,OUTCOME[,ERROR TYPE]``; outcome success, retry, dead,
+               aborted, released, lost), the newest ~2 KB
 ``w``          set when someone waits for the result: finishing then notifies
 =============  =================================================================
 """
@@ -58,6 +61,27 @@ local Q = {KEYS[1], KEYS[2], KEYS[3]}
 local SCHED, DEAD, DONE, COUNTS = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local GROUP = 'workers'
 local FINAL = {success = true, dead = true, aborted = true, expired = true}
+
+-- A job's history (field 'hist'): one line per try's start or end, the newest
+-- HIST_MAX bytes kept. Callers read and write the field with the HMGET/HSET they make
+-- anyway, so the hot path pays no extra call.
+local HIST_MAX = 2048
+local function hist_add(h, line)
+  h = (h or '') .. line .. '\n'
+  if #h > HIST_MAX then
+    local cut = string.find(h, '\n', #h - HIST_MAX, true)
+    if cut then h = string.sub(h, cut + 1) end
+  end
+  return h
+end
+local function hist_end(try, now, outcome, err)
+  local line = 'e,' .. try .. ',' .. now .. ',' .. outcome
+  if err then
+    local kind = string.match(err, '"type":"([^"]*)"')
+    if kind then line = line .. ',' .. kind end
+  end
+  return line
+end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -158,7 +182,8 @@ end
 local function start(out, p, eid, id, consumer, now, lost, max_lost)
   local k = jkey(id)
   local f = redis.call('HMGET', k, 'status', 'name', 'args', 'tries', 'max_tries', 'expires',
-    'owner', 'abort', 'started')
+    'owner', 'abort', 'started', 'hist')
+  local hist = f[10]
   local st, name = f[1], f[2]
   if st == 'executing' and not lost then
     -- taken over by another worker meanwhile (this one was paused after reading it)
@@ -186,7 +211,9 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
   elseif lost and f[7] and f[7] ~= '' then
     -- its worker died while running it: that try is spent
     local n = redis.call('HINCRBY', k, 'lost', 1)
+    hist = hist_add(hist, hist_end(tries, now, 'lost'))
     if tries >= max_tries or n >= max_lost then
+      redis.call('HSET', k, 'hist', hist)
       redis.call('XACK', Q[p], GROUP, eid)
       redis.call('XDEL', Q[p], eid)
       local why
@@ -213,7 +240,8 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
   tries = tries + 1
   local token = consumer .. ':' .. tries
   redis.call('HSET', k, 'status', 'executing', 'owner', token, 'worker', consumer,
-    'started', now, 'tries', tries, 'entry', eid)
+    'started', now, 'tries', tries, 'entry', eid,
+    'hist', hist_add(hist, 's,' .. tries .. ',' .. now .. ',' .. consumer))
   if tries > 1 then redis.call('HDEL', k, 'progress') end
   move(name, st, 'executing')
   table.insert(out, {id, name, f[3], tries, token, p - 1})
@@ -407,7 +435,7 @@ for a = 3, #ARGV, 5 do
     tonumber(ARGV[a + 4])
   local k = jkey(id)
   local f = redis.call('HMGET', k, 'owner', 'name', 'prio', 'entry', 'status', 'w', 'ttl',
-    'dependents', 'worker', 'tries', 'abort')
+    'dependents', 'worker', 'tries', 'abort', 'hist')
   if f[1] ~= token or f[5] ~= 'executing' then
     -- the token is worker:tries: its try was the last one started, and it is over
     if f[9] and f[10] and f[9] .. ':' .. f[10] == token then
@@ -421,10 +449,13 @@ for a = 3, #ARGV, 5 do
       -- aborted while this try ran: no other try
       outcome, data = 'aborted', cjson.encode({type = 'Aborted', message = f[11]})
     end
+    local ended = (outcome == 'release' and 'released') or (outcome == 'ok' and 'success')
+      or outcome
+    local hist = hist_add(f[12], hist_end(f[10], now, ended, outcome ~= 'ok' and data or nil))
     if outcome == 'release' then
       local consumer = string.match(token, '^(.*):%d+$')
       redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
-      redis.call('HSET', k, 'owner', '', 'status', 'sent')
+      redis.call('HSET', k, 'owner', '', 'status', 'sent', 'hist', hist)
       redis.call('HINCRBY', k, 'tries', -1)
       move(name, 'executing', 'sent')
     else
@@ -434,9 +465,10 @@ for a = 3, #ARGV, 5 do
       if outcome == 'ok' then
         -- the hot path, inlined: mark_final and settle with the fields read above
         if number == 1 then
-          redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '', 'result', data)
+          redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '', 'result', data,
+            'hist', hist)
         else
-          redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '')
+          redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '', 'hist', hist)
         end
         move(name, 'executing', 'success')
         if f[6] then redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success') end
@@ -444,14 +476,15 @@ for a = 3, #ARGV, 5 do
         if ttl and ttl > 0 then redis.call('EXPIRE', k, ttl) end
         if f[8] then settle(id, true, now) end
       elseif outcome == 'retry' then
-        redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '')
+        redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
         redis.call('ZADD', SCHED, now + number, id)
         move(name, 'executing', 'retry')
       elseif outcome == 'aborted' then
-        redis.call('HSET', k, 'error', data)
+        redis.call('HSET', k, 'error', data, 'hist', hist)
         mark_final(id, k, name, 'executing', 'aborted', now)
         settle(id, false, now)
       else
+        redis.call('HSET', k, 'hist', hist)
         mark_dead(id, k, name, 'executing', data, now)
         settle(id, false, now)
       end

@@ -1,0 +1,170 @@
+"""``streamkit dashboard``: a read-only web view of an app, served on Trio.
+
+A tiny ASGI application, three routes, all ``GET``:
+
+- ``/``: one HTML page (inline CSS and JavaScript; no CDN, nothing fetched from
+  elsewhere) that polls ``/api/status`` every second and draws the partitions, the
+  workers, the job queue and a rolling throughput and lag chart;
+- ``/api/status``: the latest snapshot, the JSON of ``streamkit status --json`` with
+  rates (see :func:`~streamkit._fleet.fleet_json`), plus ``error`` when the latest
+  reading of Redis failed;
+- ``/api/jobs/ID``: what the queue knows of one job.
+
+One task reads Redis every ``interval`` seconds however many pages are open (pages
+get the latest reading), so the dashboard's load on Redis does not grow with its
+viewers. No framework: three fixed routes do not need one. Nothing in it changes
+anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import trio
+
+from ._errors import JobNotFound, StreamkitError
+from ._fleet import FleetSample, fleet_json, fleet_samples, job_json
+from ._groups import open_service_nursery
+from ._http import serve_asgi
+from ._watch import until_signal
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+
+    from ._app import App
+
+__all__ = ["Dashboard", "run_dashboard"]
+
+log = logging.getLogger("streamkit.dashboard")
+
+_JOB_PREFIX = "/api/jobs/"
+
+
+def _page() -> bytes:
+    return importlib.resources.files("streamkit").joinpath("_dashboard.html").read_bytes()
+
+
+@attrs.define(eq=False)
+class Dashboard:
+    """The dashboard's ASGI application: ``await nursery.start(dashboard.sample, 1.0)``
+    keeps its reading fresh; hand the object to an ASGI server.
+
+    Attributes:
+        app: the app shown (entered: ``async with app``).
+        latest: the newest reading, or ``None`` before the first.
+    """
+
+    app: App
+    latest: FleetSample | None = None
+    _page: bytes = attrs.field(init=False, factory=_page)
+
+    async def sample(self, interval: float, *, task_status: trio.TaskStatus[None]) -> None:
+        """Read the app's status every ``interval`` seconds, until cancelled.
+
+        ``nursery.start`` returns once the first reading is in (failed or not).
+        """
+        started = False
+        async with contextlib.aclosing(fleet_samples(self.app, interval=interval)) as samples:
+            async for sample in samples:
+                self.latest = sample
+                if sample.error is not None:
+                    log.warning("reading the status failed: %s", sample.error)
+                if not started:
+                    task_status.started()
+                    started = True
+
+    def status_json(self) -> dict[str, Any]:
+        """What ``/api/status`` answers."""
+        sample = self.latest
+        if sample is None or sample.snapshot is None:
+            error = sample.error if sample is not None else "no reading yet"
+            return {"app": self.app.name, "error": error, "processors": [], "jobs": None}
+        return {**fleet_json(sample.snapshot, sample.rates), "error": sample.error}
+
+    async def job_json(self, job_id: str) -> tuple[int, dict[str, Any]]:
+        """What ``/api/jobs/ID`` answers: an HTTP status and a JSON body."""
+        if not self.app.jobs:
+            return 404, {"error": f"app {self.app.name} declares no jobs"}
+        if not job_id:
+            return 404, {"error": "no job id"}
+        try:
+            info = await self.app.job_queue.info(job_id)
+        except JobNotFound as exc:
+            return 404, {"error": str(exc)}
+        except StreamkitError as exc:
+            return 503, {"error": str(exc)}
+        return 200, job_json(info)
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if scope["method"] not in ("GET", "HEAD"):
+            status, body, kind = 405, orjson.dumps({"error": "read-only: GET only"}), "json"
+        elif path in ("/", "/index.html"):
+            status, body, kind = 200, self._page, "html"
+        elif path == "/api/status":
+            status, body, kind = 200, orjson.dumps(self.status_json()), "json"
+        elif path.startswith(_JOB_PREFIX):
+            status, data = await self.job_json(path.removeprefix(_JOB_PREFIX))
+            body, kind = orjson.dumps(data), "json"
+        else:
+            status, body, kind = 404, orjson.dumps({"error": f"no page {path}"}), "json"
+        content_type = b"text/html; charset=utf-8" if kind == "html" else b"application/json"
+        headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        if status == 405:
+            headers.append((b"allow", b"GET, HEAD"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send(
+            {
+                "type": "http.response.body",
+                "body": b"" if scope["method"] == "HEAD" else body,
+                "more_body": False,
+            }
+        )
+
+
+async def run_dashboard(
+    app: App,
+    *,
+    host: str,
+    port: int,
+    interval: float = 1.0,
+    on_serving: Callable[[str], object] = lambda url: None,
+) -> None:
+    """Serve ``app``'s dashboard on ``host:port`` until SIGINT or SIGTERM.
+
+    ``on_serving`` gets the URL once the first reading is in and the server accepts
+    connections.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` if the port cannot be bound;
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached at the start.
+    """
+    async with (
+        until_signal(),
+        app,
+        open_service_nursery(reason="the dashboard stopping") as nursery,
+    ):
+        dashboard = Dashboard(app)
+        await nursery.start(dashboard.sample, interval)
+        url: str = await nursery.start(
+            lambda task_status: serve_asgi(
+                dashboard, host=host, port=port, what="the dashboard", task_status=task_status
+            )
+        )
+        on_serving(url)
+        await trio.sleep_forever()

@@ -1,0 +1,284 @@
+"""``streamkit dashboard`` as a real subprocess, against a real worker and Redis: its
+HTTP API, and its page rendered by a real headless Chromium (Debian's ``chromium``
+and ``chromium-driver``, which ``./dev`` installs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import orjson
+import pytest
+import trio
+
+from streamkit.testing import wait_until
+from tests.apps import fleet
+from tests.test_cli import ROOT, streamkit
+from tests.workers import start_worker
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    from tests.workers import WorkerProcess
+
+APP = "tests.apps.fleet:app"
+CLICKS = 1_000
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@attrs.frozen
+class Fleet:
+    """A dashboard's URL, the worker it shows, and a job of the queue."""
+
+    url: str
+    worker: WorkerProcess
+    job_id: str
+
+
+def get(url: str, *, method: str = "GET") -> tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return int(reply.status), bytes(reply.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read()
+
+
+async def get_json(url: str) -> tuple[int, Any]:
+    status, body = await trio.to_thread.run_sync(get, url)
+    return status, orjson.loads(body)
+
+
+@pytest.fixture
+async def running(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: list[WorkerProcess],
+) -> AsyncIterator[Fleet]:
+    """A worker that processed a backlog of clicks and runs one long job (it runs one
+    at a time) while others wait: 5 normal, 2 low, 1 scheduled; and the dashboard."""
+    monkeypatch.setattr(
+        fleet.app, "settings", attrs.evolve(fleet.app.settings, redis_url=redis_url)
+    )
+    async with fleet.app:
+        await fleet.clicks.send_many(fleet.Click(user=f"u{n % 50}", n=n) for n in range(CLICKS))
+        held = await fleet.hold.enqueue(60, priority="high")
+        await fleet.tally.enqueue_many([(n,) for n in range(5)])
+        await fleet.tally.enqueue_many([(n,) for n in range(2)], priority="low")
+        await fleet.tally.enqueue(9, delay=600)
+    worker = start_worker(redis_url, tmp_path, app=APP, env={"STREAMKIT_JOB_CONCURRENCY": "1"})
+    workers.append(worker)
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "streamkit", "dashboard", APP, "--port", "0", "--interval", "0.2"],
+        cwd=ROOT,
+        env={**os.environ, "STREAMKIT_REDIS_URL": redis_url},
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        with trio.fail_after(30):
+            first = b""
+            while b"\n" not in first:
+                first += await process.stdout.receive_some()
+        line = first.decode().splitlines()[0]
+        assert line.startswith("serving the dashboard of app fleet on http://127.0.0.1:"), line
+        url = line.split(" on ", 1)[1].split()[0]
+        yield Fleet(url=url, worker=worker, job_id=held.id)
+        # Ctrl-C stops it cleanly.
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(15):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def settled(doc: dict[str, Any]) -> bool:
+    """The backlog processed, every partition owned, the long job running."""
+    [count] = doc["processors"]
+    return bool(
+        count["lag"] == 0
+        and all(p["worker"] for p in count["partitions"])
+        and doc["jobs"]["counts"]["running"] == 1
+    )
+
+
+async def wait_settled(url: str) -> dict[str, Any]:
+    latest: dict[str, Any] = {}
+
+    async def check() -> bool:
+        nonlocal latest
+        status, latest = await get_json(f"{url}/api/status")
+        assert status == 200
+        return settled(latest)
+
+    await wait_until(check, what="the worker to process the backlog and run a job", within=30)
+    return latest
+
+
+async def test_api_status_shows_the_worker_and_the_job_queue(running: Fleet) -> None:
+    doc = await wait_settled(running.url)
+    assert doc["app"] == "fleet"
+    assert doc["error"] is None
+    [count] = doc["processors"]
+    name = f"{socket.gethostname()}:{running.worker.pid}"
+    assert [p["partition"] for p in count["partitions"]] == [0, 1, 2, 3]
+    assert {p["worker"] for p in count["partitions"]} == {name}
+    assert sum(p["entries"] for p in count["partitions"]) == CLICKS
+    counts = doc["jobs"]["counts"]
+    assert counts["queued"] == {"high": 0, "normal": 5, "low": 2}
+    assert counts["scheduled"] == 1
+    assert counts["running"] == 1
+    assert doc["jobs"]["by_name"]["tally"]["queued"] == 7
+
+
+async def test_api_jobs_and_read_only_routes(running: Fleet) -> None:
+    await wait_settled(running.url)
+    status, job = await get_json(f"{running.url}/api/jobs/{running.job_id}")
+    assert status == 200
+    assert job["name"] == "hold"
+    assert job["status"] == "executing"
+    assert job["tries"] == 1
+    assert job["worker"]
+    assert [event["text"] for event in job["timeline"]] == [
+        "enqueued (high priority)",
+        f"try 1 of 4 started on {job['worker']}",
+    ]
+
+    status, missing = await get_json(f"{running.url}/api/jobs/no-such-job")
+    assert status == 404
+    assert "no-such-job" in missing["error"]
+    status, _ = await trio.to_thread.run_sync(
+        lambda: get(f"{running.url}/api/status", method="POST")
+    )
+    assert status == 405  # read-only
+    status, _ = await trio.to_thread.run_sync(get, f"{running.url}/nothing-here")
+    assert status == 404
+    status, page = await trio.to_thread.run_sync(get, running.url + "/")
+    assert status == 200
+    assert b"<script>" in page
+    # Everything inline: the machine that shows it may be offline.
+    assert b"http://" not in page
+    assert b"https://" not in page
+    assert b" src=" not in page
+
+
+async def test_a_taken_port_is_one_line_and_exit_code_2(redis_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = await streamkit("dashboard", APP, "--port", str(port), redis_url=redis_url)
+    assert result.code == 2
+    assert f"cannot serve the dashboard on 127.0.0.1:{port}" in result.err
+    assert "Traceback" not in result.err
+
+
+def browse(url: str, screenshot: Path) -> dict[str, Any]:
+    """Open the dashboard in headless Chromium; wait until it shows the partitions and
+    the job depths; save a screenshot. Return what the page shows."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    # The system's browser and driver, named explicitly: Selenium Manager must never
+    # try to download either.
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1100",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        driver.get(url)
+
+        def shown_when_rendered(_: object) -> dict[str, Any] | Literal[False]:
+            # Read the page in one script: it redraws itself every second, so elements
+            # found one call earlier may be gone.
+            shown: dict[str, Any] = driver.execute_script(READ_PAGE)
+            running = shown["depths"].get("running")
+            return shown if len(shown["partitions"]) == 4 and running == "1" else False
+
+        shown: dict[str, Any] = WebDriverWait(driver, 30, poll_frequency=0.2).until(
+            shown_when_rendered
+        )
+        driver.save_screenshot(str(screenshot))
+        return shown
+    finally:
+        driver.quit()
+
+
+#: What the page shows: the cells of the partitions table, the job depths, the text.
+READ_PAGE = """
+const rows = [...document.querySelectorAll("#partitions-count tr[data-partition]")];
+const boxes = [...document.querySelectorAll("#jobs [data-count]")];
+return {
+  partitions: rows.map((row) => [...row.cells].map((cell) => cell.textContent)),
+  depths: Object.fromEntries(boxes.map((b) => [b.dataset.count, b.querySelector("b").textContent])),
+  text: document.body.innerText,
+  viewport: [innerWidth * devicePixelRatio, innerHeight * devicePixelRatio],
+};
+"""
+
+
+async def test_the_page_in_a_real_browser(
+    running: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.fail(
+            f"{CHROMIUM} and {CHROMEDRIVER} are needed (Debian's chromium and "
+            f"chromium-driver): run ./dev test, whose set-up installs them"
+        )
+    assert shutil.which("chromedriver") in (CHROMEDRIVER, None)
+    # Selenium Manager is not needed (both paths are given); were it ever asked, it
+    # must not try to download a browser or a driver.
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    await wait_settled(running.url)
+    screenshot = tmp_path / "dashboard.png"
+    with trio.fail_after(90):
+        shown = await trio.to_thread.run_sync(browse, running.url, screenshot)
+
+    name = f"{socket.gethostname()}:{running.worker.pid}"
+    assert [row[0] for row in shown["partitions"]] == ["0", "1", "2", "3"]
+    assert all(row[1] == name for row in shown["partitions"]), shown["partitions"]
+    assert all(row[2] == "0" for row in shown["partitions"])  # no lag left
+    depths = shown["depths"]
+    assert depths["queued-high"] == "0"
+    assert depths["queued-normal"] == "5"
+    assert depths["queued-low"] == "2"
+    assert depths["scheduled"] == "1"
+    assert depths["running"] == "1"
+    assert "Processor count" in shown["text"]
+    assert "queue fleet" in shown["text"]
+
+    from PIL import Image
+
+    with Image.open(screenshot) as image:
+        assert list(image.size) == [round(v) for v in shown["viewport"]]
+        pixels = image.convert("RGB")
+        colors = pixels.getcolors(maxcolors=1 << 20) or []
+        # Not blank: the page's header (dark), cards (white), text and chart colours.
+        assert len(colors) > 50, len(colors)
+        header = pixels.getpixel((5, 5))
+        assert isinstance(header, tuple)
+        assert sum(header[:3]) < 150  # the dark header bar was drawn
+        body = pixels.getpixel((image.width // 2, image.height - 5))
+        assert isinstance(body, tuple)
+        assert sum(body[:3]) > 600  # a light page below it
