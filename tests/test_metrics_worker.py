@@ -103,9 +103,7 @@ async def test_counters_match_the_work_done_and_lag_falls_to_zero(
     poisoned = ORDERS // POISONED_EVERY
     assert done.total("streamkit_events_failed_total", processor="audit") == poisoned
     assert done.total("streamkit_events_failed_total", processor="tally") == 0
-    assert (
-        done.total("streamkit_dead_letters_total", processor="audit", reason="error") == poisoned
-    )
+    assert done.total("streamkit_dead_letters_total", processor="audit", reason="error") == poisoned
     assert done.total("streamkit_dead_letter_stream_length", processor="audit") == poisoned
     # take() is timed per batch, records() per event; every event's latency once.
     assert done.total("streamkit_batch_duration_seconds_count", processor="tally") >= ORDERS / 50
