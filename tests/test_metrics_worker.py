@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from streamkit.testing import free_port, wait_until
-from tests.apps.metered import POISONED_EVERY, TALLIED, make_app, order_list
-from tests.scrape import Scrape, scrape
+from streamkit.metrics._collector import METRICS, sample_names
+from streamkit.testing import free_port
+from tests.apps.metered import POISONED_EVERY, TALLIED
+from tests.metered_run import APP, FAST_METRICS, all_done, backlog, fill, scrape_when
 from tests.workers import start_worker
 
 if TYPE_CHECKING:
@@ -22,58 +23,14 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.timeout(90)
 
-APP = "tests.apps.metered:app"
 ORDERS = 2000
 JOBS = 20
-FAST_METRICS = {"STREAMKIT_METRICS_REFRESH_INTERVAL": "0.2"}
-
-
-async def fill(redis_url: str, orders: int = ORDERS, jobs: int = JOBS) -> None:
-    """Send the backlog and the jobs, before any worker runs."""
-    app, stream = make_app(redis_url=redis_url)
-    async with app:
-        await stream.send_many(order_list(orders))
-        await app.jobs["double"].enqueue_many([(x,) for x in range(jobs)])
-
-
-async def scrape_when(url: str, condition: str, check: object) -> Scrape:
-    """Scrape ``url`` until ``check(scrape)`` holds; return that scrape."""
-    found: list[Scrape] = []
-
-    async def holds() -> bool:
-        try:
-            current = await scrape(url)
-        except OSError:
-            return False  # not listening yet
-        found[:] = [current]
-        return bool(check(current))  # type: ignore[operator]
-
-    await wait_until(holds, what=condition, within=60)
-    return found[0]
-
-
-def backlog(s: Scrape, processor: str) -> float:
-    return s.total("streamkit_partition_lag", processor=processor) + s.total(
-        "streamkit_partition_pending", processor=processor
-    )
-
-
-def all_done(s: Scrape) -> bool:
-    return (
-        s.total("streamkit_events_processed_total", processor="tally") == ORDERS
-        and s.total("streamkit_events_processed_total", processor="audit") == ORDERS
-        and s.total("streamkit_jobs_finished_total", outcome="succeeded") == JOBS
-        and s.by_partition("streamkit_partition_pending", processor="tally")
-        == dict.fromkeys(range(4), 0)
-        and backlog(s, "tally") == 0
-        and backlog(s, "audit") == 0
-    )
 
 
 async def test_counters_match_the_work_done_and_lag_falls_to_zero(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    await fill(redis_url)
+    await fill(redis_url, orders=ORDERS, jobs=JOBS)
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     worker = start_worker(
@@ -93,7 +50,7 @@ async def test_counters_match_the_work_done_and_lag_falls_to_zero(
         range(4)
     )
     # ... and falls to zero as the worker works through it.
-    done = await scrape_when(url, "everything processed, lag zero", all_done)
+    done = await scrape_when(url, "everything processed, lag zero", all_done(ORDERS, JOBS))
 
     # The counters say what the processors did: tally counted its events in Redis.
     assert int(await redis.get(TALLIED) or 0) == ORDERS
@@ -117,8 +74,11 @@ async def test_counters_match_the_work_done_and_lag_falls_to_zero(
     assert done.total("streamkit_job_duration_seconds_count", queue="metered") == JOBS
     assert done.total("streamkit_jobs_in_progress", queue="metered") == 0
     assert done.total("streamkit_redis_reconnects_total") == 0
-    # The process's own metrics come along (prometheus-client's default registry).
+    # The process's own metrics come along (prometheus-client's default registry),
+    # and streamkit's are the documented ones.
     assert "process_cpu_seconds_total" in done.names
+    documented = {name for spec in METRICS for name in sample_names(spec)}
+    assert {n for n in done.names if n.startswith("streamkit_")} == documented
 
     worker.send_signal(signal.SIGTERM)
     assert await worker.wait_exit() == 0, worker.log()
