@@ -98,14 +98,14 @@ class Worker:
     Attributes:
         app: the app it runs.
         executors: one per processor it runs.
+        metrics_url: the URL of its Prometheus metrics endpoint, if it serves one (see
+            the ``metrics_port`` setting and :doc:`observability`).
     """
 
     app: App
     executors: list[Executor] = attrs.field(factory=list)
     #: The worker of the app's job queue, if the app declares jobs.
     jobs: JobWorker | None = None
-    #: The URL of its Prometheus metrics endpoint, if it serves one (see the
-    #: ``metrics_port`` setting).
     metrics_url: str | None = None
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _stopping: bool = attrs.field(default=False)
@@ -186,6 +186,10 @@ async def run_worker(
     seconds (``None``: no watchdog), naming the processor and partition whose
     synchronous code blocks it: while it is blocked, no lease is renewed and no
     heartbeat sent, so the worker's partitions move away.
+
+    With the ``metrics_port`` setting, the worker serves its Prometheus metrics
+    there (:attr:`Worker.metrics_url`; needs the ``metrics`` extra); a port that
+    cannot be bound is a :class:`ConfigError`.
 
     The app's jobs run too, ``concurrency`` at once (``settings.job_concurrency`` by
     default). A graceful stop takes no more jobs and gives the running ones the grace

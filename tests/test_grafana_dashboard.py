@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.timeout(90)
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "streamkit-dashboard.json"
+DASHBOARD = (
+    Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "streamkit-dashboard.json"
+)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 #: Labels Prometheus adds to every scraped series, and the histograms' bucket label.
 SCRAPE_LABELS = {"instance", "job"}
@@ -39,12 +41,12 @@ def load() -> dict[str, Any]:
 
 def queries(dashboard: dict[str, Any]) -> list[str]:
     """Every PromQL expression: the panels' targets and the template variables' queries."""
-    exprs = [
-        target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])
-    ]
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "query":
-            exprs.append(variable["query"]["query"])
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    exprs.extend(
+        variable["query"]["query"]
+        for variable in dashboard["templating"]["list"]
+        if variable["type"] == "query"
+    )
     return exprs
 
 
@@ -81,7 +83,8 @@ def test_the_file_is_a_grafana_dashboard_model() -> None:
         assert panel["title"]
         grid = panel["gridPos"]
         assert all(isinstance(grid[k], int) for k in ("h", "w", "x", "y")), panel["title"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0, panel["title"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
         cells = {
             (x, y)
             for x in range(grid["x"], grid["x"] + grid["w"])
@@ -131,13 +134,17 @@ def check_query(expr: str, scrape: Scrape) -> list[str]:
             continue
         labels = labels_of(scrape, name)
         known |= labels
-        for label in _MATCHER.findall(matchers):
-            if label not in labels | SCRAPE_LABELS:
-                problems.append(f"{name} has no label {label!r}")
+        problems.extend(
+            f"{name} has no label {label!r}"
+            for label in _MATCHER.findall(matchers)
+            if label not in labels | SCRAPE_LABELS
+        )
     for group in _GROUPING.findall(expr):
-        for label in filter(None, (part.strip() for part in group.split(","))):
-            if label not in known:
-                problems.append(f"no metric of {names} has the label {label!r}")
+        problems.extend(
+            f"no metric of {names} has the label {label!r}"
+            for label in filter(None, (part.strip() for part in group.split(",")))
+            if label not in known
+        )
     for name, label in _LABEL_VALUES.findall(expr):
         if label not in labels_of(scrape, name):
             problems.append(f"{name} has no label {label!r}")
