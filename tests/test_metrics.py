@@ -4,6 +4,7 @@ endpoint from the ``metrics_port`` setting, and what happens without the extra."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from streamkit import ConfigError, Settings, run_worker
 from streamkit._cli import metrics_settings
 from streamkit._meter import TIMING
 from streamkit.metrics import open_metrics
+from streamkit.metrics._collector import METRICS
 from streamkit.testing import free_port, wait_until
 from tests.apps.metered import POISONED_EVERY, make_app, order_list
 from tests.scrape import Scrape, parse, scrape
@@ -137,3 +139,21 @@ async def test_without_the_extra_the_worker_refuses_a_metrics_port(redis_url: st
     assert result.returncode == 2, stderr
     assert "metrics_port: streamkit.metrics needs prometheus-client" in stderr
     assert "Traceback" not in stderr
+
+
+def test_every_metric_is_documented_with_its_type_and_labels() -> None:
+    page = (ROOT / "docs" / "observability.md").read_text()
+    rows = {
+        name: (kind, labels)
+        for name, kind, labels in re.findall(
+            r"^\| `(streamkit_\w+)` \| (\w+) \| ([\w, ]*) \|", page, re.MULTILINE
+        )
+    }
+    for spec in METRICS:
+        assert spec.name in rows, f"{spec.name} is not in docs/observability.md"
+        kind, labels = rows[spec.name]
+        assert kind == spec.kind, spec.name
+        assert [label.strip() for label in labels.split(",") if label.strip()] == list(
+            spec.labels
+        ), spec.name
+    assert set(rows) == {spec.name for spec in METRICS}
