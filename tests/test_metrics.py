@@ -146,7 +146,7 @@ def test_every_metric_is_documented_with_its_type_and_labels() -> None:
     rows = {
         name: (kind, labels)
         for name, kind, labels in re.findall(
-            r"^\| `(streamkit_\w+)` \| (\w+) \| ([\w, ]*) \|", page, re.MULTILINE
+            r"^\| `(streamkit_\w+)` \| (\w+) \|([\w, ]*)\|", page, re.MULTILINE
         )
     }
     for spec in METRICS:
