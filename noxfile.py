@@ -61,7 +61,10 @@ BENCHMARK_NOTES = {
         "runnel processes about 3.9k events/s with `records()` and 6k with `take(500)` on "
         "this kind of machine. Where the time goes: "
         "`python tests/benchmarks/bench_consume.py --profile` (cProfile, top 25 by own "
-        "time)."
+        "time). Each round also runs both processors with metrics on: the worker serving "
+        "its Prometheus metrics (`metrics_port`, as `streamkit worker --metrics-port` "
+        "does) to a scraper that reads them every second, side by side with the runs "
+        "without. **Target: metrics on at least 95% of metrics off.**"
     ),
     "bench_latency.py": (
         "A producer process sends small records at a fixed rate, paced drift-free (a "

@@ -24,8 +24,7 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_fence_as_directive = ["mermaid"]
 myst_heading_anchors = 3
-# Sections of observability.md, kept apart until they are pasted in.
-exclude_patterns = ["_build", "_observability_logs.md", "_observability_view.md"]
+exclude_patterns = ["_build"]
 
 html_theme = "furo"
 html_title = "streamkit"

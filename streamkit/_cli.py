@@ -62,7 +62,7 @@ from .jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
 
 if TYPE_CHECKING:
     import types
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Mapping, Sequence
 
     from ._app import Processor
     from ._fleet import ProcessorSnapshot
@@ -475,6 +475,22 @@ async def sendmany(
     metavar="N",
     help="Run N worker processes under a supervisor that restarts those that die.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    metavar="PORT",
+    help=(
+        "Serve Prometheus metrics over HTTP on PORT (default: the metrics_port setting, "
+        "unset). With --processes N, worker i serves on PORT + i. Needs streamkit[metrics]."
+    ),
+)
+@click.option(
+    "--metrics-host",
+    metavar="HOST",
+    default=None,
+    help="Address of the metrics endpoint (default: the metrics_host setting, 127.0.0.1).",
+)
 async def worker(
     app_path: str,
     processors: str | None,
@@ -483,6 +499,8 @@ async def worker(
     log_format: LogFormat,
     concurrency: int | None,
     processes: int,
+    metrics_port: int | None,
+    metrics_host: str | None,
 ) -> None:
     """Run an app's processors, jobs and background tasks.
 
@@ -504,6 +522,7 @@ async def worker(
     if processes > 1:
         await supervise_workers(app, names, processes)
         return
+    app.settings = metrics_settings(app.settings, metrics_port, metrics_host, os.environ)
     log.info("using Redis at %s", mask_url(app.settings.redis_url))
     status = _WorkerStarted()
     try:
@@ -515,16 +534,35 @@ async def worker(
             task_status=status,
         )
     except StreamkitError as exc:
-        fail(with_stream_path(exc, app_path))
+        fail(with_stream_path(exc, app_path), 2 if isinstance(exc, ConfigError) else 1)
     except BaseExceptionGroup as group:
         found = leaves(group)
         if found and all(isinstance(leaf, StreamkitError) for leaf in found):
-            fail(with_stream_path(found[0], app_path))
+            fail(
+                with_stream_path(found[0], app_path), 2 if isinstance(found[0], ConfigError) else 1
+            )
         raise
     # Exit status 0 only for a stop that was asked for (a signal, Worker.stop): a
     # worker that ended on its own must be restarted by its supervisor.
     if status.worker is not None and not status.worker._stopping:
         fail(f"worker of {app.name} stopped without being asked to; see the log above")
+
+
+def metrics_settings(
+    settings: Settings, port: int | None, host: str | None, environ: Mapping[str, str]
+) -> Settings:
+    """``settings`` with the worker's ``--metrics-port`` and ``--metrics-host``; worker
+    ``i`` of ``--processes N`` (``STREAMKIT_WORKER_INDEX``) serves on the port plus ``i``."""
+    changes: dict[str, Any] = {}
+    if host is not None:
+        changes["metrics_host"] = host
+    port = settings.metrics_port if port is None else port
+    index = environ.get(WORKER_INDEX_VARIABLE)
+    if port and index is not None:
+        port += int(index)
+    if port != settings.metrics_port:
+        changes["metrics_port"] = port
+    return attrs.evolve(settings, **changes) if changes else settings
 
 
 async def supervise_workers(app: App, names: list[str] | None, processes: int) -> None:

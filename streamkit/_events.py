@@ -34,6 +34,7 @@ import contextlib
 import logging
 import math
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
@@ -42,6 +43,7 @@ import trio
 from ._errors import ConfigError, DecodeError, LockLost, StreamkitError
 from ._groups import open_service_nursery
 from ._locks import local_deadline
+from ._meter import TIMING
 from ._validate import non_negative_number, positive_int
 from ._wire import field_pairs
 
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     import trio_util
 
     from ._feed import Batch, PartitionFeed
+    from ._meter import PartitionMeter
     from ._spec import ProcessorKeys, StreamSpec
 
 __all__ = ["DivertHook", "Event", "Events", "Middleware", "open_events"]
@@ -198,6 +201,13 @@ class Events(Generic[R]):
         self.keys: ProcessorKeys = feed.keys
         self.acknowledged = 0
         self._feed = feed
+        # A fetcher's feed carries the partition's meter (streamkit.metrics); a feed
+        # of one's own need not.
+        self._meter: PartitionMeter | None = getattr(feed, "meter", None)
+        # When the current batch was loaded, if latencies are timed (else 0), and
+        # whether take() times them per batch of its own instead.
+        self._loaded_at = 0.0
+        self._by_batch = False
         self._decode: _Decoder = feed.stream.codec.entry_decoder(
             stream=feed.stream.name, partition=feed.partition
         )
@@ -419,6 +429,29 @@ class Events(Generic[R]):
         if batch is not None:
             self._batch = None
             self._feed.done(batch)
+            if self._loaded_at:
+                self._time_events()
+
+    def _time_events(self) -> None:
+        """Time the events of the batch just finished (``records()``, ``raw()``)."""
+        began, self._loaded_at = self._loaded_at, 0.0
+        meter = self._meter
+        done = self._pos
+        if meter is None or done == 0 or self._by_batch:
+            return
+        processor = meter.processor
+        processor.event_seconds.observe((time.perf_counter() - began) / done, done)
+        buffer = self._buffer
+        processor.observe_end_to_end(buffer[0]._id, buffer[done - 1]._id, done, time.time())
+
+    def _time_batch(self, batch: list[Event[R]], began: float) -> None:
+        """Time a batch of ``take()`` that the processor has finished."""
+        meter = self._meter
+        if meter is None:
+            return
+        processor = meter.processor
+        processor.batch_seconds.observe(time.perf_counter() - began)
+        processor.observe_end_to_end(batch[0]._id, batch[-1]._id, len(batch), time.time())
 
     def _load(self, batch: Batch) -> None:
         partition = self.partition
@@ -437,6 +470,8 @@ class Events(Generic[R]):
             ]
         self._pos = 0
         self._batch = batch
+        if TIMING.on:
+            self._loaded_at = time.perf_counter()
 
     async def _next_batch(self, deadline: float, *, wake: bool) -> bool:
         """Load the next batch into the buffer; ``False`` if ``deadline`` passed first.
@@ -657,6 +692,7 @@ class _OneByOne(AsyncIterator[T]):
         self._events = events
         self._decode = decode
         self._held = events._feed.held
+        events._by_batch = False
 
     async def __anext__(self) -> T:
         events = self._events
@@ -709,7 +745,7 @@ class _OneByOne(AsyncIterator[T]):
 
 
 class _Batches(AsyncIterator[list[T]]):
-    __slots__ = ("_decode", "_events", "_n", "_stopped", "_within")
+    __slots__ = ("_decode", "_events", "_handed_at", "_n", "_stopped", "_within")
 
     def __init__(self, events: Events[Any], n: int, within: float | None, *, decode: bool) -> None:
         if not (isinstance(n, int) and n >= 1):
@@ -720,10 +756,16 @@ class _Batches(AsyncIterator[list[T]]):
         self._within = math.inf if within is None else within
         self._decode = decode
         self._stopped = False
+        # When the batch in flight was handed out, if latencies are timed (else 0).
+        self._handed_at = 0.0
+        events._by_batch = True
 
     async def __anext__(self) -> list[T]:
         events = self._events
         if events._inflight:
+            if self._handed_at:
+                events._time_batch(events._inflight, self._handed_at)
+                self._handed_at = 0.0
             events.commit()
             if len(events._acks) >= events._ack_batch:
                 events._ack_soon()
@@ -736,6 +778,8 @@ class _Batches(AsyncIterator[list[T]]):
             if batch:
                 events._check_lease()
                 events._inflight = batch
+                if TIMING.on:
+                    self._handed_at = time.perf_counter()
                 return out if self._decode else batch  # type: ignore[return-value]
 
     async def _gather(self) -> tuple[list[Event[Any]], list[Any]]:

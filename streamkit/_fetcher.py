@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
@@ -49,6 +50,7 @@ from ._errors import (
 )
 from ._feed import Batch, FeedEnded
 from ._groups import open_service_nursery
+from ._meter import TIMING, PartitionMeter, ProcessorMeter
 from ._redis import LuaScript, Redis, by_slot, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
@@ -88,6 +90,8 @@ class _Feed:
     held: HeldLease
     _send: trio.MemorySendChannel[Batch]
     _receive: trio.MemoryReceiveChannel[Batch]
+    # The partition's counters (for streamkit.metrics), kept across registrations.
+    meter: PartitionMeter
     # "0" or the last history id read while in history mode; ">" after.
     start: str = "0"
     # The stream's last id when a read found nothing new: XREAD blocks on it.
@@ -185,6 +189,9 @@ class FetcherStatistics:
         history: the partitions still reading pending entries of a previous owner.
         reads: fenced read scripts run so far.
         blocks: blocking ``XREAD`` waits so far.
+        acknowledged: per partition served so far, entries acknowledged in Redis.
+        fenced_out: fenced reads and acknowledgements refused because the lease was
+            no longer this executor's.
     """
 
     partitions: tuple[int, ...]
@@ -193,6 +200,8 @@ class FetcherStatistics:
     history: tuple[int, ...]
     reads: int
     blocks: int
+    acknowledged: dict[int, int] = attrs.field(factory=dict)
+    fenced_out: int = 0
 
 
 @attrs.define(eq=False, repr=False)
@@ -224,6 +233,8 @@ class Fetcher(Generic[R]):
     _block_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _reads: int = attrs.field(default=0, init=False)
     _blocks: int = attrs.field(default=0, init=False)
+    # Counters and latencies, read by streamkit.metrics.
+    _meter: ProcessorMeter = attrs.field(factory=ProcessorMeter, init=False)
 
     @property
     def group(self) -> str:
@@ -279,7 +290,16 @@ class Fetcher(Generic[R]):
         key = self.stream.key(partition)
         await self._create_group(key)
         send, receive = trio.open_memory_channel[Batch](self.prefetch)
-        feed = _Feed(self, partition, key, f"p{partition}", held, send, receive)
+        feed = _Feed(
+            self,
+            partition,
+            key,
+            f"p{partition}",
+            held,
+            send,
+            receive,
+            self._meter.partition(partition),
+        )
         self._feeds[partition] = feed
         self._wake()
         log.debug("serving %s partition %d", self.stream.name, partition)
@@ -424,6 +444,7 @@ class Fetcher(Generic[R]):
         lease = held.lease
         acks = feed.acks_due[:ACK_CHUNK]
         del feed.acks_due[:ACK_CHUNK]
+        began = time.perf_counter() if TIMING.on else 0.0
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 reply: Any = await _READ_SCRIPT(
@@ -463,6 +484,12 @@ class Fetcher(Generic[R]):
             return None
         self._reads += 1
         feed.reads += 1
+        if began:
+            self._meter.fetch_seconds.observe(time.perf_counter() - began)
+        if reply == 0:
+            self._meter.fenced_out += 1
+        elif acks:
+            feed.meter.acknowledged += len(acks)
         if not feed.active:
             # Unregistered meanwhile: what was read stays pending for the next owner.
             return None
@@ -627,12 +654,14 @@ class Fetcher(Generic[R]):
             except trio.TooSlowError as exc:
                 raise RedisUnavailable("redis", "a fenced acknowledgement timed out") from exc
             if acked == -1:
+                self._meter.fenced_out += 1
                 error = LockLost(
                     feed.held.name,
                     "a fenced acknowledgement was refused: the lock is no longer ours",
                 )
                 self._fail(feed, error)
                 raise error
+            feed.meter.acknowledged += int(acked)
 
     # -- inspection --
 
@@ -646,6 +675,8 @@ class Fetcher(Generic[R]):
             history=tuple(sorted(p for p, f in feeds.items() if f.start != ">")),
             reads=self._reads,
             blocks=self._blocks,
+            acknowledged={p: m.acknowledged for p, m in sorted(self._meter.partitions.items())},
+            fenced_out=self._meter.fenced_out,
         )
 
     def __repr__(self) -> str:

@@ -7,12 +7,12 @@ nursery, so the server stops when its task is cancelled, like every other piece.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 import trio
 
 from ._errors import ConfigError
-from ._groups import leaves
 
 if TYPE_CHECKING:
     from hypercorn.typing import (
@@ -49,22 +49,42 @@ async def serve_asgi(
     from hypercorn.trio import serve
 
     config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    # The listening socket is bound here, not by hypercorn, which leaves the socket
+    # of a failed bind to the garbage collector; hypercorn takes over its descriptor.
+    try:
+        sock = await _bound_socket(host, port)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError("port", f"cannot serve {what} on {host}:{port}: {reason}") from exc
+    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("streamkit.http.server")
     config.graceful_timeout = 0.5
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(serve, _with_lifespan(app), config)
+        url = binds[0]
+        log.info("serving %s on %s", what, url)
+        task_status.started(url)
+
+
+async def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, not listening yet.
+
+    Error handling:
+        ``OSError`` when the address cannot be resolved or bound (the socket is closed).
+    """
+    family, kind, proto, _, address = (
+        await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    )[0]
+    sock = socket.socket(family, kind, proto)
     try:
-        async with trio.open_nursery() as nursery:
-            binds: list[str] = await nursery.start(serve, _with_lifespan(app), config)
-            url = binds[0]
-            log.info("serving %s on %s", what, url)
-            task_status.started(url)
-    except BaseException as exc:
-        refused = next((e for e in leaves(exc) if isinstance(e, OSError)), None)
-        if refused is None:
-            raise
-        reason = refused.strerror or str(refused)
-        raise ConfigError("port", f"cannot serve {what} on {host}:{port}: {reason}") from refused
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _with_lifespan(app: ASGIFramework) -> ASGIFramework:

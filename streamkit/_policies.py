@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from ._events import Event, Events, Middleware
     from ._feed import PartitionFeed
+    from ._meter import PartitionMeter
 
 __all__ = ["DEAD_LETTER_FIELDS", "ExceptionPolicy", "run_processor"]
 
@@ -192,6 +193,8 @@ class _Handler:
     group: str
     redis: Redis | None
     dead_letter_key: str
+    # The partition's counters, when the feed has them (see streamkit.metrics).
+    meter: PartitionMeter | None = None
     _failing: tuple[bytes, ...] | None = attrs.field(default=None, init=False)
     _attempts: int = attrs.field(default=0, init=False)
     _delays: Iterator[float] | None = attrs.field(default=None, init=False)
@@ -225,6 +228,8 @@ class _Handler:
         if not failing:
             await self._not_tied_to_events(error)
             return
+        if self.meter is not None:
+            self.meter.failed += len(failing)
         if isinstance(error, DecodeError):
             # Raised by a lazy ``event.record`` in the processor: as undecodable.
             await self._apply(self._diverted_action("undecodable"), failing, error, "undecodable")
@@ -322,6 +327,9 @@ class _Handler:
             raise halted from error
         if action == "dead_letter":
             await self._dead_letter(failing, error, reason, detail, retried)
+            if self.meter is not None:
+                counts = self.meter.dead_lettered
+                counts[reason] = counts.get(reason, 0) + len(failing)
             log.warning(
                 "dead-lettered %s (%s): %s", self._where(failing), reason, what, exc_info=trace
             )
@@ -432,6 +440,7 @@ async def run_processor(
         feed.keys.group,
         redis,
         dead_letter_key or feed.keys.dead_letter_key,
+        getattr(feed, "meter", None),
     )
     async with open_events(
         feed,

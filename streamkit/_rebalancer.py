@@ -218,6 +218,11 @@ class RebalancerStatistics:
         stops: ``run()`` calls ended (returned, cancelled or lost).
         lost: leases lost under a running ``run()``.
         cancelled: ``run()`` calls cancelled for not draining within the grace.
+        rebalances: rebalances completed: changes of the assignment (the first one
+            included), each until every assigned partition runs and every other
+            one is released.
+        rebalance_seconds: the time those rebalances took, in total.
+        rebalancing: whether a rebalance is under way.
     """
 
     assigned: frozenset[int]
@@ -229,6 +234,9 @@ class RebalancerStatistics:
     stops: int
     lost: int
     cancelled: int
+    rebalances: int = 0
+    rebalance_seconds: float = 0.0
+    rebalancing: bool = False
 
 
 @attrs.define(eq=False)
@@ -293,6 +301,12 @@ class Rebalancer:
     _stops: int = attrs.field(init=False, default=0)
     _lost: int = attrs.field(init=False, default=0)
     _cancelled: int = attrs.field(init=False, default=0)
+    # Rebalances: the assignment last planned for, when the one under way began
+    # (None: none is), how many completed and how long they took.
+    _planned: frozenset[int] = attrs.field(init=False, factory=frozenset)
+    _rebalancing_since: float | None = attrs.field(init=False, default=None)
+    _rebalances: int = attrs.field(init=False, default=0)
+    _rebalance_seconds: float = attrs.field(init=False, default=0.0)
 
     # ----------------------------------------------------------------- inspection
 
@@ -311,6 +325,9 @@ class Rebalancer:
             stops=self._stops,
             lost=self._lost,
             cancelled=self._cancelled,
+            rebalances=self._rebalances,
+            rebalance_seconds=self._rebalance_seconds,
+            rebalancing=self._rebalancing_since is not None,
         )
 
     def __repr__(self) -> str:
@@ -335,6 +352,26 @@ class Rebalancer:
         states = {p: slot.state for p, slot in sorted(self._slots.items())}
         if states != self.partition_states.value:
             self.partition_states.value = MappingProxyType(states)
+        if self._rebalancing_since is not None:
+            self._end_rebalance_if_settled()
+
+    def _end_rebalance_if_settled(self) -> None:
+        """Count the rebalance under way as done once every assigned partition runs
+        (or returned on its own) and nothing else is held or waited for."""
+        assert self._rebalancing_since is not None
+        assigned = self.assigned.value
+        slots = self._slots
+        if self._closing:
+            self._rebalancing_since = None
+            return
+        if not assigned <= slots.keys():
+            return
+        for p, slot in slots.items():
+            if slot.state not in ("running", "idle") or p not in assigned:
+                return
+        self._rebalances += 1
+        self._rebalance_seconds += trio.current_time() - self._rebalancing_since
+        self._rebalancing_since = None
 
     def _changed(self) -> None:
         self._publish()
@@ -405,6 +442,10 @@ class Rebalancer:
         while not self._closing:
             seen = self.assigned.value
             version = self._version.value
+            if seen != self._planned:
+                self._planned = seen
+                if self._rebalancing_since is None:
+                    self._rebalancing_since = trio.current_time()
             plan = plan_rebalance(
                 seen,
                 running=self._in("running"),
@@ -416,6 +457,8 @@ class Rebalancer:
             if plan:
                 log.debug("assigned %s: %r", sorted(seen), plan)
                 self._apply(plan, "unassigned")
+            elif self._rebalancing_since is not None:
+                self._end_rebalance_if_settled()
             # Level-triggered waits on values read before planning: no change missed.
             await trio_util.wait_any(
                 lambda seen=seen: self.assigned.wait_value(lambda v: v != seen),

@@ -25,9 +25,16 @@ from ._membership_settings import (
     DEFAULT_SESSION_TIMEOUT,
     DEFAULT_STATIC_GRACE,
 )
+from ._meter import DEFAULT_REFRESH_INTERVAL
 from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._redis import DEFAULT_CONNECT_TIMEOUT, check_redis_url
-from ._validate import non_negative_number, positive_int, positive_number
+from ._validate import (
+    non_negative_number,
+    port_number,
+    positive_finite_number,
+    positive_int,
+    positive_number,
+)
 from ._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
 
 if TYPE_CHECKING:
@@ -55,6 +62,7 @@ _warned: set[str] = set()
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 DEFAULT_PARTITION_COUNT = 16
 DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 def _url(_: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -127,6 +135,18 @@ class Settings:
     job_shards: int = attrs.field(default=1, validator=positive_int)
     #: Worker threads per process for jobs that are plain (not async) functions.
     job_threads: int = attrs.field(default=8, validator=positive_int)
+    #: Serve Prometheus metrics over HTTP on this port while a worker runs (``0``: any
+    #: free port; unset: no endpoint). Needs the ``metrics`` extra. See
+    #: ``streamkit worker --metrics-port``.
+    metrics_port: int | None = attrs.field(default=None, validator=port_number.or_none())
+    #: The address the metrics endpoint listens on: this machine only by default;
+    #: ``0.0.0.0`` to be scraped from elsewhere (in a container, say).
+    metrics_host: str = attrs.field(default=DEFAULT_METRICS_HOST)
+    #: Seconds between two readings of lag, pending and job queue depths from Redis
+    #: for the metrics (the counters are always current).
+    metrics_refresh_interval: float = attrs.field(
+        default=DEFAULT_REFRESH_INTERVAL, validator=positive_finite_number
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

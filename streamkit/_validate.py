@@ -30,6 +30,7 @@ __all__ = [
     "non_negative_int",
     "non_negative_number",
     "one_of",
+    "port_number",
     "positive_finite_number",
     "positive_int",
     "positive_number",
@@ -104,6 +105,10 @@ def _positive_finite_number(value: object) -> bool:
     return is_number(value) and value > 0 and math.isfinite(value)
 
 
+def _port_number(value: object) -> bool:
+    return is_int(value) and 0 <= value <= 65535
+
+
 def _fraction(value: object) -> bool:
     return is_number(value) and 0 <= value <= 1
 
@@ -120,3 +125,5 @@ positive_finite_number = Check(_positive_finite_number, "a finite number > 0")
 non_negative_number = at_least(0)
 #: A number from 0 to 1, both included.
 fraction = Check(_fraction, "a number from 0 to 1")
+#: A TCP port: an int from 0 (any free port) to 65535.
+port_number = Check(_port_number, "a port number from 0 to 65535")

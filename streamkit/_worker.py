@@ -77,6 +77,8 @@ class Executor:
     halted: trio_util.AsyncValue[Mapping[int, HaltRecord]] = attrs.field(
         factory=lambda: trio_util.AsyncValue(MappingProxyType({}))
     )
+    #: The fetcher reading the processor's partitions.
+    fetcher: Fetcher[Any] | None = attrs.field(default=None, repr=False)
 
     def _set_halted(self, partition: int, record: HaltRecord | None) -> None:
         halted = dict(self.halted.value)
@@ -97,12 +99,15 @@ class Worker:
     Attributes:
         app: the app it runs.
         executors: one per processor it runs.
+        metrics_url: the URL of its Prometheus metrics endpoint, if it serves one (see
+            the ``metrics_port`` setting and :doc:`observability`).
     """
 
     app: App
     executors: list[Executor] = attrs.field(factory=list)
     #: The worker of the app's job queue, if the app declares jobs.
     jobs: JobWorker | None = None
+    metrics_url: str | None = None
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _stopping: bool = attrs.field(default=False)
     # Connecting to Redis; cancelled by a signal that arrives before the worker runs.
@@ -184,6 +189,10 @@ async def run_worker(
     synchronous code blocks it: while it is blocked, no lease is renewed and no
     heartbeat sent, so the worker's partitions move away.
 
+    With the ``metrics_port`` setting, the worker serves its Prometheus metrics
+    there (:attr:`Worker.metrics_url`; needs the ``metrics`` extra); a port that
+    cannot be bound is a :class:`ConfigError`.
+
     The app's jobs run too, ``concurrency`` at once (``settings.job_concurrency`` by
     default). A graceful stop takes no more jobs and gives the running ones the grace
     period to end; those still running then are put back on the queue without
@@ -214,6 +223,8 @@ async def run_worker(
                     async with trio.open_nursery() as nursery:
                         worker._nursery = nursery
                         worker._phase = "running"
+                        if app.settings.metrics_port is not None:
+                            worker.metrics_url = await nursery.start(_serve_metrics, worker)
                         for processor in selected:
                             executor: Executor = await nursery.start(
                                 _run_executor, app, processor, locks
@@ -448,9 +459,28 @@ async def _run_executor(
                 lease_ttl=settings.lease_ttl,
                 grace=settings.grace_period,
             ) as rebalancer:
-                executor = Executor(processor, membership, rebalancer)
+                executor = Executor(processor, membership, rebalancer, fetcher=fetcher)
                 task_status.started(executor)
                 await trio.sleep_forever()
+
+
+async def _serve_metrics(
+    worker: Worker, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the worker's Prometheus metrics on the ``metrics_port`` setting."""
+    settings = worker.app.settings
+    assert settings.metrics_port is not None
+    try:
+        from .metrics import serve_metrics
+    except ImportError as exc:
+        raise ConfigError("metrics_port", str(exc)) from None
+    await serve_metrics(
+        worker,
+        host=settings.metrics_host,
+        port=settings.metrics_port,
+        refresh_interval=settings.metrics_refresh_interval,
+        task_status=task_status,
+    )
 
 
 #: The worker's name in halt records and logs: the host and process id.

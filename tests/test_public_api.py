@@ -12,12 +12,13 @@ import pytest
 
 import streamkit
 import streamkit.jobs
+import streamkit.metrics
 
 if TYPE_CHECKING:
     import types
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-NAMESPACES = [streamkit, streamkit.jobs]
+NAMESPACES = [streamkit, streamkit.jobs, streamkit.metrics]
 
 
 def public_names(module: types.ModuleType = streamkit) -> list[str]:
@@ -39,8 +40,9 @@ def test_public_names_report_their_namespace_as_their_module(module: types.Modul
     assert repr(streamkit.jobs.JobFailed) == "<class 'streamkit.jobs.JobFailed'>"
 
 
-def test_jobs_exports_exactly_its_all() -> None:
-    assert sorted(public_names(streamkit.jobs)) == sorted(streamkit.jobs.__all__)
+@pytest.mark.parametrize("module", [streamkit.jobs, streamkit.metrics], ids=lambda m: m.__name__)
+def test_subpackages_export_exactly_their_all(module: types.ModuleType) -> None:
+    assert sorted(public_names(module)) == sorted(module.__all__)
 
 
 @pytest.mark.parametrize("module", NAMESPACES, ids=lambda m: m.__name__)

@@ -576,3 +576,38 @@ async def test_hold_errors_are_not_swallowed(redis: Redis) -> None:
                 lease_ttl=LEASE_TTL,
             ):
                 await trio.sleep_forever()
+
+
+async def test_statistics_count_rebalances_until_every_partition_runs(redis: Redis) -> None:
+    rec = Recorder()
+    assigned = trio_util.AsyncValue(frozenset({0}))
+    async with open_lock_manager(redis) as locks, open_lock_manager(redis) as other:
+        lease = await other.acquire(lock_name(1), ttl=5)
+        with trio.fail_after(WAIT):
+            async with open_rebalancer(
+                assigned, locks, lock_name=lock_name, run=rec.runner("x"), lease_ttl=LEASE_TTL
+            ) as rebalancer:
+                # The first assignment is a rebalance too: done once partition 0 runs.
+                await rebalancer.owned.wait_value(frozenset({0}))
+                stats = rebalancer.statistics()
+                assert (stats.rebalances, stats.rebalancing) == (1, False)
+                first = stats.rebalance_seconds
+                # Partition 1's lock is held elsewhere: the rebalance lasts until it is
+                # acquired and partition 1 runs.
+                assigned.value = frozenset({0, 1})
+                began = trio.current_time()
+                await rebalancer.partition_states.wait_value({0: "running", 1: "acquiring"})
+                assert rebalancer.statistics().rebalancing
+                await trio.sleep(0.2)
+                assert rebalancer.statistics().rebalances == 1
+                await other.release(lease)
+                await rebalancer.owned.wait_value(frozenset({0, 1}))
+                took = trio.current_time() - began
+                stats = rebalancer.statistics()
+                assert (stats.rebalances, stats.rebalancing) == (2, False)
+                assert 0.2 <= stats.rebalance_seconds - first <= took
+                # Handing a partition back: a rebalance until it is released.
+                assigned.value = frozenset({1})
+                await rebalancer.partition_states.wait_value({1: "running"})
+                stats = rebalancer.statistics()
+                assert (stats.rebalances, stats.rebalancing) == (3, False)

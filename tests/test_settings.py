@@ -14,6 +14,7 @@ def test_defaults() -> None:
     settings = Settings.from_env({})
     assert settings.partition_count == 16
     assert settings.max_len is None
+    assert (settings.metrics_port, settings.metrics_host) == (None, "127.0.0.1")
 
 
 def test_component_defaults_are_the_settings_defaults() -> None:
@@ -73,6 +74,9 @@ def test_the_worker_index_variable_is_no_unknown_setting(
         ({}, {"grace_period": float("nan")}, "grace_period"),
         ({}, {"redis_url": "localhost"}, "redis_url"),
         ({}, {"partition_cuont": 3}, "partition_cuont"),
+        ({"STREAMKIT_METRICS_PORT": "65536"}, {}, "STREAMKIT_METRICS_PORT"),
+        ({}, {"metrics_port": -1}, "metrics_port"),
+        ({}, {"metrics_refresh_interval": 0}, "metrics_refresh_interval"),
     ],
 )
 def test_invalid_values_name_the_setting(

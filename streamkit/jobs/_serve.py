@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import socket
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -47,6 +48,7 @@ from .._errors import (
 from .._groups import open_service_nursery
 from .._json_converter import converter
 from .._logs import log_context
+from .._meter import TIMING, JobMeter
 from .._periodic import next_tick
 from .._redis import LuaScript, call_once, retry_idempotent, run_blocking
 from .._wire import text
@@ -75,6 +77,12 @@ RECLAIM_INTERVAL = 0.5
 #: Longest time one blocking read for new jobs waits.
 _BLOCK = 2.0
 
+#: The outcomes of tries counted for streamkit.metrics, by the finish script's name
+#: for them (a try put back at a stop, "release", is not counted).
+_COUNTED_OUTCOMES = {"ok": "succeeded", "retry": "retried", "dead": "dead", "aborted": "aborted"}
+#: The job name counted for jobs of a name this worker does not know.
+UNKNOWN_JOB = "(unknown)"
+
 
 @attrs.define(eq=False)
 class _Try:
@@ -88,6 +96,7 @@ class _Try:
     abort_reason: str | None = None
     taken_over: bool = False
     finished: bool = False
+    started: float = attrs.field(factory=time.perf_counter)
 
 
 _current: contextvars.ContextVar[tuple[JobWorker, _Try]] = contextvars.ContextVar("streamkit_job")
@@ -182,6 +191,8 @@ class JobWorker:
     _outbox_ready: list[trio.Event] = attrs.field(factory=list)
     _send: trio.MemorySendChannel[tuple[int, list[Any]]] | None = None
     _orphans: set[int] = attrs.field(factory=set)
+    # Tries ended, by job and outcome, and their durations (streamkit.metrics).
+    _meter: JobMeter = attrs.field(factory=JobMeter)
 
     def __attrs_post_init__(self) -> None:
         self.free = AsyncValue(self.concurrency)
@@ -371,6 +382,11 @@ class JobWorker:
 
     def _finish(self, current: _Try, outcome: str, data: bytes | str, number: int) -> None:
         current.finished = True
+        counted = _COUNTED_OUTCOMES.get(outcome)
+        if counted is not None:
+            seconds = time.perf_counter() - current.started if TIMING.on else None
+            name = current.job.name if current.job is not None else UNKNOWN_JOB
+            self._meter.count(name, counted, seconds)
         self._outbox[current.shard].append([current.id, current.token, outcome, data, number])
         self._outbox_ready[current.shard].set()
 

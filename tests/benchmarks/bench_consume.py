@@ -19,6 +19,12 @@ figures are printed side by side with their ratios:
 
 Targets: ``records()`` at least 75% and ``take(500)`` at least 90% of bare coredis.
 
+**Metrics on and off**: each round also runs ``records()`` and ``take(500)`` with the
+worker serving its Prometheus metrics (the ``metrics_port`` setting, as
+``streamkit worker --metrics-port`` does) and a scraper reading the endpoint every
+second. Target: metrics on at least 95% of metrics off. Skipped, with a note, when the
+``metrics`` extra is not installed.
+
 ``--profile`` instead runs the ``records()`` and ``take(500)`` loops once each under
 cProfile and prints the top functions by own time (``--profile-top``), and writes the
 raw profiles for snakeviz & co. with ``--profile-dir``.
@@ -27,15 +33,18 @@ raw profiles for snakeviz & co. with ``--profile-dir``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import importlib.util
 import pstats
 import statistics
 import sys
+import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import trio
 
@@ -43,11 +52,15 @@ from streamkit import App, Events, Record, Stream, run_worker
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
 Mode = Literal["records", "take"]
 BATCH = 500
 TARGETS: dict[str, float] = {"records": 0.75, "take": 0.90}
+#: Metrics on must keep at least this share of the throughput with metrics off.
+METRICS_TARGET = 0.95
+#: Seconds between two scrapes of the metrics endpoint while metrics are on.
+SCRAPE_EVERY = 1.0
 
 
 class Tick(Record):
@@ -69,36 +82,42 @@ async def bench_worker(
     partitions: int,
     mode: Mode,
     profiler: cProfile.Profile | None = None,
-) -> tuple[float, float]:
-    """One worker (``run_worker``) with one processor with a trivial body.
+    *,
+    metrics: bool = False,
+) -> WorkerRun:
+    """One worker (``run_worker``) with one processor with a trivial body; with
+    ``metrics``, serving its metrics to a scraper that reads them every second.
 
-    Returns events/s from the first event to the last, and the seconds from starting
-    the worker to its first event (start-up, not counted in the rate).
+    Returns events/s and this process's CPU time per event, both from the first event
+    to the last, and the seconds from starting the worker to its first event
+    (start-up, not counted).
     """
-    app = App(f"bench{time.monotonic_ns()}", redis_url=redis_url)
+    app = App(
+        f"bench{time.monotonic_ns()}", redis_url=redis_url, metrics_port=0 if metrics else None
+    )
     stream = app.stream("ticks", record=Tick, partition_by="symbol", partition_count=partitions)
     done = 0
-    first = last = 0.0
+    first = last = first_cpu = last_cpu = 0.0
     finished = trio.Event()
 
     @app.processor(stream)
     async def process(events: Events[Tick]) -> None:
-        nonlocal done, first, last
+        nonlocal done, first, last, first_cpu, last_cpu
         if mode == "records":
             async for _ in events.records():
                 if not done:
-                    first = time.perf_counter()
+                    first, first_cpu = time.perf_counter(), time.process_time()
                 done += 1
                 if done == n:
-                    last = time.perf_counter()
+                    last, last_cpu = time.perf_counter(), time.process_time()
                     finished.set()
         else:
             async for batch in events.take(BATCH, within=0.01):
                 if not done:
-                    first = time.perf_counter()
+                    first, first_cpu = time.perf_counter(), time.process_time()
                 done += len(batch)
                 if done == n:
-                    last = time.perf_counter()
+                    last, last_cpu = time.perf_counter(), time.process_time()
                     finished.set()
 
     async with app:
@@ -109,13 +128,49 @@ async def bench_worker(
             try:
                 began = time.perf_counter()
                 worker = await nursery.start(run_worker, app)
-                await finished.wait()
+                with _scraping(worker.metrics_url):
+                    await finished.wait()
             finally:
                 if profiler is not None:
                     profiler.disable()
             await worker.stop()
     # The first event's own batch is not timed: count the events after the first.
-    return (n - 1) / (last - first), first - began
+    return WorkerRun((n - 1) / (last - first), (last_cpu - first_cpu) / (n - 1), first - began)
+
+
+class WorkerRun(NamedTuple):
+    """What :func:`bench_worker` measured."""
+
+    rate: float  # events/s
+    cpu: float  # seconds of this process's CPU time per event
+    startup: float  # seconds from the worker's start to its first event
+
+
+@contextlib.contextmanager
+def _scraping(url: str | None) -> Iterator[None]:
+    """Scrape ``url`` every :data:`SCRAPE_EVERY` seconds from a thread, as Prometheus
+    would, while the block runs (nothing without a URL)."""
+    if url is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(SCRAPE_EVERY):
+            with urllib.request.urlopen(url, timeout=10) as response:
+                response.read()
+
+    thread = threading.Thread(target=scrape, name="scraper", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def metrics_available() -> bool:
+    return importlib.util.find_spec("prometheus_client") is not None
 
 
 # --- bare coredis ----------------------------------------------------------------
@@ -244,8 +299,17 @@ async def run(n: int, partitions: int, rounds: int) -> None:
     # Whether coredis itself loaded hiredis (it would parse with it): checked before
     # this script imports hiredis for its own loop.
     coredis_loaded_hiredis = False
-    results: dict[str, list[float]] = {"coredis": [], "hiredis": [], "records": [], "take": []}
+    with_metrics = metrics_available()
+    results: dict[str, list[float]] = {
+        "coredis": [],
+        "hiredis": [],
+        "records": [],
+        "take": [],
+        "records+metrics": [],
+        "take+metrics": [],
+    }
     startups: dict[str, list[float]] = {"records": [], "take": []}
+    cpu: dict[str, list[float]] = {name: [] for name in results}
     with RedisServer() as server:
         async with App("bench", redis_url=server.url) as app:
             for round_ in range(1, rounds + 1):
@@ -258,20 +322,32 @@ async def run(n: int, partitions: int, rounds: int) -> None:
                     await app.redis.flushall()
                     limit = await bench_hiredis(app, server.url, n, partitions)
                     results["hiredis"].append(limit)
-                await app.redis.flushall()
-                records, startup = await bench_worker(server.url, n, partitions, "records")
-                startups["records"].append(startup)
-                await app.redis.flushall()
-                take, startup = await bench_worker(server.url, n, partitions, "take")
-                startups["take"].append(startup)
                 results["coredis"].append(coredis)
-                results["records"].append(records)
-                results["take"].append(take)
+                # Each mode without metrics, then at once with them (if installed): the
+                # two runs of a pair see the same machine.
+                for mode in ("records", "take"):
+                    await app.redis.flushall()
+                    off = await bench_worker(server.url, n, partitions, mode)
+                    startups[mode].append(off.startup)
+                    results[mode].append(off.rate)
+                    cpu[mode].append(off.cpu)
+                    if with_metrics:
+                        await app.redis.flushall()
+                        on = await bench_worker(server.url, n, partitions, mode, metrics=True)
+                        results[f"{mode}+metrics"].append(on.rate)
+                        cpu[f"{mode}+metrics"].append(on.cpu)
+                records, take = results["records"][-1], results["take"][-1]
+                metrics_part = ""
+                if with_metrics:
+                    metrics_part = (
+                        f" | metrics on: records() {results['records+metrics'][-1]:,.0f}/s, "
+                        f"take(500) {results['take+metrics'][-1]:,.0f}/s"
+                    )
                 hiredis_part = f" | hiredis {limit:,.0f}/s" if limit else ""
                 print(
                     f"  round {round_}: coredis {coredis:,.0f}/s{hiredis_part} | records() "
                     f"{records:,.0f}/s ({records / coredis:.0%}) | take(500) {take:,.0f}/s "
-                    f"({take / coredis:.0%})"
+                    f"({take / coredis:.0%}){metrics_part}"
                 )
     best = {name: max(values) for name, values in results.items() if values}
     coredis, limit = best["coredis"], best.get("hiredis")
@@ -301,6 +377,43 @@ async def run(n: int, partitions: int, rounds: int) -> None:
         f"records() {statistics.median(startups['records']) * 1000:.0f} ms, "
         f"take({BATCH}) {statistics.median(startups['take']) * 1000:.0f} ms"
     )
+    if with_metrics:
+        print(
+            f"  metrics on vs off (served, scraped every {SCRAPE_EVERY:g} s), best of "
+            f"{rounds} rounds:"
+        )
+        print(f"  {'':<44}{'off /s':>10}{'on /s':>10}{'on/off':>8}")
+        for mode, label in (("records", "worker, records()"), ("take", f"worker, take({BATCH})")):
+            best_off, best_on = best[mode], best[f"{mode}+metrics"]
+            print(
+                f"  {label:<44}{best_off:>10,.0f}{best_on:>10,.0f}{best_on / best_off:>8.1%}  "
+                f"target >= {METRICS_TARGET:.0%}"
+            )
+        cost = {
+            mode: statistics.median(
+                with_ / without
+                for with_, without in zip(results[f"{mode}+metrics"], results[mode], strict=True)
+            )
+            for mode in ("records", "take")
+        }
+        print(
+            f"  median of per-round ratios on/off: records() {cost['records']:.1%}, "
+            f"take({BATCH}) {cost['take']:.1%}"
+        )
+        # CPU time per event varies far less than wall-clock rates on a shared machine.
+        per_event = {
+            name: statistics.median(values) * 1e6 for name, values in cpu.items() if values
+        }
+        print(
+            "  worker process CPU per event (median): "
+            + ", ".join(
+                f"{label} {per_event[mode]:.2f} us off, {per_event[mode + '+metrics']:.2f} us on "
+                f"({per_event[mode + '+metrics'] / per_event[mode] - 1:+.1%})"
+                for mode, label in (("records", "records()"), ("take", f"take({BATCH})"))
+            )
+        )
+    else:
+        print("  (prometheus-client is not installed: no metrics run; it is the metrics extra)")
     if not with_hiredis:
         print("  (hiredis is not installed: no limit loop; it is in the dev extra)")
     print(
@@ -314,7 +427,7 @@ async def profile(n: int, partitions: int, top: int) -> dict[str, cProfile.Profi
     with RedisServer() as server:
         for mode, label in (("records", "records()"), ("take", f"take({BATCH})")):
             profiler = cProfile.Profile()
-            rate, _ = await bench_worker(server.url, n, partitions, mode, profiler)  # type: ignore[arg-type]
+            rate = (await bench_worker(server.url, n, partitions, mode, profiler)).rate  # type: ignore[arg-type]
             print(
                 f"=== cProfile: worker, {label}, {n:,} events, {partitions} partitions "
                 f"({rate:,.0f} events/s under the profiler), top {top} by tottime"

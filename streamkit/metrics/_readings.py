@@ -1,0 +1,172 @@
+"""Readings from Redis for the metrics that need a round trip: lag and pending per
+owned partition, dead letters waiting, job queue depths.
+
+A background task refreshes them every few seconds (one pipeline per processor) into
+plain values that the collector reads: a scrape never waits for Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .._errors import BackendError, StreamkitError
+from .._periodic import next_tick
+from .._redis import redis_errors
+from .._wire import text
+
+if TYPE_CHECKING:
+    from .._redis import Redis
+    from .._worker import Executor, Worker
+    from ..jobs import QueueCounts
+
+__all__ = ["GroupReading", "Readings", "read_groups"]
+
+log = logging.getLogger("streamkit.metrics")
+
+
+@attrs.frozen
+class GroupReading:
+    """One partition's consumer group, as Redis reported it.
+
+    Attributes:
+        lag: entries not yet delivered to the group (``None``: Redis cannot tell).
+        pending: entries delivered and not yet acknowledged.
+    """
+
+    lag: int | None
+    pending: int
+
+
+def _group_reading(groups: Any, group: str) -> GroupReading | None:
+    for info in groups or ():
+        fields = {text(k): v for k, v in info.items()}
+        if text(fields.get("name", b"")) == group:
+            lag = fields.get("lag")
+            return GroupReading(None if lag is None else int(lag), int(fields.get("pending", 0)))
+    return None
+
+
+async def read_groups(redis: Redis, keys: list[str], group: str) -> list[GroupReading | None]:
+    """``group``'s reading on each stream of ``keys`` (``None`` where it has none).
+
+    One pipeline; if a stream is missing (it makes the pipeline fail), one command per
+    stream instead.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    try:
+        with redis_errors():
+            async with redis.pipeline(transaction=False) as pipe:
+                requests = [pipe.xinfo_groups(key) for key in keys]
+            replies = [await request for request in requests]
+        return [_group_reading(reply, group) for reply in replies]
+    except StreamkitError as exc:
+        if not _is_reply_error(exc):
+            raise
+    readings: list[GroupReading | None] = []
+    for key in keys:
+        try:
+            with redis_errors():
+                reply = await redis.xinfo_groups(key)
+        except StreamkitError as exc:
+            if not _is_reply_error(exc):
+                raise
+            reply = None
+        readings.append(_group_reading(reply, group))
+    return readings
+
+
+def _is_reply_error(exc: StreamkitError) -> bool:
+    """Whether Redis answered with an error (a missing stream), not failed to answer."""
+    return isinstance(exc, BackendError)
+
+
+@attrs.define(eq=False)
+class Readings:
+    """The latest readings of a worker's partitions and job queue.
+
+    Attributes:
+        groups: per processor name, per partition owned at the last refresh, its
+            consumer group's reading.
+        dead_letters: per processor name, the length of its dead-letter stream.
+        jobs: the job queue's counts, if the worker runs jobs.
+        refreshed_at: Trio-clock time of the last successful refresh (``None``: none
+            yet, or the last one failed, so there is nothing current to report).
+    """
+
+    groups: dict[str, dict[int, GroupReading]] = attrs.field(factory=dict)
+    dead_letters: dict[str, int] = attrs.field(factory=dict)
+    jobs: QueueCounts | None = None
+    refreshed_at: float | None = None
+
+    def clear(self) -> None:
+        self.groups = {}
+        self.dead_letters = {}
+        self.jobs = None
+        self.refreshed_at = None
+
+    async def refresh(self, worker: Worker) -> None:
+        """Read everything again from Redis.
+
+        Error handling:
+            :class:`~streamkit.StreamkitError` (Redis unavailable, say); the previous
+            readings are dropped first, so nothing stale is reported.
+        """
+        redis = worker.app.redis
+        groups: dict[str, dict[int, GroupReading]] = {}
+        dead_letters: dict[str, int] = {}
+        try:
+            for executor in list(worker.executors):
+                name = executor.processor.name
+                groups[name], dead_letters[name] = await _read_executor(redis, executor)
+            jobs = await worker.app.job_queue.counts() if worker.jobs is not None else None
+        except BaseException:
+            self.clear()
+            raise
+        self.groups, self.dead_letters, self.jobs = groups, dead_letters, jobs
+        self.refreshed_at = trio.current_time()
+
+    async def run(
+        self,
+        worker: Worker,
+        interval: float,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Refresh every ``interval`` seconds (drift-free) until cancelled; a failed
+        refresh is logged (once until one succeeds again) and tried at the next tick."""
+        task_status.started()
+        start = trio.current_time()
+        failing = False
+        while True:
+            try:
+                # A refresh that hangs must not outlive its tick.
+                with trio.fail_after(interval):
+                    await self.refresh(worker)
+            except (StreamkitError, trio.TooSlowError) as exc:
+                self.clear()
+                if not failing:
+                    log.warning(
+                        "metrics: reading lag and queue depths failed: %s", exc or "timeout"
+                    )
+                failing = True
+            else:
+                if failing:
+                    log.info("metrics: reading lag and queue depths again")
+                failing = False
+            await trio.sleep_until(next_tick(start, interval, trio.current_time()))
+
+
+async def _read_executor(redis: Redis, executor: Executor) -> tuple[dict[int, GroupReading], int]:
+    processor = executor.processor
+    owned = sorted(executor.rebalancer.owned.value)
+    keys = [processor.stream.key(p) for p in owned]
+    readings = await read_groups(redis, keys, processor.group) if keys else []
+    with redis_errors():
+        dead = await redis.xlen(processor.keys.dead_letter_key)
+    return {p: r for p, r in zip(owned, readings, strict=True) if r is not None}, int(dead)
