@@ -743,13 +743,13 @@ async def dashboard(
 
     The page reads /api/status (the same JSON as `streamkit status --json`, with
     rates) every second; /api/jobs/ID shows a job. Needs the dashboard extra:
-    pip install 'streamkit[dashboard]'. Ctrl-C stops it.
+    pip install '/path/to/streamkit[dashboard]'. Ctrl-C stops it.
     """
     app = load_app(app_path, redis_url)
     try:
         import hypercorn  # noqa: F401
     except ImportError:
-        fail("the dashboard needs hypercorn: pip install 'streamkit[dashboard]'", 2)
+        fail("the dashboard needs hypercorn: pip install '/path/to/streamkit[dashboard]'", 2)
     from ._dashboard import run_dashboard
 
     def serving(url: str) -> None:

@@ -122,7 +122,7 @@ def test_without_the_extra_the_import_says_what_to_install() -> None:
         check=False,
     )
     assert result.returncode == 1
-    assert "pip install 'streamkit[metrics]'" in result.stderr.splitlines()[-1]
+    assert "pip install '/path/to/streamkit[metrics]'" in result.stderr.splitlines()[-1]
 
 
 async def test_without_the_extra_the_worker_refuses_a_metrics_port(redis_url: str) -> None:

@@ -10,7 +10,7 @@ try:
     import prometheus_client as _prometheus_client  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - the extra is installed in development
     raise ImportError(
-        "streamkit.metrics needs prometheus-client: pip install 'streamkit[metrics]'"
+        "streamkit.metrics needs prometheus-client: pip install '/path/to/streamkit[metrics]'"
     ) from _exc
 
 from .._public import fix_module_metadata as _fix_module_metadata

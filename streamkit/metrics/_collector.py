@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
     from .._meter import Histogram
-    from .._worker import Worker
     from ._readings import Readings
+    from ._source import Worker
 
 __all__ = ["METRICS", "MetricSpec", "WorkerCollector"]
 

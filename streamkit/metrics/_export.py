@@ -20,7 +20,7 @@ from ._readings import Readings
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from .._worker import Worker
+    from ._source import Worker
 
 __all__ = ["Metrics", "open_metrics", "serve_metrics"]
 
@@ -133,7 +133,7 @@ async def serve_metrics(
         import hypercorn  # noqa: F401
     except ImportError:
         raise ConfigError(
-            "metrics", "serving metrics needs hypercorn: pip install 'streamkit[metrics]'"
+            "metrics", "serving metrics needs hypercorn: pip install '/path/to/streamkit[metrics]'"
         ) from None
     async with open_metrics(
         worker, registry=registry, refresh_interval=refresh_interval

@@ -20,8 +20,8 @@ from .._wire import text
 
 if TYPE_CHECKING:
     from .._redis import Redis
-    from .._worker import Executor, Worker
     from ..jobs import QueueCounts
+    from ._source import Executor, Worker
 
 __all__ = ["GroupReading", "Readings", "read_groups"]
 
