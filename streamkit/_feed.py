@@ -11,7 +11,9 @@ A fetcher reads a partition's entries in batches; whoever consumes the partition
   once the lease is no longer ours), now, or :meth:`~PartitionFeed.ack_later` with the
   partition's next read (one round trip for both);
 * :attr:`~PartitionFeed.held`, the lease that fences every read and acknowledgement;
-* :attr:`~PartitionFeed.failure`, why the feed stopped, once it has.
+* :attr:`~PartitionFeed.failure`, why the feed stopped, once it has;
+* :attr:`~PartitionFeed.meter`, the partition's counters for streamkit.metrics, or
+  ``None`` for a feed that is not metered.
 
 Any object with these members is a feed: tests feed :class:`~streamkit.Events` canned
 batches with no Redis at all.
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._locks import HeldLease
+    from ._meter import PartitionMeter
     from ._spec import ProcessorKeys, StreamSpec
 
 __all__ = ["Batch", "FeedEnded", "PartitionFeed"]
@@ -80,6 +83,8 @@ class PartitionFeed(Protocol):
         keys: the consuming processor's keys (consumer group, dead letters, locks).
         held: the lease fencing every read and acknowledgement.
         failure: why the feed stopped (say, :class:`~streamkit.LockLost`), or ``None``.
+        meter: the partition's counters and timers (see :mod:`streamkit.metrics`), or
+            ``None`` for a feed that is not metered.
     """
 
     @property
@@ -96,6 +101,9 @@ class PartitionFeed(Protocol):
 
     @property
     def failure(self) -> StreamkitError | None: ...
+
+    @property
+    def meter(self) -> PartitionMeter | None: ...
 
     def receive_nowait(self) -> Batch:
         """The next batch if one is ready.

@@ -189,6 +189,10 @@ class CannedFeed:
             self._failure = LockLost(self._held.name, self._held.lost_reason)
         return self._failure
 
+    @property
+    def meter(self) -> None:
+        return None
+
     def receive_nowait(self) -> Batch:
         # The fetcher's next read, which carries the acknowledgements due.
         self._send_due()

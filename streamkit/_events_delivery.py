@@ -1,0 +1,415 @@
+"""Delivery: the machinery behind one partition's :class:`~streamkit.Events`.
+
+A :class:`Delivery` takes batches from the partition's feed into its
+:class:`~streamkit._events_ledger.Ledger`, screens poison and undecodable events,
+refuses to hand anything out once the lease is gone, notices draining, and hands what
+is done to the feed: with the partition's next read (:meth:`Delivery.commit_soon`) or
+at once (:meth:`Delivery.commit_now`). Those two verbs are the partition's commit
+point. The iterators of :mod:`streamkit._events_iterators` and the middleware pump
+drive it through the verbs below; :class:`~streamkit.Events` is its public face.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import trio
+
+from ._errors import ConfigError, LockLost, StreamkitError
+from ._event import Event
+from ._events_ledger import Ledger
+from ._locks import local_deadline
+from ._meter import TIMING
+from ._validate import positive_int
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import trio_util
+
+    from ._event import Decoder, DivertHook, Middleware
+    from ._feed import Batch, PartitionFeed
+    from ._meter import PartitionMeter
+
+__all__ = ["Delivery", "Stop"]
+
+R = TypeVar("R")
+
+log = logging.getLogger("streamkit.events")
+
+#: Acknowledgements are flushed once this many accumulate (and before every wait).
+DEFAULT_ACK_BATCH = 500
+
+
+class Pump(Protocol):
+    """The middleware chain's end, as the delivery pulls from it."""
+
+    async def next(self, deadline: float) -> Event[Any] | None:
+        """The next event the chain yields; ``None`` once ``deadline`` passed.
+
+        Raises:
+            Stop: the chain ended, or draining began.
+        """
+        ...
+
+    def stop(self) -> None:
+        """Stop the chain's task."""
+        ...
+
+
+class Stop(Exception):
+    """The iterators are to stop (draining began, or the middleware chain ended)."""
+
+
+class Delivery(Generic[R]):
+    """Hands one partition's events out in order and commits what is done.
+
+    Attributes:
+        feed: the partition's feed.
+        ledger: the bookkeeping of buffered, in-flight, replayed and done events.
+        ack_batch: hand the done events over once this many accumulate.
+        max_deliveries: events delivered more often than this are poison.
+        divert: the hook poison and undecodable events go to, if any.
+        middleware: the middleware chain's stages, outermost last.
+        meter: the partition's meter, when the feed has one (streamkit.metrics).
+        by_batch: whether ``take()`` times its batches itself.
+        acknowledged: events handed over as done so far.
+        failure: the machinery's failure that stopped the iterators, if any.
+        lease_deadline: the lease's local deadline, as last looked up.
+        pump_factory: starts the middleware pump (set by ``open_events``).
+        pump: the middleware pump, once started.
+    """
+
+    def __init__(
+        self,
+        feed: PartitionFeed,
+        *,
+        draining: trio_util.AsyncBool | None = None,
+        ack_batch: int = DEFAULT_ACK_BATCH,
+        max_deliveries: int | None = None,
+        divert: DivertHook | None = None,
+        middleware: Sequence[Middleware] = (),
+    ) -> None:
+        positive_int.check("ack_batch", ack_batch)
+        if max_deliveries is not None and divert is None:
+            # Poison events would otherwise be skipped without a word, left pending.
+            raise ConfigError("max_deliveries", "needs a divert hook to hand the poison events to")
+        self.feed = feed
+        self.ledger: Ledger[R] = Ledger()
+        self.ack_batch = ack_batch
+        self.max_deliveries = sys.maxsize if max_deliveries is None else max_deliveries
+        self.divert = divert
+        self.middleware = tuple(middleware)
+        self.meter: PartitionMeter | None = feed.meter
+        self.decode: Decoder = feed.stream.codec.entry_decoder(
+            stream=feed.stream.name, partition=feed.partition
+        )
+        self.by_batch = False
+        self.acknowledged = 0
+        self.failure: BaseException | None = None
+        self.pump_factory: Callable[[], Pump] | None = None
+        self.pump: Pump | None = None
+        self.draining = False
+        self._drain_source = draining
+        # When the current batch was loaded, if latencies are timed (else 0).
+        self._loaded_at = 0.0
+        self.lease_deadline = -math.inf
+        self._wait_scope: trio.CancelScope | None = None
+
+    # -- draining --
+
+    def is_draining(self) -> bool:
+        """Whether the partition is being moved away (the iterators stop)."""
+        if not self.draining:
+            source = self._drain_source
+            if source is not None and source.value:
+                self.draining = True
+        return self.draining
+
+    def drain(self) -> None:
+        """Stop the iterators after the current event or batch; wakes a waiting one."""
+        self.draining = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    # -- the lease --
+
+    def check_lease(self) -> None:
+        """Refuse to hand out another event once the lease is gone.
+
+        Reads and acknowledgements are fenced in Redis, but events already fetched
+        sit in the buffer: a worker frozen past its lease (SIGSTOP, a long GC pause)
+        would otherwise process them on waking, before its lease keeper (frozen too)
+        notices, although a new owner may be processing the same events. The lease's
+        local deadline tells without a round trip; it is looked up again only once
+        the cached one has passed (the keeper extends the lease meanwhile).
+
+        Raises:
+            LockLost: the lease was lost, or its local deadline has passed.
+        """
+        held = self.feed.held
+        now = trio.current_time()
+        failure = self.feed.failure
+        if failure is not None:
+            # A refused read or acknowledgement: the lease is not ours any more,
+            # whatever the local clock says.
+            raise self.failed(failure)
+        if held.lost_reason is None and now < self.lease_deadline:
+            return
+        if held.lost_reason is None:
+            self.lease_deadline = local_deadline(held.lease)
+            if now < self.lease_deadline:
+                return
+            log.warning(
+                "lease on %r ran out unnoticed (was the process paused?); handing out no "
+                "more events of %s partition %d",
+                held.name,
+                self.feed.stream.name,
+                self.feed.partition,
+            )
+            raise self.failed(LockLost(held.name, "the lease ran out before it could be extended"))
+        raise self.failed(LockLost(held.name, held.lost_reason))
+
+    def failed(self, error: BaseException) -> BaseException:
+        """Record ``error`` as the machinery's failure; return it, to raise."""
+        self.failure = error
+        return error
+
+    # -- committing what is done --
+
+    def commit_soon(self) -> None:
+        """Hand the done events to the feed, to be acknowledged with its next read."""
+        ids = self.ledger.take_done()
+        self.feed.ack_later(ids)
+        self.acknowledged += len(ids)
+
+    def commit_if_due(self) -> None:
+        """:meth:`commit_soon` once :attr:`ack_batch` done events have accumulated."""
+        if len(self.ledger.done) >= self.ack_batch:
+            self.commit_soon()
+
+    async def commit_now(self) -> None:
+        """Acknowledge the done events now (fenced by the lease).
+
+        Error handling:
+            :class:`~streamkit.LockLost` or :class:`~streamkit.RedisUnavailable`
+            from the feed; the ids are kept for a later attempt (they are pending in
+            Redis either way) and the error is recorded as :attr:`failure`.
+        """
+        # Even with nothing new: the feed may hold acknowledgements handed over
+        # earlier for its next read, and sends them now.
+        ids = self.ledger.take_done()
+        try:
+            await self.feed.ack(ids)
+        except BaseException as exc:
+            self.ledger.restore_done(ids)
+            if isinstance(exc, StreamkitError) and self.failure is None:
+                self.failure = exc
+            raise
+        self.acknowledged += len(ids)
+
+    async def stop(self) -> None:
+        """Commit what is done and end the iteration."""
+        await self.commit_now()
+        raise StopAsyncIteration
+
+    # -- batches --
+
+    def finish_batch(self) -> None:
+        """Report the batch handed out to the feed (room to read ahead); time it."""
+        batch = self.ledger.finish_batch()
+        if batch is not None:
+            self.feed.done(batch)
+            if self._loaded_at:
+                self._time_events()
+
+    def _time_events(self) -> None:
+        """Time the events of the batch just finished (``records()``, ``raw()``)."""
+        began, self._loaded_at = self._loaded_at, 0.0
+        meter = self.meter
+        ledger = self.ledger
+        done = ledger.pos
+        if meter is None or done == 0 or self.by_batch:
+            return
+        processor = meter.processor
+        processor.event_seconds.observe((time.perf_counter() - began) / done, done)
+        buffer = ledger.buffer
+        processor.observe_end_to_end(buffer[0]._id, buffer[done - 1]._id, done, time.time())
+
+    def time_batch(self, batch: list[Event[R]], began: float) -> None:
+        """Time a batch of ``take()`` that the processor has finished."""
+        meter = self.meter
+        if meter is None:
+            return
+        processor = meter.processor
+        processor.batch_seconds.observe(time.perf_counter() - began)
+        processor.observe_end_to_end(batch[0]._id, batch[-1]._id, len(batch), time.time())
+
+    def _load(self, batch: Batch) -> None:
+        feed = self.feed
+        partition = feed.partition
+        decode = self.decode
+        name = feed.stream.name
+        deliveries = batch.deliveries
+        if deliveries is None:
+            events = [
+                Event[R](partition, i, f, 1, decode, name)
+                for i, f in zip(batch.ids, batch.fields, strict=True)
+            ]
+        else:
+            events = [
+                Event[R](partition, i, f, d, decode, name)
+                for i, f, d in zip(batch.ids, batch.fields, deliveries, strict=True)
+            ]
+        self.ledger.load(batch, events)
+        if TIMING.on:
+            self._loaded_at = time.perf_counter()
+
+    async def next_batch(self, deadline: float, *, wake: bool) -> bool:
+        """Load the next batch into the ledger; ``False`` if ``deadline`` passed first.
+
+        Args:
+            deadline: give up waiting at this time.
+            wake: whether draining may cut the wait short (the processor's own wait;
+                the middleware pump's is cut short by the pump stopping instead).
+
+        Raises:
+            Stop: draining began (only with ``wake``).
+            StreamkitError: the feed stopped (the lease was lost, say).
+        """
+        feed = self.feed
+        ledger = self.ledger
+        if wake and self.draining:
+            if ledger.done:
+                self.commit_soon()
+            self.finish_batch()
+            raise Stop
+        try:
+            batch = feed.receive_nowait()
+        except trio.WouldBlock:
+            # Nothing ready: the feed sends the acknowledgements with its next read,
+            # or before it waits for new entries, whichever comes first.
+            if ledger.done:
+                self.commit_soon()
+            self.finish_batch()
+            with trio.CancelScope(deadline=deadline) as scope:
+                if wake:
+                    self._wait_scope = scope
+                try:
+                    batch = await feed.receive()
+                except StreamkitError as exc:
+                    raise self.failed(exc) from None
+                finally:
+                    if wake:
+                        self._wait_scope = None
+            if scope.cancelled_caught:
+                if wake and self.draining:
+                    raise Stop from None
+                return False
+        except StreamkitError as exc:
+            raise self.failed(exc) from None
+        else:
+            # The next batch is here already: the acknowledgements go with the
+            # partition's next read, which the room made below lets happen.
+            if ledger.done:
+                self.commit_soon()
+            self.finish_batch()
+            # Let the fetcher run (and refill) between batches.
+            await trio.lowlevel.checkpoint()
+        self._load(batch)
+        return True
+
+    # -- screening --
+
+    def is_poison(self, event: Event[R]) -> bool:
+        """Whether ``event`` was delivered more often than :attr:`max_deliveries`."""
+        return event.delivery_count > self.max_deliveries
+
+    async def screen(self, event: Event[R]) -> bool:
+        """Divert ``event`` if it is poison; return whether it was."""
+        if event.delivery_count <= self.max_deliveries:
+            return False
+        await self.divert_event(event, None, "poison")
+        return True
+
+    async def divert_event(self, event: Event[R], error: BaseException | None, reason: str) -> None:
+        """Hand an event that must not reach the processor to the hook, then skip it.
+
+        Without a hook, ``error`` (if any) is raised.
+        """
+        if self.divert is None:
+            if error is not None:
+                raise error
+            return
+        await self.divert(event, error, reason)
+        self.ledger.skip(event)
+        self.commit_if_due()
+
+    # -- the next event --
+
+    async def next_fetched(self, deadline: float, *, wake: bool) -> Event[R] | None:
+        """The next fetched event (poison diverted); ``None`` once ``deadline`` passed."""
+        ledger = self.ledger
+        while True:
+            event = ledger.next_buffered()
+            if event is not None:
+                if event.delivery_count > self.max_deliveries and await self.screen(event):
+                    continue
+                return event
+            if not await self.next_batch(deadline, wake=wake):
+                return None
+
+    async def next_event(self, deadline: float = math.inf) -> Event[R] | None:
+        """The next event for the processor: replayed first, then through the middleware
+        (if any) or straight from the feed; ``None`` once ``deadline`` passed.
+
+        Raises:
+            Stop: the iterators are to stop.
+        """
+        replayed = self.ledger.next_replayed()
+        if replayed is not None:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return replayed
+        if not self.middleware:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return await self.next_fetched(deadline, wake=True)
+        if self.pump is None:
+            self.pump = self._start_pump()
+        return await self.pump.next(deadline)
+
+    def _start_pump(self) -> Pump:
+        if self.pump_factory is None:
+            raise RuntimeError("middleware needs the events opened by `open_events()`")
+        return self.pump_factory()
+
+    def stop_pump(self) -> None:
+        """Stop the middleware pump, if it runs."""
+        if self.pump is not None:
+            self.pump.stop()
+            self.pump = None
+
+    def take_ready(self, n: int) -> list[Event[R]]:
+        """Up to ``n`` events available without waiting (not screened)."""
+        return self.ledger.take_ready(n, direct=not self.middleware)
+
+    def wait_scope(self, deadline: float) -> trio.CancelScope:
+        """A scope for waiting until ``deadline`` that draining cancels."""
+        scope = trio.CancelScope(deadline=deadline)
+        self._wait_scope = scope
+        return scope
+
+    def end_wait(self) -> None:
+        """The wait opened by :meth:`wait_scope` is over."""
+        self._wait_scope = None
+
+    def __repr__(self) -> str:
+        ledger = self.ledger
+        return (
+            f"<Delivery {self.feed.stream.name} partition {self.feed.partition} "
+            f"in flight {len(ledger.inflight)}, unacknowledged {len(ledger.done)}, "
+            f"acknowledged {self.acknowledged}{', draining' if self.draining else ''}>"
+        )
