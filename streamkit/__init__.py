@@ -10,6 +10,7 @@ from ._assignment import (
 )
 from ._backoff import Backoff as Backoff
 from ._codec import Codec as Codec, codec_for as codec_for
+from ._commit import Changes as Changes
 from ._errors import (
     BackendError as BackendError,
     ConfigError as ConfigError,
@@ -28,6 +29,7 @@ from ._errors import (
     RedisUnavailable as RedisUnavailable,
     ServerRefused as ServerRefused,
     StreamkitError as StreamkitError,
+    WrongPartition as WrongPartition,
 )
 from ._events import (
     DivertHook as DivertHook,
@@ -107,6 +109,7 @@ from ._redis import (
 from ._settings import Settings as Settings
 from ._spec import ProcessorKeys as ProcessorKeys, StreamSpec as StreamSpec
 from ._streams import Stream as Stream
+from ._tables import Table as Table
 from ._worker import Worker as Worker, run_worker as run_worker
 
 __version__ = "0.1.0"

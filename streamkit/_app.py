@@ -18,6 +18,7 @@ from ._redis import Redis, open_redis
 from ._settings import Settings, check_setting_names
 from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
+from ._tables import Table
 from .jobs._handle import Job
 from .jobs._model import JobOptions, Schedule
 
@@ -55,6 +56,8 @@ class Processor:
         policy: what happens when processing an event fails.
         middleware: wrappers of the event iterator.
         settings: the app's settings with this processor's overrides.
+        tables: the tables it writes, committed with its acknowledgements.
+        outputs: the streams it emits records to, committed the same way.
     """
 
     name: str
@@ -63,6 +66,8 @@ class Processor:
     policy: ExceptionPolicy
     middleware: tuple[Middleware, ...]
     settings: Settings
+    tables: tuple[Table[Any], ...] = ()
+    outputs: tuple[Stream[Any], ...] = ()
 
     @property
     def keys(self) -> ProcessorKeys:
@@ -123,6 +128,7 @@ class App:
     settings: Settings
     streams: dict[str, Stream[Any]]
     processors: dict[str, Processor]
+    tables: dict[str, Table[Any]]
     background: list[BackgroundTask]
     jobs: dict[str, Job]
     _redis: Redis | None
@@ -149,6 +155,7 @@ class App:
         self.settings = settings
         self.streams = {}
         self.processors = {}
+        self.tables = {}
         self.background = []
         self.jobs = {}
         self._redis = None
@@ -218,6 +225,27 @@ class App:
         self.streams[name] = stream
         return stream
 
+    def table(self, name: str, *, value: Any, default: Any = None) -> Table[Any]:
+        """Declare a table: keyed state that one processor writes, exactly once.
+
+        Name it in the processor that writes it (``@app.processor(orders,
+        tables=[totals])``); the table is then partitioned like that processor's
+        stream, and its keys are that stream's partition keys. See :doc:`state`.
+
+        Args:
+            name: the table's name (letters, digits, ``_``, ``-``), unique in the app.
+            value: the type of its values: any type a record field may have.
+            default: what reading a missing key returns.
+
+        Error handling:
+            :class:`ConfigError` for a bad name or a name declared twice.
+        """
+        if name in self.tables:
+            raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
+        table: Table[Any] = Table(name, value, default, connection=lambda: self.redis)
+        self.tables[name] = table
+        return table
+
     def processor(
         self,
         stream: Stream[Any],
@@ -225,6 +253,8 @@ class App:
         name: str | None = None,
         policy: ExceptionPolicy | None = None,
         middleware: Sequence[Middleware] = (),
+        tables: Sequence[Table[Any]] = (),
+        outputs: Sequence[Stream[Any]] = (),
         **overrides: Any,
     ) -> Callable[[ProcessorFunction], ProcessorFunction]:
         """Register ``async def fn(events)`` to process every event of ``stream``.
@@ -244,15 +274,25 @@ class App:
             policy: what to do when processing fails (see
                 :class:`~streamkit.ExceptionPolicy`); halting by default.
             middleware: wrappers of the event iterator, outermost last.
+            tables: the tables the processor writes (see :meth:`table`): their writes
+                are committed with the acknowledgement of the events behind them.
+            outputs: streams of this app the processor emits records to with
+                :meth:`Events.emit`, committed the same way: exactly once.
             **overrides: per-processor settings (``lease_ttl``, ``grace_period``,
                 ``batch_size``, ``prefetch``, ...).
 
         Error handling:
-            :class:`ConfigError` for a stream of another app, a name used twice or a
-            bad setting.
+            :class:`ConfigError` for a stream, table or output of another app, a name
+            used twice, a table another processor writes, or a bad setting.
         """
         if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
             raise ConfigError("stream", f"{stream!r} belongs to another app")
+        for table in tables:
+            if self.tables.get(getattr(table, "name", "")) is not table:
+                raise ConfigError("tables", f"{table!r} is not a table of app {self.name!r}")
+        for output in outputs:
+            if not isinstance(output, Stream) or self.streams.get(output.name) is not output:
+                raise ConfigError("outputs", f"{output!r} is not a stream of app {self.name!r}")
         check_setting_names(overrides, where=f" for a processor of {stream.name!r}")
         settings = attrs.evolve(self.settings, **overrides) if overrides else self.settings
 
@@ -261,6 +301,8 @@ class App:
             processor_name = _keys.validate_name("processor name", name or _name_of(fn))
             if processor_name in self.processors:
                 raise ConfigError("processor", f"{processor_name!r} is already registered")
+            for table in tables:
+                table.bind(stream.spec, processor_name)
             self.processors[processor_name] = Processor(
                 name=processor_name,
                 stream=stream,
@@ -268,6 +310,8 @@ class App:
                 policy=policy or ExceptionPolicy(),
                 middleware=tuple(middleware),
                 settings=settings,
+                tables=tuple(tables),
+                outputs=tuple(outputs),
             )
             return fn
 

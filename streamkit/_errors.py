@@ -30,6 +30,7 @@ __all__ = [
     "ResultNotKept",
     "ServerRefused",
     "StreamkitError",
+    "WrongPartition",
 ]
 
 
@@ -202,6 +203,31 @@ class DecodeError(StreamkitError):
         self.partition = partition
         self.entry_id = entry_id
         self.reason = reason
+
+
+class WrongPartition(StreamkitError):
+    """A processor wrote a table key that belongs to another partition.
+
+    A table is partitioned like its stream, and a partition's processor may only write
+    its own partition's keys: only they are in its hash slot, under its lease.
+
+    Attributes:
+        table: the table's name.
+        key: the key.
+        partition: the partition the key belongs to.
+        processing: the partition being processed.
+    """
+
+    def __init__(self, table: str, key: object, partition: int, processing: int) -> None:
+        super().__init__(
+            f"table {table!r}: key {key!r} belongs to partition {partition}, but this "
+            f"processor is processing partition {processing}; a processor writes only "
+            f"the keys of its own partition (partition the stream by the table's key)"
+        )
+        self.table = table
+        self.key = key
+        self.partition = partition
+        self.processing = processing
 
 
 class MetadataMismatch(StreamkitError):

@@ -36,20 +36,23 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
-from ._errors import StreamkitError
+from ._errors import ConfigError, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
 from ._events_iterators import Batches, OneByOne
 from ._events_middleware import MiddlewarePump
 from ._groups import open_service_nursery
+from ._state import DEFAULT_STATE_CACHE_SIZE, PartitionState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Generator, Sequence
 
     import trio_util
 
     from ._feed import PartitionFeed
-    from ._spec import ProcessorKeys, StreamSpec
+    from ._redis import Redis
+    from ._spec import HasSpec, ProcessorKeys, StreamSpec
+    from ._state import TableLike
 
 __all__ = ["DEFAULT_ACK_BATCH", "DivertHook", "Event", "Events", "Middleware", "open_events"]
 
@@ -93,6 +96,7 @@ class Events(Generic[R]):
         max_deliveries: int | None = None,
         divert: DivertHook | None = None,
         middleware: Sequence[Middleware] = (),
+        state: PartitionState | None = None,
     ) -> None:
         self.partition: int = feed.partition
         self.stream: StreamSpec[R] = feed.stream
@@ -104,6 +108,7 @@ class Events(Generic[R]):
             max_deliveries=max_deliveries,
             divert=divert,
             middleware=middleware,
+            state=state,
         )
 
     # -- public iterators --
@@ -156,9 +161,37 @@ class Events(Generic[R]):
         return self._delivery.failure
 
     @property
+    def state(self) -> PartitionState | None:
+        """The partition's state (tables and outputs), if the processor keeps any."""
+        return self._delivery.state
+
+    @property
     def acknowledged(self) -> int:
         """Events acknowledged (handed over to be committed) so far."""
         return self._delivery.acknowledged
+
+    # -- state --
+
+    def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
+        """Emit ``record`` to the output ``stream``, exactly once.
+
+        The record is appended by the commit that acknowledges the events being
+        processed, in the order emitted, or not at all: a redelivered event emits
+        again only what its first processing did not commit.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` if ``stream`` is not one of the
+            processor's outputs; :class:`~streamkit.EncodeError` if ``record`` does
+            not fit the stream.
+        """
+        state = self._delivery.state
+        if state is None:
+            raise ConfigError(
+                "outputs",
+                "this processor has no outputs: name them in @app.processor(..., "
+                "outputs=[...]) or open_events(..., outputs=[...])",
+            )
+        state.emit(stream, record)
 
     # -- the policy runner's API --
 
@@ -167,10 +200,25 @@ class Events(Generic[R]):
         """The events handed to the processor that it has not moved past yet."""
         return tuple(self._delivery.ledger.inflight)
 
-    def commit(self) -> None:
-        """Count the in-flight events as processed: they are acknowledged at the next
-        flush (see :meth:`flush`)."""
+    def commit(self) -> Awaitable[None]:
+        """Count the in-flight events as processed; awaited, also commit now.
+
+        ``events.commit()`` counts them (and their table writes and emitted records)
+        as done: they are committed with the next acknowledgement, as after moving
+        past them. ``await events.commit()`` also commits everything done at once, in
+        one fenced call, and returns once it landed.
+
+        Error handling:
+            Awaited, as :meth:`flush`.
+        """
         self._delivery.ledger.move_past()
+        return _CommitNow(self._delivery)
+
+    def discard(self) -> None:
+        """The processing of the in-flight events failed: forget the table writes and
+        emitted records it made (a policy runner calls this before it retries,
+        dead-letters or skips them)."""
+        self._delivery.ledger.discard()
 
     def rewind(self) -> None:
         """Hand the in-flight events out again, first and in order (a retry in place)."""
@@ -201,6 +249,18 @@ class Events(Generic[R]):
         )
 
 
+class _CommitNow:
+    """What :meth:`Events.commit` returns: awaiting it commits at once."""
+
+    __slots__ = ("_delivery",)
+
+    def __init__(self, delivery: Delivery[Any]) -> None:
+        self._delivery = delivery
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._delivery.commit_now().__await__()
+
+
 @contextlib.asynccontextmanager
 async def open_events(
     feed: PartitionFeed,
@@ -210,6 +270,10 @@ async def open_events(
     ack_batch: int = DEFAULT_ACK_BATCH,
     max_deliveries: int | None = None,
     divert: DivertHook | None = None,
+    tables: Sequence[TableLike] = (),
+    outputs: Sequence[StreamSpec[Any] | HasSpec[Any]] = (),
+    redis: Redis | None = None,
+    state_cache_size: int = DEFAULT_STATE_CACHE_SIZE,
 ) -> AsyncIterator[Events[Any]]:
     """Hand out ``feed``'s events to a processor while the block runs.
 
@@ -227,6 +291,13 @@ async def open_events(
         divert: the hook for poison and undecodable events (see
             :data:`~streamkit.DivertHook`); without one an undecodable record raises
             :class:`~streamkit.DecodeError` from the iterator.
+        tables: the tables the processor writes (see :class:`~streamkit.Table`):
+            inside the block, their ``get``, ``set`` and ``delete`` work on this
+            partition, and the writes are committed with the acknowledgements.
+        outputs: the streams the processor may :meth:`~Events.emit` records to,
+            committed the same way.
+        redis: the client tables read with; needed with ``tables`` or ``outputs``.
+        state_cache_size: values cached per table, at most.
 
     Cancellation:
         Leaving the block stops the middleware and the draining watcher (both run in
@@ -240,6 +311,20 @@ async def open_events(
         an acknowledgement failing on the way out is logged when the block raised,
         else raised.
     """
+    state = None
+    if tables or outputs:
+        if redis is None:
+            raise ConfigError("redis", "tables and outputs need the Redis client (redis=...)")
+        state = PartitionState(
+            redis,
+            feed.stream,
+            feed.keys,
+            feed.partition,
+            tables=tables,
+            outputs=outputs,
+            cache_size=state_cache_size,
+        )
+        await state.open()
     events: Events[Any] = Events(
         feed,
         draining=draining,
@@ -247,9 +332,11 @@ async def open_events(
         max_deliveries=max_deliveries,
         divert=divert,
         middleware=middleware,
+        state=state,
     )
     delivery = events._delivery
     ended_normally = False
+    token = state.activate() if state is not None else None
     try:
         async with open_service_nursery(reason="events closed") as nursery:
             delivery.pump_factory = lambda: MiddlewarePump(delivery, nursery)
@@ -258,6 +345,8 @@ async def open_events(
             yield events
         ended_normally = True
     finally:
+        if token is not None:
+            PartitionState.deactivate(token)
         delivery.pump_factory = None
         delivery.stop_pump()
         await _leave(delivery, commit=ended_normally)

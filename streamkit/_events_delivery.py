@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._event import Decoder, DivertHook, Middleware
     from ._feed import Batch, PartitionFeed
     from ._meter import PartitionMeter
+    from ._state import PartitionState
 
 __all__ = ["Delivery", "Stop"]
 
@@ -76,6 +77,7 @@ class Delivery(Generic[R]):
         divert: the hook poison and undecodable events go to, if any.
         middleware: the middleware chain's stages, outermost last.
         meter: the partition's meter, when the feed has one (streamkit.metrics).
+        state: the processor's tables and outputs of the partition, if it keeps state.
         by_batch: whether ``take()`` times its batches itself.
         acknowledged: events handed over as done so far.
         failure: the machinery's failure that stopped the iterators, if any.
@@ -93,13 +95,15 @@ class Delivery(Generic[R]):
         max_deliveries: int | None = None,
         divert: DivertHook | None = None,
         middleware: Sequence[Middleware] = (),
+        state: PartitionState | None = None,
     ) -> None:
         positive_int.check("ack_batch", ack_batch)
         if max_deliveries is not None and divert is None:
             # Poison events would otherwise be skipped without a word, left pending.
             raise ConfigError("max_deliveries", "needs a divert hook to hand the poison events to")
         self.feed = feed
-        self.ledger: Ledger[R] = Ledger()
+        self.state = state
+        self.ledger: Ledger[R] = Ledger(state)
         self.ack_batch = ack_batch
         self.max_deliveries = sys.maxsize if max_deliveries is None else max_deliveries
         self.divert = divert
@@ -182,9 +186,14 @@ class Delivery(Generic[R]):
     # -- committing what is done --
 
     def commit_soon(self) -> None:
-        """Hand the done events to the feed, to be acknowledged with its next read."""
+        """Hand the done events (and their effects) to the feed, to be committed with
+        its next read."""
         ids = self.ledger.take_done()
-        self.feed.ack_later(ids)
+        state = self.state
+        if state is None:
+            self.feed.ack_later(ids)
+        else:
+            self.feed.ack_later(ids, state.take_changes())
         self.acknowledged += len(ids)
 
     def commit_if_due(self) -> None:
@@ -193,18 +202,23 @@ class Delivery(Generic[R]):
             self.commit_soon()
 
     async def commit_now(self) -> None:
-        """Acknowledge the done events now (fenced by the lease).
+        """Commit the done events (and their effects) now, fenced by the lease.
 
         Error handling:
             :class:`~streamkit.LockLost` or :class:`~streamkit.RedisUnavailable`
             from the feed; the ids are kept for a later attempt (they are pending in
-            Redis either way) and the error is recorded as :attr:`failure`.
+            Redis either way) and the error is recorded as :attr:`failure`. A failed
+            commit with effects stops the feed: the partition starts over.
         """
         # Even with nothing new: the feed may hold acknowledgements handed over
         # earlier for its next read, and sends them now.
         ids = self.ledger.take_done()
+        state = self.state
         try:
-            await self.feed.ack(ids)
+            if state is None:
+                await self.feed.ack(ids)
+            else:
+                await self.feed.ack(ids, state.take_changes())
         except BaseException as exc:
             self.ledger.restore_done(ids)
             if isinstance(exc, StreamkitError) and self.failure is None:

@@ -51,6 +51,8 @@ class OneByOne(AsyncIterator[T]):
                 if len(inflight) == 1 and ledger.dispatched is None:
                     ledger.done.append(inflight[0]._id)
                     ledger.inflight = []
+                    if ledger.effects is not None:
+                        ledger.effects.promote()
                 else:
                     ledger.move_past()
                 if len(ledger.done) >= delivery.ack_batch:

@@ -12,6 +12,10 @@ drive it with the verbs below, and the commit of a partition takes what it holds
 * an event that never reached the processor (poison, undecodable) can be *skipped*
   (:meth:`Ledger.skip`): done without being processed.
 
+The *effects* of the events (a stateful processor's table writes and emitted
+records, see :mod:`streamkit._state`) follow them: promoted when the processor moves
+past the events in flight, discarded when they are rewound.
+
 With middleware, the chain may drop events: the ledger keeps the events given to the
 chain in :attr:`Ledger.dispatched`, and moving past an event the chain yielded makes
 everything it was given before that event done too.
@@ -21,15 +25,27 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ._event import Event
     from ._feed import Batch
 
-__all__ = ["Ledger"]
+__all__ = ["Effects", "Ledger"]
 
 R = TypeVar("R")
+
+
+class Effects(Protocol):
+    """The effects of the events in flight (:class:`~streamkit._state.PartitionState`)."""
+
+    def promote(self) -> None:
+        """The events in flight were processed: their effects are done."""
+        ...
+
+    def discard(self) -> None:
+        """The events in flight failed: forget their effects."""
+        ...
 
 
 class Ledger(Generic[R]):
@@ -43,11 +59,13 @@ class Ledger(Generic[R]):
         inflight: the events the processor holds and has not moved past.
         done: ids of the events that are done and not yet committed.
         dispatched: with middleware, the events given to the chain and not settled.
+        effects: the effects of the events in flight, if the processor keeps state.
     """
 
-    __slots__ = ("batch", "buffer", "dispatched", "done", "inflight", "pos", "replay")
+    __slots__ = ("batch", "buffer", "dispatched", "done", "effects", "inflight", "pos", "replay")
 
-    def __init__(self) -> None:
+    def __init__(self, effects: Effects | None = None) -> None:
+        self.effects = effects
         self.buffer: list[Event[R]] = []
         self.pos = 0
         self.batch: Batch | None = None
@@ -111,6 +129,8 @@ class Ledger(Generic[R]):
 
     def move_past(self) -> None:
         """The processor moved past the in-flight events: they are done."""
+        if self.effects is not None:
+            self.effects.promote()
         inflight = self.inflight
         if not inflight:
             return
@@ -132,7 +152,10 @@ class Ledger(Generic[R]):
         self.done.extend([e._id for e in inflight if e._id not in seen])
 
     def rewind(self) -> None:
-        """Hand the in-flight events out again, first and in order."""
+        """Hand the in-flight events out again, first and in order; their effects are
+        discarded."""
+        if self.effects is not None:
+            self.effects.discard()
         inflight = self.inflight
         if not inflight:
             return
@@ -144,6 +167,11 @@ class Ledger(Generic[R]):
             while dispatched and dispatched[0] is not inflight[0]:
                 self.done.append(dispatched.popleft()._id)
         self.replay[:0] = inflight
+
+    def discard(self) -> None:
+        """The processing of the in-flight events failed: discard their effects."""
+        if self.effects is not None:
+            self.effects.discard()
 
     def skip(self, event: Event[R]) -> None:
         """``event`` never reached the processor and counts as done."""

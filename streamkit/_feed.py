@@ -28,6 +28,7 @@ from ._errors import StreamkitError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ._commit import Changes
     from ._locks import HeldLease
     from ._meter import PartitionMeter
     from ._spec import ProcessorKeys, StreamSpec
@@ -128,9 +129,14 @@ class PartitionFeed(Protocol):
         """Every entry of ``batch`` was handed on: the fetcher may read ahead again."""
         ...
 
-    def ack_later(self, ids: Sequence[bytes]) -> None:
+    def ack_later(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
         """Acknowledge processed entries with the partition's next read, or with the
         next :meth:`ack`, whichever comes first (fenced all the same).
+
+        ``changes`` are the writes of the processing behind them (a stateful
+        processor's tables and emitted records, see :doc:`state`): they are applied by
+        the same call that acknowledges the ids, or not at all. A feed that never
+        serves a stateful processor may refuse them.
 
         Never blocks and never raises: a refusal (the lease is no longer ours) stops
         the feed, and :attr:`failure` tells why. Entries whose acknowledgement was
@@ -138,12 +144,14 @@ class PartitionFeed(Protocol):
         """
         ...
 
-    async def ack(self, ids: Sequence[bytes]) -> None:
+    async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
         """Acknowledge processed entries, and any handed to :meth:`ack_later`, now;
-        fenced by :attr:`held`.
+        fenced by :attr:`held`; ``changes`` as for :meth:`ack_later`.
 
         Raises:
             LockLost: the lease is no longer ours; nothing was acknowledged.
             RedisUnavailable: Redis could not be reached; the entries stay pending.
+                With changes, the feed stops too: a commit is never sent again (one
+                whose outcome is unknown would repeat its appends).
         """
         ...

@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from ._backoff import Backoff
+from ._commit import change_arguments
 from ._errors import (
     BackendError,
     ConfigError,
@@ -59,6 +60,7 @@ from ._wire import ACK_LUA, READ_LUA, text
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from ._commit import Changes
     from ._locks import HeldLease
 
 __all__ = ["Fetcher", "FetcherStatistics", "open_fetcher"]
@@ -108,8 +110,10 @@ class _Feed:
     failure: StreamkitError | None = None
     reads: int = 0
     entries_read: int = 0
-    # Acknowledgements to send with the next read (or the next ack()).
+    # Acknowledgements to send with the next read (or the next ack()), and the
+    # changes to commit with them (never sent apart from them).
     acks_due: list[bytes] = attrs.field(factory=list)
+    changes_due: list[Changes] = attrs.field(factory=list)
 
     @property
     def stream(self) -> StreamSpec[Any]:
@@ -145,19 +149,25 @@ class _Feed:
             # The partition was full: the fetcher may read it again.
             self.fetcher._changed.set()
 
-    def ack_later(self, ids: Sequence[bytes]) -> None:
+    def ack_later(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
         if self.active:
             self.acks_due.extend(ids)
+            if changes:
+                self.changes_due.append(changes)
 
-    async def ack(self, ids: Sequence[bytes]) -> None:
+    async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
         due, self.acks_due = self.acks_due, []
-        if not (due or ids):
+        due_changes, self.changes_due = self.changes_due, []
+        if changes:
+            due_changes.append(changes)
+        if not (due or ids or due_changes):
             await trio.lowlevel.checkpoint()
             return
         try:
-            await self.fetcher._ack(self, [*due, *ids])
+            await self.fetcher._ack(self, [*due, *ids], due_changes)
         except BaseException:
-            self.acks_due[:0] = due
+            if not due_changes:
+                self.acks_due[:0] = due
             raise
 
     def _put(self, batch: Batch) -> None:
@@ -386,17 +396,19 @@ class Fetcher(Generic[R]):
 
     async def _send_due_acks(self, feeds: list[_Feed]) -> None:
         """Send the acknowledgements the ``feeds`` hold for a read that is not coming."""
-        due = [f for f in feeds if f.acks_due]
+        due = [f for f in feeds if f.acks_due or f.changes_due]
         if not due:
             return
         errors: list[RedisUnavailable] = []
 
         async def send(feed: _Feed) -> None:
             ids, feed.acks_due = feed.acks_due, []
+            changes, feed.changes_due = feed.changes_due, []
             try:
-                await self._ack(feed, ids)
+                await self._ack(feed, ids, changes)
             except RedisUnavailable as exc:
-                feed.acks_due[:0] = ids
+                if not changes:
+                    feed.acks_due[:0] = ids
                 errors.append(exc)
             except LockLost:
                 pass  # the feed failed: its consumer learns why from it
@@ -442,14 +454,22 @@ class Fetcher(Generic[R]):
             self._fail(feed, LockLost(held.name, held.lost_reason))
             return None
         lease = held.lease
-        acks = feed.acks_due[:ACK_CHUNK]
-        del feed.acks_due[:ACK_CHUNK]
+        changes = feed.changes_due
+        if changes:
+            # The changes commit with the acknowledgements of the events behind them:
+            # all of them in one call.
+            acks, feed.acks_due, feed.changes_due = feed.acks_due, [], []
+            change_keys, change_args = change_arguments(changes, 3)
+        else:
+            acks = feed.acks_due[:ACK_CHUNK]
+            del feed.acks_due[:ACK_CHUNK]
+            change_keys, change_args = [], []
         began = time.perf_counter() if TIMING.on else 0.0
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 reply: Any = await _READ_SCRIPT(
                     self.redis,
-                    keys=[feed.key, lease.key],
+                    keys=[feed.key, lease.key, *change_keys],
                     args=[
                         lease.value,
                         self.group,
@@ -457,19 +477,29 @@ class Fetcher(Generic[R]):
                         self.batch_size,
                         feed.start,
                         self.trim_to,
+                        len(acks),
                         *acks,
+                        *change_args,
                     ],
                 )
-        except trio.TooSlowError:
+        except (trio.TooSlowError, RedisUnavailable) as exc:
+            error = (
+                OutcomeUnknown("redis", "a fenced read timed out")
+                if isinstance(exc, trio.TooSlowError)
+                else exc
+            )
+            if changes:
+                # A commit that failed is never sent again (one whose outcome is
+                # unknown would repeat its appends): the partition starts over from
+                # what Redis holds, and the events behind it are delivered again.
+                self._fail(feed, error)
+                return None
             feed.acks_due[:0] = acks
-            return RedisUnavailable("redis", "a fenced read timed out")
-        except RedisUnavailable as exc:
-            feed.acks_due[:0] = acks
-            if isinstance(exc, OutcomeUnknown) and feed.start == ">":
+            if isinstance(error, OutcomeUnknown) and feed.start == ">":
                 # The lost reply may have delivered entries to us: pending now, never
                 # seen. Read the history after the last entry we did see to find them.
                 feed.start = feed.last_seen
-            return exc
+            return error
         except NoSuchGroup:
             log.warning("consumer group %r on %s vanished; recreating it", self.group, feed.key)
             try:
@@ -488,8 +518,11 @@ class Fetcher(Generic[R]):
             self._meter.fetch_seconds.observe(time.perf_counter() - began)
         if reply == 0:
             self._meter.fenced_out += 1
-        elif acks:
-            feed.meter.acknowledged += len(acks)
+        else:
+            if acks:
+                feed.meter.acknowledged += len(acks)
+            for change in changes:
+                change.landed()
         if not feed.active:
             # Unregistered meanwhile: what was read stays pending for the next owner.
             return None
@@ -640,19 +673,48 @@ class Fetcher(Generic[R]):
 
     # -- acknowledgements (for the feeds) --
 
-    async def _ack(self, feed: _Feed, ids: Sequence[bytes]) -> None:
+    async def _ack(
+        self, feed: _Feed, ids: Sequence[bytes], changes: Sequence[Changes] = ()
+    ) -> None:
+        """Commit ``changes`` and acknowledge ``ids`` (fenced).
+
+        Without changes, the ids go in chunks. With changes, everything goes in one
+        call, and when that fails the feed fails too (a commit is never sent again)
+        and the error is raised.
+        """
         lease = feed.held.lease
-        for start in range(0, len(ids), ACK_CHUNK):
-            chunk = ids[start : start + ACK_CHUNK]
+        if changes:
+            change_keys, change_args = change_arguments(changes, 3)
+            chunks: list[Sequence[bytes]] = [ids]
+        else:
+            change_keys, change_args = [], []
+            chunks = [ids[start : start + ACK_CHUNK] for start in range(0, len(ids), ACK_CHUNK)]
+        for chunk in chunks:
             try:
                 with redis_errors(), trio.fail_after(self.command_timeout):
                     acked: Any = await _ACK_SCRIPT(
                         self.redis,
-                        keys=[feed.key, lease.key],
-                        args=[lease.value, self.group, self.trim_to, *chunk],
+                        keys=[feed.key, lease.key, *change_keys],
+                        args=[
+                            lease.value,
+                            self.group,
+                            self.trim_to,
+                            len(chunk),
+                            *chunk,
+                            *change_args,
+                        ],
                     )
-            except trio.TooSlowError as exc:
-                raise RedisUnavailable("redis", "a fenced acknowledgement timed out") from exc
+            except (trio.TooSlowError, RedisUnavailable) as exc:
+                unavailable = (
+                    OutcomeUnknown("redis", "a fenced acknowledgement timed out")
+                    if isinstance(exc, trio.TooSlowError)
+                    else exc
+                )
+                if changes:
+                    self._fail(feed, unavailable)
+                if unavailable is exc:
+                    raise
+                raise unavailable from exc
             if acked == -1:
                 self._meter.fenced_out += 1
                 error = LockLost(
@@ -662,6 +724,8 @@ class Fetcher(Generic[R]):
                 self._fail(feed, error)
                 raise error
             feed.meter.acknowledged += int(acked)
+            for change in changes:
+                change.landed()
 
     # -- inspection --
 

@@ -19,6 +19,17 @@ key                                what it holds
 ``__lock:{app}.leader``            the app's leader lease
 ``__sprk:{app.stream.N}:...``      a Spark write's idempotency marker (expires)
 ``__once:{app.stream.N}:...``      a producer append's idempotency marker (expires)
+``__tabl:{app.stream.N}.table``    partition N of a table written by a processor of
+                                   the stream (a hash: canonical key -> value)
+``__wind:{app.stream.N}.table``    partition N of a windowed table (a hash: window
+                                   and key -> value)
+``__wndx:{app.stream.N}.table``    its windows by end time (a sorted set)
+``__stat:{app.stream.N}.proc``     processor ``proc``'s state of partition N: its
+                                   watermark (a hash)
+``__obox:{app.stream.N}.proc``     records processor ``proc`` emitted on partition N,
+                                   waiting to be relayed (Redis Cluster only)
+``__rely:{app.out.M}:source``      the last outbox entry relayed from ``source`` to
+                                   partition M of stream ``out`` (Redis Cluster only)
 =================================  ===================================================
 """
 
@@ -33,10 +44,16 @@ __all__ = [
     "halt_key",
     "leader_lock_name",
     "meta_key",
+    "outbox_key",
     "partition_lock_name",
     "processor_group",
+    "relay_key",
+    "state_key",
     "stream_key",
+    "table_key",
     "validate_name",
+    "window_index_key",
+    "window_key",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9_\-]+\Z")
@@ -87,3 +104,35 @@ def halt_key(app: str, stream: str, processor: str, partition: int) -> str:
 def leader_lock_name(app: str) -> str:
     """The lock name (for the lock manager) of the app's leader lease."""
     return f"{{{app}}}.leader"
+
+
+def table_key(app: str, stream: str, table: str, partition: int) -> str:
+    """The hash holding ``partition`` of ``table``, beside the stream's partition."""
+    return f"__tabl:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def window_key(app: str, stream: str, table: str, partition: int) -> str:
+    """The hash holding ``partition`` of the windowed table ``table``."""
+    return f"__wind:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def window_index_key(app: str, stream: str, table: str, partition: int) -> str:
+    """The sorted set of the windows of ``partition`` of ``table``, by end time."""
+    return f"__wndx:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def state_key(app: str, stream: str, processor: str, partition: int) -> str:
+    """The hash of ``processor``'s state of ``partition`` (its watermark)."""
+    return f"__stat:{{{app}.{stream}.{partition}}}.{processor}"
+
+
+def outbox_key(app: str, stream: str, processor: str, partition: int) -> str:
+    """The stream of records ``processor`` emitted on ``partition``, to be relayed."""
+    return f"__obox:{{{app}.{stream}.{partition}}}.{processor}"
+
+
+def relay_key(target_stream_key: str, source: str) -> str:
+    """The last outbox entry relayed from ``source`` into ``target_stream_key``, in
+    the target's hash slot."""
+    tag = target_stream_key[target_stream_key.index("{") :]
+    return f"__rely:{tag}:{source}"

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from ._events import Event, Events, Middleware
     from ._feed import PartitionFeed
     from ._meter import PartitionMeter
+    from ._spec import HasSpec, StreamSpec
+    from ._state import TableLike
 
 __all__ = ["DEAD_LETTER_FIELDS", "ExceptionPolicy", "run_processor"]
 
@@ -225,6 +227,9 @@ class _Handler:
         """The processor raised ``error``: apply the policy, or raise ProcessorHalted."""
         failing = events.in_flight
         policy = self.policy
+        # Whatever happens to the failed events next, what processing them wrote
+        # (table writes, emitted records) is forgotten.
+        events.discard()
         if not failing:
             await self._not_tied_to_events(error)
             return
@@ -393,6 +398,8 @@ async def run_processor(
     middleware: Sequence[Middleware] = (),
     ack_batch: int = DEFAULT_ACK_BATCH,
     dead_letter_key: str | None = None,
+    tables: Sequence[TableLike] = (),
+    outputs: Sequence[StreamSpec[Any] | HasSpec[Any]] = (),
 ) -> None:
     """Run ``await fn(events)`` over ``feed``'s events under ``policy``, until it returns.
 
@@ -414,6 +421,9 @@ async def run_processor(
         ack_batch: acknowledgements flushed together.
         dead_letter_key: the dead-letter stream; the processor's own,
             ``feed.keys.dead_letter_key``, by default.
+        tables: the tables ``fn`` writes, committed with the acknowledgements (see
+            :func:`~streamkit.open_events`); needs ``redis``.
+        outputs: the streams ``fn`` emits records to, committed the same way.
 
     Error handling:
         :class:`~streamkit.ConfigError` up front when the policy's ``action`` (or
@@ -440,7 +450,7 @@ async def run_processor(
         feed.keys.group,
         redis,
         dead_letter_key or feed.keys.dead_letter_key,
-        getattr(feed, "meter", None),
+        feed.meter,
     )
     async with open_events(
         feed,
@@ -449,6 +459,9 @@ async def run_processor(
         ack_batch=ack_batch,
         max_deliveries=policy.max_deliveries,
         divert=handler.divert,
+        tables=tables,
+        outputs=outputs,
+        redis=redis,
     ) as events:
         while True:
             try:

@@ -6,7 +6,9 @@ on lives here, with no import of trio or of a Redis client, so that Spark's Pyth
 workers can import it cheaply:
 
 * the Lua sources of the append-and-trim (wrapped by the producer's idempotent
-  append and the Spark writer), metadata, fenced-read and fenced-ack scripts;
+  append and the Spark writer) and metadata scripts, and of the partition's commit
+  family: the fenced read (which commits first) and the fenced commit, both applying
+  a processor's changes (:mod:`streamkit._commit`) with the acknowledgements;
 * the stream metadata schema (:data:`METADATA_VERSION`, :func:`compare_metadata`);
 * the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`.
 """
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACK_LUA",
     "APPEND_AND_TRIM_LUA",
+    "CHANGES_LUA",
     "COMPARED_METADATA",
     "DEFAULT_PARTITION_SIZE",
     "DEFAULT_SEND_CHUNK_SIZE",
@@ -251,10 +254,44 @@ end
 return redis.call('HGETALL', KEYS[1])
 """
 
-# The fenced read. KEYS: stream, lock. ARGV: lease value, group, consumer, count,
-# start id, entries to keep when trimming (0: do not trim), then the ids to
-# acknowledge first (the consumer's finished events).
-# Returns 0 if the lease is not ours (nothing read or acknowledged); else
+# Applies the changes of a commit (see streamkit._commit): ARGV from index `at` holds
+# the op count, then the ops, each: code, KEYS index, count, values. Returns the index
+# after the last op.
+CHANGES_LUA = """
+local function apply_changes(at)
+  if at > #ARGV then return at end
+  local n = tonumber(ARGV[at])
+  at = at + 1
+  for _ = 1, n do
+    local op, k, c = ARGV[at], KEYS[tonumber(ARGV[at + 1])], tonumber(ARGV[at + 2])
+    if op == 'h' then
+      redis.call('HSET', k, unpack(ARGV, at + 3, at + 2 + 2 * c))
+      at = at + 3 + 2 * c
+    elseif op == 'd' then
+      redis.call('HDEL', k, unpack(ARGV, at + 3, at + 2 + c))
+      at = at + 3 + c
+    elseif op == 'x' then
+      redis.call('XADD', k, '*', unpack(ARGV, at + 3, at + 2 + 2 * c))
+      at = at + 3 + 2 * c
+    elseif op == 'z' then
+      redis.call('ZADD', k, unpack(ARGV, at + 3, at + 2 + 2 * c))
+      at = at + 3 + 2 * c
+    elseif op == 'r' then
+      redis.call('ZREM', k, unpack(ARGV, at + 3, at + 2 + c))
+      at = at + 3 + c
+    else
+      error('unknown change ' .. tostring(op))
+    end
+  end
+  return at
+end
+"""
+
+# The fenced read, which commits first. KEYS: stream, lock, then the keys the changes
+# write. ARGV: lease value, group, consumer, count, start id, entries to keep when
+# trimming (0: do not trim), the number of ids to acknowledge, those ids (the
+# consumer's finished events), then the changes to apply with them, if any.
+# Returns 0 if the lease is not ours (nothing read, written or acknowledged); else
 # {entries, delivery counts (history only), next start id, last stream id (if idle)}.
 READ_LUA = (
     """
@@ -262,9 +299,12 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
 """
     + TRIM_FUNCTIONS_LUA
+    + CHANGES_LUA
     + """
-if #ARGV > 6 then
-  redis.call('XACK', key, group, unpack(ARGV, 7))
+local acks = tonumber(ARGV[7])
+apply_changes(8 + acks)
+if acks > 0 then
+  redis.call('XACK', key, group, unpack(ARGV, 8, 7 + acks))
   trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]))
 end
 
@@ -305,18 +345,26 @@ return {entries, {}, '>', last_id}
 """
 )
 
-# The fenced acknowledgement. KEYS: stream, lock. ARGV: lease value, group, entries to
-# keep when trimming (0: do not trim), ids...
-# Returns -1 if the lease is not ours (nothing acknowledged), else the number acked.
+# The fenced commit: changes and acknowledgements. KEYS: stream, lock, then the keys
+# the changes write. ARGV: lease value, group, entries to keep when trimming (0: do
+# not trim), the number of ids to acknowledge, those ids, then the changes, if any.
+# Returns -1 if the lease is not ours (nothing written or acknowledged), else the
+# number acknowledged.
 ACK_LUA = (
     """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 local key = KEYS[1]
 """
     + TRIM_FUNCTIONS_LUA
+    + CHANGES_LUA
     + """
-local acked = redis.call('XACK', key, ARGV[2], unpack(ARGV, 4))
-trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]))
+local acks = tonumber(ARGV[4])
+apply_changes(5 + acks)
+local acked = 0
+if acks > 0 then
+  acked = redis.call('XACK', key, ARGV[2], unpack(ARGV, 5, 4 + acks))
+  trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]))
+end
 return acked
 """
 )

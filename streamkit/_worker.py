@@ -530,6 +530,8 @@ async def _run_partition(
                     draining=claim.draining,
                     middleware=processor.middleware,
                     ack_batch=processor.settings.batch_size,
+                    tables=processor.tables,
+                    outputs=processor.outputs,
                 )
             return
         except ProcessorHalted as halted:

@@ -33,7 +33,7 @@ from streamkit import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from streamkit import ProcessorKeys
+    from streamkit import Changes, ProcessorKeys
 
 __all__ = [
     "KEYS",
@@ -222,7 +222,8 @@ class CannedFeed:
         if self.on_done is not None:
             self.on_done(batch)
 
-    def ack_later(self, ids: Sequence[bytes]) -> None:
+    def ack_later(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
+        self._no_changes(changes)
         if self._refused():
             # Refused with the next read: the feed stops, the ids stay pending.
             self._stop(LockLost(self._held.name, self._held.lost_reason or "refused"))
@@ -230,13 +231,19 @@ class CannedFeed:
         self._accept("later", ids)
         self._due += ids
 
-    async def ack(self, ids: Sequence[bytes]) -> None:
+    async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
+        self._no_changes(changes)
         await trio.lowlevel.checkpoint()
         if self._refused():
             raise LockLost(self._held.name, self._held.lost_reason or "refused")
         self._accept("now", ids)
         self._due += ids
         self._send_due()
+
+    @staticmethod
+    def _no_changes(changes: Changes | None) -> None:
+        if changes:
+            raise NotImplementedError("CannedFeed serves no stateful processor")
 
     # -- steering --
 

@@ -1,0 +1,263 @@
+"""Tables: keyed state a processor keeps beside its stream, committed exactly once.
+
+A :class:`Table` is written by one processor of one stream, partition by partition:
+partition N of the table is the hash ``__tabl:{app.stream.N}.table``, in the hash
+slot of the stream's partition N, its lease and its consumer group. The processor's
+writes are applied by the same fenced script that acknowledges the events behind them
+(see :mod:`streamkit._state`), so the table reflects every event exactly once.
+
+Keys are partition keys: a key belongs to the partition the stream's partitioner puts
+it in, and a processor may only write the keys of the partition it is processing (the
+co-partitioning rule). Values go through the JSON converter of records: any type a
+record field may have (a number, a string, a record, a list of records, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import attrs
+import orjson
+
+from . import _keys
+from ._errors import ConfigError, DecodeError, EncodeError
+from ._json_converter import converter
+from ._partitioner import canonical_key_bytes, partition_for
+from ._redis import redis_errors
+from ._state import current_view, writing_view
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterable
+
+    from ._redis import Redis
+    from ._spec import StreamSpec
+
+__all__ = ["Table"]
+
+V = TypeVar("V")
+
+log = logging.getLogger("streamkit.tables")
+
+#: Keys read per ``HSCAN`` call by :meth:`Table.items`.
+SCAN_COUNT = 1000
+
+_NO_DEFAULT: Any = object()
+
+
+def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
+    _keys.validate_name("table name", name)
+
+
+@attrs.define(eq=False, repr=False)
+class Table(Generic[V]):
+    """Keyed state written by one processor, exactly once, readable from anywhere.
+
+    Declare one with :meth:`streamkit.App.table` and name it in the processor that
+    writes it (``@app.processor(orders, tables=[totals])``); for a composed service,
+    construct it with the stream it is kept beside and pass it to
+    :func:`~streamkit.open_events`.
+
+    Inside the processor (the partition being processed):
+
+    * ``await table.get(key)`` reads the value, this processor's uncommitted writes
+      first, then a per-partition cache, then Redis;
+    * ``table.set(key, value)`` and ``table.delete(key)`` write; the writes land with
+      the acknowledgement of the events being processed, or not at all.
+
+    From anywhere (a web handler, a script, another processor):
+    ``await table.read(key)`` and ``table.items()`` read the committed state.
+
+    Attributes:
+        name: the table's name (unique in its app).
+        value: the type of its values.
+        default: what :meth:`get` and :meth:`read` return for a missing key (or
+            ``None``).
+        stream: the stream the table is kept beside, once bound.
+        processor: the processor that writes it, once bound.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    value: Any
+    default: V | None = None
+    stream: StreamSpec[Any] | None = attrs.field(default=None, kw_only=True)
+    processor: str | None = attrs.field(default=None, kw_only=True)
+    _connection: Callable[[], Redis] | None = attrs.field(default=None, kw_only=True)
+
+    def bind(self, stream: StreamSpec[Any], processor: str) -> None:
+        """Make ``processor`` of ``stream`` the table's writer.
+
+        Error handling:
+            :class:`ConfigError` if another processor writes it already.
+        """
+        if self.stream is not None and (self.stream, self.processor) != (stream, processor):
+            raise ConfigError(
+                "tables",
+                f"table {self.name!r} is written by processor {self.processor!r} of "
+                f"{self.stream.name!r} already; a table has one writer",
+            )
+        self.stream = stream
+        self.processor = processor
+
+    # -- encoding --
+
+    def encode(self, value: V) -> bytes:
+        """``value`` as stored.
+
+        Error handling:
+            :class:`~streamkit.EncodeError` if it is not a valid ``value``.
+        """
+        try:
+            return orjson.dumps(converter.unstructure(value, self.value))
+        except Exception as exc:
+            raise EncodeError(f"table {self.name!r}: cannot encode {value!r}: {exc}") from exc
+
+    def decode(self, raw: bytes) -> V:
+        """A stored value, decoded.
+
+        Error handling:
+            :class:`~streamkit.DecodeError` if it is not a valid encoding.
+        """
+        try:
+            return converter.structure(orjson.loads(raw), self.value)  # type: ignore[no-any-return]
+        except Exception as exc:
+            raise DecodeError(f"a stored value: {exc}", stream=f"table {self.name!r}") from exc
+
+    # -- where keys live --
+
+    def _home(self) -> StreamSpec[Any]:
+        if self.stream is None:
+            raise ConfigError(
+                "tables",
+                f"table {self.name!r} is not written by any processor: name it in "
+                f"@app.processor(..., tables=[{self.name}])",
+            )
+        return self.stream
+
+    def partition_of(self, key: object) -> int:
+        """The partition ``key`` belongs to (the stream's partitioner's answer)."""
+        home = self._home()
+        return partition_for(key, home.partition_count)
+
+    def key(self, partition: int) -> str:
+        """The Redis hash holding ``partition`` of the table."""
+        home = self._home()
+        return _keys.table_key(home.app, home.name, self.name, partition)
+
+    # -- inside the processor --
+
+    async def get(self, key: object, default: V | None = _NO_DEFAULT) -> V | None:
+        """The value of ``key`` as this processor sees it (its own writes first).
+
+        Inside the processor that writes the table, this reads the partition's
+        uncommitted writes, then its cache, then Redis. Anywhere else it is
+        :meth:`read`.
+
+        Error handling:
+            :class:`WrongPartition` (in the writing processor) for a key of another
+            partition; :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+        """
+        view = current_view(self)
+        if view is None:
+            return await self.read(key, default)
+        value: V | None = await view.get(key, self.default if default is _NO_DEFAULT else default)
+        return value
+
+    async def get_many(self, keys: Iterable[object]) -> list[V | None]:
+        """The values of ``keys``, in order, in one round trip for those not cached."""
+        view = current_view(self)
+        keys = list(keys)
+        if view is None:
+            return await self.read_many(keys)
+        values: list[V | None] = await view.get_many(keys, self.default)
+        return values
+
+    def set(self, key: object, value: V) -> None:
+        """Write ``value`` under ``key``; it lands with the next commit.
+
+        Values are kept as given until the commit: treat them as immutable (set a new
+        value rather than changing one in place).
+        """
+        writing_view(self).set(key, value)
+
+    def delete(self, key: object) -> None:
+        """Remove ``key``; it lands with the next commit."""
+        writing_view(self).delete(key)
+
+    # -- from anywhere --
+
+    def _redis(self, redis: Redis | None) -> Redis:
+        if redis is not None:
+            return redis
+        if self._connection is None:
+            raise ConfigError("redis", f"table {self.name!r}: pass the Redis client (redis=...)")
+        return self._connection()
+
+    async def read(
+        self, key: object, default: V | None = _NO_DEFAULT, *, redis: Redis | None = None
+    ) -> V | None:
+        """The committed value of ``key``, from any process; ``default`` if missing.
+
+        Reads Redis directly, never a worker: what the writing processor committed
+        last, without its uncommitted writes.
+        """
+        client = self._redis(redis)
+        with redis_errors():
+            raw = await client.hget(self.key(self.partition_of(key)), canonical_key_bytes(key))
+        if raw is None:
+            return self.default if default is _NO_DEFAULT else default
+        return self.decode(raw)
+
+    async def read_many(
+        self, keys: Iterable[object], *, redis: Redis | None = None
+    ) -> list[V | None]:
+        """The committed values of ``keys``, in order (``default`` where missing)."""
+        client = self._redis(redis)
+        keys = list(keys)
+        by_partition: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_partition.setdefault(self.partition_of(key), []).append(i)
+        out: list[V | None] = [self.default] * len(keys)
+        with redis_errors():
+            for partition, positions in by_partition.items():
+                fields = [canonical_key_bytes(keys[i]) for i in positions]
+                raws = await client.hmget(self.key(partition), fields)
+                for i, raw in zip(positions, raws, strict=True):
+                    if raw is not None:
+                        out[i] = self.decode(raw)
+        return out
+
+    async def items(
+        self, *, partition: int | None = None, redis: Redis | None = None
+    ) -> AsyncIterator[tuple[str, V]]:
+        """Every committed ``(key, value)``, partition by partition (or of one).
+
+        Keys come back in their canonical text form (``5`` as ``"5"``). Scanning is
+        incremental (``HSCAN``): a table changing meanwhile may show a key twice or
+        miss one written during the scan, never a value that was not committed.
+        """
+        client = self._redis(redis)
+        home = self._home()
+        partitions = range(home.partition_count) if partition is None else [partition]
+        for p in partitions:
+            cursor = 0
+            while True:
+                with redis_errors():
+                    cursor, page = await client.hscan(self.key(p), cursor, count=SCAN_COUNT)
+                for field, raw in page.items():
+                    yield field.decode(), self.decode(raw)
+                if cursor == 0:
+                    break
+
+    async def sizes(self, *, redis: Redis | None = None) -> list[int]:
+        """The number of keys in each partition, in partition order."""
+        client = self._redis(redis)
+        home = self._home()
+        with redis_errors():
+            async with client.pipeline(transaction=False) as pipe:
+                replies = [pipe.hlen(self.key(p)) for p in range(home.partition_count)]
+        return [int(await r) for r in replies]
+
+    def __repr__(self) -> str:
+        where = f" of {self.stream.name!r} by {self.processor!r}" if self.stream is not None else ""
+        return f"<Table {self.name!r}{where} value={getattr(self.value, '__name__', self.value)}>"

@@ -1,0 +1,213 @@
+"""State: tables and outputs committed with the acknowledgements, exactly once.
+
+In-process workers on a real server (and the session's cluster where marked): counts
+equal what was sent, outputs hold each result once, writes of failed events vanish,
+and a processor cannot write another partition's keys.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from streamkit import (
+    App,
+    ConfigError,
+    Events,
+    ExceptionPolicy,
+    Record,
+    Table,
+    WrongPartition,
+)
+from streamkit._worker import run_worker
+from streamkit.testing import wait_until
+
+if TYPE_CHECKING:
+    from streamkit import Redis
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 1.0,
+    "heartbeat_interval": 0.1,
+    "session_timeout": 1.0,
+    "grace_period": 1.0,
+}
+
+
+class Order(Record):
+    order_id: int
+    customer: str
+    amount: float
+
+
+class Receipt(Record):
+    customer: str
+    order_id: int
+    total: float
+
+
+def shop(redis_url: str, **settings: Any) -> tuple[App, Any, Any, Table[float], Table[int]]:
+    app = App("shop", redis_url=redis_url, **{**FAST, **settings})
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
+    receipts = app.stream("receipts", record=Receipt, partition_by="customer", partition_count=2)
+    totals = app.table("totals", value=float, default=0.0)
+    counts = app.table("counts", value=int, default=0)
+
+    @app.processor(orders, tables=[totals, counts], outputs=[receipts])
+    async def tally(events: Events[Order]) -> None:
+        async for order in events.records():
+            total = await totals.get(order.customer) + order.amount
+            totals.set(order.customer, total)
+            counts.set(order.customer, await counts.get(order.customer) + 1)
+            events.emit(
+                receipts, Receipt(customer=order.customer, order_id=order.order_id, total=total)
+            )
+
+    return app, orders, receipts, totals, counts
+
+
+def orders_for(customers: int, per_customer: int) -> list[Order]:
+    return [
+        Order(order_id=n * customers + c, customer=f"c{c}", amount=float(n + 1))
+        for n in range(per_customer)
+        for c in range(customers)
+    ]
+
+
+async def receipts_of(redis: Redis, receipts: Any) -> list[Receipt]:
+    out: list[Receipt] = []
+    for partition in range(receipts.partition_count):
+        for entry in await redis.xrange(receipts.key(partition)):
+            out.append(receipts.codec.decode(entry.field_values, stream="receipts"))
+    return out
+
+
+async def wait_counts(counts: Table[int], expected: dict[str, int]) -> None:
+    async def done() -> bool:
+        return {k: v async for k, v in counts.items()} == expected
+
+    await wait_until(done, what=f"the counts to reach {expected}", within=30)
+
+
+@pytest.mark.cluster
+async def test_a_table_and_outputs_reflect_every_event_once(redis_url: str, redis: Redis) -> None:
+    app, orders, receipts, totals, counts = shop(redis_url)
+    sent = orders_for(customers=10, per_customer=30)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many(sent)
+        await wait_counts(counts, {f"c{c}": 30 for c in range(10)})
+        await worker.stop()
+    async with app:
+        assert await totals.read("c3") == sum(range(1, 31))
+        assert await totals.read("nobody") == 0.0
+        assert await totals.read_many(["c0", "c1", "nobody"]) == [465.0, 465.0, 0.0]
+        assert sum(await totals.sizes()) == 10
+    got = await receipts_of(redis, receipts)
+    assert sorted(r.order_id for r in got) == sorted(o.order_id for o in sent)
+    # In order per customer, each with its running total.
+    for c in range(10):
+        mine = [r for r in got if r.customer == f"c{c}"]
+        assert [r.total for r in mine] == [sum(range(1, n + 2)) for n in range(30)]
+
+
+async def test_a_retried_event_writes_once(redis_url: str, redis: Redis) -> None:
+    app = App("retry", redis_url=redis_url, **FAST)
+    words = app.stream("words", record=Order, partition_by="customer", partition_count=2)
+    seen = app.table("seen", value=int, default=0)
+    failures: list[int] = []
+
+    @app.processor(
+        words, tables=[seen], policy=ExceptionPolicy(action="retry", retries=5, backoff=0.01)
+    )
+    async def count(events: Events[Order]) -> None:
+        async for order in events.records():
+            seen.set(order.customer, await seen.get(order.customer) + 1)
+            if order.order_id % 3 == 0 and failures.count(order.order_id) < 2:
+                failures.append(order.order_id)
+                raise RuntimeError("flaky")
+
+    sent = [Order(order_id=n, customer=f"k{n % 4}", amount=1.0) for n in range(40)]
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await words.send_many(sent)
+
+        async def done() -> bool:
+            return [await seen.read(f"k{k}") for k in range(4)] == [10, 10, 10, 10]
+
+        await wait_until(done, what="ten counted per key", within=30)
+        await worker.stop()
+    assert len(failures) == 2 * len([n for n in range(40) if n % 3 == 0])
+
+
+async def test_dead_lettered_events_leave_no_writes(redis_url: str, redis: Redis) -> None:
+    app = App("dlq", redis_url=redis_url, **FAST)
+    words = app.stream("words", record=Order, partition_by="customer", partition_count=2)
+    seen = app.table("seen", value=int, default=0)
+
+    @app.processor(words, tables=[seen], policy=ExceptionPolicy(action="dead_letter"))
+    async def count(events: Events[Order]) -> None:
+        async for order in events.records():
+            seen.set(order.customer, await seen.get(order.customer) + 1)
+            if order.order_id % 5 == 0:
+                raise RuntimeError("bad order")
+
+    sent = [Order(order_id=n, customer="k", amount=1.0) for n in range(1, 21)]
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await words.send_many(sent)
+        dead = app.processors["count"].keys.dead_letter_key
+
+        async def done() -> bool:
+            return await seen.read("k") == 16 and await redis.xlen(dead) == 4
+
+        await wait_until(done, what="16 counted and 4 dead letters", within=30)
+        await worker.stop()
+
+
+async def test_a_key_of_another_partition_is_refused(redis_url: str, redis: Redis) -> None:
+    app = App("wrong", redis_url=redis_url, **FAST)
+    words = app.stream("words", record=Order, partition_by="customer", partition_count=4)
+    seen = app.table("seen", value=int, default=0)
+    errors: list[BaseException] = []
+
+    @app.processor(words, tables=[seen], policy=ExceptionPolicy(action="ignore"))
+    async def count(events: Events[Order]) -> None:
+        async for order in events.records():
+            try:
+                seen.set(order.customer + "-other", 1)
+            except WrongPartition as exc:
+                errors.append(exc)
+            seen.set(order.customer, 1)
+
+    # Keys whose "-other" twin lands in another partition.
+    keys = [
+        k
+        for k in (f"k{n}" for n in range(40))
+        if words.partitioner.partition_of(Order(order_id=0, customer=k, amount=0))
+        != words.partitioner.partition_of(Order(order_id=0, customer=k + "-other", amount=0))
+    ][:5]
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await words.send_many([Order(order_id=1, customer=k, amount=1.0) for k in keys])
+
+        async def done() -> bool:
+            return sum(await seen.sizes()) >= len(keys)
+
+        await wait_until(done, what="every key written", within=30)
+        await worker.stop()
+    assert len(errors) == len(keys)
+    assert "belongs to partition" in str(errors[0])
+
+
+async def test_writing_outside_the_processor_is_refused(redis_url: str) -> None:
+    app, *_, totals, _ = shop(redis_url)
+    with pytest.raises(ConfigError, match="written only by its processor"):
+        totals.set("c0", 1.0)
+    with pytest.raises(ConfigError, match="already declared"):
+        app.table("totals", value=float)
+    other = App("other", redis_url=redis_url)
+    stream = other.stream("s", record=Order, partition_by="customer")
+    with pytest.raises(ConfigError, match="not a table of app"):
+        other.processor(stream, tables=[totals])
