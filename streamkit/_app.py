@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["App", "NotConnected", "Processor"]
 
 R = TypeVar("R")
+V = TypeVar("V")
 
 #: Partitions per stream above which declaring one logs a warning: every partition a
 #: worker owns holds a lease renewed every ``lease_ttl / 3`` seconds and costs a read
@@ -225,7 +226,7 @@ class App:
         self.streams[name] = stream
         return stream
 
-    def table(self, name: str, *, value: Any, default: Any = None) -> Table[Any]:
+    def table(self, name: str, *, value: type[V] | Any, default: V | None = None) -> Table[V]:
         """Declare a table: keyed state that one processor writes, exactly once.
 
         Name it in the processor that writes it (``@app.processor(orders,
@@ -242,7 +243,7 @@ class App:
         """
         if name in self.tables:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
-        table: Table[Any] = Table(name, value, default, connection=lambda: self.redis)
+        table: Table[V] = Table(name, value, default, connection=lambda: self.redis)
         self.tables[name] = table
         return table
 

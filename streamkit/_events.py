@@ -342,6 +342,9 @@ async def open_events(
             delivery.pump_factory = lambda: MiddlewarePump(delivery, nursery)
             if draining is not None:
                 nursery.start_soon(_watch_draining, draining, delivery)
+            relay = state.start_relay(feed.held) if state is not None else None
+            if relay is not None:
+                nursery.start_soon(relay.run)
             yield events
         ended_normally = True
     finally:
@@ -368,6 +371,10 @@ async def _leave(delivery: Delivery[Any], *, commit: bool) -> None:
         scope.shield = True
         try:
             await delivery.commit_now()
+            relay = delivery.state.relay if delivery.state is not None else None
+            if relay is not None:
+                # What the last commits emitted, on its way before the partition goes.
+                await relay.relay_all()
         except StreamkitError as exc:
             if commit:
                 raise

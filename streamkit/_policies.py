@@ -79,6 +79,13 @@ DEAD_LETTER_FIELDS = (
 )
 
 
+def _is_backoff(_: object, __: attrs.Attribute[Backoff], value: object) -> None:
+    if not isinstance(value, Backoff):
+        raise ConfigError(
+            "backoff", f"expected a Backoff (e.g. Backoff(initial=0.1)), got {value!r}"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class ExceptionPolicy:
     """What to do when a processor raises while processing events.
@@ -116,7 +123,7 @@ class ExceptionPolicy:
         default="halt", validator=one_of("halt", "retry", "dead_letter", "ignore")
     )
     retries: int = attrs.field(default=DEFAULT_RETRIES, validator=non_negative_int)
-    backoff: Backoff = attrs.field(default=DEFAULT_RETRY_BACKOFF)
+    backoff: Backoff = attrs.field(default=DEFAULT_RETRY_BACKOFF, validator=_is_backoff)
     on_exhausted: ExhaustedAction = attrs.field(
         default="halt", validator=one_of("halt", "dead_letter", "ignore")
     )

@@ -36,11 +36,14 @@ from ._errors import ConfigError, EncodeError, WrongPartition
 from ._partitioner import canonical_key_bytes, partition_for
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
-from ._streams import check_metadata
+from ._state_relay import OutboxRelay
+from ._streams import Stream, check_metadata
+from ._wire import DEFAULT_PARTITION_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
+    from ._locks import HeldLease
     from ._redis import Redis
     from ._spec import HasSpec, ProcessorKeys, StreamSpec
 
@@ -293,13 +296,23 @@ class PartitionState:
             table: TableView(table, partition, stream.partition_count, redis, cache_size)
             for table in tables
         }
-        specs = [spec_of(o) for o in outputs]
-        self.outputs: dict[str, StreamSpec[Any]] = {s.name: s for s in specs}
+        outputs = list(outputs)
+        self.outputs: dict[str, StreamSpec[Any]] = {spec_of(o).name: spec_of(o) for o in outputs}
+        # Entries each output's partitions keep when appends trim them.
+        self._keep = {
+            spec_of(o).name: (
+                o.settings.partition_size if isinstance(o, Stream) else DEFAULT_PARTITION_SIZE
+            )
+            for o in outputs
+        }
+        self._keep_of_key: dict[str, int] = {}
         self._outbox = (
             _keys.outbox_key(stream.app, stream.name, keys.processor, partition)
-            if is_cluster(redis)
+            if is_cluster(redis) and self.outputs
             else None
         )
+        self._source = f"{stream.app}.{stream.name}.{partition}.{keys.processor}"
+        self.relay: OutboxRelay | None = None
         self._tentative_out: list[tuple[str, list[bytes | str | int | float]]] = []
         self._done_out: list[tuple[str, list[bytes | str | int | float]]] = []
 
@@ -326,6 +339,8 @@ class PartitionState:
         except Exception as exc:
             raise EncodeError(f"cannot encode {record!r} for {spec.name}: {exc}") from exc
         target = spec.key(spec.partition_of(record))
+        if target not in self._keep_of_key:
+            self._keep_of_key[target] = self._keep[spec.name]
         pairs: list[bytes | str | int | float] = []
         if self._outbox is not None:
             pairs.append(b"__to")
@@ -360,21 +375,39 @@ class PartitionState:
             view.contribute(changes, pinned)
             if pinned:
                 pins.append((view, pinned))
+        relay = None
         if self._done_out:
             outbox = self._outbox
             for target, pairs in self._done_out:
                 changes.xadd(outbox or target, pairs)
             self._done_out = []
+            relay = self.relay
         if not changes:
             return None
-        if pins:
+        if pins or relay is not None:
 
             def landed() -> None:
                 for view, fields in pins:
                     view.unpin(fields)
+                if relay is not None:
+                    relay.wake()
 
             changes.on_landed = landed
         return changes
+
+    def start_relay(self, held: HeldLease) -> OutboxRelay | None:
+        """The relay of this partition's outbox (Redis Cluster, with outputs), if any:
+        run its :meth:`~streamkit._state_relay.OutboxRelay.run` in the partition."""
+        if self._outbox is None:
+            return None
+        self.relay = OutboxRelay(
+            self._redis,
+            self._outbox,
+            self._source,
+            held,
+            lambda key: self._keep_of_key.get(key, DEFAULT_PARTITION_SIZE),
+        )
+        return self.relay
 
     def activate(self) -> contextvars.Token[PartitionState | None]:
         """Make this the state tables find in this task (and the tasks it starts)."""

@@ -71,8 +71,8 @@ class Table(Generic[V]):
     Attributes:
         name: the table's name (unique in its app).
         value: the type of its values.
-        default: what :meth:`get` and :meth:`read` return for a missing key (or
-            ``None``).
+        default: what :meth:`get` and :meth:`read` return for a missing key
+            (``None`` unless given).
         stream: the stream the table is kept beside, once bound.
         processor: the processor that writes it, once bound.
     """
@@ -146,7 +146,7 @@ class Table(Generic[V]):
 
     # -- inside the processor --
 
-    async def get(self, key: object, default: V | None = _NO_DEFAULT) -> V | None:
+    async def get(self, key: object, default: V | None = _NO_DEFAULT) -> V:
         """The value of ``key`` as this processor sees it (its own writes first).
 
         Inside the processor that writes the table, this reads the partition's
@@ -160,16 +160,16 @@ class Table(Generic[V]):
         view = current_view(self)
         if view is None:
             return await self.read(key, default)
-        value: V | None = await view.get(key, self.default if default is _NO_DEFAULT else default)
+        value: V = await view.get(key, self.default if default is _NO_DEFAULT else default)
         return value
 
-    async def get_many(self, keys: Iterable[object]) -> list[V | None]:
+    async def get_many(self, keys: Iterable[object]) -> list[V]:
         """The values of ``keys``, in order, in one round trip for those not cached."""
         view = current_view(self)
         keys = list(keys)
         if view is None:
             return await self.read_many(keys)
-        values: list[V | None] = await view.get_many(keys, self.default)
+        values: list[V] = await view.get_many(keys, self.default)
         return values
 
     def set(self, key: object, value: V) -> None:
@@ -195,7 +195,7 @@ class Table(Generic[V]):
 
     async def read(
         self, key: object, default: V | None = _NO_DEFAULT, *, redis: Redis | None = None
-    ) -> V | None:
+    ) -> V:
         """The committed value of ``key``, from any process; ``default`` if missing.
 
         Reads Redis directly, never a worker: what the writing processor committed
@@ -205,19 +205,19 @@ class Table(Generic[V]):
         with redis_errors():
             raw = await client.hget(self.key(self.partition_of(key)), canonical_key_bytes(key))
         if raw is None:
-            return self.default if default is _NO_DEFAULT else default
+            return self.default if default is _NO_DEFAULT else default  # type: ignore[return-value]
         return self.decode(raw)
 
     async def read_many(
         self, keys: Iterable[object], *, redis: Redis | None = None
-    ) -> list[V | None]:
+    ) -> list[V]:
         """The committed values of ``keys``, in order (``default`` where missing)."""
         client = self._redis(redis)
         keys = list(keys)
         by_partition: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             by_partition.setdefault(self.partition_of(key), []).append(i)
-        out: list[V | None] = [self.default] * len(keys)
+        out: list[V] = [self.default] * len(keys)  # type: ignore[list-item]
         with redis_errors():
             for partition, positions in by_partition.items():
                 fields = [canonical_key_bytes(keys[i]) for i in positions]

@@ -29,7 +29,9 @@ __all__ = [
     "DEFAULT_SEND_CHUNK_SIZE",
     "METADATA_LUA",
     "METADATA_VERSION",
+    "OUTBOX_DELETE_LUA",
     "READ_LUA",
+    "RELAY_LUA",
     "TRIM_FUNCTIONS_LUA",
     "compare_metadata",
     "compare_schemas",
@@ -368,3 +370,42 @@ end
 return acked
 """
 )
+
+# Relays records a processor emitted on Redis Cluster from its partition's outbox to
+# their target partition, exactly once: KEYS: the target stream, the relay marker (the
+# last outbox id relayed from that source to that target). ARGV: entries to keep when
+# trimming (0: do not trim), then per entry its outbox id, field count, names and
+# values, in outbox order. Entries at or below the marker were relayed before and are
+# skipped. Returns the number appended.
+RELAY_LUA = (
+    """
+local key = KEYS[1]
+"""
+    + TRIM_FUNCTIONS_LUA
+    + """
+local last = redis.call('GET', KEYS[2]) or '0-0'
+local newest = last
+local appended = 0
+local i = 2
+while i <= #ARGV do
+  local id, count = ARGV[i], tonumber(ARGV[i + 1])
+  if less(last, id) then
+    redis.call('XADD', key, '*', unpack(ARGV, i + 2, i + 1 + 2 * count))
+    appended = appended + 1
+    newest = id
+  end
+  i = i + 2 + 2 * count
+end
+if newest ~= last then redis.call('SET', KEYS[2], newest) end
+trim_processed(redis.call('XLEN', key), tonumber(ARGV[1]))
+return appended
+"""
+)
+
+# Deletes relayed entries from an outbox, fenced: KEYS: the outbox, the partition's
+# lock. ARGV: lease value, ids. Returns -1 if the lease is not ours, else the number
+# deleted.
+OUTBOX_DELETE_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+"""

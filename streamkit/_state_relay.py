@@ -1,0 +1,139 @@
+"""The outbox relay: records a processor emitted on Redis Cluster, moved on exactly once.
+
+On Redis Cluster a partition's commit can only write keys of the partition's own hash
+slot, and an output stream's partition usually lives in another. So the commit
+appends emitted records to the partition's *outbox* (``__obox:{app.stream.N}.proc``,
+in the slot), and this relay, running in the partition's task under its lease, moves
+them to their target partitions:
+
+* for each target, one script in the target's slot appends the entries in outbox
+  order, skipping those at or below the relay marker (``__rely:{target}:source``, the
+  last outbox id relayed from this source to that target), and advances the marker:
+  a relay repeated after a crash or a lost reply appends nothing twice;
+* then a fenced script in the source slot deletes the relayed entries from the
+  outbox (refused once the lease is lost: the next owner relays what is left).
+
+A new owner relays the previous owner's leftovers first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import _keys
+from ._backoff import Backoff
+from ._errors import RedisUnavailable
+from ._redis import LuaScript, redis_errors
+from ._wire import OUTBOX_DELETE_LUA, RELAY_LUA
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._locks import HeldLease
+    from ._redis import Redis
+
+__all__ = ["OutboxRelay"]
+
+log = logging.getLogger("streamkit.state")
+
+#: Outbox entries relayed per round.
+RELAY_BATCH = 500
+#: The outbox field naming an entry's target stream key.
+TARGET_FIELD = b"__to"
+
+_RELAY_SCRIPT = LuaScript(RELAY_LUA)
+_DELETE_SCRIPT = LuaScript(OUTBOX_DELETE_LUA)
+
+
+class OutboxRelay:
+    """Relays one partition's outbox while the partition is processed here.
+
+    Attributes:
+        outbox: the outbox's key.
+        relayed: entries relayed so far.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        outbox: str,
+        source: str,
+        held: HeldLease,
+        keep_of: Callable[[str], int],
+    ) -> None:
+        self.outbox = outbox
+        self.relayed = 0
+        self._redis = redis
+        self._source = source
+        self._held = held
+        self._keep_of = keep_of
+        self._wake = trio.Event()
+
+    def wake(self) -> None:
+        """A commit carrying outputs landed: relay them."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Relay the outbox now, then whenever woken, until cancelled.
+
+        Redis being unavailable is waited out with backoff (the records wait in the
+        outbox, committed); a lost lease ends the relaying (the next owner goes on).
+        """
+        delays = None
+        while True:
+            try:
+                if not await self.relay_all():
+                    return
+                delays = None
+            except RedisUnavailable as exc:
+                if delays is None:
+                    delays = Backoff().delays()
+                delay = next(delays)
+                log.warning("relaying %s failed: %s (retrying in %.2fs)", self.outbox, exc, delay)
+                await trio.sleep(delay)
+                continue
+            await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def relay_all(self) -> bool:
+        """Relay until the outbox is empty; ``False`` if the lease was lost."""
+        while True:
+            with redis_errors():
+                entries: Any = await self._redis.xrange(self.outbox, count=RELAY_BATCH)
+            if not entries:
+                return True
+            by_target: dict[bytes, list[bytes | int]] = {}
+            ids: list[bytes] = []
+            for entry in entries:
+                entry_id: bytes = entry.identifier
+                fields = dict(entry.field_values)
+                target = fields.pop(TARGET_FIELD)
+                args = by_target.setdefault(target, [])
+                args.append(entry_id)
+                args.append(len(fields))
+                for name, value in fields.items():
+                    args.append(name)
+                    args.append(value)
+                ids.append(entry_id)
+            for target, args in by_target.items():
+                key = target.decode()
+                with redis_errors():
+                    await _RELAY_SCRIPT(
+                        self._redis,
+                        keys=[key, _keys.relay_key(key, self._source)],
+                        args=[self._keep_of(key), *args],
+                    )
+            lease = self._held.lease
+            with redis_errors():
+                deleted = await _DELETE_SCRIPT(
+                    self._redis, keys=[self.outbox, lease.key], args=[lease.value, *ids]
+                )
+            if deleted == -1:
+                return False
+            self.relayed += len(ids)
+
+    def __repr__(self) -> str:
+        return f"<OutboxRelay {self.outbox} relayed {self.relayed}>"
