@@ -461,6 +461,8 @@ class Fetcher(Generic[R]):
             acks, feed.acks_due, feed.changes_due = feed.acks_due, [], []
             change_keys, change_args = change_arguments(changes, 3)
         else:
+            # (Not the feed's own list: changes handed over during the read wait.)
+            changes = []
             acks = feed.acks_due[:ACK_CHUNK]
             del feed.acks_due[:ACK_CHUNK]
             change_keys, change_args = [], []

@@ -120,7 +120,9 @@ async def test_a_retried_event_writes_once(redis_url: str, redis: Redis) -> None
     failures: list[int] = []
 
     @app.processor(
-        words, tables=[seen], policy=ExceptionPolicy(action="retry", retries=5, backoff=Backoff(initial=0.01))
+        words,
+        tables=[seen],
+        policy=ExceptionPolicy(action="retry", retries=5, backoff=Backoff(initial=0.01)),
     )
     async def count(events: Events[Order]) -> None:
         async for order in events.records():
