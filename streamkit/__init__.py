@@ -17,6 +17,7 @@ from ._errors import (
     DecodeError as DecodeError,
     EncodeError as EncodeError,
     GroupExists as GroupExists,
+    LateEvent as LateEvent,
     LockLost as LockLost,
     LockNotAcquired as LockNotAcquired,
     MetadataMismatch as MetadataMismatch,
@@ -110,6 +111,13 @@ from ._settings import Settings as Settings
 from ._spec import ProcessorKeys as ProcessorKeys, StreamSpec as StreamSpec
 from ._streams import Stream as Stream
 from ._tables import Table as Table
+from ._tables_windowed import WindowedTable as WindowedTable
+from ._windows import (
+    Window as Window,
+    hopping as hopping,
+    session as session,
+    tumbling as tumbling,
+)
 from ._worker import Worker as Worker, run_worker as run_worker
 
 __version__ = "0.1.0"

@@ -19,13 +19,17 @@ from ._settings import Settings, check_setting_names
 from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
 from ._tables import Table
+from ._tables_windowed import LatePolicy, WindowedTable, default_result
+from ._windows import Window, to_ms
 from .jobs._handle import Job
 from .jobs._model import JobOptions, Schedule
 
 if TYPE_CHECKING:
+    from datetime import timedelta
     from types import TracebackType
 
     from ._events import Events, Middleware
+    from ._windows import WindowKind
     from .jobs import JobQueue
 
 __all__ = ["App", "NotConnected", "Processor"]
@@ -67,7 +71,7 @@ class Processor:
     policy: ExceptionPolicy
     middleware: tuple[Middleware, ...]
     settings: Settings
-    tables: tuple[Table[Any], ...] = ()
+    tables: tuple[Table[Any] | WindowedTable[Any], ...] = ()
     outputs: tuple[Stream[Any], ...] = ()
 
     @property
@@ -79,6 +83,13 @@ class Processor:
     def group(self) -> str:
         """The processor's membership group and consumer group name."""
         return self.keys.group
+
+
+def _duration_ms(name: str, value: timedelta | float) -> int:
+    ms = to_ms(value)
+    if ms < 0:
+        raise ConfigError(name, f"must not be negative, got {value!r}")
+    return ms
 
 
 def _name_of(fn: object) -> str:
@@ -129,7 +140,7 @@ class App:
     settings: Settings
     streams: dict[str, Stream[Any]]
     processors: dict[str, Processor]
-    tables: dict[str, Table[Any]]
+    tables: dict[str, Table[Any] | WindowedTable[Any]]
     background: list[BackgroundTask]
     jobs: dict[str, Job]
     _redis: Redis | None
@@ -247,6 +258,69 @@ class App:
         self.tables[name] = table
         return table
 
+    def window(
+        self,
+        name: str,
+        kind: WindowKind,
+        *,
+        value: type[V] | Any,
+        initial: V,
+        grace: timedelta | float = 0,
+        retention: timedelta | float = 0,
+        time: str | Callable[[Any], Any] | None = None,
+        output: Stream[Any] | None = None,
+        result: Callable[[str, Window, V], Any] = default_result,
+        late: LatePolicy = "drop",
+        merge: Callable[[V, V], V] | None = None,
+    ) -> WindowedTable[V]:
+        """Declare a windowed table: per key and window of event time, an aggregate.
+
+        Name it in the processor that writes it (``tables=[...]``); inside, fold each
+        event in with ``await table.update(key, at, fn, *args)``. A window closes when the
+        partition's watermark passes its end plus ``grace``; its final value then goes
+        to ``output`` once, as ``result(key, window, value)``. See :doc:`state`.
+
+        Args:
+            name: the table's name, unique in the app.
+            kind: :func:`~streamkit.tumbling`, :func:`~streamkit.hopping` or
+                :func:`~streamkit.session` windows.
+            value: the type of a window's value.
+            initial: the value a window starts from.
+            grace: how long a window stays open after its end, for late events.
+            retention: how long a closed window stays readable after its end.
+            time: a record's event time, for ``update(key, record, fn)``: a field name
+                or a function of the record (a datetime or seconds since the epoch).
+            output: the stream final results go to (made an output of the writing
+                processor).
+            result: builds an output record from ``(key, window, value)``; by default
+                a dict with key, start, end and value (for a ``dict`` stream).
+            late: ``"drop"`` (counted) or ``"dead_letter"`` a late event.
+            merge: combines two sessions' values when an event bridges them.
+
+        Error handling:
+            :class:`ConfigError` for a bad name, option, or a name declared twice.
+        """
+        if name in self.tables:
+            raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
+        if output is not None and self.streams.get(output.name) is not output:
+            raise ConfigError("output", f"{output!r} is not a stream of app {self.name!r}")
+        table: WindowedTable[V] = WindowedTable(
+            name,
+            kind,
+            value,
+            initial,
+            grace=_duration_ms("grace", grace),
+            retention=_duration_ms("retention", retention),
+            time=time,
+            output=output,
+            result=result,
+            late=late,
+            merge=merge,
+            connection=lambda: self.redis,
+        )
+        self.tables[name] = table
+        return table
+
     def processor(
         self,
         stream: Stream[Any],
@@ -254,7 +328,7 @@ class App:
         name: str | None = None,
         policy: ExceptionPolicy | None = None,
         middleware: Sequence[Middleware] = (),
-        tables: Sequence[Table[Any]] = (),
+        tables: Sequence[Table[Any] | WindowedTable[Any]] = (),
         outputs: Sequence[Stream[Any]] = (),
         **overrides: Any,
     ) -> Callable[[ProcessorFunction], ProcessorFunction]:

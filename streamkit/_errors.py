@@ -17,6 +17,7 @@ __all__ = [
     "JobError",
     "JobFailed",
     "JobNotFound",
+    "LateEvent",
     "LockLost",
     "LockNotAcquired",
     "MetadataMismatch",
@@ -228,6 +229,28 @@ class WrongPartition(StreamkitError):
         self.key = key
         self.partition = partition
         self.processing = processing
+
+
+class LateEvent(StreamkitError):
+    """An event arrived for windows that had closed (past their end plus the grace).
+
+    Raised by ``WindowedTable.update`` under ``late="dead_letter"``; the exception
+    policy then dead-letters the event, whatever its action.
+
+    Attributes:
+        table: the windowed table.
+        key: the event's key.
+        watermark: the partition's watermark (ms since the epoch) when it arrived.
+    """
+
+    def __init__(self, table: str, key: object, watermark: int) -> None:
+        super().__init__(
+            f"windowed table {table!r}: a late event for key {key!r} (every window it "
+            f"falls in closed; watermark {watermark} ms)"
+        )
+        self.table = table
+        self.key = key
+        self.watermark = watermark
 
 
 class MetadataMismatch(StreamkitError):

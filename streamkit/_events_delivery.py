@@ -212,8 +212,10 @@ class Delivery(Generic[R]):
         """
         # Even with nothing new: the feed may hold acknowledgements handed over
         # earlier for its next read, and sends them now.
-        ids = self.ledger.take_done()
         state = self.state
+        if state is not None and state.windows:
+            await state.settle()
+        ids = self.ledger.take_done()
         try:
             if state is None:
                 await self.feed.ack(ids)
@@ -297,8 +299,9 @@ class Delivery(Generic[R]):
         """
         feed = self.feed
         ledger = self.ledger
+        state = self.state
         if wake and self.draining:
-            if ledger.done:
+            if ledger.done or state is not None:
                 self.commit_soon()
             self.finish_batch()
             raise Stop
@@ -307,29 +310,44 @@ class Delivery(Generic[R]):
         except trio.WouldBlock:
             # Nothing ready: the feed sends the acknowledgements with its next read,
             # or before it waits for new entries, whichever comes first.
-            if ledger.done:
+            if state is not None:
+                if state.windows:
+                    await state.settle()
+                self.commit_soon()
+            elif ledger.done:
                 self.commit_soon()
             self.finish_batch()
-            with trio.CancelScope(deadline=deadline) as scope:
-                if wake:
-                    self._wait_scope = scope
-                try:
-                    batch = await feed.receive()
-                except StreamkitError as exc:
-                    raise self.failed(exc) from None
-                finally:
+            while True:
+                # A partition with windows wakes when the wall clock would close one.
+                idle_at = state.idle_deadline() if state is not None else math.inf
+                with trio.CancelScope(deadline=min(deadline, idle_at)) as scope:
                     if wake:
-                        self._wait_scope = None
-            if scope.cancelled_caught:
+                        self._wait_scope = scope
+                    try:
+                        batch = await feed.receive()
+                    except StreamkitError as exc:
+                        raise self.failed(exc) from None
+                    finally:
+                        if wake:
+                            self._wait_scope = None
+                if not scope.cancelled_caught:
+                    break
                 if wake and self.draining:
                     raise Stop from None
-                return False
+                if state is None or trio.current_time() >= deadline:
+                    return False
+                await state.tick()
+                await self.commit_now()
         except StreamkitError as exc:
             raise self.failed(exc) from None
         else:
             # The next batch is here already: the acknowledgements go with the
             # partition's next read, which the room made below lets happen.
-            if ledger.done:
+            if state is not None:
+                if state.windows:
+                    await state.settle()
+                self.commit_soon()
+            elif ledger.done:
                 self.commit_soon()
             self.finish_batch()
             # Let the fetcher run (and refill) between batches.

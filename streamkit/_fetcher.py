@@ -114,6 +114,9 @@ class _Feed:
     # changes to commit with them (never sent apart from them).
     acks_due: list[bytes] = attrs.field(factory=list)
     changes_due: list[Changes] = attrs.field(factory=list)
+    # Held while a commit (changes) is in flight: commits land one at a time, in the
+    # order they were handed over, whichever path (a read, ack()) carries them.
+    commit_lock: trio.Lock = attrs.field(factory=trio.Lock)
 
     @property
     def stream(self) -> StreamSpec[Any]:
@@ -156,10 +159,16 @@ class _Feed:
                 self.changes_due.append(changes)
 
     async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
+        if not (changes or self.changes_due):
+            await self._ack(ids, [])
+            return
+        async with self.commit_lock:
+            await self._ack(ids, [changes] if changes else [])
+
+    async def _ack(self, ids: Sequence[bytes], changes: list[Changes]) -> None:
         due, self.acks_due = self.acks_due, []
         due_changes, self.changes_due = self.changes_due, []
-        if changes:
-            due_changes.append(changes)
+        due_changes.extend(changes)
         if not (due or ids or due_changes):
             await trio.lowlevel.checkpoint()
             return
@@ -396,19 +405,28 @@ class Fetcher(Generic[R]):
 
     async def _send_due_acks(self, feeds: list[_Feed]) -> None:
         """Send the acknowledgements the ``feeds`` hold for a read that is not coming."""
-        due = [f for f in feeds if f.acks_due or f.changes_due]
+        # (A feed whose commit is in flight elsewhere sends its own afterwards.)
+        due = [
+            f
+            for f in feeds
+            if (f.acks_due or f.changes_due) and not (f.changes_due and f.commit_lock.locked())
+        ]
         if not due:
             return
         errors: list[RedisUnavailable] = []
 
         async def send(feed: _Feed) -> None:
-            ids, feed.acks_due = feed.acks_due, []
-            changes, feed.changes_due = feed.changes_due, []
             try:
-                await self._ack(feed, ids, changes)
+                async with feed.commit_lock:
+                    ids, feed.acks_due = feed.acks_due, []
+                    changes, feed.changes_due = feed.changes_due, []
+                    try:
+                        await self._ack(feed, ids, changes)
+                    except RedisUnavailable:
+                        if not changes:
+                            feed.acks_due[:0] = ids
+                        raise
             except RedisUnavailable as exc:
-                if not changes:
-                    feed.acks_due[:0] = ids
                 errors.append(exc)
             except LockLost:
                 pass  # the feed failed: its consumer learns why from it
@@ -453,9 +471,16 @@ class Fetcher(Generic[R]):
         if held.lost_reason is not None:
             self._fail(feed, LockLost(held.name, held.lost_reason))
             return None
-        lease = held.lease
         changes = feed.changes_due
-        if changes:
+        change_keys: list[str] = []
+        change_args: list[Any] = []
+        if changes and feed.commit_lock.locked():
+            # Another commit of this partition is in flight: read only; these
+            # changes (and the acknowledgements behind them) follow it.
+            changes = []
+            acks: list[bytes] = []
+        elif changes:
+            feed.commit_lock.acquire_nowait()
             # The changes commit with the acknowledgements of the events behind them:
             # all of them in one call.
             acks, feed.acks_due, feed.changes_due = feed.acks_due, [], []
@@ -465,7 +490,23 @@ class Fetcher(Generic[R]):
             changes = []
             acks = feed.acks_due[:ACK_CHUNK]
             del feed.acks_due[:ACK_CHUNK]
-            change_keys, change_args = [], []
+        try:
+            return await self._read_carrying(feed, acks, changes, change_keys, change_args)
+        finally:
+            if changes:
+                feed.commit_lock.release()
+
+    async def _read_carrying(
+        self,
+        feed: _Feed,
+        acks: list[bytes],
+        changes: list[Changes],
+        change_keys: list[str],
+        change_args: list[Any],
+    ) -> RedisUnavailable | None:
+        """The fenced read of :meth:`_read`, committing ``changes`` and ``acks`` first."""
+        held = feed.held
+        lease = held.lease
         began = time.perf_counter() if TIMING.on else 0.0
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):

@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from ._backoff import Backoff
-from ._errors import ConfigError, DecodeError, ProcessorHalted, RedisUnavailable
+from ._errors import ConfigError, DecodeError, LateEvent, ProcessorHalted, RedisUnavailable
 from ._events import DEFAULT_ACK_BATCH, open_events
 from ._redis import Redis, as_unavailable, redis_errors
 from ._validate import non_negative_int, one_of, positive_int
@@ -245,6 +245,10 @@ class _Handler:
         if isinstance(error, DecodeError):
             # Raised by a lazy ``event.record`` in the processor: as undecodable.
             await self._apply(self._diverted_action("undecodable"), failing, error, "undecodable")
+        elif isinstance(error, LateEvent):
+            # A windowed table's late="dead_letter": the event goes to the dead letters.
+            action: ExhaustedAction = "dead_letter" if self.redis is not None else "halt"
+            await self._apply(action, failing, error, "late")
         elif policy.action == "retry":
             key = tuple(e._id for e in failing)
             if key != self._failing:

@@ -26,59 +26,46 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+import math
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from . import _keys
 from ._commit import Changes
-from ._errors import ConfigError, EncodeError, WrongPartition
-from ._partitioner import canonical_key_bytes, partition_for
+from ._errors import ConfigError, EncodeError
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_relay import OutboxRelay
+from ._state_views import TableLike, TableView, WindowLike, WindowView
 from ._streams import Stream, check_metadata
+from ._windows import Window, idle_watermark
 from ._wire import DEFAULT_PARTITION_SIZE
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable
 
     from ._locks import HeldLease
     from ._redis import Redis
     from ._spec import HasSpec, ProcessorKeys, StreamSpec
 
-__all__ = ["DEFAULT_STATE_CACHE_SIZE", "PartitionState", "current_view", "writing_view"]
+__all__ = [
+    "DEFAULT_STATE_CACHE_SIZE",
+    "PartitionState",
+    "TableLike",
+    "current_view",
+    "current_window_view",
+    "writing_view",
+]
 
 log = logging.getLogger("streamkit.state")
 
 #: Values a partition caches per table, at most (uncommitted writes come on top).
 DEFAULT_STATE_CACHE_SIZE = 10_000
-
-
-class _Missing:
-    """A key with no value (deleted, or never written)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
-_ABSENT: Any = object()
-
-
-class TableLike(Protocol):
-    """What the state needs of a table (:class:`~streamkit.Table`)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def encode(self, value: Any) -> bytes: ...
-
-    def decode(self, raw: bytes) -> Any: ...
-
-    def key(self, partition: int) -> str: ...
+#: The state hash's field holding the partition's watermark (ms since the epoch).
+WATERMARK_FIELD = b"watermark"
+#: The state hash's field prefix of a windowed table's count of late events.
+LATE_FIELD = "late:"
 
 
 _current: contextvars.ContextVar[PartitionState | None] = contextvars.ContextVar(
@@ -106,164 +93,15 @@ def writing_view(table: TableLike) -> TableView:
     return view
 
 
-class TableView:
-    """One partition of one table, as its processor sees it.
+def current_window_view(table: WindowLike) -> WindowView:
+    """The view of the windowed ``table`` of the partition being processed here."""
+    view = writing_view(table)
+    assert isinstance(view, WindowView)
+    return view
 
-    Tentative and done writes hold ``(value, encoded)`` pairs (encoded when set, so a
-    bad value fails where it is written); the cache holds decoded values.
-    """
 
-    __slots__ = (
-        "_cache",
-        "_cache_size",
-        "_dirty",
-        "_partition_count",
-        "_pinned",
-        "_redis",
-        "_tentative",
-        "key",
-        "partition",
-        "table",
-    )
-
-    def __init__(
-        self, table: TableLike, partition: int, partition_count: int, redis: Redis, cache_size: int
-    ) -> None:
-        self.table = table
-        self.partition = partition
-        self.key = table.key(partition)
-        self._partition_count = partition_count
-        self._redis = redis
-        self._cache_size = cache_size
-        self._tentative: dict[bytes, tuple[Any, bytes | None]] = {}
-        self._dirty: dict[bytes, tuple[Any, bytes | None]] = {}
-        self._cache: dict[bytes, Any] = {}
-        self._pinned: dict[bytes, int] = {}
-
-    def _check(self, key: object) -> None:
-        partition = partition_for(key, self._partition_count)
-        if partition != self.partition:
-            raise WrongPartition(self.table.name, key, partition, self.partition)
-
-    def _known(self, field: bytes) -> Any:
-        value = self._tentative.get(field, _ABSENT)
-        if value is not _ABSENT:
-            return value[0]
-        value = self._dirty.get(field, _ABSENT)
-        if value is not _ABSENT:
-            return value[0]
-        return self._cache.get(field, _ABSENT)
-
-    async def get(self, key: object, default: Any) -> Any:
-        """The value of ``key``: uncommitted writes, then the cache, then Redis."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        field = canonical_key_bytes(key)
-        value = self._known(field)
-        if value is _ABSENT:
-            self._check(key)
-            with redis_errors():
-                raw = await self._redis.hget(self.key, field)
-            value = MISSING if raw is None else self.table.decode(raw)
-            self._remember(field, value)
-        return default if value is MISSING else value
-
-    async def get_many(self, keys: Sequence[object], default: Any) -> list[Any]:
-        """The values of ``keys``; one ``HMGET`` for those not known here."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        fields = [canonical_key_bytes(k) for k in keys]
-        values = [self._known(f) for f in fields]
-        unknown = [i for i, v in enumerate(values) if v is _ABSENT]
-        if unknown:
-            for i in unknown:
-                self._check(keys[i])
-            with redis_errors():
-                raws = await self._redis.hmget(self.key, [fields[i] for i in unknown])
-            for i, raw in zip(unknown, raws, strict=True):
-                value = MISSING if raw is None else self.table.decode(raw)
-                self._remember(fields[i], value)
-                values[i] = value
-        return [default if v is MISSING else v for v in values]
-
-    def set(self, key: object, value: Any) -> None:
-        """Write ``value`` under ``key`` (tentatively)."""
-        field = canonical_key_bytes(key)
-        if self._known(field) is _ABSENT:
-            self._check(key)
-        self._tentative[field] = (value, self.table.encode(value))
-
-    def delete(self, key: object) -> None:
-        """Remove ``key`` (tentatively)."""
-        field = canonical_key_bytes(key)
-        if self._known(field) is _ABSENT:
-            self._check(key)
-        self._tentative[field] = (MISSING, None)
-
-    def _remember(self, field: bytes, value: Any) -> None:
-        self._cache[field] = value
-        if len(self._cache) > self._cache_size:
-            self._evict()
-
-    def _evict(self) -> None:
-        cache = self._cache
-        pinned = self._pinned
-        # Oldest first; keys whose commit has not landed stay (a read of Redis would
-        # not see their value yet).
-        for _ in range(len(cache)):
-            if len(cache) <= self._cache_size:
-                return
-            field = next(iter(cache))
-            value = cache.pop(field)
-            if field in pinned:
-                cache[field] = value
-
-    # -- the layers --
-
-    def promote(self) -> None:
-        if self._tentative:
-            self._dirty.update(self._tentative)
-            self._tentative = {}
-
-    def discard(self) -> None:
-        if self._tentative:
-            self._tentative = {}
-
-    def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
-        """Add the done writes to ``changes``; they count as committed from now."""
-        dirty = self._dirty
-        if not dirty:
-            return
-        self._dirty = {}
-        pairs: list[bytes | str | int | float] = []
-        deleted: list[bytes | str | int | float] = []
-        cache = self._cache
-        for field, (value, encoded) in dirty.items():
-            if encoded is None:
-                deleted.append(field)
-            else:
-                pairs.append(field)
-                pairs.append(encoded)
-            cache[field] = value
-            self._pinned[field] = self._pinned.get(field, 0) + 1
-            pinned.append(field)
-        changes.hset(self.key, pairs)
-        changes.hdel(self.key, deleted)
-        if len(cache) > self._cache_size:
-            self._evict()
-
-    def unpin(self, fields: list[bytes]) -> None:
-        pinned = self._pinned
-        for field in fields:
-            left = pinned[field] - 1
-            if left:
-                pinned[field] = left
-            else:
-                del pinned[field]
-
-    def __repr__(self) -> str:
-        return (
-            f"<TableView {self.table.name!r} partition {self.partition}: cached "
-            f"{len(self._cache)}, uncommitted {len(self._tentative) + len(self._dirty)}>"
-        )
+def _is_windowed(table: TableLike) -> bool:
+    return getattr(table, "kind", None) is not None
 
 
 class PartitionState:
@@ -292,11 +130,31 @@ class PartitionState:
         self.partition = partition
         self._redis = redis
         self._stream = stream
-        self.views: dict[TableLike, TableView] = {
-            table: TableView(table, partition, stream.partition_count, redis, cache_size)
-            for table in tables
-        }
-        outputs = list(outputs)
+        self.views: dict[TableLike, TableView] = {}
+        self.windows: list[WindowView] = []
+        view: TableView
+        for table in tables:
+            if _is_windowed(table):
+                window = WindowView(table, partition, stream.partition_count, redis, cache_size)  # type: ignore[arg-type]
+                window.on_time = self.observe
+                self.windows.append(window)
+                view = window
+                output = getattr(table, "output", None)
+                if output is not None:
+                    outputs = [*outputs, output]
+            else:
+                view = TableView(table, partition, stream.partition_count, redis, cache_size)
+            self.views[table] = view
+        self._state_key = _keys.state_key(stream.app, stream.name, keys.processor, partition)
+        # The partition's watermark (ms): done (of events moved past, and idle ticks),
+        # tentative (of the events in flight), and as last handed to a commit.
+        self.watermark = -math.inf
+        self._watermark_tentative = -math.inf
+        self._watermark_written = -math.inf
+        # When (Trio time) the watermark last moved: idle time counts from there.
+        self._moved_at = trio.current_time()
+        self._late_base: dict[str, int] = {}
+        outputs = list(dict.fromkeys(outputs))
         self.outputs: dict[str, StreamSpec[Any]] = {spec_of(o).name: spec_of(o) for o in outputs}
         # Entries each output's partitions keep when appends trim them.
         self._keep = {
@@ -317,14 +175,84 @@ class PartitionState:
         self._done_out: list[tuple[str, list[bytes | str | int | float]]] = []
 
     async def open(self) -> None:
-        """Check the output streams' metadata (they may be written by this commit)."""
+        """Check the output streams' metadata (commits write them) and, with windows,
+        load the watermark and the windows' index."""
         for spec in self.outputs.values():
             await check_metadata(self._redis, spec)
+        if self.windows:
+            with redis_errors():
+                stored: Any = await self._redis.hgetall(self._state_key)
+            fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in stored.items()}
+            if WATERMARK_FIELD.decode() in fields:
+                self.watermark = int(fields[WATERMARK_FIELD.decode()])
+                self._watermark_written = self.watermark
+            self._watermark_tentative = self.watermark
+            for view in self.windows:
+                self._late_base[view.table.name] = int(fields.get(LATE_FIELD + view.table.name, 0))
+                view.watermark = self.watermark
+                await view.open()
+
+    # -- the watermark --
+
+    def observe(self, at: int) -> None:
+        """An event in flight has event time ``at`` (ms)."""
+        if at > self._watermark_tentative:
+            self._watermark_tentative = at
+            for view in self.windows:
+                view.watermark = at
+
+    def idle_deadline(self) -> float:
+        """The Trio time at which idleness would close a window of this partition
+        (``inf`` if none is open): see :func:`~streamkit._windows.idle_watermark`."""
+        if not self.windows or self.watermark == -math.inf:
+            return math.inf
+        due = min(view.next_due for view in self.windows)
+        if due == math.inf:
+            return math.inf
+        return self._moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+
+    async def tick(self) -> None:
+        """The partition is idle: move the watermark on by the time it has been idle,
+        and settle."""
+        if self.watermark != -math.inf:
+            idle_for = math.floor((trio.current_time() - self._moved_at) * 1000)
+            self._advance(idle_watermark(int(self.watermark), idle_for))
+        await self.settle()
+
+    def _advance(self, watermark: float) -> None:
+        if watermark > self.watermark:
+            self.watermark = watermark
+            self._moved_at = trio.current_time()
+        if self.watermark > self._watermark_tentative:
+            self._watermark_tentative = self.watermark
+        for view in self.windows:
+            view.watermark = self._watermark_tentative
+
+    async def settle(self) -> None:
+        """Close the windows the watermark has passed: their final values become done
+        outputs, written with the next commit."""
+        if self.watermark == -math.inf:
+            return
+        for view in self.windows:
+            closed = await view.settle(int(self.watermark))
+            table = view.window
+            output = getattr(table, "output", None)
+            if output is None:
+                continue
+            result = table.result  # type: ignore[attr-defined]
+            for field, slot in closed:
+                record = result(field.decode(), Window.from_ms(slot.start, slot.end), slot.value)
+                self._done_out.append(self._encode_output(output, record))
 
     # -- emitting --
 
     def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
         """Emit ``record`` to ``stream`` (tentatively, in order)."""
+        self._tentative_out.append(self._encode_output(stream, record))
+
+    def _encode_output(
+        self, stream: StreamSpec[Any] | HasSpec[Any], record: Any
+    ) -> tuple[str, list[bytes | str | int | float]]:
         spec = spec_of(stream)
         if self.outputs.get(spec.name) != spec:
             raise ConfigError(
@@ -348,7 +276,7 @@ class PartitionState:
         for name, value in fields.items():
             pairs.append(name)
             pairs.append(value)
-        self._tentative_out.append((target, pairs))
+        return target, pairs
 
     # -- the layers --
 
@@ -356,6 +284,9 @@ class PartitionState:
         """The events in flight were processed: their effects are done."""
         for view in self.views.values():
             view.promote()
+        if self._watermark_tentative > self.watermark:
+            self.watermark = self._watermark_tentative
+            self._moved_at = trio.current_time()
         if self._tentative_out:
             self._done_out.extend(self._tentative_out)
             self._tentative_out = []
@@ -365,6 +296,11 @@ class PartitionState:
         for view in self.views.values():
             view.discard()
         self._tentative_out = []
+        if self._watermark_tentative > self.watermark:
+            self._advance(self.watermark)
+            self._watermark_tentative = self.watermark
+            for view in self.windows:
+                view.watermark = self.watermark
 
     def take_changes(self) -> Changes | None:
         """The done effects, as changes for the next commit; ``None`` if there are none."""
@@ -375,6 +311,18 @@ class PartitionState:
             view.contribute(changes, pinned)
             if pinned:
                 pins.append((view, pinned))
+        if self.windows:
+            state: list[bytes | str | int | float] = []
+            if self.watermark > self._watermark_written:
+                self._watermark_written = self.watermark
+                state += [WATERMARK_FIELD, int(self.watermark)]
+            for view in self.windows:
+                if view.late:
+                    name = view.table.name
+                    self._late_base[name] = self._late_base.get(name, 0) + view.late
+                    view.late = 0
+                    state += [LATE_FIELD + name, self._late_base[name]]
+            changes.hset(self._state_key, state)
         relay = None
         if self._done_out:
             outbox = self._outbox
@@ -408,6 +356,14 @@ class PartitionState:
             lambda key: self._keep_of_key.get(key, DEFAULT_PARTITION_SIZE),
         )
         return self.relay
+
+    def late_events(self) -> dict[str, int]:
+        """Late events counted per windowed table on this partition (committed and
+        done)."""
+        return {
+            view.table.name: self._late_base.get(view.table.name, 0) + view.late
+            for view in self.windows
+        }
 
     def activate(self) -> contextvars.Token[PartitionState | None]:
         """Make this the state tables find in this task (and the tasks it starts)."""

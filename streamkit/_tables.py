@@ -208,9 +208,7 @@ class Table(Generic[V]):
             return self.default if default is _NO_DEFAULT else default  # type: ignore[return-value]
         return self.decode(raw)
 
-    async def read_many(
-        self, keys: Iterable[object], *, redis: Redis | None = None
-    ) -> list[V]:
+    async def read_many(self, keys: Iterable[object], *, redis: Redis | None = None) -> list[V]:
         """The committed values of ``keys``, in order (``default`` where missing)."""
         client = self._redis(redis)
         keys = list(keys)

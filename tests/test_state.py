@@ -79,8 +79,8 @@ def orders_for(customers: int, per_customer: int) -> list[Order]:
 async def receipts_of(redis: Redis, receipts: Any) -> list[Receipt]:
     out: list[Receipt] = []
     for partition in range(receipts.partition_count):
-        for entry in await redis.xrange(receipts.key(partition)):
-            out.append(receipts.codec.decode(entry.field_values, stream="receipts"))
+        entries: Any = await redis.xrange(receipts.key(partition))
+        out.extend(receipts.codec.decode(e.field_values, stream="receipts") for e in entries)
     return out
 
 

@@ -1,0 +1,408 @@
+"""Views: one partition of one table as its processor sees it, in three layers.
+
+A :class:`TableView` keeps a partition's tentative writes (of the events in flight),
+its done writes (waiting for the commit) and a cache of committed values; a
+:class:`WindowView` adds windows on top: each key's value is its list of windows
+(:mod:`streamkit._windows`), a sorted set indexes the keys by when they are next due,
+and :meth:`WindowView.settle` closes the windows the watermark has passed. The
+partition's :class:`~streamkit._state.PartitionState` owns the views and the
+watermark.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from ._errors import WrongPartition
+from ._partitioner import canonical_key_bytes, partition_for
+from ._redis import redis_errors
+from ._windows import Slot, apply, next_action, settle
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from ._commit import Changes
+    from ._redis import Redis
+    from ._windows import WindowKind
+
+__all__ = ["MISSING", "TableLike", "TableView", "WindowLike", "WindowView"]
+
+#: Due keys a settling round reads, at most (the rest wait for the next round).
+SETTLE_BATCH = 500
+
+
+class _Missing:
+    """A key with no value (deleted, or never written)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+_ABSENT: Any = object()
+
+
+class TableLike(Protocol):
+    """What a view needs of a table (:class:`~streamkit.Table`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, raw: bytes) -> Any: ...
+
+    def key(self, partition: int) -> str: ...
+
+
+class WindowLike(TableLike, Protocol):
+    """What a view needs of a windowed table (:class:`~streamkit.WindowedTable`)."""
+
+    @property
+    def kind(self) -> WindowKind: ...
+
+    @property
+    def initial(self) -> Any: ...
+
+    @property
+    def grace(self) -> int: ...
+
+    @property
+    def retention(self) -> int: ...
+
+    @property
+    def merge(self) -> Callable[[Any, Any], Any] | None: ...
+
+    def index_key(self, partition: int) -> str: ...
+
+
+class TableView:
+    """One partition of one table, as its processor sees it.
+
+    Tentative and done writes hold ``(value, encoded)`` pairs (encoded when set, so a
+    bad value fails where it is written); the cache holds decoded values.
+    """
+
+    __slots__ = (
+        "_cache",
+        "_cache_size",
+        "_dirty",
+        "_partition_count",
+        "_pinned",
+        "_redis",
+        "_tentative",
+        "key",
+        "partition",
+        "table",
+    )
+
+    def __init__(
+        self, table: TableLike, partition: int, partition_count: int, redis: Redis, cache_size: int
+    ) -> None:
+        self.table = table
+        self.partition = partition
+        self.key = table.key(partition)
+        self._partition_count = partition_count
+        self._redis = redis
+        self._cache_size = cache_size
+        self._tentative: dict[bytes, tuple[Any, bytes | None]] = {}
+        self._dirty: dict[bytes, tuple[Any, bytes | None]] = {}
+        self._cache: dict[bytes, Any] = {}
+        self._pinned: dict[bytes, int] = {}
+
+    def _check(self, key: object) -> None:
+        partition = partition_for(key, self._partition_count)
+        if partition != self.partition:
+            raise WrongPartition(self.table.name, key, partition, self.partition)
+
+    def _known(self, field: bytes) -> Any:
+        value = self._tentative.get(field, _ABSENT)
+        if value is not _ABSENT:
+            return value[0]
+        value = self._dirty.get(field, _ABSENT)
+        if value is not _ABSENT:
+            return value[0]
+        return self._cache.get(field, _ABSENT)
+
+    async def get(self, key: object, default: Any) -> Any:
+        """The value of ``key``: uncommitted writes, then the cache, then Redis."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        field = canonical_key_bytes(key)
+        value = self._known(field)
+        if value is _ABSENT:
+            self._check(key)
+            with redis_errors():
+                raw = await self._redis.hget(self.key, field)
+            value = MISSING if raw is None else self.table.decode(raw)
+            self._remember(field, value)
+        return default if value is MISSING else value
+
+    async def get_many(self, keys: Sequence[object], default: Any) -> list[Any]:
+        """The values of ``keys``; one ``HMGET`` for those not known here."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        fields = [canonical_key_bytes(k) for k in keys]
+        values = [self._known(f) for f in fields]
+        unknown = [i for i, v in enumerate(values) if v is _ABSENT]
+        if unknown:
+            for i in unknown:
+                self._check(keys[i])
+            with redis_errors():
+                raws = await self._redis.hmget(self.key, [fields[i] for i in unknown])
+            for i, raw in zip(unknown, raws, strict=True):
+                value = MISSING if raw is None else self.table.decode(raw)
+                self._remember(fields[i], value)
+                values[i] = value
+        return [default if v is MISSING else v for v in values]
+
+    def set(self, key: object, value: Any) -> None:
+        """Write ``value`` under ``key`` (tentatively)."""
+        field = canonical_key_bytes(key)
+        if self._known(field) is _ABSENT:
+            self._check(key)
+        self._tentative[field] = (value, self.table.encode(value))
+
+    def delete(self, key: object) -> None:
+        """Remove ``key`` (tentatively)."""
+        field = canonical_key_bytes(key)
+        if self._known(field) is _ABSENT:
+            self._check(key)
+        self._tentative[field] = (MISSING, None)
+
+    def _remember(self, field: bytes, value: Any) -> None:
+        self._cache[field] = value
+        if len(self._cache) > self._cache_size:
+            self._evict()
+
+    def _evict(self) -> None:
+        cache = self._cache
+        pinned = self._pinned
+        # Oldest first; keys whose commit has not landed stay (a read of Redis would
+        # not see their value yet).
+        for _ in range(len(cache)):
+            if len(cache) <= self._cache_size:
+                return
+            field = next(iter(cache))
+            value = cache.pop(field)
+            if field in pinned:
+                cache[field] = value
+
+    # -- the layers --
+
+    def promote(self) -> None:
+        if self._tentative:
+            self._dirty.update(self._tentative)
+            self._tentative = {}
+
+    def discard(self) -> None:
+        if self._tentative:
+            self._tentative = {}
+
+    def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
+        """Add the done writes to ``changes``; they count as committed from now."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        self._dirty = {}
+        self._index(changes, dirty)
+        pairs: list[bytes | str | int | float] = []
+        deleted: list[bytes | str | int | float] = []
+        cache = self._cache
+        for field, (value, encoded) in dirty.items():
+            if encoded is None:
+                deleted.append(field)
+            else:
+                pairs.append(field)
+                pairs.append(encoded)
+            cache[field] = value
+            self._pinned[field] = self._pinned.get(field, 0) + 1
+            pinned.append(field)
+        changes.hset(self.key, pairs)
+        changes.hdel(self.key, deleted)
+        if len(cache) > self._cache_size:
+            self._evict()
+
+    def _index(self, changes: Changes, dirty: dict[bytes, tuple[Any, bytes | None]]) -> None:
+        """Add what else the done writes change (a windowed table's index)."""
+
+    def unpin(self, fields: list[bytes]) -> None:
+        pinned = self._pinned
+        for field in fields:
+            left = pinned[field] - 1
+            if left:
+                pinned[field] = left
+            else:
+                del pinned[field]
+                self._landed(field)
+
+    def _landed(self, field: bytes) -> None:
+        """Every commit writing ``field`` landed."""
+
+    def __repr__(self) -> str:
+        return (
+            f"<TableView {self.table.name!r} partition {self.partition}: cached "
+            f"{len(self._cache)}, uncommitted {len(self._tentative) + len(self._dirty)}>"
+        )
+
+
+class WindowView(TableView):
+    """One partition of a windowed table: each key's value is its list of windows.
+
+    Attributes:
+        watermark: the partition's watermark (ms), as the view last saw it.
+        late: late events counted (done) since the partition started here.
+        next_due: the earliest time (ms) some key's windows need the watermark.
+    """
+
+    __slots__ = (
+        "_late_tentative",
+        "_pending",
+        "index",
+        "late",
+        "next_due",
+        "on_time",
+        "watermark",
+        "window",
+    )
+
+    def __init__(
+        self, table: WindowLike, partition: int, partition_count: int, redis: Redis, cache_size: int
+    ) -> None:
+        super().__init__(table, partition, partition_count, redis, cache_size)
+        self.window = table
+        self.index = table.index_key(partition)
+        self.watermark = -math.inf
+        self.late = 0
+        self._late_tentative = 0
+        self.next_due: float = math.inf
+        # Keys written and not yet landed, with their due time: Redis's index does
+        # not show them yet.
+        self._pending: dict[bytes, float] = {}
+        # Told the event time of each event folded in (the partition's watermark).
+        self.on_time: Callable[[int], None] = lambda at: None
+
+    async def open(self) -> None:
+        """Learn the earliest due time from the index."""
+        with redis_errors():
+            first: Any = await self._redis.zrange(self.index, 0, 0, withscores=True)
+        self.next_due = float(first[0][1]) if first else math.inf
+
+    async def update(
+        self, key: object, at: int, fn: Callable[..., Any], args: tuple[Any, ...] = ()
+    ) -> bool:
+        """Fold an event at ``at`` into ``key``'s windows (tentatively): ``fn(value,
+        *args)`` for each; ``True`` if late."""
+        slots: list[Slot] = await self.get(key, [])
+        window = self.window
+        new, late = apply(
+            slots,
+            window.kind,
+            at,
+            (lambda value: fn(value, *args)) if args else fn,
+            initial=window.initial,
+            watermark=int(self.watermark) if self.watermark > -math.inf else -(2**62),
+            grace=window.grace,
+            merge=window.merge,
+        )
+        if late:
+            self._late_tentative += 1
+            return True
+        self.set(key, new)
+        self.on_time(at)
+        return False
+
+    def promote(self) -> None:
+        super().promote()
+        if self._late_tentative:
+            self.late += self._late_tentative
+            self._late_tentative = 0
+
+    def discard(self) -> None:
+        super().discard()
+        self._late_tentative = 0
+
+    def _score(self, slots: Any) -> float | None:
+        if slots is MISSING or not slots:
+            return None
+        return next_action(slots, grace=self.window.grace, retention=self.window.retention)
+
+    def _index(self, changes: Changes, dirty: dict[bytes, tuple[Any, bytes | None]]) -> None:
+        scored: list[bytes | str | int | float] = []
+        gone: list[bytes | str | int | float] = []
+        for field, (slots, _) in dirty.items():
+            score = self._score(slots)
+            if score is None:
+                gone.append(field)
+                self._pending.pop(field, None)
+            else:
+                scored.append(score)
+                scored.append(field)
+                self._pending[field] = score
+                self.next_due = min(self.next_due, score)
+        changes.zadd(self.index, scored)
+        changes.zrem(self.index, gone)
+
+    def _landed(self, field: bytes) -> None:
+        self._pending.pop(field, None)
+
+    def set(self, key: object, value: Any) -> None:
+        super().set(key, value)
+        score = self._score(value)
+        if score is not None:
+            self.next_due = min(self.next_due, score)
+
+    async def settle(self, watermark: int) -> list[tuple[bytes, Slot]]:
+        """Close the windows ``watermark`` has passed and drop expired ones (as done
+        writes); return the windows closed now, to emit once.
+
+        Keys with tentative writes (events in flight) wait for a later round.
+        """
+        if watermark < self.next_due:
+            return []
+        with redis_errors():
+            ranked: Any = await self._redis.zrange(self.index, 0, SETTLE_BATCH, withscores=True)
+        due = {member for member, score in ranked if score <= watermark}
+        later = [score for _, score in ranked if score > watermark]
+        more = len(ranked) > SETTLE_BATCH and not later
+        due.update(f for f, score in self._pending.items() if score <= watermark)
+        for field, (slots, _) in self._dirty.items():
+            score = self._score(slots)
+            if score is not None and score <= watermark:
+                due.add(field)
+        due.difference_update(self._tentative)
+        known = {f: self._known(f) for f in due}
+        unknown = [f for f, v in known.items() if v is _ABSENT]
+        if unknown:
+            with redis_errors():
+                raws = await self._redis.hmget(self.key, unknown)
+            for field, raw in zip(unknown, raws, strict=True):
+                value = MISSING if raw is None else self.table.decode(raw)
+                self._remember(field, value)
+                known[field] = value
+        closed: list[tuple[bytes, Slot]] = []
+        window = self.window
+        for field, slots in known.items():
+            if slots is MISSING:
+                continue
+            kept, now_closed = settle(
+                slots, watermark=watermark, grace=window.grace, retention=window.retention
+            )
+            if len(kept) == len(slots) and not now_closed:
+                continue
+            closed.extend((field, slot) for slot in now_closed)
+            self._dirty[field] = (kept, self.table.encode(kept)) if kept else (MISSING, None)
+        # Keys with writes not yet handed over count by those; then the handed over
+        # and not landed; then what Redis's index says.
+        upcoming = [watermark if more else (later[0] if later else math.inf)]
+        upcoming.extend(s for f, s in self._pending.items() if f not in self._dirty)
+        for layer in (self._dirty, self._tentative):
+            for slots, _ in layer.values():
+                score = self._score(slots)
+                if score is not None:
+                    upcoming.append(score)
+        self.next_due = min(upcoming)
+        return closed

@@ -1,0 +1,224 @@
+"""Windowed tables on a real server: final results once, late events, idle closing,
+retention, sessions."""
+
+from __future__ import annotations
+
+import operator
+import time
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from streamkit import App, Events, Record, hopping, session, tumbling
+from streamkit._worker import run_worker
+from streamkit.testing import wait_until
+
+if TYPE_CHECKING:
+    from streamkit import Redis, Stream
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 1.0,
+    "heartbeat_interval": 0.1,
+    "session_timeout": 1.0,
+    "grace_period": 1.0,
+}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Sale(Record):
+    shop: str
+    amount: int
+    at: datetime
+
+
+def sale(shop: str, amount: int, seconds: float) -> Sale:
+    return Sale(shop=shop, amount=amount, at=T0 + timedelta(seconds=seconds))
+
+
+async def results(redis: Redis, stream: Stream[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for partition in range(stream.partition_count):
+        entries: Any = await redis.xrange(stream.key(partition))
+        out.extend(stream.codec.decode(e.field_values, stream=stream.name) for e in entries)
+    return out
+
+
+def revenue_app(redis_url: str, **window: Any) -> tuple[App, Any, Any, Any]:
+    app = App("win", redis_url=redis_url, **FAST)
+    # One partition: one watermark for every shop, so the test knows what closes.
+    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=1)
+    totals = app.stream("totals", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    options: dict[str, Any] = {"grace": timedelta(seconds=5), **window}
+    revenue = app.window(
+        "revenue",
+        options.pop("kind", tumbling(timedelta(minutes=1))),
+        value=int,
+        initial=0,
+        time="at",
+        output=totals,
+        **options,
+    )
+
+    @app.processor(sales, tables=[revenue])
+    async def add_up(events: Events[Sale]) -> None:
+        async for item in events.records():
+            await revenue.update(item.shop, item, operator.add, item.amount)
+
+    return app, sales, totals, revenue
+
+
+async def test_a_tumbling_sum_is_emitted_once_when_its_window_closes(
+    redis_url: str, redis: Redis
+) -> None:
+    app, sales, totals, revenue = revenue_app(redis_url)
+    sent = [
+        sale("a", 1, 10),
+        sale("a", 2, 50),
+        sale("b", 5, 30),
+        sale("a", 4, 61),  # the next minute; the first is still in its grace
+        sale("a", 8, 63),  # within the grace: counted in the first minute
+        sale("a", 16, 130),  # watermark past 60 + 5: the first minute closes
+        sale("b", 32, 200),  # past 180 + 5: so does the third
+    ]
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many(sent)
+
+        async def closed() -> bool:
+            return len(await results(redis, totals)) >= 4
+
+        await wait_until(closed, what="four windows emitted", within=20)
+        await worker.stop()
+    got = sorted(
+        ((r["key"], r["start"], r["value"]) for r in await results(redis, totals)),
+    )
+    minute = (T0 + timedelta(minutes=1)).isoformat()
+    assert got == [
+        ("a", T0.isoformat(), 3),
+        ("a", minute, 12),
+        ("a", (T0 + timedelta(minutes=2)).isoformat(), 16),
+        ("b", T0.isoformat(), 5),
+    ]
+    async with app:
+        # Closed windows went (no retention); b's fourth minute is still open.
+        assert await revenue.read("a") == []
+        windows = await revenue.read("b")
+    assert [(w.start, value) for w, value in windows] == [(T0 + timedelta(minutes=3), 32)]
+
+
+async def test_late_events_are_dropped_and_counted_or_dead_lettered(
+    redis_url: str, redis: Redis
+) -> None:
+    app, sales, totals, _ = revenue_app(redis_url, late="dead_letter")
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many([sale("a", 1, 10), sale("a", 2, 100), sale("a", 4, 20)])
+        dead = app.processors["add_up"].keys.dead_letter_key
+
+        async def dead_lettered() -> bool:
+            return await redis.xlen(dead) == 1
+
+        await wait_until(dead_lettered, what="the late event dead-lettered", within=20)
+        await worker.stop()
+    entry = (await redis.xrange(dead))[0]
+    assert entry.field_values[b"dl.reason"] == b"late"
+    got = [(r["start"], r["value"]) for r in await results(redis, totals)]
+    assert got == [(T0.isoformat(), 1)]
+
+
+async def test_an_idle_partition_closes_its_window_by_the_wall_clock(
+    redis_url: str, redis: Redis
+) -> None:
+    app, sales, totals, _ = revenue_app(
+        redis_url, kind=tumbling(timedelta(seconds=1)), grace=timedelta(seconds=0.5)
+    )
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        now = datetime.now(UTC)
+        await sales.send(Sale(shop="a", amount=7, at=now))
+        began = time.monotonic()
+
+        async def closed() -> bool:
+            return len(await results(redis, totals)) == 1
+
+        await wait_until(closed, what="the quiet window emitted", within=10)
+        waited = time.monotonic() - began
+        await worker.stop()
+    # The window ends within a second of `now`; closing waits for the grace only.
+    assert waited < 1 + 0.5 + 1.5
+    assert [r["value"] for r in await results(redis, totals)] == [7]
+
+
+async def test_closed_windows_stay_readable_for_the_retention(redis_url: str, redis: Redis) -> None:
+    app, sales, totals, revenue = revenue_app(redis_url, retention=timedelta(minutes=3))
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many([sale("a", 1, 10), sale("a", 2, 130)])
+
+        async def first_closed() -> bool:
+            return len(await results(redis, totals)) == 1
+
+        await wait_until(first_closed, what="the first minute emitted", within=20)
+        windows = [(w.start, v) for w, v in await revenue.read("a")]
+        assert windows == [(T0, 1), (T0 + timedelta(minutes=2), 2)]
+        await sales.send(sale("a", 4, 600))  # past the first minute's retention
+
+        async def expired() -> bool:
+            return [w.start for w, _ in await revenue.read("a")] == [T0 + timedelta(minutes=10)]
+
+        await wait_until(expired, what="the retained windows dropped", within=20)
+        await worker.stop()
+
+
+@pytest.mark.cluster
+async def test_sessions_and_hopping_windows(redis_url: str, redis: Redis) -> None:
+    app = App("sess", redis_url=redis_url, **FAST)
+    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=2)
+    visits = app.stream("visits", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    rolling = app.stream("rolling", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    sessions = app.window(
+        "sessions",
+        session(timedelta(seconds=30)),
+        value=int,
+        initial=0,
+        time="at",
+        output=visits,
+        merge=lambda a, b: a + b,
+    )
+    hours = app.window(
+        "hours",
+        hopping(size=timedelta(minutes=2), every=timedelta(minutes=1)),
+        value=int,
+        initial=0,
+        time="at",
+        output=rolling,
+    )
+
+    @app.processor(sales, tables=[sessions, hours])
+    async def track(events: Events[Sale]) -> None:
+        async for item in events.records():
+            await sessions.update(item.shop, item, operator.add, 1)
+            await hours.update(item.shop, item, operator.add, item.amount)
+
+    sent = [sale("a", 1, 0), sale("a", 1, 20), sale("a", 1, 45), sale("a", 1, 300)]
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many(sent)
+
+        async def emitted() -> bool:
+            return (
+                len(await results(redis, visits)) >= 1 and len(await results(redis, rolling)) >= 2
+            )
+
+        await wait_until(emitted, what="sessions and hops emitted", within=20)
+        await worker.stop()
+    assert [(r["start"], r["end"], r["value"]) for r in await results(redis, visits)] == [
+        (T0.isoformat(), (T0 + timedelta(seconds=75)).isoformat(), 3)
+    ]
+    hops = sorted((r["start"], r["value"]) for r in await results(redis, rolling))
+    assert hops[:2] == [
+        ((T0 - timedelta(minutes=1)).isoformat(), 3),
+        (T0.isoformat(), 3),
+    ]
