@@ -26,8 +26,7 @@ import redis.exceptions
 
 from .. import _keys
 from .._errors import BackendError, ConfigError, RedisUnavailable
-from .._redis_urls import check_redis_url, is_cluster_url, seed_url
-from .._urls import mask_url
+from .._urls import check_redis_url, is_cluster_url, mask_url, seed_url
 from .._wire import text
 
 if TYPE_CHECKING:
