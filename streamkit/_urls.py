@@ -1,24 +1,34 @@
-"""Redis URLs: which ones streamkit takes, their parts, and their passwords masked.
+"""Redis URLs: which ones streamkit takes, their parts, TLS options, passwords masked.
 
 Pure (no trio, no Redis client): the Trio side and Spark's executors check, open and
-show URLs with it alike. Which URL is in use (named by errors raised without one) is
-:func:`streamkit._errors.current_url`.
+show URLs with it alike, and so connect over TLS with the same checks. Which URL is in
+use (named by errors raised without one) is :func:`streamkit._errors.current_url`.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import ssl
 import urllib.parse
+
+import attrs
 
 from ._errors import ConfigError
 
 __all__ = [
     "CLUSTER_SCHEMES",
     "SCHEMES",
+    "TLS_ARGUMENTS",
+    "TlsOptions",
     "check_redis_url",
     "is_cluster_url",
     "mask_url",
     "seed_url",
+    "tls_options",
+    "tls_refusal",
+    "without_tls_arguments",
 ]
 
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
@@ -114,6 +124,7 @@ def check_redis_url(url: object, *, setting: str = "redis_url") -> None:
             f"{masked!r}: the port is not a number; expected redis://host[:port][/db] "
             f"(percent-encode a password holding ':')",
         ) from None
+    tls_options(url, setting=setting)
     path = parts.path.strip("/")
     if path and not path.isdigit():
         raise ConfigError(
@@ -130,3 +141,171 @@ def seed_url(url: str) -> str:
     """The plain ``redis://`` (``rediss://``) URL of a cluster URL's node."""
     scheme, _, rest = url.partition("://")
     return f"{scheme.lower().removesuffix('+cluster')}://{rest}"
+
+
+# -------------------------------------------------------------------------- TLS
+
+#: The query arguments of a ``rediss://`` URL that say how the server is checked.
+TLS_ARGUMENTS = (
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+)
+_CERT_REQS = {"required": True, "optional": True, "none": False}
+_BOOLEANS = {
+    **dict.fromkeys(("true", "yes", "on", "1"), True),
+    **dict.fromkeys(("false", "no", "off", "0"), False),
+}
+# The checks turned off that this process has warned about.
+_warned: set[str] = set()
+
+log = logging.getLogger("streamkit.redis")
+
+
+@attrs.frozen(kw_only=True)
+class TlsOptions:
+    """How the connections of a ``rediss://`` URL check the server (see :func:`tls_options`).
+
+    Attributes:
+        verify: check the server's certificate chain against the trusted CAs
+            (``ssl_cert_reqs=none`` turns it off, and host name checking with it).
+        check_hostname: check that the certificate is for the host connected to
+            (``ssl_check_hostname=false`` turns it off alone).
+        ca_certs: a CA file or directory trusted besides the system's (``ssl_ca_certs``).
+        certfile: a client certificate (``ssl_certfile``), for servers that ask.
+        keyfile: its private key (``ssl_keyfile``).
+    """
+
+    verify: bool = True
+    check_hostname: bool = True
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    def context(self, *, setting: str = "redis_url") -> ssl.SSLContext:
+        """An SSL context that checks the server as these options say.
+
+        Error handling:
+            :class:`ConfigError` naming ``setting`` when a file cannot be loaded.
+        """
+        context = ssl.create_default_context()
+        try:
+            if self.ca_certs:
+                where = "capath" if os.path.isdir(self.ca_certs) else "cafile"
+                context.load_verify_locations(**{where: self.ca_certs})
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                setting, f"ssl_ca_certs={self.ca_certs}: cannot load it ({_why(exc)})"
+            ) from exc
+        try:
+            if self.certfile:
+                context.load_cert_chain(self.certfile, self.keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                setting, f"ssl_certfile={self.certfile}: cannot load it ({_why(exc)})"
+            ) from exc
+        context.check_hostname = self.verify and self.check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED if self.verify else ssl.CERT_NONE
+        return context
+
+    def warn_once(self, url: str) -> None:
+        """Warn, once per process, that a check is off for the server at ``url``."""
+        if not self.verify:
+            _warn_once(
+                "ssl_cert_reqs=none",
+                "TLS certificate checking is off for Redis at %s (ssl_cert_reqs=none in the "
+                "URL): the connection is encrypted, but anyone on the network path can pose "
+                "as the server",
+                url,
+            )
+        elif not self.check_hostname:
+            _warn_once(
+                "ssl_check_hostname=false",
+                "TLS host name checking is off for Redis at %s (ssl_check_hostname=false in "
+                "the URL): any server with a certificate from a trusted CA can pose as this one",
+                url,
+            )
+
+
+def _why(exc: OSError | ssl.SSLError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _warn_once(check: str, message: str, url: str) -> None:
+    if check not in _warned:
+        _warned.add(check)
+        log.warning(message, mask_url(url))
+
+
+def tls_options(url: str, *, setting: str = "redis_url") -> TlsOptions | None:
+    """The TLS options of ``url``, ``None`` for a URL without TLS.
+
+    A ``rediss://`` (``rediss+cluster://``) URL checks the server's certificate chain
+    and host name unless its query says otherwise: ``ssl_cert_reqs=none`` turns both
+    checks off, ``ssl_check_hostname=false`` the host name check alone
+    (``ssl_cert_reqs=required`` and ``optional`` keep them). ``ssl_ca_certs``,
+    ``ssl_certfile`` and ``ssl_keyfile`` name files.
+
+    Error handling:
+        :class:`ConfigError` naming ``setting`` for a value it does not know.
+    """
+    if not url.lower().startswith(("rediss:", "rediss+cluster:")):
+        return None
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    given = {name: values[-1] for name, values in query.items() if name in TLS_ARGUMENTS}
+    masked = mask_url(url)
+    reqs = given.get("ssl_cert_reqs", "required").lower()
+    if reqs not in _CERT_REQS:
+        raise ConfigError(
+            setting, f"{masked!r}: ssl_cert_reqs must be required, optional or none, not {reqs!r}"
+        )
+    hostname = given.get("ssl_check_hostname", "true").lower()
+    if hostname not in _BOOLEANS:
+        raise ConfigError(
+            setting, f"{masked!r}: ssl_check_hostname must be true or false, not {hostname!r}"
+        )
+    return TlsOptions(
+        verify=_CERT_REQS[reqs],
+        check_hostname=_BOOLEANS[hostname],
+        ca_certs=given.get("ssl_ca_certs") or None,
+        certfile=given.get("ssl_certfile") or None,
+        keyfile=given.get("ssl_keyfile") or None,
+    )
+
+
+def without_tls_arguments(url: str) -> str:
+    """``url`` without its :data:`TLS_ARGUMENTS`, which clients are then given as
+    options (so that no client reads them its own way)."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.query:
+        return url
+    kept = [
+        item
+        for item in parts.query.split("&")
+        if urllib.parse.unquote_plus(item.partition("=")[0]) not in TLS_ARGUMENTS
+    ]
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept)))
+
+
+_MISMATCH = re.compile(r"not valid for '([^']*)'")
+
+
+def tls_refusal(error: ssl.SSLCertVerificationError, url: str, *, setting: str) -> ConfigError:
+    """The one-line error for a server certificate that failed the checks."""
+    masked = mask_url(url)
+    reason = error.verify_message or str(error)
+    mismatch = _MISMATCH.search(reason)
+    if mismatch is not None:
+        return ConfigError(
+            setting,
+            f"the TLS certificate of Redis at {masked} is not valid for host "
+            f"{mismatch[1]!r}: connect by a host name the certificate lists, or give the "
+            f"server a certificate for {mismatch[1]}",
+        )
+    return ConfigError(
+        setting,
+        f"the TLS certificate of Redis at {masked} was refused ({reason}): "
+        f"give the CA with ?ssl_ca_certs=/path/ca.pem",
+    )

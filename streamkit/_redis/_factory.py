@@ -23,7 +23,14 @@ from coredis.retry import NoRetryPolicy
 
 from .._backoff import Backoff, retry_unavailable
 from .._errors import ConfigError, RedisUnavailable, using_url
-from .._urls import check_redis_url, is_cluster_url, mask_url, seed_url
+from .._urls import (
+    check_redis_url,
+    is_cluster_url,
+    mask_url,
+    seed_url,
+    tls_options,
+    without_tls_arguments,
+)
 from ._health import Health
 from ._pool import ClusterPool, Pool
 from ._replicas import CountingReplicas
@@ -32,6 +39,7 @@ from ._transaction import run_transaction
 from ._translate import permanent_failure, redis_errors, translate, unwrapped_group
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import AsyncIterator, Awaitable, Callable
 
     from coredis.patterns.pipeline import ClusterPipeline
@@ -83,8 +91,20 @@ class _ClusterClient(Routing, coredis.RedisCluster[bytes]):
         return await run_transaction(self._dedicated, func, *watches, watch_delay=watch_delay)
 
 
-def _pool(url: str, *, cluster: bool, connect_timeout: float, max_connections: int) -> Any:
-    """A :class:`Pool` of the server at ``url``, or a :class:`ClusterPool` of the cluster."""
+def _pool(
+    url: str,
+    *,
+    cluster: bool,
+    connect_timeout: float,
+    max_connections: int,
+    tls: ssl.SSLContext | None,
+) -> Any:
+    """A :class:`Pool` of the server at ``url``, or a :class:`ClusterPool` of the cluster.
+
+    ``tls`` replaces the URL's TLS arguments, which coredis would read its own way
+    (without checking the host name).
+    """
+    url = without_tls_arguments(url)
     if not cluster:
         # from_url builds the class it is called on; its overloads do not say so.
         # decode_components: a percent-encoded password (%40 for @, ...) is decoded.
@@ -96,6 +116,7 @@ def _pool(url: str, *, cluster: bool, connect_timeout: float, max_connections: i
                 connect_timeout=connect_timeout,
                 decode_responses=False,
                 max_connections=max_connections,
+                ssl_context=tls,
             ),
         )
     seed = urllib.parse.urlsplit(seed_url(url))
@@ -109,6 +130,7 @@ def _pool(url: str, *, cluster: bool, connect_timeout: float, max_connections: i
         # Each node gets max_connections slots (not a share of them).
         max_connections=max_connections,
         max_connections_per_node=True,
+        ssl_context=tls,
     )
 
 
@@ -116,6 +138,10 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
     """The client of the server (``cluster``: the cluster) at ``url``, not yet entered."""
     check_redis_url(url)
     health = Health(mask_url(url))
+    tls = tls_options(url)
+    if tls is not None:
+        tls.warn_once(url)
+    context = None if tls is None else tls.context()
     pools = []
     try:
         for dedicated in (False, True):
@@ -124,6 +150,7 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
                 cluster=cluster,
                 connect_timeout=connect_timeout,
                 max_connections=max_connections,
+                tls=context,
             )
             pool._setup(health, dedicated=dedicated)
             pools.append(pool)

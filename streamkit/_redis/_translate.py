@@ -31,7 +31,7 @@ from .._errors import (
     current_url,
 )
 from .._groups import leaves
-from .._urls import mask_url
+from .._urls import mask_url, tls_refusal
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -307,7 +307,8 @@ def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
     """A connection failure that retrying cannot cure, as a ConfigError saying what to check.
 
     A refused or missing password, a TLS handshake that fails (``rediss://`` to a plain
-    server, an untrusted certificate) and a host name that does not exist fail at once.
+    server, an untrusted certificate, a certificate for another host) and a host name
+    that does not exist fail at once.
     A host name that cannot be resolved *for now* (``EAI_AGAIN``: DNS not ready yet, as
     in a starting container) is transient, like a refused connection or a timeout.
     """
@@ -327,11 +328,7 @@ def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
                 f"check them ({_PERCENT_ENCODE})",
             )
         if isinstance(error, ssl.SSLCertVerificationError):
-            return ConfigError(
-                "redis_url",
-                f"the TLS certificate of Redis at {masked} was refused ({error.verify_message}): "
-                f"give the CA with ?ssl_ca_certs=/path/ca.pem",
-            )
+            return tls_refusal(error, url, setting="redis_url")
         if tls and isinstance(error, ssl.SSLError):
             return ConfigError(
                 "redis_url",
