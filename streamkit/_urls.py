@@ -25,6 +25,7 @@ __all__ = [
     "check_redis_url",
     "is_cluster_url",
     "mask_url",
+    "masked_repr",
     "seed_url",
     "tls_options",
     "tls_refusal",
@@ -37,8 +38,11 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 # ---------------------------------------------------------------------- masking
 
 _MASK = "***"
-# A password given as a query argument (``?password=...``), which coredis accepts too.
-_PASSWORD_ARGUMENT = re.compile(r"([?&](?:password|username)=)[^&#]*", re.IGNORECASE)
+# Query arguments whose values are masked: their names, decoded, lower-cased and
+# without separators, hold one of these (password, passwd, pwd, ssl_password,
+# auth_token, client_secret, api-key, credentials, ...), or are a user name.
+_SECRET_WORDS = ("pass", "pwd", "secret", "token", "auth", "credential", "apikey", "privatekey")
+_USER_NAMES = ("user", "username")
 
 
 def mask_url(url: str) -> str:
@@ -48,7 +52,9 @@ def mask_url(url: str) -> str:
     a user name, more likely a password put in the wrong place), percent-encoded or
     not, and even when an unencoded ``/``, ``?`` or ``#`` in the password keeps the
     URL from parsing: everything from the scheme up to the last ``@`` is the
-    credentials part. ``password=`` query arguments are masked too.
+    credentials part. Password-like query arguments (``password=``, ``pwd=``,
+    ``auth_token=``, ``client_secret=``, ...) are masked too, their names decoded
+    first as clients decode them (``?pass%77ord=`` is a password).
     """
     scheme, separator, rest = url.partition("://")
     if not separator:
@@ -59,8 +65,31 @@ def mask_url(url: str) -> str:
         user, colon, _ = credentials.partition(":")
         masked = f"{user}:{_MASK}" if colon else _MASK
         rest = masked + rest[at:]
-    rest = _PASSWORD_ARGUMENT.sub(lambda m: m.group(1) + _MASK, rest)
+    rest = _mask_query(rest)
     return f"{scheme}{separator}{rest}" if separator else rest
+
+
+def _mask_query(rest: str) -> str:
+    """``rest`` (a URL past its scheme) with its password-like query arguments masked."""
+    before, question, query = rest.partition("?")
+    if not question:
+        return rest
+    query, hash_, fragment = query.partition("#")
+    arguments = []
+    for argument in query.split("&"):
+        name, equals, _ = argument.partition("=")
+        arguments.append(f"{name}={_MASK}" if equals and _is_secret(name) else argument)
+    return f"{before}?{'&'.join(arguments)}{hash_}{fragment}"
+
+
+def _is_secret(name: str) -> bool:
+    words = re.sub(r"[^a-z0-9]", "", urllib.parse.unquote_plus(name).lower())
+    return words in _USER_NAMES or any(word in words for word in _SECRET_WORDS)
+
+
+def masked_repr(url: str) -> str:
+    """``repr(url)`` with its passwords masked: for the ``repr=`` of attrs fields."""
+    return repr(mask_url(url))
 
 
 # --------------------------------------------------------------------- checking
