@@ -2,11 +2,21 @@
 
 Redis client exceptions never escape streamkit: :mod:`streamkit._redis` translates
 them here (``raise ... from exc``) so callers catch streamkit errors only.
+
+Errors about Redis name its server. Where the raiser does not have the URL at hand,
+they name the server in use (:func:`current_url`): the innermost
+:func:`~streamkit.open_redis` of the calling task. That fact lives here, at the bottom
+of the package, so that the URL module above may raise :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
-from ._urls import current_url
+import contextlib
+import contextvars
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = [
     "BackendError",
@@ -49,6 +59,53 @@ class ConfigError(StreamkitError, ValueError):
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(f"{setting}: {message}")
         self.setting = setting
+
+
+# ------------------------------------------------------- the server in use
+
+#: Shown where no URL is known (code using no client from ``open_redis``).
+UNKNOWN_URL = "(unknown URL)"
+
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "streamkit_redis_url", default=None
+)
+# Masked URLs of the clients open in this process, with how many are open.
+_open: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def using_url(masked: str) -> Iterator[None]:
+    """Make ``masked`` (a URL with its password masked) the one :func:`current_url`
+    reports while the block runs.
+
+    :func:`~streamkit.open_redis` wraps its client's lifetime in it, so that errors
+    raised by code using the client name its server without being told.
+    """
+    token = _current.set(masked)
+    _open[masked] = _open.get(masked, 0) + 1
+    try:
+        yield
+    finally:
+        _open[masked] -= 1
+        if not _open[masked]:
+            del _open[masked]
+        with contextlib.suppress(ValueError):  # exited in another context
+            _current.reset(token)
+
+
+def current_url() -> str:
+    """The masked URL of the Redis server in use, for messages.
+
+    The one of the innermost :func:`~streamkit.open_redis` of the calling task (or of
+    the task that started it), else the only one open in the process, else
+    :data:`UNKNOWN_URL`.
+    """
+    url = _current.get()
+    if url is not None:
+        return url
+    if len(_open) == 1:
+        return next(iter(_open))
+    return UNKNOWN_URL
 
 
 def _known(url: str | None) -> str:

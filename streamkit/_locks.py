@@ -27,9 +27,8 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -45,11 +44,11 @@ from ._errors import (
 )
 from ._groups import open_service_nursery
 from ._periodic import next_tick
-from ._redis import Redis, redis_errors
+from ._redis import LuaScript, Redis, redis_errors
 from ._validate import at_least, non_negative_number
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 __all__ = [
     "HeldLease",
@@ -67,10 +66,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamkit.locks")
-
-# A registered Lua script (``Redis.register_script``), called as ``script(keys, args)``.
-# Spelled as a callable so that coredis stays an implementation detail of _redis.
-_Script: TypeAlias = Callable[[list[str], list[str | int | bytes]], Awaitable[Any]]
 
 LOCK_KEY_PREFIX = "__lock:"
 FENCE_KEY_SUFFIX = ":fence"
@@ -107,7 +102,7 @@ DEFAULT_POLL_BACKOFF = Backoff(initial=0.02, maximum=0.5)
 # nobody can lock is a backlog nobody can drain (draining is what frees memory). A lock
 # is two small keys per partition, so taking one is allowed past maxmemory. (Extending
 # uses PEXPIRE and releasing DEL, which Redis never refuses for memory.)
-_ACQUIRE = """#!lua flags=allow-oom
+_ACQUIRE = LuaScript("""#!lua flags=allow-oom
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   return {0, pttl}
@@ -115,32 +110,32 @@ end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
 return {1, token}
-"""
+""")
 
 # KEYS: lock. ARGV: expected value, ttl in ms. Returns {1} or {0, current value}.
-_EXTEND = """
+_EXTEND = LuaScript("""
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1}
 end
 return {0, current}
-"""
+""")
 
 # KEYS: lock. ARGV: expected value. Returns {1} or {0, current value}.
-_RELEASE = """
+_RELEASE = LuaScript("""
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return {1}
 end
 return {0, current}
-"""
+""")
 
 # KEYS: lock. Returns {value or nil, remaining ttl in ms}.
-_INSPECT = """
+_INSPECT = LuaScript("""
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-"""
+""")
 
 
 # --- key layout ---------------------------------------------------------------------
@@ -499,33 +494,23 @@ class LockManager:
     owner: str
     backoff: Backoff = DEFAULT_POLL_BACKOFF
     _where: str = attrs.field(default="redis")
-    _acquire_script: _Script = attrs.field(init=False)
-    _extend_script: _Script = attrs.field(init=False)
-    _release_script: _Script = attrs.field(init=False)
-    _inspect_script: _Script = attrs.field(init=False)
     _holding: list[HeldLease] = attrs.field(init=False, factory=list)
     _acquired: int = attrs.field(init=False, default=0)
     _extended: int = attrs.field(init=False, default=0)
     _released: int = attrs.field(init=False, default=0)
     _lost: int = attrs.field(init=False, default=0)
 
-    def __attrs_post_init__(self) -> None:
-        self._acquire_script = self.redis.register_script(_ACQUIRE)
-        self._extend_script = self.redis.register_script(_EXTEND)
-        self._release_script = self.redis.register_script(_RELEASE)
-        self._inspect_script = self.redis.register_script(_INSPECT)
-
     async def _run(
-        self, script: _Script, keys: list[str], args: list[str | int | bytes]
+        self, script: LuaScript, keys: list[str], args: list[str | int | bytes]
     ) -> list[Any]:
         with redis_errors(self._where):
-            # Script calls EVALSHA and loads the script on NOSCRIPT (after a restart).
-            return cast("list[Any]", await script(keys, args))
+            # EVALSHA, loading the script on NOSCRIPT (a new or restarted server).
+            return cast("list[Any]", await script(self.redis, keys, args))
 
     async def _load_scripts(self) -> None:
         with redis_errors(self._where):
-            for source in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
-                await self.redis.script_load(source)
+            for script in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
+                await self.redis.script_load(script.source)
 
     # -- single operations --
 
@@ -548,9 +533,7 @@ class LockManager:
         ttl_ms = _ttl_ms(ttl)
         key = lock_key(name)
         sent_at = trio.current_time()
-        result = await self._run(
-            self._acquire_script, [key, key + FENCE_KEY_SUFFIX], [self.owner, ttl_ms]
-        )
+        result = await self._run(_ACQUIRE, [key, key + FENCE_KEY_SUFFIX], [self.owner, ttl_ms])
         if int(result[0]) == 1:
             self._acquired += 1
             lease = Lease(name, key, self.owner, int(result[1]), ttl, sent_at + ttl)
@@ -630,7 +613,7 @@ class LockManager:
         ttl = lease.ttl if ttl is None else ttl
         ttl_ms = _ttl_ms(ttl)
         sent_at = trio.current_time()
-        result = await self._run(self._extend_script, [lease.key], [lease.value, ttl_ms])
+        result = await self._run(_EXTEND, [lease.key], [lease.value, ttl_ms])
         if int(result[0]) != 1:
             exc = NotLockOwner(lease.name)
             exc.add_note(_describe_holder(result[1]))
@@ -650,7 +633,7 @@ class LockManager:
             key is then left untouched (so a late release never frees a lock that
             changed hands). :class:`RedisUnavailable` if Redis cannot be reached.
         """
-        result = await self._run(self._release_script, [lease.key], [lease.value])
+        result = await self._run(_RELEASE, [lease.key], [lease.value])
         if int(result[0]) != 1:
             exc = NotLockOwner(lease.name)
             exc.add_note(_describe_holder(result[1]))
@@ -664,7 +647,7 @@ class LockManager:
         Error handling:
             :class:`RedisUnavailable` if Redis cannot be reached.
         """
-        value, pttl = await self._run(self._inspect_script, [lock_key(name)], [])
+        value, pttl = await self._run(_INSPECT, [lock_key(name)], [])
         if value is None:
             return None
         owner, token = _parse_value(value)

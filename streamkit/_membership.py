@@ -47,8 +47,7 @@ from ._membership_state import (
     tag_safe,
 )
 from ._periodic import run_periodically
-from ._redis import LuaScript, Redis, redis_errors
-from ._refusals import REPORT_EVERY, ride_out_refusals
+from ._redis import REPORT_EVERY, LuaScript, Redis, redis_errors, ride_out_refusals
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence

@@ -27,7 +27,8 @@ from ._membership_settings import (
 )
 from ._meter import DEFAULT_REFRESH_INTERVAL
 from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
-from ._redis import DEFAULT_CONNECT_TIMEOUT, check_redis_url
+from ._redis import DEFAULT_CONNECT_TIMEOUT
+from ._urls import check_redis_url, masked_repr
 from ._validate import (
     non_negative_number,
     port_number,
@@ -81,7 +82,7 @@ class Settings:
 
     #: Where Redis is: ``redis://[:password@]host[:port][/db]``, ``rediss://`` for TLS,
     #: ``redis+cluster://host:port`` (any node) for a Redis Cluster.
-    redis_url: str = attrs.field(default=DEFAULT_REDIS_URL, validator=_url)
+    redis_url: str = attrs.field(default=DEFAULT_REDIS_URL, validator=_url, repr=masked_repr)
     #: Partitions of a new stream (recorded in Redis on first use, then fixed).
     partition_count: int = attrs.field(default=DEFAULT_PARTITION_COUNT, validator=positive_int)
     #: Entries to keep per partition; older ones are trimmed once every consumer

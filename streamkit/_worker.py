@@ -41,7 +41,7 @@ from ._logs import line_for_signal_handler, log_context, worker_name
 from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
-from ._refusals import ride_out_refusals
+from ._redis import ride_out_refusals
 from ._validate import positive_finite_number
 
 if TYPE_CHECKING:

@@ -90,6 +90,41 @@ async def test_password_is_masked_in_errors() -> None:
     assert mask_url(url) == url.replace("s3cret", "***")
 
 
+async def connect_once(side: str, url: str) -> None:
+    """Connect to ``url`` with the Trio client or the Spark executors' one."""
+    if side == "trio":
+        async with open_redis(url):
+            return
+    from streamkit.spark._client import connect
+
+    def spark_connect() -> None:
+        with connect(url):
+            pass
+
+    await trio.to_thread.run_sync(spark_connect)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@127.0.0.1:{port}?pass%77ord=s3cret",
+        "redis://127.0.0.1:{port}?db=0&password=s3cret",
+        # Malformed: no port number, no scheme, a database that is no number.
+        "redis://:s3cret@127.0.0.1:port?pass%77ord=s3cret",
+        "127.0.0.1:{port}?password=s3cret",
+        "redis://127.0.0.1:{port}/x?pwd=s3cret",
+        "rediss://127.0.0.1:{port}?ssl_password=s3cret&ssl_cert_reqs=maybe",
+    ],
+)
+@pytest.mark.parametrize("side", ["trio", "spark"])
+async def test_no_message_shows_a_password(side: str, url: str) -> None:
+    url = url.format(port=free_port())
+    with pytest.raises((RedisUnavailable, ConfigError)) as info:
+        await connect_once(side, url)
+    assert "s3cret" not in str(info.value)
+    assert "***" in str(info.value)
+
+
 @pytest.mark.parametrize("url", ["http://localhost", "localhost:6379"])
 async def test_malformed_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError, match="redis_url"):
@@ -345,6 +380,25 @@ async def test_an_exhausted_pool_is_reported_as_never_sent(redis_url: str) -> No
         ("redis://s3cret@h:1", "redis://***@h:1"),
         ("redis://h:1?password=s3cret&db=2", "redis://h:1?password=***&db=2"),
         ("redis://h:1/0", "redis://h:1/0"),
+        # Query keys are decoded before they are matched, as clients decode them.
+        ("redis://h:1?pass%77ord=s3cret", "redis://h:1?pass%77ord=***"),
+        ("redis://h:1?%70assword=s3cret&db=2", "redis://h:1?%70assword=***&db=2"),
+        ("redis://h:1?PASSWORD=s3cret", "redis://h:1?PASSWORD=***"),
+        # Any password-like argument.
+        ("redis://h:1?db=2&passwd=s3cret", "redis://h:1?db=2&passwd=***"),
+        ("redis://h:1?pwd=s3cret", "redis://h:1?pwd=***"),
+        ("redis://h:1?auth_token=s3cret", "redis://h:1?auth_token=***"),
+        ("redis://h:1?client_secret=s3cret#x", "redis://h:1?client_secret=***#x"),
+        ("redis://h:1?ssl_password=s3cret", "redis://h:1?ssl_password=***"),
+        ("redis://h:1?api%2Dkey=s3cret", "redis://h:1?api%2Dkey=***"),
+        ("redis://h:1?credentials=s3cret", "redis://h:1?credentials=***"),
+        # A value holding the separator's encoding stays masked whole.
+        ("redis://h:1?password=s3%26cr%3Det&db=2", "redis://h:1?password=***&db=2"),
+        # Harmless arguments are left as they are.
+        (
+            "rediss://h:1?ssl_ca_certs=/etc/ca.pem&ssl_keyfile=/k.pem",
+            "rediss://h:1?ssl_ca_certs=/etc/ca.pem&ssl_keyfile=/k.pem",
+        ),
     ],
 )
 def test_every_password_form_is_masked(url: str, masked: str) -> None:

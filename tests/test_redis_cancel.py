@@ -4,7 +4,7 @@ coredis 6.9 keeps a pool slot for every cancelled blocking read (after 64 the cl
 hangs for good) and drops the connection the read shared with other tasks' commands,
 which then fail, or are sent again by its default retry policy although Redis had run
 them. A client from ``open_redis`` runs blocking commands on dedicated connections and
-gives every slot back (see ``streamkit/_redis.py`` and ``docs/redis.md``).
+gives every slot back (see ``streamkit/_redis/_pool.py`` and ``docs/redis.md``).
 """
 
 from __future__ import annotations

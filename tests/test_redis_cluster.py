@@ -21,7 +21,8 @@ from streamkit import (
     redis_statistics,
     run_blocking,
 )
-from streamkit._redis import LuaScript, _translate, check_redis_url, open_redis, redis_errors
+from streamkit._redis import LuaScript, check_redis_url, open_redis, redis_errors
+from streamkit._redis._translate import translate
 from streamkit._settings import Settings
 from streamkit.testing import RedisCluster, RedisServer, free_port, wait_until
 
@@ -173,14 +174,14 @@ def test_a_cluster_has_database_0_only() -> None:
     ],
 )
 def test_redirections_and_cluster_refusals_are_server_refused(error: Exception, code: str) -> None:
-    translated = _translate(error, "redis+cluster://127.0.0.1:7000")
+    translated = translate(error, "redis+cluster://127.0.0.1:7000")
     assert isinstance(translated, ServerRefused)
     assert translated.code == code
 
 
 def test_redirections_given_up_on_are_unavailable_not_outcome_unknown() -> None:
     error = coredis.exceptions.ClusterError("Maximum retries exhausted.")
-    translated = _translate(error, "redis+cluster://127.0.0.1:7000")
+    translated = translate(error, "redis+cluster://127.0.0.1:7000")
     assert isinstance(translated, RedisUnavailable)
     assert not isinstance(translated, OutcomeUnknown)
 

@@ -150,3 +150,13 @@ def test_bad_urls_are_refused_with_what_to_write(url: str, says: str) -> None:
 )
 def test_good_urls_are_accepted(url: str) -> None:
     assert Settings.from_env({}, redis_url=url).redis_url == url
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://:s3cret@h:1", "redis://user:s3cret@h:1", "redis://h:1?pass%77ord=s3cret"]
+)
+def test_the_redis_password_is_not_in_the_repr(url: str) -> None:
+    settings = Settings(redis_url=url)
+    assert "s3cret" not in repr(settings)
+    assert "***" in repr(settings)
+    assert settings.redis_url == url

@@ -450,6 +450,23 @@ def test_a_server_url_naming_a_cluster_node_fails_clearly(redis_cluster: RedisCl
     assert f"write redis+cluster://127.0.0.1:{node.port}" in str(caught.value)
 
 
+def test_option_reprs_do_not_show_the_password() -> None:
+    from streamkit.spark._options import ReadOptions, WriteOptions
+    from streamkit.spark._writer import WritePlan
+
+    url = "redis://:s3cret@h:1?pass%77ord=s3cret"
+    options = {"url": url, "app": APP, "stream": "orders"}
+    plan = WritePlan(
+        url=url, app=APP, stream="orders", partition_count=4, record=None, compression=None,
+        key="id", key_is_field=False, columns=("id",), chunk_size=1, marker_ttl=1,
+        partition_size=1, max_len=None,
+    )  # fmt: skip
+    for parsed in (ReadOptions.parse(options), WriteOptions.parse(options), plan):
+        assert "s3cret" not in repr(parsed)
+        assert "redis://:***@h:1" in repr(parsed)
+        assert parsed.url == url
+
+
 def test_bad_write_options_fail_clearly(spark: SparkSession, url: str) -> None:
     df = numbered_frame(spark, 10, 2)
     with pytest.raises(Exception, match=r"give the record, partitionCount and key options"):

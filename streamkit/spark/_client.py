@@ -18,6 +18,8 @@ commands together.
 from __future__ import annotations
 
 import contextlib
+import os
+import ssl
 from typing import TYPE_CHECKING, cast
 
 import redis
@@ -26,8 +28,15 @@ import redis.exceptions
 
 from .. import _keys
 from .._errors import BackendError, ConfigError, RedisUnavailable
-from .._redis_urls import check_redis_url, is_cluster_url, seed_url
-from .._urls import mask_url
+from .._urls import (
+    check_redis_url,
+    is_cluster_url,
+    mask_url,
+    seed_url,
+    tls_options,
+    tls_refusal,
+    without_tls_arguments,
+)
 from .._wire import text
 
 if TYPE_CHECKING:
@@ -44,12 +53,29 @@ _CONNECT_TIMEOUT = 5.0
 _SOCKET_TIMEOUT = 60.0
 
 
+def _refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate check that failed behind ``exc``, if one did (redis-py raises its
+    own ``ConnectionError`` with the ``ssl`` error as its context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 @contextlib.contextmanager
 def redis_errors(url: str) -> Iterator[None]:
     """Translate redis-py exceptions raised inside the block into streamkit errors."""
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        refused = _refused_certificate(exc)
+        if refused is not None:
+            # Trying again cannot cure it: one line saying what to fix.
+            raise tls_refusal(refused, url, setting="url") from exc
         raise RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__) from exc
     except redis.exceptions.AuthenticationError as exc:  # pragma: no cover - a subclass above
         raise RedisUnavailable(mask_url(url), f"authentication failed: {exc}") from exc
@@ -70,7 +96,29 @@ def redis_errors(url: str) -> Iterator[None]:
     except redis.exceptions.RedisClusterException as exc:
         # Raised by the cluster client itself: no reachable node, a node without
         # cluster mode, a slot no node serves.
+        refused = _refused_certificate(exc)
+        if refused is not None:
+            raise tls_refusal(refused, url, setting="url") from exc
         raise RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__) from exc
+
+
+def _tls(url: str) -> dict[str, object]:
+    """redis-py's TLS options for ``url``: the checks of the Trio side, by the same rules
+    (:func:`streamkit._urls.tls_options`), with the same warning when one is off."""
+    tls = tls_options(url, setting="url")
+    if tls is None:
+        return {}
+    tls.context(setting="url")  # its files load: a clear error now, not a failed task
+    tls.warn_once(url)
+    options: dict[str, object] = {
+        "ssl_cert_reqs": "required" if tls.verify else "none",
+        "ssl_check_hostname": tls.verify and tls.check_hostname,
+        "ssl_certfile": tls.certfile,
+        "ssl_keyfile": tls.keyfile,
+    }
+    if tls.ca_certs:
+        options["ssl_ca_path" if os.path.isdir(tls.ca_certs) else "ssl_ca_certs"] = tls.ca_certs
+    return options
 
 
 def _open(url: str) -> Client:
@@ -79,12 +127,15 @@ def _open(url: str) -> Client:
         "socket_connect_timeout": _CONNECT_TIMEOUT,
         "socket_timeout": _SOCKET_TIMEOUT,
         "decode_responses": False,
+        **_tls(url),
     }
+    # The TLS arguments are given as options; redis-py would read the URL's its own way.
+    plain = without_tls_arguments(url)
     try:
         if is_cluster_url(url):
             # The cluster client connects (and reads the slot map) as it is built.
-            return redis.cluster.RedisCluster.from_url(seed_url(url), **options)
-        return redis.Redis.from_url(url, **options)
+            return redis.cluster.RedisCluster.from_url(seed_url(plain), **options)
+        return redis.Redis.from_url(plain, **options)
     except ValueError as exc:
         raise ConfigError("url", f"not a Redis URL: {mask_url(url)!r} ({exc})") from exc
 

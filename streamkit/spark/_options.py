@@ -18,6 +18,7 @@ from .. import _keys
 from .._compression import valid_compression
 from .._errors import ConfigError, MetadataMismatch
 from .._spec import record_metadata
+from .._urls import masked_repr
 from .._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE, compare_metadata
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class ReadOptions:
         skip_undecodable: drop entries that do not decode instead of failing.
     """
 
-    url: str
+    url: str = attrs.field(repr=masked_repr)
     app: str
     stream: str
     record: str | None
@@ -226,7 +227,7 @@ class WriteOptions:
         max_len: hard cap, as the ``max_len`` setting, or ``None``.
     """
 
-    url: str
+    url: str = attrs.field(repr=masked_repr)
     app: str
     stream: str
     record: str | None

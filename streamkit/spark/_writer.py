@@ -29,6 +29,7 @@ from .. import _keys
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
+from .._urls import masked_repr
 from .._wire import APPEND_AND_TRIM_LUA
 from ._client import connect, redis_errors
 from ._options import load_record
@@ -89,7 +90,7 @@ class WritePlan:
         chunk_size, marker_ttl, partition_size, max_len: see the options.
     """
 
-    url: str
+    url: str = attrs.field(repr=masked_repr)
     app: str
     stream: str
     partition_count: int

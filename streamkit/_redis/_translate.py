@@ -1,0 +1,345 @@
+"""Redis client errors translated into streamkit's, in one place.
+
+coredis exceptions stop here: :func:`redis_errors` turns them into the streamkit
+error tree (``raise ... from exc``), :func:`as_unavailable` tells a user's own Redis
+error that means "Redis cannot be reached", and :func:`permanent_failure` tells a
+connection failure that retrying cannot cure (a password, TLS, an unknown host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+import coredis
+import coredis.exceptions
+import trio
+
+from .._errors import (
+    BackendError,
+    ConfigError,
+    GroupExists,
+    NoSuchGroup,
+    NotReplicated,
+    OutcomeUnknown,
+    RedisUnavailable,
+    ServerRefused,
+    StreamkitError,
+    current_url,
+)
+from .._groups import leaves
+from .._urls import mask_url, tls_refusal
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = [
+    "LOST",
+    "TooFewReplicas",
+    "as_unavailable",
+    "permanent_failure",
+    "reason",
+    "redis_errors",
+    "refusal",
+    "translate",
+    "unwrapped_group",
+]
+
+# coredis ConnectionErrors raised before the command was handed to a connection: the
+# connection could not be opened, was found broken when the command was queued, or no
+# pool slot came free in time.
+_NOT_SENT_MESSAGES = (
+    "Unable to establish a connection",
+    "Connection not usable",
+    "Connection pool exhausted",
+)
+
+#: Errors meaning the connection was lost (or never answered) with the command in flight.
+LOST = (
+    coredis.exceptions.ConnectionError,
+    ConnectionError,
+    TimeoutError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+)
+
+
+class TooFewReplicas(coredis.exceptions.ReplicationError):
+    """``WAIT`` after a command counted fewer replicas than asked (with the count)."""
+
+    def __init__(self, command: bytes, wanted: int, timeout_ms: int, acknowledged: int) -> None:
+        super().__init__(command, wanted, timeout_ms)
+        self.wanted = wanted
+        self.timeout_ms = timeout_ms
+        self.acknowledged = acknowledged
+
+
+def reason(exc: BaseException) -> str:
+    """What ``exc`` says, or its type's name when it says nothing."""
+    return str(exc) or type(exc).__name__
+
+
+def _not_sent(exc: BaseException) -> bool:
+    return isinstance(exc, coredis.exceptions.ConnectionError) and str(exc).startswith(
+        _NOT_SENT_MESSAGES
+    )
+
+
+def _group_error(exc: coredis.exceptions.RedisError) -> BackendError | None:
+    text = str(exc)
+    if isinstance(exc, coredis.exceptions.StreamDuplicateConsumerGroupError) or (
+        "BUSYGROUP" in text
+    ):
+        return GroupExists(text)
+    # Redis 7 reports a missing group inside a script as "No such key '...' or consumer
+    # group '...' in XREADGROUP with GROUP option"; coredis keeps the NOGROUP code as
+    # the exception's type only.
+    if isinstance(exc, coredis.exceptions.StreamConsumerGroupError) or (
+        "NOGROUP" in text or ("No such key" in text and "consumer group" in text)
+    ):
+        return NoSuchGroup(text)
+    return None
+
+
+# Replies by which Redis refuses a command for a passing reason of its own: the command
+# did not run (a script stopped at the refused command), and it may succeed later. Each
+# code: what it means, and what to check.
+_REFUSALS: dict[str, tuple[str, str]] = {
+    "OOM": (
+        "out of memory",
+        "raise maxmemory or free memory; appends then trim what consumers have processed",
+    ),
+    "LOADING": ("loading its data set", "wait until the server has loaded its data"),
+    "BUSY": (
+        "busy running a script or function",
+        "wait for it to end, or stop it with SCRIPT KILL / FUNCTION KILL",
+    ),
+    "MASTERDOWN": (
+        "a replica that lost its primary",
+        "check the primary and replication, or point streamkit at the primary",
+    ),
+    "READONLY": (
+        "a read-only replica",
+        "point streamkit at the primary (after a failover, the old primary is a replica)",
+    ),
+    "NOREPLICAS": ("not enough replicas to write", "check the replicas (min-replicas-to-write)"),
+    "MISCONF": ("unable to persist to disk", "check the Redis server's disk and its log"),
+    "TRYAGAIN": ("moving a cluster slot", "wait for the resharding to end"),
+    "MOVED": (
+        "a cluster node that no longer serves the key's slot",
+        "the cluster is resharding or failing over; the client follows its new layout",
+    ),
+    "ASK": ("a cluster node moving the key's slot", "wait for the resharding to end"),
+    "CLUSTERDOWN": ("a cluster that is down", "check the cluster's state"),
+    "UNBLOCKED": (
+        "a blocking command unblocked by a role change",
+        "check for a failover, and that streamkit points at the primary",
+    ),
+    "MAXCLIENTS": (
+        "too many clients",
+        "raise the server's maxclients, or run fewer clients (max_connections)",
+    ),
+}
+
+# coredis strips these codes from the message and says them by the exception's type.
+_REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
+    (coredis.exceptions.BusyLoadingError, "LOADING"),
+    (coredis.exceptions.ReadOnlyError, "READONLY"),
+    (coredis.exceptions.TryAgainError, "TRYAGAIN"),
+    (coredis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (coredis.exceptions.UnblockedError, "UNBLOCKED"),
+    # MovedError is an AskError: MOVED first.
+    (coredis.exceptions.MovedError, "MOVED"),
+    (coredis.exceptions.AskError, "ASK"),
+)
+
+# coredis prefixes an error of a pipeline's command with the command.
+_PIPELINE_PREFIX = re.compile(r"^Command # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)
+
+
+def refusal(exc: BaseException, url: str) -> ServerRefused | None:
+    """``exc`` as :class:`ServerRefused` if it is one of Redis's passing refusals."""
+    if not isinstance(exc, coredis.exceptions.RedisError):
+        return None
+    text = _PIPELINE_PREFIX.sub("", str(exc), count=1).strip()
+    code = next((c for t, c in _REFUSAL_TYPES if isinstance(exc, t)), None)
+    if code is None:
+        if isinstance(exc, coredis.exceptions.ConnectionError) and text.startswith(
+            "max number of clients reached"
+        ):
+            code = "MAXCLIENTS"
+        else:
+            first, _, rest = text.partition(" ")
+            if first not in _REFUSALS:
+                return None
+            code, text = first, rest
+    elif text.startswith(code + " "):
+        text = text[len(code) + 1 :]
+    what, hint = _REFUSALS[code]
+    return ServerRefused(mask_url(url), code, text.rstrip(". ") or code, what=what, hint=hint)
+
+
+def translate(exc: BaseException, url: str) -> StreamkitError | None:
+    """``exc`` as the streamkit error it means, or ``None`` if it is none of Redis's."""
+    if isinstance(exc, StreamkitError):
+        return exc
+    if isinstance(exc, TooFewReplicas):
+        return NotReplicated(exc.wanted, exc.acknowledged, exc.timeout_ms / 1000)
+    masked = mask_url(url)
+    refused = refusal(exc, url)
+    if refused is not None:
+        # Redis refused the command (out of memory, loading, a replica, ...): it did
+        # not run, and may succeed later.
+        return refused
+    if _not_sent(exc):
+        return RedisUnavailable(masked, reason(exc))
+    if isinstance(exc, coredis.exceptions.ClusterError):
+        # The cluster client followed MOVED / ASK / TRYAGAIN redirections until it gave
+        # up: no node ran the command.
+        return RedisUnavailable(masked, f"the cluster kept redirecting the command ({exc})")
+    if isinstance(exc, LOST):
+        return OutcomeUnknown(masked, reason(exc))
+    if isinstance(exc, coredis.exceptions.AuthenticationError):
+        return RedisUnavailable(masked, f"authentication failed: {exc}")
+    if isinstance(exc, coredis.exceptions.RedisError):
+        return _group_error(exc) or BackendError(str(exc))
+    if isinstance(exc, BaseExceptionGroup):
+        # coredis runs its pool in a task group, so a dropped connection can arrive
+        # wrapped in a group. Unwrap it when every leaf is a Redis error.
+        translated = [translate(e, url) for e in exc.exceptions]
+        if translated and all(leaf is not None for leaf in translated):
+            return translated[0]
+    return None
+
+
+def as_unavailable(exc: BaseException, url: str | None = None) -> RedisUnavailable | None:
+    """``exc`` as :class:`RedisUnavailable` if it says Redis cannot be reached, else ``None``.
+
+    For errors raised by code that uses the client directly (a processor calling
+    ``app.redis``), where coredis exceptions are not translated: a streamkit
+    :class:`RedisUnavailable`, a coredis connection error or a passing refusal by the
+    server (out of memory, loading, a read-only replica, ...: :class:`ServerRefused`),
+    alone or in an exception group of them, as :class:`OutcomeUnknown` where the
+    command may have run. Built-in ``ConnectionError`` / ``TimeoutError`` do not count here: user code
+    raises those for its own reasons.
+    """
+    if isinstance(exc, RedisUnavailable):
+        return exc
+    if url is None:
+        url = current_url()
+    refused = refusal(exc, url)
+    if refused is not None:
+        return refused
+    if isinstance(exc, coredis.exceptions.ConnectionError):
+        translated = translate(exc, url)
+        assert isinstance(translated, RedisUnavailable)
+        return translated
+    if isinstance(exc, BaseExceptionGroup):
+        found = [as_unavailable(e, url) for e in exc.exceptions]
+        if found and all(leaf is not None for leaf in found):
+            return found[0]
+    return None
+
+
+@contextlib.contextmanager
+def unwrapped_group() -> Iterator[None]:
+    """Re-raise a lone exception that coredis's pool task group wrapped in a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        found = leaves(group)
+        if len(found) != 1:
+            raise
+        raise found[0] from None
+
+
+@contextlib.contextmanager
+def redis_errors(url: str | None = None) -> Iterator[None]:
+    """Translate Redis client errors raised in the block into streamkit errors.
+
+    Messages name ``url`` (masked), by default the URL of the client in use: the
+    innermost :func:`open_redis` of the calling task (see
+    :func:`streamkit._errors.current_url`).
+
+    Error handling:
+        :class:`OutcomeUnknown` when the connection was lost with a command in flight
+        (it may have run); :class:`RedisUnavailable` when Redis could not be reached,
+        :class:`ServerRefused` (a subclass) when it refused to run the command for a
+        passing reason (out of memory, loading, a replica, ...): it did not run; :class:`GroupExists` /
+        :class:`NoSuchGroup` for ``BUSYGROUP`` / ``NOGROUP`` replies;
+        :class:`BackendError` for other errors Redis replied with. Anything else
+        passes through untouched.
+    """
+    try:
+        yield
+    except BaseException as exc:
+        translated = translate(exc, current_url() if url is None else url)
+        if translated is None or translated is exc:
+            raise
+        raise translated from exc
+
+
+# ------------------------------------------------------- failures to connect
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the leaves of an exception group, and their causes and contexts."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
+
+_PERCENT_ENCODE = "percent-encode @ / : ? # in it as %40 %2F %3A %3F %23"
+
+
+def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
+    """A connection failure that retrying cannot cure, as a ConfigError saying what to check.
+
+    A refused or missing password, a TLS handshake that fails (``rediss://`` to a plain
+    server, an untrusted certificate, a certificate for another host) and a host name
+    that does not exist fail at once.
+    A host name that cannot be resolved *for now* (``EAI_AGAIN``: DNS not ready yet, as
+    in a starting container) is transient, like a refused connection or a timeout.
+    """
+    masked = mask_url(url)
+    tls = url.lower().startswith(("rediss:", "rediss+cluster:"))
+    for error in _chain(exc):
+        if isinstance(error, coredis.exceptions.AuthenticationRequiredError):
+            return ConfigError(
+                "redis_url",
+                f"Redis at {masked} requires a password: give it in the URL, "
+                f"redis://:PASSWORD@host:port ({_PERCENT_ENCODE})",
+            )
+        if isinstance(error, coredis.exceptions.AuthenticationError):
+            return ConfigError(
+                "redis_url",
+                f"Redis at {masked} refused the user name or password in the URL ({error}): "
+                f"check them ({_PERCENT_ENCODE})",
+            )
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return tls_refusal(error, url, setting="redis_url")
+        if tls and isinstance(error, ssl.SSLError):
+            return ConfigError(
+                "redis_url",
+                f"the TLS handshake with Redis at {masked} failed ({reason(error)}): is the "
+                f"server speaking TLS? Use redis:// for a plain server, rediss:// for TLS",
+            )
+        if isinstance(error, socket.gaierror) and error.errno in (
+            socket.EAI_NONAME,
+            getattr(socket, "EAI_NODATA", socket.EAI_NONAME),
+        ):
+            return ConfigError(
+                "redis_url", f"unknown host in {masked} ({error.strerror}): check the host name"
+            )
+    return None
