@@ -18,15 +18,19 @@ from streamkit import (
     ConfigError,
     Events,
     ExceptionPolicy,
+    LockLost,
     Record,
     Table,
     WrongPartition,
+    open_events,
+    open_fetcher,
 )
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
+from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, ticks_for
 
 if TYPE_CHECKING:
-    from streamkit import Redis
+    from streamkit import LockManager, Redis, Stream
 
 FAST: dict[str, Any] = {
     "lease_ttl": 1.0,
@@ -40,6 +44,16 @@ class Order(Record):
     order_id: int
     customer: str
     amount: float
+
+
+class Profile(Record):
+    customer: str
+    city: str
+
+
+class Enriched(Record):
+    customer: str
+    city: str
 
 
 class Receipt(Record):
@@ -214,3 +228,74 @@ async def test_writing_outside_the_processor_is_refused(redis_url: str) -> None:
     stream = other.stream("s", record=Order, partition_by="customer")
     with pytest.raises(ConfigError, match="not a table of app"):
         other.processor(stream, tables=[totals])
+
+
+async def test_a_zombie_commit_changes_nothing(
+    app: App, redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A worker whose lease was taken over (paused past it, say) processes events it
+    had fetched, but its commit is refused: no table write, no output, no ack."""
+    counts = Table("counts", int, 0, stream=ticks.spec, processor=GROUP.rpartition(".")[2])
+    echoes = app.stream("echoes", record=Tick, partition_by="key", partition_count=1)
+    await ticks.send_many(ticks_for(1, range(3)))
+    with trio.fail_after(10):
+        async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+            with pytest.raises(LockLost):
+                async with (
+                    locks.hold(lock_name(1), ttl=30) as held,
+                    fetcher.partition(1, held) as feed,
+                    open_events(feed, tables=[counts], outputs=[echoes], redis=redis) as events,
+                ):
+                    async for tick in events.records():
+                        counts.set(tick.key, await counts.get(tick.key) + 1)
+                        events.emit(echoes, tick)
+                        if tick.n == 1:
+                            # Another owner took the lease meanwhile.
+                            await redis.set(held.lease.key, b"someone-else:999")
+        assert await counts.read(key_for(1), redis=redis) == 0
+        assert await redis.xlen(echoes.key(0)) == 0
+        assert len(await pending_ids(redis, ticks, 1)) == 3
+
+
+async def test_a_join_reads_a_table_another_processor_writes(redis_url: str, redis: Redis) -> None:
+    app = App("join", redis_url=redis_url, **FAST)
+    users = app.stream("users", record=Profile, partition_by="customer", partition_count=4)
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
+    enriched = app.stream("enriched", record=Enriched, partition_by="customer", partition_count=4)
+    profiles: Table[Profile | None] = app.table("profiles", value=Profile)
+
+    @app.processor(users, tables=[profiles])
+    async def keep_profiles(events: Events[Profile]) -> None:
+        async for profile in events.records():
+            profiles.set(profile.customer, profile)
+
+    @app.processor(orders, outputs=[enriched])
+    async def enrich(events: Events[Order]) -> None:
+        async for order in events.records():
+            profile = await profiles.get(order.customer)
+            city = profile.city if profile is not None else "unknown"
+            events.emit(enriched, Enriched(customer=order.customer, city=city))
+
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await users.send_many([Profile(customer=f"c{n}", city=f"city{n}") for n in range(5)])
+
+        async def known() -> bool:
+            return sum(await profiles.sizes()) == 5
+
+        await wait_until(known, what="five profiles committed", within=20)
+        await orders.send_many([Order(order_id=n, customer=f"c{n}", amount=1.0) for n in range(6)])
+
+        async def all_enriched() -> bool:
+            lengths = [await redis.xlen(enriched.key(p)) for p in range(4)]
+            return sum(lengths) == 6
+
+        await wait_until(all_enriched, what="six orders enriched", within=20)
+        await worker.stop()
+    got = {}
+    for p in range(4):
+        entries: Any = await redis.xrange(enriched.key(p))
+        for e in entries:
+            record = enriched.codec.decode(e.field_values, stream="enriched")
+            got[record.customer] = record.city
+    assert got == {**{f"c{n}": f"city{n}" for n in range(5)}, "c5": "unknown"}
