@@ -30,7 +30,7 @@ from streamkit.testing import wait_until
 from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, ticks_for
 
 if TYPE_CHECKING:
-    from streamkit import LockManager, Redis, Stream
+    from streamkit import Fetcher, LockManager, Redis, Stream
 
 FAST: dict[str, Any] = {
     "lease_ttl": 1.0,
@@ -238,20 +238,24 @@ async def test_a_zombie_commit_changes_nothing(
     counts = Table("counts", int, 0, stream=ticks.spec, processor=GROUP.rpartition(".")[2])
     echoes = app.stream("echoes", record=Tick, partition_by="key", partition_count=1)
     await ticks.send_many(ticks_for(1, range(3)))
+
+    async def zombie(fetcher: Fetcher[Tick]) -> None:
+        async with (
+            locks.hold(lock_name(1), ttl=30) as held,
+            fetcher.partition(1, held) as feed,
+            open_events(feed, tables=[counts], outputs=[echoes], redis=redis) as events,
+        ):
+            async for tick in events.records():
+                counts.set(tick.key, await counts.get(tick.key) + 1)
+                events.emit(echoes, tick)
+                if tick.n == 1:
+                    # Another owner took the lease meanwhile.
+                    await redis.set(held.lease.key, b"someone-else:999")
+
     with trio.fail_after(10):
         async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
             with pytest.raises(LockLost):
-                async with (
-                    locks.hold(lock_name(1), ttl=30) as held,
-                    fetcher.partition(1, held) as feed,
-                    open_events(feed, tables=[counts], outputs=[echoes], redis=redis) as events,
-                ):
-                    async for tick in events.records():
-                        counts.set(tick.key, await counts.get(tick.key) + 1)
-                        events.emit(echoes, tick)
-                        if tick.n == 1:
-                            # Another owner took the lease meanwhile.
-                            await redis.set(held.lease.key, b"someone-else:999")
+                await zombie(fetcher)
         assert await counts.read(key_for(1), redis=redis) == 0
         assert await redis.xlen(echoes.key(0)) == 0
         assert len(await pending_ids(redis, ticks, 1)) == 3

@@ -164,6 +164,8 @@ class ReadOptions:
         max_events_per_trigger: streaming: at most this many events per micro-batch.
         page_size: entries per XRANGE call.
         skip_undecodable: drop entries that do not decode instead of failing.
+        table: read this table (written by a processor of ``stream``) instead of the
+            stream: a batch snapshot of its keys and values.
     """
 
     url: str = attrs.field(repr=masked_repr)
@@ -176,6 +178,7 @@ class ReadOptions:
     max_events_per_trigger: int | None
     page_size: int
     skip_undecodable: bool
+    table: str | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
@@ -206,6 +209,9 @@ class ReadOptions:
             max_events_per_trigger=_positive(options, "maxEventsPerTrigger", None),
             page_size=page_size,
             skip_undecodable=on_error == "skip",
+            table=(
+                _keys.validate_name("table", options["table"]) if options.get("table") else None
+            ),
         )
 
 

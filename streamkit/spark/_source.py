@@ -20,6 +20,7 @@ from ._options import (
 )
 from ._reader import BatchReader, StreamReader
 from ._schema import read_schema, record_schema
+from ._tables import TABLE_SCHEMA, WINDOWED_SCHEMA, TableReader, table_kind
 from ._writer import BatchWriter, StreamWriter, WritePlan
 
 if TYPE_CHECKING:
@@ -77,8 +78,13 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
         schema = read_schema(record_schema(record) if record is not None else None)
         with connect(options.url) as client:
             metadata = read_metadata(client, options.url, options.app, options.stream)
-        if not metadata:
-            raise StreamNotFound(options.app, options.stream)
+            if not metadata:
+                raise StreamNotFound(options.app, options.stream)
+            if options.table is not None:
+                count = _partition_count(options.stream, metadata)
+                windowed = table_kind(client, options, count)
+                # A table nothing was written to yet reads as empty.
+                return options, count, WINDOWED_SCHEMA if windowed else TABLE_SCHEMA
         if record is not None:
             check_record_metadata(options.stream, metadata, record)
         return options, _partition_count(options.stream, metadata), schema
@@ -86,14 +92,18 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
     def schema(self) -> StructType:
         return self._read_setup()[2]
 
-    def reader(self, schema: StructType) -> BatchReader:
-        options, partition_count, _ = self._read_setup()
+    def reader(self, schema: StructType) -> BatchReader | TableReader:
+        options, partition_count, read = self._read_setup()
+        if options.table is not None:
+            return TableReader(options, partition_count, windowed=read is WINDOWED_SCHEMA)
         if options.start_latest:
             raise ConfigError("start", "'latest' is for streaming reads only")
         return BatchReader(options, partition_count)
 
     def streamReader(self, schema: StructType) -> StreamReader:
         options, partition_count, _ = self._read_setup()
+        if options.table is not None:
+            raise ConfigError("table", "a table is read as a batch snapshot: use spark.read")
         if options.end is not None:
             raise ConfigError("end", "streaming reads have no end; use a batch read")
         return StreamReader(options, partition_count)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections import defaultdict
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,13 +22,13 @@ import trio
 
 from streamkit import ProcessorKeys, open_redis, redis_errors
 from streamkit.testing import wait_until
-from tests.apps.stateful import Echo, Number, make_app
+from tests.apps.stateful import GRACE, WINDOW, Echo, Number, Stateful, make_app
 from tests.workers import start_worker, wait_members
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from streamkit import Redis, Stream, Table
+    from streamkit import Redis, Stream
     from streamkit.testing import RedisServer
     from tests.workers import WorkerProcess
 
@@ -74,9 +75,8 @@ async def read_echoes(redis: Redis, echoes: Stream[Echo]) -> list[Echo]:
     return out
 
 
-async def assert_exact(
-    redis: Redis, sent: Sent, echoes: Stream[Echo], counts: Table[int], sums: Table[int]
-) -> None:
+async def assert_exact(redis: Redis, sent: Sent, app: Stateful) -> None:
+    echoes, counts, sums = app.echoes, app.counts, app.sums
     expected_counts = {k: len(ns) for k, ns in sent.by_key.items()}
 
     async def all_counted() -> bool:
@@ -106,6 +106,39 @@ async def assert_exact(
         echoed[echo.key].append(echo.n)
     # Each event's echo exactly once, in send order per key.
     assert dict(echoed) == dict(sent.by_key)
+    await assert_windows_exact(redis, sent, app)
+
+
+async def assert_windows_exact(redis: Redis, sent: Sent, app: Stateful) -> None:
+    """Each closed window's result once, with the sum of its events; every window the
+    last events closed is among them."""
+    expected: dict[tuple[str, int], int] = defaultdict(int)
+    for key, ns in sent.by_key.items():
+        for n in ns:
+            expected[key, n - n % WINDOW] += n
+    last = max(n for ns in sent.by_key.values() for n in ns)
+    must_close = {w for w in expected if w[1] + WINDOW + GRACE <= last - 1000}
+    assert len(must_close) >= KEYS
+    got: dict[tuple[str, int], list[int]] = defaultdict(list)
+
+    async def read() -> None:
+        got.clear()
+        for partition in range(app.tens_out.partition_count):
+            with redis_errors():
+                entries: Any = await redis.xrange(app.tens_out.key(partition))
+            for e in entries:
+                result = app.tens_out.codec.decode(e.field_values, stream="tens_out")
+                start = datetime.fromisoformat(result["start"])
+                got[result["key"], round(start.timestamp() * 1000)].append(result["value"])
+
+    async def closed() -> bool:
+        await read()
+        return must_close <= set(got)
+
+    with contextlib.suppress(trio.TooSlowError):
+        await wait_until(closed, what="the closed windows emitted", within=30, interval=0.2)
+    assert must_close <= set(got), sorted(must_close - set(got))[:5]
+    assert {w: vs for w, vs in got.items() if vs != [expected[w]]} == {}
 
 
 @pytest.mark.timeout(150)
@@ -113,7 +146,8 @@ async def assert_exact(
 async def test_exact_under_kills_a_zombie_and_churn(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    app, numbers, echoes, counts, sums = make_app(redis_url=redis_url)
+    stateful = make_app(redis_url=redis_url)
+    app, numbers = stateful.app, stateful.numbers
     sent = Sent()
     stop = trio.Event()
 
@@ -144,7 +178,7 @@ async def test_exact_under_kills_a_zombie_and_churn(
         fourth.send_signal(signal.SIGTERM)
         await wait_until(lambda: sent.total > 5000, what="5,000 events sent", within=60)
         stop.set()
-    await assert_exact(redis, sent, echoes, counts, sums)
+    await assert_exact(redis, sent, stateful)
     assert await fourth.wait_exit(within=15) == 0
     for worker in workers:
         assert "Traceback" not in worker.log(), worker.log()
@@ -155,7 +189,8 @@ async def test_exact_across_a_redis_restart(
     private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
     url = private_redis.url
-    app, numbers, echoes, counts, sums = make_app(redis_url=url)
+    stateful = make_app(redis_url=url)
+    app, numbers = stateful.app, stateful.numbers
     sent = Sent()
     stop = trio.Event()
     async with open_redis(url) as redis:
@@ -169,7 +204,7 @@ async def test_exact_across_a_redis_restart(
             await trio.to_thread.run_sync(private_redis.start)
             await wait_until(lambda: sent.total > 2500, what="2,500 events sent", within=60)
             stop.set()
-        await assert_exact(redis, sent, echoes, counts, sums)
+        await assert_exact(redis, sent, stateful)
     for worker in workers:
         assert worker.process.poll() is None, worker.log()
         assert "Traceback" not in worker.log(), worker.log()
