@@ -505,3 +505,51 @@ def test_example_pipeline_writes_totals(
     assert {t.window_start for t in written} == {T0, T0 + timedelta(hours=1)}
     spark_orders.run(spark, url)  # again: the fixed writeId adds nothing
     assert stream_length(client, "orders_demo", "customer_totals", 4) == len(totals)
+
+
+def test_a_table_reads_as_a_snapshot(spark: SparkSession, url: str) -> None:
+    from streamkit import ConfigError
+    from streamkit.spark import StreamkitDataSource
+    from tests.apps.stateful import WINDOW, Number, make_app as stateful_app
+
+    numbers = [Number(key=f"k{n % 5}", n=n) for n in range(1, 301)]
+
+    async def process() -> None:
+        stateful = stateful_app(
+            redis_url=url, delay=0, lease_ttl=1.0, heartbeat_interval=0.1, grace_period=1.0
+        )
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(run_worker, stateful.app)
+            await stateful.numbers.send_many(numbers)
+
+            async def counted() -> bool:
+                return sum(await stateful.counts.read_many([f"k{k}" for k in range(5)])) == 300
+
+            await wait_until(counted, what="300 events counted", within=30)
+            await worker.stop()
+
+    trio.run(process)
+    base = spark.read.format("streamkit").option("url", url).option("app", "stateful")
+    base = base.option("stream", "numbers")
+    counts = base.option("table", "counts").load()
+    assert counts.columns == ["partition", "key", "value"]
+    assert {(r.key, int(r.value)) for r in counts.collect()} == {(f"k{k}", 60) for k in range(5)}
+    for row in counts.collect():
+        assert row.partition == partition_for(row.key, 8)
+    windows = base.option("table", "tens").load()
+    assert windows.columns == ["partition", "key", "window_start", "window_end", "closed", "value"]
+    rows = windows.collect()
+    assert rows  # the last windows are still open (nothing advanced past them)
+    expected: dict[tuple[str, int], int] = {}
+    for number in numbers:
+        start = number.n - number.n % WINDOW
+        expected[number.key, start] = expected.get((number.key, start), 0) + number.n
+    for row in rows:
+        start = round(row.window_start.timestamp() * 1000)
+        assert round(row.window_end.timestamp() * 1000) - start == WINDOW
+        assert int(row.value) == expected[row.key, start]
+    source = StreamkitDataSource(
+        {"url": url, "app": "stateful", "stream": "numbers", "table": "counts"}
+    )
+    with pytest.raises(ConfigError, match="batch snapshot"):
+        source.streamReader(source.schema())
