@@ -260,7 +260,7 @@ async def test_state_equals_a_sequential_fold(redis: Redis, redis_url: str) -> N
         )
         await trio.to_thread.run_sync(
             lambda: run_state_machine_as_test(
-                lambda: StateMachine(world),  # type: ignore[arg-type, return-value]
+                lambda: StateMachine(world),  # type: ignore[arg-type]
                 settings=config,
             )
         )
