@@ -28,6 +28,7 @@ BENCHMARKS = [
     "bench_rebalance.py",
     "bench_spark.py",
     "bench_jobs.py",
+    "bench_state.py",
     "bench_cluster.py",
     "bench_versions.py",
 ]
@@ -38,6 +39,7 @@ BENCHMARK_TITLES = {
     "bench_rebalance.py": "Rebalancing",
     "bench_spark.py": "Spark",
     "bench_jobs.py": "Job queues",
+    "bench_state.py": "State",
     "bench_cluster.py": "Redis Cluster",
     "bench_versions.py": "Before and after",
 }
@@ -65,6 +67,16 @@ BENCHMARK_NOTES = {
         "its Prometheus metrics (`metrics_port`, as `streamkit worker --metrics-port` "
         "does) to a scraper that reads them every second, side by side with the runs "
         "without. **Target: metrics on at least 95% of metrics off.**"
+    ),
+    "bench_state.py": (
+        "One worker, 200,000 events over 8 partitions and 1,000 keys: a stateless "
+        "`records()` processor, the same count kept by hand with an `HINCRBY` per event "
+        "(at-least-once), the count in a table (exactly once), and a tumbling-window sum "
+        "with emitted results. **Targets: the table count at least 50% of stateless, and "
+        "faster than HINCRBY by hand.** Then the age of committed state while a producer "
+        "sends 1,000 events/s, and the time from kill -9 of a table's owner to the new "
+        "owner's first commit with an empty table and with 1,000,000 keys (recovery "
+        "reads no changelog, so it does not grow with the table)."
     ),
     "bench_latency.py": (
         "A producer process sends small records at a fixed rate, paced drift-free (a "
