@@ -352,5 +352,10 @@ def reliability(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The orders demo on a private, throwaway Redis server."""
-    session.run("python", "-m", "examples.orders.demo", *session.posargs)
+    """The orders demo on a private, throwaway Redis server (``./dev demo state``: the
+    state demo, exactly-once counts and windows through a kill -9)."""
+    args = list(session.posargs)
+    if args[:1] == ["state"]:
+        session.run("python", "-m", "examples.state_shop.demo", *args[1:])
+    else:
+        session.run("python", "-m", "examples.orders.demo", *args)
