@@ -166,7 +166,6 @@ async def run_demo(redis_url: str, log_dir: Path) -> None:
         )
 
 
-
 def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="streamkit-state-demo-"))
     with RedisServer() as server:
