@@ -272,6 +272,7 @@ class App:
         result: Callable[[str, Window, V], Any] = default_result,
         late: LatePolicy = "drop",
         merge: Callable[[V, V], V] | None = None,
+        idle: bool = True,
     ) -> WindowedTable[V]:
         """Declare a windowed table: per key and window of event time, an aggregate.
 
@@ -296,6 +297,9 @@ class App:
                 a dict with key, start, end and value (for a ``dict`` stream).
             late: ``"drop"`` (counted) or ``"dead_letter"`` a late event.
             merge: combines two sessions' values when an event bridges them.
+            idle: whether a quiet partition's event time moves on with the wall clock,
+                closing its windows without a later event (for event times that follow
+                the wall clock); ``False``: only events close windows.
 
         Error handling:
             :class:`ConfigError` for a bad name, option, or a name declared twice.
@@ -316,6 +320,7 @@ class App:
             result=result,
             late=late,
             merge=merge,
+            idle=idle,
             connection=lambda: self.redis,
         )
         self.tables[name] = table

@@ -274,6 +274,7 @@ async def open_events(
     outputs: Sequence[StreamSpec[Any] | HasSpec[Any]] = (),
     redis: Redis | None = None,
     state_cache_size: int = DEFAULT_STATE_CACHE_SIZE,
+    state_replicas: int = 0,
 ) -> AsyncIterator[Events[Any]]:
     """Hand out ``feed``'s events to a processor while the block runs.
 
@@ -298,6 +299,8 @@ async def open_events(
             committed the same way.
         redis: the client tables read with; needed with ``tables`` or ``outputs``.
         state_cache_size: values cached per table, at most.
+        state_replicas: on Redis Cluster, replicas the relay of emitted records waits
+            for at each step (see :doc:`state`).
 
     Cancellation:
         Leaving the block stops the middleware and the draining watcher (both run in
@@ -323,6 +326,7 @@ async def open_events(
             tables=tables,
             outputs=outputs,
             cache_size=state_cache_size,
+            replicas=state_replicas,
         )
         await state.open()
     events: Events[Any] = Events(

@@ -336,6 +336,10 @@ class Delivery(Generic[R]):
                     raise Stop from None
                 if state is None or trio.current_time() >= deadline:
                     return False
+                if not feed.caught_up:
+                    # Not quiet, only unread (an outage, say): that time is not idle.
+                    state.restart_idle()
+                    continue
                 await state.tick()
                 await self.commit_now()
         except StreamkitError as exc:

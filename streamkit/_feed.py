@@ -106,6 +106,13 @@ class PartitionFeed(Protocol):
     @property
     def meter(self) -> PartitionMeter | None: ...
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether the partition is quiet: the last read reached its end, and nothing
+        failed since (a partition merely not read, during an outage, is not). Windows
+        move event time on with the wall clock only while it is (see :doc:`state`)."""
+        ...
+
     def receive_nowait(self) -> Batch:
         """The next batch if one is ready.
 

@@ -103,6 +103,9 @@ class _Feed:
     # Made ready by an XREAD that saw new entries (not busy since).
     woken: bool = False
     idle: bool = False
+    # The last read reached the end of the partition, and nothing failed or woke it
+    # since: the partition is quiet, not merely unread (see PartitionFeed.caught_up).
+    caught_up: bool = False
     active: bool = True
     # Batches handed out and not yet reported done (in the channel or being processed).
     batches_out: int = 0
@@ -397,6 +400,8 @@ class Fetcher(Generic[R]):
                     await self._changed.wait()
                 delays = None
             except RedisUnavailable as exc:
+                for feed in self._feeds.values():
+                    feed.caught_up = False
                 if delays is None:
                     delays = Backoff().delays()
                 delay = next(delays)
@@ -471,6 +476,7 @@ class Fetcher(Generic[R]):
         if held.lost_reason is not None:
             self._fail(feed, LockLost(held.name, held.lost_reason))
             return None
+        feed.caught_up = False
         changes = feed.changes_due
         change_keys: list[str] = []
         change_args: list[Any] = []
@@ -589,6 +595,7 @@ class Fetcher(Generic[R]):
         elif feed.start == ">":
             feed.idle = True
             feed.last_id = text(last_id)
+        feed.caught_up = feed.idle
         return None
 
     async def _wait_for_entries(self, idle: list[_Feed], *, block: float | None) -> bool:
@@ -645,6 +652,7 @@ class Fetcher(Generic[R]):
             if feed is not None:
                 feed.idle = False
                 feed.woken = True
+                feed.caught_up = False
         return True
 
     async def _wait_per_slot(

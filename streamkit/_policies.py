@@ -36,6 +36,7 @@ from ._backoff import Backoff
 from ._errors import ConfigError, DecodeError, LateEvent, ProcessorHalted, RedisUnavailable
 from ._events import DEFAULT_ACK_BATCH, open_events
 from ._redis import Redis, as_unavailable, redis_errors
+from ._state_views import DEFAULT_STATE_CACHE_SIZE
 from ._validate import non_negative_int, one_of, positive_int
 
 if TYPE_CHECKING:
@@ -411,6 +412,8 @@ async def run_processor(
     dead_letter_key: str | None = None,
     tables: Sequence[TableLike] = (),
     outputs: Sequence[StreamSpec[Any] | HasSpec[Any]] = (),
+    state_cache_size: int = DEFAULT_STATE_CACHE_SIZE,
+    state_replicas: int = 0,
 ) -> None:
     """Run ``await fn(events)`` over ``feed``'s events under ``policy``, until it returns.
 
@@ -435,6 +438,8 @@ async def run_processor(
         tables: the tables ``fn`` writes, committed with the acknowledgements (see
             :func:`~streamkit.open_events`); needs ``redis``.
         outputs: the streams ``fn`` emits records to, committed the same way.
+        state_cache_size: values cached per table (see :func:`~streamkit.open_events`).
+        state_replicas: replicas the relay of emitted records waits for (Redis Cluster).
 
     Error handling:
         :class:`~streamkit.ConfigError` up front when the policy's ``action`` (or
@@ -473,6 +478,8 @@ async def run_processor(
         tables=tables,
         outputs=outputs,
         redis=redis,
+        state_cache_size=state_cache_size,
+        state_replicas=state_replicas,
     ) as events:
         while True:
             try:

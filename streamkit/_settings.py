@@ -28,8 +28,10 @@ from ._membership_settings import (
 from ._meter import DEFAULT_REFRESH_INTERVAL
 from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._redis import DEFAULT_CONNECT_TIMEOUT
+from ._state_views import DEFAULT_STATE_CACHE_SIZE
 from ._urls import check_redis_url, masked_repr
 from ._validate import (
+    non_negative_int,
     non_negative_number,
     port_number,
     positive_finite_number,
@@ -127,6 +129,12 @@ class Settings:
     #: Batches buffered per partition ahead of the processor (memory stays bounded
     #: by partitions x prefetch x batch_size entries, whatever the backlog).
     prefetch: int = attrs.field(default=DEFAULT_PREFETCH, validator=positive_int)
+    #: Values a partition caches per table (state); uncommitted writes come on top.
+    state_cache_size: int = attrs.field(default=DEFAULT_STATE_CACHE_SIZE, validator=positive_int)
+    #: On Redis Cluster, replicas each master must acknowledge before the relay of
+    #: emitted records moves on (``WAIT``), so that a failover neither repeats nor
+    #: loses one; 0: do not wait (a failover may). See docs/state.md.
+    state_replicas: int = attrs.field(default=0, validator=non_negative_int)
     #: Jobs a worker process runs at once (``streamkit worker --concurrency``).
     job_concurrency: int = attrs.field(default=32, validator=positive_int)
     #: Seconds after which a job whose worker stopped renewing its lease (killed,

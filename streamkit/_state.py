@@ -37,7 +37,13 @@ from ._errors import ConfigError, EncodeError
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_relay import OutboxRelay
-from ._state_views import TableLike, TableView, WindowLike, WindowView
+from ._state_views import (
+    DEFAULT_STATE_CACHE_SIZE,
+    TableLike,
+    TableView,
+    WindowLike,
+    WindowView,
+)
 from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
 from ._wire import DEFAULT_PARTITION_SIZE
@@ -60,8 +66,6 @@ __all__ = [
 
 log = logging.getLogger("streamkit.state")
 
-#: Values a partition caches per table, at most (uncommitted writes come on top).
-DEFAULT_STATE_CACHE_SIZE = 10_000
 #: The state hash's field holding the partition's watermark (ms since the epoch).
 WATERMARK_FIELD = b"watermark"
 #: The state hash's field prefix of a windowed table's count of late events.
@@ -126,6 +130,7 @@ class PartitionState:
         tables: Iterable[TableLike] = (),
         outputs: Iterable[StreamSpec[Any] | HasSpec[Any]] = (),
         cache_size: int = DEFAULT_STATE_CACHE_SIZE,
+        replicas: int = 0,
     ) -> None:
         self.partition = partition
         self._redis = redis
@@ -170,6 +175,7 @@ class PartitionState:
             else None
         )
         self._source = f"{stream.app}.{stream.name}.{partition}.{keys.processor}"
+        self._replicas = replicas
         self.relay: OutboxRelay | None = None
         self._tentative_out: list[tuple[str, list[bytes | str | int | float]]] = []
         self._done_out: list[tuple[str, list[bytes | str | int | float]]] = []
@@ -204,12 +210,17 @@ class PartitionState:
     def idle_deadline(self) -> float:
         """The Trio time at which idleness would close a window of this partition
         (``inf`` if none is open): see :func:`~streamkit._windows.idle_watermark`."""
-        if not self.windows or self.watermark == -math.inf:
+        idle = [view for view in self.windows if view.window.idle]
+        if not idle or self.watermark == -math.inf:
             return math.inf
-        due = min(view.next_due for view in self.windows)
+        due = min(view.next_due for view in idle)
         if due == math.inf:
             return math.inf
         return self._moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+
+    def restart_idle(self) -> None:
+        """The partition was not idle after all: count idle time from now."""
+        self._moved_at = trio.current_time()
 
     async def tick(self) -> None:
         """The partition is idle: move the watermark on by the time it has been idle,
@@ -354,6 +365,7 @@ class PartitionState:
             self._source,
             held,
             lambda key: self._keep_of_key.get(key, DEFAULT_PARTITION_SIZE),
+            replicas=self._replicas,
         )
         return self.relay
 

@@ -13,11 +13,20 @@ them to their target partitions:
 * then a fenced script in the source slot deletes the relayed entries from the
   outbox (refused once the lease is lost: the next owner relays what is left).
 
+Redis replicates asynchronously, and a failover can undo a commit that was relayed
+already (its events are then processed again and emit again) or a relay whose outbox
+entries were deleted already. With ``replicas=N`` (the ``state_replicas`` setting) each
+step waits for ``N`` replicas of the master it wrote to (``WAIT``) before the next:
+the outbox is read by a fenced script that writes, so the wait covers the commits that
+wrote the entries; the relay waits on the target's master before the entries are
+deleted. Then a failover neither repeats nor loses an emitted record.
+
 A new owner relays the previous owner's leftovers first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +34,9 @@ import trio
 
 from . import _keys
 from ._backoff import Backoff
-from ._errors import RedisUnavailable
-from ._redis import LuaScript, redis_errors
-from ._wire import OUTBOX_DELETE_LUA, RELAY_LUA
+from ._errors import NotReplicated, RedisUnavailable
+from ._redis import LuaScript, redis_errors, replicated
+from ._wire import OUTBOX_DELETE_LUA, OUTBOX_READ_LUA, RELAY_LUA
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,7 +54,10 @@ RELAY_BATCH = 500
 TARGET_FIELD = b"__to"
 
 _RELAY_SCRIPT = LuaScript(RELAY_LUA)
+_READ_SCRIPT = LuaScript(OUTBOX_READ_LUA)
 _DELETE_SCRIPT = LuaScript(OUTBOX_DELETE_LUA)
+#: Seconds each step of a relay waits for its replicas (with ``replicas``).
+REPLICA_TIMEOUT = 2.0
 
 
 class OutboxRelay:
@@ -63,9 +75,12 @@ class OutboxRelay:
         source: str,
         held: HeldLease,
         keep_of: Callable[[str], int],
+        *,
+        replicas: int = 0,
     ) -> None:
         self.outbox = outbox
         self.relayed = 0
+        self.replicas = replicas
         self._redis = redis
         self._source = source
         self._held = held
@@ -88,7 +103,7 @@ class OutboxRelay:
                 if not await self.relay_all():
                     return
                 delays = None
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, NotReplicated) as exc:
                 if delays is None:
                     delays = Backoff().delays()
                 delay = next(delays)
@@ -98,18 +113,40 @@ class OutboxRelay:
             await self._wake.wait()
             self._wake = trio.Event()
 
+    def _waiting(self) -> contextlib.AbstractContextManager[None]:
+        if not self.replicas:
+            return contextlib.nullcontext()
+        return replicated(self._redis, self.replicas, REPLICA_TIMEOUT)
+
     async def relay_all(self) -> bool:
-        """Relay until the outbox is empty; ``False`` if the lease was lost."""
+        """Relay until the outbox is empty; ``False`` if the lease was lost.
+
+        Error handling:
+            :class:`~streamkit.RedisUnavailable`, and with ``replicas``
+            :class:`~streamkit.NotReplicated`: nothing is lost, the entries wait in
+            the outbox for the next attempt.
+        """
+        with self._waiting():
+            return await self._relay_all()
+
+    async def _relay_all(self) -> bool:
         while True:
+            lease = self._held.lease
             with redis_errors():
-                entries: Any = await self._redis.xrange(self.outbox, count=RELAY_BATCH)
+                entries: Any = await _READ_SCRIPT(
+                    self._redis,
+                    keys=[self.outbox, lease.key, self.outbox + ":relayed"],
+                    args=[lease.value, RELAY_BATCH],
+                )
+            if entries == -1:
+                return False
             if not entries:
                 return True
             by_target: dict[bytes, list[bytes | int]] = {}
             ids: list[bytes] = []
-            for entry in entries:
-                entry_id: bytes = entry.identifier
-                fields = dict(entry.field_values)
+            for entry_id, flat in entries:
+                it = iter(flat)
+                fields = dict(zip(it, it, strict=True))
                 target = fields.pop(TARGET_FIELD)
                 args = by_target.setdefault(target, [])
                 args.append(entry_id)
@@ -126,7 +163,6 @@ class OutboxRelay:
                         keys=[key, _keys.relay_key(key, self._source)],
                         args=[self._keep_of(key), *args],
                     )
-            lease = self._held.lease
             with redis_errors():
                 deleted = await _DELETE_SCRIPT(
                     self._redis, keys=[self.outbox, lease.key], args=[lease.value, *ids]

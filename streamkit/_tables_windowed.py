@@ -88,6 +88,10 @@ class WindowedTable(Generic[V]):
             ``"dead_letter"`` (``update`` raises :class:`~streamkit.LateEvent`, and
             the exception policy dead-letters the event).
         merge: combines two sessions' values when an event bridges them (sessions).
+        idle: whether a quiet partition's event time moves on with the wall clock (so
+            its windows close without a later event); ``False`` for event times that
+            do not follow the wall clock (synthetic ones): then only events close
+            windows.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -101,6 +105,7 @@ class WindowedTable(Generic[V]):
     result: Callable[[str, Window, Any], Any] = default_result
     late: LatePolicy = attrs.field(default="drop", validator=_check_late)
     merge: Callable[[Any, Any], Any] | None = None
+    idle: bool = True
     stream: StreamSpec[Any] | None = attrs.field(default=None, kw_only=True)
     processor: str | None = attrs.field(default=None, kw_only=True)
     _connection: Callable[[], Redis] | None = attrs.field(default=None, kw_only=True)

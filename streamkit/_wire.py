@@ -30,6 +30,7 @@ __all__ = [
     "METADATA_LUA",
     "METADATA_VERSION",
     "OUTBOX_DELETE_LUA",
+    "OUTBOX_READ_LUA",
     "READ_LUA",
     "RELAY_LUA",
     "TRIM_FUNCTIONS_LUA",
@@ -401,6 +402,19 @@ trim_processed(redis.call('XLEN', key), tonumber(ARGV[1]))
 return appended
 """
 )
+
+# Reads an outbox for relaying, fenced: KEYS: the outbox, the partition's lock, the
+# relay's progress key (in the outbox's slot). ARGV: lease value, count. Writes the
+# progress key, so that a WAIT after this call waits for the commits that wrote the
+# entries to reach the replicas. Returns -1 if the lease is not ours, else the entries.
+OUTBOX_READ_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+local entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', ARGV[2])
+local last = '0-0'
+if entries[#entries] then last = entries[#entries][1] end
+redis.call('SET', KEYS[3], last)
+return entries
+"""
 
 # Deletes relayed entries from an outbox, fenced: KEYS: the outbox, the partition's
 # lock. ARGV: lease value, ids. Returns -1 if the lease is not ours, else the number

@@ -532,6 +532,8 @@ async def _run_partition(
                     ack_batch=processor.settings.batch_size,
                     tables=processor.tables,
                     outputs=processor.outputs,
+                    state_cache_size=processor.settings.state_cache_size,
+                    state_replicas=processor.settings.state_replicas,
                 )
             return
         except ProcessorHalted as halted:

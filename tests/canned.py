@@ -193,6 +193,10 @@ class CannedFeed:
     def meter(self) -> None:
         return None
 
+    @property
+    def caught_up(self) -> bool:
+        return not self._batches
+
     def receive_nowait(self) -> Batch:
         # The fetcher's next read, which carries the acknowledgements due.
         self._send_due()

@@ -32,19 +32,29 @@ Expectation, written before the first run:
 
 Added after the first runs, with the warning it checks: each worker warns that the
 cluster's masters changed.
+
+State rides through the same failovers: two more workers run the stateful app
+(``tests.apps.stateful``: two tables, a windowed table and an output stream, with
+``state_replicas=1``) while a third producer sends to it with ``replicas=1``; the
+killed master is restarted (it comes back as its successor's replica, so that waits
+for one replica succeed again). Expectation: every table equals the events in the
+stream (not "at least"), each echo is emitted once in order, and each closed window's
+result once with the sum of its events.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 
-from streamkit import App, RedisUnavailable, open_redis, redis_errors
+from streamkit import App, RedisUnavailable, StreamkitError, open_redis, redis_errors
 from streamkit.testing import RedisCluster, wait_until
 from tests.apps.scenario import Numbered
+from tests.apps.stateful import Number, make_app as stateful_app
 from tests.cluster_scenarios import (
     PARTITIONS,
     Producer,
@@ -57,14 +67,30 @@ from tests.cluster_scenarios import (
     replica_of,
     stream_contents,
 )
+from tests.reliability.test_state_faults import APP as STATEFUL, Sent, assert_exact
 from tests.workers import start_worker
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from streamkit import Stream
     from tests.workers import WorkerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+
+async def produce_numbers(numbers: Stream[Number], sent: Sent, stop: trio.Event) -> None:
+    """Numbers for the stateful app, sent with ``replicas=1``; refusals are retried later
+    by new numbers (what counts is what the stream holds)."""
+    n = 0
+    while not stop.is_set():
+        # n is also the event time in ms: 5 ms apart, so that windows close.
+        batch = [Number(key=f"k{(n + i) % 16}", n=(n + i) * 5) for i in range(10)]
+        n += 10
+        with contextlib.suppress(StreamkitError):
+            await numbers.send_many(batch, replicas=1, replica_timeout=2)
+        await trio.sleep(0.01)
+
 
 # The partitions whose master (node 1) is killed.
 KILLED_PARTITIONS = {1, 5}
@@ -78,17 +104,25 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
         nodes = cluster.nodes
         env = {"SCENARIO_PARTITIONS": str(PARTITIONS), "SCENARIO_BATCH": "20"}
         workers.extend(start_worker(cluster.url, tmp_path, env=env) for _ in range(2))
+        stateful_env = {"STREAMKIT_STATE_REPLICAS": "1", "STATEFUL_DELAY": "0.005"}
+        stateful_workers = [
+            start_worker(cluster.url, tmp_path, app=STATEFUL, env=stateful_env) for _ in range(2)
+        ]
+        workers.extend(stateful_workers)
+        stateful = stateful_app(redis_url=cluster.url)
+        state_sent = Sent()
         app = App("scenario", redis_url=cluster.url)
         stream = app.stream(
             "numbered", record=Numbered, partition_by="key", partition_count=PARTITIONS
         )
         safe, plain = Producer("s", replicas=1), Producer("p", replicas=0)
         stop = trio.Event()
-        async with app:
+        async with app, stateful.app:
             redis = app.redis
             async with trio.open_nursery() as producers:
                 producers.start_soon(safe.run, stream, stop)
                 producers.start_soon(plain.run, stream, stop)
+                producers.start_soon(produce_numbers, stateful.numbers, state_sent, stop)
 
                 await wait_until(
                     lambda: processed_at_least(redis, 400), what="400 processed", within=60
@@ -123,6 +157,13 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
                 alive = [n for n in nodes if n is not nodes[1]]
                 await wait_until(lambda: cluster_ok(alive), what="cluster_state:ok", within=20)
                 recovered_at = time.monotonic()
+                # Back as its successor's replica: waits for a replica succeed again.
+                await trio.to_thread.run_sync(nodes[1].start)
+                await wait_until(
+                    lambda: has_role(nodes[1].port, "slave"),
+                    what="the killed master back as a replica",
+                    within=30,
+                )
                 count = await count_processed(redis)
                 await wait_until(
                     lambda: processed_at_least(redis, count + 400),
@@ -139,6 +180,20 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
 
             await wait_until(all_processed, what="every event in a stream processed", within=60)
             seen = await processed(redis)
+            # The stateful app: what its stream holds is what was sent (a send refused
+            # for want of a replica may still be in it).
+            state_sent.by_key.clear()
+            state_sent.total = 0
+            for partition in range(stateful.numbers.partition_count):
+                with redis_errors():
+                    entries: Any = await redis.xrange(stateful.numbers.key(partition))
+                state_sent.add(
+                    [
+                        stateful.numbers.codec.decode(e.field_values, stream="numbers")
+                        for e in entries
+                    ]
+                )
+            await assert_exact(redis, state_sent, stateful, min_closed=16)
 
         for worker in workers:
             assert worker.process.poll() is None, worker.log()
