@@ -22,7 +22,7 @@ import trio
 
 from streamkit import ConfigError, read_membership
 from streamkit._backoff import Backoff
-from streamkit._supervisor import (
+from streamkit._cli._supervisor import (
     DEFAULT_CONFIG_ERROR_CODE,
     Step,
     Supervisor,

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from ._redis import redis_errors
-from ._streams import append_entries
-from ._wire import flatten_fields
+from .._redis import redis_errors
+from .._streams import append_entries
+from .._wire import flatten_fields
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._redis import Redis
-    from ._spec import ProcessorKeys, StreamSpec
+    from .._redis import Redis
+    from .._spec import ProcessorKeys, StreamSpec
 
 __all__ = [
     "DeadLetter",

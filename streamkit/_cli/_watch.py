@@ -20,14 +20,14 @@ import trio
 from rich.console import Console
 from rich.live import Live
 
+from .._groups import open_service_nursery
 from ._fleet import fleet_json, fleet_samples
 from ._fleet_view import fleet_view
-from ._groups import open_service_nursery
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ._app import App
+    from .._app import App
     from ._fleet import FleetSample
 
 __all__ = ["until_signal", "watch_status"]

@@ -6,7 +6,7 @@ A tiny ASGI application, three routes, all ``GET``:
   elsewhere) that polls ``/api/status`` every second and draws the partitions, the
   workers, the job queue and a rolling throughput and lag chart;
 - ``/api/status``: the latest snapshot, the JSON of ``streamkit status --json`` with
-  rates (see :func:`~streamkit._fleet.fleet_json`), plus ``error`` when the latest
+  rates (see :func:`~streamkit._cli._fleet.fleet_json`), plus ``error`` when the latest
   reading of Redis failed;
 - ``/api/jobs/ID``: what the queue knows of one job.
 
@@ -27,10 +27,10 @@ import attrs
 import orjson
 import trio
 
-from ._errors import JobNotFound, StreamkitError
+from .._errors import JobNotFound, StreamkitError
+from .._groups import open_service_nursery
+from .._http import serve_asgi
 from ._fleet import FleetSample, fleet_json, fleet_samples, job_json
-from ._groups import open_service_nursery
-from ._http import serve_asgi
 from ._watch import until_signal
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
-    from ._app import App
+    from .._app import App
 
 __all__ = ["Dashboard", "run_dashboard"]
 
@@ -48,7 +48,7 @@ _JOB_PREFIX = "/api/jobs/"
 
 
 def _page() -> bytes:
-    return importlib.resources.files("streamkit").joinpath("_dashboard.html").read_bytes()
+    return importlib.resources.files("streamkit._cli").joinpath("_dashboard.html").read_bytes()
 
 
 @attrs.define(eq=False)
