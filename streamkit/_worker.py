@@ -135,6 +135,13 @@ class Worker:
                 )
         self._cancel_scope.cancel("worker stopped")
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop was asked for (:meth:`stop`, or a signal with
+        ``handle_signals``): after :func:`run_worker` returns, ``False`` means the
+        worker ended on its own, which a supervisor should treat as a failure."""
+        return self._stopping
+
     def stop_now(self) -> None:
         """Stop at once: cancel everything (leases are still released, shielded)."""
         self._cancel_scope.cancel("worker stopped at once")
@@ -148,6 +155,7 @@ class Worker:
         elif self._phase == "starting":
             # Still connecting: there is nothing to drain yet.
             log.info("%s: stopping before the worker started", name)
+            self._stopping = True
             self._starting.cancel(f"{name} while starting")
         # Otherwise the worker has stopped already and is only cleaning up.
 
@@ -179,7 +187,8 @@ async def run_worker(
     """Run ``app``'s processors and background tasks until stopped.
 
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
-    :meth:`Worker.stop`; while it is still connecting, it simply stops), and a second
+    :meth:`Worker.stop`; while it is still connecting, it simply stops, and
+    ``nursery.start()`` gets the worker with :attr:`Worker.stop_requested` set), and a second
     signal, at any time after the first, exits the process at once with code 128 +
     the signal number (130 for SIGINT, 143 for SIGTERM), even while synchronous code
     blocks the event loop. Signal handling needs the main thread.
@@ -260,6 +269,9 @@ async def run_worker(
                     worker._phase = "stopped"
     if worker._starting.cancelled_caught:
         log.info("worker of %s stopped before it started", app.name)
+        # nursery.start() gets the worker (with stop_requested set) rather than a
+        # RuntimeError for a task that never started: the stop was asked for.
+        task_status.started(worker)
         return
     log.info("worker of %s stopped", app.name)
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import asyncclick as click
 from rich.console import Console
 from rich.table import Table
 
 from .._errors import StreamkitError
-from ._confirm import confirm
+from ._confirm import BulkAction, OnProgress, confirm_and_act
 from ._deadletters import (
     count_dead_letters,
     list_dead_letters,
@@ -21,11 +20,6 @@ from ._deadletters import (
 from ._exits import fail
 from ._loading import load_app, load_processor
 from ._options import WholeHelpGroup, redis_url_option
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from .._app import App, Processor
 
 __all__ = ["deadletters"]
 
@@ -83,76 +77,79 @@ async def deadletters_list(
         )
 
 
-DeadLetterAction = Callable[["App", "Processor", "Sequence[str] | None"], Awaitable[int]]
-
-
-async def replay_letters(app: App, processor: Processor, ids: Sequence[str] | None) -> int:
-    settings = processor.stream.settings
-    return await replay_dead_letters(
-        app.redis,
-        processor.stream.spec,
-        processor.keys,
-        partition_size=settings.partition_size,
-        max_len=settings.max_len,
-        ids=ids,
-    )
-
-
-async def purge_letters(app: App, processor: Processor, ids: Sequence[str] | None) -> int:
-    return await purge_dead_letters(app.redis, processor.keys, ids=ids)
-
-
 async def act_on_dead_letters(
-    action: DeadLetterAction,
+    verb: Literal["replay", "purge"],
     *,
-    ask: str,
-    done: str,
     app_path: str,
     processor_name: str,
     ids: tuple[str, ...],
     yes: bool,
     redis_url: str | None,
 ) -> None:
-    """Confirm, then apply ``action`` (replay or purge) to the chosen dead letters.
+    """Confirm, then replay or purge the chosen dead letters (all by default), one
+    step at a time (see :func:`confirm_and_act`).
 
     Given ids are checked first, in form and then in Redis: if any is not a dead
     letter of the processor, nothing is done (exit code 2).
     """
     app = load_app(app_path, redis_url)
     processor = load_processor(app, processor_name)
+    action = BulkAction(verb=verb, things="dead letter(s)", owner=f"of {processor.name}")
+    listing = f"`streamkit deadletters list {app_path} {processor.name}`"
     wanted: list[str] = []
     for given in ids:
         parsed = parse_dead_letter_id(given)
         if parsed is None:
             fail(
                 f"--id {given!r} is not a dead letter id (ids look like 1767225600000-0; "
-                f"`streamkit deadletters list {app_path} {processor.name}` shows them); "
-                f"nothing was {done}",
+                f"{listing} shows them); {action.nothing}",
                 2,
             )
         if parsed not in wanted:
             wanted.append(parsed)
-    which = f"{len(wanted)} dead letter(s)" if wanted else "all dead letters"
+    keys = processor.keys
+    settings = processor.stream.settings
+
+    async def act(on_progress: OnProgress) -> None:
+        if verb == "replay":
+            await replay_dead_letters(
+                app.redis,
+                processor.stream.spec,
+                keys,
+                partition_size=settings.partition_size,
+                max_len=settings.max_len,
+                ids=wanted or None,
+                on_progress=on_progress,
+            )
+        else:
+            await purge_dead_letters(app.redis, keys, ids=wanted or None, on_progress=on_progress)
+
     try:
         async with app:
             if wanted:
-                existing = {
-                    letter.id for letter in await list_dead_letters(app.redis, processor.keys)
-                }
+                existing = {letter.id for letter in await list_dead_letters(app.redis, keys)}
                 missing = [i for i in wanted if i not in existing]
                 if missing:
                     fail(
                         f"{processor.name} has no dead letter {', '.join(missing)} "
-                        f"(`streamkit deadletters list {app_path} {processor.name}` shows "
-                        f"those it has); nothing was {done}",
+                        f"({listing} shows those it has); {action.nothing}",
                         2,
                     )
-            if not yes:
-                confirm(f"{ask} {which} of {processor.name}?", refused=f"nothing was {done}")
-            count = await action(app, processor, wanted or None)
+                total = len(wanted)
+            else:
+                total = await count_dead_letters(app.redis, keys)
+                if not total:
+                    click.echo(f"{processor.name} has no dead letters; {action.nothing}")
+                    return
+            which = f"{total:,} dead letter(s)" if wanted else f"all {total:,} dead letter(s)"
+            ask = "Replay" if verb == "replay" else "Delete"
+            question = f"{ask} {which} of {processor.name}?"
+            count = await confirm_and_act(action, act, total=total, question=question, yes=yes)
     except StreamkitError as exc:
         fail(str(exc))
-    click.echo(f"{done} {count} dead letter(s) of {processor.name}")
+    except KeyboardInterrupt:
+        fail(f"interrupted; {action.nothing}", 130)
+    click.echo(f"{action.done} {count:,} dead letter(s) of {processor.name}")
 
 
 @deadletters.command("replay")
@@ -166,9 +163,7 @@ async def deadletters_replay(
 ) -> None:
     """Send dead letters back to their partitions for processing again."""
     await act_on_dead_letters(
-        replay_letters,
-        ask="Replay",
-        done="replayed",
+        "replay",
         app_path=app_path,
         processor_name=processor_name,
         ids=ids,
@@ -188,9 +183,7 @@ async def deadletters_purge(
 ) -> None:
     """Delete dead letters for good."""
     await act_on_dead_letters(
-        purge_letters,
-        ask="Delete",
-        done="purged",
+        "purge",
         app_path=app_path,
         processor_name=processor_name,
         ids=ids,

@@ -10,7 +10,6 @@ import asyncclick as click
 import attrs
 import orjson
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .._errors import ConfigError, StreamkitError
 from .._keys import validate_name
@@ -18,7 +17,7 @@ from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
 from ..jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
-from ._confirm import confirm
+from ._confirm import BulkAction, confirm_and_act
 from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
     from ..jobs import QueueCounts
 
 __all__ = ["jobs"]
-
-stderr = Console(stderr=True)
 
 
 @attrs.frozen
@@ -324,25 +321,23 @@ async def jobs_dlq_list(
 
 
 async def act_on_dead_jobs(
-    action: Literal["replay", "purge"],
+    verb: Literal["replay", "purge"],
     *,
     target: QueueTarget,
     ids: tuple[str, ...],
     yes: bool,
 ) -> None:
-    """Confirm, then replay or purge the chosen dead jobs (all by default).
+    """Confirm, then replay or purge the chosen dead jobs (all by default), one step
+    at a time (see :func:`confirm_and_act`).
 
     Given ids are checked first: if one is not a dead job of the queue, nothing is
     done (exit code 2).
     """
-    done_word = "replayed" if action == "replay" else "purged"
-    nothing = f"nothing was {done_word}"
+    action = BulkAction(verb=verb, things="dead job(s)", owner=f"of queue {target.name}")
     wanted = list(dict.fromkeys(ids))
     if any(not job_id for job_id in wanted):
-        fail(f"--id: a job id is not empty; {nothing}", 2)
+        fail(f"--id: a job id is not empty; {action.nothing}", 2)
     listing = f"`streamkit jobs dlq list {target.path}` lists the dead ones"
-    total = 0
-    so_far = 0  # jobs replayed or purged, for a message if interrupted
     try:
         async with open_target(target) as queue:
             if wanted:
@@ -358,51 +353,37 @@ async def act_on_dead_jobs(
                 if problems:
                     fail(
                         f"not dead jobs of queue {target.name}: {', '.join(problems)} "
-                        f"({listing}); {nothing}",
+                        f"({listing}); {action.nothing}",
                         2,
                     )
                 total = len(wanted)
             else:
                 total = (await queue.counts()).dead
                 if not total:
-                    click.echo(f"queue {target.name} has no dead jobs; {nothing}")
+                    click.echo(f"queue {target.name} has no dead jobs; {action.nothing}")
                     return
             which = f"{total:,} dead job(s)" if wanted else f"all {total:,} dead job(s)"
-            if not yes:
-                question = (
-                    f"Replay {which} of queue {target.name}, their tries starting over?"
-                    if action == "replay"
-                    else f"Delete {which} of queue {target.name} for good?"
-                )
-                confirm(question, refused=nothing)
-            act = queue.replay if action == "replay" else queue.purge
-            with Progress(
-                TextColumn(action),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                console=stderr,
-                transient=True,
-                disable=not stderr.is_terminal,
-            ) as progress:
-                task = progress.add_task(action, total=total)
-
-                def on_progress(through: int, done: int) -> None:
-                    nonlocal so_far
-                    so_far += done
-                    progress.update(task, advance=through)
-
-                finished = await act(wanted or None, on_progress=on_progress)
+            question = (
+                f"Replay {which} of queue {target.name}, their tries starting over?"
+                if verb == "replay"
+                else f"Delete {which} of queue {target.name} for good?"
+            )
+            act = queue.replay if verb == "replay" else queue.purge
+            count = await confirm_and_act(
+                action,
+                lambda on_progress: act(wanted or None, on_progress=on_progress),
+                total=total,
+                question=question,
+                yes=yes,
+            )
     except StreamkitError as exc:
-        if so_far:
-            fail(f"{exc}\n{done_word} {so_far:,} of {total:,} dead job(s) before it")
         fail(str(exc))
     except KeyboardInterrupt:
-        fail(f"interrupted: {done_word} {so_far:,} of {total:,} dead job(s)", 130)
-    skipped = total - len(finished) if wanted else 0
+        fail(f"interrupted; {action.nothing}", 130)
+    skipped = total - count if wanted else 0
     tail = f" ({skipped} were no longer dead)" if skipped else ""
-    how = ", queued again with their tries reset" if action == "replay" else ""
-    click.echo(f"{done_word} {len(finished):,} dead job(s) of queue {target.name}{how}{tail}")
+    how = ", queued again with their tries reset" if verb == "replay" else ""
+    click.echo(f"{action.done} {count:,} dead job(s) of queue {target.name}{how}{tail}")
 
 
 @jobs_dlq.command("replay")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -108,15 +109,17 @@ async def worker(
         return
     app.settings = metrics_settings(app.settings, metrics_port, metrics_host, os.environ)
     log.info("using Redis at %s", mask_url(app.settings.redis_url))
-    status = _WorkerStarted()
     try:
-        await run_worker(
-            app,
-            processors=names,
-            handle_signals=True,
-            concurrency=concurrency,
-            task_status=status,
-        )
+        async with trio.open_nursery() as nursery:
+            running: Worker = await nursery.start(
+                functools.partial(
+                    run_worker,
+                    app,
+                    processors=names,
+                    handle_signals=True,
+                    concurrency=concurrency,
+                )
+            )
     except StreamkitError as exc:
         fail(with_stream_path(exc, app_path), 2 if isinstance(exc, ConfigError) else 1)
     except BaseExceptionGroup as group:
@@ -128,7 +131,7 @@ async def worker(
         raise
     # Exit status 0 only for a stop that was asked for (a signal, Worker.stop): a
     # worker that ended on its own must be restarted by its supervisor.
-    if status.worker is not None and not status.worker._stopping:
+    if not running.stop_requested:
         fail(f"worker of {app.name} stopped without being asked to; see the log above")
 
 
@@ -190,15 +193,6 @@ def given_arguments(*, without: str) -> list[str]:
                 for item in value if param.multiple else [value]:
                     words.extend([param.opts[0], str(item)])
     return words
-
-
-class _WorkerStarted(trio.TaskStatus[Worker]):
-    """Keeps the running worker, to tell a requested stop from any other end."""
-
-    worker: Worker | None = None
-
-    def started(self, value: Worker | None = None) -> None:
-        self.worker = value
 
 
 def processor_names(app: App, given: str | None) -> list[str] | None:

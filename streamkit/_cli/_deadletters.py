@@ -19,7 +19,7 @@ from .._streams import append_entries
 from .._wire import flatten_fields
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from .._redis import Redis
     from .._spec import ProcessorKeys, StreamSpec
@@ -121,16 +121,19 @@ async def replay_dead_letters(
     partition_size: int,
     max_len: int | None = None,
     ids: Sequence[str] | None = None,
+    on_progress: Callable[[int, int], object] | None = None,
 ) -> int:
     """Send dead letters back to their partitions, then remove them.
 
     The original fields are appended to the end of the partition they came from, so
     the processor sees them again after the events already there (their order
     relative to other events of the same key changes). Each is removed from the
-    dead-letter stream only after it was appended: a failure midway replays some
+    dead-letter stream only after it was appended: a failure midway replays one
     twice at worst, never loses one. Returns how many were replayed.
 
     ``partition_size`` and ``max_len`` trim the partitions as the producer does.
+    ``on_progress(1, 1)`` is called after each dead letter is replayed (an exception
+    it raises stops the replay there, between two letters).
     """
     letters = await list_dead_letters(redis, keys)
     if ids is not None:
@@ -149,17 +152,31 @@ async def replay_dead_letters(
         )
         with redis_errors():
             await redis.xdel(keys.dead_letter_key, [letter.id])
+        if on_progress is not None:
+            on_progress(1, 1)
     return len(letters)
 
 
 async def purge_dead_letters(
-    redis: Redis, keys: ProcessorKeys, *, ids: Sequence[str] | None = None
+    redis: Redis,
+    keys: ProcessorKeys,
+    *,
+    ids: Sequence[str] | None = None,
+    on_progress: Callable[[int, int], object] | None = None,
 ) -> int:
-    """Delete dead letters (all, or those with the given ids); return how many."""
+    """Delete dead letters (all, or those with the given ids); return how many.
+
+    One step: ``on_progress(through, deleted)`` is called once, after it.
+    """
     key = keys.dead_letter_key
     with redis_errors():
         if ids is None:
             count = await redis.xlen(key)
             await redis.delete([key])
-            return count
-        return await redis.xdel(key, list(ids))
+            through = count
+        else:
+            count = await redis.xdel(key, list(ids))
+            through = len(ids)
+    if on_progress is not None:
+        on_progress(through, count)
+    return count
