@@ -18,12 +18,12 @@ from ._cmd_jobs import jobs
 from ._cmd_send import send, sendmany
 from ._cmd_status import dashboard, status
 from ._cmd_worker import worker
-from ._options import WholeHelpGroup
+from ._options import RootGroup
 
 __all__ = ["cli", "main"]
 
 
-@click.group(cls=WholeHelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="streamkit")
 def cli() -> None:
     """streamkit: partitioned, ordered event processing on Redis Streams.

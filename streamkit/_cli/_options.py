@@ -1,27 +1,46 @@
-"""What several commands share: ``--redis-url``, and a group class with whole help."""
+"""What the commands share: ``--redis-url``, and the group classes (whole help; one
+line for any error of streamkit's)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncclick as click
 
-__all__ = ["WholeHelpGroup", "redis_url_option"]
+from .._errors import ConfigError, StreamkitError
+from .._groups import leaves
+from .._settings import Settings
+from ._exits import fail
+
+__all__ = ["RootGroup", "WholeHelpGroup", "redis_url_option"]
 
 
 def redis_url_option(function: Any) -> Any:
-    """``--redis-url``, overriding the app's ``redis_url`` setting."""
+    """``--redis-url``, overriding the app's ``redis_url`` setting; checked as it is
+    parsed, so that a bad URL is one line (exit code 2) before anything is imported."""
     # No envvar here: STREAMKIT_REDIS_URL is read by the app's Settings, below the
     # App's own keyword arguments. Reading it here too would let the environment
     # override App(redis_url=...), unlike everywhere else.
     return click.option(
         "--redis-url",
         metavar="URL",
+        callback=_checked_url,
         help=(
             "Redis to use, overriding the app's redis_url (which comes from "
             "App(redis_url=...), else STREAMKIT_REDIS_URL, else redis://127.0.0.1:6379)."
         ),
     )(function)
+
+
+def _checked_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            Settings(redis_url=value)
+        except ConfigError as exc:
+            fail(f"--redis-url: {str(exc).removeprefix(f'{exc.setting}: ')}", 2)
+        except ValueError as exc:  # what urllib refuses before streamkit's own checks
+            fail(f"--redis-url: {value!r} is not a URL ({exc})", 2)
+    return value
 
 
 class WholeHelpGroup(click.Group):
@@ -37,3 +56,24 @@ class WholeHelpGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+class RootGroup(WholeHelpGroup):
+    """The ``streamkit`` group: an error of streamkit's that no command caught is one
+    line all the same (exit code 2 for a configuration error, else 1), never a
+    traceback."""
+
+    async def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return await super().invoke(ctx)
+        except StreamkitError as exc:
+            _fail_with(exc)
+        except BaseExceptionGroup as group:
+            found = leaves(group)
+            if found and all(isinstance(leaf, StreamkitError) for leaf in found):
+                _fail_with(found[0])
+            raise
+
+
+def _fail_with(exc: BaseException) -> NoReturn:
+    fail(str(exc), 2 if isinstance(exc, ConfigError) else 1)
