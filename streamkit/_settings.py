@@ -48,6 +48,8 @@ OTHER_VARIABLES = frozenset(
     {
         "STREAMKIT_RELIABILITY_REPORT",
         "STREAMKIT_WORKER_INDEX",
+        # streamkit worker --processes N: its --redis-url, for the worker processes
+        "STREAMKIT_WORKER_REDIS_URL",
         # streamkit worker --log-format, --log-level
         "STREAMKIT_LOG_FORMAT",
         "STREAMKIT_LOG_LEVEL",

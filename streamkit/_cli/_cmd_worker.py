@@ -24,7 +24,7 @@ from ._options import redis_url_option
 from ._supervisor import WORKER_INDEX_VARIABLE, check_member_ids, run_supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Collection, Mapping
 
     from .._app import App
     from .._logs import LogFormat
@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 __all__ = ["metrics_settings", "worker"]
 
 log = logging.getLogger("streamkit.cli")
+
+#: Options holding secrets (a Redis URL may hold a password): ``worker --processes N``
+#: hands them to its worker processes in these environment variables instead of on
+#: their command lines. A worker process reads them where the option was not given.
+SECRET_OPTIONS = {"redis_url": "STREAMKIT_WORKER_REDIS_URL"}
 
 
 @click.command()
@@ -98,6 +103,9 @@ async def worker(
     those that die and passes signals on to them.
     """
     configure_logging(log_level, log_format)
+    if os.environ.get(WORKER_INDEX_VARIABLE) is not None:
+        # A worker process of `--processes N`: its supervisor's secret options.
+        redis_url = redis_url or os.environ.get(SECRET_OPTIONS["redis_url"])
     app = load_app(app_path, redis_url)
     names = processor_names(app, processors)
     try:
@@ -154,27 +162,41 @@ def metrics_settings(
 
 async def supervise_workers(app: App, names: list[str] | None, processes: int) -> None:
     """``worker --processes N``: run N copies of this very command, without
-    ``--processes``, under a supervisor (see :func:`run_supervisor`)."""
+    ``--processes``, under a supervisor (see :func:`run_supervisor`).
+
+    The secret options (:data:`SECRET_OPTIONS`) reach the worker processes in their
+    environment, not on their command lines, which any user of the machine can read
+    (``ps``)."""
     try:
         check_member_ids(select_processors(app, names), os.environ, processes=processes)
     except ConfigError as exc:
         fail(str(exc), 2)
-    command = [sys.executable, "-m", "streamkit", "worker", *given_arguments(without="processes")]
+    ctx = click.get_current_context()
+    environ = dict(os.environ)
+    for name, variable in SECRET_OPTIONS.items():
+        environ.pop(variable, None)
+        if ctx.params.get(name) is not None:
+            environ[variable] = str(ctx.params[name])
+    words = given_arguments(without={"processes", *SECRET_OPTIONS})
     outcome = await run_supervisor(
-        command, processes=processes, handle_signals=True, config_error_code=BadInput.exit_code
+        [sys.executable, "-m", "streamkit", "worker", *words],
+        processes=processes,
+        handle_signals=True,
+        config_error_code=BadInput.exit_code,
+        environ=environ,
     )
     if outcome.code:
         fail(outcome.reason, outcome.code)
 
 
-def given_arguments(*, without: str) -> list[str]:
+def given_arguments(*, without: Collection[str]) -> list[str]:
     """The current command's arguments and the options given (not defaulted), as
-    command-line words, leaving out the parameter named ``without``."""
+    command-line words, leaving out the parameters named in ``without``."""
     ctx = click.get_current_context()
     words: list[str] = []
     for param in ctx.command.params:
         name = param.name
-        if name is None or name == without:
+        if name is None or name in without:
             continue
         value = ctx.params[name]
         if isinstance(param, click.Argument):
