@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncclick as click
 
 from .._errors import ConfigError, StreamkitError
+from .._literal import printable
 from ._admin import delete_stream_keys, live_members, reset_positions, resume_partitions
 from ._confirm import confirm
 from ._exits import fail
@@ -100,7 +101,7 @@ async def resume(
     for partition, record in sorted(cleared.items()):
         skipped = ""
         if skip and record.entry_ids:
-            skipped = f", skipping {', '.join(record.entry_ids)}"
+            skipped = f", skipping {printable(', '.join(record.entry_ids))}"
         click.echo(f"resumed {processor.name} on partition {partition}{skipped}")
     if missing:
         fail(

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .._errors import StreamkitError
+from .._literal import literal_text
 from ._confirm import BulkAction, OnProgress, confirm_and_act
 from ._deadletters import (
     count_dead_letters,
@@ -60,16 +61,18 @@ async def deadletters_list(
         table.add_column(column)
     for letter in letters:
         error = f"{letter.error_type}: {letter.error}" if letter.error_type else letter.error
+        # Everything but the numbers comes from the dead letter: shown literally.
         table.add_row(
-            letter.id,
+            literal_text(letter.id),
             letter.failed_at.isoformat(timespec="seconds"),
-            letter.reason,
-            error,
+            literal_text(letter.reason),
+            literal_text(error),
             str(letter.partition),
-            letter.entry_id,
+            literal_text(letter.entry_id),
             str(letter.delivery_count),
         )
-    Console(width=200).print(table)
+    # At least 200 columns: a table of error messages is unreadable when folded narrow.
+    Console(width=max(200, Console().width)).print(table)
     if total > len(letters):
         click.echo(
             f"showing the oldest {len(letters):,} of {total:,} dead letters; "

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from .._errors import ConfigError, StreamkitError
 from .._keys import validate_name
+from .._literal import printable
 from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
@@ -188,7 +189,9 @@ async def jobs_info(
         return
     console = Console(highlight=False)
     console.print(
-        f"{target.describe()}, Redis at {report['redis_url']}", soft_wrap=True, markup=False
+        printable(f"{target.describe()}, Redis at {report['redis_url']}"),
+        soft_wrap=True,
+        markup=False,
     )
     console.print(counts_table(target.name, counts))
     if report["by_name"]:
@@ -259,12 +262,12 @@ async def jobs_abort(
             status = await handle.abort(reason)
     except StreamkitError as exc:
         fail(str(exc))
-    what = f"job {job_id} ({info.name})"
+    what = printable(f"job {job_id} ({info.name})")
     # abort() answers ABORTED for a job it aborted and for one aborted before.
     if status is JobStatus.ABORTED and not info.status.final:
         click.echo(f"aborted {what}")
     elif status is JobStatus.EXECUTING:
-        worker = f" on {info.worker}" if info.worker else ""
+        worker = f" on {printable(info.worker)}" if info.worker else ""
         click.echo(
             f"{what} is running{worker}: its worker cancels it within a second, and it ends aborted"
         )

@@ -9,8 +9,10 @@ import asyncclick as click
 import orjson
 from asyncclick.core import ParameterSource
 from rich.console import Console
+from rich.text import Text
 
 from .._errors import ConfigError, StreamkitError
+from .._literal import literal_text, printable
 from ._exits import fail
 from ._fleet import NO_RATES, counts_by_name, fleet_json, take_snapshot
 from ._fleet_view import jobs_table, jobs_title, members_table, status_table
@@ -72,7 +74,9 @@ async def status(
         click.echo(orjson.dumps(fleet_json(snapshot), option=orjson.OPT_INDENT_2))
         return
     console = Console(highlight=False)
-    console.print(f"app {app.name}, Redis at {snapshot.redis_url}", soft_wrap=True)
+    console.print(
+        printable(f"app {app.name}, Redis at {snapshot.redis_url}"), soft_wrap=True, markup=False
+    )
     if not snapshot.processors:
         console.print(f"app {app.name} has no processors")
     now = datetime.now(UTC)
@@ -93,9 +97,11 @@ def print_halted(console: Console, app_path: str, processor: ProcessorSnapshot) 
     for row in processor.partitions:
         if row.halted is not None:
             console.print(
-                f"[bold red]partition {row.partition} halted[/]: "
-                f"{row.halted.describe().removeprefix('halted ')}",
-                markup=True,
+                Text.assemble(
+                    (f"partition {row.partition} halted", "bold red"),
+                    ": ",
+                    literal_text(row.halted.describe().removeprefix("halted ")),
+                ),
                 highlight=False,
                 soft_wrap=True,
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
@@ -36,6 +36,8 @@ __all__ = [
 _PREFIX = b"dl."
 
 _ID = re.compile(r"(\d+)(?:-(\d+))?\Z")
+
+_N = TypeVar("_N", int, float)
 
 
 @attrs.frozen(kw_only=True)
@@ -66,18 +68,39 @@ class DeadLetter:
 
 
 def _parse(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
-    info = {k[len(_PREFIX) :].decode(): v.decode() for k, v in raw.items() if k.startswith(_PREFIX)}
+    """A dead letter from its entry; fields that do not parse (whoever wrote them)
+    read as their defaults, rather than failing the listing."""
+    info = {_text(k[len(_PREFIX) :]): _text(v) for k, v in raw.items() if k.startswith(_PREFIX)}
     return DeadLetter(
-        id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        id=_text(entry_id),
         reason=info.get("reason", ""),
         error_type=info.get("error_type", ""),
         error=info.get("error", ""),
-        partition=int(info.get("partition", "0")),
+        partition=_number(info.get("partition"), int, 0),
         entry_id=info.get("entry_id", ""),
-        delivery_count=int(info.get("delivery_count", "0")),
-        failed_at=datetime.fromtimestamp(float(info.get("time", "0")), tz=UTC),
+        delivery_count=_number(info.get("delivery_count"), int, 0),
+        failed_at=datetime.fromtimestamp(_number(info.get("time"), _timestamp, 0.0), tz=UTC),
         fields={k: v for k, v in raw.items() if not k.startswith(_PREFIX)},
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _timestamp(text: str) -> float:
+    seconds = float(text)
+    datetime.fromtimestamp(seconds, tz=UTC)  # in range (raises ValueError, OverflowError)
+    return seconds
+
+
+def _number(text: str | None, parse: Callable[[str], _N], default: _N) -> _N:
+    if text is None:
+        return default
+    try:
+        return parse(text)
+    except (ValueError, OverflowError, OSError):
+        return default
 
 
 def parse_dead_letter_id(text: str) -> str | None:

@@ -13,6 +13,7 @@ from typing import IO, Any, NoReturn
 import asyncclick as click
 
 from .. import _logs
+from .._literal import printable
 
 __all__ = ["BadInput", "CommandError", "Stopped", "fail"]
 
@@ -23,6 +24,10 @@ class CommandError(click.ClickException):
     """A failure the user can act on: printed without a traceback, exit code 1."""
 
     exit_code = 1
+
+    def format_message(self) -> str:
+        """The message, each of its lines escaped: it may quote text from Redis."""
+        return "\n".join(printable(line) for line in self.message.split("\n"))
 
     def show(self, file: IO[Any] | None = None) -> None:
         """Print the message, or log it as an error where logs are JSON lines."""

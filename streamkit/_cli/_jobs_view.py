@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from .._literal import literal_text, printable
 from ..jobs import JobStatus
 from ._fleet import job_history
 from ._fleet_view import ago
@@ -91,7 +92,7 @@ def counts_table(queue: str, counts: QueueCounts) -> Table:
         ("expired (total)", counts.expired),
     ]
     for label, number in rows:
-        table.add_row(label, f"{number:,}")
+        table.add_row(literal_text(label), f"{number:,}")
     return table
 
 
@@ -102,7 +103,7 @@ def by_name_table(queue: str, by_name: dict[str, dict[str, int]]) -> Table:
     table.add_column("jobs by status", overflow="fold", ratio=1)
     for name, per_count in by_name.items():
         shown = ", ".join(f"{n:,} {count}" for count, n in per_count.items() if n)
-        table.add_row(Text(name), Text(shown or "none"))
+        table.add_row(literal_text(name), Text(shown or "none"))
     return table
 
 
@@ -140,7 +141,9 @@ def job_lines(info: JobInfo, now: datetime) -> list[str]:
     if info.error is not None and info.error.traceback:
         lines.append("  traceback of the last failed try:")
         lines += [f"    {line}" for line in info.error.traceback.rstrip().splitlines()]
-    return lines
+    # Names, ids, arguments, messages and the traceback come from Redis: each line is
+    # shown literally (the traceback keeps its own lines).
+    return [printable(line) for line in lines]
 
 
 def dead_jobs_table(queue: str, dead: Sequence[JobInfo], now: datetime) -> Table:
@@ -154,10 +157,10 @@ def dead_jobs_table(queue: str, dead: Sequence[JobInfo], now: datetime) -> Table
     for info in dead:
         first_line = error_text(info).splitlines()[0] if info.error else "-"
         table.add_row(
-            Text(info.id),
-            Text(info.name),
+            literal_text(info.id),
+            literal_text(info.name),
             ago(info.finished_at, now),
             f"{info.tries}/{info.max_tries}",
-            Text(first_line),
+            literal_text(first_line),
         )
     return table
