@@ -35,6 +35,7 @@ from ._background import run_background_task
 from ._errors import ConfigError, ProcessorHalted
 from ._fetcher import open_fetcher
 from ._halts import HaltRecord, read_halt, wait_resumed, write_halt
+from ._http_access import check_token
 from ._leadership import open_leader_election
 from ._locks import LockManager, open_lock_manager
 from ._logs import line_for_signal_handler, log_context, worker_name
@@ -486,11 +487,13 @@ async def _serve_metrics(
         from .metrics import serve_metrics
     except ImportError as exc:
         raise ConfigError("metrics_port", str(exc)) from None
+    check_token("metrics_token", settings.metrics_token)
     await serve_metrics(
         worker,
         host=settings.metrics_host,
         port=settings.metrics_port,
         refresh_interval=settings.metrics_refresh_interval,
+        token=settings.metrics_token,
         task_status=task_status,
     )
 

@@ -463,7 +463,10 @@ async def test_a_password_in_the_url_stays_off_the_command_lines(
         await admin.config_set({"requirepass": password})
     url = private_redis.url.replace("redis://", f"redis://:{password}@")
     elsewhere = f"redis://127.0.0.1:{free_port()}"  # the flag must win over it
-    supervisor = start_supervisor(elsewhere, tmp_path, supervisors, args=("--redis-url", url))
+    token = "metrics-token-of-the-test-9d2e"
+    supervisor = start_supervisor(
+        elsewhere, tmp_path, supervisors, args=("--redis-url", url, "--metrics-token", token)
+    )
     pids = await wait_started(supervisor, 2)
     async with open_redis(url) as redis:
         # The workers reached Redis with the password: they got the URL.
@@ -471,6 +474,8 @@ async def test_a_password_in_the_url_stays_off_the_command_lines(
     for pid in pids.values():
         assert parent_of(pid) == supervisor.pid
         assert not any(password in word for word in proc_words(pid, "cmdline"))
+        assert not any(token in word for word in proc_words(pid, "cmdline"))
+        assert f"STREAMKIT_WORKER_METRICS_TOKEN={token}" in proc_words(pid, "environ")
     assert password not in supervisor.log()
 
 

@@ -132,8 +132,36 @@ def print_halted(console: Console, app_path: str, processor: ProcessorSnapshot) 
     metavar="SECONDS",
     help="Seconds between readings of Redis (however many pages are open).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A host name the dashboard is reached by, besides localhost and the address "
+    "it listens on (repeatable; '*': any). Requests for other hosts get 421.",
+)
+@click.option(
+    "--token",
+    metavar="TOKEN",
+    help="The token every request must carry (at least 16 characters; default: the "
+    "dashboard_token setting, STREAMKIT_DASHBOARD_TOKEN, which keeps it out of ps). "
+    "Needed with a --host other machines reach.",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Need no token, even on a --host other machines reach: anyone who can reach "
+    "it sees the fleet, job arguments and errors.",
+)
 async def dashboard(
-    app_path: str, redis_url: str | None, host: str, port: int, interval: float
+    app_path: str,
+    redis_url: str | None,
+    host: str,
+    port: int,
+    interval: float,
+    allowed_hosts: tuple[str, ...],
+    token: str | None,
+    no_auth: bool,
 ) -> None:
     """Serve a read-only web dashboard of an app: its processors' partitions, workers,
     lag and throughput (with a chart), and its job queue.
@@ -141,19 +169,37 @@ async def dashboard(
     The page reads /api/status (the same JSON as `streamkit status --json`, with
     rates) every second; /api/jobs/ID shows a job. Needs the dashboard extra:
     pip install '/path/to/streamkit[dashboard]'. Ctrl-C stops it.
+
+    It answers only requests for localhost, the address it listens on and the
+    --allowed-host names. On an address other machines reach it needs a token:
+    a browser opens URL/?token=TOKEN once (a cookie keeps it logged in); scripts
+    send 'Authorization: Bearer TOKEN'.
     """
     app = load_app(app_path, redis_url)
     try:
         import hypercorn  # noqa: F401
     except ImportError:
         fail("the dashboard needs hypercorn: pip install '/path/to/streamkit[dashboard]'", 2)
-    from ._dashboard import run_dashboard
-
-    def serving(url: str) -> None:
-        click.echo(f"serving the dashboard of app {app.name} on {url} (Ctrl-C stops)")
+    from ._dashboard import dashboard_access, run_dashboard
 
     try:
-        await run_dashboard(app, host=host, port=port, interval=interval, on_serving=serving)
+        access = dashboard_access(
+            host,
+            token=token if token is not None else app.settings.dashboard_token,
+            allowed_hosts=allowed_hosts,
+            no_auth=no_auth,
+        )
+    except ConfigError as exc:
+        fail(str(exc).replace("token: ", "--token: ", 1), 2)
+
+    def serving(url: str) -> None:
+        needs = "; it needs its token: open it with ?token=TOKEN" if access.token else ""
+        click.echo(f"serving the dashboard of app {app.name} on {url}{needs} (Ctrl-C stops)")
+
+    try:
+        await run_dashboard(
+            app, host=host, port=port, interval=interval, access=access, on_serving=serving
+        )
     except ConfigError as exc:
         fail(str(exc), 2)
     except StreamkitError as exc:

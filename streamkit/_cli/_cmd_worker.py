@@ -34,10 +34,13 @@ __all__ = ["metrics_settings", "worker"]
 
 log = logging.getLogger("streamkit.cli")
 
-#: Options holding secrets (a Redis URL may hold a password): ``worker --processes N``
+#: Options holding secrets (a Redis URL may hold a password; a token): ``worker --processes N``
 #: hands them to its worker processes in these environment variables instead of on
 #: their command lines. A worker process reads them where the option was not given.
-SECRET_OPTIONS = {"redis_url": "STREAMKIT_WORKER_REDIS_URL"}
+SECRET_OPTIONS = {
+    "redis_url": "STREAMKIT_WORKER_REDIS_URL",
+    "metrics_token": "STREAMKIT_WORKER_METRICS_TOKEN",
+}
 
 
 @click.command()
@@ -81,6 +84,14 @@ SECRET_OPTIONS = {"redis_url": "STREAMKIT_WORKER_REDIS_URL"}
     default=None,
     help="Address of the metrics endpoint (default: the metrics_host setting, 127.0.0.1).",
 )
+@click.option(
+    "--metrics-token",
+    metavar="TOKEN",
+    default=None,
+    help="Answer only scrapes that send 'Authorization: Bearer TOKEN' (at least 16 "
+    "characters; default: the metrics_token setting, STREAMKIT_METRICS_TOKEN, which "
+    "keeps it out of ps).",
+)
 async def worker(
     app_path: str,
     processors: str | None,
@@ -91,6 +102,7 @@ async def worker(
     processes: int,
     metrics_port: int | None,
     metrics_host: str | None,
+    metrics_token: str | None,
 ) -> None:
     """Run an app's processors, jobs and background tasks.
 
@@ -106,6 +118,7 @@ async def worker(
     if os.environ.get(WORKER_INDEX_VARIABLE) is not None:
         # A worker process of `--processes N`: its supervisor's secret options.
         redis_url = redis_url or os.environ.get(SECRET_OPTIONS["redis_url"])
+        metrics_token = metrics_token or os.environ.get(SECRET_OPTIONS["metrics_token"])
     app = load_app(app_path, redis_url)
     names = processor_names(app, processors)
     try:
@@ -115,7 +128,9 @@ async def worker(
     if processes > 1:
         await supervise_workers(app, names, processes)
         return
-    app.settings = metrics_settings(app.settings, metrics_port, metrics_host, os.environ)
+    app.settings = metrics_settings(
+        app.settings, metrics_port, metrics_host, os.environ, token=metrics_token
+    )
     log.info("using Redis at %s", mask_url(app.settings.redis_url))
     try:
         async with trio.open_nursery() as nursery:
@@ -144,13 +159,21 @@ async def worker(
 
 
 def metrics_settings(
-    settings: Settings, port: int | None, host: str | None, environ: Mapping[str, str]
+    settings: Settings,
+    port: int | None,
+    host: str | None,
+    environ: Mapping[str, str],
+    *,
+    token: str | None = None,
 ) -> Settings:
-    """``settings`` with the worker's ``--metrics-port`` and ``--metrics-host``; worker
-    ``i`` of ``--processes N`` (``STREAMKIT_WORKER_INDEX``) serves on the port plus ``i``."""
+    """``settings`` with the worker's ``--metrics-port``, ``--metrics-host`` and
+    ``--metrics-token``; worker ``i`` of ``--processes N`` (``STREAMKIT_WORKER_INDEX``)
+    serves on the port plus ``i``."""
     changes: dict[str, Any] = {}
     if host is not None:
         changes["metrics_host"] = host
+    if token is not None:
+        changes["metrics_token"] = token
     port = settings.metrics_port if port is None else port
     index = environ.get(WORKER_INDEX_VARIABLE)
     if port and index is not None:
