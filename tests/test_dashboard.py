@@ -226,7 +226,8 @@ def browse(url: str, screenshot: Path) -> dict[str, Any]:
         )
         driver.save_screenshot(str(screenshot))
         # What the browser logged: a content security policy violation would be here.
-        shown["console"] = [entry["message"] for entry in driver.get_log("browser")]
+        logged = driver.get_log("browser")  # type: ignore[no-untyped-call]
+        shown["console"] = [entry["message"] for entry in logged]
         return shown
     finally:
         driver.quit()
