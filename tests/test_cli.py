@@ -78,7 +78,7 @@ async def signalled_while_paused(
                 stderr=subprocess.PIPE,
             )
             for stream, into in ((process.stdout, out), (process.stderr, err)):
-                nursery.start_soon(_read_into, stream, into)
+                nursery.start_soon(read_into, stream, into)
             try:
                 if pause_after:
                     await wait_until(lambda: pause_after in err, what=repr(pause_after), within=30)
@@ -99,7 +99,7 @@ async def signalled_while_paused(
     return Result(code, out.decode(), err.decode())
 
 
-async def _read_into(stream: trio.abc.ReceiveStream | None, into: bytearray) -> None:
+async def read_into(stream: trio.abc.ReceiveStream | None, into: bytearray) -> None:
     assert stream is not None
     async for data in stream:
         into.extend(data)

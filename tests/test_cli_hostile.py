@@ -24,7 +24,7 @@ from streamkit._locks import lock_key
 from streamkit.jobs import JobCall
 from streamkit.testing import wait_until
 from tests.apps import jobbing
-from tests.test_cli import ROOT, Result
+from tests.test_cli import ROOT, Result, read_into
 from tests.test_cli_jobs import run_until
 
 if TYPE_CHECKING:
@@ -113,13 +113,7 @@ async def test_status_watch(redis_url: str, redis: Redis) -> None:
             stderr=subprocess.STDOUT,
         )
         async with trio.open_nursery() as nursery:
-
-            async def read() -> None:
-                assert process.stdout is not None
-                async for data in process.stdout:
-                    out.extend(data)
-
-            nursery.start_soon(read)
+            nursery.start_soon(read_into, process.stdout, out)
             await wait_until(lambda: b"HALTED" in out, what="a snapshot", within=30)
             process.send_signal(signal.SIGINT)
             code = await process.wait()
@@ -199,13 +193,7 @@ async def test_worker_log_lines(app: App, redis_url: str) -> None:
             stderr=subprocess.PIPE,
         )
         async with trio.open_nursery() as nursery:
-
-            async def read() -> None:
-                assert process.stderr is not None
-                async for data in process.stderr:
-                    err.extend(data)
-
-            nursery.start_soon(read)
+            nursery.start_soon(read_into, process.stderr, err)
             await wait_until(lambda: b"running" in err, what="the worker running", within=30)
             await jobbing.explode.enqueue_many(
                 [JobCall(args=(1,), kwargs={"why": HOSTILE}, job_id=HOSTILE_ID)]

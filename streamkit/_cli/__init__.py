@@ -1,11 +1,20 @@
 """The ``streamkit`` command line: the root group, and ``main`` for the console script.
 
-One module per command group (``_cmd_send``, ``_cmd_worker``, ``_cmd_status``,
-``_cmd_admin``, ``_cmd_deadletters``, ``_cmd_jobs``), each beside the modules only it
-uses (``_sendmany``, ``_supervisor``, ``_fleet`` and its views, ``_admin``,
-``_deadletters``); shared: exit codes (``_exits``), loading the user's code
-(``_loading``), logging options (``_logging``), common options (``_options``) and
-confirming (``_confirm``).
+One module per command group, each beside the modules only it uses:
+
+- ``_cmd_send``: ``send``, ``sendmany`` (``_sendmany``: checking and accounting);
+- ``_cmd_worker``: ``worker`` (``_supervisor``: ``--processes N``);
+- ``_cmd_status``: ``status``, ``dashboard`` (``_fleet``: the snapshot;
+  ``_fleet_view``: its terminal view; ``_watch``: ``--watch``; ``_dashboard``: the
+  web view);
+- ``_cmd_admin``: ``reset``, ``resume``, ``delete-stream`` (``_admin``);
+- ``_cmd_deadletters``: ``deadletters`` (``_deadletters``);
+- ``_cmd_jobs``: ``jobs`` (``_jobs_view``: its terminal views).
+
+Shared: exit codes (``_exits``), loading the user's code (``_loading``), the logging
+options (``_logging``), ``--redis-url``, the group classes and the progress bar
+(``_options``), and asking before acting in steps a signal can stop (``_confirm``).
+Text from Redis goes through :mod:`streamkit._literal` wherever it is shown.
 """
 
 from __future__ import annotations

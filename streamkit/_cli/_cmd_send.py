@@ -7,13 +7,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 import asyncclick as click
 import orjson
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .._errors import EncodeError, StreamkitError
 from ._exits import fail
 from ._loading import load_stream, with_stream_path
-from ._options import redis_url_option
+from ._options import progress_bar, redis_url_option
 from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
 
 if TYPE_CHECKING:
@@ -22,8 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["parse_record", "send", "sendmany"]
 
 MAX_REPORTED_ERRORS = 20
-
-stderr = Console(stderr=True)
 
 
 @click.command()
@@ -116,15 +112,7 @@ async def sendmany(
 
     outcome = SendOutcome(lines, skip, dict(marks))
     chunk = chunk_size if chunk_size is not None else stream.settings.send_chunk_size
-    with Progress(
-        TextColumn("sending"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=stderr,
-        transient=True,
-        disable=not stderr.is_terminal,
-    ) as progress:
+    with progress_bar("sending") as progress:
         task = progress.add_task("send", total=len(lines))
 
         def on_sent(n: int) -> None:

@@ -21,19 +21,16 @@ from typing import Literal, TypeAlias
 import asyncclick as click
 import attrs
 import trio
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .._errors import StreamkitError
 from ._exits import fail
+from ._options import progress_bar, stderr
 
 __all__ = ["BulkAction", "OnProgress", "confirm", "confirm_and_act"]
 
 #: Called after each step with how many items the step went through and how many it
 #: acted on (an item may be skipped: no longer dead, say).
 OnProgress: TypeAlias = Callable[[int, int], None]
-
-stderr = Console(stderr=True)
 
 
 def confirm(question: str, *, refused: str) -> None:
@@ -115,15 +112,7 @@ async def confirm_and_act(
         highlight=False,
         soft_wrap=True,
     )
-    with Progress(
-        TextColumn(action.verb),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=stderr,
-        transient=True,
-        disable=not stderr.is_terminal,
-    ) as progress:
+    with progress_bar(action.verb) as progress:
         bar = progress.add_task(action.verb, total=total)
 
         def on_progress(through: int, done: int) -> None:

@@ -1,18 +1,37 @@
-"""What the commands share: ``--redis-url``, and the group classes (whole help; one
-line for any error of streamkit's)."""
+"""What the commands share: ``--redis-url``, the group classes (whole help; one line
+for any error of streamkit's), and the progress bar on standard error."""
 
 from __future__ import annotations
 
 from typing import Any, NoReturn
 
 import asyncclick as click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .._errors import ConfigError, StreamkitError
 from .._groups import leaves
 from .._settings import Settings
 from ._exits import fail
 
-__all__ = ["RootGroup", "WholeHelpGroup", "redis_url_option"]
+__all__ = ["RootGroup", "WholeHelpGroup", "progress_bar", "redis_url_option", "stderr"]
+
+
+stderr = Console(stderr=True)
+
+
+def progress_bar(label: str) -> Progress:
+    """A progress bar on standard error (``with progress_bar("sending") as bar:``),
+    shown on a terminal only and gone once done."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    )
 
 
 def redis_url_option(function: Any) -> Any:
