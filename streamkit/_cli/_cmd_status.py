@@ -193,8 +193,12 @@ async def dashboard(
         fail(str(exc).replace("token: ", "--token: ", 1), 2)
 
     def serving(url: str) -> None:
-        needs = "; it needs its token: open it with ?token=TOKEN" if access.token else ""
-        click.echo(f"serving the dashboard of app {app.name} on {url}{needs} (Ctrl-C stops)")
+        click.echo(f"serving the dashboard of app {app.name} on {url} (Ctrl-C stops)")
+        if access.token:
+            click.echo(
+                f"it needs its token: open {url}/?token=TOKEN once in a browser, "
+                f"or send 'Authorization: Bearer TOKEN'"
+            )
 
     try:
         await run_dashboard(
