@@ -28,6 +28,7 @@ import orjson
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 from ._errors import ConfigError
+from ._literal import printable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -166,7 +167,9 @@ class ConsoleLogFormatter(logging.Formatter):
     The context shows the processor and partition (``[orders p3]``) or the job
     (``[job send_email 4f1c...]``); the worker and member ids, the same on most lines
     of a process, are left to the JSON format. An exception's traceback follows its
-    line, as usual.
+    line, as usual. Control characters in the message, the context and the traceback
+    are written as escapes (``\\n``, ``\\x1b``): a record's message stays on one line
+    and no escape code from logged data reaches the terminal.
     """
 
     def __init__(self, label: str | None = None) -> None:
@@ -176,10 +179,32 @@ class ConsoleLogFormatter(logging.Formatter):
         self._label = f"[{label}] " if label else ""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
+        # The message and the context carry text from Redis (errors, job names and
+        # ids): escaped, so that a record is one line and no escape code reaches
+        # the terminal.
         return (
             f"{record.asctime} {record.levelname:<7} {self._label}{_where(record)}"
-            f"{record.name}: {record.message}"
+            f"{record.name}: {printable(record.message)}"
         )
+
+    def format(self, record: logging.LogRecord) -> str:
+        # Another handler may have cached the traceback's text, unescaped, on the record.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = cached
+
+    def formatException(self, ei: Any) -> str:
+        """The traceback on lines of its own, as usual, each line escaped."""
+        return _printable_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _printable_lines(super().formatStack(stack_info))
+
+
+def _printable_lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def _where(record: logging.LogRecord) -> str:
@@ -196,7 +221,7 @@ def _where(record: logging.LogRecord) -> str:
         partition = fields.get("partition")
         if partition is not None:
             parts.append(f"p{partition}")
-    return f"[{' '.join(parts)}] " if parts else ""
+    return f"[{printable(' '.join(parts))}] " if parts else ""
 
 
 # What configure_logging installed last: replaced, not added to, by the next call.

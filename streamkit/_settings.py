@@ -51,6 +51,10 @@ OTHER_VARIABLES = frozenset(
     {
         "STREAMKIT_RELIABILITY_REPORT",
         "STREAMKIT_WORKER_INDEX",
+        # streamkit worker --processes N: its --redis-url and --metrics-token, for the
+        # worker processes
+        "STREAMKIT_WORKER_REDIS_URL",
+        "STREAMKIT_WORKER_METRICS_TOKEN",
         # streamkit worker --log-format, --log-level
         "STREAMKIT_LOG_FORMAT",
         "STREAMKIT_LOG_LEVEL",
@@ -156,6 +160,13 @@ class Settings:
     metrics_refresh_interval: float = attrs.field(
         default=DEFAULT_REFRESH_INTERVAL, validator=positive_finite_number
     )
+    #: A token the metrics endpoint requires, as ``Authorization: Bearer TOKEN``
+    #: (Prometheus's ``authorization`` scrape setting); unset: none. At least 16
+    #: characters. See ``streamkit worker --metrics-token``.
+    metrics_token: str | None = attrs.field(default=None, repr=False)
+    #: The token ``streamkit dashboard`` requires (see its ``--token``): needed when it
+    #: listens on an address other machines can reach. At least 16 characters.
+    dashboard_token: str | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

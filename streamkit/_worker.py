@@ -35,6 +35,7 @@ from ._background import run_background_task
 from ._errors import ConfigError, ProcessorHalted
 from ._fetcher import open_fetcher
 from ._halts import HaltRecord, read_halt, wait_resumed, write_halt
+from ._http_access import check_token
 from ._leadership import open_leader_election
 from ._locks import LockManager, open_lock_manager
 from ._logs import line_for_signal_handler, log_context, worker_name
@@ -135,6 +136,13 @@ class Worker:
                 )
         self._cancel_scope.cancel("worker stopped")
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop was asked for (:meth:`stop`, or a signal with
+        ``handle_signals``): after :func:`run_worker` returns, ``False`` means the
+        worker ended on its own, which a supervisor should treat as a failure."""
+        return self._stopping
+
     def stop_now(self) -> None:
         """Stop at once: cancel everything (leases are still released, shielded)."""
         self._cancel_scope.cancel("worker stopped at once")
@@ -148,6 +156,7 @@ class Worker:
         elif self._phase == "starting":
             # Still connecting: there is nothing to drain yet.
             log.info("%s: stopping before the worker started", name)
+            self._stopping = True
             self._starting.cancel(f"{name} while starting")
         # Otherwise the worker has stopped already and is only cleaning up.
 
@@ -179,7 +188,8 @@ async def run_worker(
     """Run ``app``'s processors and background tasks until stopped.
 
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
-    :meth:`Worker.stop`; while it is still connecting, it simply stops), and a second
+    :meth:`Worker.stop`; while it is still connecting, it simply stops, and
+    ``nursery.start()`` gets the worker with :attr:`Worker.stop_requested` set), and a second
     signal, at any time after the first, exits the process at once with code 128 +
     the signal number (130 for SIGINT, 143 for SIGTERM), even while synchronous code
     blocks the event loop. Signal handling needs the main thread.
@@ -260,6 +270,9 @@ async def run_worker(
                     worker._phase = "stopped"
     if worker._starting.cancelled_caught:
         log.info("worker of %s stopped before it started", app.name)
+        # nursery.start() gets the worker (with stop_requested set) rather than a
+        # RuntimeError for a task that never started: the stop was asked for.
+        task_status.started(worker)
         return
     log.info("worker of %s stopped", app.name)
 
@@ -474,11 +487,13 @@ async def _serve_metrics(
         from .metrics import serve_metrics
     except ImportError as exc:
         raise ConfigError("metrics_port", str(exc)) from None
+    check_token("metrics_token", settings.metrics_token)
     await serve_metrics(
         worker,
         host=settings.metrics_host,
         port=settings.metrics_port,
         refresh_interval=settings.metrics_refresh_interval,
+        token=settings.metrics_token,
         task_status=task_status,
     )
 

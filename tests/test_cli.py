@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,13 @@ import attrs
 import orjson
 import pytest
 import trio
+from coredis.tokens import PureToken
 
-from streamkit.testing import free_port
+from streamkit.testing import free_port, wait_until
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from streamkit._redis import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +46,63 @@ async def streamkit(*args: str, redis_url: str, stdin: bytes = b"") -> Result:
             check=False,
         )
     return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+async def signalled_while_paused(
+    redis: Redis, *args: str, redis_url: str, said: Sequence[bytes], pause_after: bytes = b""
+) -> Result:
+    """``streamkit ARGS``, sent SIGINT while one of its writes waits on a paused Redis.
+
+    Once the command wrote ``pause_after`` to standard error, writes are paused;
+    once one of its commands waits (a blocked client), it gets SIGINT, once per item
+    of ``said``, each time waiting until the command wrote that item to standard
+    error; then writes go through (after the command exited, for more than one
+    signal).
+    """
+    env = {**os.environ, "STREAMKIT_REDIS_URL": redis_url, "STREAMKIT_CONNECT_GIVE_UP_AFTER": "0"}
+    out, err = bytearray(), bytearray()
+
+    async def blocked() -> bool:
+        info = await redis.info("clients")
+        return int(str(info["blocked_clients"])) > 0
+
+    with trio.fail_after(60):
+        if not pause_after:
+            await redis.client_pause(60_000, mode=PureToken.WRITE)
+        async with trio.open_nursery() as nursery:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "streamkit", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for stream, into in ((process.stdout, out), (process.stderr, err)):
+                nursery.start_soon(read_into, stream, into)
+            try:
+                if pause_after:
+                    await wait_until(lambda: pause_after in err, what=repr(pause_after), within=30)
+                    await redis.client_pause(60_000, mode=PureToken.WRITE)
+                await wait_until(blocked, what="a write waiting on the paused Redis", within=30)
+                for answer in said:
+                    process.send_signal(signal.SIGINT)
+                    await wait_until(lambda: answer in err, what=repr(answer), within=10)  # noqa: B023
+                if len(said) > 1:
+                    await process.wait()
+            except BaseException:
+                process.kill()
+                raise
+            finally:
+                with trio.CancelScope(shield=True):
+                    await redis.client_unpause()
+            code = await process.wait()
+    return Result(code, out.decode(), err.decode())
+
+
+async def read_into(stream: trio.abc.ReceiveStream | None, into: bytearray) -> None:
+    assert stream is not None
+    async for data in stream:
+        into.extend(data)
 
 
 def order(i: int, **changes: object) -> dict[str, object]:

@@ -14,7 +14,7 @@ import trio
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 from tests.apps import failing
-from tests.test_cli import streamkit
+from tests.test_cli import signalled_while_paused, streamkit
 
 if TYPE_CHECKING:
     from streamkit import Redis
@@ -163,3 +163,68 @@ async def test_status_names_workers_once_and_shows_dead_static_members(
     assert dead.code == 0, dead.err
     assert "dead (static" in dead.out
     assert "waits for" in dead.out
+
+
+async def dead_letters(redis: Redis, count: int) -> None:
+    for n in range(count):
+        await redis.xadd(
+            DEAD, {"dl.reason": "error", "dl.partition": str(n % 2), "data": '{"key": "k", "n": 3}'}
+        )
+
+
+async def partition_entries(redis: Redis) -> int:
+    return sum([await redis.xlen(f"__strm:{{failing.jobs.{p}}}") for p in range(2)])
+
+
+STOPPING = b"SIGINT: stopping after the step in flight"
+
+
+async def test_a_signal_stops_the_replay_between_two_letters(redis_url: str, redis: Redis) -> None:
+    await dead_letters(redis, 10)
+    result = await signalled_while_paused(
+        redis, "deadletters", "replay", APP, "handle", "--yes", redis_url=redis_url, said=[STOPPING]
+    )
+    assert result.code == 130, result.err
+    assert "Traceback" not in result.err
+    # The letter in flight was replayed and removed; the others were not touched.
+    assert (
+        "stopped by SIGINT: replayed 1 of 10 dead letter(s) of handle; the others are untouched"
+        in result.err
+    )
+    assert await partition_entries(redis) == 1
+    assert await redis.xlen(DEAD) == 9
+
+
+async def test_a_signal_in_the_last_step_lets_it_finish(redis_url: str, redis: Redis) -> None:
+    await dead_letters(redis, 10)
+    result = await signalled_while_paused(
+        redis, "deadletters", "purge", APP, "handle", "--yes", redis_url=redis_url, said=[STOPPING]
+    )
+    # Purging them all is one step: once it is done, there is nothing left to stop.
+    assert result.code == 0, result.err
+    assert result.out.strip() == "purged 10 dead letter(s) of handle"
+    assert await redis.xlen(DEAD) == 0
+
+
+async def test_a_second_signal_stops_at_once_and_loses_nothing(
+    redis_url: str, redis: Redis
+) -> None:
+    await dead_letters(redis, 10)
+    result = await signalled_while_paused(
+        redis,
+        "deadletters",
+        "replay",
+        APP,
+        "handle",
+        "--yes",
+        redis_url=redis_url,
+        said=[STOPPING, b"stopped at once"],
+    )
+    assert result.code == 130, result.err
+    assert (
+        "stopped at once by a second SIGINT: replayed at least 0 of 10 dead letter(s) of handle"
+        in result.err
+    )
+    # The letter in flight is replayed or not, and still a dead letter: none is lost.
+    assert await partition_entries(redis) in (0, 1)
+    assert await redis.xlen(DEAD) == 10

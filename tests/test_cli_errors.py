@@ -6,6 +6,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+import asyncclick as click
 import pytest
 import trio
 
@@ -89,7 +90,7 @@ async def test_a_module_that_fails_to_import_shows_its_own_traceback(tmp_path: P
     assert 'broken.py", line 5, in f' in result.err
     assert "RuntimeError: boom" in result.err
     assert "importlib" not in result.err
-    assert "_cli.py" not in result.err
+    assert "_cli" not in result.err
 
 
 async def test_a_missing_module_is_one_line(tmp_path: Path) -> None:
@@ -181,3 +182,73 @@ async def test_a_mismatch_names_the_delete_stream_command(redis_url: str, redis:
     assert await redis.exists(["__strm:{orders_demo.unrelated.3}"]) == 1
     sent = await streamkit("send", ORDERS, record, redis_url=redis_url)
     assert sent.code == 0, sent.err
+
+
+#: Every command that takes --redis-url, with arguments that are otherwise fine.
+URL_COMMANDS: dict[str, list[str]] = {
+    "send": ["send", ORDERS, "{}"],
+    "sendmany": ["sendmany", ORDERS, "-"],
+    "worker": ["worker", "tests.apps.failing:app"],
+    "worker --processes": ["worker", "tests.apps.failing:app", "--processes", "2"],
+    "status": ["status", "tests.apps.failing:app"],
+    "status --watch": ["status", "tests.apps.failing:app", "--watch"],
+    "dashboard": ["dashboard", "tests.apps.failing:app", "--port", "0"],
+    "reset": ["reset", "tests.apps.failing:app", "handle", "--to", "start", "--yes"],
+    "resume": ["resume", "tests.apps.failing:app", "handle"],
+    "delete-stream": ["delete-stream", ORDERS, "--yes"],
+    "deadletters list": ["deadletters", "list", "tests.apps.failing:app", "handle"],
+    "deadletters replay": ["deadletters", "replay", "tests.apps.failing:app", "handle"],
+    "deadletters purge": ["deadletters", "purge", "tests.apps.failing:app", "handle"],
+    "jobs info": ["jobs", "info", "tests.apps.jobbing:app"],
+    "jobs show": ["jobs", "show", "--queue", "q", "some-id"],
+    "jobs abort": ["jobs", "abort", "tests.apps.jobbing:app", "some-id"],
+    "jobs dlq list": ["jobs", "dlq", "list", "--queue", "q"],
+    "jobs dlq replay": ["jobs", "dlq", "replay", "tests.apps.jobbing:app", "--yes"],
+    "jobs dlq purge": ["jobs", "dlq", "purge", "--queue", "q", "--yes"],
+}
+
+
+def commands_with_a_url_option() -> set[str]:
+    from streamkit._cli import cli
+
+    found: set[str] = set()
+    pending: list[tuple[str, click.Command]] = [("", cli)]
+    while pending:
+        prefix, command = pending.pop()
+        if isinstance(command, click.Group):
+            pending += [(f"{prefix} {n}".strip(), c) for n, c in command.commands.items()]
+        elif any(param.name == "redis_url" for param in command.params):
+            found.add(prefix)
+    return found
+
+
+def test_every_command_with_a_url_is_tested() -> None:
+    assert commands_with_a_url_option() == {name.split(" --")[0] for name in URL_COMMANDS}
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:6379", "redis://[::1", "http://localhost"])
+@pytest.mark.parametrize("args", URL_COMMANDS.values(), ids=list(URL_COMMANDS))
+async def test_a_bad_url_is_one_line_and_exit_code_2(args: list[str], url: str) -> None:
+    result = await run_in(ROOT, *args, "--redis-url", url, env={})
+    assert result.code == 2, (result.out, result.err)
+    assert_no_traceback(result)
+    assert result.err.startswith(f"Error: --redis-url: '{url}'"), result.err
+    assert result.err.count("\n") == 1, result.err
+    assert result.out == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "tests.apps.failing:app"],
+        ["jobs", "info", "--queue", "q"],
+        ["jobs", "dlq", "list", "tests.apps.jobbing:app"],
+    ],
+    ids=lambda args: " ".join(args[:2]),
+)
+async def test_a_bad_url_in_the_environment_is_one_line(args: list[str]) -> None:
+    result = await run_in(ROOT, *args, env={"STREAMKIT_REDIS_URL": "127.0.0.1:6379"})
+    assert result.code == 2, (result.out, result.err)
+    assert_no_traceback(result)
+    assert "STREAMKIT_REDIS_URL: '127.0.0.1:6379' is not a URL" in result.err
+    assert result.err.count("\n") == 1, result.err

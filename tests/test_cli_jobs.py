@@ -7,6 +7,7 @@ private Redis.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import attrs
@@ -17,7 +18,7 @@ import trio
 from streamkit.jobs import JobCall, JobNotFound, JobStatus, open_job_queue
 from streamkit.testing import free_port, wait_until
 from tests.apps import jobbing
-from tests.test_cli import Result, assert_no_traceback, streamkit
+from tests.test_cli import Result, assert_no_traceback, signalled_while_paused, streamkit
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -361,6 +362,37 @@ async def test_many_dead_jobs_in_chunks(app: App, redis_url: str) -> None:
         assert replayed.out.startswith("replayed 1,201 dead job(s) of queue jobbing")
         counts = await queue.counts()
         assert (counts.dead, counts.queued["normal"]) == (0, 1201)
+
+
+async def test_a_signal_stops_the_replay_between_two_steps(
+    app: App, redis: Redis, redis_url: str
+) -> None:
+    queue = app.job_queue
+    with trio.fail_after(60):
+        [cause] = await make_dead(queue, 1)
+        await jobbing.add.enqueue_many(JobCall(args=(n, n), after=[cause]) for n in range(4000))
+    result = await signalled_while_paused(
+        redis,
+        "jobs",
+        "dlq",
+        "replay",
+        APP,
+        "--yes",
+        redis_url=redis_url,
+        pause_after=b"replaying 4,001 dead job(s)",
+        said=[b"SIGINT: stopping after the step in flight"],
+    )
+    assert result.code == 130, result.err
+    assert_no_traceback(result)
+    # Steps of 500 jobs (one script each): the one in flight finished, no other began.
+    found = re.search(r"stopped by SIGINT: replayed ([\d,]+) of 4,001 dead job\(s\)", result.err)
+    assert found is not None, result.err
+    replayed = int(found[1].replace(",", ""))
+    assert replayed % 500 == 0
+    assert 500 <= replayed < 4001
+    assert "queue jobbing; the others are untouched" in result.err
+    counts = await queue.counts()
+    assert (counts.dead, counts.queued["normal"]) == (4001 - replayed, replayed)
 
 
 async def test_a_queue_without_an_app(redis: Redis, redis_url: str) -> None:

@@ -34,6 +34,7 @@ APP = "tests.apps.fleet:app"
 CLICKS = 1_000
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
+HOSTILE_NAME = '<img src=x onerror="document.title=1"><b class="pwned">[/]</b>'
 
 
 @attrs.frozen
@@ -77,6 +78,9 @@ async def running(
         await fleet.tally.enqueue_many([(n,) for n in range(5)])
         await fleet.tally.enqueue_many([(n,) for n in range(2)], priority="low")
         await fleet.tally.enqueue(9, delay=600)
+        # A job name from another producer, with markup in it: shown as text.
+        queue = fleet.app.job_queue
+        await queue.redis.hincrby(queue.shard_keys[0].counts, f"succeeded|{HOSTILE_NAME}", 1)
     worker = start_worker(redis_url, tmp_path, app=APP, env={"STREAMKIT_JOB_CONCURRENCY": "1"})
     workers.append(worker)
     process = await trio.lowlevel.open_process(
@@ -197,6 +201,7 @@ def browse(url: str, screenshot: Path) -> dict[str, Any]:
     # The system's browser and driver, named explicitly: Selenium Manager must never
     # try to download either.
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     for argument in (
         "--headless=new",
         "--no-sandbox",
@@ -220,6 +225,9 @@ def browse(url: str, screenshot: Path) -> dict[str, Any]:
             shown_when_rendered
         )
         driver.save_screenshot(str(screenshot))
+        # What the browser logged: a content security policy violation would be here.
+        logged = driver.get_log("browser")  # type: ignore[no-untyped-call]
+        shown["console"] = [entry["message"] for entry in logged]
         return shown
     finally:
         driver.quit()
@@ -233,6 +241,10 @@ return {
   partitions: rows.map((row) => [...row.cells].map((cell) => cell.textContent)),
   depths: Object.fromEntries(boxes.map((b) => [b.dataset.count, b.querySelector("b").textContent])),
   text: document.body.innerText,
+  jobNames: [...document.querySelectorAll("#jobs-by-name tr[data-job] td:first-child")]
+    .map((cell) => cell.textContent),
+  injected: document.querySelectorAll("#jobs-by-name img, .pwned").length,
+  title: document.title,
   viewport: [innerWidth * devicePixelRatio, innerHeight * devicePixelRatio],
 };
 """
@@ -267,6 +279,11 @@ async def test_the_page_in_a_real_browser(
     assert depths["running"] == "1"
     assert "Processor count" in shown["text"]
     assert "queue fleet" in shown["text"]
+    # Names from Redis are text, never markup; the page's policy blocked nothing of its own.
+    assert HOSTILE_NAME in shown["jobNames"]
+    assert shown["injected"] == 0
+    assert shown["title"] == "streamkit · fleet"
+    assert not [m for m in shown["console"] if "Content Security Policy" in m], shown["console"]
 
     from PIL import Image
 

@@ -9,8 +9,8 @@ import attrs
 import pytest
 from rich.console import Console
 
-from streamkit._admin import MemberStatus, PartitionStatus
-from streamkit._fleet import (
+from streamkit._cli._admin import MemberStatus, PartitionStatus
+from streamkit._cli._fleet import (
     FleetRates,
     FleetSample,
     FleetSnapshot,
@@ -21,7 +21,7 @@ from streamkit._fleet import (
     job_history,
     take_snapshot,
 )
-from streamkit._fleet_view import compact, fit_rows, fleet_view, pick_rows
+from streamkit._cli._fleet_view import compact, fit_rows, fleet_view, pick_rows
 from streamkit._halts import HaltRecord
 from streamkit.jobs import JobErrorInfo, JobInfo, JobStatus, JobTry, QueueCounts
 from streamkit.jobs._handle import decode_history

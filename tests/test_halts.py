@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from streamkit import ProcessorKeys
-from streamkit._admin import processor_status, resume_partitions
+from streamkit._cli._admin import processor_status, resume_partitions
 from streamkit._locks import lock_key
 from streamkit._worker import Worker, run_worker
 from streamkit.testing import wait_until

@@ -175,6 +175,27 @@ def test_console_lines_show_the_context_compactly(captured: Callable[..., io.Str
     datetime.strptime(lines[-1][:19], "%Y-%m-%d %H:%M:%S")
 
 
+def test_console_lines_show_text_from_outside_literally(
+    captured: Callable[..., io.StringIO],
+) -> None:
+    out = captured("console")
+    hostile = "a\nforged\x1b[2J\u202e"
+    with log_context(job=hostile, job_id="j\r1"):
+        log.warning("failed: %s", hostile)
+    try:
+        raise ValueError(f"bad {hostile}")
+    except ValueError:
+        log.exception("caught")
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith(
+        r" WARNING [job a\nforged\x1b[2J\u202e j\r1] streamkit.test_logs: failed: "
+        r"a\nforged\x1b[2J\u202e"
+    )
+    # A traceback keeps its lines; no control character reaches the output raw.
+    assert lines[-1] == r"forged\x1b[2J\u202e"
+    assert not any(c in out.getvalue() for c in "\x1b\r\u202e")
+
+
 def test_configure_logging_replaces_its_own_handler(captured: Callable[..., io.StringIO]) -> None:
     first = captured("console")
     second = captured("json", level="warning")

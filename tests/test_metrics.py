@@ -13,7 +13,7 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
 from streamkit import ConfigError, Settings, run_worker
-from streamkit._cli import metrics_settings
+from streamkit._cli._cmd_worker import metrics_settings
 from streamkit._meter import TIMING
 from streamkit.metrics import open_metrics
 from streamkit.metrics._collector import METRICS

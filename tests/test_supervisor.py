@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from streamkit import ConfigError, read_membership
+from streamkit import ConfigError, open_redis, read_membership
 from streamkit._backoff import Backoff
-from streamkit._supervisor import (
+from streamkit._cli._supervisor import (
     DEFAULT_CONFIG_ERROR_CODE,
     Step,
     Supervisor,
@@ -34,7 +34,7 @@ from streamkit._supervisor import (
     run_supervisor,
     worker_environment,
 )
-from streamkit.testing import wait_until
+from streamkit.testing import RedisServer, free_port, wait_until
 from tests.apps.scenario import TAKEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally
 from tests.workers import FAST_ENV, ROOT, SCENARIO_GROUP, WorkerProcess, start_worker
@@ -424,7 +424,10 @@ async def test_two_processes_share_the_partitions(
 
     for index, pid in pids.items():
         assert parent_of(pid) == supervisor.pid
-        assert f"STREAMKIT_WORKER_INDEX={index}" in proc_words(pid, "environ")
+        environ = proc_words(pid, "environ")
+        assert f"STREAMKIT_WORKER_INDEX={index}" in environ
+        # --redis-url (which may hold a password) in the environment, not the arguments.
+        assert f"STREAMKIT_WORKER_REDIS_URL={redis_url}" in environ
         assert proc_words(pid, "cmdline")[1:] == [
             "-m",
             "streamkit",
@@ -432,8 +435,6 @@ async def test_two_processes_share_the_partitions(
             "tests.apps.scenario:app",
             "--processors",
             "record",
-            "--redis-url",
-            redis_url,
             "--log-level",
             "info",
             "",
@@ -452,6 +453,30 @@ async def test_two_processes_share_the_partitions(
     assert "[worker 0] streamkit.worker: worker of scenario running record" in log
     assert "[worker 1] streamkit.worker: worker of scenario running record" in log
     assert "Traceback" not in log
+
+
+async def test_a_password_in_the_url_stays_off_the_command_lines(
+    private_redis: RedisServer, tmp_path: Path, supervisors: list[WorkerProcess]
+) -> None:
+    password = "pw-of-the-test-4f1c"
+    async with open_redis(private_redis.url) as admin:
+        await admin.config_set({"requirepass": password})
+    url = private_redis.url.replace("redis://", f"redis://:{password}@")
+    elsewhere = f"redis://127.0.0.1:{free_port()}"  # the flag must win over it
+    token = "metrics-token-of-the-test-9d2e"
+    supervisor = start_supervisor(
+        elsewhere, tmp_path, supervisors, args=("--redis-url", url, "--metrics-token", token)
+    )
+    pids = await wait_started(supervisor, 2)
+    async with open_redis(url) as redis:
+        # The workers reached Redis with the password: they got the URL.
+        await wait_member_pids(redis, set(pids.values()))
+    for pid in pids.values():
+        assert parent_of(pid) == supervisor.pid
+        assert not any(password in word for word in proc_words(pid, "cmdline"))
+        assert not any(token in word for word in proc_words(pid, "cmdline"))
+        assert f"STREAMKIT_WORKER_METRICS_TOKEN={token}" in proc_words(pid, "environ")
+    assert password not in supervisor.log()
 
 
 async def test_a_killed_worker_is_restarted(

@@ -100,7 +100,7 @@ async def test_a_signal_stops_the_worker_gracefully(redis_url: str, redis: Redis
             await wait_processed(redis, 40)
             signal.raise_signal(signal.SIGINT)
             # The worker stops by itself: the nursery ends without being cancelled.
-    assert worker._stopping
+    assert worker.stop_requested
     assert signal.getsignal(signal.SIGINT) is before
     locks = await redis.keys("__lock:*")
     assert {k for k in locks if not k.endswith(b":fence")} == set()  # every lease released
@@ -108,8 +108,17 @@ async def test_a_signal_stops_the_worker_gracefully(redis_url: str, redis: Redis
 
 async def test_a_signal_while_connecting_stops_the_worker() -> None:
     app, _ = make_app(redis_url=f"redis://127.0.0.1:{free_port()}", connect_give_up_after=60)
+
+    async def interrupt() -> None:
+        await trio.testing.wait_all_tasks_blocked()  # retrying the connection
+        signal.raise_signal(signal.SIGINT)
+
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(run_worker, app, handle_signals=True))
-            await trio.testing.wait_all_tasks_blocked()  # retrying the connection
-            signal.raise_signal(signal.SIGINT)
+            nursery.start_soon(interrupt)
+            # start() gets the worker, its stop asked for, not "never started".
+            worker: Worker = await nursery.start(
+                functools.partial(run_worker, app, handle_signals=True)
+            )
+    assert worker.stop_requested
+    assert not worker.executors

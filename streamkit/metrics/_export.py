@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 from .._errors import ConfigError
 from .._groups import open_service_nursery
 from .._http import serve_asgi
+from .._http_access import Access, check_token, guarded
 from .._meter import DEFAULT_REFRESH_INTERVAL, TIMING
 from .._validate import positive_finite_number
 from ._collector import WorkerCollector
@@ -112,6 +113,7 @@ async def serve_metrics(
     port: int,
     registry: CollectorRegistry | None = None,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+    token: str | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``worker``'s metrics over HTTP until cancelled:
@@ -121,14 +123,21 @@ async def serve_metrics(
     OpenMetrics, when asked). ``task_status.started()`` gets its URL once it accepts
     connections. See :func:`open_metrics` for ``registry`` and ``refresh_interval``.
 
+    With ``token`` (at least 16 characters), only requests carrying
+    ``Authorization: Bearer TOKEN`` are answered (compared in constant time); others
+    get 401. Prometheus sends it with ``authorization: {credentials: TOKEN}`` in the
+    scrape configuration.
+
     Cancellation:
         Cancelling the task closes the endpoint and unregisters the metrics.
 
     Error handling:
         :class:`~streamkit.ConfigError` from ``nursery.start()`` when the port
-        cannot be bound (in use, or not allowed), or when hypercorn (in the
-        ``metrics`` extra) is not installed.
+        cannot be bound (in use, or not allowed), when hypercorn (in the
+        ``metrics`` extra) is not installed, or for a token shorter than 16
+        characters.
     """
+    check_token("token", token)
     try:
         import hypercorn  # noqa: F401
     except ImportError:
@@ -139,7 +148,7 @@ async def serve_metrics(
         worker, registry=registry, refresh_interval=refresh_interval
     ) as metrics:
         await serve_asgi(
-            make_asgi_app(metrics.registry),
+            guarded(make_asgi_app(metrics.registry), Access(token=token, what="metrics")),
             host=host,
             port=port,
             what="metrics",

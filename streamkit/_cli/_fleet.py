@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .._errors import StreamkitError
+from .._groups import meaningful_leaf
+from .._periodic import next_tick
+from .._urls import mask_url
+from ..jobs import JobInfo, JobStatus, JobTry, QueueCounts
 from ._admin import MemberStatus, PartitionStatus, lease_owner_name, read_processor
-from ._errors import StreamkitError
-from ._groups import meaningful_leaf
-from ._periodic import next_tick
-from ._urls import mask_url
-from .jobs import JobInfo, JobStatus, JobTry, QueueCounts
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Iterable
 
-    from ._app import App, Processor
+    from .._app import App, Processor
 
 __all__ = [
     "COUNT_NAMES",
@@ -189,7 +189,7 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
     """Read what the status view shows of ``app`` (inside ``async with app:``).
 
     The processors and the job queue are read at the same time, each in a few
-    pipelined round trips (see :func:`~streamkit._admin.read_processor`).
+    pipelined round trips (see :func:`~streamkit._cli._admin.read_processor`).
 
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.

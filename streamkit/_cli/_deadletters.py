@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
-from ._redis import redis_errors
-from ._streams import append_entries
-from ._wire import flatten_fields
+from .._redis import redis_errors
+from .._streams import append_entries
+from .._wire import flatten_fields
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-    from ._redis import Redis
-    from ._spec import ProcessorKeys, StreamSpec
+    from .._redis import Redis
+    from .._spec import ProcessorKeys, StreamSpec
 
 __all__ = [
     "DeadLetter",
@@ -36,6 +36,8 @@ __all__ = [
 _PREFIX = b"dl."
 
 _ID = re.compile(r"(\d+)(?:-(\d+))?\Z")
+
+_N = TypeVar("_N", int, float)
 
 
 @attrs.frozen(kw_only=True)
@@ -66,18 +68,39 @@ class DeadLetter:
 
 
 def _parse(entry_id: bytes | str, raw: dict[bytes, bytes]) -> DeadLetter:
-    info = {k[len(_PREFIX) :].decode(): v.decode() for k, v in raw.items() if k.startswith(_PREFIX)}
+    """A dead letter from its entry; fields that do not parse (whoever wrote them)
+    read as their defaults, rather than failing the listing."""
+    info = {_text(k[len(_PREFIX) :]): _text(v) for k, v in raw.items() if k.startswith(_PREFIX)}
     return DeadLetter(
-        id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        id=_text(entry_id),
         reason=info.get("reason", ""),
         error_type=info.get("error_type", ""),
         error=info.get("error", ""),
-        partition=int(info.get("partition", "0")),
+        partition=_number(info.get("partition"), int, 0),
         entry_id=info.get("entry_id", ""),
-        delivery_count=int(info.get("delivery_count", "0")),
-        failed_at=datetime.fromtimestamp(float(info.get("time", "0")), tz=UTC),
+        delivery_count=_number(info.get("delivery_count"), int, 0),
+        failed_at=datetime.fromtimestamp(_number(info.get("time"), _timestamp, 0.0), tz=UTC),
         fields={k: v for k, v in raw.items() if not k.startswith(_PREFIX)},
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _timestamp(text: str) -> float:
+    seconds = float(text)
+    datetime.fromtimestamp(seconds, tz=UTC)  # in range (raises ValueError, OverflowError)
+    return seconds
+
+
+def _number(text: str | None, parse: Callable[[str], _N], default: _N) -> _N:
+    if text is None:
+        return default
+    try:
+        return parse(text)
+    except (ValueError, OverflowError, OSError):
+        return default
 
 
 def parse_dead_letter_id(text: str) -> str | None:
@@ -121,16 +144,19 @@ async def replay_dead_letters(
     partition_size: int,
     max_len: int | None = None,
     ids: Sequence[str] | None = None,
+    on_progress: Callable[[int, int], object] | None = None,
 ) -> int:
     """Send dead letters back to their partitions, then remove them.
 
     The original fields are appended to the end of the partition they came from, so
     the processor sees them again after the events already there (their order
     relative to other events of the same key changes). Each is removed from the
-    dead-letter stream only after it was appended: a failure midway replays some
+    dead-letter stream only after it was appended: a failure midway replays one
     twice at worst, never loses one. Returns how many were replayed.
 
     ``partition_size`` and ``max_len`` trim the partitions as the producer does.
+    ``on_progress(1, 1)`` is called after each dead letter is replayed (an exception
+    it raises stops the replay there, between two letters).
     """
     letters = await list_dead_letters(redis, keys)
     if ids is not None:
@@ -149,17 +175,31 @@ async def replay_dead_letters(
         )
         with redis_errors():
             await redis.xdel(keys.dead_letter_key, [letter.id])
+        if on_progress is not None:
+            on_progress(1, 1)
     return len(letters)
 
 
 async def purge_dead_letters(
-    redis: Redis, keys: ProcessorKeys, *, ids: Sequence[str] | None = None
+    redis: Redis,
+    keys: ProcessorKeys,
+    *,
+    ids: Sequence[str] | None = None,
+    on_progress: Callable[[int, int], object] | None = None,
 ) -> int:
-    """Delete dead letters (all, or those with the given ids); return how many."""
+    """Delete dead letters (all, or those with the given ids); return how many.
+
+    One step: ``on_progress(through, deleted)`` is called once, after it.
+    """
     key = keys.dead_letter_key
     with redis_errors():
         if ids is None:
             count = await redis.xlen(key)
             await redis.delete([key])
-            return count
-        return await redis.xdel(key, list(ids))
+            through = count
+        else:
+            count = await redis.xdel(key, list(ids))
+            through = len(ids)
+    if on_progress is not None:
+        on_progress(through, count)
+    return count

@@ -31,15 +31,15 @@ import attrs
 import trio
 import trio_util
 
-from ._backoff import Backoff
-from ._errors import ConfigError
-from ._validate import positive_number
+from .._backoff import Backoff
+from .._errors import ConfigError
+from .._validate import positive_number
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
     from types import FrameType
 
-    from ._app import Processor
+    from .._app import Processor
 
 __all__ = [
     "Supervisor",

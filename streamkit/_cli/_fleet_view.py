@@ -16,6 +16,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .._literal import literal_text, printable
 from ._fleet import (
     NO_RATES,
     FleetRates,
@@ -142,7 +143,7 @@ def processor_title(processor: ProcessorSnapshot, rates: FleetRates) -> Text:
         f"lag {compact(processor.lag)}",
         f"pending {compact(processor.pending)}",
         f"{len(alive)} worker{'s' if len(alive) != 1 else ''}"
-        + (f": {', '.join(alive)}" if alive else ""),
+        + (f": {printable(', '.join(alive))}" if alive else ""),
     ]
     title = Text(f"processor {processor.name} ", style="bold")
     title.append(f"(stream {processor.stream}): ", style="")
@@ -162,9 +163,9 @@ def partitions_table(
     halted: list[bool] = []
     for row in rows:
         rate = rates.partitions.get((processor.name, row.partition))
-        worker = partition_worker(row, names)
+        worker = printable(partition_worker(row, names))
         if row.halted is not None:
-            worker = f"HALTED ({row.halted.error_type or 'halted'}) · {worker}"
+            worker = f"HALTED ({printable(row.halted.error_type or 'halted')}) · {worker}"
         halted.append(row.halted is not None)
         cells.append(
             (
@@ -187,7 +188,8 @@ def partitions_table(
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("last event", no_wrap=True)
     for values, red in zip(cells, halted, strict=True):
-        table.add_row(*values, style="red" if red else None)
+        # The worker cell holds text from Redis: a Text, never read as markup.
+        table.add_row(values[0], Text(values[1]), *values[2:], style="red" if red else None)
     return table
 
 
@@ -215,7 +217,9 @@ def jobs_table(queue: QueueSnapshot, names: Sequence[str], width: int) -> Table:
         "succeeded": counts.succeeded,
     }
     cells = [("all jobs", *(compact(total[c]) for c in JOB_COLUMNS))]
-    cells += [(name, *(compact(by_name[name][c]) for c in JOB_COLUMNS)) for name in names]
+    cells += [
+        (printable(name), *(compact(by_name[name][c]) for c in JOB_COLUMNS)) for name in names
+    ]
     others = [[JOB_COLUMNS[i], *(c[i + 1] for c in cells)] for i in range(len(JOB_COLUMNS))]
     table = _table()
     table.add_column(
@@ -224,7 +228,8 @@ def jobs_table(queue: QueueSnapshot, names: Sequence[str], width: int) -> Table:
     for column in JOB_COLUMNS:
         table.add_column(column, justify="right", no_wrap=True)
     for i, row in enumerate(cells):
-        table.add_row(*row, style="bold" if i == 0 else None)
+        # Job names come from Redis: a Text, never read as markup.
+        table.add_row(Text(row[0]), *row[1:], style="bold" if i == 0 else None)
     return table
 
 
@@ -261,13 +266,18 @@ def fleet_view(
     rates = sample.rates if sample.error is None else NO_RATES
     lines: list[RenderableType] = []
     if snapshot is None:
-        lines.append(_line(f"no reading yet: {sample.error}", style="red"))
+        lines.append(_line(f"no reading yet: {printable(sample.error)}", style="red"))
         return Group(*lines)
-    head = f"app {snapshot.app}, Redis at {snapshot.redis_url} · {snapshot.taken_at:%H:%M:%S}"
+    head = printable(
+        f"app {snapshot.app}, Redis at {snapshot.redis_url} · {snapshot.taken_at:%H:%M:%S}"
+    )
     lines.append(_line(head + (f" · {footer}" if footer else "")))
     if sample.error is not None:
         lines.append(
-            _line(f"reading failed: {sample.error}; showing the last reading", style="bold red")
+            _line(
+                f"reading failed: {printable(sample.error)}; showing the last reading",
+                style="bold red",
+            )
         )
     sections: list[_Section] = [
         _Section(title=processor_title(p, rates), wanted=len(p.partitions))
@@ -316,7 +326,7 @@ def members_table(processor: ProcessorSnapshot, now: datetime) -> Table:
             state = "dead (static: its partitions wait for it)"
         else:
             state = "dead (not reaped yet)"
-        table.add_row(m.name, state, ago(m.joined_at, now))
+        table.add_row(literal_text(m.name), state, ago(m.joined_at, now))
     if not processor.members:
         table.add_row("-", "no worker has run it", "-")
     return table
@@ -337,7 +347,7 @@ def status_table(processor: ProcessorSnapshot, now: datetime) -> Table:
     for row in processor.partitions:
         table.add_row(
             str(row.partition),
-            partition_worker(row, names),
+            literal_text(partition_worker(row, names)),
             f"{row.length:,}",
             "?" if row.lag is None else f"{row.lag:,}",
             f"{row.pending:,}",

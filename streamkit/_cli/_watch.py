@@ -20,14 +20,15 @@ import trio
 from rich.console import Console
 from rich.live import Live
 
+from .._groups import open_service_nursery
+from .._literal import printable
 from ._fleet import fleet_json, fleet_samples
 from ._fleet_view import fleet_view
-from ._groups import open_service_nursery
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from ._app import App
+    from .._app import App
     from ._fleet import FleetSample
 
 __all__ = ["until_signal", "watch_status"]
@@ -123,7 +124,9 @@ async def _json_lines(app: App, console: Console, interval: float) -> None:
 
 def _write_json(sample: FleetSample) -> None:
     if sample.error is not None or sample.snapshot is None:
-        print(f"reading failed: {sample.error}; trying again", file=sys.stderr, flush=True)
+        print(
+            f"reading failed: {printable(sample.error)}; trying again", file=sys.stderr, flush=True
+        )
         return
     sys.stdout.buffer.write(orjson.dumps(fleet_json(sample.snapshot, sample.rates)) + b"\n")
     sys.stdout.buffer.flush()

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ._errors import ConfigError, StreamkitError
-from ._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
-from ._locks import _parse_value, lock_key
-from ._membership_admin import read_membership, reset_membership
-from ._redis import LuaScript, redis_errors
-from ._wire import text
+from .._errors import ConfigError, StreamkitError
+from .._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
+from .._locks import _parse_value, lock_key
+from .._membership_admin import read_membership, reset_membership
+from .._redis import LuaScript, redis_errors
+from .._wire import text
 
 if TYPE_CHECKING:
-    from ._app import App, Processor
-    from ._membership_admin import MembershipSnapshot
-    from ._streams import Stream
+    from .._app import App, Processor
+    from .._membership_admin import MembershipSnapshot
+    from .._streams import Stream
 
 __all__ = [
     "MemberStatus",

@@ -6,7 +6,7 @@ A tiny ASGI application, three routes, all ``GET``:
   elsewhere) that polls ``/api/status`` every second and draws the partitions, the
   workers, the job queue and a rolling throughput and lag chart;
 - ``/api/status``: the latest snapshot, the JSON of ``streamkit status --json`` with
-  rates (see :func:`~streamkit._fleet.fleet_json`), plus ``error`` when the latest
+  rates (see :func:`~streamkit._cli._fleet.fleet_json`), plus ``error`` when the latest
   reading of Redis failed;
 - ``/api/jobs/ID``: what the queue knows of one job.
 
@@ -18,29 +18,34 @@ anything.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import importlib.resources
 import logging
+import re
+import socket
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 import trio
 
-from ._errors import JobNotFound, StreamkitError
+from .._errors import ConfigError, JobNotFound, StreamkitError
+from .._groups import open_service_nursery
+from .._http import serve_asgi
+from .._http_access import Access, check_token, guarded, host_name, is_loopback
 from ._fleet import FleetSample, fleet_json, fleet_samples, job_json
-from ._groups import open_service_nursery
-from ._http import serve_asgi
 from ._watch import until_signal
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
-    from ._app import App
+    from .._app import App
 
-__all__ = ["Dashboard", "run_dashboard"]
+__all__ = ["Dashboard", "dashboard_access", "page_policy", "run_dashboard"]
 
 log = logging.getLogger("streamkit.dashboard")
 
@@ -48,7 +53,65 @@ _JOB_PREFIX = "/api/jobs/"
 
 
 def _page() -> bytes:
-    return importlib.resources.files("streamkit").joinpath("_dashboard.html").read_bytes()
+    return importlib.resources.files("streamkit._cli").joinpath("_dashboard.html").read_bytes()
+
+
+def page_policy(page: bytes) -> str:
+    """The page's content security policy: its own inline script and style (by their
+    hashes) and requests to its own origin, nothing else; no framing."""
+
+    def hashes(tag: bytes) -> str:
+        found = re.findall(rb"<" + tag + rb">(.*?)</" + tag + rb">", page, flags=re.DOTALL)
+        digests = [base64.b64encode(hashlib.sha256(body).digest()).decode() for body in found]
+        return " ".join(f"'sha256-{digest}'" for digest in digests)
+
+    return (
+        f"default-src 'none'; script-src {hashes(b'script')}; style-src {hashes(b'style')}; "
+        "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+
+
+#: The host names the dashboard always answers for.
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def dashboard_access(
+    host: str, *, token: str | None, allowed_hosts: Iterable[str] = (), no_auth: bool = False
+) -> Access:
+    """Who may use a dashboard listening on ``host`` (pure but for the machine's name).
+
+    It answers for the local names, the address it listens on (for a wildcard
+    address, ``0.0.0.0`` or ``::``, the machine's host name and fully qualified name)
+    and ``allowed_hosts`` (``*``: any host), and for the address a client connected
+    to. It needs ``token``, unless ``no_auth``.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` when it listens on an address other machines
+        can reach without a token and without ``no_auth``, or for a short token.
+    """
+    check_token("token", token)
+    if no_auth:
+        token = None
+    elif token is None and not is_loopback(host):
+        raise ConfigError(
+            "token",
+            f"the dashboard would listen on {host}, which other machines can reach: give "
+            f"it a token (--token or STREAMKIT_DASHBOARD_TOKEN), or pass --no-auth to "
+            f"show it to anyone who can reach it",
+        )
+    names = {*LOCAL_NAMES, *(host_name(given) for given in allowed_hosts)}
+    bound = host.strip("[]").lower()
+    if bound in ("0.0.0.0", "::", ""):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    else:
+        names.add(bound)
+    return Access(
+        token=token,
+        allowed_hosts=None if "*" in names else frozenset(names),
+        browser_login=True,
+        what="the dashboard",
+    )
 
 
 @attrs.define(eq=False)
@@ -64,6 +127,11 @@ class Dashboard:
     app: App
     latest: FleetSample | None = None
     _page: bytes = attrs.field(init=False, factory=_page)
+    _policy: bytes = attrs.field(init=False)
+
+    @_policy.default
+    def _page_policy(self) -> bytes:
+        return page_policy(self._page).encode()
 
     async def sample(self, interval: float, *, task_status: trio.TaskStatus[None]) -> None:
         """Read the app's status every ``interval`` seconds, until cancelled.
@@ -127,6 +195,8 @@ class Dashboard:
         ]
         if status == 405:
             headers.append((b"allow", b"GET, HEAD"))
+        if kind == "html":
+            headers.append((b"content-security-policy", self._policy))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send(
             {
@@ -143,9 +213,11 @@ async def run_dashboard(
     host: str,
     port: int,
     interval: float = 1.0,
+    access: Access,
     on_serving: Callable[[str], object] = lambda url: None,
 ) -> None:
-    """Serve ``app``'s dashboard on ``host:port`` until SIGINT or SIGTERM.
+    """Serve ``app``'s dashboard on ``host:port`` until SIGINT or SIGTERM, to the
+    requests ``access`` lets through (see :func:`dashboard_access`).
 
     ``on_serving`` gets the URL once the first reading is in and the server accepts
     connections.
@@ -163,7 +235,11 @@ async def run_dashboard(
         await nursery.start(dashboard.sample, interval)
         url: str = await nursery.start(
             lambda task_status: serve_asgi(
-                dashboard, host=host, port=port, what="the dashboard", task_status=task_status
+                guarded(dashboard, access),
+                host=host,
+                port=port,
+                what="the dashboard",
+                task_status=task_status,
             )
         )
         on_serving(url)

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._errors import ConfigError, EncodeError, OutcomeUnknown, StreamkitError
-from ._urls import mask_url
+from .._errors import ConfigError, EncodeError, OutcomeUnknown, StreamkitError
+from .._urls import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from ._streams import Stream
+    from .._streams import Stream
 
 __all__ = ["Line", "SendOutcome", "check_lines", "parse_marks", "send_lines"]
 

@@ -1,0 +1,425 @@
+"""``streamkit jobs``: a job queue's counts, one job, its dead jobs; abort a job."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import asyncclick as click
+import attrs
+import orjson
+from rich.console import Console
+
+from .._errors import ConfigError, StreamkitError
+from .._keys import validate_name
+from .._literal import printable
+from .._redis import open_redis
+from .._settings import Settings
+from .._urls import mask_url
+from ..jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
+from ._confirm import BulkAction, confirm_and_act
+from ._exits import fail
+from ._fleet import counts_by_name, counts_json, job_json
+from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
+from ._loading import load_app
+from ._options import WholeHelpGroup, redis_url_option
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._app import App
+    from ..jobs import QueueCounts
+
+__all__ = ["jobs"]
+
+
+@attrs.frozen
+class QueueTarget:
+    """The job queue a ``streamkit jobs`` command works on: an app's, or one by name.
+
+    Attributes:
+        name: the queue's name (an app's queue is named after the app).
+        shards: its shard count.
+        settings: where Redis is, and how to connect.
+        app: the app whose queue it is, if it was given as MODULE:APP.
+        path: how the command was told which queue, to repeat in hints.
+    """
+
+    name: str
+    shards: int
+    settings: Settings
+    app: App | None
+    path: str
+
+    def describe(self) -> str:
+        owner = f"app {self.app.name}" if self.app is not None else "no app"
+        plural = "" if self.shards == 1 else "s"
+        return f"queue {self.name} ({owner}, {self.shards} shard{plural})"
+
+
+def queue_target(
+    app_path: str | None, queue_name: str | None, shards: int | None, redis_url: str | None
+) -> QueueTarget:
+    """The queue named by MODULE:APP or by --queue (and --shards), checked."""
+    if app_path is not None and queue_name is not None:
+        fail(f"give MODULE:APP or --queue NAME, not both (got {app_path} and {queue_name})", 2)
+    if app_path is None and queue_name is None:
+        fail(
+            "give MODULE:APP (an app that declares jobs), or --queue NAME for a queue "
+            "opened with open_job_queue(redis, NAME)",
+            2,
+        )
+    if app_path is not None:
+        if shards is not None:
+            fail("--shards goes with --queue: an app's queue has its job_shards setting", 2)
+        app = load_app(app_path, redis_url)
+        if not app.jobs:
+            fail(f"{app_path}: app {app.name} declares no jobs (@app.job), so no job queue", 2)
+        return QueueTarget(app.name, app.settings.job_shards, app.settings, app, app_path)
+    assert queue_name is not None
+    try:
+        validate_name("--queue", queue_name)
+        overrides: dict[str, Any] = {} if redis_url is None else {"redis_url": redis_url}
+        settings = Settings.from_env(**overrides)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    count = shards if shards is not None else settings.job_shards
+    return QueueTarget(queue_name, count, settings, None, f"--queue {queue_name}")
+
+
+@contextlib.asynccontextmanager
+async def open_target(target: QueueTarget) -> AsyncIterator[JobQueue]:
+    """Connect, and yield the target's queue."""
+    if target.app is not None:
+        async with target.app:
+            yield target.app.job_queue
+        return
+    settings = target.settings
+    async with (
+        open_redis(
+            settings.redis_url,
+            connect_timeout=settings.connect_timeout,
+            give_up_after=settings.connect_give_up_after,
+        ) as redis,
+        open_job_queue(redis, target.name, shards=target.shards) as queue,
+    ):
+        yield queue
+
+
+def queue_options(function: Any) -> Any:
+    """--queue, --shards and --redis-url, for a queue given without an app."""
+    function = redis_url_option(function)
+    function = click.option(
+        "--shards",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="With --queue: its shard count (default: STREAMKIT_JOB_SHARDS, else 1).",
+    )(function)
+    return click.option(
+        "--queue",
+        "queue_name",
+        metavar="NAME",
+        help="A queue opened with open_job_queue(redis, NAME), instead of MODULE:APP.",
+    )(function)
+
+
+def app_and_id(
+    app_path: str | None, job_id: str | None, queue_name: str | None
+) -> tuple[str | None, str]:
+    """``[MODULE:APP] ID``: with --queue, a lone argument is the job id."""
+    if job_id is None and queue_name is not None and app_path is not None:
+        app_path, job_id = None, app_path
+    if job_id is None:
+        fail("missing the job ID (after MODULE:APP, or alone with --queue NAME)", 2)
+    if not job_id:
+        fail("the job ID is empty", 2)
+    return app_path, job_id
+
+
+def info_json(target: QueueTarget, counts: QueueCounts) -> dict[str, Any]:
+    declared = target.app.jobs if target.app is not None else ()
+    return {
+        "queue": target.name,
+        "app": target.app.name if target.app is not None else None,
+        "shards": target.shards,
+        "redis_url": mask_url(target.settings.redis_url),
+        "counts": counts_json(counts),
+        "by_name": counts_by_name(counts, declared),
+    }
+
+
+@click.group(cls=WholeHelpGroup)
+def jobs() -> None:
+    """Inspect an app's job queue: counts, one job, dead jobs; abort a job.
+
+    Name the queue by its app, MODULE:APP (the queue is named after the app, and its
+    shard count is the app's job_shards setting), or, for a queue opened with
+    open_job_queue(redis, NAME) without an app, by --queue NAME (with --shards and
+    --redis-url as needed).
+    """
+
+
+@jobs.command("info")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@queue_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def jobs_info(
+    app_path: str | None,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Show how many jobs a queue holds, by status, priority and job name.
+
+    Queued, scheduled, waiting, running, retrying and dead are the jobs in that state
+    now; succeeded, aborted and expired are running totals.
+    """
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            counts = await queue.counts()
+    except StreamkitError as exc:
+        fail(str(exc))
+    report = info_json(target, counts)
+    if as_json:
+        click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        return
+    console = Console(highlight=False)
+    console.print(
+        printable(f"{target.describe()}, Redis at {report['redis_url']}"),
+        soft_wrap=True,
+        markup=False,
+    )
+    console.print(counts_table(target.name, counts))
+    if report["by_name"]:
+        console.print(by_name_table(target.name, report["by_name"]))
+
+
+@jobs.command("show")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.argument("job_id", metavar="ID", required=False)
+@queue_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def jobs_show(
+    app_path: str | None,
+    job_id: str | None,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Show one job: status, arguments, tries, times, worker, progress, last error.
+
+    The last error comes with its traceback, as the worker formatted it.
+    """
+    app_path, job_id = app_and_id(app_path, job_id, queue_name)
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            info = await queue.info(job_id)
+    except StreamkitError as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(orjson.dumps(job_json(info), option=orjson.OPT_INDENT_2))
+        return
+    for line in job_lines(info, datetime.now(UTC)):
+        click.echo(line)
+
+
+@jobs.command("abort")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.argument("job_id", metavar="ID", required=False)
+@click.option(
+    "--reason",
+    default="aborted by streamkit jobs abort",
+    show_default=True,
+    help="Recorded as the job's error message.",
+)
+@queue_options
+async def jobs_abort(
+    app_path: str | None,
+    job_id: str | None,
+    reason: str,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+) -> None:
+    """Abort a job: a job not running ends aborted at once; a running one is
+    cancelled by its worker within a second.
+
+    A job that already ended (succeeded, dead, aborted, expired) is left as it is;
+    the command says so, with exit code 0. Jobs waiting for it end dead.
+    """
+    app_path, job_id = app_and_id(app_path, job_id, queue_name)
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            handle = await queue.find(job_id)
+            info = await handle.info()
+            status = await handle.abort(reason)
+    except StreamkitError as exc:
+        fail(str(exc))
+    what = printable(f"job {job_id} ({info.name})")
+    # abort() answers ABORTED for a job it aborted and for one aborted before.
+    if status is JobStatus.ABORTED and not info.status.final:
+        click.echo(f"aborted {what}")
+    elif status is JobStatus.EXECUTING:
+        worker = f" on {printable(info.worker)}" if info.worker else ""
+        click.echo(
+            f"{what} is running{worker}: its worker cancels it within a second, and it ends aborted"
+        )
+    else:
+        click.echo(f"{what} already ended {status.value}; nothing to abort")
+
+
+@jobs.group("dlq", cls=WholeHelpGroup)
+def jobs_dlq() -> None:
+    """List, replay and purge a queue's dead jobs (the dead-letter queue)."""
+
+
+@jobs_dlq.command("list")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Show at most this many dead jobs; says how many more exist.",
+)
+@queue_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+async def jobs_dlq_list(
+    app_path: str | None,
+    limit: int,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Show a queue's dead jobs, oldest first, with their last errors."""
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    try:
+        async with open_target(target) as queue:
+            dead = await queue.dead_letters(limit=limit)
+            total = (await queue.counts()).dead
+    except StreamkitError as exc:
+        fail(str(exc))
+    total = max(total, len(dead))
+    if as_json:
+        report = {"queue": target.name, "total": total, "jobs": [job_json(i) for i in dead]}
+        click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        return
+    if not dead:
+        click.echo(f"queue {target.name} has no dead jobs")
+        return
+    table = dead_jobs_table(target.name, dead, datetime.now(UTC))
+    Console(highlight=False).print(table)
+    if total > len(dead):
+        click.echo(
+            f"showing {len(dead):,} of {total:,} dead jobs; pass --limit {total} to see them all"
+        )
+
+
+async def act_on_dead_jobs(
+    verb: Literal["replay", "purge"],
+    *,
+    target: QueueTarget,
+    ids: tuple[str, ...],
+    yes: bool,
+) -> None:
+    """Confirm, then replay or purge the chosen dead jobs (all by default), one step
+    at a time (see :func:`confirm_and_act`).
+
+    Given ids are checked first: if one is not a dead job of the queue, nothing is
+    done (exit code 2).
+    """
+    action = BulkAction(verb=verb, things="dead job(s)", owner=f"of queue {target.name}")
+    wanted = list(dict.fromkeys(ids))
+    if any(not job_id for job_id in wanted):
+        fail(f"--id: a job id is not empty; {action.nothing}", 2)
+    listing = f"`streamkit jobs dlq list {target.path}` lists the dead ones"
+    try:
+        async with open_target(target) as queue:
+            if wanted:
+                problems: list[str] = []
+                for job_id in wanted:
+                    try:
+                        status = (await queue.info(job_id)).status
+                    except JobNotFound:
+                        problems.append(f"{job_id} (no such job)")
+                        continue
+                    if status is not JobStatus.DEAD:
+                        problems.append(f"{job_id} ({status.value})")
+                if problems:
+                    fail(
+                        f"not dead jobs of queue {target.name}: {', '.join(problems)} "
+                        f"({listing}); {action.nothing}",
+                        2,
+                    )
+                total = len(wanted)
+            else:
+                total = (await queue.counts()).dead
+                if not total:
+                    click.echo(f"queue {target.name} has no dead jobs; {action.nothing}")
+                    return
+            which = f"{total:,} dead job(s)" if wanted else f"all {total:,} dead job(s)"
+            question = (
+                f"Replay {which} of queue {target.name}, their tries starting over?"
+                if verb == "replay"
+                else f"Delete {which} of queue {target.name} for good?"
+            )
+            act = queue.replay if verb == "replay" else queue.purge
+            count = await confirm_and_act(
+                action,
+                lambda on_progress: act(wanted or None, on_progress=on_progress),
+                total=total,
+                question=question,
+                yes=yes,
+            )
+    except StreamkitError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail(f"interrupted; {action.nothing}", 130)
+    skipped = total - count if wanted else 0
+    tail = f" ({skipped} were no longer dead)" if skipped else ""
+    how = ", queued again with their tries reset" if verb == "replay" else ""
+    click.echo(f"{action.done} {count:,} dead job(s) of queue {target.name}{how}{tail}")
+
+
+@jobs_dlq.command("replay")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option("--id", "ids", multiple=True, metavar="ID", help="Replay only these (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@queue_options
+async def jobs_dlq_replay(
+    app_path: str | None,
+    ids: tuple[str, ...],
+    yes: bool,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+) -> None:
+    """Queue dead jobs again, with their tries reset: all of them, or those of --id."""
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    await act_on_dead_jobs("replay", target=target, ids=ids, yes=yes)
+
+
+@jobs_dlq.command("purge")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option("--id", "ids", multiple=True, metavar="ID", help="Purge only these (repeatable).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@queue_options
+async def jobs_dlq_purge(
+    app_path: str | None,
+    ids: tuple[str, ...],
+    yes: bool,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+) -> None:
+    """Delete dead jobs and their records for good: all of them, or those of --id."""
+    target = queue_target(app_path, queue_name, shards, redis_url)
+    await act_on_dead_jobs("purge", target=target, ids=ids, yes=yes)

@@ -1,0 +1,157 @@
+"""Loading the user's code: ``MODULE:NAME`` paths to an app, a stream or a processor.
+
+An import that fails shows the user's own traceback (without importlib's and
+streamkit's frames) under a one-line header; every other mistake is one line, exit
+code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .._app import App
+from .._errors import ConfigError, MetadataMismatch, StreamkitError
+from .._streams import Stream
+from .._worker import select_processors
+from ._exits import fail
+
+if TYPE_CHECKING:
+    from .._app import Processor
+
+__all__ = [
+    "app_of",
+    "import_failure",
+    "load_app",
+    "load_object",
+    "load_processor",
+    "load_stream",
+    "user_frame",
+    "with_stream_path",
+]
+
+#: streamkit's own directory: its frames are left out of the user's tracebacks.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_object(path: str) -> Any:
+    """Import ``module:attribute`` (``attribute`` may be dotted) and return it."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        fail(f"expected MODULE:NAME (for example myapp.streams:orders), got {path!r}", 2)
+    # Like `python -m`, look in the working directory first.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and _is_parent_or_same(exc.name, module_name):
+            fail(f"cannot import {module_name!r}: {exc}", 2)
+        fail(import_failure(module_name, exc), 2)
+    except StreamkitError as exc:
+        where = user_frame(exc)
+        fail(f"importing {module_name!r} failed{where}: {exc}", 2)
+    except Exception as exc:
+        fail(import_failure(module_name, exc), 2)
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            fail(f"{module_name!r} has no attribute {attribute!r}", 2)
+    return target
+
+
+def _is_parent_or_same(missing: str, module_name: str) -> bool:
+    """Whether the module that was not found is ``module_name`` or one of its packages."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``exc``'s traceback outside importlib and this command line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    return [
+        frame
+        for frame in frames
+        if "importlib" not in frame.filename and not frame.filename.startswith(here)
+    ]
+
+
+def user_frame(exc: BaseException) -> str:
+    """Where the user's code raised ``exc``: " at FILE line N", or "" if unknown."""
+    frames = [f for f in _user_frames(exc) if not f.filename.startswith(_PACKAGE_DIR + os.sep)]
+    if not frames:
+        return ""
+    return f" at {os.path.relpath(frames[-1].filename)} line {frames[-1].lineno}"
+
+
+def import_failure(module_name: str, exc: BaseException) -> str:
+    """A one-line header, then the user's own traceback (without streamkit's frames)."""
+    lines = traceback.format_list(_user_frames(exc))
+    lines += traceback.format_exception_only(type(exc), exc)
+    body = "".join(["Traceback (most recent call last):\n", *lines]).rstrip()
+    return f"module {module_name!r} failed to import; its traceback:\n{body}"
+
+
+def with_stream_path(exc: BaseException, path: str) -> str:
+    """``exc``'s message, with the stream's real MODULE:STREAM in a delete-stream hint.
+
+    ``path`` is the stream's own path, or the path of anything in its module (an app).
+    """
+    message = str(exc)
+    if not isinstance(exc, MetadataMismatch) or "MODULE:STREAM" not in message:
+        return message
+    module_name = path.partition(":")[0]
+    module = sys.modules.get(module_name)
+    for name, value in vars(module).items() if module is not None else ():
+        if isinstance(value, Stream) and value.name == exc.stream:
+            return message.replace("MODULE:STREAM", f"{module_name}:{name}")
+    return message
+
+
+def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
+    """The stream at ``path`` and the app that declared it (with ``--redis-url``)."""
+    stream = load_object(path)
+    if not isinstance(stream, Stream):
+        fail(f"{path} is a {type(stream).__name__}, not a stream made by app.stream(...)", 2)
+    app = app_of(path, stream)
+    if redis_url is not None:
+        app.settings = attrs.evolve(app.settings, redis_url=redis_url)
+    return app, stream
+
+
+def app_of(path: str, stream: Stream[Any]) -> App:
+    """The app that declared ``stream``, found beside it in its module."""
+    module = sys.modules[path.partition(":")[0]]
+    found = [
+        candidate
+        for candidate in vars(module).values()
+        if isinstance(candidate, App) and candidate.streams.get(stream.name) is stream
+    ]
+    if not found:
+        fail(f"{path}: the app that declared this stream is not in its module", 2)
+    return found[0]
+
+
+def load_app(path: str, redis_url: str | None) -> App:
+    """The app at ``path`` (with ``--redis-url``)."""
+    app = load_object(path)
+    if not isinstance(app, App):
+        fail(f"{path} is a {type(app).__name__}, not a streamkit App", 2)
+    if redis_url is not None:
+        app.settings = attrs.evolve(app.settings, redis_url=redis_url)
+    return app
+
+
+def load_processor(app: App, name: str) -> Processor:
+    """The processor of ``app`` named ``name``."""
+    try:
+        [processor] = select_processors(app, [name])
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    return processor

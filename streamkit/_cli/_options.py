@@ -1,0 +1,98 @@
+"""What the commands share: ``--redis-url``, the group classes (whole help; one line
+for any error of streamkit's), and the progress bar on standard error."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import asyncclick as click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .._errors import ConfigError, StreamkitError
+from .._groups import leaves
+from .._settings import Settings
+from ._exits import fail
+
+__all__ = ["RootGroup", "WholeHelpGroup", "progress_bar", "redis_url_option", "stderr"]
+
+
+stderr = Console(stderr=True)
+
+
+def progress_bar(label: str) -> Progress:
+    """A progress bar on standard error (``with progress_bar("sending") as bar:``),
+    shown on a terminal only and gone once done."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    )
+
+
+def redis_url_option(function: Any) -> Any:
+    """``--redis-url``, overriding the app's ``redis_url`` setting; checked as it is
+    parsed, so that a bad URL is one line (exit code 2) before anything is imported."""
+    # No envvar here: STREAMKIT_REDIS_URL is read by the app's Settings, below the
+    # App's own keyword arguments. Reading it here too would let the environment
+    # override App(redis_url=...), unlike everywhere else.
+    return click.option(
+        "--redis-url",
+        metavar="URL",
+        callback=_checked_url,
+        help=(
+            "Redis to use, overriding the app's redis_url (which comes from "
+            "App(redis_url=...), else STREAMKIT_REDIS_URL, else redis://127.0.0.1:6379)."
+        ),
+    )(function)
+
+
+def _checked_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            Settings(redis_url=value)
+        except ConfigError as exc:
+            fail(f"--redis-url: {str(exc).removeprefix(f'{exc.setting}: ')}", 2)
+        except ValueError as exc:  # what urllib refuses before streamkit's own checks
+            fail(f"--redis-url: {value!r} is not a URL ({exc})", 2)
+    return value
+
+
+class WholeHelpGroup(click.Group):
+    """A group whose command list shows each command's whole first sentence."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            rows.append((name, command.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class RootGroup(WholeHelpGroup):
+    """The ``streamkit`` group: an error of streamkit's that no command caught is one
+    line all the same (exit code 2 for a configuration error, else 1), never a
+    traceback."""
+
+    async def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return await super().invoke(ctx)
+        except StreamkitError as exc:
+            _fail_with(exc)
+        except BaseExceptionGroup as group:
+            found = leaves(group)
+            if found and all(isinstance(leaf, StreamkitError) for leaf in found):
+                _fail_with(found[0])
+            raise
+
+
+def _fail_with(exc: BaseException) -> NoReturn:
+    fail(str(exc), 2 if isinstance(exc, ConfigError) else 1)
