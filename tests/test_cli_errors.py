@@ -205,6 +205,8 @@ URL_COMMANDS: dict[str, list[str]] = {
     "jobs dlq list": ["jobs", "dlq", "list", "--queue", "q"],
     "jobs dlq replay": ["jobs", "dlq", "replay", "tests.apps.jobbing:app", "--yes"],
     "jobs dlq purge": ["jobs", "dlq", "purge", "--queue", "q", "--yes"],
+    "table get": ["table", "get", "tests.apps.stateful:app", "counts", "k1"],
+    "table list": ["table", "list", "tests.apps.stateful:app", "counts"],
 }
 
 

@@ -9,7 +9,8 @@ One module per command group, each beside the modules only it uses:
   web view);
 - ``_cmd_admin``: ``reset``, ``resume``, ``delete-stream`` (``_admin``);
 - ``_cmd_deadletters``: ``deadletters`` (``_deadletters``);
-- ``_cmd_jobs``: ``jobs`` (``_jobs_view``: its terminal views).
+- ``_cmd_jobs``: ``jobs`` (``_jobs_view``: its terminal views);
+- ``_cmd_tables``: ``table get``, ``table list`` (committed state).
 
 Shared: exit codes (``_exits``), loading the user's code (``_loading``), the logging
 options (``_logging``), ``--redis-url``, the group classes and the progress bar
@@ -26,6 +27,7 @@ from ._cmd_deadletters import deadletters
 from ._cmd_jobs import jobs
 from ._cmd_send import send, sendmany
 from ._cmd_status import dashboard, status
+from ._cmd_tables import table
 from ._cmd_worker import worker
 from ._options import RootGroup
 
@@ -54,6 +56,7 @@ for _command in (
     delete_stream,
     deadletters,
     jobs,
+    table,
 ):
     cli.add_command(_command)
 

@@ -1,0 +1,103 @@
+"""``streamkit table get`` and ``table list``: reading a table's committed state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import asyncclick as click
+import orjson
+
+from .._errors import StreamkitError
+from .._json_converter import converter
+from .._literal import printable
+from ._exits import fail
+from ._loading import load_app
+from ._options import redis_url_option
+
+if TYPE_CHECKING:
+    from .._app import App
+    from .._tables import Table
+    from .._tables_windowed import WindowedTable
+
+__all__ = ["table"]
+
+
+@click.group()
+def table() -> None:
+    """Read a table's committed state: one key, or all of them."""
+
+
+def _table(app: App, name: str) -> Table[Any] | WindowedTable[Any]:
+    found = app.tables.get(name)
+    if found is None:
+        known = ", ".join(sorted(app.tables)) or "none"
+        fail(f"app {app.name} has no table {name!r} (its tables: {known})", exit_code=2)
+    if found.stream is None:
+        fail(f"table {name!r} is written by no processor, so it holds nothing", exit_code=2)
+    return found
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(converter.unstructure(value)).decode()
+
+
+def _windows(windows: list[Any]) -> str:
+    return _json(
+        [
+            {"start": w.start.isoformat(), "end": w.end.isoformat(), "value": value}
+            for w, value in windows
+        ]
+    )
+
+
+@table.command("get")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("name", metavar="TABLE")
+@click.argument("key", metavar="KEY")
+@redis_url_option
+async def table_get(app_path: str, name: str, key: str, redis_url: str | None) -> None:
+    """Print KEY's committed value as JSON (the table's default when missing; a
+    windowed table's windows as a list)."""
+    app = load_app(app_path, redis_url)
+    found = _table(app, name)
+    try:
+        async with app:
+            if hasattr(found, "kind"):
+                text = _windows(await found.read(key))
+            else:
+                text = _json(await found.read(key))
+    except StreamkitError as exc:
+        fail(str(exc))
+    click.echo(printable(text))
+
+
+@table.command("list")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.argument("name", metavar="TABLE")
+@click.option("--partition", type=int, default=None, help="Only this partition.")
+@click.option("--limit", type=int, default=None, help="Print at most this many keys.")
+@redis_url_option
+async def table_list(
+    app_path: str, name: str, partition: int | None, limit: int | None, redis_url: str | None
+) -> None:
+    """Print every committed key and value, one ``KEY<TAB>JSON`` line each, partition
+    by partition (scanned incrementally: a table changing meanwhile may show a key
+    twice or miss one written during the scan)."""
+    app = load_app(app_path, redis_url)
+    found = _table(app, name)
+    if partition is not None and not 0 <= partition < found.stream.partition_count:  # type: ignore[union-attr]
+        fail(
+            f"--partition must be 0..{found.stream.partition_count - 1}",  # type: ignore[union-attr]
+            exit_code=2,
+        )
+    shown = 0
+    try:
+        async with app:
+            async for key, value in found.items(partition=partition):
+                text = _windows(value) if hasattr(found, "kind") else _json(value)
+                click.echo(f"{printable(key)}\t{printable(text)}")
+                shown += 1
+                if limit is not None and shown >= limit:
+                    break
+    except StreamkitError as exc:
+        fail(str(exc))
