@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import _keys
 from ._errors import OutcomeUnknown, RedisUnavailable, ServerRefused
 from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, LuaScript, redis_errors
 
@@ -65,14 +66,7 @@ def marker_key(stream_key: str, token: str) -> str:
 
 
 def _marker_prefix(stream_key: str) -> str:
-    start = stream_key.find("{")
-    end = stream_key.find("}", start + 1)
-    if start >= 0 and end > start + 1:
-        tag = stream_key[start : end + 1]
-    else:
-        # No hash tag: the whole key as the tag hashes to the key's own slot.
-        tag = "{" + stream_key + "}"
-    return f"__once:{tag}:"
+    return _keys.once_marker_prefix(stream_key)
 
 
 @functools.cache

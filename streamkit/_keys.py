@@ -17,6 +17,9 @@ key                                what it holds
 ``__beat:{app.stream.proc}:ID``    member ID's heartbeat
 ``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
 ``__lock:{app}.leader``            the app's leader lease
+``__lock:{name}:fence``            a lock's fencing-token counter (no TTL)
+``__lock:{name}``                  any lock of the lock manager (the name is made a
+                                   hash tag unless it holds one)
 ``__sprk:{app.stream.N}:...``      a Spark write's idempotency marker (expires)
 ``__once:{app.stream.N}:...``      a producer append's idempotency marker (expires)
 ``__tabl:{app.stream.N}.table``    partition N of a table written by a processor of
@@ -40,17 +43,26 @@ import re
 from ._errors import ConfigError
 
 __all__ = [
+    "control_key",
     "dead_letter_key",
+    "fence_key",
     "halt_key",
+    "hash_tag_of",
+    "heartbeat_key",
     "leader_lock_name",
+    "lock_key",
+    "membership_key",
     "meta_key",
+    "once_marker_prefix",
     "outbox_key",
     "partition_lock_name",
     "processor_group",
     "relay_key",
+    "spark_marker_key",
     "state_key",
     "stream_key",
     "table_key",
+    "tagged",
     "validate_name",
     "window_index_key",
     "window_key",
@@ -136,3 +148,72 @@ def relay_key(target_stream_key: str, source: str) -> str:
     the target's hash slot."""
     tag = target_stream_key[target_stream_key.index("{") :]
     return f"__rely:{tag}:{source}"
+
+
+# --- locks, membership and idempotency markers: each module asks here ------------
+
+#: The prefix of every lock's key.
+LOCK_KEY_PREFIX = "__lock:"
+#: The suffix of a lock's fencing counter, after its key.
+FENCE_KEY_SUFFIX = ":fence"
+
+
+def _has_hash_tag(name: str) -> bool:
+    start = name.find("{")
+    return start >= 0 and name.find("}", start + 1) > start + 1
+
+
+def tagged(name: str) -> str:
+    """Return ``name`` as a Redis Cluster hash tag: ``{name}``, unless it has one.
+
+    A name that already contains a hash tag (``{app.stream.3}.proc``) is kept as it
+    is, so the lock lands in the slot of whatever else carries that tag.
+    """
+    return name if _has_hash_tag(name) else f"{{{name}}}"
+
+
+def lock_key(name: str) -> str:
+    """The Redis key of lock ``name``: ``"__lock:" + tagged(name)``."""
+    return LOCK_KEY_PREFIX + tagged(name)
+
+
+def fence_key(name: str) -> str:
+    """The Redis key of lock ``name``'s fencing counter (same hash slot, no TTL)."""
+    return lock_key(name) + FENCE_KEY_SUFFIX
+
+
+def membership_key(group: str) -> str:
+    """The membership group's state (JSON)."""
+    return f"__memb:{{{group}}}"
+
+
+def control_key(group: str) -> str:
+    """The membership group's control stream."""
+    return f"__ctrl:{{{group}}}"
+
+
+def heartbeat_key(group: str, member_id: str) -> str:
+    """Member ``member_id``'s heartbeat in ``group``."""
+    return f"__beat:{{{group}}}:{member_id}"
+
+
+def hash_tag_of(key: str) -> str:
+    """The hash tag (``{...}``) of ``key``, or the whole key as one when it has none
+    (a key without a tag hashes to its own slot, as does ``{key}``)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if start >= 0 and end > start + 1:
+        return key[start : end + 1]
+    return "{" + key + "}"
+
+
+def once_marker_prefix(stream_key: str) -> str:
+    """The prefix of a producer append's idempotency markers, in ``stream_key``'s slot."""
+    return f"__once:{hash_tag_of(stream_key)}:"
+
+
+def spark_marker_key(
+    app: str, stream: str, partition: int, write_id: str, batch: str, task: int, chunk: int
+) -> str:
+    """The idempotency marker of one Spark write chunk, in its partition's slot."""
+    return f"__sprk:{{{app}.{stream}.{partition}}}:{write_id}:{batch}:{task}:{chunk}"

@@ -43,6 +43,7 @@ from ._errors import (
     StreamkitError,
 )
 from ._groups import open_service_nursery
+from ._keys import FENCE_KEY_SUFFIX, fence_key, lock_key, tagged
 from ._periodic import next_tick
 from ._redis import LuaScript, Redis, redis_errors
 from ._validate import at_least, non_negative_number
@@ -67,8 +68,6 @@ __all__ = [
 
 log = logging.getLogger("streamkit.locks")
 
-LOCK_KEY_PREFIX = "__lock:"
-FENCE_KEY_SUFFIX = ":fence"
 
 #: ``hold()`` extends a lease this many times per TTL, so two renewals can fail
 #: before the lease is in danger.
@@ -138,33 +137,7 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """)
 
 
-# --- key layout ---------------------------------------------------------------------
-
-
-def _has_hash_tag(name: str) -> bool:
-    # Redis Cluster's rule: the tag is between the first "{" and the first "}" after
-    # it, and only counts if it is not empty.
-    start = name.find("{")
-    return start >= 0 and name.find("}", start + 1) > start + 1
-
-
-def tagged(name: str) -> str:
-    """Return ``name`` as a Redis Cluster hash tag: ``{name}``, unless it has one.
-
-    A name that already contains a hash tag (``{app.stream.3}.proc``) is kept as it
-    is, so the lock lands in the slot of whatever else carries that tag.
-    """
-    return name if _has_hash_tag(name) else f"{{{name}}}"
-
-
-def lock_key(name: str) -> str:
-    """The Redis key of lock ``name``: ``"__lock:" + tagged(name)``."""
-    return LOCK_KEY_PREFIX + tagged(name)
-
-
-def fence_key(name: str) -> str:
-    """The Redis key of lock ``name``'s fencing counter (same hash slot, no TTL)."""
-    return lock_key(name) + FENCE_KEY_SUFFIX
+# --- key layout: in streamkit._keys, re-exported for the lock's users --------------
 
 
 # --- pure time logic ------------------------------------------------------------------

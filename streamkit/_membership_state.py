@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import orjson
 
+from . import _keys
 from ._assignment import Assignment, Assignor
 from ._errors import ConfigError, MetadataMismatch, StreamkitError
 
@@ -79,7 +80,7 @@ class MembershipKeys:
 
     def heartbeat(self, member_id: str) -> str:
         """The heartbeat key of ``member_id``."""
-        return f"__beat:{{{self.group}}}:{member_id}"
+        return _keys.heartbeat_key(self.group, member_id)
 
 
 def membership_keys(group: str) -> MembershipKeys:
@@ -89,7 +90,7 @@ def membership_keys(group: str) -> MembershipKeys:
         :class:`ConfigError` if ``group`` is empty or contains braces.
     """
     tag_safe("group", group)
-    return MembershipKeys(group, f"__memb:{{{group}}}", f"__ctrl:{{{group}}}")
+    return MembershipKeys(group, _keys.membership_key(group), _keys.control_key(group))
 
 
 # --------------------------------------------------------------------------- state

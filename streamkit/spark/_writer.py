@@ -71,7 +71,7 @@ def marker_key(
     app: str, stream: str, partition: int, write_id: str, batch: str, task: int, chunk: int
 ) -> str:
     """The idempotency marker of one chunk; in the slot of the partition's stream."""
-    return f"__sprk:{{{app}.{stream}.{partition}}}:{write_id}:{batch}:{task}:{chunk}"
+    return _keys.spark_marker_key(app, stream, partition, write_id, batch, task, chunk)
 
 
 @attrs.frozen(kw_only=True)
