@@ -24,16 +24,20 @@ key                                what it holds
 ``__once:{app.stream.N}:...``      a producer append's idempotency marker (expires)
 ``__tabl:{app.stream.N}.table``    partition N of a table written by a processor of
                                    the stream (a hash: canonical key -> value)
-``__wind:{app.stream.N}.table``    partition N of a windowed table (a hash: window
-                                   and key -> value)
-``__wndx:{app.stream.N}.table``    its windows by end time (a sorted set)
+``__wind:{app.stream.N}.table``    partition N of a windowed table (a hash: key ->
+                                   its windows)
+``__wndx:{app.stream.N}.table``    its keys by when their windows are next due (a
+                                   sorted set)
 ``__stat:{app.stream.N}.proc``     processor ``proc``'s state of partition N: its
-                                   watermark (a hash)
+                                   watermark and late-event counts (a hash)
 ``__obox:{app.stream.N}.proc``     records processor ``proc`` emitted on partition N,
                                    waiting to be relayed (Redis Cluster only)
 ``__rely:{app.out.M}:source``      the last outbox entry relayed from ``source`` to
                                    partition M of stream ``out`` (Redis Cluster only)
 =================================  ===================================================
+
+The job queue's keys are laid out by its own module, :mod:`streamkit.jobs._layout`
+(``__jobs:{queue.shard}...``), under the same rule: one hash tag per shard.
 """
 
 from __future__ import annotations
