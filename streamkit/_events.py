@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
+from ._defaults import DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
 from ._events_iterators import Batches, OneByOne
 from ._events_middleware import MiddlewarePump
 from ._groups import open_service_nursery
-from ._state import DEFAULT_STATE_CACHE_SIZE, PartitionState
+from ._state import PartitionState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Generator, Sequence

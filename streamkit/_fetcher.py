@@ -38,6 +38,7 @@ import trio
 
 from ._backoff import Backoff
 from ._commit import change_arguments
+from ._defaults import DEFAULT_BATCH_SIZE, DEFAULT_PREFETCH
 from ._errors import (
     BackendError,
     ConfigError,
@@ -69,8 +70,6 @@ R = TypeVar("R")
 
 log = logging.getLogger("streamkit.fetcher")
 
-DEFAULT_BATCH_SIZE = 500
-DEFAULT_PREFETCH = 2
 DEFAULT_IDLE_BLOCK = 1.0
 DEFAULT_BUSY_POLL = 0.01
 DEFAULT_COMMAND_TIMEOUT = 10.0

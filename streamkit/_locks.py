@@ -46,7 +46,7 @@ from ._groups import open_service_nursery
 from ._keys import FENCE_KEY_SUFFIX, fence_key, lock_key, tagged
 from ._periodic import next_tick
 from ._redis import LuaScript, Redis, redis_errors
-from ._validate import at_least, non_negative_number
+from ._validate import non_negative_number, valid_ttl
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -83,11 +83,6 @@ CLOCK_DRIFT_MINIMUM = 0.002
 #: is left to expire on its own.
 RELEASE_TIMEOUT = 1.0
 
-#: The shortest lease TTL: Redis expires keys with millisecond precision.
-MINIMUM_TTL = 0.001
-
-#: A lease TTL, in seconds: finite, and at least :data:`MINIMUM_TTL`.
-valid_ttl = at_least(MINIMUM_TTL, finite=True)
 
 # How long acquire() may wait: seconds, or None for as long as it takes.
 _valid_wait = non_negative_number.or_none()

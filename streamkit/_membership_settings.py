@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ._defaults import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_SESSION_TIMEOUT,
+    DEFAULT_STATIC_GRACE,
+)
 from ._errors import ConfigError
 from ._validate import is_int, positive_number
 
@@ -25,12 +30,6 @@ __all__ = [
     "MembershipSettings",
 ]
 
-#: Seconds between heartbeats (and looks for dead members).
-DEFAULT_HEARTBEAT_INTERVAL = 1.0
-#: Seconds a heartbeat lasts: how long a silent member stays in the group.
-DEFAULT_SESSION_TIMEOUT = 10.0
-#: Seconds a static member's place is kept after it exits.
-DEFAULT_STATIC_GRACE = 60.0
 #: The longest a member goes without re-reading the state.
 DEFAULT_REFRESH_INTERVAL = 5.0
 #: The longest leaving may take on exit.

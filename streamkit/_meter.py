@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ._defaults import DEFAULT_METRICS_REFRESH_INTERVAL
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -33,7 +35,7 @@ __all__ = [
 
 #: Seconds between two readings from Redis of what the pieces cannot count themselves
 #: (lag, pending, job queue depths): the ``metrics_refresh_interval`` setting.
-DEFAULT_REFRESH_INTERVAL = 5.0
+DEFAULT_REFRESH_INTERVAL = DEFAULT_METRICS_REFRESH_INTERVAL
 
 #: Upper bounds (seconds) of the latency histograms: from a trivial processor's time
 #: per event (tens of microseconds) to a backlog's end-to-end latency (minutes).

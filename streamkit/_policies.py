@@ -33,10 +33,10 @@ import attrs
 import trio
 
 from ._backoff import Backoff
+from ._defaults import DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, DecodeError, LateEvent, ProcessorHalted, RedisUnavailable
 from ._events import DEFAULT_ACK_BATCH, open_events
 from ._redis import Redis, as_unavailable, redis_errors
-from ._state_views import DEFAULT_STATE_CACHE_SIZE
 from ._validate import non_negative_int, one_of, positive_int
 
 if TYPE_CHECKING:

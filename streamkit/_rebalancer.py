@@ -34,11 +34,11 @@ import trio
 import trio_util
 
 from ._backoff import Backoff
+from ._defaults import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._errors import LockLost, RedisUnavailable, StreamkitError
 from ._groups import open_service_nursery
-from ._locks import valid_ttl
 from ._logs import log_context
-from ._validate import non_negative_number
+from ._validate import non_negative_number, valid_ttl
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
@@ -61,14 +61,6 @@ __all__ = [
 
 log = logging.getLogger("streamkit.rebalancer")
 
-#: How long a partition's lease lasts unless renewed: how long a partition of a
-#: member that died (``kill -9``) stays locked after the group reassigned it.
-DEFAULT_LEASE_TTL = 10.0
-
-#: How long ``run()`` has to return after its partition started draining: enough
-#: for a processor to finish and acknowledge the event or batch in hand. The worker's
-#: ``grace_period`` setting defaults to it.
-DEFAULT_GRACE = 5.0
 
 #: The pause before re-acquiring a partition whose lease was lost.
 DEFAULT_ACQUIRE_BACKOFF = Backoff(initial=0.05, maximum=2.0)

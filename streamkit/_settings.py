@@ -3,7 +3,8 @@
 Precedence, lowest first: the defaults, environment variables, keyword arguments.
 A setting that configures one component (``lease_ttl``, ``grace_period``,
 ``batch_size``, ...) defaults to that component's own default, so an app's worker and
-the component used on its own agree. A value is only ever replaced by one that was given; a default of ``0`` or
+the component used on its own agree: both take it from :mod:`streamkit._defaults`, at
+the bottom of the import graph. A value is only ever replaced by one that was given; a default of ``0`` or
 ``False`` is kept as it is.
 """
 
@@ -17,18 +18,25 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._compression import valid_compression
-from ._errors import ConfigError
-from ._fetcher import DEFAULT_BATCH_SIZE, DEFAULT_PREFETCH
-from ._locks import valid_ttl
-from ._membership_settings import (
+from ._defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONNECT_GIVE_UP_AFTER,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_GRACE,
     DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_LEASE_TTL,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_REFRESH_INTERVAL,
+    DEFAULT_PARTITION_COUNT,
+    DEFAULT_PARTITION_SIZE,
+    DEFAULT_PREFETCH,
+    DEFAULT_REDIS_URL,
+    DEFAULT_SEND_CHUNK_SIZE,
     DEFAULT_SESSION_TIMEOUT,
+    DEFAULT_STATE_CACHE_SIZE,
     DEFAULT_STATIC_GRACE,
 )
-from ._meter import DEFAULT_REFRESH_INTERVAL
-from ._rebalancer import DEFAULT_GRACE, DEFAULT_LEASE_TTL
-from ._redis import DEFAULT_CONNECT_TIMEOUT
-from ._state_views import DEFAULT_STATE_CACHE_SIZE
+from ._errors import ConfigError
 from ._urls import check_redis_url, masked_repr
 from ._validate import (
     non_negative_int,
@@ -37,8 +45,8 @@ from ._validate import (
     positive_finite_number,
     positive_int,
     positive_number,
+    valid_ttl,
 )
-from ._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -64,12 +72,6 @@ OTHER_VARIABLES = frozenset(
 log = logging.getLogger("streamkit.settings")
 # Unknown variables already warned about: each is named once per process.
 _warned: set[str] = set()
-
-# The defaults of the settings that belong to no single component.
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
-DEFAULT_PARTITION_COUNT = 16
-DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
-DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 def _url(_: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -158,7 +160,7 @@ class Settings:
     #: Seconds between two readings of lag, pending and job queue depths from Redis
     #: for the metrics (the counters are always current).
     metrics_refresh_interval: float = attrs.field(
-        default=DEFAULT_REFRESH_INTERVAL, validator=positive_finite_number
+        default=DEFAULT_METRICS_REFRESH_INTERVAL, validator=positive_finite_number
     )
     #: A token the metrics endpoint requires, as ``Authorization: Bearer TOKEN``
     #: (Prometheus's ``authorization`` scrape setting); unset: none. At least 16

@@ -33,12 +33,12 @@ import trio
 
 from . import _keys
 from ._commit import Changes
+from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, EncodeError
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_relay import OutboxRelay
 from ._state_views import (
-    DEFAULT_STATE_CACHE_SIZE,
     TableLike,
     TableView,
     WindowLike,
@@ -46,7 +46,6 @@ from ._state_views import (
 )
 from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
-from ._wire import DEFAULT_PARTITION_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

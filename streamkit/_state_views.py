@@ -32,8 +32,6 @@ __all__ = ["MISSING", "TableLike", "TableView", "WindowLike", "WindowView"]
 
 #: Due keys a settling round reads, at most (the rest wait for the next round).
 SETTLE_BATCH = 500
-#: Values a partition caches per table, at most (uncommitted writes come on top).
-DEFAULT_STATE_CACHE_SIZE = 10_000
 
 
 class _Missing:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import attrs
 
+from ._defaults import MINIMUM_TTL
 from ._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "positive_finite_number",
     "positive_int",
     "positive_number",
+    "valid_ttl",
 ]
 
 
@@ -127,3 +129,7 @@ non_negative_number = at_least(0)
 fraction = Check(_fraction, "a number from 0 to 1")
 #: A TCP port: an int from 0 (any free port) to 65535.
 port_number = Check(_port_number, "a port number from 0 to 65535")
+
+
+#: A lease TTL, in seconds: finite, and at least :data:`~streamkit._defaults.MINIMUM_TTL`.
+valid_ttl = at_least(MINIMUM_TTL, finite=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
@@ -46,10 +48,6 @@ __all__ = [
 #: by version 1 (no ``schema``) are still checked, by the record's name alone.
 METADATA_VERSION = "2"
 
-#: Entries a partition keeps before appends trim it (never past unprocessed entries).
-DEFAULT_PARTITION_SIZE = 100_000
-#: Entries appended per script call by the producer and the Spark writer.
-DEFAULT_SEND_CHUNK_SIZE = 1_000
 
 #: The metadata fields compared between a stream's record and a producer or consumer.
 #: An empty ``partition_by`` means "a callable", which cannot be compared.

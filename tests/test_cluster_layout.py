@@ -19,9 +19,9 @@ import trio
 from attrs import frozen
 
 from streamkit import App, open_redis
+from streamkit._defaults import DEFAULT_PARTITION_COUNT
 from streamkit._keys import stream_key
 from streamkit._redis import key_slot
-from streamkit._settings import DEFAULT_PARTITION_COUNT
 from streamkit._wire import text
 
 if TYPE_CHECKING:

@@ -89,3 +89,26 @@ def test_spark_executors_need_neither_trio_nor_coredis() -> None:
     # Importing any module of the Redis layer runs the layer's __init__ (coredis, trio).
     found = {m for m in reached if m in heavy or m.startswith("streamkit._redis.")}
     assert not found, sorted(found)
+
+
+def test_settings_and_defaults_sit_at_the_bottom() -> None:
+    """The frozen config imports its defaults from streamkit._defaults, not from the
+    components it configures: nothing above the pure layer is reached from it."""
+    edges = graph()
+    assert edges["streamkit._defaults"] == set()
+    reached: set[str] = set()
+    pending = ["streamkit._settings"]
+    while pending:
+        current = pending.pop()
+        if current not in reached:
+            reached.add(current)
+            pending.extend(edges[current])
+    allowed = {
+        "streamkit._settings",
+        "streamkit._defaults",
+        "streamkit._errors",
+        "streamkit._urls",
+        "streamkit._validate",
+        "streamkit._compression",
+    }
+    assert reached <= allowed, sorted(reached - allowed)

@@ -22,6 +22,7 @@ from coredis.connection import TCPLocation
 from coredis.retry import NoRetryPolicy
 
 from .._backoff import Backoff, retry_unavailable
+from .._defaults import DEFAULT_CONNECT_TIMEOUT
 from .._errors import ConfigError, RedisUnavailable, using_url
 from .._urls import (
     check_redis_url,
@@ -50,7 +51,6 @@ __all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_MAX_CONNECTIONS", "open_redis"]
 
 R = TypeVar("R")
 
-DEFAULT_CONNECT_TIMEOUT = 2.0
 #: Slots of each pool (shared and dedicated). Connections are opened lazily, when a
 #: command finds no idle one: a pool holds as many as were ever in use at once.
 DEFAULT_MAX_CONNECTIONS = 64
