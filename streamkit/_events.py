@@ -42,7 +42,7 @@ from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
 from ._events_iterators import Batches, OneByOne
 from ._events_middleware import MiddlewarePump
-from ._groups import open_service_nursery
+from ._nurseries import open_service_nursery
 from ._state import PartitionState
 
 if TYPE_CHECKING:

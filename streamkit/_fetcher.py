@@ -51,8 +51,8 @@ from ._errors import (
     StreamkitError,
 )
 from ._feed import Batch, FeedEnded
-from ._groups import open_service_nursery
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
+from ._nurseries import open_service_nursery
 from ._redis import LuaScript, Redis, by_slot, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int

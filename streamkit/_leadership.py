@@ -21,7 +21,7 @@ import trio_util
 
 from ._backoff import Backoff
 from ._errors import BackendError, LockLost, LockNotAcquired, RedisUnavailable
-from ._groups import open_service_nursery
+from ._nurseries import open_service_nursery
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

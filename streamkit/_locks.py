@@ -42,8 +42,8 @@ from ._errors import (
     RedisUnavailable,
     StreamkitError,
 )
-from ._groups import open_service_nursery
 from ._keys import FENCE_KEY_SUFFIX, fence_key, lock_key, tagged
+from ._nurseries import open_service_nursery
 from ._periodic import next_tick
 from ._redis import LuaScript, Redis, redis_errors
 from ._validate import non_negative_number, valid_ttl

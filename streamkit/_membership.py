@@ -27,7 +27,6 @@ import trio_util
 from ._assignment import Assignment, Assignor, assign
 from ._backoff import Backoff, retry_unavailable
 from ._errors import RedisUnavailable, ServerRefused, StreamkitError
-from ._groups import open_service_nursery
 from ._membership_settings import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_LEAVE_TIMEOUT,
@@ -46,6 +45,7 @@ from ._membership_state import (
     plan_removal,
     tag_safe,
 )
+from ._nurseries import open_service_nursery
 from ._periodic import run_periodically
 from ._redis import REPORT_EVERY, LuaScript, Redis, redis_errors, ride_out_refusals
 

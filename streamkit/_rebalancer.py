@@ -36,8 +36,8 @@ import trio_util
 from ._backoff import Backoff
 from ._defaults import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._errors import LockLost, RedisUnavailable, StreamkitError
-from ._groups import open_service_nursery
 from ._logs import log_context
+from ._nurseries import open_service_nursery
 from ._validate import non_negative_number, valid_ttl
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ import attrs
 import trio
 
 from ._errors import MetadataMismatch
-from ._groups import meaningful_leaf
 from ._idempotent import append_once
+from ._nurseries import meaningful_leaf
 from ._redis import LuaScript, redis_errors, replicated
 from ._validate import non_negative_int, positive_finite_number, positive_int
 from ._wire import (

@@ -14,7 +14,7 @@ import trio
 from asyncclick.core import ParameterSource
 
 from .._errors import ConfigError, StreamkitError
-from .._groups import leaves
+from .._nurseries import leaves
 from .._urls import mask_url
 from .._worker import Worker, run_worker, select_processors
 from ._exits import BadInput, fail

@@ -32,9 +32,9 @@ import orjson
 import trio
 
 from .._errors import ConfigError, JobNotFound, StreamkitError
-from .._groups import open_service_nursery
 from .._http import serve_asgi
 from .._http_access import Access, check_token, guarded, host_name, is_loopback
+from .._nurseries import open_service_nursery
 from ._fleet import FleetSample, fleet_json, fleet_samples, job_json
 from ._watch import until_signal
 

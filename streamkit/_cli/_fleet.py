@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from .._errors import StreamkitError
-from .._groups import meaningful_leaf
+from .._nurseries import meaningful_leaf
 from .._periodic import next_tick
 from .._urls import mask_url
 from ..jobs import JobInfo, JobStatus, JobTry, QueueCounts

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .._errors import ConfigError, StreamkitError
-from .._groups import leaves
+from .._nurseries import leaves
 from .._settings import Settings
 from ._exits import fail
 

@@ -20,8 +20,8 @@ import trio
 from rich.console import Console
 from rich.live import Live
 
-from .._groups import open_service_nursery
 from .._literal import printable
+from .._nurseries import open_service_nursery
 from ._fleet import fleet_json, fleet_samples
 from ._fleet_view import fleet_view
 

@@ -30,7 +30,7 @@ from .._errors import (
     StreamkitError,
     current_url,
 )
-from .._groups import leaves
+from .._nurseries import leaves
 from .._urls import mask_url, tls_refusal
 
 if TYPE_CHECKING:

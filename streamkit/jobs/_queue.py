@@ -16,7 +16,7 @@ import trio
 
 from .._backoff import Backoff
 from .._errors import ConfigError, JobNotFound, RedisUnavailable
-from .._groups import open_service_nursery
+from .._nurseries import open_service_nursery
 from .._redis import (
     LuaScript,
     Redis,

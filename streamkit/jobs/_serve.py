@@ -45,10 +45,10 @@ from .._errors import (
     OutcomeUnknown,
     RedisUnavailable,
 )
-from .._groups import open_service_nursery
 from .._json_converter import converter
 from .._logs import log_context
 from .._meter import TIMING, JobMeter
+from .._nurseries import open_service_nursery
 from .._periodic import next_tick
 from .._redis import LuaScript, call_once, retry_idempotent, run_blocking
 from .._wire import text

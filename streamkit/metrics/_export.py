@@ -10,10 +10,10 @@ import trio
 from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 
 from .._errors import ConfigError
-from .._groups import open_service_nursery
 from .._http import serve_asgi
 from .._http_access import Access, check_token, guarded
 from .._meter import DEFAULT_REFRESH_INTERVAL, TIMING
+from .._nurseries import open_service_nursery
 from .._validate import positive_finite_number
 from ._collector import WorkerCollector
 from ._readings import Readings

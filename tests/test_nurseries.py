@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from streamkit._groups import meaningful_leaf, open_service_nursery, pick_exception
+from streamkit._nurseries import meaningful_leaf, open_service_nursery, pick_exception
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

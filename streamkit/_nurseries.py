@@ -1,4 +1,4 @@
-"""Turning exception groups back into the one exception a user should see.
+"""Service nurseries, and the one exception a user should see out of exception groups.
 
 Every ``open_*`` context manager runs background tasks in a nursery, so errors can
 arrive wrapped in exception groups; users get a single meaningful exception instead
