@@ -440,6 +440,11 @@ class App:
         """Register ``async def fn()`` to run at the times of a crontab ``expression``.
 
         For example ``"*/5 * * * *"`` runs every five minutes, in local time.
+
+        A background task, not a job: it runs in every worker (or, with
+        ``on_leader=True``, on the leader only), in the worker's local time, and a tick
+        missed while no worker runs is not made up. For work that must run once per
+        tick across the fleet, in UTC, with retries and a result, use :meth:`cron`.
         """
 
         def register(fn: BackgroundFunction) -> BackgroundFunction:
@@ -490,7 +495,12 @@ class App:
         **options: Any,
     ) -> Callable[[Callable[..., Any]], Job]:
         """Declare a job run at the times of a crontab ``expression`` (UTC), each tick
-        once across all workers. See :meth:`streamkit.jobs.JobQueue.cron`."""
+        once across all workers. See :meth:`streamkit.jobs.JobQueue.cron`.
+
+        A job, not a background task: each tick is enqueued once however many workers
+        run, and runs with the job's retries and dead letters. For code that simply
+        runs on a schedule in each worker (or on the leader), in local time, use
+        :meth:`crontab`."""
         from croniter import croniter
 
         if not croniter.is_valid(expression):
