@@ -33,7 +33,9 @@ async def serve_asgi(
     what: str = "HTTP",
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``host:port`` until cancelled: ``url = await nursery.start(serve_asgi, app, port=P)``.
+    """Serve ``app`` on ``host:port`` until cancelled.
+
+    ``url = await nursery.start(serve_asgi, app, port=P)``.
 
     ``task_status.started()`` gets the URL the server listens on once it accepts
     connections (with the port chosen by the system when ``port`` is 0).

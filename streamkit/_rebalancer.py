@@ -17,7 +17,8 @@ Each partition goes through these states::
 
     acquiring --lock held--> running --unassigned--> draining --returned/cancelled--> gone
         |                       |  \\--run() returned while assigned--> idle
-        |                       \\--lease lost, Redis unavailable--> acquiring (again, after a backoff)
+        |                       \\--lease lost, Redis unavailable--> acquiring (again,
+        |                                                           after a backoff)
         \\--unassigned--> gone (the wait for the lock is cancelled)
 """
 
@@ -329,7 +330,8 @@ class Rebalancer:
         closing = ", draining all" if self._closing else ""
         return (
             f"<Rebalancer owned={show(self.owned.value)} "
-            f"acquiring={show(self._in('acquiring'))} draining={show(self._in('draining', 'releasing'))} "
+            f"acquiring={show(self._in('acquiring'))} "
+            f"draining={show(self._in('draining', 'releasing'))} "
             f"idle={show(self._in('idle'))}{closing}: {self._starts} starts, "
             f"{self._stops} stops, {self._lost} lost>"
         )

@@ -4,8 +4,8 @@ Precedence, lowest first: the defaults, environment variables, keyword arguments
 A setting that configures one component (``lease_ttl``, ``grace_period``,
 ``batch_size``, ...) defaults to that component's own default, so an app's worker and
 the component used on its own agree: both take it from :mod:`streamkit._defaults`, at
-the bottom of the import graph. A value is only ever replaced by one that was given; a default of ``0`` or
-``False`` is kept as it is.
+the bottom of the import graph. A value is only ever replaced by one that was given; a
+default of ``0`` or ``False`` is kept as it is.
 """
 
 from __future__ import annotations

@@ -36,7 +36,10 @@ HOSTILE = (
     "[/] [link=https://evil.example]x[/link] \x1b[31mred\x1b[0m\nforged :smile: <b>b</b> \u202eevil"
 )
 #: How it must look: every control character escaped, the rest as it is.
-SHOWN = r"[/] [link=https://evil.example]x[/link] \x1b[31mred\x1b[0m\nforged :smile: <b>b</b> \u202eevil"
+SHOWN = (
+    r"[/] [link=https://evil.example]x[/link] \x1b[31mred\x1b[0m\nforged :smile: <b>b</b> "
+    r"\u202eevil"
+)
 HOSTILE_ID = "id[/]\x1b[2J\nx"
 SHOWN_ID = r"id[/]\x1b[2J\nx"
 

@@ -139,7 +139,8 @@ def install_streamkit(env_dir: Path, site: Path) -> None:
     module, function = scripts["streamkit"].split(":")
     command = env_dir / "bin" / "streamkit"
     command.write_text(
-        f"#!{env_dir / 'bin' / 'python'}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n",
+        f"#!{env_dir / 'bin' / 'python'}\nimport sys\nfrom {module} import {function}\n"
+        f"sys.exit({function}())\n",
         encoding="utf-8",
     )
     command.chmod(0o755)

@@ -114,9 +114,8 @@ async def run_demo(redis_url: str, log_dir: Path) -> None:
                     second = start_worker(redis_url, log_dir, 2)
                     workers.append(second)
                     pids[second.pid] = "worker 2"
-                    console.print(
-                        f"sent {(number + 1) * chunk:,} orders; starting worker 2 (pid {second.pid})"
-                    )
+                    sent = (number + 1) * chunk
+                    console.print(f"sent {sent:,} orders; starting worker 2 (pid {second.pid})")
                 if number == BATCHES // 2:
                     # Keep half of the orders for after the join, however slowly
                     # worker 2 starts, so that the rebalance is visible.

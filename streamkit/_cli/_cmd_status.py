@@ -49,9 +49,10 @@ async def status(
 ) -> None:
     """Show each processor's workers and partitions: who, lag, pending, last event.
 
-    Then the app's job queue, if it declares jobs. A worker is named host:pid, plus its member id if it is a static member. The
-    table fits the terminal; --json prints everything, for scripts. --watch keeps
-    the view up to date, with each partition's rate (events/s).
+    Then the app's job queue, if it declares jobs. A worker is named host:pid, plus its
+    member id if it is a static member. The table fits the terminal; --json prints
+    everything, for scripts. --watch keeps the view up to date, with each partition's
+    rate (events/s).
     """
     ctx = click.get_current_context()
     if not watch and ctx.get_parameter_source("interval") is not ParameterSource.DEFAULT:

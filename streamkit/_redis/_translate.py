@@ -223,8 +223,8 @@ def as_unavailable(exc: BaseException, url: str | None = None) -> RedisUnavailab
     :class:`RedisUnavailable`, a coredis connection error or a passing refusal by the
     server (out of memory, loading, a read-only replica, ...: :class:`ServerRefused`),
     alone or in an exception group of them, as :class:`OutcomeUnknown` where the
-    command may have run. Built-in ``ConnectionError`` / ``TimeoutError`` do not count here: user code
-    raises those for its own reasons.
+    command may have run. Built-in ``ConnectionError`` / ``TimeoutError`` do not count
+    here: user code raises those for its own reasons.
     """
     if isinstance(exc, RedisUnavailable):
         return exc
@@ -268,8 +268,8 @@ def redis_errors(url: str | None = None) -> Iterator[None]:
         :class:`OutcomeUnknown` when the connection was lost with a command in flight
         (it may have run); :class:`RedisUnavailable` when Redis could not be reached,
         :class:`ServerRefused` (a subclass) when it refused to run the command for a
-        passing reason (out of memory, loading, a replica, ...): it did not run; :class:`GroupExists` /
-        :class:`NoSuchGroup` for ``BUSYGROUP`` / ``NOGROUP`` replies;
+        passing reason (out of memory, loading, a replica, ...): it did not run;
+        :class:`GroupExists` / :class:`NoSuchGroup` for ``BUSYGROUP`` / ``NOGROUP`` replies;
         :class:`BackendError` for other errors Redis replied with. Anything else
         passes through untouched.
     """

@@ -58,7 +58,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Events acknowledged in Redis after the processor moved past them "
                "(dead-lettered and ignored ones included)."),
     MetricSpec("streamkit_events_failed_total", "counter", PP,
-               "Events in flight when the processor raised (each failed attempt, retries included)."),
+               "Events in flight when the processor raised (each failed attempt, retries "
+               "included)."),
     MetricSpec("streamkit_dead_letters_total", "counter", (*PP, "reason"),
                "Events written to the processor's dead-letter stream, by reason."),
     MetricSpec("streamkit_event_duration_seconds", "histogram", P,
