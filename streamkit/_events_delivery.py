@@ -310,13 +310,7 @@ class Delivery(Generic[R]):
         except trio.WouldBlock:
             # Nothing ready: the feed sends the acknowledgements with its next read,
             # or before it waits for new entries, whichever comes first.
-            if state is not None:
-                if state.windows:
-                    await state.settle()
-                self.commit_soon()
-            elif ledger.done:
-                self.commit_soon()
-            self.finish_batch()
+            await self._hand_over()
             while True:
                 # A partition with windows wakes when the wall clock would close one.
                 idle_at = state.idle_deadline() if state is not None else math.inf
@@ -347,17 +341,23 @@ class Delivery(Generic[R]):
         else:
             # The next batch is here already: the acknowledgements go with the
             # partition's next read, which the room made below lets happen.
-            if state is not None:
-                if state.windows:
-                    await state.settle()
-                self.commit_soon()
-            elif ledger.done:
-                self.commit_soon()
-            self.finish_batch()
+            await self._hand_over()
             # Let the fetcher run (and refill) between batches.
             await trio.lowlevel.checkpoint()
         self._load(batch)
         return True
+
+    async def _hand_over(self) -> None:
+        """Between batches: close the windows due, hand what is done to the feed (for
+        its next read) and report the batch finished (room to read ahead)."""
+        state = self.state
+        if state is not None:
+            if state.windows:
+                await state.settle()
+            self.commit_soon()
+        elif self.ledger.done:
+            self.commit_soon()
+        self.finish_batch()
 
     # -- screening --
 

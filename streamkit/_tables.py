@@ -21,17 +21,17 @@ import attrs
 import orjson
 
 from . import _keys
-from ._errors import ConfigError, DecodeError, EncodeError
+from ._errors import DecodeError, EncodeError
 from ._json_converter import converter
-from ._partitioner import canonical_key_bytes, partition_for
+from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import current_view, writing_view
+from ._tables_base import KeyedState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable
+    from collections.abc import AsyncIterator, Iterable
 
     from ._redis import Redis
-    from ._spec import StreamSpec
 
 __all__ = ["Table"]
 
@@ -39,18 +39,11 @@ V = TypeVar("V")
 
 log = logging.getLogger("streamkit.tables")
 
-#: Keys read per ``HSCAN`` call by :meth:`Table.items`.
-SCAN_COUNT = 1000
-
 _NO_DEFAULT: Any = object()
 
 
-def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
-    _keys.validate_name("table name", name)
-
-
 @attrs.define(eq=False, repr=False)
-class Table(Generic[V]):
+class Table(KeyedState, Generic[V]):
     """Keyed state written by one processor, exactly once, readable from anywhere.
 
     Declare one with :meth:`streamkit.App.table` and name it in the processor that
@@ -77,27 +70,8 @@ class Table(Generic[V]):
         processor: the processor that writes it, once bound.
     """
 
-    name: str = attrs.field(validator=_check_name)
     value: Any
     default: V | None = None
-    stream: StreamSpec[Any] | None = attrs.field(default=None, kw_only=True)
-    processor: str | None = attrs.field(default=None, kw_only=True)
-    _connection: Callable[[], Redis] | None = attrs.field(default=None, kw_only=True)
-
-    def bind(self, stream: StreamSpec[Any], processor: str) -> None:
-        """Make ``processor`` of ``stream`` the table's writer.
-
-        Error handling:
-            :class:`ConfigError` if another processor writes it already.
-        """
-        if self.stream is not None and (self.stream, self.processor) != (stream, processor):
-            raise ConfigError(
-                "tables",
-                f"table {self.name!r} is written by processor {self.processor!r} of "
-                f"{self.stream.name!r} already; a table has one writer",
-            )
-        self.stream = stream
-        self.processor = processor
 
     # -- encoding --
 
@@ -124,20 +98,6 @@ class Table(Generic[V]):
             raise DecodeError(f"a stored value: {exc}", stream=f"table {self.name!r}") from exc
 
     # -- where keys live --
-
-    def _home(self) -> StreamSpec[Any]:
-        if self.stream is None:
-            raise ConfigError(
-                "tables",
-                f"table {self.name!r} is not written by any processor: name it in "
-                f"@app.processor(..., tables=[{self.name}])",
-            )
-        return self.stream
-
-    def partition_of(self, key: object) -> int:
-        """The partition ``key`` belongs to (the stream's partitioner's answer)."""
-        home = self._home()
-        return partition_for(key, home.partition_count)
 
     def key(self, partition: int) -> str:
         """The Redis hash holding ``partition`` of the table."""
@@ -186,13 +146,6 @@ class Table(Generic[V]):
 
     # -- from anywhere --
 
-    def _redis(self, redis: Redis | None) -> Redis:
-        if redis is not None:
-            return redis
-        if self._connection is None:
-            raise ConfigError("redis", f"table {self.name!r}: pass the Redis client (redis=...)")
-        return self._connection()
-
     async def read(
         self, key: object, default: V | None = _NO_DEFAULT, *, redis: Redis | None = None
     ) -> V:
@@ -234,27 +187,8 @@ class Table(Generic[V]):
         incremental (``HSCAN``): a table changing meanwhile may show a key twice or
         miss one written during the scan, never a value that was not committed.
         """
-        client = self._redis(redis)
-        home = self._home()
-        partitions = range(home.partition_count) if partition is None else [partition]
-        for p in partitions:
-            cursor = 0
-            while True:
-                with redis_errors():
-                    cursor, page = await client.hscan(self.key(p), cursor, count=SCAN_COUNT)
-                for field, raw in page.items():
-                    yield field.decode(), self.decode(raw)
-                if cursor == 0:
-                    break
-
-    async def sizes(self, *, redis: Redis | None = None) -> list[int]:
-        """The number of keys in each partition, in partition order."""
-        client = self._redis(redis)
-        home = self._home()
-        with redis_errors():
-            async with client.pipeline(transaction=False) as pipe:
-                replies = [pipe.hlen(self.key(p)) for p in range(home.partition_count)]
-        return [int(await r) for r in replies]
+        async for field, raw in self._scan(partition, redis):
+            yield field.decode(), self.decode(raw)
 
     def __repr__(self) -> str:
         where = f" of {self.stream.name!r} by {self.processor!r}" if self.stream is not None else ""

@@ -20,9 +20,10 @@ from . import _keys
 from ._errors import ConfigError, DecodeError, EncodeError, LateEvent
 from ._event import Event
 from ._json_converter import converter
-from ._partitioner import canonical_key_bytes, partition_for
+from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import current_window_view
+from ._tables_base import KeyedState
 from ._windows import Slot, Window, to_ms
 
 if TYPE_CHECKING:
@@ -36,14 +37,7 @@ __all__ = ["WindowedTable"]
 
 V = TypeVar("V")
 
-#: Keys read per ``HSCAN`` call by :meth:`WindowedTable.items`.
-SCAN_COUNT = 500
-
 LatePolicy = Literal["drop", "dead_letter"]
-
-
-def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
-    _keys.validate_name("table name", name)
 
 
 def _check_late(_: object, __: attrs.Attribute[str], late: str) -> None:
@@ -62,7 +56,7 @@ def default_result(key: str, window: Window, value: Any) -> dict[str, Any]:
 
 
 @attrs.define(eq=False, repr=False)
-class WindowedTable(Generic[V]):
+class WindowedTable(KeyedState, Generic[V]):
     """Aggregates per key and window of event time, written by one processor.
 
     Declare one with :meth:`streamkit.App.window` and name it in the processor that
@@ -94,7 +88,6 @@ class WindowedTable(Generic[V]):
             windows.
     """
 
-    name: str = attrs.field(validator=_check_name)
     kind: WindowKind
     value: Any
     initial: Any
@@ -106,20 +99,8 @@ class WindowedTable(Generic[V]):
     late: LatePolicy = attrs.field(default="drop", validator=_check_late)
     merge: Callable[[Any, Any], Any] | None = None
     idle: bool = True
-    stream: StreamSpec[Any] | None = attrs.field(default=None, kw_only=True)
-    processor: str | None = attrs.field(default=None, kw_only=True)
-    _connection: Callable[[], Redis] | None = attrs.field(default=None, kw_only=True)
 
-    def bind(self, stream: StreamSpec[Any], processor: str) -> None:
-        """Make ``processor`` of ``stream`` the table's writer (see ``Table.bind``)."""
-        if self.stream is not None and (self.stream, self.processor) != (stream, processor):
-            raise ConfigError(
-                "tables",
-                f"table {self.name!r} is written by processor {self.processor!r} of "
-                f"{self.stream.name!r} already; a table has one writer",
-            )
-        self.stream = stream
-        self.processor = processor
+    kind_name = "windowed table"
 
     # -- encoding --
 
@@ -148,19 +129,6 @@ class WindowedTable(Generic[V]):
             ) from exc
 
     # -- where keys live --
-
-    def _home(self) -> StreamSpec[Any]:
-        if self.stream is None:
-            raise ConfigError(
-                "tables",
-                f"windowed table {self.name!r} is not written by any processor: name it "
-                f"in @app.processor(..., tables=[{self.name}])",
-            )
-        return self.stream
-
-    def partition_of(self, key: object) -> int:
-        """The partition ``key`` belongs to."""
-        return partition_for(key, self._home().partition_count)
 
     def key(self, partition: int) -> str:
         """The Redis hash holding ``partition`` of the table."""
@@ -213,13 +181,6 @@ class WindowedTable(Generic[V]):
 
     # -- from anywhere --
 
-    def _redis(self, redis: Redis | None) -> Redis:
-        if redis is not None:
-            return redis
-        if self._connection is None:
-            raise ConfigError("redis", f"table {self.name!r}: pass the Redis client (redis=...)")
-        return self._connection()
-
     def _windows(self, slots: list[Slot]) -> list[tuple[Window, V]]:
         return [(Window.from_ms(s.start, s.end), s.value) for s in slots]
 
@@ -235,27 +196,8 @@ class WindowedTable(Generic[V]):
         self, *, partition: int | None = None, redis: Redis | None = None
     ) -> AsyncIterator[tuple[str, list[tuple[Window, V]]]]:
         """Every key's committed windows, partition by partition (see ``Table.items``)."""
-        client = self._redis(redis)
-        home = self._home()
-        partitions = range(home.partition_count) if partition is None else [partition]
-        for p in partitions:
-            cursor = 0
-            while True:
-                with redis_errors():
-                    cursor, page = await client.hscan(self.key(p), cursor, count=SCAN_COUNT)
-                for field, raw in page.items():
-                    yield field.decode(), self._windows(self.decode(raw))
-                if cursor == 0:
-                    break
-
-    async def sizes(self, *, redis: Redis | None = None) -> list[int]:
-        """The number of keys with windows in each partition, in partition order."""
-        client = self._redis(redis)
-        home = self._home()
-        with redis_errors():
-            async with client.pipeline(transaction=False) as pipe:
-                replies = [pipe.hlen(self.key(p)) for p in range(home.partition_count)]
-        return [int(await r) for r in replies]
+        async for field, raw in self._scan(partition, redis):
+            yield field.decode(), self._windows(self.decode(raw))
 
     def __repr__(self) -> str:
         where = f" of {self.stream.name!r} by {self.processor!r}" if self.stream is not None else ""
