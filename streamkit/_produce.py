@@ -22,6 +22,7 @@ import itertools
 import os
 import threading
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -256,7 +257,20 @@ return {ids, dropped, 0}
     )
 
 
-@attrs.define(eq=False)
+# Every FinishedMarkers, to give each a fresh lock in a forked child (a lock another
+# thread held at the fork would stay locked there forever).
+_all_markers: weakref.WeakSet[FinishedMarkers] = weakref.WeakSet()
+
+
+def _fresh_locks() -> None:
+    for markers in list(_all_markers):
+        markers._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)
+
+
+@attrs.define(eq=False, weakref_slot=True)
 class FinishedMarkers:
     """One client's markers of appends whose replies arrived: safe to delete.
 
@@ -267,6 +281,9 @@ class FinishedMarkers:
 
     _by_key: dict[str, list[str]] = attrs.field(factory=dict, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _all_markers.add(self)
 
     def take(self, key: str) -> list[str]:
         """Up to :data:`MAX_DONE_PER_CALL` markers of ``key`` for the next call to delete."""
