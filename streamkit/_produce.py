@@ -344,11 +344,15 @@ class AppendCall:
         """
         done = markers.take(key)
         marker = marker_key(key, new_marker_token())
-        # ARGV[4]: 0 on the first attempt (a fresh marker cannot exist yet), 1 on retries.
-        return cls(key, marker, done, [key, marker, *done], [keep, cap, MARKER_TTL, 0, *entries])
+        # ARGV[4] = 1: look for the marker first, on the first attempt too. A fresh
+        # marker cannot exist when the first attempt is sent, but it may when that
+        # attempt runs: one whose reply timed out may sit in a socket buffer (a paused
+        # or overloaded server) and reach Redis after a retry that appended already.
+        return cls(key, marker, done, [key, marker, *done], [keep, cap, MARKER_TTL, 1, *entries])
 
     def retrying(self) -> None:
-        """Mark the call as sent before: the script then looks for its marker first."""
+        """Mark the call as sent before: the script then looks for its marker first
+        (which every attempt does; see :meth:`make`)."""
         self.args[3] = 1
 
     def succeeded(self, markers: FinishedMarkers) -> None:

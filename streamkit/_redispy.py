@@ -28,6 +28,7 @@ import contextlib
 import os
 import socket
 import ssl
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -196,7 +197,7 @@ def open_sync(
             retry=_no_retries(),
             **options,
         )
-        return redis.Redis(connection_pool=pool)
+        return redis.Redis.from_pool(pool)  # the client owns (and closes) its pool
     except ValueError as exc:
         raise _bad_url(url, setting, exc) from exc
 
@@ -235,7 +236,7 @@ def open_async(
             retry=_no_async_retries(),
             **options,
         )
-        return redis.asyncio.Redis(connection_pool=pool)
+        return redis.asyncio.Redis.from_pool(pool)  # the client owns (and closes) its pool
     except ValueError as exc:
         raise _bad_url(url, setting, exc) from exc
 
@@ -257,12 +258,20 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _gives_password(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    return bool(parts.password or query.get("password"))
+
+
 def permanent_failure(exc: BaseException, url: str, setting: str) -> ConfigError | None:
     """A connection failure that retrying cannot cure, as the Trio side says it."""
     tls = url.lower().startswith(("rediss:", "rediss+cluster:"))
     for error in _chain(exc):
         if isinstance(error, redis.exceptions.AuthenticationError):
-            if "required" in str(error).lower():
+            # redis-py words a missing password in several ways (NOAUTH, or HELLO
+            # refused): whether the URL gives one tells them apart.
+            if not _gives_password(url):
                 return password_required(url, setting=setting)
             return credentials_refused(url, str(error), setting=setting)
         if isinstance(error, ssl.SSLCertVerificationError):

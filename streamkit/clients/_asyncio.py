@@ -227,7 +227,7 @@ class AsyncioClient:
                 max_connections=node.max_connections,
                 **node.connection_kwargs,
             )
-            client = self._nodes[node.name] = redis.asyncio.Redis(connection_pool=pool)
+            client = self._nodes[node.name] = redis.asyncio.Redis.from_pool(pool)
         return client
 
     async def _cluster_batch(

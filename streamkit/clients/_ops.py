@@ -325,7 +325,15 @@ def _append_all(
             delay = 0.0
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, RedisUnavailable):
-                    delay = max(delay, rules[i].next_delay(reply, time.monotonic()))
+                    wait = rules[i].next_delay(reply, time.monotonic())
+                    log.debug(
+                        "appending to %s: %s (attempt %d, retrying in %.2fs)",
+                        appends[i].key,
+                        reply.reason,
+                        rules[i].attempts,
+                        wait,
+                    )
+                    delay = max(delay, wait)
                     appends[i].retrying()
                     again.append(i)
                 elif isinstance(reply, StreamkitError):
