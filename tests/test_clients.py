@@ -9,9 +9,12 @@ own loop: as a web app and a worker would, in one process.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sys
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
@@ -705,3 +708,33 @@ async def test_errors_are_one_clear_line(redis_url: str, private_redis: RedisSer
     with pytest.raises(StreamkitError, match="closed"):
         await in_asyncio(use_closed)
     assert isinstance(closed, AsyncioClient)
+
+
+async def test_a_client_used_after_fork_connects_anew_in_the_child(
+    redis_url: str, redis: Redis
+) -> None:
+    """gunicorn's preloaded app: a client opened in the parent, used by a forked child
+    and by the parent at the same time (tests/clients_fork.py, run as a process)."""
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, str(Path(__file__).parent / "clients_fork.py"), redis_url],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    parent, child = report["parent"], report["child"]
+    assert "error" not in child, child
+    assert report["status"] == 0
+    # The child made its own connection; the parent kept its own throughout.
+    assert child["connection"] != parent["before"]
+    assert parent["connection"] == parent["before"] == parent["after"]
+    # Every send and enqueue of both landed, once; no job id was made twice.
+    sent = 0
+    for key in ["__strm:{forked.ticks.0}", "__strm:{forked.ticks.1}"]:
+        sent += await redis.xlen(key)
+    assert sent == 2 + 2 * 200 + 2 * 200 + 1
+    assert child["asyncio"] == parent["asyncio"] == 200
+    assert len(set(parent["jobs"]) | set(child["jobs"])) == 100
+    assert await redis.xlen("__jobs:{forked.0}:q1") == 100
