@@ -296,22 +296,71 @@ def send_many(
     return ids
 
 
+def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[str]]:
+    """Append one record (``send(stream, record)``): :func:`send_many`'s steps for one
+    record, without its windows and batches, for the latency of a single send."""
+    spec, settings = stream.spec, stream.settings
+    if spec.meta_key not in state.checked:
+        yield from check_metadata(state, spec)
+    window = encode_window(spec, (record,))
+    ((partition, entries),) = window.entries.items()
+    append = AppendCall.make(
+        state.markers,
+        spec.key(partition),
+        keep=settings.partition_size,
+        cap=settings.max_len or 0,
+        entries=entries[0],
+    )
+    started = time.monotonic()
+    rule: RetryRule | None = None
+    try:
+        while True:
+            try:
+                reply = yield Call.run(_APPEND, append.keys, append.args)
+                break
+            except RedisUnavailable as exc:
+                if rule is None:
+                    rule = RetryRule(
+                        f"appending to {append.key}",
+                        idempotent=True,
+                        started=started,
+                        fail_fast_oom=True,
+                        unknown_is_final=True,
+                    )
+                delay = rule.next_delay(exc, time.monotonic())
+                log.debug(
+                    "appending to %s: %s (attempt %d, retrying in %.2fs)",
+                    append.key,
+                    exc.reason,
+                    rule.attempts,
+                    delay,
+                )
+                append.retrying()
+            yield Sleep(delay)
+    except BaseException:
+        append.failed(state.markers)
+        raise
+    append.succeeded(state.markers)
+    entry_ids, dropped, _ = append_reply(reply)
+    if dropped:
+        log.warning(
+            "max_len=%d dropped %d unprocessed entries from %s partition %d",
+            settings.max_len or 0,
+            dropped,
+            spec.name,
+            partition,
+        )
+    return entry_ids
+
+
 def _append_all(
     state: ClientState, appends: list[AppendCall], replicas: int, replica_timeout: float
 ) -> Op[list[tuple[list[str], int, bool]]]:
     """Run idempotent appends together; each is retried with its marker while Redis is
     unavailable or its outcome unknown (the rule of :func:`streamkit._idempotent.append_once`)."""
     started = time.monotonic()
-    rules = [
-        RetryRule(
-            f"appending to {append.key}",
-            idempotent=True,
-            started=started,
-            fail_fast_oom=True,
-            unknown_is_final=True,
-        )
-        for append in appends
-    ]
+    # Made on a call's first failure only: the common path makes none.
+    rules: dict[int, RetryRule] = {}
     results: list[tuple[list[str], int, bool] | None] = [None] * len(appends)
     todo = list(range(len(appends)))
     try:
@@ -325,12 +374,21 @@ def _append_all(
             delay = 0.0
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, RedisUnavailable):
-                    wait = rules[i].next_delay(reply, time.monotonic())
+                    rule = rules.get(i)
+                    if rule is None:
+                        rule = rules[i] = RetryRule(
+                            f"appending to {appends[i].key}",
+                            idempotent=True,
+                            started=started,
+                            fail_fast_oom=True,
+                            unknown_is_final=True,
+                        )
+                    wait = rule.next_delay(reply, time.monotonic())
                     log.debug(
                         "appending to %s: %s (attempt %d, retrying in %.2fs)",
                         appends[i].key,
                         reply.reason,
-                        rules[i].attempts,
+                        rule.attempts,
                         wait,
                     )
                     delay = max(delay, wait)
