@@ -13,6 +13,7 @@ opens its own connections (a client is fork-safe), and its threads share them.
 
 from __future__ import annotations
 
+# docs: start flask
 import atexit
 from typing import Any
 
@@ -21,7 +22,6 @@ from flask import Flask, abort, request
 from examples.web_shop import Order, app, orders, send_receipt
 from streamkit.jobs import JobNotFound, JobStatus
 
-# docs: start flask
 web = Flask(__name__)
 client = app.blocking()  # one per process; no I/O until the first command
 atexit.register(client.close)

@@ -8,9 +8,9 @@ the streams and jobs serves both sides: no names or payload formats to keep in s
 
 from __future__ import annotations
 
+# docs: start app
 from streamkit import App, Record
 
-# docs: start app
 app = App("webshop")  # STREAMKIT_REDIS_URL says where Redis is
 
 

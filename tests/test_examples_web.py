@@ -185,3 +185,21 @@ async def test_a_fastapi_endpoint_served_by_uvicorn_awaits_a_jobs_result(
         assert body == {"order_id": n, "total": round((100.0 + n) * rate, 2)}
     placed = await orders_in(redis)
     assert sorted(o.order_id for o in placed) == list(range(8))
+
+
+def test_the_readme_opens_with_the_tested_web_recipe() -> None:
+    """The README's first example is examples/web_shop.py and examples/web_flask.py,
+    which the test above serves (the module named as a file beside it)."""
+
+    def region(name: str, marker: str) -> str:
+        text = (ROOT / "examples" / name).read_text()
+        return text.split(f"# docs: start {marker}\n")[1].split(f"# docs: end {marker}")[0]
+
+    readme = (ROOT / "README.md").read_text().split("\n## Quickstart\n")[0]
+    blocks = [block.split("\n```")[0] for block in readme.split("```python\n")[1:]]
+    assert len(blocks) == 2
+    shop, web = (block.split("\n", 1)[1] for block in blocks)  # past the file name line
+    assert shop.strip() == region("web_shop.py", "app").strip()
+    assert (
+        web.strip() == region("web_flask.py", "flask").replace("examples.web_shop", "shop").strip()
+    )
