@@ -39,6 +39,7 @@ import redis.backoff
 import redis.cluster
 import redis.exceptions
 import redis.retry
+import redis.utils
 
 from ._errors import BackendError, ConfigError, OutcomeUnknown, RedisUnavailable, StreamkitError
 from ._refusals import refusal_in, refused
@@ -101,6 +102,37 @@ _REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
 
 
 # ------------------------------------------------------------------------- clients
+
+
+if redis.utils.HIREDIS_AVAILABLE:
+    from redis.connection import HiredisRespSerializer
+
+    _PACKER: HiredisRespSerializer | None = HiredisRespSerializer()
+else:  # pragma: no cover - hiredis is a dependency
+    _PACKER = None
+
+_hiredis_classes: dict[type[Any], type[Any]] = {}
+
+
+def packing_with_hiredis(connection_class: type[Any]) -> type[Any]:
+    """``connection_class`` (an asyncio connection class of redis-py) packing commands
+    with hiredis, as redis-py's blocking connections do: its asyncio connections pack
+    them in Python, which takes over a third of a bulk send's time."""
+    if _PACKER is None:
+        return connection_class
+    subclass = _hiredis_classes.get(connection_class)
+    if subclass is None:
+        packer = _PACKER
+
+        def pack_command(self: Any, *args: Any) -> list[bytes]:
+            return packer.pack(*args)  # type: ignore[no-any-return]
+
+        subclass = _hiredis_classes[connection_class] = type(
+            f"Hiredis{connection_class.__name__}",
+            (connection_class,),
+            {"pack_command": pack_command},
+        )
+    return subclass
 
 
 def _tls(url: str, setting: str) -> dict[str, Any]:
@@ -236,6 +268,7 @@ def open_async(
             retry=_no_async_retries(),
             **options,
         )
+        pool.connection_class = packing_with_hiredis(pool.connection_class)
         return redis.asyncio.Redis.from_pool(pool)  # the client owns (and closes) its pool
     except ValueError as exc:
         raise _bad_url(url, setting, exc) from exc

@@ -229,7 +229,7 @@ class AsyncioClient:
         client = self._nodes.get(node.name)
         if client is None:
             pool = redis.asyncio.ConnectionPool(
-                connection_class=node.connection_class,
+                connection_class=_redispy.packing_with_hiredis(node.connection_class),
                 max_connections=node.max_connections,
                 **node.connection_kwargs,
             )
