@@ -111,7 +111,7 @@ def test_the_clients_are_a_surface_over_the_pure_layer() -> None:
         "streamkit._retrying",
         "streamkit._refusals",
         "streamkit._redispy",
-        "streamkit.jobs._enqueue",
+        "streamkit.jobs._plan",
         "streamkit.jobs._replies",
     ]
     clients = [module_name(p) for p in (PACKAGE / "clients").glob("*.py")]
@@ -135,7 +135,7 @@ def test_the_clients_are_a_surface_over_the_pure_layer() -> None:
     for trio_module, pure in [
         ("streamkit._streams", "streamkit._produce"),
         ("streamkit._idempotent", "streamkit._produce"),
-        ("streamkit.jobs._queue", "streamkit.jobs._enqueue"),
+        ("streamkit.jobs._queue", "streamkit.jobs._plan"),
         ("streamkit.jobs._queue", "streamkit.jobs._replies"),
         ("streamkit._redis._retries", "streamkit._retrying"),
         ("streamkit._redis._translate", "streamkit._refusals"),

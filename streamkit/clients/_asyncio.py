@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._enqueue import JobLike
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._plan import JobLike
     from ._ops import Op, Request, SendsRecords
 
 __all__ = ["AsyncioClient", "AsyncioJobHandle"]

@@ -10,7 +10,7 @@ never a generated copy.
 Below the operations, every decision is the Trio side's own, from the same pure
 modules: records into append calls and the metadata check (:mod:`streamkit._produce`),
 the retry rule (:mod:`streamkit._retrying`), job enqueue plans
-(:mod:`streamkit.jobs._enqueue`), the queue's replies (:mod:`streamkit.jobs._replies`),
+(:mod:`streamkit.jobs._plan`), the queue's replies (:mod:`streamkit.jobs._replies`),
 and the Lua sources (:mod:`streamkit._wire`, :mod:`streamkit.jobs._scripts`).
 """
 
@@ -42,8 +42,8 @@ from .._tables_windowed import WindowedTable
 from .._windows import Window
 from .._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
 from ..jobs import _scripts
-from ..jobs._enqueue import JobIds, plan_enqueue
 from ..jobs._layout import ShardKeys, shard_for
+from ..jobs._plan import JobIds, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from .._settings import Settings
     from .._spec import StreamSpec
     from .._tables import Table
-    from ..jobs._enqueue import JobLike
     from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
+    from ..jobs._plan import JobLike
 
 __all__ = [
     "Batch",

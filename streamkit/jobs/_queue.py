@@ -24,7 +24,6 @@ from .._redis import (
 from .._validate import positive_int, positive_number
 from .._wire import text
 from . import _scripts
-from ._enqueue import ENQUEUE_CHUNK, JobIds, plan_enqueue
 from ._handle import Job, JobHandle
 from ._layout import ShardKeys, shard_for
 from ._model import (
@@ -41,6 +40,7 @@ from ._model import (
     Schedule,
     When,
 )
+from ._plan import ENQUEUE_CHUNK, JobIds, plan_enqueue
 from ._replies import abort_reply, decode_info, watch_reply
 from ._serve import Handlers, JobWorker, serve_jobs
 
@@ -327,7 +327,7 @@ class JobQueue:
         delay: When | None = None,
     ) -> list[JobHandle]:
         """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
-        # Checked and encoded as every client does (jobs._enqueue), then sent.
+        # Checked and encoded as every client does (jobs._plan), then sent.
         plan = plan_enqueue(
             job, calls, shards=self.shards, new_id=self._new_id, priority=priority, delay=delay
         )

@@ -1,4 +1,4 @@
-"""Enqueueing, pure: job calls into the enqueue script's arguments, for every client.
+"""Enqueue plans, pure: job calls into the enqueue script's arguments, for every client.
 
 The Trio queue (:meth:`JobQueue.enqueue_calls <streamkit.jobs.JobQueue>`) and the
 blocking and asyncio clients (:mod:`streamkit.clients`) enqueue through
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import orjson
 
-from .._errors import ConfigError
+from .._errors import ConfigError, EncodeError
 from .._validate import positive_number
 from ._layout import ShardKeys, shard_for
 from ._model import PRIORITIES, JobCall, JobOptions, JobRef, Priority, When, dumps
@@ -80,16 +80,25 @@ class JobIds:
         return f"{self._prefix}{self._counter:x}"
 
 
-def encode_arguments(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+def encode_arguments(
+    name: str, args: Sequence[Any], kwargs: Mapping[str, Any], max_bytes: int | None = None
+) -> bytes:
     """A job's arguments as stored: JSON ``[args, kwargs]``.
 
-    Every client encodes a job's arguments here, so a limit on their size belongs
-    here too.
+    Every client (the Trio queue, the blocking and asyncio clients) encodes a job's
+    arguments here, so their size limit is checked here.
 
     Error handling:
-        :class:`~streamkit.EncodeError` if they are not JSON-serialisable.
+        :class:`~streamkit.EncodeError` if they are not JSON-serialisable, or take more
+        than ``max_bytes`` encoded.
     """
-    return dumps([args, kwargs], f"the arguments of job {name}")
+    encoded = dumps([args, kwargs], f"the arguments of job {name}")
+    if max_bytes is not None and len(encoded) > max_bytes:
+        raise EncodeError(
+            f"the arguments of job {name}: {len(encoded):,} bytes encoded, over the "
+            f"queue's limit of {max_bytes:,} (max_bytes)"
+        )
+    return encoded
 
 
 def _ms(value: When | None, name: str) -> int:
@@ -181,7 +190,8 @@ class EnqueuePlan:
 
     def script_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
         """The enqueue script's calls, :data:`ENQUEUE_CHUNK` jobs each: per call, the
-        shard's keys and the call's arguments."""
+        shard's keys and the call's arguments. (Every client cuts its calls here, so a
+        bound on a call's bytes or dependencies goes here too.)"""
         step = 3 * ENQUEUE_CHUNK
         for shard, fields in self.per_shard.items():
             keys = ShardKeys(queue, shard)
@@ -197,6 +207,7 @@ def plan_enqueue(
     new_id: Callable[[], str],
     priority: Priority | None = None,
     delay: When | None = None,
+    max_bytes: int | None = None,
 ) -> EnqueuePlan:
     """Check and encode one enqueue of ``job`` per call (see :meth:`Job.enqueue_many
     <streamkit.jobs.Job.enqueue_many>`).
@@ -209,6 +220,8 @@ def plan_enqueue(
         new_id: makes a job id (a :class:`JobIds`).
         priority: the priority of the calls that name none.
         delay: the delay of the calls that name none.
+        max_bytes: the most bytes a job's encoded arguments may take (the queue's
+            limit), if any.
 
     Error handling:
         ``TypeError`` if the function does not accept a call's arguments;
@@ -228,7 +241,7 @@ def plan_enqueue(
         if isinstance(item, tuple):
             check(item, {})
             job_id = new_id()
-            args = encode_arguments(name, item, {})
+            args = encode_arguments(name, item, {}, max_bytes)
             opts = b""
             shard = 0 if shards == 1 else shard_for(job_id, shards)
         else:
@@ -236,7 +249,7 @@ def plan_enqueue(
             check(call.args, call.kwargs)
             after = [_ref(ref, shards) for ref in call.after]
             job_id, shard = _place(call, after, shards, new_id)
-            args = encode_arguments(name, call.args, call.kwargs)
+            args = encode_arguments(name, call.args, call.kwargs, max_bytes)
             opts = _options(call, [ref_id for ref_id, _ in after])
         fields = single if single is not None else per_shard.setdefault(shard, [])
         fields.extend((job_id, args, opts))
