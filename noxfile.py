@@ -29,6 +29,7 @@ BENCHMARKS = [
     "bench_spark.py",
     "bench_jobs.py",
     "bench_state.py",
+    "bench_clients.py",
     "bench_cluster.py",
     "bench_versions.py",
 ]
@@ -40,6 +41,7 @@ BENCHMARK_TITLES = {
     "bench_spark.py": "Spark",
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
+    "bench_clients.py": "Blocking and asyncio clients",
     "bench_cluster.py": "Redis Cluster",
     "bench_versions.py": "Before and after",
 }
@@ -59,7 +61,8 @@ BENCHMARK_NOTES = {
         "coredis.** coredis 6.9 parses replies with its own compiled parser and does not "
         "use `hiredis` even when it is installed (the run checks this, and the coredis "
         "loop is as fast either way), so installing `hiredis` speeds up neither coredis "
-        "nor streamkit: it is only the yardstick here, a dev dependency. For reference, "
+        "nor streamkit's Trio side: it is only the yardstick here (streamkit's redis-py "
+        "clients use it). For reference, "
         "runnel processes about 3.9k events/s with `records()` and 6k with `take(500)` on "
         "this kind of machine. Where the time goes: "
         "`python tests/benchmarks/bench_consume.py --profile` (cProfile, top 25 by own "
@@ -122,6 +125,18 @@ BENCHMARK_NOTES = {
         "at least 5,000 no-op jobs/s per worker process and faster than every peer; its "
         "enqueue at least 3x the fastest peer's; a killed worker's jobs taken over within "
         "the lease TTL + 1 s.**"
+    ),
+    "bench_clients.py": (
+        "The blocking and asyncio clients (`app.blocking()`, `app.asyncio()`, on redis-py "
+        "with hiredis) against the Trio producer and queue (coredis) and against bare "
+        "pipelined redis-py loops, in one run on one private redis-server: `send_many` of "
+        "20,000 small records (8 partitions), `enqueue_many` of 20,000 jobs, and one "
+        "blocking `send` at a time against a bare redis-py `XADD` of a pre-encoded record, "
+        "the two alternating. The bare loops do no encoding and no idempotency: a send is "
+        "an idempotent append script (its marker checked, set and cleaned up in the same "
+        "call, about 10 µs of server time) where the bare loop is one `XADD`. **Targets: "
+        "bulk within 80% of the Trio producer's and queue's; a single blocking send within "
+        "1.5x of the bare `XADD`.**"
     ),
     "bench_cluster.py": (
         "Send and consume throughput on a local Redis Cluster of 3 masters with a replica "

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from ._events import Events, Middleware
     from ._windows import WindowKind
+    from .clients import AsyncioClient, BlockingClient
     from .jobs import JobQueue
 
 __all__ = ["App", "NotConnected", "Processor"]
@@ -512,6 +513,82 @@ class App:
             return job
 
         return declare
+
+    def blocking(
+        self,
+        *,
+        max_connections: int | None = None,
+        socket_timeout: float | None = None,
+        pool_timeout: float | None = None,
+    ) -> BlockingClient:
+        """A blocking client of the app: send events, enqueue jobs, read tables, no
+        Trio loop needed (a Flask or Django view, a script)::
+
+            with app.blocking() as client:
+                client.send(orders, Order(customer="ada", amount=5))
+                handle = client.enqueue(send_receipt, 42, delay=timedelta(minutes=5))
+                print(handle.result(timeout=30))
+
+        One client serves every thread of a process; keep one for the process's life
+        in a web app (closing it at exit). After ``fork`` it connects anew in the
+        child. See :doc:`clients`.
+
+        Args:
+            max_connections: connections of its pool, at most (per node of a cluster).
+            socket_timeout: seconds a reply may take.
+            pool_timeout: seconds a thread waits for a free connection.
+
+        Error handling:
+            :class:`ConfigError` for a bad ``redis_url``, at once; nothing connects
+            before the first command.
+        """
+        from .clients import BlockingClient
+
+        return BlockingClient(
+            self.settings.redis_url,
+            **self._client_options(max_connections, socket_timeout, pool_timeout),
+        )
+
+    def asyncio(
+        self,
+        *,
+        max_connections: int | None = None,
+        socket_timeout: float | None = None,
+        pool_timeout: float | None = None,
+    ) -> AsyncioClient:
+        """An asyncio client of the app, with the blocking client's methods as
+        coroutines (a FastAPI or aiohttp handler)::
+
+            async with app.asyncio() as client:
+                await client.send(orders, Order(customer="ada", amount=5))
+                handle = await client.delay(send_receipt, 42)
+                print(await handle.result(timeout=30))
+
+        Its tasks share its connection pool. See :doc:`clients`; the arguments are
+        :meth:`blocking`'s.
+        """
+        from .clients import AsyncioClient
+
+        return AsyncioClient(
+            self.settings.redis_url,
+            **self._client_options(max_connections, socket_timeout, pool_timeout),
+        )
+
+    def _client_options(
+        self, max_connections: int | None, socket_timeout: float | None, pool_timeout: float | None
+    ) -> dict[str, Any]:
+        given = {
+            "max_connections": max_connections,
+            "socket_timeout": socket_timeout,
+            "pool_timeout": pool_timeout,
+        }
+        return {
+            "queue": self.name,
+            "jobs": self.jobs,
+            "shards": self.settings.job_shards,
+            "connect_timeout": self.settings.connect_timeout,
+            **{name: value for name, value in given.items() if value is not None},
+        }
 
     @property
     def job_queue(self) -> JobQueue:

@@ -5,30 +5,33 @@ producer settings. Records are routed by the partitioner, encoded by the codec a
 appended by a Lua script, one round trip per partition and chunk, which also trims the
 partition without ever dropping an entry some consumer group has not acknowledged
 (unless a hard cap, ``max_len``, says otherwise).
+
+Every step but the I/O is :mod:`streamkit._produce`, shared with the blocking and
+asyncio clients, so that all three append alike.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
 
-from ._errors import MetadataMismatch
 from ._idempotent import append_once
 from ._nurseries import meaningful_leaf
-from ._redis import LuaScript, redis_errors, replicated
-from ._validate import non_negative_int, positive_finite_number, positive_int
-from ._wire import (
-    APPEND_AND_TRIM_LUA,
-    METADATA_LUA,
-    compare_metadata,
-    flatten_fields,
-    metadata_pairs,
+from ._produce import (
+    DEFAULT_REPLICA_TIMEOUT,
+    WINDOW_PER_PARTITION,
+    check_metadata_reply,
+    check_send_options,
+    encode_window,
+    metadata_arguments,
+    windows,
 )
+from ._redis import LuaScript, redis_errors, replicated
+from ._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -39,17 +42,17 @@ if TYPE_CHECKING:
     from ._settings import Settings
     from ._spec import StreamSpec
 
-__all__ = ["Stream", "append_entries", "check_metadata"]
+__all__ = [
+    "DEFAULT_REPLICA_TIMEOUT",
+    "WINDOW_PER_PARTITION",
+    "Stream",
+    "append_entries",
+    "check_metadata",
+]
 
 R = TypeVar("R")
 
 log = logging.getLogger("streamkit.streams")
-
-# Records encoded at a time by send_many: bounds memory for huge iterables while
-# keeping every partition's pipeline full.
-WINDOW_PER_PARTITION = 4
-# Seconds a send with replicas=N waits for them, per append, by default.
-DEFAULT_REPLICA_TIMEOUT = 1.0
 
 _METADATA_SCRIPT = LuaScript(METADATA_LUA)
 
@@ -61,14 +64,11 @@ async def check_metadata(redis: Redis, spec: StreamSpec[Any]) -> None:
         :class:`MetadataMismatch` if the stream was created with another partition
         count, record type, format or partition key.
     """
-    mine = spec.metadata()
     with redis_errors():
         reply: object = await _METADATA_SCRIPT(
-            redis, keys=[spec.meta_key], args=list(itertools.chain.from_iterable(mine.items()))
+            redis, keys=[spec.meta_key], args=metadata_arguments(spec)
         )
-    mismatch = compare_metadata(metadata_pairs(reply), mine)
-    if mismatch is not None:
-        raise MetadataMismatch(spec.name, *mismatch)
+    check_metadata_reply(spec, reply)
 
 
 async def append_entries(
@@ -115,7 +115,7 @@ async def append_entries(
             spec.name,
             partition,
         )
-    return [e.decode() for e in entry_ids]
+    return entry_ids
 
 
 @attrs.define(eq=False)
@@ -246,13 +246,9 @@ class Stream(Generic[R]):
             their masters, some of them maybe not yet on replicas.
         """
         chunk = chunk_size if chunk_size is not None else self.settings.send_chunk_size
-        positive_int.check("chunk_size", chunk)
-        non_negative_int.check("replicas", replicas)
-        positive_finite_number.check("replica_timeout", replica_timeout)
+        check_send_options(chunk, replicas, replica_timeout)
         await self.check_metadata()
-        window_size = chunk * WINDOW_PER_PARTITION * self.partition_count
         ids: list[str] = []
-        iterator = iter(records)
         waiting = (
             replicated(self._connection(), replicas, replica_timeout)
             if replicas
@@ -260,48 +256,32 @@ class Stream(Generic[R]):
         )
         # The tasks sending a window's partitions inherit the wait (a context variable).
         with waiting:
-            while window := list(itertools.islice(iterator, window_size)):
+            for window in windows(records, chunk, self.partition_count):
                 ids.extend(await self._send_window(window, chunk))
                 if on_sent is not None:
                     on_sent(len(window))
         return ids
 
     async def _send_window(self, records: Sequence[R], chunk: int) -> list[str]:
-        partition_of = self.spec.partitioner.partition_of
-        encode = self.spec.codec.encode
-        # Per partition: the positions of its records in `records`, and the flat
-        # script arguments (field count, then field names and values) for each.
-        positions: dict[int, list[int]] = {}
-        arguments: dict[int, list[list[bytes | int]]] = {}
-        for position, record in enumerate(records):
-            partition = partition_of(record)
-            entry: list[bytes | int] = []
-            flatten_fields(encode(record), entry)
-            positions.setdefault(partition, []).append(position)
-            arguments.setdefault(partition, []).append(entry)
-
-        ids: list[str] = [""] * len(records)
+        window = encode_window(self.spec, records)
 
         async def send_partition(partition: int) -> None:
-            entries = arguments[partition]
-            where = positions[partition]
-            for start in range(0, len(entries), chunk):
-                sent = await self._append(partition, entries[start : start + chunk])
-                for offset, entry_id in enumerate(sent):
-                    ids[where[start + offset]] = entry_id
+            for start, end in window.chunks(partition, chunk):
+                sent = await self._append(partition, window.entries[partition][start:end])
+                window.landed(partition, start, sent)
 
-        if len(arguments) == 1:
-            await send_partition(next(iter(arguments)))
+        if len(window.entries) == 1:
+            await send_partition(next(iter(window.entries)))
         else:
             try:
                 async with trio.open_nursery() as nursery:
-                    for partition in arguments:
+                    for partition in window.entries:
                         nursery.start_soon(send_partition, partition)
             except BaseExceptionGroup as group:
                 # One error for the caller, as from a single partition: the first
                 # partition's failure cancelled the others (no exception-group soup).
                 raise meaningful_leaf(group) from None
-        return ids
+        return window.ids
 
     async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:
         return await append_entries(

@@ -23,12 +23,16 @@ __all__ = [
     "TLS_ARGUMENTS",
     "TlsOptions",
     "check_redis_url",
+    "credentials_refused",
     "is_cluster_url",
     "mask_url",
     "masked_repr",
+    "password_required",
     "seed_url",
+    "tls_handshake_failed",
     "tls_options",
     "tls_refusal",
+    "unknown_host",
     "without_tls_arguments",
 ]
 
@@ -338,3 +342,42 @@ def tls_refusal(error: ssl.SSLCertVerificationError, url: str, *, setting: str) 
         f"the TLS certificate of Redis at {masked} was refused ({reason}): "
         f"give the CA with ?ssl_ca_certs=/path/ca.pem",
     )
+
+
+# ------------------------------------------------------------- failures to connect
+# The one-line errors for connections that retrying cannot cure, worded once for the
+# Trio layer and the redis-py layer (Spark, the blocking and asyncio clients).
+
+_PERCENT_ENCODE = "percent-encode @ / : ? # in it as %40 %2F %3A %3F %23"
+
+
+def password_required(url: str, *, setting: str) -> ConfigError:
+    """Redis asks for a password the URL does not give."""
+    return ConfigError(
+        setting,
+        f"Redis at {mask_url(url)} requires a password: give it in the URL, "
+        f"redis://:PASSWORD@host:port ({_PERCENT_ENCODE})",
+    )
+
+
+def credentials_refused(url: str, reason: str, *, setting: str) -> ConfigError:
+    """Redis refused the URL's user name or password."""
+    return ConfigError(
+        setting,
+        f"Redis at {mask_url(url)} refused the user name or password in the URL ({reason}): "
+        f"check them ({_PERCENT_ENCODE})",
+    )
+
+
+def tls_handshake_failed(url: str, reason: str, *, setting: str) -> ConfigError:
+    """The TLS handshake failed for another reason than the certificate's checks."""
+    return ConfigError(
+        setting,
+        f"the TLS handshake with Redis at {mask_url(url)} failed ({reason}): is the "
+        f"server speaking TLS? Use redis:// for a plain server, rediss:// for TLS",
+    )
+
+
+def unknown_host(url: str, reason: str | None, *, setting: str) -> ConfigError:
+    """The URL's host name does not exist."""
+    return ConfigError(setting, f"unknown host in {mask_url(url)} ({reason}): check the host name")

@@ -46,7 +46,7 @@ def _is_module(name: str) -> bool:
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     # The package facades re-export everything below them; they are the top.
-    facades = {"streamkit", "streamkit.spark", "streamkit.jobs"}
+    facades = {"streamkit", "streamkit.spark", "streamkit.jobs", "streamkit.clients"}
     return {
         name: {m for m in imports_of(path) if m in modules and m not in facades}
         for name, path in modules.items()
@@ -112,3 +112,56 @@ def test_settings_and_defaults_sit_at_the_bottom() -> None:
         "streamkit._compression",
     }
     assert reached <= allowed, sorted(reached - allowed)
+
+
+def _third_party(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports, outside streamkit."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_clients_are_a_surface_over_the_pure_layer() -> None:
+    """The blocking and asyncio clients, and the pure modules they share with the Trio
+    side, call neither trio nor coredis nor the Trio implementation: one definition of
+    each step (not a second copy that could drift), and no Trio loop needed."""
+    shared = [
+        "streamkit._produce",
+        "streamkit._retrying",
+        "streamkit._refusals",
+        "streamkit._redispy",
+        "streamkit.jobs._plan",
+        "streamkit.jobs._replies",
+    ]
+    clients = [module_name(p) for p in (PACKAGE / "clients").glob("*.py")]
+    trio_side = {
+        "streamkit._app",
+        "streamkit._streams",
+        "streamkit._idempotent",
+        "streamkit.jobs._queue",
+        "streamkit.jobs._handle",
+        "streamkit.jobs._serve",
+    }
+    for name in [*shared, *clients]:
+        path = PACKAGE.parent / Path(*name.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        assert not {"trio", "coredis", "anyio"} & _third_party(path), name
+        reached = imports_of(path)
+        wrong = {m for m in reached if m in trio_side or m.startswith("streamkit._redis.")}
+        wrong |= {m for m in reached if m == "streamkit._redis"}
+        assert not wrong, (name, sorted(wrong))
+    # And the Trio side does call them.
+    for trio_module, pure in [
+        ("streamkit._streams", "streamkit._produce"),
+        ("streamkit._idempotent", "streamkit._produce"),
+        ("streamkit.jobs._queue", "streamkit.jobs._plan"),
+        ("streamkit.jobs._queue", "streamkit.jobs._replies"),
+        ("streamkit._redis._retries", "streamkit._retrying"),
+        ("streamkit._redis._translate", "streamkit._refusals"),
+    ]:
+        path = (PACKAGE.parent / Path(*trio_module.split("."))).with_suffix(".py")
+        assert pure in imports_of(path), (trio_module, pure)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import streamkit
+import streamkit.clients
 import streamkit.jobs
 import streamkit.metrics
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     import types
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-NAMESPACES = [streamkit, streamkit.jobs, streamkit.metrics]
+NAMESPACES = [streamkit, streamkit.jobs, streamkit.metrics, streamkit.clients]
 
 
 def public_names(module: types.ModuleType = streamkit) -> list[str]:
@@ -40,7 +41,9 @@ def test_public_names_report_their_namespace_as_their_module(module: types.Modul
     assert repr(streamkit.jobs.JobFailed) == "<class 'streamkit.jobs.JobFailed'>"
 
 
-@pytest.mark.parametrize("module", [streamkit.jobs, streamkit.metrics], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [streamkit.jobs, streamkit.metrics, streamkit.clients], ids=lambda m: m.__name__
+)
 def test_subpackages_export_exactly_their_all(module: types.ModuleType) -> None:
     assert sorted(public_names(module)) == sorted(module.__all__)
 

@@ -1,5 +1,7 @@
-"""When a Redis operation is tried again: the retry rules, decided here and nowhere else.
+"""When a Redis operation is tried again, on the Trio side: the retry rules applied.
 
+Whether a failed call goes again is decided by :class:`streamkit._retrying.RetryRule`,
+the one rule the blocking and asyncio clients follow too; this module waits and sends.
 The client never sends a command again by itself (a command whose connection was lost
 may have run). The caller says what running it twice would do:
 
@@ -21,7 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._backoff import Backoff
-from .._errors import OutcomeUnknown, RedisUnavailable, ServerRefused
+from .._errors import RedisUnavailable, ServerRefused
+from .._retrying import DEFAULT_RETRY_FOR, RETRY_BACKOFF, RetryRule
 from ._translate import redis_errors
 
 if TYPE_CHECKING:
@@ -39,10 +42,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: How long retry_idempotent (and the producer's idempotent append) keep retrying.
-DEFAULT_RETRY_FOR = 5.0
-#: Command-level retries start fast: a lost connection is usually replaced at once.
-RETRY_BACKOFF = Backoff(initial=0.02, maximum=0.5)
 #: Delays between attempts while Redis refuses.
 REFUSAL_BACKOFF = Backoff(initial=0.05, maximum=1.0)
 #: Seconds between two warnings about the same refusal.
@@ -106,19 +105,24 @@ async def _retry_loop(
     give_up_after: float,
     backoff: Backoff,
 ) -> T:
-    deadline = trio.current_time() + give_up_after
-    for attempt, delay in enumerate(backoff.delays(), start=1):
+    # Whether to try again is the rule shared with the blocking and asyncio clients.
+    rule = RetryRule(
+        what,
+        idempotent=idempotent,
+        started=trio.current_time(),
+        give_up_after=give_up_after,
+        backoff=backoff,
+    )
+    while True:
         try:
             with redis_errors():
                 return await fn(*args)
         except RedisUnavailable as exc:
-            if isinstance(exc, OutcomeUnknown) and not idempotent:
-                raise
-            if trio.current_time() + delay > deadline:
-                raise
-            log.debug("%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, attempt, delay)
+            delay = rule.next_delay(exc, trio.current_time())
+            log.debug(
+                "%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, rule.attempts, delay
+            )
         await trio.sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def ride_out_refusals(

@@ -31,7 +31,15 @@ from .._errors import (
     current_url,
 )
 from .._nurseries import leaves
-from .._urls import mask_url, tls_refusal
+from .._refusals import refusal_in, refused
+from .._urls import (
+    credentials_refused,
+    mask_url,
+    password_required,
+    tls_handshake_failed,
+    tls_refusal,
+    unknown_host,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -104,46 +112,6 @@ def _group_error(exc: coredis.exceptions.RedisError) -> BackendError | None:
     return None
 
 
-# Replies by which Redis refuses a command for a passing reason of its own: the command
-# did not run (a script stopped at the refused command), and it may succeed later. Each
-# code: what it means, and what to check.
-_REFUSALS: dict[str, tuple[str, str]] = {
-    "OOM": (
-        "out of memory",
-        "raise maxmemory or free memory; appends then trim what consumers have processed",
-    ),
-    "LOADING": ("loading its data set", "wait until the server has loaded its data"),
-    "BUSY": (
-        "busy running a script or function",
-        "wait for it to end, or stop it with SCRIPT KILL / FUNCTION KILL",
-    ),
-    "MASTERDOWN": (
-        "a replica that lost its primary",
-        "check the primary and replication, or point streamkit at the primary",
-    ),
-    "READONLY": (
-        "a read-only replica",
-        "point streamkit at the primary (after a failover, the old primary is a replica)",
-    ),
-    "NOREPLICAS": ("not enough replicas to write", "check the replicas (min-replicas-to-write)"),
-    "MISCONF": ("unable to persist to disk", "check the Redis server's disk and its log"),
-    "TRYAGAIN": ("moving a cluster slot", "wait for the resharding to end"),
-    "MOVED": (
-        "a cluster node that no longer serves the key's slot",
-        "the cluster is resharding or failing over; the client follows its new layout",
-    ),
-    "ASK": ("a cluster node moving the key's slot", "wait for the resharding to end"),
-    "CLUSTERDOWN": ("a cluster that is down", "check the cluster's state"),
-    "UNBLOCKED": (
-        "a blocking command unblocked by a role change",
-        "check for a failover, and that streamkit points at the primary",
-    ),
-    "MAXCLIENTS": (
-        "too many clients",
-        "raise the server's maxclients, or run fewer clients (max_connections)",
-    ),
-}
-
 # coredis strips these codes from the message and says them by the exception's type.
 _REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
     (coredis.exceptions.BusyLoadingError, "LOADING"),
@@ -172,14 +140,10 @@ def refusal(exc: BaseException, url: str) -> ServerRefused | None:
         ):
             code = "MAXCLIENTS"
         else:
-            first, _, rest = text.partition(" ")
-            if first not in _REFUSALS:
-                return None
-            code, text = first, rest
+            return refusal_in(text, url)
     elif text.startswith(code + " "):
         text = text[len(code) + 1 :]
-    what, hint = _REFUSALS[code]
-    return ServerRefused(mask_url(url), code, text.rstrip(". ") or code, what=what, hint=hint)
+    return refused(code, text, url)
 
 
 def translate(exc: BaseException, url: str) -> StreamkitError | None:
@@ -300,9 +264,6 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
 
-_PERCENT_ENCODE = "percent-encode @ / : ? # in it as %40 %2F %3A %3F %23"
-
-
 def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
     """A connection failure that retrying cannot cure, as a ConfigError saying what to check.
 
@@ -312,34 +273,19 @@ def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
     A host name that cannot be resolved *for now* (``EAI_AGAIN``: DNS not ready yet, as
     in a starting container) is transient, like a refused connection or a timeout.
     """
-    masked = mask_url(url)
     tls = url.lower().startswith(("rediss:", "rediss+cluster:"))
     for error in _chain(exc):
         if isinstance(error, coredis.exceptions.AuthenticationRequiredError):
-            return ConfigError(
-                "redis_url",
-                f"Redis at {masked} requires a password: give it in the URL, "
-                f"redis://:PASSWORD@host:port ({_PERCENT_ENCODE})",
-            )
+            return password_required(url, setting="redis_url")
         if isinstance(error, coredis.exceptions.AuthenticationError):
-            return ConfigError(
-                "redis_url",
-                f"Redis at {masked} refused the user name or password in the URL ({error}): "
-                f"check them ({_PERCENT_ENCODE})",
-            )
+            return credentials_refused(url, str(error), setting="redis_url")
         if isinstance(error, ssl.SSLCertVerificationError):
             return tls_refusal(error, url, setting="redis_url")
         if tls and isinstance(error, ssl.SSLError):
-            return ConfigError(
-                "redis_url",
-                f"the TLS handshake with Redis at {masked} failed ({reason(error)}): is the "
-                f"server speaking TLS? Use redis:// for a plain server, rediss:// for TLS",
-            )
+            return tls_handshake_failed(url, reason(error), setting="redis_url")
         if isinstance(error, socket.gaierror) and error.errno in (
             socket.EAI_NONAME,
             getattr(socket, "EAI_NODATA", socket.EAI_NONAME),
         ):
-            return ConfigError(
-                "redis_url", f"unknown host in {masked} ({error.strerror}): check the host name"
-            )
+            return unknown_host(url, error.strerror, setting="redis_url")
     return None

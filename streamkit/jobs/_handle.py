@@ -4,133 +4,33 @@ from __future__ import annotations
 
 import inspect
 import math
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
-import orjson
 
-from .._errors import ConfigError, JobFailed, JobNotFound, ResultNotKept
+from .._errors import ConfigError
 from .._keys import validate_name
 from .._redis import redis_errors, retry_idempotent
-from .._wire import text
 from ._model import (
     JobCall,
-    JobErrorInfo,
     JobInfo,
     JobOptions,
     JobRef,
     JobStatus,
-    JobTry,
     Priority,
     Schedule,
     When,
 )
+from ._replies import decode_history, decode_info, info_reply, outcome, status_reply
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
+    from datetime import datetime
 
     from .._redis import Redis
     from ._layout import ShardKeys
 
-__all__ = ["Job", "JobHandle", "QueueLike", "decode_info", "outcome"]
-
-_PRIORITY_NAMES: tuple[Priority, ...] = ("high", "normal", "low")
-
-
-def _time(value: bytes | None) -> datetime | None:
-    if not value or value == b"0":
-        return None
-    return datetime.fromtimestamp(int(value) / 1000, UTC)
-
-
-def _error(value: bytes | None) -> JobErrorInfo | None:
-    if not value:
-        return None
-    data = orjson.loads(value)
-    return JobErrorInfo(data.get("type", "?"), data.get("message", ""), data.get("traceback", ""))
-
-
-def decode_history(value: bytes | None) -> tuple[JobTry, ...]:
-    """The tries in a job's ``hist`` field (see :mod:`streamkit.jobs._scripts`)."""
-    tries: list[JobTry] = []
-    for line in text(value or b"").splitlines():
-        kind, _, rest = line.partition(",")
-        parts = rest.split(",", 3)
-        try:
-            number, moment = int(parts[0]), _time(parts[1].encode())
-        except (IndexError, ValueError):
-            continue  # a line cut by the size limit, or unknown
-        if kind == "s":
-            worker = parts[2] if len(parts) > 2 else None
-            tries.append(JobTry(number=number, started_at=moment, worker=worker))
-        elif kind == "e" and len(parts) > 2:
-            outcome, error_type = parts[2], parts[3] if len(parts) > 3 else None
-            if tries and tries[-1].outcome is None and tries[-1].number == number:
-                tries[-1] = attrs.evolve(
-                    tries[-1], ended_at=moment, outcome=outcome, error_type=error_type
-                )
-            else:  # its start was cut off by the size limit
-                tries.append(
-                    JobTry(
-                        number=number,
-                        started_at=None,
-                        worker=None,
-                        ended_at=moment,
-                        outcome=outcome,
-                        error_type=error_type,
-                    )
-                )
-    return tuple(tries)
-
-
-def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
-    """A :class:`JobInfo` from a job's hash."""
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    raw_args = fields.get(b"args")
-    if raw_args:
-        try:
-            args, kwargs = orjson.loads(raw_args)
-        except (orjson.JSONDecodeError, ValueError, TypeError):
-            args, kwargs = [text(raw_args)], {}
-    progress = fields.get(b"progress")
-    fraction, message = orjson.loads(progress) if progress else (None, None)
-    worker = fields.get(b"worker")
-    return JobInfo(
-        id=job_id,
-        queue=queue,
-        name=text(fields.get(b"name", b"?")),
-        status=JobStatus(text(fields[b"status"])),
-        args=tuple(args),
-        kwargs=kwargs,
-        priority=_PRIORITY_NAMES[int(fields.get(b"prio", b"1"))],
-        tries=int(fields.get(b"tries", b"0")),
-        max_tries=int(fields.get(b"max_tries", b"1")),
-        enqueued_at=_time(fields.get(b"enqueued")),
-        due_at=_time(fields.get(b"due")),
-        started_at=_time(fields.get(b"started")),
-        finished_at=_time(fields.get(b"finished")),
-        expires_at=_time(fields.get(b"expires")),
-        worker=text(worker) if worker else None,
-        error=_error(fields.get(b"error")),
-        progress=fraction,
-        progress_message=message,
-        lost=int(fields.get(b"lost", b"0")),
-        history=decode_history(fields.get(b"hist")),
-    )
-
-
-def outcome(job_id: str, status: JobStatus, result: bytes | None, error: bytes | None) -> Any:
-    """The result of a final job, or the :class:`JobFailed` its end raises."""
-    if status is JobStatus.SUCCESS:
-        if result is None:
-            raise ResultNotKept(job_id)
-        return orjson.loads(result)
-    info = _error(error) or JobErrorInfo("Expired" if status is JobStatus.EXPIRED else "?", "")
-    if status is JobStatus.EXPIRED:
-        info = JobErrorInfo("Expired", "it was not started before it expired")
-    raise JobFailed(job_id, status.value, info.type, info.message, info.traceback)
+__all__ = ["Job", "JobHandle", "QueueLike", "decode_history", "decode_info", "outcome"]
 
 
 class QueueLike(Protocol):
@@ -192,9 +92,7 @@ class JobHandle:
             value = await retry_idempotent(
                 self.queue.redis.hget, self._key, "status", what="reading a job's status"
             )
-        if value is None:
-            raise JobNotFound(self.id, self.queue.name)
-        return JobStatus(text(value))
+        return status_reply(value, self.id, self.queue.name)
 
     async def info(self) -> JobInfo:
         """Everything the queue records of the job: tries, times, worker, error, progress.
@@ -206,9 +104,7 @@ class JobHandle:
             "dict[bytes, bytes]",
             await retry_idempotent(self.queue.redis.hgetall, self._key, what="reading a job"),
         )
-        if not fields or b"status" not in fields:
-            raise JobNotFound(self.id, self.queue.name)
-        return decode_info(self.queue.name, self.id, fields)
+        return info_reply(fields, self.id, self.queue.name)
 
     async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result.

@@ -5,13 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import secrets
 from collections.abc import Mapping  # noqa: TC003 (isinstance)
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 import attrs
-import orjson
 import trio
 
 from .._backoff import Backoff
@@ -27,7 +24,7 @@ from .._redis import (
 from .._validate import positive_int, positive_number
 from .._wire import text
 from . import _scripts
-from ._handle import Job, JobHandle, decode_info, outcome
+from ._handle import Job, JobHandle
 from ._layout import ShardKeys, shard_for
 from ._model import (
     DEFAULT_DEDUPE_WINDOW,
@@ -38,13 +35,13 @@ from ._model import (
     JobCall,
     JobInfo,
     JobOptions,
-    JobRef,
     JobStatus,
     Priority,
     Schedule,
     When,
-    dumps,
 )
+from ._plan import ENQUEUE_CHUNK, JobIds, plan_enqueue
+from ._replies import abort_reply, decode_info, watch_reply
 from ._serve import Handlers, JobWorker, serve_jobs
 
 if TYPE_CHECKING:
@@ -61,7 +58,7 @@ DEFAULT_LEASE_TTL = 5.0
 #: considered to be what kills the workers, and goes to the dead-letter queue.
 DEFAULT_MAX_DELIVERIES = 3
 #: Jobs per enqueue script call.
-_ENQUEUE_CHUNK = 500
+_ENQUEUE_CHUNK = ENQUEUE_CHUNK
 
 _ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
 _ABORT = LuaScript(_scripts.ABORT_LUA)
@@ -69,44 +66,6 @@ _WATCH = LuaScript(_scripts.WATCH_LUA)
 _REPLAY = LuaScript(_scripts.REPLAY_LUA)
 _PURGE = LuaScript(_scripts.PURGE_LUA)
 _COUNTS = LuaScript(_scripts.COUNTS_LUA)
-
-
-def _options(call: JobCall, after: list[JobRef]) -> bytes:
-    """The per-job options field of the enqueue script: "" when there are none."""
-    opts: dict[str, Any] = {}
-    if call.priority is not None:
-        opts["p"] = PRIORITIES[call.priority]
-    if call.delay is not None:
-        opts["d"] = _ms(call.delay, "delay")
-    if call.at is not None:
-        opts["a"] = _at_ms(call.at, "at")
-    if call.expires is not None:
-        opts["e"] = (
-            _at_ms(call.expires, "expires")
-            if isinstance(call.expires, datetime)
-            else -_ms(call.expires, "expires")
-        )
-    if call.job_id is not None:
-        opts["w"] = 1
-    if after:
-        opts["after"] = [h.id for h in after]
-    return orjson.dumps(opts) if opts else b""
-
-
-def _ms(value: When | None, name: str) -> int:
-    if value is None:
-        return 0
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    positive_number.check(name, seconds) if seconds != 0 else None
-    return math.ceil(seconds * 1000)
-
-
-def _at_ms(value: datetime | None, name: str) -> int:
-    if value is None:
-        return 0
-    if not isinstance(value, datetime) or value.tzinfo is None:
-        raise ConfigError(name, f"must be a timezone-aware datetime, got {value!r}")
-    return math.ceil(value.timestamp() * 1000)
 
 
 @attrs.frozen(kw_only=True)
@@ -215,8 +174,8 @@ class JobQueue:
     shard_keys: list[ShardKeys] = attrs.field(init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _waiters: list[_Waiters] = attrs.field(init=False)
-    _id_prefix: str = attrs.field(init=False, factory=lambda: secrets.token_hex(8))
-    _counter: int = attrs.field(init=False, default=0)
+    # New job ids: a random prefix and a counter (a new prefix after fork).
+    _new_id: JobIds = attrs.field(init=False, factory=JobIds)
 
     def __attrs_post_init__(self) -> None:
         self.shard_keys = [ShardKeys(self.name, s) for s in range(self.shards)]
@@ -359,31 +318,6 @@ class JobQueue:
         """
         return JobHandle(self, job_id, shard_for(job_id, self.shards) if shard is None else shard)
 
-    def _place(self, call: JobCall, after: list[JobRef]) -> tuple[str, int]:
-        """The id and shard of a new job: the shard its id maps to, which for a job
-        with dependencies must be theirs (a generated id is drawn until it fits)."""
-        if call.job_id is not None and (not isinstance(call.job_id, str) or not call.job_id):
-            raise ConfigError("job_id", f"must be a non-empty string, got {call.job_id!r}")
-        if not after or self.shards == 1:
-            job_id = call.job_id if call.job_id is not None else self._new_id()
-            return job_id, shard_for(job_id, self.shards)
-        shards = {h.shard for h in after}
-        if len(shards) > 1:
-            raise ConfigError("after", "the jobs a job depends on must be on one shard")
-        shard = shards.pop()
-        if call.job_id is None:
-            while shard_for(job_id := self._new_id(), self.shards) != shard:
-                pass
-            return job_id, shard
-        if shard_for(call.job_id, self.shards) != shard:
-            raise ConfigError(
-                "after",
-                f"job id {call.job_id!r} maps to shard {shard_for(call.job_id, self.shards)} "
-                f"but the jobs it depends on are on shard {shard}: dependencies need one "
-                "shard; leave job_id out, or pick one on their shard",
-            )
-        return call.job_id, shard
-
     async def enqueue_calls(
         self,
         job: Job,
@@ -393,54 +327,13 @@ class JobQueue:
         delay: When | None = None,
     ) -> list[JobHandle]:
         """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
-        if priority is not None and priority not in PRIORITIES:
-            raise ConfigError("priority", f"must be 'high', 'normal' or 'low', got {priority!r}")
-        options = job.options
-        handles: list[JobHandle] = []
-        per_shard: dict[int, list[Any]] = {}
-        name = job.name
-        check = job.check_arguments
-        new_id = self._new_id
-        shards = self.shards
-        single = per_shard.setdefault(0, []) if shards == 1 else None
-        for item in calls:
-            if isinstance(item, tuple):
-                check(item, {})
-                job_id = new_id()
-                args = dumps([item, {}], f"the arguments of job {name}")
-                opts = b""
-                shard = 0 if shards == 1 else shard_for(job_id, shards)
-            else:
-                call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
-                check(call.args, call.kwargs)
-                after: list[JobRef] = [
-                    self.handle(h) if isinstance(h, str) else h for h in call.after
-                ]
-                job_id, shard = self._place(call, after)
-                args = dumps([call.args, call.kwargs], f"the arguments of job {name}")
-                opts = _options(call, after)
-            fields = single if single is not None else per_shard.setdefault(shard, [])
-            fields.extend((job_id, args, opts))
-            handles.append(JobHandle(self, job_id, shard))
-        expires = options.expires
-        defaults = (
-            name,
-            PRIORITIES[priority or options.priority],
-            _ms(delay, "delay"),
-            options.retries + 1,
-            math.ceil(options.result_ttl),
-            options.dedupe_window,
-            -_ms(expires, "expires") if expires is not None else 0,
+        # Checked and encoded as every client does (jobs._plan), then sent.
+        plan = plan_enqueue(
+            job, calls, shards=self.shards, new_id=self._new_id, priority=priority, delay=delay
         )
-        for shard, fields in per_shard.items():
-            if fields:
-                await self._send(shard, defaults, fields)
-        return handles
-
-    def _new_id(self) -> str:
-        """A new job id: this queue object's random prefix and a counter."""
-        self._counter += 1
-        return f"{self._id_prefix}{self._counter:x}"
+        for shard, fields in plan.per_shard.items():
+            await self._send(shard, plan.defaults, fields)
+        return [JobHandle(self, job_id, shard) for job_id, shard in plan.placed]
 
     async def _send(self, shard: int, defaults: tuple[Any, ...], fields: list[Any]) -> None:
         """Send one shard's jobs, a few chunks at a time."""
@@ -501,11 +394,9 @@ class JobQueue:
                         (keys.base, handle.id),
                         what="waiting for a job's result",
                     )
-                    if not reply:
-                        raise JobNotFound(handle.id, self.name)
-                    status = JobStatus(text(reply[0]))
-                    if status.final:
-                        return outcome(handle.id, status, reply[1], reply[2])
+                    final, result = watch_reply(reply, handle.id, self.name)
+                    if final:
+                        return result
                     await event.wait()
                     event = trio.Event()
                     waiters.events[handle.id] = [
@@ -543,20 +434,14 @@ class JobQueue:
         """Abort job ``job_id`` (see :meth:`JobHandle.abort`)."""
         handle = await self.find(job_id) if shard is None else JobHandle(self, job_id, shard)
         keys = self.shard_keys[handle.shard]
-        reply = text(
-            await retry_idempotent(
-                _ABORT,
-                self.redis,
-                keys.keys,
-                (keys.base, job_id, reason),
-                what="aborting a job",
-            )
+        reply = await retry_idempotent(
+            _ABORT,
+            self.redis,
+            keys.keys,
+            (keys.base, job_id, reason),
+            what="aborting a job",
         )
-        if reply == "unknown":
-            raise JobNotFound(job_id, self.name)
-        if reply == "requested":
-            return JobStatus.EXECUTING
-        return JobStatus(reply)
+        return abort_reply(reply, job_id, self.name)
 
     # ------------------------------------------------------------------ inspecting
 

@@ -1,12 +1,13 @@
 """The synchronous Redis side of the Spark data source: connections, errors, metadata.
 
-Spark runs data source code in plain Python worker processes, so this is the one place
-in streamkit that uses redis-py's synchronous client: ``redis.Redis`` for a server,
-``redis.cluster.RedisCluster`` for a ``redis+cluster://`` URL. Connections are opened
-inside the method that needs them (``read``, ``write``, driver-side validation) and
-closed before it returns: nothing holding a socket is ever pickled. redis-py exceptions
-are translated here into streamkit's, and no other module of the subpackage imports
-them.
+Spark runs data source code in plain Python worker processes, so the data source uses
+redis-py's blocking client, built by :mod:`streamkit._redispy` (the one place where a
+streamkit URL becomes a redis-py client, shared with :mod:`streamkit.clients`):
+``redis.Redis`` for a server, ``redis.cluster.RedisCluster`` for a ``redis+cluster://``
+URL. Connections are opened inside the method that needs them (``read``, ``write``,
+driver-side validation) and closed before it returns: nothing holding a socket is ever
+pickled. redis-py exceptions are translated by that module, and no other module of the
+subpackage imports them.
 
 On a cluster every command the data source sends names keys of one slot (a partition's
 stream with its write markers, or a stream's metadata hash), so the cluster client
@@ -18,25 +19,11 @@ commands together.
 from __future__ import annotations
 
 import contextlib
-import os
-import ssl
 from typing import TYPE_CHECKING, cast
 
 import redis
-import redis.cluster
-import redis.exceptions
 
-from .. import _keys
-from .._errors import BackendError, ConfigError, RedisUnavailable
-from .._urls import (
-    check_redis_url,
-    is_cluster_url,
-    mask_url,
-    seed_url,
-    tls_options,
-    tls_refusal,
-    without_tls_arguments,
-)
+from .. import _keys, _redispy
 from .._wire import text
 
 if TYPE_CHECKING:
@@ -45,99 +32,19 @@ if TYPE_CHECKING:
 __all__ = ["Client", "connect", "read_metadata", "redis_errors"]
 
 #: The client of a server or of a cluster; both take the same (single-slot) commands.
-Client = redis.Redis | redis.cluster.RedisCluster
+Client = _redispy.SyncClient
 
 # Spark retries tasks on its own; a short socket timeout turns a hung server into a
 # failed (and retried) task instead of a stuck one.
 _CONNECT_TIMEOUT = 5.0
 _SOCKET_TIMEOUT = 60.0
+# A task sends one command at a time.
+_MAX_CONNECTIONS = 4
 
 
-def _refused_certificate(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate check that failed behind ``exc``, if one did (redis-py raises its
-    own ``ConnectionError`` with the ``ssl`` error as its context)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-@contextlib.contextmanager
-def redis_errors(url: str) -> Iterator[None]:
+def redis_errors(url: str) -> contextlib.AbstractContextManager[None]:
     """Translate redis-py exceptions raised inside the block into streamkit errors."""
-    try:
-        yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-        refused = _refused_certificate(exc)
-        if refused is not None:
-            # Trying again cannot cure it: one line saying what to fix.
-            raise tls_refusal(refused, url, setting="url") from exc
-        raise RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__) from exc
-    except redis.exceptions.AuthenticationError as exc:  # pragma: no cover - a subclass above
-        raise RedisUnavailable(mask_url(url), f"authentication failed: {exc}") from exc
-    except redis.exceptions.AskError as exc:  # MOVED too, a subclass
-        if is_cluster_url(url):  # pragma: no cover - the cluster client follows them
-            raise BackendError(str(exc)) from exc
-        scheme, _, rest = mask_url(url).partition("://")
-        raise ConfigError(
-            "url",
-            f"{mask_url(url)!r} names a node of a Redis Cluster, which redirected a command "
-            f"({exc}): write {scheme}+cluster://{rest}",
-        ) from exc
-    except redis.exceptions.ClusterError as exc:
-        # CLUSTERDOWN, or redirections still failing after the client's retries.
-        raise RedisUnavailable(mask_url(url), f"the cluster is not serving: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise BackendError(str(exc)) from exc
-    except redis.exceptions.RedisClusterException as exc:
-        # Raised by the cluster client itself: no reachable node, a node without
-        # cluster mode, a slot no node serves.
-        refused = _refused_certificate(exc)
-        if refused is not None:
-            raise tls_refusal(refused, url, setting="url") from exc
-        raise RedisUnavailable(mask_url(url), str(exc) or type(exc).__name__) from exc
-
-
-def _tls(url: str) -> dict[str, object]:
-    """redis-py's TLS options for ``url``: the checks of the Trio side, by the same rules
-    (:func:`streamkit._urls.tls_options`), with the same warning when one is off."""
-    tls = tls_options(url, setting="url")
-    if tls is None:
-        return {}
-    tls.context(setting="url")  # its files load: a clear error now, not a failed task
-    tls.warn_once(url)
-    options: dict[str, object] = {
-        "ssl_cert_reqs": "required" if tls.verify else "none",
-        "ssl_check_hostname": tls.verify and tls.check_hostname,
-        "ssl_certfile": tls.certfile,
-        "ssl_keyfile": tls.keyfile,
-    }
-    if tls.ca_certs:
-        options["ssl_ca_path" if os.path.isdir(tls.ca_certs) else "ssl_ca_certs"] = tls.ca_certs
-    return options
-
-
-def _open(url: str) -> Client:
-    check_redis_url(url, setting="url")
-    options = {
-        "socket_connect_timeout": _CONNECT_TIMEOUT,
-        "socket_timeout": _SOCKET_TIMEOUT,
-        "decode_responses": False,
-        **_tls(url),
-    }
-    # The TLS arguments are given as options; redis-py would read the URL's its own way.
-    plain = without_tls_arguments(url)
-    try:
-        if is_cluster_url(url):
-            # The cluster client connects (and reads the slot map) as it is built.
-            return redis.cluster.RedisCluster.from_url(seed_url(plain), **options)
-        return redis.Redis.from_url(plain, **options)
-    except ValueError as exc:
-        raise ConfigError("url", f"not a Redis URL: {mask_url(url)!r} ({exc})") from exc
+    return _redispy.redis_errors(url, setting="url")
 
 
 @contextlib.contextmanager
@@ -150,7 +57,13 @@ def connect(url: str) -> Iterator[Client]:
         cannot be reached, :class:`~streamkit.ConfigError` for a malformed URL.
     """
     with redis_errors(url):
-        client = _open(url)
+        client = _redispy.open_sync(
+            url,
+            connect_timeout=_CONNECT_TIMEOUT,
+            socket_timeout=_SOCKET_TIMEOUT,
+            max_connections=_MAX_CONNECTIONS,
+            setting="url",
+        )
     try:
         with redis_errors(url):
             if isinstance(client, redis.Redis):

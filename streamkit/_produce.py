@@ -1,0 +1,365 @@
+"""The producer's pure half: records into append calls, and their replies back, for every client.
+
+The Trio producer (:class:`~streamkit.Stream`) and the blocking and asyncio clients
+(:mod:`streamkit.clients`) send records the same way because each step that is not
+I/O is written here once, with no import of trio or of a Redis client:
+
+* the send options' checks and the window a ``send_many`` encodes at a time;
+* records routed by the partitioner, encoded by the codec and laid out as script
+  arguments, per partition, in order (:func:`encode_window`), and cut into chunks,
+  one script call each (:meth:`Window.chunks`);
+* the stream metadata check: the script's arguments and what its reply means
+  (:func:`check_metadata_reply`, :class:`~streamkit.MetadataMismatch`);
+* the idempotent append (see :mod:`streamkit._idempotent` for why): its Lua, its
+  markers, unique per process also after ``fork``, the bookkeeping of markers that
+  may be deleted, each call's keys and arguments, and its reply.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import threading
+import uuid
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from . import _keys
+from ._errors import MetadataMismatch
+from ._validate import non_negative_int, positive_finite_number, positive_int
+from ._wire import compare_metadata, flatten_fields, metadata_pairs, text
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
+    from ._spec import StreamSpec
+
+__all__ = [
+    "DEFAULT_REPLICA_TIMEOUT",
+    "MARKER_TTL",
+    "MAX_DONE_PER_CALL",
+    "WINDOW_PER_PARTITION",
+    "AppendCall",
+    "FinishedMarkers",
+    "Window",
+    "append_once_source",
+    "append_reply",
+    "check_metadata_reply",
+    "check_send_options",
+    "encode_window",
+    "marker_key",
+    "metadata_arguments",
+    "new_marker_token",
+    "windows",
+]
+
+# Records encoded at a time by send_many: bounds memory for huge iterables while
+# keeping every partition's pipeline full.
+WINDOW_PER_PARTITION = 4
+#: Seconds a send with replicas=N waits for them, per append, by default.
+DEFAULT_REPLICA_TIMEOUT = 1.0
+
+#: Seconds a marker lives unless deleted earlier: far longer than the retries of a call.
+MARKER_TTL = 300
+#: Markers of finished appends deleted per call, at most.
+MAX_DONE_PER_CALL = 64
+
+
+# ------------------------------------------------------------------ sending records
+
+
+def check_send_options(chunk_size: int, replicas: int, replica_timeout: float) -> None:
+    """Check ``send_many``'s options.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` naming the bad one.
+    """
+    positive_int.check("chunk_size", chunk_size)
+    non_negative_int.check("replicas", replicas)
+    positive_finite_number.check("replica_timeout", replica_timeout)
+
+
+def windows(records: Iterable[Any], chunk_size: int, partition_count: int) -> Iterator[list[Any]]:
+    """``records`` a window at a time: enough for every partition's pipeline, no more."""
+    size = chunk_size * WINDOW_PER_PARTITION * partition_count
+    iterator = iter(records)
+    while window := list(itertools.islice(iterator, size)):
+        yield window
+
+
+@attrs.define(eq=False)
+class Window:
+    """A window of records, encoded and grouped by partition, and the ids they got.
+
+    Attributes:
+        positions: per partition, the positions of its records in the window, in order.
+        entries: per partition, each record's script arguments (field count, then field
+            names and values), in the same order.
+        ids: the entry id of each record of the window, once appended ("" before).
+    """
+
+    positions: dict[int, list[int]]
+    entries: dict[int, list[list[bytes | int]]]
+    ids: list[str]
+
+    def chunks(self, partition: int, chunk_size: int) -> list[tuple[int, int]]:
+        """``partition``'s records cut into script calls: ``(start, end)`` bounds, in order.
+
+        A chunk holds at most ``chunk_size`` records. (Every client cuts here, so a
+        limit in bytes per call goes here too.)
+        """
+        count = len(self.entries[partition])
+        return [(start, min(start + chunk_size, count)) for start in range(0, count, chunk_size)]
+
+    def arguments(self, partition: int, start: int, end: int) -> list[bytes | int]:
+        """The flat entry arguments of records ``start:end`` of ``partition``."""
+        flat: list[bytes | int] = []
+        for entry in self.entries[partition][start:end]:
+            flat.extend(entry)
+        return flat
+
+    def landed(self, partition: int, start: int, ids: Sequence[str]) -> None:
+        """Records ``start``, ``start + 1``, ... of ``partition`` were appended as ``ids``."""
+        where = self.positions[partition]
+        for offset, entry_id in enumerate(ids):
+            self.ids[where[start + offset]] = entry_id
+
+
+def encode_window(spec: StreamSpec[Any], records: Sequence[Any]) -> Window:
+    """Route and encode ``records``: per partition, each one's script arguments, in order.
+
+    Error handling:
+        :class:`~streamkit.EncodeError` for a record that cannot be encoded, and the
+        partitioner's errors for a bad key: raised before anything is sent.
+    """
+    partition_of = spec.partitioner.partition_of
+    encode = spec.codec.encode
+    positions: dict[int, list[int]] = {}
+    entries: dict[int, list[list[bytes | int]]] = {}
+    for position, record in enumerate(records):
+        partition = partition_of(record)
+        entry: list[bytes | int] = []
+        flatten_fields(encode(record), entry)
+        positions.setdefault(partition, []).append(position)
+        entries.setdefault(partition, []).append(entry)
+    return Window(positions, entries, [""] * len(records))
+
+
+# ------------------------------------------------------------------------- metadata
+
+
+def metadata_arguments(spec: StreamSpec[Any]) -> list[str]:
+    """The metadata script's arguments for ``spec``: field, value, field, value, ..."""
+    return list(itertools.chain.from_iterable(spec.metadata().items()))
+
+
+def check_metadata_reply(spec: StreamSpec[Any], reply: object) -> None:
+    """Check the metadata script's reply (what Redis records of the stream) against ``spec``.
+
+    Error handling:
+        :class:`~streamkit.MetadataMismatch` if the stream was created with another
+        partition count, record type, format or partition key.
+    """
+    mismatch = compare_metadata(metadata_pairs(reply), spec.metadata())
+    if mismatch is not None:
+        raise MetadataMismatch(spec.name, *mismatch)
+
+
+# ---------------------------------------------------------------- idempotent appends
+
+# This process's part of every marker: drawn again in a forked child, so that two
+# processes forked from one parent (gunicorn's workers) never draw the same markers.
+_process = uuid.uuid4().hex[:16]
+_tokens = itertools.count()
+
+
+def _after_fork() -> None:
+    global _process
+    _process = uuid.uuid4().hex[:16]
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def new_marker_token() -> str:
+    """A marker token no other call of any process draws."""
+    return f"{_process}:{next(_tokens)}"
+
+
+# Stream key -> its markers' prefix (cached: computing it per call shows in profiles).
+_prefixes: dict[str, str] = {}
+
+
+def marker_key(stream_key: str, token: str) -> str:
+    """The idempotency marker ``token`` of an append to ``stream_key``, in its hash slot."""
+    prefix = _prefixes.get(stream_key)
+    if prefix is None:
+        if len(_prefixes) > 10_000:
+            _prefixes.clear()
+        prefix = _prefixes[stream_key] = _marker_prefix(stream_key)
+    return prefix + token
+
+
+def _marker_prefix(stream_key: str) -> str:
+    return _keys.once_marker_prefix(stream_key)
+
+
+@functools.cache
+def append_once_source(body: str) -> str:
+    """The idempotent append's Lua around an append-and-trim ``body``.
+
+    KEYS: stream, marker, markers of finished appends to delete. ARGV: partition_size,
+    max_len (0 = no cap), marker ttl, whether the marker may exist already (1 on a
+    retry), then the entries. Returns {entry ids, dropped, 1 if the marker was there
+    (appended before) else 0}.
+    """
+    return (
+        """
+local key = KEYS[1]
+local keep = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local first = 5
+-- Finished markers are deleted after the append, never before: Redis at maxmemory
+-- lets a script that has written once write on (DEL would let XADD past the limit),
+-- so the append is refused exactly when Redis is full.
+local function forget_finished()
+  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+end
+if ARGV[4] == '1' then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then
+    -- A write, so that a WAIT after this call (send(..., replicas=N)) waits for the
+    -- replication stream to pass it, and so the earlier append too.
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+    forget_finished()
+    local bar = string.find(seen, '|', 1, true)
+    local done = {}
+    for id in string.gmatch(string.sub(seen, bar + 1), '[^,]+') do done[#done + 1] = id end
+    return {done, tonumber(string.sub(seen, 1, bar - 1)), 1}
+  end
+end
+"""
+        + body
+        + """
+redis.call('SET', KEYS[2], dropped .. '|' .. table.concat(ids, ','), 'EX', ARGV[3])
+forget_finished()
+return {ids, dropped, 0}
+"""
+    )
+
+
+# Every FinishedMarkers, to give each a fresh lock in a forked child (a lock another
+# thread held at the fork would stay locked there forever).
+_all_markers: weakref.WeakSet[FinishedMarkers] = weakref.WeakSet()
+
+
+def _fresh_locks() -> None:
+    for markers in list(_all_markers):
+        markers._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)
+
+
+@attrs.define(eq=False, weakref_slot=True)
+class FinishedMarkers:
+    """One client's markers of appends whose replies arrived: safe to delete.
+
+    The next append to the same partition through the same client deletes them (no
+    extra round trip), so a busy producer keeps about one marker per partition. Safe
+    to share between threads.
+    """
+
+    _by_key: dict[str, list[str]] = attrs.field(factory=dict, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _all_markers.add(self)
+
+    def take(self, key: str) -> list[str]:
+        """Up to :data:`MAX_DONE_PER_CALL` markers of ``key`` for the next call to delete."""
+        with self._lock:
+            done = self._by_key.pop(key, None) or []
+            if len(done) > MAX_DONE_PER_CALL:
+                self._by_key[key] = done[MAX_DONE_PER_CALL:]
+                done = done[:MAX_DONE_PER_CALL]
+        return done
+
+    def give_back(self, key: str, markers: Iterable[str]) -> None:
+        """Markers a call took but may not have deleted (deleting twice is harmless)."""
+        with self._lock:
+            self._by_key.setdefault(key, []).extend(markers)
+
+    def finished(self, key: str, marker: str) -> None:
+        """The append of ``marker`` got its reply: its marker may go."""
+        with self._lock:
+            self._by_key.setdefault(key, []).append(marker)
+
+
+@attrs.define(eq=False)
+class AppendCall:
+    """One idempotent append: its script's keys and arguments, and its bookkeeping.
+
+    Attributes:
+        key: the partition's stream key.
+        marker: this call's marker key.
+        done: markers of finished appends this call deletes.
+        keys: the script's keys.
+        args: the script's arguments.
+    """
+
+    key: str
+    marker: str
+    done: list[str]
+    keys: list[str]
+    args: list[bytes | int]
+
+    @classmethod
+    def make(
+        cls,
+        markers: FinishedMarkers,
+        key: str,
+        *,
+        keep: int,
+        cap: int,
+        entries: list[bytes | int],
+    ) -> AppendCall:
+        """The call appending ``entries`` (flat) to the stream ``key``.
+
+        Args:
+            markers: the client's finished markers (some are deleted by this call).
+            key: the partition's stream key.
+            keep: the partition size trimming keeps (``partition_size``).
+            cap: the hard cap, ``max_len`` (0 for none).
+            entries: per entry, its field count then names and values, flat.
+        """
+        done = markers.take(key)
+        marker = marker_key(key, new_marker_token())
+        # ARGV[4] = 1: look for the marker first, on the first attempt too. A fresh
+        # marker cannot exist when the first attempt is sent, but it may when that
+        # attempt runs: one whose reply timed out may sit in a socket buffer (a paused
+        # or overloaded server) and reach Redis after a retry that appended already.
+        return cls(key, marker, done, [key, marker, *done], [keep, cap, MARKER_TTL, 1, *entries])
+
+    def retrying(self) -> None:
+        """Mark the call as sent before: the script then looks for its marker first
+        (which every attempt does; see :meth:`make`)."""
+        self.args[3] = 1
+
+    def succeeded(self, markers: FinishedMarkers) -> None:
+        """The reply arrived: the markers it deleted are gone, its own may go."""
+        markers.finished(self.key, self.marker)
+
+    def failed(self, markers: FinishedMarkers) -> None:
+        """No reply: the markers it took may not have been deleted."""
+        if self.done:
+            markers.give_back(self.key, self.done)
+
+
+def append_reply(reply: Any) -> tuple[list[str], int, bool]:
+    """The idempotent append's reply: (new entry ids, entries the cap dropped, whether
+    the call was applied before, by an attempt whose reply was lost)."""
+    return [text(i) for i in reply[0]], int(reply[1]), bool(reply[2])

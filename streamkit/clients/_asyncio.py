@@ -1,0 +1,435 @@
+"""The asyncio client: send events, enqueue jobs and read tables from asyncio code.
+
+``async with app.asyncio() as client:`` in a FastAPI or aiohttp handler, or any asyncio
+service. The operations are :mod:`._ops`, run here with awaits: this module only sends
+what they ask and sleeps when they say, exactly as the blocking client does.
+
+The tasks of one event loop share a client: redis-py's asyncio pool hands each command
+a connection of its own. Used from another event loop, or in a child process after
+``fork``, the client makes new connections there and leaves the old ones alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import attrs
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.exceptions
+
+from .. import _redispy
+from .._errors import StreamkitError
+from .._produce import DEFAULT_REPLICA_TIMEOUT
+from .._urls import mask_url
+from ..jobs._model import JobCall
+from . import _ops
+from ._blocking import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_POOL_TIMEOUT,
+    DEFAULT_SOCKET_TIMEOUT,
+    _pair,
+    _redirected,
+    _translated,
+    _untyped,
+)
+from ._ops import _NO_DEFAULT, Batch, Call, ClientState, Sleep
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+    from datetime import datetime
+    from types import TracebackType
+
+    from .._tables import Table
+    from .._tables_windowed import WindowedTable
+    from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._plan import JobLike
+    from ._ops import Op, Request, SendsRecords
+
+__all__ = ["AsyncioClient", "AsyncioJobHandle"]
+
+T = TypeVar("T")
+
+
+class AsyncioClient:
+    """An asyncio client of an app's streams, job queue and tables.
+
+    Get one from :meth:`App.asyncio <streamkit.App.asyncio>` and use it as an async
+    context manager (in a FastAPI app, in its lifespan), or keep one for the life of
+    the event loop and :meth:`aclose` it at the end. Opening does no I/O: the first
+    command connects.
+
+    Every method is the Trio API's as a coroutine, with the stream, job or table as
+    first argument: ``await client.send(orders, order)`` is ``await orders.send(order)``
+    on the Trio side, and writes the same bytes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        queue: str,
+        jobs: Mapping[str, JobLike] | None = None,
+        shards: int = 1,
+        connect_timeout: float = 2.0,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    ) -> None:
+        _redispy.connection_options(
+            url, connect_timeout=connect_timeout, socket_timeout=socket_timeout
+        )  # a bad URL is one line now, not at the first command
+        self.url = url
+        self._options = {
+            "connect_timeout": connect_timeout,
+            "socket_timeout": socket_timeout,
+            "max_connections": max_connections,
+            "pool_timeout": pool_timeout,
+        }
+        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {})
+        self._redis: _redispy.AsyncClient | None = None
+        # A cluster's nodes: a client of each, for batches (one pipeline per node).
+        self._nodes: dict[str, redis.asyncio.Redis] = {}
+        self._owner: tuple[int, asyncio.AbstractEventLoop] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client's connections; it cannot be used afterwards."""
+        self._closed = True
+        client, nodes, owner = self._redis, self._nodes, self._owner
+        self._redis, self._nodes = None, {}
+        if client is not None and owner == (os.getpid(), asyncio.get_running_loop()):
+            for node in nodes.values():
+                await node.aclose()
+            await client.aclose()
+
+    async def _client(self) -> _redispy.AsyncClient:
+        owner = (os.getpid(), asyncio.get_running_loop())
+        if self._redis is not None and self._owner == owner:
+            return self._redis
+        if self._closed:
+            raise StreamkitError(f"the asyncio client of {self.url!r} is closed")
+        # A new client in a forked child or another event loop: the old connections
+        # belong to the parent or to the other loop, and are left alone.
+        self._nodes = {}
+        with _redispy.redis_errors(self.url):
+            client = _redispy.open_async(self.url, **self._options)  # type: ignore[arg-type]
+            if isinstance(client, redis.asyncio.cluster.RedisCluster):
+                await client.initialize()
+        self._redis, self._owner = client, owner
+        return client
+
+    # ------------------------------------------------------------------ the driver
+
+    async def run(self, op: Op[T]) -> T:
+        """Run an operation of :mod:`._ops`: do what it asks until it returns."""
+        try:
+            request = next(op)
+            while True:
+                try:
+                    reply = await self._do(request)
+                except StreamkitError as exc:
+                    request = op.throw(exc)
+                else:
+                    request = op.send(reply)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        finally:
+            op.close()
+
+    async def _do(self, request: Request) -> Any:
+        if isinstance(request, Sleep):
+            await asyncio.sleep(request.seconds)
+            return None
+        client = await self._client()
+        if isinstance(request, Call):
+            return await self._call(client, request)
+        if isinstance(client, redis.asyncio.cluster.RedisCluster):
+            return await self._cluster_batch(client, request)
+        return await self._batch(client, request.calls, request)
+
+    async def _call(self, client: _redispy.AsyncClient, call: Call) -> Any:
+        # Not redis_errors(): a try costs less than a context manager, per command.
+        try:
+            try:
+                return await _untyped(client).execute_command(*call.args)
+            except redis.exceptions.NoScriptError:
+                await self._load(client, call)
+                return await _untyped(client).execute_command(*call.args)
+        except Exception as exc:
+            error = _redispy.translate(exc, self.url)
+            if error is None or error is exc:
+                raise
+            raise error from exc
+
+    async def _load(self, client: _redispy.AsyncClient, call: Call) -> None:
+        assert call.script is not None
+        if isinstance(client, redis.asyncio.cluster.RedisCluster):
+            node = _untyped(client).get_node_from_key(call.key)
+            await _untyped(client).execute_command(
+                "SCRIPT LOAD", call.script.source, target_nodes=node
+            )
+        else:
+            await _untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+
+    async def _batch(
+        self, client: redis.asyncio.Redis, calls: Sequence[Call], batch: Batch
+    ) -> list[Any]:
+        """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""
+        if len(calls) == 1 and not batch.replicas:
+            try:
+                return [await self._call(client, calls[0])]
+            except StreamkitError as exc:
+                return [exc]
+        wait = max(1, round(batch.replica_timeout * 1000))
+        pipe = client.pipeline(transaction=False)
+        for call in calls:
+            _untyped(pipe).execute_command(*call.args)
+            if batch.replicas:
+                _untyped(pipe).execute_command("WAIT", batch.replicas, wait)
+        try:
+            raw = await pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            error = _redispy.translate(exc, self.url)
+            if error is None:
+                raise
+            return [error] * len(calls)
+        replies, missing = _pair(raw, calls, batch)
+        if missing:
+            # Refused EVALSHAs ran nothing: load their scripts, run them again.
+            for call in {calls[i].script: calls[i] for i in missing}.values():
+                try:
+                    with _redispy.redis_errors(self.url):
+                        await self._load(client, call)
+                except StreamkitError as exc:
+                    return [exc if i in missing else r for i, r in enumerate(replies)]
+            again = await self._batch(client, [calls[i] for i in missing], batch)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return [_translated(r, self.url) for r in replies]
+
+    def _node(self, node: Any) -> redis.asyncio.Redis:
+        """A client of one node of the cluster, with the cluster client's options."""
+        client = self._nodes.get(node.name)
+        if client is None:
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=_redispy.packing_with_hiredis(node.connection_class),
+                max_connections=node.max_connections,
+                **node.connection_kwargs,
+            )
+            client = self._nodes[node.name] = redis.asyncio.Redis.from_pool(pool)
+        return client
+
+    async def _cluster_batch(
+        self, client: redis.asyncio.cluster.RedisCluster, batch: Batch
+    ) -> list[Any]:
+        """Run a batch on a cluster: one pipeline per node, the nodes at once."""
+        replies: list[Any] = [None] * len(batch.calls)
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        try:
+            with _redispy.redis_errors(self.url):
+                for i, call in enumerate(batch.calls):
+                    node = _untyped(client).get_node_from_key(call.key)
+                    if node is None:
+                        raise redis.exceptions.SlotNotCoveredError(f"no node serves {call.key}")
+                    by_node.setdefault(node.name, (node, []))[1].append(i)
+        except StreamkitError as exc:
+            return [exc] * len(batch.calls)
+        groups = list(by_node.values())
+        results = await asyncio.gather(
+            *(
+                self._batch(self._node(node), [batch.calls[i] for i in positions], batch)
+                for node, positions in groups
+            )
+        )
+        moved = False
+        for (_, positions), got in zip(groups, results, strict=True):
+            for i, reply in zip(positions, got, strict=True):
+                replies[i] = reply
+                moved = moved or _redirected(reply)
+        if moved:
+            # The slot map changed: read it again before the calls are retried.
+            with _redispy.redis_errors(self.url):
+                await client.nodes_manager.initialize()
+        return replies
+
+    # ------------------------------------------------------------------ streams
+
+    async def send(
+        self,
+        stream: SendsRecords,
+        *records: Any,
+        replicas: int = 0,
+        replica_timeout: float = DEFAULT_REPLICA_TIMEOUT,
+    ) -> list[str]:
+        """Append ``records`` to their partitions of ``stream``; return their entry ids
+        (as :meth:`Stream.send <streamkit.Stream.send>`, with the same errors)."""
+        if len(records) == 1 and not replicas:
+            return await self.run(_ops.send_one(self._state, stream, records[0]))
+        return await self.send_many(
+            stream, records, replicas=replicas, replica_timeout=replica_timeout
+        )
+
+    async def send_many(
+        self,
+        stream: SendsRecords,
+        records: Iterable[Any],
+        *,
+        chunk_size: int | None = None,
+        on_sent: Callable[[int], None] | None = None,
+        replicas: int = 0,
+        replica_timeout: float = DEFAULT_REPLICA_TIMEOUT,
+    ) -> list[str]:
+        """Append many records, pipelined (as :meth:`Stream.send_many
+        <streamkit.Stream.send_many>`)."""
+        return await self.run(
+            _ops.send_many(
+                self._state,
+                stream,
+                records,
+                chunk_size=chunk_size,
+                on_sent=on_sent,
+                replicas=replicas,
+                replica_timeout=replica_timeout,
+            )
+        )
+
+    # ------------------------------------------------------------------ jobs
+
+    async def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> AsyncioJobHandle:
+        """Enqueue ``job`` with these arguments and its declared options (as
+        :meth:`Job.delay <streamkit.jobs.Job.delay>`)."""
+        return (await self.enqueue_many(job, [JobCall(args=args, kwargs=kwargs)]))[0]
+
+    async def enqueue(
+        self,
+        job: JobLike | str,
+        *args: Any,
+        job_id: str | None = None,
+        delay: When | None = None,
+        at: datetime | None = None,
+        priority: Priority | None = None,
+        expires: When | datetime | None = None,
+        after: Sequence[JobRef | str] = (),
+        **kwargs: Any,
+    ) -> AsyncioJobHandle:
+        """Enqueue ``job`` with these arguments and options (as :meth:`Job.enqueue
+        <streamkit.jobs.Job.enqueue>`; errors as :meth:`BlockingClient.enqueue
+        <streamkit.clients.BlockingClient.enqueue>`)."""
+        call = JobCall(
+            args=args,
+            kwargs=kwargs,
+            job_id=job_id,
+            delay=delay,
+            at=at,
+            priority=priority,
+            expires=expires,
+            after=after,
+        )
+        return (await self.enqueue_many(job, [call]))[0]
+
+    async def enqueue_many(
+        self,
+        job: JobLike | str,
+        calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+        *,
+        priority: Priority | None = None,
+        delay: When | None = None,
+    ) -> list[AsyncioJobHandle]:
+        """Enqueue many jobs at once, pipelined (as :meth:`Job.enqueue_many
+        <streamkit.jobs.Job.enqueue_many>`)."""
+        placed = await self.run(
+            _ops.enqueue(self._state, self._state.job(job), calls, priority=priority, delay=delay)
+        )
+        return [AsyncioJobHandle(self, job_id, shard) for job_id, shard in placed]
+
+    def handle(self, job_id: str) -> AsyncioJobHandle:
+        """A handle on job ``job_id`` of the app's queue."""
+        return AsyncioJobHandle(self, job_id, self._state.shard_of(job_id))
+
+    # ------------------------------------------------------------------ tables
+
+    async def read(
+        self, table: Table[Any] | WindowedTable[Any], key: object, default: Any = _NO_DEFAULT
+    ) -> Any:
+        """The committed value of ``key`` in ``table`` (as :meth:`BlockingClient.read
+        <streamkit.clients.BlockingClient.read>`)."""
+        return await self.run(_ops.table_read(table, key, default))
+
+    async def read_many(
+        self, table: Table[Any] | WindowedTable[Any], keys: Iterable[object]
+    ) -> list[Any]:
+        """The committed values of ``keys``, in order: one round trip."""
+        return await self.run(_ops.table_read_many(table, keys))
+
+    async def items(
+        self, table: Table[Any] | WindowedTable[Any], *, partition: int | None = None
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """Every committed ``(key, value)`` of ``table``, a page at a time."""
+        for p in _ops.table_partitions(table, partition):
+            cursor = 0
+            while True:
+                cursor, page = await self.run(_ops.table_page(table, p, cursor))
+                for item in page:
+                    yield item
+                if cursor == 0:
+                    break
+
+    async def sizes(self, table: Table[Any] | WindowedTable[Any]) -> list[int]:
+        """The number of keys in each partition of ``table``, in partition order."""
+        return await self.run(_ops.table_sizes(table))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<AsyncioClient {mask_url(self.url)} queue={self._state.queue} {state}>"
+
+
+@attrs.frozen
+class AsyncioJobHandle:
+    """A job on the app's queue, by id, for asyncio code (see :class:`~streamkit.jobs.JobHandle`).
+
+    Attributes:
+        id: the job's id.
+        shard: the queue shard it lives on.
+    """
+
+    _client: AsyncioClient = attrs.field(repr=False)
+    id: str
+    shard: int
+
+    async def status(self) -> JobStatus:
+        """Where the job is now (:class:`~streamkit.jobs.JobNotFound` if unknown)."""
+        return await self._client.run(_ops.job_status(self._client._state, self.id, self.shard))
+
+    async def info(self) -> JobInfo:
+        """Everything the queue records of the job."""
+        return await self._client.run(_ops.job_info(self._client._state, self.id, self.shard))
+
+    async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
+        """Wait until the job is over and return its result (errors as
+        :meth:`BlockingJobHandle.result <streamkit.clients.BlockingJobHandle.result>`)."""
+        return await self._client.run(
+            _ops.job_result(self._client._state, self.id, self.shard, timeout)
+        )
+
+    async def abort(self, reason: str = "aborted") -> JobStatus:
+        """Abort the job; return its status after the call."""
+        return await self._client.run(
+            _ops.job_abort(self._client._state, self.id, self.shard, reason)
+        )

@@ -1,0 +1,492 @@
+"""The blocking client: send events, enqueue jobs and read tables from plain Python code.
+
+``with app.blocking() as client:`` in a Flask or Django view, a management command, a
+notebook or a cron script; no event loop. The operations are :mod:`._ops`, run here with
+blocking sockets: this module only sends what they ask and sleeps when they say.
+
+Threads share one client: redis-py's connection pool hands each thread its own
+connection, and the client's own bookkeeping is locked. A client used after ``fork``
+(gunicorn's preloaded app) makes new connections in the child and leaves the parent's
+alone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import attrs
+import redis
+import redis.cluster
+import redis.exceptions
+
+from .. import _redispy
+from .._errors import BackendError, NotReplicated, StreamkitError
+from .._produce import DEFAULT_REPLICA_TIMEOUT
+from .._urls import mask_url
+from ..jobs._model import JobCall
+from . import _ops
+from ._ops import _NO_DEFAULT, Batch, Call, ClientState, Sleep
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from datetime import datetime
+    from types import TracebackType
+
+    from .._tables import Table
+    from .._tables_windowed import WindowedTable
+    from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._plan import JobLike
+    from ._ops import Op, Request, SendsRecords
+
+__all__ = ["BlockingClient", "BlockingJobHandle"]
+
+T = TypeVar("T")
+
+#: Connections of a client's pool (per node of a cluster), at most.
+DEFAULT_MAX_CONNECTIONS = 64
+#: Seconds a reply may take: longer than a job result's blocking read (5 s).
+DEFAULT_SOCKET_TIMEOUT = 10.0
+#: Seconds a thread waits for a free connection of the pool.
+DEFAULT_POOL_TIMEOUT = 10.0
+
+# Every blocking client, to give each fresh locks in a forked child (a lock another
+# thread held at the fork would stay locked there forever).
+_clients: weakref.WeakSet[BlockingClient] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for client in list(_clients):
+        client._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class BlockingClient:
+    """A blocking client of an app's streams, job queue and tables.
+
+    Get one from :meth:`App.blocking <streamkit.App.blocking>`; use it as a context
+    manager, or keep one for the life of a process (a web app's module) and
+    :meth:`close` it at exit. Opening does no I/O: the first command connects.
+
+    Every method is the Trio API's, with the stream, job or table as first argument:
+    ``client.send(orders, order)`` is ``await orders.send(order)``. Records, job
+    arguments and table values go to Redis exactly as the Trio side writes them.
+
+    Threads: one client serves all the threads of a process (a threaded WSGI server's
+    workers): each command takes a connection of the pool, at most
+    ``max_connections``, waiting up to ``pool_timeout`` seconds for one.
+
+    Fork: a client used in a child process after ``fork`` makes its own connections
+    there; the parent's stay the parent's.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        queue: str,
+        jobs: Mapping[str, JobLike] | None = None,
+        shards: int = 1,
+        connect_timeout: float = 2.0,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    ) -> None:
+        _redispy.connection_options(
+            url, connect_timeout=connect_timeout, socket_timeout=socket_timeout
+        )  # a bad URL is one line now, not at the first command
+        self.url = url
+        self._options = {
+            "connect_timeout": connect_timeout,
+            "socket_timeout": socket_timeout,
+            "max_connections": max_connections,
+            "pool_timeout": pool_timeout,
+        }
+        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {})
+        self._redis: _redispy.SyncClient | None = None
+        self._pid = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        _clients.add(self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the client's connections; it cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            client, self._redis = self._redis, None
+        if client is not None and self._pid == os.getpid():
+            client.close()
+
+    def _client(self) -> _redispy.SyncClient:
+        pid = os.getpid()
+        client = self._redis
+        if client is not None and self._pid == pid:
+            return client
+        with self._lock:
+            if self._closed:
+                raise StreamkitError(f"the blocking client of {self.url!r} is closed")
+            if self._redis is None or self._pid != pid:
+                # A new client in a forked child: the parent's connections are left
+                # alone, not closed (closing them would cut the parent's off too).
+                with _redispy.redis_errors(self.url):
+                    self._redis = _redispy.open_sync(self.url, **self._options)  # type: ignore[arg-type]
+                self._pid = pid
+            return self._redis
+
+    # ------------------------------------------------------------------ the driver
+
+    def run(self, op: Op[T]) -> T:
+        """Run an operation of :mod:`._ops`: do what it asks until it returns."""
+        try:
+            request = next(op)
+            while True:
+                try:
+                    reply = self._do(request)
+                except StreamkitError as exc:
+                    request = op.throw(exc)
+                else:
+                    request = op.send(reply)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        finally:
+            op.close()
+
+    def _do(self, request: Request) -> Any:
+        if isinstance(request, Sleep):
+            time.sleep(request.seconds)
+            return None
+        client = self._client()
+        if isinstance(request, Call):
+            return self._call(client, request)
+        if isinstance(client, redis.cluster.RedisCluster):
+            return self._cluster_batch(client, request)
+        return self._batch(client, request.calls, request)
+
+    def _call(self, client: _redispy.SyncClient, call: Call) -> Any:
+        # Not redis_errors(): a try costs less than a context manager, per command.
+        try:
+            try:
+                return _untyped(client).execute_command(*call.args)
+            except redis.exceptions.NoScriptError:
+                self._load(client, call)
+                return _untyped(client).execute_command(*call.args)
+        except Exception as exc:
+            error = _redispy.translate(exc, self.url)
+            if error is None or error is exc:
+                raise
+            raise error from exc
+
+    def _load(self, client: _redispy.SyncClient, call: Call) -> None:
+        assert call.script is not None
+        if isinstance(client, redis.cluster.RedisCluster):
+            node = _untyped(client).get_node_from_key(call.key)
+            _untyped(client).execute_command("SCRIPT LOAD", call.script.source, target_nodes=node)
+        else:
+            _untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+
+    def _batch(self, client: redis.Redis, calls: Sequence[Call], batch: Batch) -> list[Any]:
+        """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""
+        if len(calls) == 1 and not batch.replicas:
+            try:
+                return [self._call(client, calls[0])]
+            except StreamkitError as exc:
+                return [exc]
+        wait = max(1, round(batch.replica_timeout * 1000))
+        pipe = client.pipeline(transaction=False)
+        for call in calls:
+            _untyped(pipe).execute_command(*call.args)
+            if batch.replicas:
+                _untyped(pipe).execute_command("WAIT", batch.replicas, wait)
+        try:
+            raw = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            error = _redispy.translate(exc, self.url)
+            if error is None:
+                raise
+            return [error] * len(calls)
+        replies, missing = _pair(raw, calls, batch)
+        if missing:
+            # Refused EVALSHAs ran nothing: load their scripts, run them again.
+            for call in {calls[i].script: calls[i] for i in missing}.values():
+                try:
+                    with _redispy.redis_errors(self.url):
+                        self._load(client, call)
+                except StreamkitError as exc:
+                    return [exc if i in missing else r for i, r in enumerate(replies)]
+            again = self._batch(client, [calls[i] for i in missing], batch)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return [_translated(r, self.url) for r in replies]
+
+    def _cluster_batch(self, client: redis.cluster.RedisCluster, batch: Batch) -> list[Any]:
+        """Run a batch on a cluster: one pipeline per node, each on its node's client."""
+        replies: list[Any] = [None] * len(batch.calls)
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        try:
+            with _redispy.redis_errors(self.url):
+                for i, call in enumerate(batch.calls):
+                    node = _untyped(client).get_node_from_key(call.key)
+                    by_node.setdefault(node.name, (node, []))[1].append(i)
+        except StreamkitError as exc:
+            return [exc] * len(batch.calls)
+        moved = False
+        for node, positions in by_node.values():
+            node_client = client.get_redis_connection(node)
+            got = self._batch(node_client, [batch.calls[i] for i in positions], batch)
+            for i, reply in zip(positions, got, strict=True):
+                replies[i] = reply
+                moved = moved or _redirected(reply)
+        if moved:
+            # The slot map changed: read it again before the calls are retried.
+            with _redispy.redis_errors(self.url):
+                client.nodes_manager.initialize()
+        return replies
+
+    # ------------------------------------------------------------------ streams
+
+    def send(
+        self,
+        stream: SendsRecords,
+        *records: Any,
+        replicas: int = 0,
+        replica_timeout: float = DEFAULT_REPLICA_TIMEOUT,
+    ) -> list[str]:
+        """Append ``records`` to their partitions of ``stream``; return their entry ids.
+
+        As :meth:`Stream.send <streamkit.Stream.send>`, with the same errors:
+        :class:`~streamkit.EncodeError`, :class:`~streamkit.RedisUnavailable`,
+        :class:`~streamkit.OutcomeUnknown`, :class:`~streamkit.MetadataMismatch`,
+        :class:`~streamkit.NotReplicated`.
+        """
+        if len(records) == 1 and not replicas:
+            return self.run(_ops.send_one(self._state, stream, records[0]))
+        return self.send_many(stream, records, replicas=replicas, replica_timeout=replica_timeout)
+
+    def send_many(
+        self,
+        stream: SendsRecords,
+        records: Iterable[Any],
+        *,
+        chunk_size: int | None = None,
+        on_sent: Callable[[int], None] | None = None,
+        replicas: int = 0,
+        replica_timeout: float = DEFAULT_REPLICA_TIMEOUT,
+    ) -> list[str]:
+        """Append many records, pipelined: the chunks of all partitions travel together.
+
+        As :meth:`Stream.send_many <streamkit.Stream.send_many>`: a window of records
+        at a time, each partition's records in order, ``on_sent(n)`` after each window.
+        """
+        return self.run(
+            _ops.send_many(
+                self._state,
+                stream,
+                records,
+                chunk_size=chunk_size,
+                on_sent=on_sent,
+                replicas=replicas,
+                replica_timeout=replica_timeout,
+            )
+        )
+
+    # ------------------------------------------------------------------ jobs
+
+    def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> BlockingJobHandle:
+        """Enqueue ``job`` (declared with ``@app.job``, or its name) with these arguments
+        and its declared options (as :meth:`Job.delay <streamkit.jobs.Job.delay>`)."""
+        return self.enqueue_many(job, [JobCall(args=args, kwargs=kwargs)])[0]
+
+    def enqueue(
+        self,
+        job: JobLike | str,
+        *args: Any,
+        job_id: str | None = None,
+        delay: When | None = None,
+        at: datetime | None = None,
+        priority: Priority | None = None,
+        expires: When | datetime | None = None,
+        after: Sequence[JobRef | str] = (),
+        **kwargs: Any,
+    ) -> BlockingJobHandle:
+        """Enqueue ``job`` with these arguments and options (as :meth:`Job.enqueue
+        <streamkit.jobs.Job.enqueue>`: ``job_id`` dedupes, ``delay``/``at`` schedule,
+        ``priority``, ``expires``, ``after`` for dependencies).
+
+        Error handling:
+            ``TypeError`` if the function does not accept the arguments;
+            :class:`~streamkit.EncodeError` if they are not JSON-serialisable;
+            :class:`~streamkit.ConfigError` for bad options or a job the app does not
+            declare; :class:`~streamkit.OutcomeUnknown` if the connection was lost
+            with the enqueue in flight (it is not sent again).
+        """
+        call = JobCall(
+            args=args,
+            kwargs=kwargs,
+            job_id=job_id,
+            delay=delay,
+            at=at,
+            priority=priority,
+            expires=expires,
+            after=after,
+        )
+        return self.enqueue_many(job, [call])[0]
+
+    def enqueue_many(
+        self,
+        job: JobLike | str,
+        calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+        *,
+        priority: Priority | None = None,
+        delay: When | None = None,
+    ) -> list[BlockingJobHandle]:
+        """Enqueue many jobs at once, pipelined (as :meth:`Job.enqueue_many
+        <streamkit.jobs.Job.enqueue_many>`)."""
+        placed = self.run(
+            _ops.enqueue(self._state, self._state.job(job), calls, priority=priority, delay=delay)
+        )
+        return [BlockingJobHandle(self, job_id, shard) for job_id, shard in placed]
+
+    def handle(self, job_id: str) -> BlockingJobHandle:
+        """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""
+        return BlockingJobHandle(self, job_id, self._state.shard_of(job_id))
+
+    # ------------------------------------------------------------------ tables
+
+    def read(
+        self, table: Table[Any] | WindowedTable[Any], key: object, default: Any = _NO_DEFAULT
+    ) -> Any:
+        """The committed value of ``key`` in ``table`` (``default``, or the table's,
+        when missing); for a windowed table, its windows and their values (as
+        :meth:`Table.read <streamkit.Table.read>`, :meth:`WindowedTable.read
+        <streamkit.WindowedTable.read>`)."""
+        return self.run(_ops.table_read(table, key, default))
+
+    def read_many(
+        self, table: Table[Any] | WindowedTable[Any], keys: Iterable[object]
+    ) -> list[Any]:
+        """The committed values of ``keys``, in order: one round trip."""
+        return self.run(_ops.table_read_many(table, keys))
+
+    def items(
+        self, table: Table[Any] | WindowedTable[Any], *, partition: int | None = None
+    ) -> Iterator[tuple[str, Any]]:
+        """Every committed ``(key, value)`` of ``table``, partition by partition (or of
+        one), read a page at a time (as :meth:`Table.items <streamkit.Table.items>`)."""
+        for p in _ops.table_partitions(table, partition):
+            cursor = 0
+            while True:
+                cursor, page = self.run(_ops.table_page(table, p, cursor))
+                yield from page
+                if cursor == 0:
+                    break
+
+    def sizes(self, table: Table[Any] | WindowedTable[Any]) -> list[int]:
+        """The number of keys in each partition of ``table``, in partition order."""
+        return self.run(_ops.table_sizes(table))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<BlockingClient {mask_url(self.url)} queue={self._state.queue} {state}>"
+
+
+@attrs.frozen
+class BlockingJobHandle:
+    """A job on the app's queue, by id, for blocking code (see :class:`~streamkit.jobs.JobHandle`).
+
+    Attributes:
+        id: the job's id.
+        shard: the queue shard it lives on.
+    """
+
+    _client: BlockingClient = attrs.field(repr=False)
+    id: str
+    shard: int
+
+    def status(self) -> JobStatus:
+        """Where the job is now.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
+        """
+        return self._client.run(_ops.job_status(self._client._state, self.id, self.shard))
+
+    def info(self) -> JobInfo:
+        """Everything the queue records of the job (see :meth:`JobHandle.info
+        <streamkit.jobs.JobHandle.info>`)."""
+        return self._client.run(_ops.job_info(self._client._state, self.id, self.shard))
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait until the job is over and return its result.
+
+        Args:
+            timeout: give up after this many seconds (``None``: as long as it takes).
+
+        Error handling:
+            :class:`~streamkit.jobs.JobFailed` if it ended dead, aborted or expired;
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it;
+            :class:`~streamkit.jobs.ResultNotKept` if its job keeps no results;
+            ``TimeoutError`` after ``timeout``.
+        """
+        return self._client.run(_ops.job_result(self._client._state, self.id, self.shard, timeout))
+
+    def abort(self, reason: str = "aborted") -> JobStatus:
+        """Abort the job (see :meth:`JobHandle.abort <streamkit.jobs.JobHandle.abort>`);
+        return its status after the call."""
+        return self._client.run(_ops.job_abort(self._client._state, self.id, self.shard, reason))
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def _pair(raw: list[Any], calls: Sequence[Call], batch: Batch) -> tuple[list[Any], list[int]]:
+    """A pipeline's raw replies as one reply per call (its ``WAIT`` folded in), and the
+    calls whose script the node lacked."""
+    step = 2 if batch.replicas else 1
+    replies: list[Any] = []
+    missing: list[int] = []
+    for i in range(len(calls)):
+        reply = raw[i * step]
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            missing.append(i)
+        elif batch.replicas and not isinstance(reply, Exception):
+            acknowledged = raw[i * step + 1]
+            if isinstance(acknowledged, Exception):
+                reply = acknowledged
+            elif int(acknowledged) < batch.replicas:
+                reply = NotReplicated(batch.replicas, int(acknowledged), batch.replica_timeout)
+        replies.append(reply)
+    return replies, missing
+
+
+def _translated(reply: Any, url: str) -> Any:
+    if isinstance(reply, Exception) and not isinstance(reply, StreamkitError):
+        return _redispy.translate(reply, url) or BackendError(str(reply))
+    return reply
+
+
+def _redirected(reply: Any) -> bool:
+    return getattr(reply, "code", None) in ("MOVED", "ASK")
+
+
+def _untyped(client: object) -> Any:
+    """redis-py's methods that carry no types (``execute_command``, ...)."""
+    return client

@@ -1,0 +1,630 @@
+"""What the blocking and asyncio clients do, written once, without I/O: operations as generators.
+
+Each operation (send records, enqueue jobs, follow a job, read a table) is a generator
+that yields the Redis work it needs (a :class:`Call`, a :class:`Batch` of calls sent
+together, or a :class:`Sleep` before trying again) and is sent back the replies. The
+blocking client runs it with blocking sockets and ``time.sleep``; the asyncio client
+with awaits (:mod:`._blocking`, :mod:`._asyncio`): one definition, two thin drivers,
+never a generated copy.
+
+Below the operations, every decision is the Trio side's own, from the same pure
+modules: records into append calls and the metadata check (:mod:`streamkit._produce`),
+the retry rule (:mod:`streamkit._retrying`), job enqueue plans
+(:mod:`streamkit.jobs._plan`), the queue's replies (:mod:`streamkit.jobs._replies`),
+and the Lua sources (:mod:`streamkit._wire`, :mod:`streamkit.jobs._scripts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import attrs
+
+from .._errors import ConfigError, RedisUnavailable, StreamkitError
+from .._partitioner import canonical_key_bytes
+from .._produce import (
+    AppendCall,
+    FinishedMarkers,
+    append_once_source,
+    append_reply,
+    check_metadata_reply,
+    check_send_options,
+    encode_window,
+    metadata_arguments,
+    windows,
+)
+from .._retrying import RetryRule
+from .._tables_windowed import WindowedTable
+from .._windows import Window
+from .._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
+from ..jobs import _scripts
+from ..jobs._layout import ShardKeys, shard_for
+from ..jobs._plan import JobIds, plan_enqueue
+from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
+    from .._settings import Settings
+    from .._spec import StreamSpec
+    from .._tables import Table
+    from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
+    from ..jobs._plan import JobLike
+
+__all__ = [
+    "Batch",
+    "Call",
+    "ClientState",
+    "Op",
+    "Script",
+    "SendsRecords",
+    "Sleep",
+]
+
+T = TypeVar("T")
+
+log = logging.getLogger("streamkit.clients")
+
+#: Longest block of one ``XREAD`` waiting for a job's end: well within the socket
+#: timeout, so a server that died is noticed.
+RESULT_BLOCK = 5.0
+#: Enqueue script calls sent together (each up to 500 jobs).
+ENQUEUE_CALLS_PER_BATCH = 8
+#: Keys read per ``HSCAN`` call when iterating a table.
+SCAN_COUNT = 1000
+
+
+# ------------------------------------------------------------------------ requests
+
+
+@attrs.frozen
+class Script:
+    """A Lua script, run by its SHA1 digest; the driver loads it when a server lacks it."""
+
+    source: str
+    sha: str = attrs.field(init=False)
+
+    @sha.default
+    def _sha(self) -> str:
+        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+
+
+@attrs.frozen
+class Call:
+    """One command for the driver to run.
+
+    Attributes:
+        args: the command and its arguments.
+        key: a key of the command: routes it on a cluster (its node), and names it.
+        script: the script an ``EVALSHA`` runs, loaded on a ``NOSCRIPT`` reply (a
+            refused ``EVALSHA`` ran nothing).
+    """
+
+    args: tuple[Any, ...]
+    key: str
+    script: Script | None = None
+
+    @classmethod
+    def run(cls, script: Script, keys: list[str], args: Iterable[Any]) -> Call:
+        """Run ``script`` with ``keys`` and ``args``."""
+        return cls(("EVALSHA", script.sha, len(keys), *keys, *args), keys[0], script)
+
+    @classmethod
+    def command(cls, *args: Any) -> Call:
+        """A plain command whose first argument after its name is its key."""
+        return cls(args, args[1])
+
+
+@attrs.frozen
+class Batch:
+    """Calls sent together, one connection per node, in order per node.
+
+    The reply is a list: per call its reply, or the :class:`~streamkit.StreamkitError`
+    it failed with (the others ran regardless). With ``replicas``, each call is
+    followed on its connection by ``WAIT replicas timeout``, and a call that too few
+    replicas acknowledged gets :class:`~streamkit.NotReplicated`.
+    """
+
+    calls: tuple[Call, ...]
+    replicas: int = 0
+    replica_timeout: float = 0.0
+
+
+@attrs.frozen
+class Sleep:
+    """Wait this many seconds (before trying a call again)."""
+
+    seconds: float
+
+
+Request = Call | Batch | Sleep
+#: An operation: yields requests, is sent their replies, returns its result.
+Op = Generator[Request, Any, T]
+
+_APPEND = Script(append_once_source(APPEND_AND_TRIM_LUA))
+_METADATA = Script(METADATA_LUA)
+_ENQUEUE = Script(_scripts.ENQUEUE_LUA)
+_WATCH = Script(_scripts.WATCH_LUA)
+_ABORT = Script(_scripts.ABORT_LUA)
+
+
+def retried(call: Call, *, what: str, idempotent: bool = True) -> Op[Any]:
+    """Run ``call``, trying again by the rule of :mod:`streamkit._retrying`."""
+    rule = RetryRule(what, idempotent=idempotent, started=time.monotonic())
+    while True:
+        try:
+            return (yield call)
+        except RedisUnavailable as exc:
+            delay = rule.next_delay(exc, time.monotonic())
+            log.debug(
+                "%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, rule.attempts, delay
+            )
+        yield Sleep(delay)
+
+
+# --------------------------------------------------------------------------- state
+
+
+class SendsRecords(Protocol):
+    """What a client needs of a stream (a :class:`~streamkit.Stream`)."""
+
+    @property
+    def spec(self) -> StreamSpec[Any]: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+@attrs.define(eq=False)
+class ClientState:
+    """What one client keeps between operations; safe to share between threads.
+
+    Attributes:
+        queue: the app's job queue name.
+        shards: its shard count.
+        jobs: the app's declared jobs, by name.
+        markers: the markers of finished appends (deleted by the next appends).
+        new_id: makes job ids.
+        checked: the streams whose metadata this client checked.
+    """
+
+    queue: str
+    shards: int
+    jobs: Mapping[str, JobLike]
+    markers: FinishedMarkers = attrs.field(factory=FinishedMarkers)
+    new_id: JobIds = attrs.field(factory=JobIds)
+    checked: set[str] = attrs.field(factory=set)
+
+    def job(self, job: JobLike | str) -> JobLike:
+        """The app's job ``job`` (given, or by name).
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a job the app does not declare.
+        """
+        name = job if isinstance(job, str) else getattr(job, "name", None)
+        declared = self.jobs.get(name) if isinstance(name, str) else None
+        if declared is None or (not isinstance(job, str) and declared is not job):
+            raise ConfigError("job", f"{job!r} is not a job of app {self.queue!r}")
+        return declared
+
+    def keys(self, shard: int) -> ShardKeys:
+        """The keys of a shard of the app's queue."""
+        return ShardKeys(self.queue, shard)
+
+    def shard_of(self, job_id: str) -> int:
+        """The shard job ``job_id`` lives on."""
+        return shard_for(job_id, self.shards)
+
+
+# ------------------------------------------------------------------------- streams
+
+
+def check_metadata(state: ClientState, spec: StreamSpec[Any]) -> Op[None]:
+    """Record ``spec``'s metadata in Redis, or check it against what is recorded; once
+    per stream and client (see :meth:`Stream.check_metadata <streamkit.Stream>`)."""
+    if spec.meta_key in state.checked:
+        return
+    reply = yield from retried(
+        Call.run(_METADATA, [spec.meta_key], metadata_arguments(spec)),
+        what=f"checking the metadata of {spec.name}",
+    )
+    check_metadata_reply(spec, reply)
+    state.checked.add(spec.meta_key)
+
+
+def send_many(
+    state: ClientState,
+    stream: SendsRecords,
+    records: Iterable[Any],
+    *,
+    chunk_size: int | None,
+    on_sent: Callable[[int], None] | None,
+    replicas: int,
+    replica_timeout: float,
+) -> Op[list[str]]:
+    """Append ``records``; return their entry ids (see :meth:`Stream.send_many
+    <streamkit.Stream.send_many>`)."""
+    spec, settings = stream.spec, stream.settings
+    chunk = chunk_size if chunk_size is not None else settings.send_chunk_size
+    check_send_options(chunk, replicas, replica_timeout)
+    yield from check_metadata(state, spec)
+    ids: list[str] = []
+    for records_window in windows(records, chunk, spec.partition_count):
+        window = encode_window(spec, records_window)
+        # Round after round, the next chunk of every partition, in one batch: the
+        # chunks of a partition are appended one after the other, in order, as the Trio
+        # producer does; the partitions' chunks travel together.
+        queued = {p: window.chunks(p, chunk) for p in window.entries}
+        while queued:
+            step = [(p, *chunks.pop(0)) for p, chunks in queued.items()]
+            appends = [
+                AppendCall.make(
+                    state.markers,
+                    spec.key(partition),
+                    keep=settings.partition_size,
+                    cap=settings.max_len or 0,
+                    entries=window.arguments(partition, start, end),
+                )
+                for partition, start, end in step
+            ]
+            replies = yield from _append_all(state, appends, replicas, replica_timeout)
+            for (partition, start, _), (entry_ids, dropped, before) in zip(
+                step, replies, strict=True
+            ):
+                window.landed(partition, start, entry_ids)
+                if dropped:
+                    log.warning(
+                        "max_len=%d dropped %d unprocessed entries from %s partition %d",
+                        settings.max_len or 0,
+                        dropped,
+                        spec.name,
+                        partition,
+                    )
+                if before:
+                    log.debug(
+                        "append to %s was applied before its connection was lost; not repeated",
+                        spec.key(partition),
+                    )
+            queued = {p: chunks for p, chunks in queued.items() if chunks}
+        ids.extend(window.ids)
+        if on_sent is not None:
+            on_sent(len(records_window))
+    return ids
+
+
+def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[str]]:
+    """Append one record (``send(stream, record)``): :func:`send_many`'s steps for one
+    record, without its windows and batches, for the latency of a single send."""
+    spec, settings = stream.spec, stream.settings
+    if spec.meta_key not in state.checked:
+        yield from check_metadata(state, spec)
+    window = encode_window(spec, (record,))
+    ((partition, entries),) = window.entries.items()
+    append = AppendCall.make(
+        state.markers,
+        spec.key(partition),
+        keep=settings.partition_size,
+        cap=settings.max_len or 0,
+        entries=entries[0],
+    )
+    started = time.monotonic()
+    rule: RetryRule | None = None
+    try:
+        while True:
+            try:
+                reply = yield Call.run(_APPEND, append.keys, append.args)
+                break
+            except RedisUnavailable as exc:
+                if rule is None:
+                    rule = RetryRule(
+                        f"appending to {append.key}",
+                        idempotent=True,
+                        started=started,
+                        fail_fast_oom=True,
+                        unknown_is_final=True,
+                    )
+                delay = rule.next_delay(exc, time.monotonic())
+                log.debug(
+                    "appending to %s: %s (attempt %d, retrying in %.2fs)",
+                    append.key,
+                    exc.reason,
+                    rule.attempts,
+                    delay,
+                )
+                append.retrying()
+            yield Sleep(delay)
+    except BaseException:
+        append.failed(state.markers)
+        raise
+    append.succeeded(state.markers)
+    entry_ids, dropped, _ = append_reply(reply)
+    if dropped:
+        log.warning(
+            "max_len=%d dropped %d unprocessed entries from %s partition %d",
+            settings.max_len or 0,
+            dropped,
+            spec.name,
+            partition,
+        )
+    return entry_ids
+
+
+def _append_all(
+    state: ClientState, appends: list[AppendCall], replicas: int, replica_timeout: float
+) -> Op[list[tuple[list[str], int, bool]]]:
+    """Run idempotent appends together; each is retried with its marker while Redis is
+    unavailable or its outcome unknown (the rule of :func:`streamkit._idempotent.append_once`)."""
+    started = time.monotonic()
+    # Made on a call's first failure only: the common path makes none.
+    rules: dict[int, RetryRule] = {}
+    results: list[tuple[list[str], int, bool] | None] = [None] * len(appends)
+    todo = list(range(len(appends)))
+    try:
+        while todo:
+            replies = yield Batch(
+                tuple(Call.run(_APPEND, appends[i].keys, appends[i].args) for i in todo),
+                replicas=replicas,
+                replica_timeout=replica_timeout,
+            )
+            again: list[int] = []
+            delay = 0.0
+            for i, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, RedisUnavailable):
+                    rule = rules.get(i)
+                    if rule is None:
+                        rule = rules[i] = RetryRule(
+                            f"appending to {appends[i].key}",
+                            idempotent=True,
+                            started=started,
+                            fail_fast_oom=True,
+                            unknown_is_final=True,
+                        )
+                    wait = rule.next_delay(reply, time.monotonic())
+                    log.debug(
+                        "appending to %s: %s (attempt %d, retrying in %.2fs)",
+                        appends[i].key,
+                        reply.reason,
+                        rule.attempts,
+                        wait,
+                    )
+                    delay = max(delay, wait)
+                    appends[i].retrying()
+                    again.append(i)
+                elif isinstance(reply, StreamkitError):
+                    raise reply
+                else:
+                    appends[i].succeeded(state.markers)
+                    results[i] = append_reply(reply)
+            todo = again
+            if todo:
+                yield Sleep(delay)
+    except BaseException:
+        for i, result in enumerate(results):
+            if result is None:
+                appends[i].failed(state.markers)
+        raise
+    return [result for result in results if result is not None]
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+def enqueue(
+    state: ClientState,
+    job: JobLike,
+    calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+    *,
+    priority: Priority | None = None,
+    delay: When | None = None,
+) -> Op[list[tuple[str, int]]]:
+    """Enqueue ``job`` once per call; return each job's ``(id, shard)`` (see
+    :meth:`Job.enqueue_many <streamkit.jobs.Job.enqueue_many>`).
+
+    An enqueue is not idempotent (without ``job_id``): like the Trio queue's, a call
+    is sent again only while it surely never reached Redis.
+    """
+    plan = plan_enqueue(
+        job, calls, shards=state.shards, new_id=state.new_id, priority=priority, delay=delay
+    )
+    script_calls = [
+        Call.run(_ENQUEUE, list(keys.keys), args) for keys, args in plan.script_calls(state.queue)
+    ]
+    for start in range(0, len(script_calls), ENQUEUE_CALLS_PER_BATCH):
+        todo = script_calls[start : start + ENQUEUE_CALLS_PER_BATCH]
+        rule = RetryRule(
+            f"enqueueing jobs on {state.queue}", idempotent=False, started=time.monotonic()
+        )
+        while todo:
+            replies = yield Batch(tuple(todo))
+            again: list[Call] = []
+            delay_for = 0.0
+            for call, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, RedisUnavailable):
+                    # OutcomeUnknown: raised at once (it may have been enqueued).
+                    delay_for = max(delay_for, rule.next_delay(reply, time.monotonic()))
+                    again.append(call)
+                elif isinstance(reply, StreamkitError):
+                    raise reply
+            todo = again
+            if todo:
+                yield Sleep(delay_for)
+    return plan.placed
+
+
+def job_status(state: ClientState, job_id: str, shard: int) -> Op[JobStatus]:
+    """Where job ``job_id`` is now (see :meth:`JobHandle.status <streamkit.jobs.JobHandle.status>`)."""
+    value = yield from retried(
+        Call.command("HGET", state.keys(shard).job(job_id), "status"),
+        what="reading a job's status",
+    )
+    return status_reply(value, job_id, state.queue)
+
+
+def job_info(state: ClientState, job_id: str, shard: int) -> Op[JobInfo]:
+    """Everything the queue records of job ``job_id``."""
+    fields = yield from retried(
+        Call.command("HGETALL", state.keys(shard).job(job_id)), what="reading a job"
+    )
+    return info_reply(fields, job_id, state.queue)
+
+
+def job_abort(state: ClientState, job_id: str, shard: int, reason: str) -> Op[JobStatus]:
+    """Abort job ``job_id`` (see :meth:`JobHandle.abort <streamkit.jobs.JobHandle.abort>`)."""
+    keys = state.keys(shard)
+    reply = yield from retried(
+        Call.run(_ABORT, list(keys.keys), (keys.base, job_id, reason)), what="aborting a job"
+    )
+    return abort_reply(reply, job_id, state.queue)
+
+
+def job_result(state: ClientState, job_id: str, shard: int, timeout: float | None) -> Op[Any]:
+    """Wait until job ``job_id`` is over; return its result (see :meth:`JobHandle.result
+    <streamkit.jobs.JobHandle.result>`).
+
+    Waiting does not poll: it blocks on the shard's completion stream (``XREAD
+    BLOCK``), to which the queue's scripts add the ids of awaited jobs as they end,
+    and looks at the job again when its id comes by (or every few seconds).
+
+    Error handling:
+        ``TimeoutError`` after ``timeout`` seconds; the queue's errors as
+        :func:`streamkit.jobs._replies.watch_reply` says.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    keys = state.keys(shard)
+    # Where the completion stream ends now, before the job is looked at: a completion
+    # added after the look is then read.
+    last = yield from retried(
+        Call.command("XREVRANGE", keys.done, "+", "-", "COUNT", 1),
+        what="reading job completions",
+    )
+    cursor = last[0][0] if last else b"0-0"
+    while True:
+        reply = yield from retried(
+            Call.run(_WATCH, list(keys.keys), (keys.base, job_id)),
+            what="waiting for a job's result",
+        )
+        final, result = watch_reply(reply, job_id, state.queue)
+        if final:
+            return result
+        while True:
+            block = RESULT_BLOCK
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id} did not end within {timeout:g}s")
+                block = min(block, remaining)
+            entries = yield from retried(
+                Call.command(
+                    "XREAD", "COUNT", 1000, "BLOCK", max(1, round(block * 1000)), "STREAMS",
+                    keys.done, cursor,
+                ),
+                what="waiting for job results",
+            )  # fmt: skip
+            ended = not entries  # nothing within the block: look at the job again
+            for _, stream_entries in entries or ():
+                for entry_id, fields in stream_entries:
+                    cursor = entry_id
+                    if fields.get(b"id") == job_id.encode():
+                        ended = True
+            if ended:
+                break
+
+
+# -------------------------------------------------------------------------- tables
+
+
+def _decoded(table: Table[Any] | WindowedTable[Any], raw: bytes) -> Any:
+    if isinstance(table, WindowedTable):
+        return [(Window.from_ms(s.start, s.end), s.value) for s in table.decode(raw)]
+    return table.decode(raw)
+
+
+def _missing(table: Table[Any] | WindowedTable[Any], default: Any) -> Any:
+    if isinstance(table, WindowedTable):
+        return []
+    return table.default if default is _NO_DEFAULT else default
+
+
+_NO_DEFAULT: Any = object()
+
+
+def table_read(table: Table[Any] | WindowedTable[Any], key: object, default: Any) -> Op[Any]:
+    """The committed value of ``key`` (see :meth:`Table.read <streamkit.Table.read>`,
+    :meth:`WindowedTable.read <streamkit.WindowedTable.read>`)."""
+    raw = yield from retried(
+        Call.command("HGET", table.key(table.partition_of(key)), canonical_key_bytes(key)),
+        what=f"reading table {table.name}",
+    )
+    return _missing(table, default) if raw is None else _decoded(table, raw)
+
+
+def table_read_many(
+    table: Table[Any] | WindowedTable[Any], keys: Iterable[object]
+) -> Op[list[Any]]:
+    """The committed values of ``keys``, in order; one batch of one ``HMGET`` per partition."""
+    keys = list(keys)
+    by_partition: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_partition.setdefault(table.partition_of(key), []).append(i)
+    calls = tuple(
+        Call.command("HMGET", table.key(p), *(canonical_key_bytes(keys[i]) for i in positions))
+        for p, positions in by_partition.items()
+    )
+    out = [_missing(table, _NO_DEFAULT)] * len(keys)
+    if not calls:
+        return out
+    rule = RetryRule(f"reading table {table.name}", idempotent=True, started=time.monotonic())
+    while True:
+        replies = yield Batch(calls)
+        failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
+        if failed is None:
+            break
+        if not isinstance(failed, RedisUnavailable):
+            raise failed
+        yield Sleep(rule.next_delay(failed, time.monotonic()))
+    for positions, raws in zip(by_partition.values(), replies, strict=True):
+        for i, raw in zip(positions, raws, strict=True):
+            if raw is not None:
+                out[i] = _decoded(table, raw)
+    return out
+
+
+def table_page(
+    table: Table[Any] | WindowedTable[Any], partition: int, cursor: int
+) -> Op[tuple[int, list[tuple[str, Any]]]]:
+    """One ``HSCAN`` page of a partition: the next cursor (0: done) and its items."""
+    reply = yield from retried(
+        Call.command("HSCAN", table.key(partition), cursor, "COUNT", SCAN_COUNT),
+        what=f"reading table {table.name}",
+    )
+    next_cursor, page = reply
+    return int(next_cursor), [(field.decode(), _decoded(table, raw)) for field, raw in page.items()]
+
+
+def table_partitions(
+    table: Table[Any] | WindowedTable[Any], partition: int | None
+) -> range | list[int]:
+    """The partitions an iteration over ``table`` reads."""
+    home = table.stream
+    if home is None:
+        table.key(0)  # raises the table's own ConfigError: no processor writes it
+        raise AssertionError("unreachable")  # pragma: no cover
+    return range(home.partition_count) if partition is None else [partition]
+
+
+def table_sizes(table: Table[Any] | WindowedTable[Any]) -> Op[list[int]]:
+    """The number of keys in each partition, in partition order."""
+    calls = tuple(Call.command("HLEN", table.key(p)) for p in table_partitions(table, None))
+    rule = RetryRule(f"reading table {table.name}", idempotent=True, started=time.monotonic())
+    while True:
+        replies = yield Batch(calls)
+        failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
+        if failed is None:
+            return [int(r) for r in replies]
+        if not isinstance(failed, RedisUnavailable):
+            raise failed
+        yield Sleep(rule.next_delay(failed, time.monotonic()))

@@ -1,0 +1,267 @@
+"""Enqueue plans, pure: job calls into the enqueue script's arguments, for every client.
+
+The Trio queue (:meth:`JobQueue.enqueue_calls <streamkit.jobs.JobQueue>`) and the
+blocking and asyncio clients (:mod:`streamkit.clients`) enqueue through
+:func:`plan_enqueue`: the same checks of arguments and options, the same job ids,
+shards and dependencies, the same JSON and the same script calls, so that a job
+enqueued from a Flask view runs exactly as one enqueued from a Trio service.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import orjson
+
+from .._errors import ConfigError, EncodeError
+from .._validate import positive_number
+from ._layout import ShardKeys, shard_for
+from ._model import PRIORITIES, JobCall, JobOptions, JobRef, Priority, When, dumps
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
+__all__ = [
+    "ENQUEUE_CHUNK",
+    "EnqueuePlan",
+    "JobIds",
+    "JobLike",
+    "encode_arguments",
+    "plan_enqueue",
+]
+
+#: Jobs per enqueue script call.
+ENQUEUE_CHUNK = 500
+
+
+class JobLike(Protocol):
+    """What enqueueing needs of a declared job (a :class:`~streamkit.jobs.Job`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def options(self) -> JobOptions: ...
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
+
+
+# Bumped in a forked child: id makers of the parent draw a new prefix there, so that
+# processes forked from one parent (gunicorn's workers) never make the same job ids.
+_generation = 0
+
+
+def _after_fork() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+@attrs.define(eq=False)
+class JobIds:
+    """New job ids: a random prefix and a counter; a new prefix after ``fork``."""
+
+    _prefix: str = attrs.field(init=False, factory=lambda: secrets.token_hex(8))
+    _counter: int = attrs.field(init=False, default=0)
+    _generation: int = attrs.field(init=False, factory=lambda: _generation)
+
+    def __call__(self) -> str:
+        """A job id no other call of any process makes."""
+        if self._generation != _generation:
+            self._prefix, self._counter, self._generation = secrets.token_hex(8), 0, _generation
+        self._counter += 1
+        return f"{self._prefix}{self._counter:x}"
+
+
+def encode_arguments(
+    name: str, args: Sequence[Any], kwargs: Mapping[str, Any], max_bytes: int | None = None
+) -> bytes:
+    """A job's arguments as stored: JSON ``[args, kwargs]``.
+
+    Every client (the Trio queue, the blocking and asyncio clients) encodes a job's
+    arguments here, so their size limit is checked here.
+
+    Error handling:
+        :class:`~streamkit.EncodeError` if they are not JSON-serialisable, or take more
+        than ``max_bytes`` encoded.
+    """
+    encoded = dumps([args, kwargs], f"the arguments of job {name}")
+    if max_bytes is not None and len(encoded) > max_bytes:
+        raise EncodeError(
+            f"the arguments of job {name}: {len(encoded):,} bytes encoded, over the "
+            f"queue's limit of {max_bytes:,} (max_bytes)"
+        )
+    return encoded
+
+
+def _ms(value: When | None, name: str) -> int:
+    if value is None:
+        return 0
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    positive_number.check(name, seconds) if seconds != 0 else None
+    return math.ceil(seconds * 1000)
+
+
+def _at_ms(value: datetime | None, name: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ConfigError(name, f"must be a timezone-aware datetime, got {value!r}")
+    return math.ceil(value.timestamp() * 1000)
+
+
+def _options(call: JobCall, after: list[str]) -> bytes:
+    """The per-job options field of the enqueue script: "" when there are none."""
+    opts: dict[str, Any] = {}
+    if call.priority is not None:
+        opts["p"] = PRIORITIES[call.priority]
+    if call.delay is not None:
+        opts["d"] = _ms(call.delay, "delay")
+    if call.at is not None:
+        opts["a"] = _at_ms(call.at, "at")
+    if call.expires is not None:
+        opts["e"] = (
+            _at_ms(call.expires, "expires")
+            if isinstance(call.expires, datetime)
+            else -_ms(call.expires, "expires")
+        )
+    if call.job_id is not None:
+        opts["w"] = 1
+    if after:
+        opts["after"] = after
+    return orjson.dumps(opts) if opts else b""
+
+
+def _place(
+    call: JobCall, after: list[tuple[str, int]], shards: int, new_id: Callable[[], str]
+) -> tuple[str, int]:
+    """The id and shard of a new job: the shard its id maps to, which for a job with
+    dependencies must be theirs (a generated id is drawn until it fits)."""
+    if call.job_id is not None and (not isinstance(call.job_id, str) or not call.job_id):
+        raise ConfigError("job_id", f"must be a non-empty string, got {call.job_id!r}")
+    if not after or shards == 1:
+        job_id = call.job_id if call.job_id is not None else new_id()
+        return job_id, shard_for(job_id, shards)
+    on = {shard for _, shard in after}
+    if len(on) > 1:
+        raise ConfigError("after", "the jobs a job depends on must be on one shard")
+    shard = on.pop()
+    if call.job_id is None:
+        while shard_for(job_id := new_id(), shards) != shard:
+            pass
+        return job_id, shard
+    if shard_for(call.job_id, shards) != shard:
+        raise ConfigError(
+            "after",
+            f"job id {call.job_id!r} maps to shard {shard_for(call.job_id, shards)} "
+            f"but the jobs it depends on are on shard {shard}: dependencies need one "
+            "shard; leave job_id out, or pick one on their shard",
+        )
+    return call.job_id, shard
+
+
+def _ref(ref: JobRef | str, shards: int) -> tuple[str, int]:
+    if isinstance(ref, str):
+        return ref, shard_for(ref, shards)
+    return ref.id, ref.shard
+
+
+@attrs.frozen
+class EnqueuePlan:
+    """Jobs checked and encoded, ready to send: the enqueue script's calls.
+
+    Attributes:
+        placed: per call, in order, the job's ``(id, shard)``.
+        defaults: the script's per-call arguments after the shard's key base (name,
+            default priority, delay, tries, result ttl, dedupe window, expiry).
+        per_shard: per shard, the jobs' fields: id, arguments, options, id, ...
+    """
+
+    placed: list[tuple[str, int]]
+    defaults: tuple[Any, ...]
+    per_shard: dict[int, list[Any]]
+
+    def script_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
+        """The enqueue script's calls, :data:`ENQUEUE_CHUNK` jobs each: per call, the
+        shard's keys and the call's arguments. (Every client cuts its calls here, so a
+        bound on a call's bytes or dependencies goes here too.)"""
+        step = 3 * ENQUEUE_CHUNK
+        for shard, fields in self.per_shard.items():
+            keys = ShardKeys(queue, shard)
+            for start in range(0, len(fields), step):
+                yield keys, (keys.base, *self.defaults, *fields[start : start + step])
+
+
+def plan_enqueue(
+    job: JobLike,
+    calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+    *,
+    shards: int,
+    new_id: Callable[[], str],
+    priority: Priority | None = None,
+    delay: When | None = None,
+    max_bytes: int | None = None,
+) -> EnqueuePlan:
+    """Check and encode one enqueue of ``job`` per call (see :meth:`Job.enqueue_many
+    <streamkit.jobs.Job.enqueue_many>`).
+
+    Args:
+        job: the declared job.
+        calls: a tuple (positional arguments), a mapping (keyword arguments) or a
+            :class:`~streamkit.jobs.JobCall` per job.
+        shards: the queue's shard count.
+        new_id: makes a job id (a :class:`JobIds`).
+        priority: the priority of the calls that name none.
+        delay: the delay of the calls that name none.
+        max_bytes: the most bytes a job's encoded arguments may take (the queue's
+            limit), if any.
+
+    Error handling:
+        ``TypeError`` if the function does not accept a call's arguments;
+        :class:`~streamkit.EncodeError` if they are not JSON-serialisable;
+        :class:`~streamkit.ConfigError` for bad options. Every call is checked before
+        the plan is returned, so nothing is sent when one is wrong.
+    """
+    if priority is not None and priority not in PRIORITIES:
+        raise ConfigError("priority", f"must be 'high', 'normal' or 'low', got {priority!r}")
+    options = job.options
+    placed: list[tuple[str, int]] = []
+    per_shard: dict[int, list[Any]] = {}
+    name = job.name
+    check = job.check_arguments
+    single = per_shard.setdefault(0, []) if shards == 1 else None
+    for item in calls:
+        if isinstance(item, tuple):
+            check(item, {})
+            job_id = new_id()
+            args = encode_arguments(name, item, {}, max_bytes)
+            opts = b""
+            shard = 0 if shards == 1 else shard_for(job_id, shards)
+        else:
+            call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
+            check(call.args, call.kwargs)
+            after = [_ref(ref, shards) for ref in call.after]
+            job_id, shard = _place(call, after, shards, new_id)
+            args = encode_arguments(name, call.args, call.kwargs, max_bytes)
+            opts = _options(call, [ref_id for ref_id, _ in after])
+        fields = single if single is not None else per_shard.setdefault(shard, [])
+        fields.extend((job_id, args, opts))
+        placed.append((job_id, shard))
+    expires = options.expires
+    defaults = (
+        name,
+        PRIORITIES[priority or options.priority],
+        _ms(delay, "delay"),
+        options.retries + 1,
+        math.ceil(options.result_ttl),
+        options.dedupe_window,
+        -_ms(expires, "expires") if expires is not None else 0,
+    )
+    return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f})

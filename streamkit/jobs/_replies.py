@@ -1,0 +1,178 @@
+"""The job queue's replies decoded, pure: statuses, job records, results and aborts.
+
+Every client of a queue (the Trio :class:`~streamkit.jobs.JobQueue` and the blocking
+and asyncio clients of :mod:`streamkit.clients`) reads what the queue's scripts and
+keys return through these functions, so they all mean the same by a reply.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import attrs
+import orjson
+
+from .._errors import JobFailed, JobNotFound, ResultNotKept
+from .._wire import text
+from ._model import JobErrorInfo, JobInfo, JobStatus, JobTry, Priority
+
+__all__ = [
+    "abort_reply",
+    "decode_history",
+    "decode_info",
+    "info_reply",
+    "outcome",
+    "status_reply",
+    "watch_reply",
+]
+
+_PRIORITY_NAMES: tuple[Priority, ...] = ("high", "normal", "low")
+
+
+def _time(value: bytes | None) -> datetime | None:
+    if not value or value == b"0":
+        return None
+    return datetime.fromtimestamp(int(value) / 1000, UTC)
+
+
+def _error(value: bytes | None) -> JobErrorInfo | None:
+    if not value:
+        return None
+    data = orjson.loads(value)
+    return JobErrorInfo(data.get("type", "?"), data.get("message", ""), data.get("traceback", ""))
+
+
+def decode_history(value: bytes | None) -> tuple[JobTry, ...]:
+    """The tries in a job's ``hist`` field (see :mod:`streamkit.jobs._scripts`)."""
+    tries: list[JobTry] = []
+    for line in text(value or b"").splitlines():
+        kind, _, rest = line.partition(",")
+        parts = rest.split(",", 3)
+        try:
+            number, moment = int(parts[0]), _time(parts[1].encode())
+        except (IndexError, ValueError):
+            continue  # a line cut by the size limit, or unknown
+        if kind == "s":
+            worker = parts[2] if len(parts) > 2 else None
+            tries.append(JobTry(number=number, started_at=moment, worker=worker))
+        elif kind == "e" and len(parts) > 2:
+            outcome, error_type = parts[2], parts[3] if len(parts) > 3 else None
+            if tries and tries[-1].outcome is None and tries[-1].number == number:
+                tries[-1] = attrs.evolve(
+                    tries[-1], ended_at=moment, outcome=outcome, error_type=error_type
+                )
+            else:  # its start was cut off by the size limit
+                tries.append(
+                    JobTry(
+                        number=number,
+                        started_at=None,
+                        worker=None,
+                        ended_at=moment,
+                        outcome=outcome,
+                        error_type=error_type,
+                    )
+                )
+    return tuple(tries)
+
+
+def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
+    """A :class:`JobInfo` from a job's hash."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    raw_args = fields.get(b"args")
+    if raw_args:
+        try:
+            args, kwargs = orjson.loads(raw_args)
+        except (orjson.JSONDecodeError, ValueError, TypeError):
+            args, kwargs = [text(raw_args)], {}
+    progress = fields.get(b"progress")
+    fraction, message = orjson.loads(progress) if progress else (None, None)
+    worker = fields.get(b"worker")
+    return JobInfo(
+        id=job_id,
+        queue=queue,
+        name=text(fields.get(b"name", b"?")),
+        status=JobStatus(text(fields[b"status"])),
+        args=tuple(args),
+        kwargs=kwargs,
+        priority=_PRIORITY_NAMES[int(fields.get(b"prio", b"1"))],
+        tries=int(fields.get(b"tries", b"0")),
+        max_tries=int(fields.get(b"max_tries", b"1")),
+        enqueued_at=_time(fields.get(b"enqueued")),
+        due_at=_time(fields.get(b"due")),
+        started_at=_time(fields.get(b"started")),
+        finished_at=_time(fields.get(b"finished")),
+        expires_at=_time(fields.get(b"expires")),
+        worker=text(worker) if worker else None,
+        error=_error(fields.get(b"error")),
+        progress=fraction,
+        progress_message=message,
+        lost=int(fields.get(b"lost", b"0")),
+        history=decode_history(fields.get(b"hist")),
+    )
+
+
+def outcome(job_id: str, status: JobStatus, result: bytes | None, error: bytes | None) -> Any:
+    """The result of a final job, or the :class:`JobFailed` its end raises."""
+    if status is JobStatus.SUCCESS:
+        if result is None:
+            raise ResultNotKept(job_id)
+        return orjson.loads(result)
+    info = _error(error) or JobErrorInfo("Expired" if status is JobStatus.EXPIRED else "?", "")
+    if status is JobStatus.EXPIRED:
+        info = JobErrorInfo("Expired", "it was not started before it expired")
+    raise JobFailed(job_id, status.value, info.type, info.message, info.traceback)
+
+
+def status_reply(value: bytes | str | None, job_id: str, queue: str) -> JobStatus:
+    """A job's ``status`` field as read (``HGET``).
+
+    Error handling:
+        :class:`~streamkit.jobs.JobNotFound` if there is no record of the job.
+    """
+    if value is None:
+        raise JobNotFound(job_id, queue)
+    return JobStatus(text(value))
+
+
+def info_reply(fields: dict[bytes, bytes], job_id: str, queue: str) -> JobInfo:
+    """A job's record as read (``HGETALL``), decoded.
+
+    Error handling:
+        :class:`~streamkit.jobs.JobNotFound` if there is no record of the job.
+    """
+    if not fields or b"status" not in fields:
+        raise JobNotFound(job_id, queue)
+    return decode_info(queue, job_id, fields)
+
+
+def watch_reply(reply: Any, job_id: str, queue: str) -> tuple[bool, Any]:
+    """The watch script's reply: ``(True, result)`` for a job that is over, ``(False,
+    None)`` for one that is not (finishing it will notify the waiters).
+
+    Error handling:
+        :class:`~streamkit.jobs.JobNotFound` if there is no record of the job;
+        :class:`~streamkit.jobs.JobFailed` or :class:`~streamkit.jobs.ResultNotKept`
+        as by :func:`outcome` for a job that is over.
+    """
+    if not reply:
+        raise JobNotFound(job_id, queue)
+    status = JobStatus(text(reply[0]))
+    if not status.final:
+        return False, None
+    return True, outcome(job_id, status, reply[1], reply[2])
+
+
+def abort_reply(reply: Any, job_id: str, queue: str) -> JobStatus:
+    """The abort script's reply, as the job's status after the call.
+
+    Error handling:
+        :class:`~streamkit.jobs.JobNotFound` if there is no record of the job.
+    """
+    said = text(reply)
+    if said == "unknown":
+        raise JobNotFound(job_id, queue)
+    if said == "requested":
+        return JobStatus.EXECUTING
+    return JobStatus(said)
