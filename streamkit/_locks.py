@@ -35,6 +35,7 @@ import attrs
 import trio
 import trio_util
 
+from ._acl import remember_script
 from ._backoff import Backoff
 from ._errors import (
     LockLost,
@@ -141,6 +142,10 @@ return {0, current}
 _INSPECT = """
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
+
+# Known by digest, so that an ACL refusal inside one of them names its command.
+for _source in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
+    remember_script(_source)
 
 
 # --- key layout ---------------------------------------------------------------------

@@ -37,7 +37,6 @@ never reached Redis).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
 import re
@@ -60,6 +59,7 @@ from coredis.globals import READONLY_COMMANDS
 from coredis.pool import ClusterConnectionPool, ConnectionPool
 from coredis.retry import NoRetryPolicy
 
+from ._acl import not_permitted, remember_script
 from ._backoff import Backoff, retry_unavailable
 from ._errors import (
     BackendError,
@@ -300,7 +300,7 @@ def _translate(exc: BaseException, url: str) -> StreamkitError | None:
     if isinstance(exc, coredis.exceptions.AuthenticationError):
         return RedisUnavailable(masked, f"authentication failed: {exc}")
     if isinstance(exc, coredis.exceptions.RedisError):
-        return _group_error(exc) or BackendError(str(exc))
+        return not_permitted(str(exc), masked) or _group_error(exc) or BackendError(str(exc))
     if isinstance(exc, BaseExceptionGroup):
         # coredis runs its pool in a task group, so a dropped connection can arrive
         # wrapped in a group. Unwrap it when every leaf is a Redis error.
@@ -470,7 +470,7 @@ class LuaScript:
 
     @sha.default
     def _sha(self) -> str:
-        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        return remember_script(self.source)
 
     async def __call__(self, redis: Redis, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """Run the script on ``redis``; errors are coredis's (wrap in :func:`redis_errors`)."""

@@ -5,6 +5,11 @@ producer settings. Records are routed by the partitioner, encoded by the codec a
 appended by a Lua script, one round trip per partition and chunk, which also trims the
 partition without ever dropping an entry some consumer group has not acknowledged
 (unless a hard cap, ``max_len``, says otherwise).
+
+Chunks are cut by count (``send_chunk_size``) and by bytes
+(:data:`~streamkit._wire.DEFAULT_SEND_CHUNK_BYTES`), and a record larger than
+``max_record_size`` or than the server accepts (its ``proto-max-bulk-len``, read once
+per connection where the user may) is refused before anything reaches Redis.
 """
 
 from __future__ import annotations
@@ -12,21 +17,26 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
 
-from ._errors import MetadataMismatch
+from ._errors import BackendError, EncodeError, MetadataMismatch
 from ._groups import meaningful_leaf
 from ._idempotent import append_once
 from ._redis import LuaScript, redis_errors, replicated
 from ._validate import non_negative_int, positive_finite_number, positive_int
 from ._wire import (
     APPEND_AND_TRIM_LUA,
+    DEFAULT_SEND_CHUNK_BYTES,
     METADATA_LUA,
+    REDIS_MAX_BULK,
+    chunk_bounds,
     compare_metadata,
     flatten_fields,
+    format_size,
     metadata_pairs,
 )
 
@@ -39,7 +49,7 @@ if TYPE_CHECKING:
     from ._settings import Settings
     from ._spec import StreamSpec
 
-__all__ = ["Stream", "append_entries", "check_metadata"]
+__all__ = ["Stream", "append_entries", "check_metadata", "server_bulk_limit"]
 
 R = TypeVar("R")
 
@@ -52,6 +62,31 @@ WINDOW_PER_PARTITION = 4
 DEFAULT_REPLICA_TIMEOUT = 1.0
 
 _METADATA_SCRIPT = LuaScript(METADATA_LUA)
+
+# Per client: the longest string its server accepts in a command.
+_bulk_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+async def server_bulk_limit(redis: Redis) -> int:
+    """The longest string (field name or value) the server accepts: ``proto-max-bulk-len``.
+
+    Read with ``CONFIG GET`` once per client. Where that is refused (an ACL user
+    without ``+config|get``, a managed service that renamed ``CONFIG``) or ambiguous
+    (a cluster), Redis's default, 512 MiB, is assumed.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    limit = _bulk_limits.get(redis)
+    if limit is None:
+        try:
+            with redis_errors():
+                reply: Any = await redis.config_get(["proto-max-bulk-len"])
+            limit = int(next(iter(reply.values())))
+        except (BackendError, StopIteration, AttributeError, TypeError, ValueError):
+            limit = REDIS_MAX_BULK
+        _bulk_limits[redis] = limit
+    return limit
 
 
 async def check_metadata(redis: Redis, spec: StreamSpec[Any]) -> None:
@@ -212,8 +247,10 @@ class Stream(Generic[R]):
         append. See ``docs/cluster.md``.
 
         Error handling:
-            :class:`~streamkit.EncodeError` for a record that cannot be encoded (then
-            nothing is sent); :class:`~streamkit.RedisUnavailable` if Redis cannot be
+            :class:`~streamkit.EncodeError` for a record that cannot be encoded or is
+            too large: more than ``max_record_size`` encoded, or more than the server
+            accepts (its ``proto-max-bulk-len``); then nothing is sent.
+            :class:`~streamkit.RedisUnavailable` if Redis cannot be
             reached; :class:`MetadataMismatch` if the stream disagrees with this one;
             :class:`~streamkit.NotReplicated` (with the count reached) when fewer than
             ``replicas`` replicas acknowledged within ``replica_timeout``: the records
@@ -232,7 +269,10 @@ class Stream(Generic[R]):
     ) -> list[str]:
         """Append many records, pipelined: one round trip per partition and chunk.
 
-        Records of one partition are appended in the order given. The iterable is
+        A chunk is ``chunk_size`` records of one partition, or fewer when they would
+        take more than 4 MiB (a larger record goes in a chunk of its own), so that no
+        call holds Redis up for long. Records of one partition are appended in the
+        order given. The iterable is
         consumed a window at a time, so a generator of millions of records needs little
         memory. ``on_sent(n)`` is called after each window with the number sent.
 
@@ -250,6 +290,7 @@ class Stream(Generic[R]):
         non_negative_int.check("replicas", replicas)
         positive_finite_number.check("replica_timeout", replica_timeout)
         await self.check_metadata()
+        server_limit = await server_bulk_limit(self._connection())
         window_size = chunk * WINDOW_PER_PARTITION * self.partition_count
         ids: list[str] = []
         iterator = iter(records)
@@ -261,32 +302,37 @@ class Stream(Generic[R]):
         # The tasks sending a window's partitions inherit the wait (a context variable).
         with waiting:
             while window := list(itertools.islice(iterator, window_size)):
-                ids.extend(await self._send_window(window, chunk))
+                ids.extend(await self._send_window(window, chunk, server_limit))
                 if on_sent is not None:
                     on_sent(len(window))
         return ids
 
-    async def _send_window(self, records: Sequence[R], chunk: int) -> list[str]:
+    async def _send_window(self, records: Sequence[R], chunk: int, server_limit: int) -> list[str]:
         partition_of = self.spec.partitioner.partition_of
         encode = self.spec.codec.encode
-        # Per partition: the positions of its records in `records`, and the flat
-        # script arguments (field count, then field names and values) for each.
+        # Per partition: the positions of its records in `records`, the flat script
+        # arguments (field count, then field names and values) for each, and sizes.
         positions: dict[int, list[int]] = {}
         arguments: dict[int, list[list[bytes | int]]] = {}
+        sizes: dict[int, list[int]] = {}
         for position, record in enumerate(records):
             partition = partition_of(record)
             entry: list[bytes | int] = []
-            flatten_fields(encode(record), entry)
+            fields = encode(record)
+            size = flatten_fields(fields, entry)
+            if size > server_limit:
+                self._check_server_limit(fields, server_limit)
             positions.setdefault(partition, []).append(position)
             arguments.setdefault(partition, []).append(entry)
+            sizes.setdefault(partition, []).append(size)
 
         ids: list[str] = [""] * len(records)
 
         async def send_partition(partition: int) -> None:
             entries = arguments[partition]
             where = positions[partition]
-            for start in range(0, len(entries), chunk):
-                sent = await self._append(partition, entries[start : start + chunk])
+            for start, end in chunk_bounds(sizes[partition], chunk, DEFAULT_SEND_CHUNK_BYTES):
+                sent = await self._append(partition, entries[start:end])
                 for offset, entry_id in enumerate(sent):
                     ids[where[start + offset]] = entry_id
 
@@ -302,6 +348,18 @@ class Stream(Generic[R]):
                 # partition's failure cancelled the others (no exception-group soup).
                 raise meaningful_leaf(group) from None
         return ids
+
+    def _check_server_limit(self, fields: dict[bytes, bytes], limit: int) -> None:
+        # Redis limits each string of a command, not their sum: a record larger than
+        # the limit in all is refused only if one of its fields is.
+        largest = max(len(value) for value in [*fields, *fields.values()])
+        if largest > limit:
+            raise EncodeError(
+                f"the encoded {self.record.__qualname__} has a field of "
+                f"{format_size(largest)}, more than Redis accepts (its proto-max-bulk-len "
+                f"is {format_size(limit)}): lower max_record_size to at "
+                f"most that, or raise the server's proto-max-bulk-len"
+            )
 
     async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:
         return await append_entries(

@@ -8,7 +8,9 @@ workers can import it cheaply:
 * the Lua sources of the append-and-trim (wrapped by the producer's idempotent
   append and the Spark writer), metadata, fenced-read and fenced-ack scripts;
 * the stream metadata schema (:data:`METADATA_VERSION`, :func:`compare_metadata`);
-* the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`.
+* the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`;
+* the size limits of entries and of script calls, and :func:`chunk_bounds`, which
+  splits appends into calls by count and by bytes.
 """
 
 from __future__ import annotations
@@ -16,22 +18,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "ACK_LUA",
     "APPEND_AND_TRIM_LUA",
     "COMPARED_METADATA",
+    "DEFAULT_MAX_DECODED_SIZE",
+    "DEFAULT_MAX_RECORD_SIZE",
     "DEFAULT_PARTITION_SIZE",
+    "DEFAULT_SEND_CHUNK_BYTES",
     "DEFAULT_SEND_CHUNK_SIZE",
     "METADATA_LUA",
     "METADATA_VERSION",
     "READ_LUA",
+    "REDIS_MAX_BULK",
     "TRIM_FUNCTIONS_LUA",
+    "TRIM_STEP",
+    "chunk_bounds",
     "compare_metadata",
     "compare_schemas",
     "field_pairs",
     "flatten_fields",
+    "format_size",
     "metadata_pairs",
     "text",
 ]
@@ -44,6 +53,27 @@ METADATA_VERSION = "2"
 DEFAULT_PARTITION_SIZE = 100_000
 #: Entries appended per script call by the producer and the Spark writer.
 DEFAULT_SEND_CHUNK_SIZE = 1_000
+#: Bytes of entries appended per script call, at most (an entry larger than this goes
+#: in a call of its own): Redis holds a whole call in memory, and runs it without a
+#: pause, so a call of many large entries would hold up every other client.
+DEFAULT_SEND_CHUNK_BYTES = 4 * 2**20
+
+#: The most bytes an encoded record (its field names and values) may take: the
+#: ``max_record_size`` setting's default.
+DEFAULT_MAX_RECORD_SIZE = 16 * 2**20
+#: The most bytes a JSON payload may take once decompressed (``max_decoded_size``):
+#: decoding it takes up to about 30 times as much memory (tiny nested values), and a
+#: compressed payload of a few kilobytes can stand for gigabytes.
+DEFAULT_MAX_DECODED_SIZE = 16 * 2**20
+#: Redis's default ``proto-max-bulk-len``: the longest string (each field name and
+#: value) it accepts in a command, when the server's own setting cannot be read.
+REDIS_MAX_BULK = 512 * 2**20
+
+#: Entries one script call removes when it trims, beyond as many as it appended or
+#: acknowledged: a partition far over its size (a hard cap just lowered, consumers
+#: back after a long stop) comes down over several calls, each of bounded work, instead
+#: of one call holding Redis up for seconds. See docs/streams.md, "Trimming".
+TRIM_STEP = 2_000
 
 #: The metadata fields compared between a stream's record and a producer or consumer.
 #: An empty ``partition_by`` means "a callable", which cannot be compared.
@@ -66,12 +96,45 @@ def field_pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(it, it, strict=True))
 
 
-def flatten_fields(fields: Mapping[bytes, bytes], into: list[bytes | int]) -> None:
-    """Append one entry to a script's arguments: its field count, then names and values."""
+def flatten_fields(fields: Mapping[bytes, bytes], into: list[bytes | int]) -> int:
+    """Append one entry to a script's arguments: its field count, then names and values.
+
+    Returns:
+        the entry's size: the bytes of its field names and values.
+    """
     into.append(len(fields))
+    size = 0
     for name, value in fields.items():
         into.append(name)
         into.append(value)
+        size += len(name) + len(value)
+    return size
+
+
+def chunk_bounds(sizes: Sequence[int], count: int, size: int) -> Iterator[tuple[int, int]]:
+    """Split entries into consecutive chunks of at most ``count`` entries and ``size`` bytes.
+
+    An entry larger than ``size`` makes a chunk of its own. Yields ``(start, end)``
+    slice bounds of ``sizes``, in order, covering every entry once.
+    """
+    start = 0
+    total = 0
+    for index, entry_size in enumerate(sizes):
+        if index > start and (index - start >= count or total + entry_size > size):
+            yield start, index
+            start, total = index, 0
+        total += entry_size
+    if start < len(sizes):
+        yield start, len(sizes)
+
+
+def format_size(size: int) -> str:
+    """A byte count for people: ``512 bytes``, ``64 KiB``, ``16 MiB``, ``2.5 MiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def metadata_pairs(reply: object) -> dict[str, str]:
@@ -200,16 +263,19 @@ local function oldest_needed()
 end
 
 -- Trims what every consumer group has processed, down to no fewer than `keep`
--- entries; `length` is the stream's length now.
-local function trim_processed(length, keep)
+-- entries; `length` is the stream's length now. Removes at most `done` (the entries
+-- this call appended or acknowledged) plus the trim step: bounded work per call,
+-- and never slower than the partition fills.
+local function trim_processed(length, keep, done)
   if keep > 0 and length > keep then
     local needed = oldest_needed()
     if needed ~= nil then
-      redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
+      redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT',
+                 math.min(length - keep, done + TRIM_STEP))
     end
   end
 end
-"""
+""".replace("TRIM_STEP", str(TRIM_STEP))
 
 # Appends the entries given in ARGV from index `first` on (each: field count, then
 # names and values) to the stream `key`, then trims it: never below the oldest entry
@@ -230,15 +296,21 @@ end
 local dropped = 0
 local length = redis.call('XLEN', key)
 if cap > 0 and length > cap then
+  -- The oldest entries over the cap go, at most as many as were appended plus the
+  -- trim step (a partition far over its cap comes down over several calls); each
+  -- that some consumer group still needs is counted as dropped.
+  local excess = math.min(length - cap, #ids + TRIM_STEP)
+  local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', excess + 1)
   local needed = oldest_needed()
-  for _, entry in ipairs(redis.call('XRANGE', key, '-', '+', 'COUNT', length - cap)) do
-    if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
+  for i = 1, excess do
+    if needed == nil or not less(oldest[i][1], needed) then dropped = dropped + 1 end
   end
-  redis.call('XTRIM', key, 'MAXLEN', cap)
+  -- Exactly the `excess` entries before the first one kept.
+  redis.call('XTRIM', key, 'MINID', oldest[excess + 1][1])
 else
-  trim_processed(length, keep)
+  trim_processed(length, keep, #ids)
 end
-"""
+""".replace("TRIM_STEP", str(TRIM_STEP))
 )
 
 # KEYS: the metadata hash. ARGV: field, value, ... Records the metadata if the stream
@@ -265,7 +337,7 @@ local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
     + """
 if #ARGV > 6 then
   redis.call('XACK', key, group, unpack(ARGV, 7))
-  trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]))
+  trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]), #ARGV - 6)
 end
 
 local function read(id)
@@ -316,7 +388,7 @@ local key = KEYS[1]
     + TRIM_FUNCTIONS_LUA
     + """
 local acked = redis.call('XACK', key, ARGV[2], unpack(ARGV, 4))
-trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]))
+trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]), #ARGV - 3)
 return acked
 """
 )

@@ -25,15 +25,16 @@ import redis.cluster
 import redis.exceptions
 
 from .. import _keys
+from .._acl import not_permitted
 from .._errors import BackendError, ConfigError, RedisUnavailable
 from .._redis_urls import check_redis_url, is_cluster_url, seed_url
 from .._urls import mask_url
-from .._wire import text
+from .._wire import REDIS_MAX_BULK, text
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Client", "connect", "read_metadata", "redis_errors"]
+__all__ = ["Client", "connect", "read_metadata", "redis_errors", "server_bulk_limit"]
 
 #: The client of a server or of a cluster; both take the same (single-slot) commands.
 Client = redis.Redis | redis.cluster.RedisCluster
@@ -66,7 +67,7 @@ def redis_errors(url: str) -> Iterator[None]:
         # CLUSTERDOWN, or redirections still failing after the client's retries.
         raise RedisUnavailable(mask_url(url), f"the cluster is not serving: {exc}") from exc
     except redis.exceptions.RedisError as exc:
-        raise BackendError(str(exc)) from exc
+        raise not_permitted(str(exc), mask_url(url)) or BackendError(str(exc)) from exc
     except redis.exceptions.RedisClusterException as exc:
         # Raised by the cluster client itself: no reachable node, a node without
         # cluster mode, a slot no node serves.
@@ -114,3 +115,18 @@ def read_metadata(client: Client, url: str, app: str, stream: str) -> dict[str, 
     with redis_errors(url):
         raw = cast("dict[bytes, bytes]", client.hgetall(_keys.meta_key(app, stream)))
     return {text(k): text(v) for k, v in raw.items()}
+
+
+def server_bulk_limit(client: Client) -> int:
+    """The longest string the server accepts in a command (``proto-max-bulk-len``).
+
+    Redis's default when it cannot be read: ``CONFIG`` refused to this user (an ACL
+    without ``+config|get``), renamed (managed services), or a cluster's nodes.
+    """
+    try:
+        reply = cast("dict[str | bytes, str | bytes]", client.config_get("proto-max-bulk-len"))
+        return int(next(iter(reply.values())))
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+        return REDIS_MAX_BULK
+    except (StopIteration, AttributeError, TypeError, ValueError):
+        return REDIS_MAX_BULK

@@ -18,7 +18,13 @@ from .. import _keys
 from .._compression import valid_compression
 from .._errors import ConfigError, MetadataMismatch
 from .._spec import record_metadata
-from .._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE, compare_metadata
+from .._wire import (
+    DEFAULT_MAX_DECODED_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+    DEFAULT_PARTITION_SIZE,
+    DEFAULT_SEND_CHUNK_SIZE,
+    compare_metadata,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -163,6 +169,9 @@ class ReadOptions:
         max_events_per_trigger: streaming: at most this many events per micro-batch.
         page_size: entries per XRANGE call.
         skip_undecodable: drop entries that do not decode instead of failing.
+        max_decoded_size: the most bytes a JSON payload may take once decompressed
+            (``maxDecodedSize``, as the ``max_decoded_size`` setting); a larger one
+            is undecodable.
     """
 
     url: str
@@ -175,6 +184,7 @@ class ReadOptions:
     max_events_per_trigger: int | None
     page_size: int
     skip_undecodable: bool
+    max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
@@ -194,6 +204,8 @@ class ReadOptions:
             raise ConfigError("onDecodeError", f"expected 'fail' or 'skip', got {on_error!r}")
         page_size = _positive(options, "pageSize", DEFAULT_PAGE_SIZE)
         assert page_size is not None
+        max_decoded_size = _positive(options, "maxDecodedSize", DEFAULT_MAX_DECODED_SIZE)
+        assert max_decoded_size is not None
         return cls(
             url=_required(options, "url"),
             app=_keys.validate_name("app", _required(options, "app")),
@@ -205,6 +217,7 @@ class ReadOptions:
             max_events_per_trigger=_positive(options, "maxEventsPerTrigger", None),
             page_size=page_size,
             skip_undecodable=on_error == "skip",
+            max_decoded_size=max_decoded_size,
         )
 
 
@@ -224,6 +237,8 @@ class WriteOptions:
         marker_ttl: seconds the idempotency markers live.
         partition_size: soft trimming bound, as the ``partition_size`` setting.
         max_len: hard cap, as the ``max_len`` setting, or ``None``.
+        max_record_size: the most bytes an encoded row may take (``maxRecordSize``,
+            as the ``max_record_size`` setting).
     """
 
     url: str
@@ -238,6 +253,7 @@ class WriteOptions:
     marker_ttl: int
     partition_size: int
     max_len: int | None
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
@@ -256,6 +272,8 @@ class WriteOptions:
         assert chunk_size is not None
         assert marker_ttl is not None
         assert partition_size is not None
+        max_record_size = _positive(options, "maxRecordSize", DEFAULT_MAX_RECORD_SIZE)
+        assert max_record_size is not None
         return cls(
             url=_required(options, "url"),
             app=_keys.validate_name("app", _required(options, "app")),
@@ -269,4 +287,5 @@ class WriteOptions:
             marker_ttl=marker_ttl,
             partition_size=partition_size,
             max_len=_positive(options, "maxLen", None),
+            max_record_size=max_record_size,
         )
