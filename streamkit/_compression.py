@@ -48,6 +48,8 @@ _ZSTD_LEVEL = 3
 
 # Output is produced this many bytes at a time when a frame does not declare its size.
 _READ_SIZE = 2**20
+# The decoding window zstd frames may always ask for: that of level 19.
+_MIN_WINDOW = 8 * 2**20
 
 
 class TooLarge(ValueError):
@@ -67,10 +69,14 @@ def _zstd_compress(payload: bytes) -> bytes:
     return compressor.compress(payload)  # type: ignore[no-any-return]
 
 
-def _zstd_decompressor(limit: int) -> Any:
-    # The window (the history a frame may refer back to) is memory the decoder holds:
-    # no frame needs one larger than the output allowed, so refuse those that ask.
-    window = max(2**20, 1 << (limit - 1).bit_length())
+def _zstd_window(limit: int) -> int:
+    # The window (the history a frame may refer back to) is memory the decoder holds.
+    # Frames of a known size need none beyond it; streamed frames take the window of
+    # their compression level (2 MiB at level 3, 8 MiB at 19), whatever they hold.
+    return max(_MIN_WINDOW, 1 << (limit - 1).bit_length())
+
+
+def _zstd_decompressor(window: int) -> Any:
     try:
         by_window: dict[int, Any] = _zstd_contexts.decompressors
     except AttributeError:
@@ -79,9 +85,7 @@ def _zstd_decompressor(limit: int) -> Any:
     if decompressor is None:
         if len(by_window) > 8:
             by_window.clear()
-        decompressor = by_window[window] = zstandard.ZstdDecompressor(
-            max_window_size=min(window, 2**31)
-        )
+        decompressor = by_window[window] = zstandard.ZstdDecompressor(max_window_size=window)
     return decompressor
 
 
@@ -89,7 +93,11 @@ def _zstd_decompress(payload: bytes, limit: int) -> bytes:
     size = zstandard.frame_content_size(payload)
     if size > limit:
         raise TooLarge(f"its frame header declares {size} bytes")
-    decompressor = _zstd_decompressor(limit)
+    window = _zstd_window(limit)
+    wanted = zstandard.get_frame_parameters(payload).window_size
+    if size < 0 and wanted > window:
+        raise TooLarge(f"its frame asks for a window of {wanted} bytes")
+    decompressor = _zstd_decompressor(window)
     if size >= 0:
         # The declared size is the output buffer: a frame decoding to more fails.
         return decompressor.decompress(payload)  # type: ignore[no-any-return]
