@@ -38,7 +38,14 @@ from streamkit import (
     Settings,
     codec_for,
 )
-from streamkit._wire import ACK_LUA, DEFAULT_SEND_CHUNK_BYTES, TRIM_STEP, chunk_bounds
+from streamkit._wire import (
+    ACK_LUA,
+    DEFAULT_SEND_CHUNK_BYTES,
+    TRIM_PROCESSED_STEP,
+    TRIM_STEP,
+    chunk_bounds,
+    text,
+)
 from streamkit.testing import RedisServer, wait_until
 from tests.apps.scenario import SEEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally
@@ -65,11 +72,14 @@ class Blob(Record):
 BOMB_SIZE = 600 * MiB
 
 
-def padded_json(size: int) -> Iterator[bytes]:
-    """A JSON object of exactly ``size`` bytes that decodes into a
-    :class:`~tests.apps.scenario.Numbered` (its ``pad`` is ignored), in slices, so
-    that the test process never holds it whole."""
-    head = b'{"key":"k0","seq":1000000,"pad":"'
+NUMBERED_HEAD = b'{"key":"k0","seq":1000000,"pad":"'
+
+
+def padded_json(size: int, head: bytes = NUMBERED_HEAD) -> Iterator[bytes]:
+    """A JSON object of exactly ``size`` bytes: ``head``, which opens its last string
+    field, then ``a`` to the size. By default it decodes into a
+    :class:`~tests.apps.scenario.Numbered` (its ``pad`` is ignored). In slices, so that
+    the test process never holds it whole."""
     yield head
     left = size - len(head) - 2
     slice_ = b"a" * MiB
@@ -79,11 +89,11 @@ def padded_json(size: int) -> Iterator[bytes]:
     yield b'"}'
 
 
-def zstd_bomb(size: int, *, declare_size: bool = True) -> bytes:
+def zstd_bomb(size: int, *, declare_size: bool = True, head: bytes = NUMBERED_HEAD) -> bytes:
     """A zstd frame of ``size`` bytes of JSON; streaming encoders leave the size out."""
     compressor = zstandard.ZstdCompressor(write_content_size=declare_size)
     stream = compressor.compressobj(size=size if declare_size else -1)
-    parts = [stream.compress(part) for part in padded_json(size)]
+    parts = [stream.compress(part) for part in padded_json(size, head)]
     return b"".join([*parts, stream.flush()])
 
 
@@ -141,7 +151,7 @@ def zstd_header_only(declared: int) -> bytes:
 
 def lz4_header_only(declared: int) -> bytes:
     """An lz4 frame whose header declares ``declared`` bytes, holding one."""
-    frame = lz4.frame.compress(b"x", store_size=True)
+    frame: bytes = lz4.frame.compress(b"x", store_size=True)
     # Magic (4 bytes), FLG, BD, the 8-byte content size, then the header checksum.
     descriptor = frame[4:6] + struct.pack("<Q", declared)
     checksum = (xxhash.xxh32_intdigest(descriptor) >> 8) & 0xFF
@@ -203,8 +213,9 @@ def test_a_record_whose_json_consumers_would_refuse_is_not_encoded() -> None:
 @pytest.mark.parametrize("setting", ["max_decoded_size", "max_record_size"])
 @pytest.mark.parametrize("value", [0, -1, 1.5, "16MiB", True])
 def test_the_limits_are_validated(setting: str, value: object) -> None:
+    given: dict[str, Any] = {setting: value}
     with pytest.raises(ConfigError, match=f"^{setting}: must be a positive integer"):
-        Settings(**{setting: value})
+        Settings(**given)
 
 
 def test_the_limits_come_from_the_environment() -> None:
@@ -252,8 +263,7 @@ async def test_bombs_in_a_partition_are_dead_lettered_by_a_worker_that_stays_sma
     async with app:
         await stream.send_many(before)
         bomb_ids = [
-            (await redis.xadd(stream.key(partition), {b"data:zstd": bomb})).decode()
-            for bomb in bombs
+            text(await redis.xadd(stream.key(partition), {b"data:zstd": bomb})) for bomb in bombs
         ]
         await stream.send_many(after)
 
@@ -274,7 +284,7 @@ async def test_bombs_in_a_partition_are_dead_lettered_by_a_worker_that_stays_sma
     result = tally(before + after, await seen(redis))
     assert (result.lost, result.duplicated, result.order_violations) == (0, 0, 0)
     letters = await redis.xrange(dead_letters.dead_letter_key)
-    assert [letter.field_values[b"dl.entry_id"].decode() for letter in letters] == bomb_ids
+    assert [text(letter.field_values[b"dl.entry_id"]) for letter in letters] == bomb_ids
     for fields in (letter.field_values for letter in letters):
         assert fields[b"dl.reason"] == b"undecodable"
         assert b"decompresses to more than max_decoded_size (16 MiB)" in fields[b"dl.error"]
@@ -417,7 +427,7 @@ async def test_a_hard_cap_on_a_long_partition_comes_down_over_bounded_calls(
         assert sends == -(-(10_001 - 100) // (1 + TRIM_STEP))
         assert await redis.xlen(key) == 100
         newest = await redis.xrevrange(key, count=1)
-        assert newest[0].identifier.decode() == last
+        assert text(newest[0].identifier) == last
     dropped = [
         int(r.getMessage().split(" dropped ")[1].split()[0])
         for r in caplog.records
@@ -456,28 +466,30 @@ async def test_the_hard_cap_counts_only_unprocessed_entries_as_dropped(
 async def test_trimming_a_processed_backlog_is_bounded_per_call(
     redis_url: str, redis: Redis
 ) -> None:
-    # 10,000 entries every group has processed, and partition_size 100: each append,
+    # 120,000 entries every group has processed, and partition_size 100: each append,
     # and each acknowledgement, trims at most what it added or acknowledged plus
-    # TRIM_STEP (whole nodes of ~100 entries: approximate trimming).
+    # TRIM_PROCESSED_STEP (whole nodes of ~100 entries: approximate trimming).
     async with App("shop", redis_url=redis_url) as app:
         blobs = app.stream(
             "blobs", record=Blob, partition_by="key", partition_count=1, partition_size=100
         )
         key = blobs.key(0)
-        await fill(redis, key, 10_000)
+        await fill(redis, key, 120_000)
         await redis.xgroup_create(key, "shop.blobs.reader", "$")
         await blobs.send(Blob(key="k", body="first"))
         length = await redis.xlen(key)
-        assert 10_001 - (1 + TRIM_STEP) <= length < 10_001 - TRIM_STEP // 2
+        assert 120_001 - (1 + TRIM_PROCESSED_STEP) <= length <= 120_001 - TRIM_PROCESSED_STEP // 2
         # The fenced acknowledgement trims the same way.
-        await redis.set("__lock:{shop.blobs.0}.reader", "me")
+        lock = "__lock:{shop.blobs.0}.reader"
+        await redis.set(lock, "me")
         ack = app.redis.register_script(ACK_LUA)
-        await ack(
-            keys=[key, "__lock:{shop.blobs.0}.reader"], args=["me", "shop.blobs.reader", 100, "0-1"]
-        )
+        await ack(keys=[key, lock], args=["me", "shop.blobs.reader", 100, "0-1"])
         after_ack = await redis.xlen(key)
-        assert length - TRIM_STEP <= after_ack < length - TRIM_STEP // 2
+        assert length - (1 + TRIM_PROCESSED_STEP) <= after_ack <= length - TRIM_PROCESSED_STEP // 2
+        sends = 0
         while await redis.xlen(key) > 200:
             await blobs.send(Blob(key="k", body="more"))
+            sends += 1
+        assert sends == 1
         # Never below the partition size.
         assert await redis.xlen(key) >= 100
