@@ -145,14 +145,23 @@ class _BadEntry(Exception):
     """Raised inside decoding with a reason worth showing as is."""
 
 
+# The longest reason an error carries: reasons quote what the producer wrote (a dict
+# key in a path, a value), and go to dead letters, logs and terminals.
+_MAX_REASON = 500
+
+
 def _reason(exc: Exception) -> str:
     if isinstance(exc, _BadEntry):
-        return str(exc)
-    if isinstance(exc, orjson.JSONDecodeError):
-        return f"invalid JSON: {exc}"
-    if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc))
-    return f"{type(exc).__name__}: {exc}"
+        reason = str(exc)
+    elif isinstance(exc, orjson.JSONDecodeError):
+        reason = f"invalid JSON: {exc}"
+    elif isinstance(exc, cattrs.BaseValidationError):
+        reason = "; ".join(cattrs.transform_error(exc))
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    if len(reason) > _MAX_REASON:
+        reason = reason[: _MAX_REASON - 3] + "..."
+    return reason
 
 
 def _check_record(_: object, __: attrs.Attribute[Any], record: object) -> None:
@@ -513,7 +522,8 @@ def _decompressed(fields: Mapping[bytes, bytes], limit: int) -> bytes:
                 ) from exc
             except Exception as exc:
                 raise _BadEntry(f"corrupt {compression} payload: {exc}") from exc
-    present = ", ".join(repr(name) for name in list(fields)[:5]) or "none"
+    # Names come from the producer: a few, each cut short, keep the message one line.
+    present = ", ".join(repr(bytes(name[:40])) for name in list(fields)[:5]) or "none"
     raise _BadEntry(f"no {_DATA_FIELD_NAMES} field (fields: {present})")
 
 

@@ -270,11 +270,11 @@ class Stream(Generic[R]):
         """Append many records, pipelined: one round trip per partition and chunk.
 
         A chunk is ``chunk_size`` records of one partition, or fewer when they would
-        take more than 4 MiB (a larger record goes in a chunk of its own), so that no
+        take more than 1 MiB (a larger record goes in a chunk of its own), so that no
         call holds Redis up for long. Records of one partition are appended in the
-        order given. The iterable is
-        consumed a window at a time, so a generator of millions of records needs little
-        memory. ``on_sent(n)`` is called after each window with the number sent.
+        order given. The iterable is consumed a window at a time, so a generator of
+        millions of records needs little memory. ``on_sent(n)`` is called after each
+        window with the number sent.
 
         ``replicas`` and ``replica_timeout`` as for :meth:`send`: every chunk's append
         waits for the replicas of its partition's master.

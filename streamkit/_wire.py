@@ -57,7 +57,7 @@ DEFAULT_SEND_CHUNK_SIZE = 1_000
 #: Bytes of entries appended per script call, at most (an entry larger than this goes
 #: in a call of its own): Redis holds a whole call in memory, and runs it without a
 #: pause, so a call of many large entries would hold up every other client.
-DEFAULT_SEND_CHUNK_BYTES = 4 * 2**20
+DEFAULT_SEND_CHUNK_BYTES = 2**20
 
 #: The most bytes an encoded record (its field names and values) may take: the
 #: ``max_record_size`` setting's default.

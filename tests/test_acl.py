@@ -11,9 +11,12 @@ command, also inside a Lua script.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +32,7 @@ from streamkit import (
     redis_errors,
 )
 from streamkit.jobs import JobFailed
-from streamkit.testing import RedisServer, wait_until
+from streamkit.testing import RedisServer, free_port, wait_until
 from tests.apps.acl import Order, make_jobs_app, make_streams_app, orders
 from tests.test_cli import streamkit
 from tests.workers import WorkerProcess, start_worker
@@ -289,7 +292,37 @@ async def test_the_admin_tools_run_under_their_user(
         result = await streamkit(*command, redis_url=url)
         assert result.code == 0, (command, result.err)
         assert "NOPERM" not in result.err + result.out
+    assert await dashboard_status(url) == 200
     assert await refusals(admin) == []
+
+
+async def dashboard_status(url: str) -> int:
+    """Serve ``streamkit dashboard`` under ``url``'s user; the status of ``/api/status``."""
+    port = free_port()
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "streamkit", "dashboard", STREAMS_APP, "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "STREAMKIT_REDIS_URL": url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def get() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=5) as reply:
+            return int(reply.status)
+
+    async def answered() -> bool:
+        try:
+            return await trio.to_thread.run_sync(get) == 200
+        except OSError:
+            return False
+
+    try:
+        await wait_until(answered, what="the dashboard answering", within=30)
+        return await trio.to_thread.run_sync(get)
+    finally:
+        process.kill()
+        await process.wait()
 
 
 # ------------------------------------------------------------------ Spark executors

@@ -66,6 +66,10 @@ class Blob(Record):
     body: str
 
 
+class Tagged(Record):
+    tags: dict[str, int]
+
+
 # ------------------------------------------------------------- compressed payloads
 
 # What the report measured: 18 KB of zstd standing for 600 MB.
@@ -198,6 +202,21 @@ def test_json_nested_deeper_than_the_parser_allows_is_undecodable() -> None:
     # A dict record returns the JSON as it is: it is refused just the same.
     with pytest.raises(DecodeError, match="depth limit exceeded"):
         codec_for(dict).decode({b"data": deep}, stream="numbered")
+
+
+def test_an_entry_with_huge_field_names_gets_a_short_one_line_reason() -> None:
+    # The reason goes to the dead letter, the log and the terminal: it must not carry
+    # what the producer wrote, whole.
+    fields = {b"x" * MiB: b"1", b"line\nbreak": b"2"}
+    with pytest.raises(DecodeError) as info:
+        codec_for(Numbered).decode(fields, stream="numbered")
+    assert len(str(info.value)) < 300
+    assert "\n" not in str(info.value)
+    # A key of a dict field, quoted in the path of a wrong value, likewise.
+    with pytest.raises(DecodeError) as info:
+        codec_for(Tagged).decode({b"data": b'{"tags": {"' + b"k" * MiB + b'": "x"}}'}, stream="s")
+    assert len(str(info.value)) < 600
+    assert info.value.reason.endswith("...")
 
 
 def test_a_record_whose_json_consumers_would_refuse_is_not_encoded() -> None:
@@ -353,15 +372,15 @@ async def script_calls(redis: Redis) -> int:
 
 
 async def test_send_many_splits_its_appends_by_bytes(small_server: RedisServer) -> None:
-    # 24 records of 700 KB for one partition: one call by count (1,000 per call), but
-    # 17 MB in one command, which Redis would hold and run without a pause.
-    records = [Blob(key="k", body=f"{i:06d}" + "a" * 700_000) for i in range(24)]
+    # 24 records of 300 KB for one partition: one call by count (1,000 per call), but
+    # 7 MB in one command, which Redis would hold and run without a pause.
+    records = [Blob(key="k", body=f"{i:06d}" + "a" * 300_000) for i in range(24)]
     async with App("shop", redis_url=small_server.url) as app:
         blobs = app.stream("blobs", record=Blob, partition_by="key", partition_count=1)
         await blobs.send(Blob(key="k", body="warm-up: the script is loaded"))
         size = sum(len(k) + len(v) for k, v in blobs.codec.encode(records[0]).items())
         expected = list(chunk_bounds([size] * 24, 1000, DEFAULT_SEND_CHUNK_BYTES))
-        assert len(expected) == 5
+        assert len(expected) == 8
         calls = await script_calls(app.redis)
         await blobs.send_many(records)
         assert await script_calls(app.redis) - calls == len(expected)

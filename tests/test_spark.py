@@ -216,7 +216,7 @@ def test_a_decompression_bomb_is_undecodable_not_decompressed(
 
 
 def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client: Any) -> None:
-    """As send_many: each Lua call (one idempotency marker each) holds at most 4 MiB of
+    """As send_many: each Lua call (one idempotency marker each) holds at most 1 MiB of
     rows, and a row over maxRecordSize fails the task before anything of it is sent."""
     from streamkit.spark._writer import WritePlan, write_rows
 
@@ -236,10 +236,10 @@ def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client
         max_len=None,
         max_record_size=2**20,
     )
-    rows: Any = iter([(i, "c", 1.0, T0, "n" * 700_000) for i in range(12)])
+    rows: Any = iter([(i, "c", 1.0, T0, "n" * 300_000) for i in range(12)])
     assert write_rows(plan, rows, "w", "b").appended == 12
-    # 12 rows of 700 KB: 5 to a call of 4 MiB at most, so 3 calls.
-    assert len(client.keys("__sprk:{shop.large.0}:*")) == 3
+    # 12 rows of 300 KB: 3 to a call of 1 MiB at most, so 4 calls.
+    assert len(client.keys("__sprk:{shop.large.0}:*")) == 4
     too_large: Any = iter([(99, "c", 1.0, T0, "n" * 2**20)])
     with pytest.raises(EncodeError, match=r"more than max_record_size \(1 MiB\)"):
         write_rows(plan, too_large, "w", "c")
