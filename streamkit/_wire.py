@@ -75,7 +75,7 @@ REDIS_MAX_BULK = 512 * 2**20
 #: calls, each of bounded work, instead of one call holding Redis up for seconds. The
 #: cap reads each entry it removes (to count the unprocessed ones), about a microsecond
 #: each. See docs/streams.md, "Trimming".
-TRIM_STEP = 2_000
+TRIM_STEP = 1_000
 #: Entries one script call removes when it trims processed entries (``partition_size``),
 #: beyond as many as it appended or acknowledged: approximate trimming frees whole
 #: nodes of about 100 entries, about 10 ns an entry.
