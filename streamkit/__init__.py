@@ -24,6 +24,7 @@ from ._errors import (
     NoSuchGroup as NoSuchGroup,
     NotConnected as NotConnected,
     NotLockOwner as NotLockOwner,
+    NotPermitted as NotPermitted,
     NotReplicated as NotReplicated,
     OutcomeUnknown as OutcomeUnknown,
     ProcessorHalted as ProcessorHalted,

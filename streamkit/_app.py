@@ -233,6 +233,8 @@ class App:
             partition_by=partition_by,
             partition_count=settings.partition_count,
             compression=settings.compression,
+            max_decoded_size=settings.max_decoded_size,
+            max_record_size=settings.max_record_size,
         )
         stream: Stream[R] = Stream(spec, settings, lambda: self.redis)
         self.streams[name] = stream

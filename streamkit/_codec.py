@@ -8,6 +8,11 @@ A JSON codec goes through the strict cattrs converter of
 a primitive codec writes one stream field per record field. Encoding and decoding sit
 on the hot path, so a :class:`Codec` resolves every cattrs hook and field table once,
 when it is built, and does no type dispatch per event.
+
+Entries come from whoever can write to the stream, so decoding is bounded: a JSON
+payload larger than ``max_decoded_size`` once decompressed is refused without being
+decompressed whole, and JSON nested deeper than 1,024 levels is refused by the parser.
+Encoding refuses what consumers would refuse, and records over ``max_record_size``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,19 @@ import attrs
 import cattrs
 import orjson
 
-from ._compression import COMPRESSIONS, Compression, compressor, decompressor, valid_compression
+from ._compression import (
+    COMPRESSIONS,
+    Compression,
+    TooLarge,
+    compressor,
+    decompressor,
+    valid_compression,
+)
 from ._errors import ConfigError, DecodeError, EncodeError
 from ._json_converter import converter
 from ._records import PrimitiveField, is_primitive, primitive_fields
-from ._wire import field_pairs
+from ._validate import positive_int
+from ._wire import DEFAULT_MAX_DECODED_SIZE, DEFAULT_MAX_RECORD_SIZE, field_pairs, format_size
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -132,14 +145,23 @@ class _BadEntry(Exception):
     """Raised inside decoding with a reason worth showing as is."""
 
 
+# The longest reason an error carries: reasons quote what the producer wrote (a dict
+# key in a path, a value), and go to dead letters, logs and terminals.
+_MAX_REASON = 500
+
+
 def _reason(exc: Exception) -> str:
     if isinstance(exc, _BadEntry):
-        return str(exc)
-    if isinstance(exc, orjson.JSONDecodeError):
-        return f"invalid JSON: {exc}"
-    if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc))
-    return f"{type(exc).__name__}: {exc}"
+        reason = str(exc)
+    elif isinstance(exc, orjson.JSONDecodeError):
+        reason = f"invalid JSON: {exc}"
+    elif isinstance(exc, cattrs.BaseValidationError):
+        reason = "; ".join(cattrs.transform_error(exc))
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    if len(reason) > _MAX_REASON:
+        reason = reason[: _MAX_REASON - 3] + "..."
+    return reason
 
 
 def _check_record(_: object, __: attrs.Attribute[Any], record: object) -> None:
@@ -171,13 +193,21 @@ class Codec(Generic[R]):
         record: the record type: a :class:`~streamkit.Record` subclass, any other attrs
             class (stored as JSON), or ``dict`` for schemaless JSON objects.
         compression: ``"lz4"``, ``"zstd"`` or ``None``; applies to JSON records only.
+        max_decoded_size: the most bytes a JSON payload may take once decompressed
+            (16 MiB by default); a larger one is undecodable, and is refused without
+            being decompressed whole. Records whose JSON is larger are not encoded.
+        max_record_size: the most bytes an encoded record (its field names and
+            values, after compression) may take (16 MiB by default).
 
     Error handling:
-        An invalid ``record`` or ``compression`` raises :class:`~streamkit.ConfigError`.
+        An invalid ``record``, ``compression`` or limit raises
+        :class:`~streamkit.ConfigError`.
     """
 
     record: type[R] = attrs.field(validator=_check_record)
     compression: Compression | None = attrs.field(default=None, validator=_check_compression)
+    max_decoded_size: int = attrs.field(default=DEFAULT_MAX_DECODED_SIZE, validator=positive_int)
+    max_record_size: int = attrs.field(default=DEFAULT_MAX_RECORD_SIZE, validator=positive_int)
     _encode: Callable[[R], dict[bytes, bytes]] = attrs.field(init=False, repr=False, eq=False)
     _decode: Callable[[Mapping[bytes, bytes]], R] = attrs.field(init=False, repr=False, eq=False)
     _decode_payload: Callable[[bytes], R] = attrs.field(init=False, repr=False, eq=False)
@@ -205,9 +235,11 @@ class Codec(Generic[R]):
         """Turn a record into the fields of a stream entry.
 
         Raises:
-            EncodeError: the record is not of this codec's type, or holds a value the
+            EncodeError: the record is not of this codec's type, holds a value the
                 wire format cannot represent (an int beyond 64 bits or a NaN in JSON
-                mode, a string where an int field is declared, ...).
+                mode, a string where an int field is declared, ...), or is too large:
+                more than ``max_record_size`` encoded, or JSON of more than
+                ``max_decoded_size`` (which consumers would refuse).
         """
         return self._encode(record)
 
@@ -232,8 +264,10 @@ class Codec(Generic[R]):
 
         Raises:
             DecodeError: the entry is not a valid encoding of this codec's record type
-                (missing or corrupt payload, invalid JSON, missing field, wrong type);
-                it carries ``stream``, ``partition`` and ``entry_id``.
+                (missing or corrupt payload, a payload larger than
+                ``max_decoded_size`` once decompressed, invalid JSON or JSON nested
+                deeper than 1,024 levels, missing field, wrong type); it carries
+                ``stream``, ``partition`` and ``entry_id``.
         """
         try:
             return self._decode(fields)
@@ -302,6 +336,10 @@ class Codec(Generic[R]):
         structure = None if record is dict else converter.get_structure_hook(record)
         data_field = _DATA_FIELDS[self.compression]
         compress = None if self.compression is None else compressor(self.compression)
+        max_decoded = self.max_decoded_size
+        max_record = self.max_record_size
+        # The payload may take what is left of the record's size after its field name.
+        max_payload = max_record - len(data_field)
 
         def encode(value: R) -> dict[bytes, bytes]:
             if type(value) is not record and not (record is dict and isinstance(value, dict)):
@@ -310,12 +348,26 @@ class Codec(Generic[R]):
                 payload = orjson.dumps(unstructure(value))
             except Exception as exc:
                 raise EncodeError(f"cannot encode {type_name} as JSON: {exc}") from exc
-            return {data_field: payload if compress is None else compress(payload)}
+            if len(payload) > max_decoded:
+                raise EncodeError(
+                    f"the {type_name} is {format_size(len(payload))} of JSON, more than "
+                    f"max_decoded_size ({format_size(max_decoded)}), which consumers refuse"
+                )
+            if compress is not None:
+                payload = compress(payload)
+            if len(payload) > max_payload:
+                raise _too_large(type_name, len(payload) + len(data_field), max_record)
+            return {data_field: payload}
 
         loads = orjson.loads
         build = None if structure is None else _flat_builder(record, structure)
 
         def decode_payload(payload: bytes) -> R:
+            if len(payload) > max_decoded:
+                raise _BadEntry(
+                    f"the JSON payload is {format_size(len(payload))}, more than "
+                    f"max_decoded_size ({format_size(max_decoded)})"
+                )
             obj = loads(payload)
             if type(obj) is not dict:
                 raise _BadEntry(f"the JSON payload is a {type(obj).__name__}, not an object")
@@ -328,7 +380,7 @@ class Codec(Generic[R]):
         def decode(fields: Mapping[bytes, bytes]) -> R:
             payload = fields.get(b"data")
             if payload is None:
-                payload = _decompressed(fields)
+                payload = _decompressed(fields, max_decoded)
             return decode_payload(payload)
 
         object.__setattr__(self, "_decode_payload", decode_payload)
@@ -340,11 +392,13 @@ class Codec(Generic[R]):
         record = self.record
         type_name = record.__qualname__
         slots = _primitive_slots(record)
+        max_size = self.max_record_size
 
         def encode(value: R) -> dict[bytes, bytes]:
             if type(value) is not record:
                 raise EncodeError(f"expected a {type_name}, got {type(value).__qualname__}")
             fields = {}
+            size = 0
             for slot in slots:
                 item = getattr(value, slot.field.name)
                 if item is None:
@@ -352,12 +406,15 @@ class Codec(Generic[R]):
                         continue  # None is stored by leaving the field out
                     raise EncodeError(f"{type_name}.{slot.field.name} is None but not optional")
                 try:
-                    fields[slot.key] = slot.encode(item)
+                    raw = fields[slot.key] = slot.encode(item)
                 except Exception as exc:
                     raise EncodeError(
                         f"{type_name}.{slot.field.name}={item!r} cannot be stored as a "
                         f"{slot.field.scalar.__qualname__}"
                     ) from exc
+                size += len(slot.key) + len(raw)
+            if size > max_size:
+                raise _too_large(type_name, size, max_size)
             return fields
 
         def decode(fields: Mapping[bytes, bytes]) -> R:
@@ -390,6 +447,13 @@ _FLAT_CHECKS = {
     float: "(type({v}) is float or type({v}) is int)",
     bool: "type({v}) is bool",
 }
+
+
+def _too_large(type_name: str, size: int, limit: int) -> EncodeError:
+    return EncodeError(
+        f"the encoded {type_name} is {format_size(size)}, more than max_record_size "
+        f"({format_size(limit)})"
+    )
 
 
 def _decode_error(
@@ -445,30 +509,50 @@ def _flat_builder(
     return namespace["build"]  # type: ignore[no-any-return]
 
 
-def _decompressed(fields: Mapping[bytes, bytes]) -> bytes:
+def _decompressed(fields: Mapping[bytes, bytes], limit: int) -> bytes:
     for compression in COMPRESSIONS:
         payload = fields.get(_DATA_FIELDS[compression])
         if payload is not None:
             try:
-                return decompressor(compression)(payload)
+                return decompressor(compression)(payload, limit)
+            except TooLarge as exc:
+                raise _BadEntry(
+                    f"the {compression} payload decompresses to more than max_decoded_size "
+                    f"({format_size(limit)}): {exc}"
+                ) from exc
             except Exception as exc:
                 raise _BadEntry(f"corrupt {compression} payload: {exc}") from exc
-    present = ", ".join(repr(name) for name in list(fields)[:5]) or "none"
+    # Names come from the producer: a few, each cut short, keep the message one line.
+    present = ", ".join(repr(bytes(name[:40])) for name in list(fields)[:5]) or "none"
     raise _BadEntry(f"no {_DATA_FIELD_NAMES} field (fields: {present})")
 
 
-def codec_for(record: type[R], *, compression: str | None = None) -> Codec[R]:
+def codec_for(
+    record: type[R],
+    *,
+    compression: str | None = None,
+    max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE,
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+) -> Codec[R]:
     """Build the codec for a record type, checking a compression name given as text.
 
     Args:
         record: a :class:`~streamkit.Record` subclass, any other attrs class, or
             ``dict``. Primitive records get the primitive codec, all others JSON.
         compression: ``"lz4"``, ``"zstd"`` or ``None`` (the default).
+        max_decoded_size: the most bytes a JSON payload may take once decompressed.
+        max_record_size: the most bytes an encoded record may take.
 
     Raises:
-        ConfigError: ``record`` is not a supported type, or ``compression`` is not a
-            known algorithm or is given for a primitive record.
+        ConfigError: ``record`` is not a supported type, ``compression`` is not a
+            known algorithm or is given for a primitive record, or a limit is not a
+            positive integer.
     """
     valid_compression.check("compression", compression)
-    # Checked just above: the text is a Compression name, or None.
-    return Codec(record=record, compression=cast("Compression | None", compression))
+    return Codec(
+        record=record,
+        # Checked just above: the text is a Compression name, or None.
+        compression=cast("Compression | None", compression),
+        max_decoded_size=max_decoded_size,
+        max_record_size=max_record_size,
+    )

@@ -15,6 +15,8 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DEFAULT_LEASE_TTL",
+    "DEFAULT_MAX_DECODED_SIZE",
+    "DEFAULT_MAX_RECORD_SIZE",
     "DEFAULT_METRICS_HOST",
     "DEFAULT_METRICS_REFRESH_INTERVAL",
     "DEFAULT_PARTITION_COUNT",
@@ -45,6 +47,13 @@ DEFAULT_PARTITION_COUNT = 16
 DEFAULT_PARTITION_SIZE = 100_000
 #: Entries appended per script call by the producer and the Spark writer.
 DEFAULT_SEND_CHUNK_SIZE = 1_000
+#: The most bytes an encoded record (its field names and values) may take: the
+#: ``max_record_size`` setting's default.
+DEFAULT_MAX_RECORD_SIZE = 16 * 2**20
+#: The most bytes a JSON payload may take once decompressed (``max_decoded_size``):
+#: decoding it takes up to about 30 times as much memory (tiny nested values), and a
+#: compressed payload of a few kilobytes can stand for gigabytes.
+DEFAULT_MAX_DECODED_SIZE = 16 * 2**20
 
 # --- leases, membership, rebalancing --------------------------------------------------
 

@@ -34,6 +34,7 @@ __all__ = [
     "NoSuchGroup",
     "NotConnected",
     "NotLockOwner",
+    "NotPermitted",
     "NotReplicated",
     "OutcomeUnknown",
     "ProcessorHalted",
@@ -227,6 +228,53 @@ class NoSuchGroup(BackendError):
     Also raised for Redis 7's form of the error inside a Lua script, "No such key
     '...' or consumer group '...' in XREADGROUP with GROUP option".
     """
+
+
+class NotPermitted(BackendError):
+    """Redis refused a command by its access control list (``NOPERM``): the user the
+    connection logged in as may not run it, or may not touch one of its keys.
+
+    The message names the command (also one run inside a streamkit script) and the ACL
+    rule that would allow it; ``docs/security.md`` lists what each role needs.
+
+    Attributes:
+        url: the server address, with any password masked.
+        kind: what the user may not use: ``"command"``, ``"key"`` or ``"channel"``.
+        command: the command, as ACL rules name it (``"xadd"``, ``"xinfo|groups"``),
+            or ``None`` where it could not be told.
+        user: the user's name where Redis gave it, else ``None``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        kind: str,
+        command: str | None,
+        *,
+        user: str | None = None,
+        in_script: bool = False,
+    ) -> None:
+        who = f"user {user!r}" if user else "the user of this connection"
+        where = " in a streamkit script" if in_script else ""
+        grant = f"ACL SETUSER {user or '<user>'}"
+        if kind == "command" and command is not None:
+            problem = f"{who} may not run '{command}'{where} (NOPERM)"
+            fix = f"grant it with {grant} +{command}"
+        elif kind == "command":
+            problem = f"{who} may not run a command{where} (NOPERM)"
+            fix = "the server's ACL LOG names it"
+        else:
+            of = f" of '{command}'" if command is not None else ""
+            problem = f"{who} may not access a {kind}{of}{where} (NOPERM)"
+            fix = f"the user's {kind} patterns must cover the app's {kind}s"
+        super().__init__(
+            f"Redis at {url} refused the command: {problem}; {fix} "
+            f"(docs/security.md lists what each role needs)"
+        )
+        self.url = url
+        self.kind = kind
+        self.command = command
+        self.user = user
 
 
 class EncodeError(StreamkitError, ValueError):

@@ -28,9 +28,18 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import _keys
-from ._errors import MetadataMismatch
+from ._errors import EncodeError, MetadataMismatch
 from ._validate import non_negative_int, positive_finite_number, positive_int
-from ._wire import compare_metadata, flatten_fields, metadata_pairs, text
+from ._wire import (
+    DEFAULT_SEND_CHUNK_BYTES,
+    REDIS_MAX_BULK,
+    chunk_bounds,
+    compare_metadata,
+    flatten_fields,
+    format_size,
+    metadata_pairs,
+    text,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -98,21 +107,24 @@ class Window:
         positions: per partition, the positions of its records in the window, in order.
         entries: per partition, each record's script arguments (field count, then field
             names and values), in the same order.
+        sizes: per partition, each record's size in bytes (names and values).
         ids: the entry id of each record of the window, once appended ("" before).
     """
 
     positions: dict[int, list[int]]
     entries: dict[int, list[list[bytes | int]]]
+    sizes: dict[int, list[int]]
     ids: list[str]
 
     def chunks(self, partition: int, chunk_size: int) -> list[tuple[int, int]]:
         """``partition``'s records cut into script calls: ``(start, end)`` bounds, in order.
 
-        A chunk holds at most ``chunk_size`` records. (Every client cuts here, so a
-        limit in bytes per call goes here too.)
+        A chunk holds at most ``chunk_size`` records and
+        :data:`~streamkit._wire.DEFAULT_SEND_CHUNK_BYTES` bytes (a larger record goes
+        alone): Redis holds a whole call in memory and runs it without a pause. Every
+        client cuts here.
         """
-        count = len(self.entries[partition])
-        return [(start, min(start + chunk_size, count)) for start in range(0, count, chunk_size)]
+        return list(chunk_bounds(self.sizes[partition], chunk_size, DEFAULT_SEND_CHUNK_BYTES))
 
     def arguments(self, partition: int, start: int, end: int) -> list[bytes | int]:
         """The flat entry arguments of records ``start:end`` of ``partition``."""
@@ -128,24 +140,62 @@ class Window:
             self.ids[where[start + offset]] = entry_id
 
 
-def encode_window(spec: StreamSpec[Any], records: Sequence[Any]) -> Window:
+def encode_window(
+    spec: StreamSpec[Any], records: Sequence[Any], server_limit: int = REDIS_MAX_BULK
+) -> Window:
     """Route and encode ``records``: per partition, each one's script arguments, in order.
 
+    Args:
+        spec: the stream.
+        records: the window's records.
+        server_limit: the longest string the server accepts (its
+            ``proto-max-bulk-len``; see :func:`bulk_limit_reply`).
+
     Error handling:
-        :class:`~streamkit.EncodeError` for a record that cannot be encoded, and the
+        :class:`~streamkit.EncodeError` for a record that cannot be encoded, is larger
+        than ``max_record_size`` or has a field longer than the server accepts, and the
         partitioner's errors for a bad key: raised before anything is sent.
     """
     partition_of = spec.partitioner.partition_of
     encode = spec.codec.encode
     positions: dict[int, list[int]] = {}
     entries: dict[int, list[list[bytes | int]]] = {}
+    sizes: dict[int, list[int]] = {}
     for position, record in enumerate(records):
         partition = partition_of(record)
         entry: list[bytes | int] = []
-        flatten_fields(encode(record), entry)
+        fields = encode(record)
+        size = flatten_fields(fields, entry)
+        if size > server_limit:
+            _check_server_limit(spec, fields, server_limit)
         positions.setdefault(partition, []).append(position)
         entries.setdefault(partition, []).append(entry)
-    return Window(positions, entries, [""] * len(records))
+        sizes.setdefault(partition, []).append(size)
+    return Window(positions, entries, sizes, [""] * len(records))
+
+
+def _check_server_limit(spec: StreamSpec[Any], fields: dict[bytes, bytes], limit: int) -> None:
+    # Redis limits each string of a command, not their sum: a record larger than the
+    # limit in all is refused only if one of its fields is.
+    largest = max(len(value) for value in [*fields, *fields.values()])
+    if largest > limit:
+        raise EncodeError(
+            f"the encoded {spec.record.__qualname__} has a field of {format_size(largest)}, "
+            f"more than Redis accepts (its proto-max-bulk-len is {format_size(limit)}): "
+            f"lower max_record_size to at most that, or raise the server's "
+            f"proto-max-bulk-len"
+        )
+
+
+def bulk_limit_reply(reply: object) -> int:
+    """The server's ``proto-max-bulk-len`` from a ``CONFIG GET`` reply, or Redis's
+    default where the reply says nothing usable."""
+    try:
+        if isinstance(reply, dict):
+            return int(next(iter(reply.values())))
+        return int(list(reply)[1])  # type: ignore[call-overload]
+    except (StopIteration, AttributeError, TypeError, ValueError, IndexError):
+        return REDIS_MAX_BULK
 
 
 # ------------------------------------------------------------------------- metadata

@@ -41,6 +41,7 @@ import redis.exceptions
 import redis.retry
 import redis.utils
 
+from ._acl import not_permitted
 from ._errors import BackendError, ConfigError, OutcomeUnknown, RedisUnavailable, StreamkitError
 from ._refusals import refusal_in, refused
 from ._urls import (
@@ -366,7 +367,7 @@ def translate(exc: BaseException, url: str, *, setting: str = "redis_url") -> St
         # node without cluster mode, a slot no node serves.
         return RedisUnavailable(masked, _reason(exc))
     if isinstance(exc, redis.exceptions.RedisError):
-        return BackendError(str(exc))
+        return not_permitted(str(exc), masked) or BackendError(str(exc))
     return None
 
 

@@ -25,6 +25,8 @@ from ._defaults import (
     DEFAULT_GRACE,
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_DECODED_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
     DEFAULT_METRICS_HOST,
     DEFAULT_METRICS_REFRESH_INTERVAL,
     DEFAULT_PARTITION_COUNT,
@@ -103,6 +105,14 @@ class Settings:
     compression: str | None = attrs.field(default=None, validator=valid_compression)
     #: Records sent per pipelined round trip by ``send_many``.
     send_chunk_size: int = attrs.field(default=DEFAULT_SEND_CHUNK_SIZE, validator=positive_int)
+    #: The most bytes an encoded record (field names and values, after compression)
+    #: may take: ``send`` refuses a larger one with an ``EncodeError`` before it
+    #: reaches Redis (as it does one larger than the server accepts).
+    max_record_size: int = attrs.field(default=DEFAULT_MAX_RECORD_SIZE, validator=positive_int)
+    #: The most bytes an event's JSON payload may take once decompressed: a larger
+    #: one is undecodable (dead-lettered under the default policy) and is never
+    #: decompressed whole. Decoding takes up to about 30 times this in memory.
+    max_decoded_size: int = attrs.field(default=DEFAULT_MAX_DECODED_SIZE, validator=positive_int)
     #: Seconds to wait for a TCP connection to Redis.
     connect_timeout: float = attrs.field(
         default=DEFAULT_CONNECT_TIMEOUT, validator=non_negative_number

@@ -24,7 +24,13 @@ from ._codec import Codec, codec_for
 from ._errors import ConfigError
 from ._partitioner import Partitioner
 from ._records import is_primitive
-from ._wire import METADATA_VERSION, OPTIONAL_MARK, SCHEMA_SEPARATOR
+from ._wire import (
+    DEFAULT_MAX_DECODED_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+    METADATA_VERSION,
+    OPTIONAL_MARK,
+    SCHEMA_SEPARATOR,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -114,6 +120,10 @@ class StreamSpec(Generic[R]):
         partition_count: the number of partitions.
         compression: ``"lz4"``, ``"zstd"`` or ``None``: how the producer compresses
             JSON payloads (consumers read every format).
+        max_decoded_size: the most bytes a JSON payload may take once decompressed;
+            larger entries are undecodable (the ``max_decoded_size`` setting).
+        max_record_size: the most bytes an encoded record may take (the
+            ``max_record_size`` setting).
         codec: the record codec (derived).
         partitioner: the partitioner (derived).
 
@@ -128,11 +138,19 @@ class StreamSpec(Generic[R]):
     partition_by: str | Callable[[R], object]
     partition_count: int
     compression: str | None = None
+    max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE
     codec: Codec[R] = attrs.field(init=False, eq=False)
     partitioner: Partitioner[R] = attrs.field(init=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "codec", codec_for(self.record, compression=self.compression))
+        codec = codec_for(
+            self.record,
+            compression=self.compression,
+            max_decoded_size=self.max_decoded_size,
+            max_record_size=self.max_record_size,
+        )
+        object.__setattr__(self, "codec", codec)
         object.__setattr__(
             self,
             "partitioner",

@@ -8,22 +8,28 @@ partition without ever dropping an entry some consumer group has not acknowledge
 
 Every step but the I/O is :mod:`streamkit._produce`, shared with the blocking and
 asyncio clients, so that all three append alike.
+Chunks are cut by count (``send_chunk_size``) and by bytes, and a record larger than
+``max_record_size`` or than the server accepts (its ``proto-max-bulk-len``, read once
+per client where the user may) is refused before anything reaches Redis.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
 
+from ._errors import BackendError
 from ._idempotent import append_once
 from ._nurseries import meaningful_leaf
 from ._produce import (
     DEFAULT_REPLICA_TIMEOUT,
     WINDOW_PER_PARTITION,
+    bulk_limit_reply,
     check_metadata_reply,
     check_send_options,
     encode_window,
@@ -31,7 +37,7 @@ from ._produce import (
     windows,
 )
 from ._redis import LuaScript, redis_errors, replicated
-from ._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
+from ._wire import APPEND_AND_TRIM_LUA, METADATA_LUA, REDIS_MAX_BULK
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +54,7 @@ __all__ = [
     "Stream",
     "append_entries",
     "check_metadata",
+    "server_bulk_limit",
 ]
 
 R = TypeVar("R")
@@ -55,6 +62,31 @@ R = TypeVar("R")
 log = logging.getLogger("streamkit.streams")
 
 _METADATA_SCRIPT = LuaScript(METADATA_LUA)
+
+# Per client: the longest string its server accepts in a command.
+_bulk_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+async def server_bulk_limit(redis: Redis) -> int:
+    """The longest string (field name or value) the server accepts: ``proto-max-bulk-len``.
+
+    Read with ``CONFIG GET`` once per client. Where that is refused (an ACL user
+    without ``+config|get``, a managed service that renamed ``CONFIG``) or ambiguous
+    (a cluster), Redis's default, 512 MiB, is assumed.
+
+    Error handling:
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
+    """
+    limit = _bulk_limits.get(redis)
+    if limit is None:
+        try:
+            with redis_errors():
+                reply: Any = await redis.config_get(["proto-max-bulk-len"])
+            limit = bulk_limit_reply(reply)
+        except BackendError:
+            limit = REDIS_MAX_BULK
+        _bulk_limits[redis] = limit
+    return limit
 
 
 async def check_metadata(redis: Redis, spec: StreamSpec[Any]) -> None:
@@ -212,8 +244,10 @@ class Stream(Generic[R]):
         append. See ``docs/cluster.md``.
 
         Error handling:
-            :class:`~streamkit.EncodeError` for a record that cannot be encoded (then
-            nothing is sent); :class:`~streamkit.RedisUnavailable` if Redis cannot be
+            :class:`~streamkit.EncodeError` for a record that cannot be encoded or is
+            too large: more than ``max_record_size`` encoded, or more than the server
+            accepts (its ``proto-max-bulk-len``); then nothing is sent.
+            :class:`~streamkit.RedisUnavailable` if Redis cannot be
             reached; :class:`MetadataMismatch` if the stream disagrees with this one;
             :class:`~streamkit.NotReplicated` (with the count reached) when fewer than
             ``replicas`` replicas acknowledged within ``replica_timeout``: the records
@@ -232,9 +266,12 @@ class Stream(Generic[R]):
     ) -> list[str]:
         """Append many records, pipelined: one round trip per partition and chunk.
 
-        Records of one partition are appended in the order given. The iterable is
-        consumed a window at a time, so a generator of millions of records needs little
-        memory. ``on_sent(n)`` is called after each window with the number sent.
+        A chunk is ``chunk_size`` records of one partition, or fewer when they would
+        take more than 1 MiB (a larger record goes in a chunk of its own), so that no
+        call holds Redis up for long. Records of one partition are appended in the
+        order given. The iterable is consumed a window at a time, so a generator of
+        millions of records needs little memory. ``on_sent(n)`` is called after each
+        window with the number sent.
 
         ``replicas`` and ``replica_timeout`` as for :meth:`send`: every chunk's append
         waits for the replicas of its partition's master.
@@ -248,6 +285,7 @@ class Stream(Generic[R]):
         chunk = chunk_size if chunk_size is not None else self.settings.send_chunk_size
         check_send_options(chunk, replicas, replica_timeout)
         await self.check_metadata()
+        server_limit = await server_bulk_limit(self._connection())
         ids: list[str] = []
         waiting = (
             replicated(self._connection(), replicas, replica_timeout)
@@ -257,13 +295,13 @@ class Stream(Generic[R]):
         # The tasks sending a window's partitions inherit the wait (a context variable).
         with waiting:
             for window in windows(records, chunk, self.partition_count):
-                ids.extend(await self._send_window(window, chunk))
+                ids.extend(await self._send_window(window, chunk, server_limit))
                 if on_sent is not None:
                     on_sent(len(window))
         return ids
 
-    async def _send_window(self, records: Sequence[R], chunk: int) -> list[str]:
-        window = encode_window(self.spec, records)
+    async def _send_window(self, records: Sequence[R], chunk: int, server_limit: int) -> list[str]:
+        window = encode_window(self.spec, records, server_limit)
 
         async def send_partition(partition: int) -> None:
             for start, end in window.chunks(partition, chunk):

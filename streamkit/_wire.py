@@ -10,36 +10,51 @@ workers can import it cheaply:
   family: the fenced read (which commits first) and the fenced commit, both applying
   a processor's changes (:mod:`streamkit._commit`) with the acknowledgements;
 * the stream metadata schema (:data:`METADATA_VERSION`, :func:`compare_metadata`);
-* the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`.
+* the entry layout (:func:`flatten_fields`, :func:`field_pairs`) and :func:`text`;
+* the size limits of entries and of script calls, and :func:`chunk_bounds`, which
+  splits appends into calls by count and by bytes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
+from ._defaults import (
+    DEFAULT_MAX_DECODED_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+    DEFAULT_PARTITION_SIZE,
+    DEFAULT_SEND_CHUNK_SIZE,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "ACK_LUA",
     "APPEND_AND_TRIM_LUA",
     "CHANGES_LUA",
     "COMPARED_METADATA",
+    "DEFAULT_MAX_DECODED_SIZE",
+    "DEFAULT_MAX_RECORD_SIZE",
     "DEFAULT_PARTITION_SIZE",
+    "DEFAULT_SEND_CHUNK_BYTES",
     "DEFAULT_SEND_CHUNK_SIZE",
     "METADATA_LUA",
     "METADATA_VERSION",
     "OUTBOX_DELETE_LUA",
     "OUTBOX_READ_LUA",
     "READ_LUA",
+    "REDIS_MAX_BULK",
     "RELAY_LUA",
     "TRIM_FUNCTIONS_LUA",
+    "TRIM_PROCESSED_STEP",
+    "TRIM_STEP",
+    "chunk_bounds",
     "compare_metadata",
     "compare_schemas",
     "field_pairs",
     "flatten_fields",
+    "format_size",
     "metadata_pairs",
     "text",
 ]
@@ -48,6 +63,25 @@ __all__ = [
 #: by version 1 (no ``schema``) are still checked, by the record's name alone.
 METADATA_VERSION = "2"
 
+#: Bytes of entries appended per script call, at most (an entry larger than this goes
+#: in a call of its own): Redis holds a whole call in memory, and runs it without a
+#: pause, so a call of many large entries would hold up every other client.
+DEFAULT_SEND_CHUNK_BYTES = 2**20
+
+#: Redis's default ``proto-max-bulk-len``: the longest string (each field name and
+#: value) it accepts in a command, when the server's own setting cannot be read.
+REDIS_MAX_BULK = 512 * 2**20
+
+#: Entries one script call removes under the hard cap, beyond as many as it appended:
+#: a partition far over its cap (a cap just set or lowered) comes down over several
+#: calls, each of bounded work, instead of one call holding Redis up for seconds. The
+#: cap reads each entry it removes (to count the unprocessed ones), about a microsecond
+#: each. See docs/streams.md, "Trimming".
+TRIM_STEP = 1_000
+#: Entries one script call removes when it trims processed entries (``partition_size``),
+#: beyond as many as it appended or acknowledged: approximate trimming frees whole
+#: nodes of about 100 entries, about 10 ns an entry.
+TRIM_PROCESSED_STEP = 50_000
 
 #: The metadata fields compared between a stream's record and a producer or consumer.
 #: An empty ``partition_by`` means "a callable", which cannot be compared.
@@ -70,12 +104,45 @@ def field_pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(it, it, strict=True))
 
 
-def flatten_fields(fields: Mapping[bytes, bytes], into: list[bytes | int]) -> None:
-    """Append one entry to a script's arguments: its field count, then names and values."""
+def flatten_fields(fields: Mapping[bytes, bytes], into: list[bytes | int]) -> int:
+    """Append one entry to a script's arguments: its field count, then names and values.
+
+    Returns:
+        the entry's size: the bytes of its field names and values.
+    """
     into.append(len(fields))
+    size = 0
     for name, value in fields.items():
         into.append(name)
         into.append(value)
+        size += len(name) + len(value)
+    return size
+
+
+def chunk_bounds(sizes: Sequence[int], count: int, size: int) -> Iterator[tuple[int, int]]:
+    """Split entries into consecutive chunks of at most ``count`` entries and ``size`` bytes.
+
+    An entry larger than ``size`` makes a chunk of its own. Yields ``(start, end)``
+    slice bounds of ``sizes``, in order, covering every entry once.
+    """
+    start = 0
+    total = 0
+    for index, entry_size in enumerate(sizes):
+        if index > start and (index - start >= count or total + entry_size > size):
+            yield start, index
+            start, total = index, 0
+        total += entry_size
+    if start < len(sizes):
+        yield start, len(sizes)
+
+
+def format_size(size: int) -> str:
+    """A byte count for people: ``512 bytes``, ``64 KiB``, ``16 MiB``, ``2.5 MiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def metadata_pairs(reply: object) -> dict[str, str]:
@@ -204,16 +271,19 @@ local function oldest_needed()
 end
 
 -- Trims what every consumer group has processed, down to no fewer than `keep`
--- entries; `length` is the stream's length now.
-local function trim_processed(length, keep)
+-- entries; `length` is the stream's length now. Removes at most `done` (the entries
+-- this call appended or acknowledged) plus a step: bounded work per call, and never
+-- slower than the partition fills.
+local function trim_processed(length, keep, done)
   if keep > 0 and length > keep then
     local needed = oldest_needed()
     if needed ~= nil then
-      redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT', length - keep)
+      redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT',
+                 math.min(length - keep, done + STEP))
     end
   end
 end
-"""
+""".replace("STEP", str(TRIM_PROCESSED_STEP))
 
 # Appends the entries given in ARGV from index `first` on (each: field count, then
 # names and values) to the stream `key`, then trims it: never below the oldest entry
@@ -234,15 +304,21 @@ end
 local dropped = 0
 local length = redis.call('XLEN', key)
 if cap > 0 and length > cap then
+  -- The oldest entries over the cap go, at most as many as were appended plus the
+  -- trim step (a partition far over its cap comes down over several calls); each
+  -- that some consumer group still needs is counted as dropped.
+  local excess = math.min(length - cap, #ids + TRIM_STEP)
+  local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', excess + 1)
   local needed = oldest_needed()
-  for _, entry in ipairs(redis.call('XRANGE', key, '-', '+', 'COUNT', length - cap)) do
-    if needed == nil or not less(entry[1], needed) then dropped = dropped + 1 end
+  for i = 1, excess do
+    if needed == nil or not less(oldest[i][1], needed) then dropped = dropped + 1 end
   end
-  redis.call('XTRIM', key, 'MAXLEN', cap)
+  -- Exactly the `excess` entries before the first one kept.
+  redis.call('XTRIM', key, 'MINID', oldest[excess + 1][1])
 else
-  trim_processed(length, keep)
+  trim_processed(length, keep, #ids)
 end
-"""
+""".replace("TRIM_STEP", str(TRIM_STEP))
 )
 
 # KEYS: the metadata hash. ARGV: field, value, ... Records the metadata if the stream
@@ -306,7 +382,7 @@ local acks = tonumber(ARGV[7])
 apply_changes(8 + acks)
 if acks > 0 then
   redis.call('XACK', key, group, unpack(ARGV, 8, 7 + acks))
-  trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]))
+  trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]), acks)
 end
 
 local function read(id)
@@ -364,7 +440,7 @@ apply_changes(5 + acks)
 local acked = 0
 if acks > 0 then
   acked = redis.call('XACK', key, ARGV[2], unpack(ARGV, 5, 4 + acks))
-  trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]))
+  trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]), acks)
 end
 return acked
 """
@@ -396,7 +472,7 @@ while i <= #ARGV do
   i = i + 2 + 2 * count
 end
 if newest ~= last then redis.call('SET', KEYS[2], newest) end
-trim_processed(redis.call('XLEN', key), tonumber(ARGV[1]))
+trim_processed(redis.call('XLEN', key), tonumber(ARGV[1]), appended)
 return appended
 """
 )

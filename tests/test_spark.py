@@ -15,6 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
 
 pytest.importorskip("pyspark")
@@ -22,11 +23,12 @@ redis_py = pytest.importorskip("redis")
 
 import trio  # noqa: E402
 
-from streamkit import App, codec_for, partition_for  # noqa: E402
+from streamkit import App, EncodeError, codec_for, partition_for  # noqa: E402
 from streamkit._worker import run_worker  # noqa: E402
 from streamkit.testing import wait_until  # noqa: E402
 from tests.apps.scenario import SEEN, Numbered, make_app  # noqa: E402
 from tests.spark.records import Line, Order, Reading, Status  # noqa: E402
+from tests.test_hostile import zstd_bomb  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -186,6 +188,62 @@ def test_batch_read_all_partitions_with_typed_columns(
         assert row.tags == order.tags
         assert row.note is None
     assert client.xinfo_groups("__strm:{shop.orders.0}") == groups_before
+
+
+def test_a_decompression_bomb_is_undecodable_not_decompressed(
+    spark: SparkSession, url: str, client: Any
+) -> None:
+    """Hostile input (see tests/test_hostile.py): between good orders, 20 KB of zstd
+    standing for a 600 MB order, whose note is all "a"s. Decompressed whole, it took
+    gigabytes of an executor's memory; now it does not decode, unread."""
+    sent = orders(0, 40)
+    send(url, "bombed", sent)
+    good = orjson.loads(codec_for(Order).encode(orders(99, 1)[0])[b"data"])
+    del good["note"]
+    head = orjson.dumps(good)[:-1] + b',"note":"'
+    bomb = zstd_bomb(600 * 2**20, head=head)
+    assert len(bomb) < 100_000
+    client.xadd("__strm:{shop.bombed.0}", {b"data:zstd": bomb})
+    send(url, "bombed", orders(40, 40))
+
+    skipped = read(spark, url, "bombed", record=ORDER, onDecodeError="skip")
+    assert sorted(row.order_id for row in skipped.select("order_id").collect()) == list(range(80))
+    with pytest.raises(Exception, match=r"max_decoded_size \(16 MiB\)"):
+        read(spark, url, "bombed", record=ORDER).collect()
+    # The option lowers the limit: now every order is too large.
+    small = read(spark, url, "bombed", record=ORDER, onDecodeError="skip", maxDecodedSize="100")
+    assert small.count() == 0
+
+
+def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client: Any) -> None:
+    """As send_many: each Lua call (one idempotency marker each) holds at most 1 MiB of
+    rows, and a row over maxRecordSize fails the task before anything of it is sent."""
+    from streamkit.spark._writer import WritePlan, write_rows
+
+    plan = WritePlan(
+        url=url,
+        app=APP,
+        stream="large",
+        partition_count=1,
+        record=ORDER,
+        compression=None,
+        key="customer",
+        key_is_field=True,
+        columns=("order_id", "customer", "amount", "created_at", "note"),
+        chunk_size=1000,
+        marker_ttl=60,
+        partition_size=1000,
+        max_len=None,
+        max_record_size=2**20,
+    )
+    rows: Any = iter([(i, "c", 1.0, T0, "n" * 300_000) for i in range(12)])
+    assert write_rows(plan, rows, "w", "b").appended == 12
+    # 12 rows of 300 KB: 3 to a call of 1 MiB at most, so 4 calls.
+    assert len(client.keys("__sprk:{shop.large.0}:*")) == 4
+    too_large: Any = iter([(99, "c", 1.0, T0, "n" * 2**20)])
+    with pytest.raises(EncodeError, match=r"more than max_record_size \(1 MiB\)"):
+        write_rows(plan, too_large, "w", "c")
+    assert client.xlen("__strm:{shop.large.0}") == 12
 
 
 def id_tuple(entry_id: str) -> tuple[int, int]:

@@ -8,6 +8,9 @@ with it in flight). When sending stops early (a Redis error, a signal), the repo
 says exactly which lines are in Redis and gives the command that sends the rest
 without duplicates.
 
+A chunk is cut by count and by bytes exactly as ``send_many`` cuts its appends (see
+:func:`streamkit._wire.chunk_bounds`), so that each chunk is one Lua call.
+
 Why per-partition marks: the partitions of a window are sent concurrently, so when
 one fails, others may be further along. The chunks of one partition go in order, so
 what is in Redis is, per partition, every line up to some line. ``--skip N`` plus
@@ -25,6 +28,7 @@ import trio
 
 from .._errors import ConfigError, EncodeError, OutcomeUnknown, StreamkitError
 from .._urls import mask_url
+from .._wire import DEFAULT_SEND_CHUNK_BYTES, chunk_bounds
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -40,15 +44,16 @@ CHUNKS_PER_WINDOW = 4
 
 @attrs.frozen
 class Line:
-    """A checked input line: its number (from 1), partition and record."""
+    """A checked input line: its number (from 1), partition, record and encoded size."""
 
     number: int
     partition: int
     record: Any
+    size: int = 0
 
 
-def check_record_key(stream: Stream[Any], record: Any) -> int:
-    """The partition of ``record``, checking its key and that it encodes.
+def check_record_key(stream: Stream[Any], record: Any) -> tuple[int, int]:
+    """The partition of ``record`` and its encoded size, checking its key and encoding.
 
     Error handling:
         ``ValueError`` saying what is wrong with the key or the encoding.
@@ -62,10 +67,10 @@ def check_record_key(stream: Stream[Any], record: Any) -> int:
             f"cannot compute the partition key {describe_key(stream)}: {type(exc).__name__}: {exc}"
         ) from None
     try:
-        stream.codec.encode(record)
+        fields = stream.codec.encode(record)
     except EncodeError as exc:
         raise ValueError(f"cannot encode the record: {exc}") from None
-    return partition
+    return partition, sum(len(name) + len(value) for name, value in fields.items())
 
 
 def describe_key(stream: Stream[Any]) -> str:
@@ -99,14 +104,14 @@ def check_lines(
             continue
         try:
             record = parse(text)
-            partition = check_record_key(stream, record)
+            partition, size = check_record_key(stream, record)
         except ValueError as exc:
             errors.append(f"line {number}: {exc}")
             continue
         if number <= marks.get(partition, 0):
             already += 1
             continue
-        checked.append(Line(number, partition, record))
+        checked.append(Line(number, partition, record, size))
     return checked, errors, already
 
 
@@ -319,10 +324,11 @@ async def _send_window(
         indices.setdefault(line.partition, []).append(start + offset)
 
     async def send_partition(mine: list[int]) -> None:
-        for first in range(0, len(mine), chunk_size):
+        sizes = [outcome.lines[i].size for i in mine]
+        for first, end in chunk_bounds(sizes, chunk_size, DEFAULT_SEND_CHUNK_BYTES):
             if outcome.error is not None:
                 return  # another partition failed: finish, start nothing new
-            chunk = mine[first : first + chunk_size]
+            chunk = mine[first:end]
             try:
                 await stream.send_many(
                     [outcome.lines[i].record for i in chunk], chunk_size=chunk_size

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import coredis.exceptions
 import trio
 
+from .._acl import remember_script
 from .._errors import RedisUnavailable
 from ._routing import own
 from ._translate import redis_errors
@@ -43,7 +43,9 @@ class LuaScript:
 
     @sha.default
     def _sha(self) -> str:
-        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        # The same SHA1, remembering the source so that an ACL refusal inside the
+        # script can name its command.
+        return remember_script(self.source)
 
     async def __call__(self, redis: Redis, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """Run the script on ``redis``; errors are coredis's (wrap in :func:`redis_errors`)."""

@@ -18,6 +18,7 @@ import coredis
 import coredis.exceptions
 import trio
 
+from .._acl import not_permitted
 from .._errors import (
     BackendError,
     ConfigError,
@@ -169,7 +170,7 @@ def translate(exc: BaseException, url: str) -> StreamkitError | None:
     if isinstance(exc, coredis.exceptions.AuthenticationError):
         return RedisUnavailable(masked, f"authentication failed: {exc}")
     if isinstance(exc, coredis.exceptions.RedisError):
-        return _group_error(exc) or BackendError(str(exc))
+        return not_permitted(str(exc), masked) or _group_error(exc) or BackendError(str(exc))
     if isinstance(exc, BaseExceptionGroup):
         # coredis runs its pool in a task group, so a dropped connection can arrive
         # wrapped in a group. Unwrap it when every leaf is a Redis error.

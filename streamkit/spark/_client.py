@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, cast
 import redis
 
 from .. import _keys, _redispy
-from .._wire import text
+from .._wire import REDIS_MAX_BULK, text
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Client", "connect", "read_metadata", "redis_errors"]
+__all__ = ["Client", "connect", "read_metadata", "redis_errors", "server_bulk_limit"]
 
 #: The client of a server or of a cluster; both take the same (single-slot) commands.
 Client = _redispy.SyncClient
@@ -78,3 +78,18 @@ def read_metadata(client: Client, url: str, app: str, stream: str) -> dict[str, 
     with redis_errors(url):
         raw = cast("dict[bytes, bytes]", client.hgetall(_keys.meta_key(app, stream)))
     return {text(k): text(v) for k, v in raw.items()}
+
+
+def server_bulk_limit(client: Client) -> int:
+    """The longest string the server accepts in a command (``proto-max-bulk-len``).
+
+    Redis's default when it cannot be read: ``CONFIG`` refused to this user (an ACL
+    without ``+config|get``), renamed (managed services), or a cluster's nodes.
+    """
+    try:
+        reply = cast("dict[str | bytes, str | bytes]", client.config_get("proto-max-bulk-len"))
+        return int(next(iter(reply.values())))
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+        return REDIS_MAX_BULK
+    except (StopIteration, AttributeError, TypeError, ValueError):
+        return REDIS_MAX_BULK

@@ -19,7 +19,13 @@ from .._compression import valid_compression
 from .._errors import ConfigError, MetadataMismatch
 from .._spec import record_metadata
 from .._urls import masked_repr
-from .._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE, compare_metadata
+from .._wire import (
+    DEFAULT_MAX_DECODED_SIZE,
+    DEFAULT_MAX_RECORD_SIZE,
+    DEFAULT_PARTITION_SIZE,
+    DEFAULT_SEND_CHUNK_SIZE,
+    compare_metadata,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -166,6 +172,9 @@ class ReadOptions:
         skip_undecodable: drop entries that do not decode instead of failing.
         table: read this table (written by a processor of ``stream``) instead of the
             stream: a batch snapshot of its keys and values.
+        max_decoded_size: the most bytes a JSON payload may take once decompressed
+            (``maxDecodedSize``, as the ``max_decoded_size`` setting); a larger one
+            is undecodable.
     """
 
     url: str = attrs.field(repr=masked_repr)
@@ -179,6 +188,7 @@ class ReadOptions:
     page_size: int
     skip_undecodable: bool
     table: str | None = None
+    max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
@@ -198,6 +208,8 @@ class ReadOptions:
             raise ConfigError("onDecodeError", f"expected 'fail' or 'skip', got {on_error!r}")
         page_size = _positive(options, "pageSize", DEFAULT_PAGE_SIZE)
         assert page_size is not None
+        max_decoded_size = _positive(options, "maxDecodedSize", DEFAULT_MAX_DECODED_SIZE)
+        assert max_decoded_size is not None
         return cls(
             url=_required(options, "url"),
             app=_keys.validate_name("app", _required(options, "app")),
@@ -212,6 +224,7 @@ class ReadOptions:
             table=(
                 _keys.validate_name("table", options["table"]) if options.get("table") else None
             ),
+            max_decoded_size=max_decoded_size,
         )
 
 
@@ -231,6 +244,8 @@ class WriteOptions:
         marker_ttl: seconds the idempotency markers live.
         partition_size: soft trimming bound, as the ``partition_size`` setting.
         max_len: hard cap, as the ``max_len`` setting, or ``None``.
+        max_record_size: the most bytes an encoded row may take (``maxRecordSize``,
+            as the ``max_record_size`` setting).
     """
 
     url: str = attrs.field(repr=masked_repr)
@@ -245,6 +260,7 @@ class WriteOptions:
     marker_ttl: int
     partition_size: int
     max_len: int | None
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
@@ -263,6 +279,8 @@ class WriteOptions:
         assert chunk_size is not None
         assert marker_ttl is not None
         assert partition_size is not None
+        max_record_size = _positive(options, "maxRecordSize", DEFAULT_MAX_RECORD_SIZE)
+        assert max_record_size is not None
         return cls(
             url=_required(options, "url"),
             app=_keys.validate_name("app", _required(options, "app")),
@@ -276,4 +294,5 @@ class WriteOptions:
             marker_ttl=marker_ttl,
             partition_size=partition_size,
             max_len=_positive(options, "maxLen", None),
+            max_record_size=max_record_size,
         )

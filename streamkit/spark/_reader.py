@@ -91,9 +91,9 @@ def _last_ids(client: Client, options: ReadOptions, count: int) -> list[tuple[in
 
 @functools.lru_cache(maxsize=32)
 def _row_function(
-    record_path: str | None,
+    record_path: str | None, max_decoded_size: int
 ) -> Callable[[int, bytes, dict[bytes, bytes], str], tuple[Any, ...]]:
-    """Entry -> row tuple, built once per record class and Python worker."""
+    """Entry -> row tuple, built once per record class (and limit) and Python worker."""
     if record_path is None:
 
         def raw_row(
@@ -110,7 +110,7 @@ def _row_function(
         return raw_row
 
     record = load_record(record_path)
-    codec: Codec[Any] = codec_for(record)
+    codec: Codec[Any] = codec_for(record, max_decoded_size=max_decoded_size)
     to_row = record_schema(record).to_row
     decode = codec.decode
 
@@ -131,7 +131,7 @@ def _row_function(
 
 def read_range(options: ReadOptions, part: PartitionRange) -> Iterator[tuple[Any, ...]]:
     """Yield the rows of one input partition, paging with XRANGE."""
-    make_row = _row_function(options.record)
+    make_row = _row_function(options.record, options.max_decoded_size)
     key = _keys.stream_key(options.app, options.stream, part.partition)
     name = f"{options.app}.{options.stream}"
     low = part.low

@@ -11,7 +11,7 @@ from .. import _keys
 from .._errors import ConfigError, MetadataMismatch, StreamkitError
 from .._spec import record_metadata
 from .._wire import METADATA_LUA, METADATA_VERSION
-from ._client import connect, read_metadata, redis_errors
+from ._client import connect, read_metadata, redis_errors, server_bulk_limit
 from ._options import (
     ReadOptions,
     WriteOptions,
@@ -130,6 +130,7 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
             metadata = read_metadata(client, options.url, options.app, options.stream)
             if not metadata:
                 metadata = self._create(client, options, record)
+            server_limit = server_bulk_limit(client)
         if record is not None:
             check_record_metadata(options.stream, metadata, record)
         partition_count = _partition_count(options.stream, metadata)
@@ -164,6 +165,8 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
             marker_ttl=options.marker_ttl,
             partition_size=options.partition_size,
             max_len=options.max_len,
+            max_record_size=options.max_record_size,
+            server_limit=server_limit,
         )
         return plan, options.write_id
 

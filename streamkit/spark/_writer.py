@@ -19,18 +19,25 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from .. import _keys
+from .._acl import remember_script
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
 from .._urls import masked_repr
-from .._wire import APPEND_AND_TRIM_LUA
+from .._wire import (
+    APPEND_AND_TRIM_LUA,
+    DEFAULT_MAX_RECORD_SIZE,
+    DEFAULT_SEND_CHUNK_BYTES,
+    REDIS_MAX_BULK,
+    format_size,
+)
 from ._client import connect, redis_errors
 from ._options import load_record
 from ._schema import record_schema
@@ -65,6 +72,7 @@ end
     + APPEND_AND_TRIM_LUA
     + "return {#ids, dropped}\n"
 )
+remember_script(_WRITE_SCRIPT)
 
 
 def marker_key(
@@ -87,7 +95,10 @@ class WritePlan:
         key_is_field: whether ``key`` is a field of the record (then the partitioner
             reads it from the record, exactly as ``send`` does).
         columns: the input DataFrame's column names, in order.
-        chunk_size, marker_ttl, partition_size, max_len: see the options.
+        chunk_size, marker_ttl, partition_size, max_len, max_record_size: see the
+            options.
+        server_limit: the longest string the server accepts (``proto-max-bulk-len``),
+            read on the driver.
     """
 
     url: str = attrs.field(repr=masked_repr)
@@ -103,6 +114,8 @@ class WritePlan:
     marker_ttl: int
     partition_size: int
     max_len: int | None
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE
+    server_limit: int = REDIS_MAX_BULK
 
 
 @attrs.frozen
@@ -113,55 +126,95 @@ class WriteResult(WriterCommitMessage):  # type: ignore[misc, unused-ignore]
     skipped_chunks: int
 
 
+# A row -> (stream partition, [field count, name, value, ...], size in bytes).
+_RowEncoder: TypeAlias = "Callable[[Sequence[Any]], tuple[int, list[bytes | int], int]]"
+
+
+def _check_size(size: int, plan: WritePlan) -> None:
+    if size > plan.max_record_size:
+        raise EncodeError(
+            f"an entry is {format_size(size)}, more than maxRecordSize "
+            f"({format_size(plan.max_record_size)})"
+        )
+    if size > plan.server_limit:
+        raise EncodeError(
+            f"an entry is {format_size(size)}, more than Redis accepts "
+            f"(proto-max-bulk-len, {format_size(plan.server_limit)})"
+        )
+
+
 @functools.lru_cache(maxsize=32)
-def _row_encoder(plan: WritePlan) -> Callable[[Sequence[Any]], tuple[int, list[bytes | int]]]:
-    """Row -> (stream partition, [field count, name, value, ...]), built once per plan."""
+def _row_encoder(plan: WritePlan) -> _RowEncoder:
+    """Row -> (stream partition, [field count, name, value, ...], size), built once per plan.
+
+    Error handling:
+        (from the function) :class:`EncodeError` for an entry larger than
+        ``maxRecordSize`` or than the server accepts.
+    """
     count = plan.partition_count
     key_index = plan.columns.index(plan.key) if plan.key in plan.columns else -1
     if plan.record is None:
         fields_index = plan.columns.index("fields")
 
-        def encode_raw(row: Sequence[Any]) -> tuple[int, list[bytes | int]]:
+        def encode_raw(row: Sequence[Any]) -> tuple[int, list[bytes | int], int]:
             fields = row[fields_index]
             entry: list[bytes | int] = [len(fields)]
+            size = 0
             for name, value in fields.items():
-                entry.append(name.encode("utf-8"))
-                entry.append(value.encode("utf-8") if isinstance(value, str) else bytes(value))
-            return partition_for(row[key_index], count), entry
+                raw_name = name.encode("utf-8")
+                raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+                entry.append(raw_name)
+                entry.append(raw)
+                size += len(raw_name) + len(raw)
+            _check_size(size, plan)
+            return partition_for(row[key_index], count), entry, size
 
         return encode_raw
 
     record = load_record(plan.record)
     schema = record_schema(record)
     build = schema.builder(plan.columns)
-    encode = codec_for(record, compression=plan.compression).encode
+    encode = codec_for(
+        record, compression=plan.compression, max_record_size=plan.max_record_size
+    ).encode
     partitioner = (
         Partitioner(partition_by=plan.key, partition_count=count, record=record)
         if plan.key_is_field
         else None
     )
 
-    def encode_record(row: Sequence[Any]) -> tuple[int, list[bytes | int]]:
+    def encode_record(row: Sequence[Any]) -> tuple[int, list[bytes | int], int]:
         value = build(row)
         fields = encode(value)
         entry: list[bytes | int] = [len(fields)]
+        size = 0
         for name, raw in fields.items():
             entry.append(name)
             entry.append(raw)
+            size += len(name) + len(raw)
+        if size > plan.server_limit:
+            _check_size(size, plan)
         if partitioner is not None:
-            return partitioner.partition_of(value), entry
-        return partition_for(row[key_index], count), entry
+            return partitioner.partition_of(value), entry, size
+        return partition_for(row[key_index], count), entry, size
 
     return encode_record
 
 
 def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) -> WriteResult:
-    """Append one task's rows; chunks already written by an earlier attempt are skipped."""
+    """Append one task's rows; chunks already written by an earlier attempt are skipped.
+
+    A chunk is ``chunk_size`` rows of a stream partition, or fewer when they would
+    take more than :data:`~streamkit._wire.DEFAULT_SEND_CHUNK_BYTES` (a row larger
+    than that alone makes a chunk of its own), as ``send_many`` splits its appends.
+    """
     context = TaskContext.get()
     task = context.partitionId() if context is not None else 0
     encode = _row_encoder(plan)
     buffers: list[list[bytes | int]] = [[] for _ in range(plan.partition_count)]
     sizes = [0] * plan.partition_count
+    # Bytes of entries in each partition's buffer.
+    volumes = [0] * plan.partition_count
     chunks = [0] * plan.partition_count
     appended = skipped = 0
     with connect(plan.url) as client:
@@ -193,16 +246,20 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
             chunks[partition] += 1
             buffers[partition] = []
             sizes[partition] = 0
+            volumes[partition] = 0
 
         for row in rows:
             try:
-                partition, entry = encode(row)
+                partition, entry, size = encode(row)
             except (EncodeError, ConfigError):
                 raise
             except Exception as exc:
                 raise EncodeError(f"cannot turn row {row!r} into a record: {exc}") from exc
+            if sizes[partition] and volumes[partition] + size > DEFAULT_SEND_CHUNK_BYTES:
+                flush(partition)
             buffers[partition].extend(entry)
             sizes[partition] += 1
+            volumes[partition] += size
             if sizes[partition] >= plan.chunk_size:
                 flush(partition)
         for partition in range(plan.partition_count):
