@@ -28,7 +28,8 @@ from ._queue import (
     QueueCounts as QueueCounts,
     open_job_queue as open_job_queue,
 )
-from ._serve import JobWorker as JobWorker, progress as progress
+from ._run import progress as progress
+from ._serve import JobWorker as JobWorker
 
 __all__ = [
     "Job",
