@@ -61,8 +61,14 @@ def dumps(value: object, what: str) -> bytes:
     """JSON of ``value`` (attrs instances as dicts); :class:`EncodeError` if impossible."""
     try:
         return orjson.dumps(value, default=_unstructure)
-    except TypeError as exc:
-        raise EncodeError(f"{what}: {exc}") from None
+    except RecursionError:
+        raise EncodeError(f"{what}: nested too deeply") from None
+    except Exception as exc:  # orjson's TypeError, or whatever an unstructure hook raised
+        try:
+            reason = str(exc)
+        except Exception:
+            reason = f"{type(exc).__name__} whose str() failed"
+        raise EncodeError(f"{what}: {reason}") from None
 
 
 class JobRef(Protocol):

@@ -17,7 +17,13 @@ if TYPE_CHECKING:
     from .._backoff import Backoff
     from ._model import JobOptions
 
-__all__ = ["Failure", "Verdict", "decide", "retry_delay", "type_name"]
+__all__ = ["Failure", "Verdict", "decide", "describe", "retry_delay", "safe_str", "type_name"]
+
+#: Characters of an error's message kept in a job's record, at most: an exception's
+#: text comes from anywhere, and the record must stay well within Redis' limits.
+MAX_MESSAGE = 8_000
+#: Characters of an error's traceback kept, at most (its end: the innermost frames).
+MAX_TRACEBACK = 32_000
 
 
 def type_name(exc: BaseException) -> str:
@@ -27,6 +33,43 @@ def type_name(exc: BaseException) -> str:
     return (
         cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
     )
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder if that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type_name(exc)} whose str() failed>"
+
+
+def describe(exc: BaseException) -> str:
+    """``type: message`` of ``exc``, for a one-line error."""
+    return f"{type_name(exc)}: {safe_str(exc)}"
+
+
+def _head(value: str, limit: int) -> str:
+    if len(value) <= limit:
+        return value
+    return f"{value[: limit - 40]}... ({len(value) - limit + 40} characters cut)"
+
+
+def _tail(value: str, limit: int) -> str:
+    if len(value) <= limit:
+        return value
+    return f"({len(value) - limit + 40} characters cut) ...{value[-(limit - 40) :]}"
+
+
+def _cut_type(value: str) -> str:
+    return _head(value, 200)
+
+
+def _cut_message(value: str) -> str:
+    return _head(value, MAX_MESSAGE)
+
+
+def _cut_traceback(value: str) -> str:
+    return _tail(value, MAX_TRACEBACK)
 
 
 @attrs.frozen
@@ -42,20 +85,19 @@ class Failure:
             retried while tries are left).
     """
 
-    type: str
-    message: str
-    traceback: str = ""
+    type: str = attrs.field(converter=_cut_type)
+    message: str = attrs.field(converter=_cut_message)
+    traceback: str = attrs.field(default="", converter=_cut_traceback)
     unretried: str | None = None
 
     @classmethod
     def of(cls, exc: BaseException, *, unretried: str | None = None) -> Failure:
         """The failure of a try that raised ``exc``."""
-        return cls(
-            type_name(exc),
-            str(exc),
-            "".join(traceback.format_exception(exc)),
-            unretried,
-        )
+        try:
+            formatted = "".join(traceback.format_exception(exc))
+        except Exception:  # a traceback is a courtesy: never a reason to fail
+            formatted = ""
+        return cls(type_name(exc), safe_str(exc), formatted, unretried)
 
     @property
     def why(self) -> str:

@@ -12,7 +12,6 @@ import contextvars
 import functools
 import logging
 import random
-import typing
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -20,13 +19,13 @@ import orjson
 import trio
 
 from .._errors import ConfigError, EncodeError
-from .._json_converter import converter
 from .._logs import log_context
 from .._redis import LuaScript, retry_idempotent
 from .._wire import text
 from . import _scripts
+from ._arguments import BadArguments, decode_arguments
 from ._model import dumps
-from ._outcome import Failure, decide
+from ._outcome import Failure, decide, describe
 from ._tries import Try
 
 if TYPE_CHECKING:
@@ -87,9 +86,25 @@ class TryRunner:
             try:
                 # claimed: [job id, name, ...]; the job is in the log context of its try.
                 with log_context(job=text(claimed[1]), job_id=text(claimed[0])):
-                    await self.run_try(shard, claimed)
+                    try:
+                        await self.run_try(shard, claimed)
+                    except Exception as exc:
+                        self._crashed(claimed, exc)
             finally:
                 self.tries.give_slot()
+
+    def _crashed(self, claimed: list[Any], exc: Exception) -> None:
+        """Running a try raised past the job's own function (a value nothing foresaw,
+        or a bug here): the try fails, the worker goes on."""
+        job_id = text(claimed[0])
+        log.error("job %s: running its try failed: %s", job_id, describe(exc), exc_info=exc)
+        current = self.tries.running.get(job_id)
+        if current is None or current.finished:
+            return  # not started: its lease runs out, and it is taken over
+        if current.job is None:
+            self.outbox.put(current, "dead", Failure.of(exc).encode(), 0)
+        else:
+            self._failed(current, current.job, int(claimed[3]), Failure.of(exc))
 
     async def run_try(self, shard: int, claimed: list[Any]) -> None:
         """Run one try of a claimed job, and put its outcome in the outbox."""
@@ -110,10 +125,8 @@ class TryRunner:
             self.outbox.put(current, "dead", failure.encode(), 0)
             return
         try:
-            args, kwargs = orjson.loads(raw_args)
-            job.check_arguments(args, kwargs)
-            args, kwargs = _structure(job, args, kwargs)
-        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            args, kwargs = decode_arguments(job, raw_args)
+        except BadArguments as exc:
             log.error("job %s (%s): bad arguments: %s", job_id, name, exc)
             failure = Failure("BadInput", f"bad arguments: {exc}")
             self.outbox.put(current, "dead", failure.encode(), 0)
@@ -206,30 +219,3 @@ class TryRunner:
                 exc_info=exc,
             )
             self.outbox.put(current, "dead", failure.encode(), 0)
-
-
-def _structure(
-    job: Job, args: list[Any], kwargs: dict[str, Any]
-) -> tuple[list[Any], dict[str, Any]]:
-    """Arguments annotated with attrs classes (records) become instances again."""
-    structured = _structured_params(job)
-    if not structured:
-        return args, kwargs
-    bound = job.signature.bind(*args, **kwargs)
-    for name, annotation in structured.items():
-        if name in bound.arguments:
-            bound.arguments[name] = converter.structure(bound.arguments[name], annotation)
-    return list(bound.args), dict(bound.kwargs)
-
-
-@functools.cache
-def _structured_params(job: Job) -> dict[str, type]:
-    try:
-        hints = typing.get_type_hints(job.fn)
-    except Exception:
-        return {}
-    return {
-        name: hint
-        for name, hint in hints.items()
-        if name != "return" and isinstance(hint, type) and attrs.has(hint)
-    }
