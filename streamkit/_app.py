@@ -422,6 +422,7 @@ class App:
                             self.name,
                             shards=self.settings.job_shards,
                             lease_ttl=self.settings.job_lease_ttl,
+                            max_bytes=self.settings.job_max_bytes,
                         )
                     )
                     for job in self.jobs.values():

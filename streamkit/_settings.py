@@ -36,6 +36,7 @@ from ._validate import (
     positive_number,
 )
 from ._wire import DEFAULT_PARTITION_SIZE, DEFAULT_SEND_CHUNK_SIZE
+from .jobs._model import DEFAULT_MAX_BYTES as DEFAULT_JOB_MAX_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -135,6 +136,10 @@ class Settings:
     job_shards: int = attrs.field(default=1, validator=positive_int)
     #: Worker threads per process for jobs that are plain (not async) functions.
     job_threads: int = attrs.field(default=8, validator=positive_int)
+    #: The largest encoded arguments, or result, of a job, in bytes: larger arguments
+    #: are refused at enqueue, a job with a larger result ends dead. At most the
+    #: server's ``proto-max-bulk-len``.
+    job_max_bytes: int = attrs.field(default=DEFAULT_JOB_MAX_BYTES, validator=positive_int)
     #: Serve Prometheus metrics over HTTP on this port while a worker runs (``0``: any
     #: free port; unset: no endpoint). Needs the ``metrics`` extra. See
     #: ``streamkit worker --metrics-port``.

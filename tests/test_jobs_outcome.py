@@ -1,5 +1,6 @@
-"""What a try's end makes of its job (ok, retry or dead, and after how long), without
-Redis: :func:`streamkit.jobs._outcome.decide` and the retry delays."""
+"""The job worker's pure decisions, without Redis: what a try's end makes of its job
+(ok, retry or dead, and after how long: :func:`streamkit.jobs._outcome.decide`), and
+how a batch is cut into script calls."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from streamkit import Backoff
 from streamkit.jobs import JobOptions
+from streamkit.jobs._batches import chunks
 from streamkit.jobs._outcome import Failure, Verdict, decide, retry_delay, type_name
 
 EXACT = Backoff(initial=0.5, maximum=3.0, factor=2.0, jitter=0)
@@ -107,3 +109,33 @@ def test_a_failure_of_an_exception_keeps_its_type_message_and_traceback() -> Non
 def test_builtin_types_are_named_without_their_module() -> None:
     assert type_name(ValueError()) == "ValueError"
     assert type_name(Custom()) == f"{__name__}.Custom"
+
+
+# ---------------------------------------------------------------------- batches
+
+
+def test_a_batch_is_cut_by_count() -> None:
+    assert list(chunks([1] * 7, max_cost=3)) == [range(3), range(3, 6), range(6, 7)]
+
+
+def test_a_batch_is_cut_by_bytes_and_a_large_item_goes_alone() -> None:
+    sizes = [400, 400, 400, 5000, 10, 10]
+    assert list(chunks(sizes, max_cost=100, max_bytes=1000)) == [
+        range(2),
+        range(2, 3),
+        range(3, 4),
+        range(4, 6),
+    ]
+
+
+def test_a_batch_is_cut_by_cost_and_a_costly_item_goes_alone() -> None:
+    costs = [1, 1, 50, 1, 1]
+    assert list(chunks([1] * 5, max_cost=10, costs=costs)) == [
+        range(2),
+        range(2, 3),
+        range(3, 5),
+    ]
+
+
+def test_an_empty_batch_makes_no_call() -> None:
+    assert list(chunks([], max_cost=10)) == []

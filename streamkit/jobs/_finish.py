@@ -24,6 +24,8 @@ from .._periodic import next_tick
 from .._redis import LuaScript, retry_idempotent
 from .._wire import text
 from . import _scripts
+from ._batches import chunks
+from ._outcome import Failure, describe
 
 if TYPE_CHECKING:
     from ._handle import QueueLike
@@ -41,6 +43,12 @@ _RENEW = LuaScript(_scripts.RENEW_LUA)
 _COUNTED_OUTCOMES = {"ok": "succeeded", "retry": "retried", "dead": "dead", "aborted": "aborted"}
 #: The job name counted for jobs of a name this worker does not know.
 UNKNOWN_JOB = "(unknown)"
+#: Outcomes per finish script call, at most.
+_FINISH_CHUNK = 200
+#: Leases per renewal script call, at most.
+_RENEW_CHUNK = 500
+#: How the error of an outcome put in place of a refused one starts.
+_REFUSED = b'{"type":"OutcomeRefused"'
 
 
 @attrs.define(eq=False)
@@ -90,31 +98,57 @@ class Outbox:
             )
 
     async def flush(self, shard: int) -> None:
-        """Send the outcomes of ended tries of ``shard`` in one fenced script.
+        """Record the outcomes of ended tries of ``shard``: fenced finish scripts of at
+        most ``_FINISH_CHUNK`` outcomes and about ``MAX_CALL_BYTES`` each.
+
+        An outcome that Redis refuses to record (too big for the server's limits, say)
+        ends its job dead with the error type ``OutcomeRefused`` instead, without
+        holding back the others.
 
         Error handling:
-            On any error or cancellation the outcomes go back to the outbox, to be
-            sent again: safe, since a finish that ran already is refused (fenced)
-            the second time.
+            On any other error or cancellation the outcomes not recorded go back to
+            the outbox, to be sent again: safe, since a finish that ran already is
+            refused (fenced) the second time.
         """
         batch = self._items[shard]
         self._items[shard] = []
         self._ready[shard] = trio.Event()
         if not batch:
             return
+        sizes = [len(item[0]) + len(item[1]) + len(item[3]) for item in batch]
+        for part in chunks(sizes, max_cost=_FINISH_CHUNK):
+            try:
+                await self._record(shard, batch[part.start : part.stop])
+            except BaseException:
+                self._items[shard][:0] = batch[part.start :]
+                self._ready[shard].set()
+                raise
+        self.flushed.value += 1
+
+    async def _finish(self, shard: int, items: list[list[Any]]) -> list[int]:
         keys = self.queue.shard_keys[shard]
         args: list[Any] = [keys.base, math.ceil(self.queue.lease_ttl * 1000)]
-        for item in batch:
+        for item in items:
             args.extend(item)
+        reply: list[int] = await retry_idempotent(
+            _FINISH, self.queue.redis, keys.keys, args, what="finishing jobs"
+        )
+        return reply
+
+    async def _record(self, shard: int, items: list[list[Any]]) -> None:
+        """Record ``items`` in one call or, if Redis refuses it, one by one."""
         try:
-            reply = await retry_idempotent(
-                _FINISH, self.queue.redis, keys.keys, args, what="finishing jobs"
-            )
-        except BaseException:
-            self._items[shard][:0] = batch
-            self._ready[shard].set()
+            reply = await self._finish(shard, items)
+        except RedisUnavailable:
             raise
-        for item, committed in zip(batch, reply, strict=True):
+        except Exception as exc:  # refused: the request, or a value in it
+            if len(items) == 1:
+                await self._refused(shard, items[0], exc)
+            else:
+                for item in items:
+                    await self._record(shard, [item])
+            return
+        for item, committed in zip(items, reply, strict=True):
             self.tries.forget(item[0], item[1])
             if not committed and item[2] != "release":
                 log.warning(
@@ -122,7 +156,28 @@ class Outbox:
                     "on it had run out)",
                     item[0],
                 )
-        self.flushed.value += 1
+
+    async def _refused(self, shard: int, item: list[Any], exc: Exception) -> None:
+        """Redis refused to record ``item``: end its job dead with a short error
+        instead (if it refuses that too, the job's lease runs out and another worker
+        takes it over)."""
+        job_id, token, outcome = item[0], item[1], item[2]
+        reason = describe(exc)
+        log.error("job %s: Redis refused to record its outcome (%s): %s", job_id, outcome, reason)
+        if outcome != "release" and not item[3].startswith(_REFUSED):
+            failure = Failure(
+                "OutcomeRefused",
+                f"Redis refused to record the outcome of its try ({outcome}): {reason}",
+            )
+            try:
+                await self._record(shard, [[job_id, token, "dead", failure.encode(), 0]])
+            except RedisUnavailable:
+                raise
+            except Exception as again:
+                log.error("job %s: Redis refused that too: %s", job_id, describe(again))
+            else:
+                return
+        self.tries.forget(job_id, token)
 
 
 async def renew_leases(queue: QueueLike, consumer: str, tries: Tries) -> None:
@@ -146,7 +201,12 @@ async def renew(queue: QueueLike, consumer: str, tries: Tries) -> None:
     per_shard: dict[int, list[Any]] = {}
     for current in list(tries.running.values()):
         per_shard.setdefault(current.shard, []).extend((current.id, current.token))
-    for shard, pairs in per_shard.items():
+    calls = [
+        (shard, flat[i : i + 2 * _RENEW_CHUNK])
+        for shard, flat in per_shard.items()
+        for i in range(0, len(flat), 2 * _RENEW_CHUNK)
+    ]
+    for shard, pairs in calls:
         keys = queue.shard_keys[shard]
         with trio.move_on_after(queue.lease_ttl / 2) as attempt:
             lost, aborts = await retry_idempotent(

@@ -141,6 +141,7 @@ class QueueLike(Protocol):
     shards: int
     lease_ttl: float
     max_deliveries: int
+    max_bytes: int
     shard_keys: list[ShardKeys]
     jobs: dict[str, Job]
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_AFTER",
     "PRIORITIES",
     "JobCall",
     "JobErrorInfo",
@@ -47,6 +49,11 @@ DEFAULT_RESULT_TTL = 24 * 3600.0
 DEFAULT_RETRY_BACKOFF = Backoff(initial=1.0, maximum=300.0, factor=2.0, jitter=0.5)
 #: How long ``job_id=`` dedupes enqueues, by default.
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
+#: The largest encoded arguments, or result, of a job (bytes), by default: 1 MiB, the
+#: smallest ``proto-max-bulk-len`` a Redis server accepts, so it fits any server.
+DEFAULT_MAX_BYTES = 1024 * 1024
+#: The most jobs one job may depend on (``after=``): settling them is bounded work.
+MAX_AFTER = 1000
 
 
 def _unstructure(value: object) -> object:

@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from .._backoff import Backoff
     from ._model import JobOptions
 
-__all__ = ["Failure", "Verdict", "decide", "describe", "retry_delay", "safe_str", "type_name"]
+__all__ = [
+    "MAX_MESSAGE",
+    "MAX_TRACEBACK",
+    "Failure",
+    "Verdict",
+    "decide",
+    "describe",
+    "retry_delay",
+    "safe_str",
+    "type_name",
+]
 
 #: Characters of an error's message kept in a job's record, at most: an exception's
 #: text comes from anywhere, and the record must stay well within Redis' limits.

@@ -15,7 +15,7 @@ import orjson
 import trio
 
 from .._backoff import Backoff
-from .._errors import ConfigError, JobNotFound, RedisUnavailable
+from .._errors import ConfigError, EncodeError, JobNotFound, RedisUnavailable
 from .._groups import open_service_nursery
 from .._redis import (
     LuaScript,
@@ -27,13 +27,16 @@ from .._redis import (
 from .._validate import positive_int, positive_number
 from .._wire import text
 from . import _scripts
+from ._batches import chunks
 from ._handle import Job, JobHandle, decode_info, outcome
 from ._layout import ShardKeys, shard_for
 from ._model import (
     DEFAULT_DEDUPE_WINDOW,
+    DEFAULT_MAX_BYTES,
     DEFAULT_RESULT_TTL,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_BACKOFF,
+    MAX_AFTER,
     PRIORITIES,
     JobCall,
     JobInfo,
@@ -60,7 +63,7 @@ DEFAULT_LEASE_TTL = 5.0
 #: Times a job may lose its worker (the worker died while running it) before it is
 #: considered to be what kills the workers, and goes to the dead-letter queue.
 DEFAULT_MAX_DELIVERIES = 3
-#: Jobs per enqueue script call.
+#: Jobs (and the dependencies they name) per enqueue script call, at most.
 _ENQUEUE_CHUNK = 500
 
 _ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
@@ -203,6 +206,7 @@ class JobQueue:
         lease_ttl: seconds after which a job whose worker stopped renewing its lease
             is taken over by another worker.
         max_deliveries: times a job may lose its worker before it goes dead.
+        max_bytes: the largest encoded arguments, or result, of a job, in bytes.
         jobs: the declared jobs, by name.
     """
 
@@ -211,6 +215,7 @@ class JobQueue:
     shards: int = attrs.field(default=1, validator=positive_int)
     lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=positive_number)
     max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
+    max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
     jobs: dict[str, Job] = attrs.field(factory=dict)
     shard_keys: list[ShardKeys] = attrs.field(init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
@@ -398,12 +403,16 @@ class JobQueue:
         options = job.options
         handles: list[JobHandle] = []
         per_shard: dict[int, list[Any]] = {}
+        # Per shard, the cost of each job in a script call when some name dependencies.
+        costs: dict[int, list[int]] = {}
         name = job.name
         check = job.check_arguments
         new_id = self._new_id
         shards = self.shards
+        limit = self.max_bytes
         single = per_shard.setdefault(0, []) if shards == 1 else None
         for item in calls:
+            after: list[JobRef] = []
             if isinstance(item, tuple):
                 check(item, {})
                 job_id = new_id()
@@ -413,13 +422,25 @@ class JobQueue:
             else:
                 call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
                 check(call.args, call.kwargs)
-                after: list[JobRef] = [
-                    self.handle(h) if isinstance(h, str) else h for h in call.after
-                ]
+                if len(call.after) > MAX_AFTER:
+                    raise ConfigError(
+                        "after", f"a job depends on at most {MAX_AFTER} jobs, got {len(call.after)}"
+                    )
+                after = [self.handle(h) if isinstance(h, str) else h for h in call.after]
                 job_id, shard = self._place(call, after)
                 args = dumps([call.args, call.kwargs], f"the arguments of job {name}")
                 opts = _options(call, after)
+            if len(args) > limit:
+                raise EncodeError(
+                    f"the arguments of job {name}: {len(args):,} bytes encoded, over the "
+                    f"queue's limit of {limit:,} (max_bytes)"
+                )
             fields = single if single is not None else per_shard.setdefault(shard, [])
+            if after or shard in costs:
+                # From the first job with dependencies on, every job of the shard has
+                # a cost (the jobs before it, 1 each).
+                shard_costs = costs.setdefault(shard, [1] * (len(fields) // 3))
+                shard_costs.append(1 + len(after))
             fields.extend((job_id, args, opts))
             handles.append(JobHandle(self, job_id, shard))
         expires = options.expires
@@ -434,7 +455,7 @@ class JobQueue:
         )
         for shard, fields in per_shard.items():
             if fields:
-                await self._send(shard, defaults, fields)
+                await self._send(shard, defaults, fields, costs.get(shard))
         return handles
 
     def _new_id(self) -> str:
@@ -442,33 +463,45 @@ class JobQueue:
         self._counter += 1
         return f"{self._id_prefix}{self._counter:x}"
 
-    async def _send(self, shard: int, defaults: tuple[Any, ...], fields: list[Any]) -> None:
-        """Send one shard's jobs, a few chunks at a time."""
+    async def _send(
+        self,
+        shard: int,
+        defaults: tuple[Any, ...],
+        fields: list[Any],
+        costs: list[int] | None,
+    ) -> None:
+        """Send one shard's jobs (``fields``: id, args, options of each), in calls of at
+        most ``_ENQUEUE_CHUNK`` jobs and dependencies and about ``MAX_CALL_BYTES``, a
+        few calls at a time."""
         keys = self.shard_keys[shard]
-        step = 3 * _ENQUEUE_CHUNK
+        sizes = [
+            len(fields[i]) + len(fields[i + 1]) + len(fields[i + 2])
+            for i in range(0, len(fields), 3)
+        ]
+        calls = list(chunks(sizes, max_cost=_ENQUEUE_CHUNK, costs=costs))
 
-        async def send(start: int) -> None:
+        async def send(jobs: range) -> None:
             await call_once(
                 _ENQUEUE,
                 self.redis,
                 keys.keys,
-                (keys.base, *defaults, *fields[start : start + step]),
+                (keys.base, *defaults, *fields[3 * jobs.start : 3 * jobs.stop]),
                 what=f"enqueueing jobs on {self.name}",
             )
 
-        if len(fields) <= step:
-            await send(0)
+        if len(calls) == 1:
+            await send(calls[0])
             return
-        # A few chunks in flight at once: the server runs one while the next arrives.
+        # A few calls in flight at once: the server runs one while the next arrives.
         limiter = trio.CapacityLimiter(4)
 
-        async def limited(start: int) -> None:
+        async def limited(jobs: range) -> None:
             async with limiter:
-                await send(start)
+                await send(jobs)
 
         async with trio.open_nursery() as nursery:
-            for start in range(0, len(fields), step):
-                nursery.start_soon(limited, start)
+            for jobs in calls:
+                nursery.start_soon(limited, jobs)
 
     # ------------------------------------------------------------------ following
 
@@ -738,6 +771,7 @@ async def open_job_queue(
     shards: int = 1,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> AsyncIterator[JobQueue]:
     """Open the job queue ``name`` on ``redis``.
 
@@ -749,11 +783,22 @@ async def open_job_queue(
         lease_ttl: seconds after which a job whose worker stopped renewing its lease
             (killed, paused, cut off) is taken over by another worker.
         max_deliveries: times a job may lose its worker before it goes dead.
+        max_bytes: the largest encoded arguments, or result, of a job (1 MiB by
+            default; no more than the server's ``proto-max-bulk-len``): larger
+            arguments are refused at enqueue, and a job with a larger result ends
+            dead.
 
     The block owns the queue's background work (the reader that wakes result
     waiters); jobs run where :meth:`JobQueue.serve` is started.
     """
-    queue = JobQueue(redis, name, shards=shards, lease_ttl=lease_ttl, max_deliveries=max_deliveries)
+    queue = JobQueue(
+        redis,
+        name,
+        shards=shards,
+        lease_ttl=lease_ttl,
+        max_deliveries=max_deliveries,
+        max_bytes=max_bytes,
+    )
     async with open_service_nursery(reason=f"job queue {name} closing") as nursery:
         queue._nursery = nursery
         try:

@@ -25,7 +25,7 @@ from .._wire import text
 from . import _scripts
 from ._arguments import BadArguments, decode_arguments
 from ._model import dumps
-from ._outcome import Failure, decide, describe
+from ._outcome import MAX_MESSAGE, Failure, decide, describe
 from ._tries import Try
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ async def progress(fraction: float, message: str = "") -> None:
     """Report the progress of the running job: ``fraction`` from 0 to 1 and a message.
 
     Shown by :meth:`JobHandle.info` and ``streamkit jobs show``. Fenced: a try that
-    was taken over by another worker reports nothing.
+    was taken over by another worker reports nothing. The message is cut to its first
+    8,000 characters.
 
     Error handling:
         ``RuntimeError`` outside a job; :class:`~streamkit.ConfigError` for a fraction
@@ -65,7 +66,7 @@ async def progress(fraction: float, message: str = "") -> None:
         _PROGRESS,
         queue.redis,
         keys.keys,
-        (keys.base, current.id, current.token, orjson.dumps([fraction, message])),
+        (keys.base, current.id, current.token, orjson.dumps([fraction, message[:MAX_MESSAGE]])),
         what="reporting progress",
     )
 
@@ -171,8 +172,9 @@ class TryRunner:
                 return
             if options.keep_result:
                 try:
-                    data = dumps(result, f"the result of job {name}")
+                    data = self._encode_result(name, result)
                 except EncodeError as exc:
+                    log.error("job %s (%s): %s; it is dead", job_id, name, exc)
                     self.outbox.put(current, "dead", Failure("EncodeError", str(exc)).encode(), 0)
                     return
                 self.outbox.put(current, "ok", data, 1)
@@ -180,6 +182,20 @@ class TryRunner:
                 self.outbox.put(current, "ok", b"", 0)
         finally:
             _current.reset(context)
+
+    def _encode_result(self, name: str, result: Any) -> bytes:
+        """The JSON of a job's result, if the queue's ``max_bytes`` allows it.
+
+        Error handling:
+            :class:`EncodeError` if it does not encode, or is too big.
+        """
+        data = dumps(result, f"the result of job {name}")
+        if len(data) > self.queue.max_bytes:
+            raise EncodeError(
+                f"the result of job {name}: {len(data):,} bytes encoded, over the queue's "
+                f"limit of {self.queue.max_bytes:,} (max_bytes)"
+            )
+        return data
 
     def _failed(
         self,
