@@ -29,7 +29,7 @@ from .._wire import text
 from . import _scripts
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from ._handle import QueueLike
     from ._tries import Tries
@@ -46,6 +46,8 @@ _RECOVER = LuaScript(_scripts.RECOVER_LUA)
 RECLAIM_INTERVAL = 0.5
 #: Longest time one blocking read for new jobs waits.
 _BLOCK = 2.0
+#: Jobs one claim starts, at most (a claim is one script call).
+_MAX_CLAIM = 500
 
 #: A claimed job, as the claim script returns it, with its shard:
 #: ``(shard, [id, name, args, tries, token, priority])``.
@@ -62,13 +64,18 @@ async def hand_back(queue: QueueLike, consumer: str, shard: int, running: Sequen
     ``running``), without spending a try: claimed by a reply that was lost, or
     claimed and not started when a stop came. Returns how many."""
     keys = queue.shard_keys[shard]
-    handed_back: int = await retry_idempotent(
-        _RECOVER,
-        queue.redis,
-        keys.keys,
-        (keys.base, consumer, math.ceil(queue.lease_ttl * 1000), *running),
-        what="handing back jobs claimed and not run",
-    )
+    lease_ms = math.ceil(queue.lease_ttl * 1000)
+    cursors: list[Any] = ["-", "-", "-"]
+    handed_back = 0
+    while any(cursors):
+        n, cursors = await retry_idempotent(
+            _RECOVER,
+            queue.redis,
+            keys.keys,
+            (keys.base, consumer, lease_ms, _scripts.PENDING_BUDGET, *cursors, *running),
+            what="handing back jobs claimed and not run",
+        )
+        handed_back += int(n)
     return handed_back
 
 
@@ -100,6 +107,8 @@ class Claimer:
     consumer: str
     tries: Tries
     send: trio.MemorySendChannel[Claimed]
+    #: Called with a shard on which dependents of ended jobs are left to settle.
+    unsettled: Callable[[int], object]
     backoff: Backoff = attrs.field(factory=Backoff)
     # One scope per shard's loop (a scope may be entered once); stop cancels all.
     _scopes: list[trio.CancelScope] = attrs.field(init=False, factory=list)
@@ -133,7 +142,7 @@ class Claimer:
         pauses: Iterator[float] | None = None
         while True:
             await self.tries.wait_free()
-            want = int(self.tries.free.value)
+            want = min(int(self.tries.free.value), _MAX_CLAIM)
             now = trio.current_time()
             reclaim = now >= next_reclaim
             if reclaim:
@@ -147,7 +156,9 @@ class Claimer:
             if reply is None:
                 continue  # the consumer group was created again
             delivered = []
-            claimed, next_due, server_now = reply
+            claimed, next_due, server_now, unsettled = reply
+            if unsettled:
+                self.unsettled(shard)
             if shard in self._orphans:
                 # Not the jobs of this reply: this worker is about to run them.
                 await self._recover(shard, [text(job[0]) for job in claimed])

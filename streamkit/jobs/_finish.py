@@ -31,12 +31,13 @@ if TYPE_CHECKING:
     from ._handle import QueueLike
     from ._tries import Tries, Try
 
-__all__ = ["UNKNOWN_JOB", "Outbox", "renew_leases"]
+__all__ = ["UNKNOWN_JOB", "Outbox", "Settler", "renew_leases", "settle_all"]
 
 log = logging.getLogger("streamkit.jobs")
 
 _FINISH = LuaScript(_scripts.FINISH_LUA)
 _RENEW = LuaScript(_scripts.RENEW_LUA)
+_SETTLE = LuaScript(_scripts.SETTLE_LUA)
 
 #: The outcomes of tries counted for streamkit.metrics, by the finish script's name
 #: for them (a try put back at a stop, "release", is not counted).
@@ -47,6 +48,8 @@ UNKNOWN_JOB = "(unknown)"
 _FINISH_CHUNK = 200
 #: Leases per renewal script call, at most.
 _RENEW_CHUNK = 500
+#: Dependents settled per call of the settle script, at most.
+SETTLE_STEP = 200
 #: How the error of an outcome put in place of a refused one starts.
 _REFUSED = b'{"type":"OutcomeRefused"'
 
@@ -62,6 +65,7 @@ class Outbox:
     queue: QueueLike
     tries: Tries
     meter: JobMeter
+    settler: Settler
     backoff: Backoff = attrs.field(factory=Backoff)
     flushed: AsyncValue[int] = attrs.field(init=False, factory=lambda: AsyncValue(0))
     # Per shard: [id, token, outcome, data, number] of each ended try not recorded yet.
@@ -130,10 +134,12 @@ class Outbox:
         args: list[Any] = [keys.base, math.ceil(self.queue.lease_ttl * 1000)]
         for item in items:
             args.extend(item)
-        reply: list[int] = await retry_idempotent(
+        replies, unsettled = await retry_idempotent(
             _FINISH, self.queue.redis, keys.keys, args, what="finishing jobs"
         )
-        return reply
+        if unsettled:
+            self.settler.wake(shard)
+        return list(replies)
 
     async def _record(self, shard: int, items: list[list[Any]]) -> None:
         """Record ``items`` in one call or, if Redis refuses it, one by one."""
@@ -178,6 +184,48 @@ class Outbox:
             else:
                 return
         self.tries.forget(job_id, token)
+
+
+@attrs.define(eq=False)
+class Settler:
+    """Settles the dependents of ended jobs that the scripts ending them left over
+    (each script settles a bounded number), one bounded call after another."""
+
+    queue: QueueLike
+    backoff: Backoff = attrs.field(factory=Backoff)
+    _wanted: list[trio.Event] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._wanted = [trio.Event() for _ in range(self.queue.shards)]
+
+    def wake(self, shard: int) -> None:
+        """A script reported dependents left to settle on ``shard``."""
+        self._wanted[shard].set()
+
+    async def settler(self, shard: int) -> None:
+        """Settle ``shard``'s dependents whenever some are left, until cancelled."""
+        while True:
+            await self._wanted[shard].wait()
+            self._wanted[shard] = trio.Event()
+            await retry_unavailable(
+                functools.partial(settle_all, self.queue, shard),
+                backoff=self.backoff,
+                give_up_after=None,
+                what="settling the jobs that depend on ended ones",
+            )
+
+
+async def settle_all(queue: QueueLike, shard: int) -> None:
+    """Settle every dependent of ended jobs on ``shard``, ``SETTLE_STEP`` per call."""
+    keys = queue.shard_keys[shard]
+    while await retry_idempotent(
+        _SETTLE,
+        queue.redis,
+        keys.keys,
+        (keys.base, SETTLE_STEP),
+        what="settling the jobs that depend on ended ones",
+    ):
+        pass
 
 
 async def renew_leases(queue: QueueLike, consumer: str, tries: Tries) -> None:

@@ -28,6 +28,7 @@ from .._validate import positive_int, positive_number
 from .._wire import text
 from . import _scripts
 from ._batches import chunks
+from ._finish import settle_all
 from ._handle import Job, JobHandle, decode_info, outcome
 from ._layout import ShardKeys, shard_for
 from ._model import (
@@ -65,6 +66,11 @@ DEFAULT_LEASE_TTL = 5.0
 DEFAULT_MAX_DELIVERIES = 3
 #: Jobs (and the dependencies they name) per enqueue script call, at most.
 _ENQUEUE_CHUNK = 500
+
+#: Dead jobs replayed or purged per script call.
+_DEAD_CHUNK = 200
+#: Entries per read of a dead-letter stream.
+_PAGE = 1000
 
 _ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
 _ABORT = LuaScript(_scripts.ABORT_LUA)
@@ -576,15 +582,16 @@ class JobQueue:
         """Abort job ``job_id`` (see :meth:`JobHandle.abort`)."""
         handle = await self.find(job_id) if shard is None else JobHandle(self, job_id, shard)
         keys = self.shard_keys[handle.shard]
-        reply = text(
-            await retry_idempotent(
-                _ABORT,
-                self.redis,
-                keys.keys,
-                (keys.base, job_id, reason),
-                what="aborting a job",
-            )
+        outcome, unsettled = await retry_idempotent(
+            _ABORT,
+            self.redis,
+            keys.keys,
+            (keys.base, job_id, reason),
+            what="aborting a job",
         )
+        if unsettled:
+            await settle_all(self, handle.shard)
+        reply = text(outcome)
         if reply == "unknown":
             raise JobNotFound(job_id, self.name)
         if reply == "requested":
@@ -598,15 +605,29 @@ class JobQueue:
         by_name: dict[str, dict[str, int]] = {}
         queued = dict.fromkeys(PRIORITIES, 0)
         for keys in self.shard_keys:
-            flat, per_priority = await retry_idempotent(
-                _COUNTS, self.redis, keys.keys, (keys.base,), what="counting jobs"
-            )
-            for field, value in zip(flat[::2], flat[1::2], strict=True):
-                status, _, name = text(field).partition("|")
-                slot = by_name.setdefault(name, {})
-                slot[status] = slot.get(status, 0) + int(value)
-            for prio, count in zip(PRIORITIES, per_priority, strict=True):
-                queued[prio] += int(count)
+            # Read in steps of PENDING_BUDGET pending entries: one step, unless many
+            # jobs run or were put back.
+            cursors: list[Any] = ["-", "-", "-"]
+            first = True
+            while any(cursors):
+                flat, lengths, running, cursors = await retry_idempotent(
+                    _COUNTS,
+                    self.redis,
+                    keys.keys,
+                    (keys.base, _scripts.PENDING_BUDGET, *cursors),
+                    what="counting jobs",
+                )
+                cursors = [text(c) for c in cursors]
+                if first:
+                    first = False
+                    for field, value in zip(flat[::2], flat[1::2], strict=True):
+                        status, _, name = text(field).partition("|")
+                        slot = by_name.setdefault(name, {})
+                        slot[status] = slot.get(status, 0) + int(value)
+                    for prio, length in zip(PRIORITIES, lengths, strict=True):
+                        queued[prio] += int(length)
+                for prio, count in zip(PRIORITIES, running, strict=True):
+                    queued[prio] -= int(count)
         totals: dict[str, int] = {}
         for per_status in by_name.values():
             for status, value in per_status.items():
@@ -633,22 +654,36 @@ class JobQueue:
         out: list[tuple[int, JobInfo]] = []
         for keys in self.shard_keys:
             # The oldest `limit` of every shard, merged by when they died.
-            entries = await retry_idempotent(
-                self.redis.xrange, keys.dead, "-", "+", limit, what="reading dead jobs"
-            )
-            job_ids = [text(entry.field_values[b"id"]) for entry in entries]
-            # The shard's jobs in one pipeline: one round trip, not one per job.
-            every_fields = await retry_idempotent(
-                self._hgetall_many,
-                [keys.job(job_id) for job_id in job_ids],
-                what="reading dead jobs",
-            )
-            for entry, job_id, fields in zip(entries, job_ids, every_fields, strict=True):
-                if fields.get(b"status") == b"dead":
-                    died = int(text(entry.identifier).partition("-")[0])
-                    out.append((died, decode_info(self.name, job_id, fields)))
+            async for entries in self._dead_entries(keys, limit):
+                job_ids = [text(entry.field_values[b"id"]) for entry in entries]
+                # A page's jobs in one pipeline: one round trip, not one per job.
+                every_fields = await retry_idempotent(
+                    self._hgetall_many,
+                    [keys.job(job_id) for job_id in job_ids],
+                    what="reading dead jobs",
+                )
+                for entry, job_id, fields in zip(entries, job_ids, every_fields, strict=True):
+                    if fields.get(b"status") == b"dead":
+                        died = int(text(entry.identifier).partition("-")[0])
+                        out.append((died, decode_info(self.name, job_id, fields)))
         out.sort(key=lambda pair: pair[0])
         return [info for _, info in out[:limit]]
+
+    async def _dead_entries(self, keys: ShardKeys, limit: int | None) -> AsyncIterator[list[Any]]:
+        """The entries of a shard's dead-letter stream, oldest first, ``limit`` at
+        most, in pages of ``_PAGE`` (one read never walks the whole stream)."""
+        start, left = "-", math.inf if limit is None else limit
+        while left > 0:
+            count = int(min(left, _PAGE))
+            page = await retry_idempotent(
+                self.redis.xrange, keys.dead, start, "+", count, what="reading dead jobs"
+            )
+            if page:
+                yield list(page)
+            if len(page) < count:
+                return
+            left -= len(page)
+            start = "(" + text(page[-1].identifier)
 
     async def _hgetall_many(self, keys: list[str]) -> list[dict[bytes, bytes]]:
         if not keys:
@@ -670,27 +705,25 @@ class JobQueue:
             # Every shard's own dead jobs: a job without an id of the caller's lives on
             # the shard it was sent to (round robin), not on the one its id hashes to.
             for keys in self.shard_keys:
-                entries = await retry_idempotent(
-                    self.redis.xrange, keys.dead, "-", "+", what="reading dead jobs"
-                )
-                grouped[keys.shard] = [text(entry.field_values[b"id"]) for entry in entries]
+                grouped[keys.shard] = [
+                    text(entry.field_values[b"id"])
+                    async for entries in self._dead_entries(keys, None)
+                    for entry in entries
+                ]
         else:
             for job_id in ids:
                 handle = await self.find(job_id)
                 grouped.setdefault(handle.shard, []).append(job_id)
         for shard, group in grouped.items():
             keys = self.shard_keys[shard]
-            for i in range(0, len(group), 500):
+            for i in range(0, len(group), _DEAD_CHUNK):
+                step = group[i : i + _DEAD_CHUNK]
                 reply = await retry_idempotent(
-                    script,
-                    self.redis,
-                    keys.keys,
-                    (keys.base, *group[i : i + 500]),
-                    what=what,
+                    script, self.redis, keys.keys, (keys.base, *step), what=what
                 )
                 done.extend(text(x) for x in reply)
                 if on_progress is not None:
-                    on_progress(len(group[i : i + 500]), len(reply))
+                    on_progress(len(step), len(reply))
         return done
 
     async def replay(
@@ -703,7 +736,7 @@ class JobQueue:
 
         Args:
             ids: the jobs to replay; every dead job by default.
-            on_progress: called after each step (up to 500 jobs, one round trip) with
+            on_progress: called after each step (up to 200 jobs, one round trip) with
                 how many jobs the step went through and how many it replayed, e.g.
                 to drive a progress bar.
 

@@ -5,6 +5,8 @@ Task tree of ``serve_jobs`` (one nursery)::
     serve
     ├── claimer (one per shard)      claim script / blocking read -> the runners' channel
     ├── finisher (one per shard)     fenced finish script for the outcomes of ended tries
+    ├── settler (one per shard)      settles the dependents of ended jobs left over by the
+    │                                scripts that ended them, a bounded number per call
     ├── renewer                      extends the leases of running jobs; cancels the
     │                                tries that were aborted or taken over
     ├── try runners (concurrency)    run one try each at a time, in a cancel scope
@@ -31,7 +33,7 @@ from .._meter import JobMeter
 from ._claim import Claimed, Claimer, ensure_groups, new_consumer
 from ._cron import run_cron
 from ._drain import drain, put_back
-from ._finish import Outbox, renew_leases
+from ._finish import Outbox, Settler, renew_leases
 from ._handle import Job
 from ._model import JobOptions
 from ._run import TryRunner
@@ -78,15 +80,17 @@ class JobWorker:
     _meter: JobMeter = attrs.field(factory=JobMeter)
     _tries: Tries = attrs.field(init=False)
     _outbox: Outbox = attrs.field(init=False)
+    _settler: Settler = attrs.field(init=False)
     _claimer: Claimer = attrs.field(init=False)
     _runner: TryRunner = attrs.field(init=False)
     _claimed: trio.MemoryReceiveChannel[Claimed] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._tries = Tries(self.concurrency)
-        self._outbox = Outbox(self.queue, self._tries, self._meter)
+        self._settler = Settler(self.queue)
+        self._outbox = Outbox(self.queue, self._tries, self._meter, self._settler)
         send, self._claimed = trio.open_memory_channel[Claimed](math.inf)
-        self._claimer = Claimer(self.queue, self.consumer, self._tries, send)
+        self._claimer = Claimer(self.queue, self.consumer, self._tries, send, self._settler.wake)
         self._runner = TryRunner(
             self.queue, self.jobs, self._tries, self._outbox, trio.CapacityLimiter(self.threads)
         )
@@ -128,6 +132,7 @@ class JobWorker:
                     nursery.start_soon(renew_leases, self.queue, self.consumer, self._tries)
                     for shard in range(self.queue.shards):
                         nursery.start_soon(self._outbox.finisher, shard)
+                        nursery.start_soon(self._settler.settler, shard)
                         nursery.start_soon(self._claimer.run, shard)
                     for job in self.jobs.values():
                         if job.schedule is not None:
