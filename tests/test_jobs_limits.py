@@ -123,8 +123,8 @@ async def test_a_batch_of_large_jobs_goes_in_calls_of_about_half_a_megabyte(
         small = await store.enqueue_many([(f"{n}",) for n in range(1200)])
         small_calls = await evalsha_calls(redis) - before - calls
         statuses = {await h.status() for h in [*handles, *small]}
-    # 300 KB each: one job per call (two would be over 512 KiB); small ones 500 a call.
-    assert (calls, small_calls) == (6, 3)
+    # 300 KB each: one job per call (two would be over 512 KiB); small ones 250 a call.
+    assert (calls, small_calls) == (6, 5)
     assert statuses == {JobStatus.SENT}
 
 
@@ -361,7 +361,7 @@ async def test_counts_and_hand_backs_read_many_pending_entries_in_bounded_steps(
         assert await hand_back(queue, "w1", 0, []) == 1200
         handed_back = await queue.counts()
     assert (running.running, running.queued["normal"]) == (1200, 0)
-    assert count_calls == 3  # 500 + 500 + 200 pending entries
+    assert count_calls == 5  # 250 + 250 + 250 + 250 + 200 pending entries
     assert (handed_back.running, handed_back.queued["normal"]) == (0, 1200)
 
 

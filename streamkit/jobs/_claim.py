@@ -47,7 +47,7 @@ RECLAIM_INTERVAL = 0.5
 #: Longest time one blocking read for new jobs waits.
 _BLOCK = 2.0
 #: Jobs one claim starts, at most (a claim is one script call).
-_MAX_CLAIM = 500
+_MAX_CLAIM = 200
 
 #: A claimed job, as the claim script returns it, with its shard:
 #: ``(shard, [id, name, args, tries, token, priority])``.
@@ -72,7 +72,7 @@ async def hand_back(queue: QueueLike, consumer: str, shard: int, running: Sequen
             _RECOVER,
             queue.redis,
             keys.keys,
-            (keys.base, consumer, lease_ms, _scripts.PENDING_BUDGET, *cursors, *running),
+            (keys.base, consumer, lease_ms, _scripts.HAND_BACK_BUDGET, *cursors, *running),
             what="handing back jobs claimed and not run",
         )
         handed_back += int(n)

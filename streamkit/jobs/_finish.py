@@ -45,7 +45,7 @@ _COUNTED_OUTCOMES = {"ok": "succeeded", "retry": "retried", "dead": "dead", "abo
 #: The job name counted for jobs of a name this worker does not know.
 UNKNOWN_JOB = "(unknown)"
 #: Outcomes per finish script call, at most.
-_FINISH_CHUNK = 200
+_FINISH_CHUNK = 100
 #: Leases per renewal script call, at most.
 _RENEW_CHUNK = 500
 #: Dependents settled per call of the settle script, at most.

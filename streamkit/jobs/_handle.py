@@ -147,6 +147,8 @@ class QueueLike(Protocol):
 
     def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle: ...
 
+    async def find(self, job_id: str) -> JobHandle: ...
+
     async def enqueue_calls(
         self,
         job: Job,

@@ -122,7 +122,8 @@ class JobErrorInfo:
 
     Attributes:
         type: the exception's qualified name, or what ended the try (``"Timeout"``,
-            ``"WorkerLost"``, ``"BadInput"``, ``"Aborted"``, ``"DependencyFailed"``).
+            ``"WorkerLost"``, ``"BadInput"``, ``"EncodeError"``, ``"OutcomeRefused"``,
+            ``"Aborted"``, ``"DependencyFailed"``).
         message: its message.
         traceback: the formatted traceback, "" if there is none.
     """

@@ -7,11 +7,9 @@ import logging
 import math
 import secrets
 from collections.abc import Mapping  # noqa: TC003 (isinstance)
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 import attrs
-import orjson
 import trio
 
 from .._backoff import Backoff
@@ -20,16 +18,16 @@ from .._groups import open_service_nursery
 from .._redis import (
     LuaScript,
     Redis,
-    call_once,
     retry_idempotent,
     run_blocking,
 )
 from .._validate import positive_int, positive_number
 from .._wire import text
 from . import _scripts
-from ._batches import chunks
+from ._enqueue import ms, options_field, send_jobs
 from ._finish import settle_all
-from ._handle import Job, JobHandle, decode_info, outcome
+from ._handle import Job, JobHandle, outcome
+from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
 from ._layout import ShardKeys, shard_for
 from ._model import (
     DEFAULT_DEDUPE_WINDOW,
@@ -64,92 +62,8 @@ DEFAULT_LEASE_TTL = 5.0
 #: Times a job may lose its worker (the worker died while running it) before it is
 #: considered to be what kills the workers, and goes to the dead-letter queue.
 DEFAULT_MAX_DELIVERIES = 3
-#: Jobs (and the dependencies they name) per enqueue script call, at most.
-_ENQUEUE_CHUNK = 500
-
-#: Dead jobs replayed or purged per script call.
-_DEAD_CHUNK = 200
-#: Entries per read of a dead-letter stream.
-_PAGE = 1000
-
-_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
 _ABORT = LuaScript(_scripts.ABORT_LUA)
 _WATCH = LuaScript(_scripts.WATCH_LUA)
-_REPLAY = LuaScript(_scripts.REPLAY_LUA)
-_PURGE = LuaScript(_scripts.PURGE_LUA)
-_COUNTS = LuaScript(_scripts.COUNTS_LUA)
-
-
-def _options(call: JobCall, after: list[JobRef]) -> bytes:
-    """The per-job options field of the enqueue script: "" when there are none."""
-    opts: dict[str, Any] = {}
-    if call.priority is not None:
-        opts["p"] = PRIORITIES[call.priority]
-    if call.delay is not None:
-        opts["d"] = _ms(call.delay, "delay")
-    if call.at is not None:
-        opts["a"] = _at_ms(call.at, "at")
-    if call.expires is not None:
-        opts["e"] = (
-            _at_ms(call.expires, "expires")
-            if isinstance(call.expires, datetime)
-            else -_ms(call.expires, "expires")
-        )
-    if call.job_id is not None:
-        opts["w"] = 1
-    if after:
-        opts["after"] = [h.id for h in after]
-    return orjson.dumps(opts) if opts else b""
-
-
-def _ms(value: When | None, name: str) -> int:
-    if value is None:
-        return 0
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    positive_number.check(name, seconds) if seconds != 0 else None
-    return math.ceil(seconds * 1000)
-
-
-def _at_ms(value: datetime | None, name: str) -> int:
-    if value is None:
-        return 0
-    if not isinstance(value, datetime) or value.tzinfo is None:
-        raise ConfigError(name, f"must be a timezone-aware datetime, got {value!r}")
-    return math.ceil(value.timestamp() * 1000)
-
-
-@attrs.frozen(kw_only=True)
-class QueueCounts:
-    """How many jobs a queue holds, by status (see :meth:`JobQueue.counts`).
-
-    Attributes:
-        queued: jobs in the ready queue of each priority, not running (retries that
-            are due included).
-        scheduled: jobs waiting for their time.
-        waiting: jobs waiting for the jobs they depend on.
-        running: jobs running now.
-        retrying: jobs whose last try failed, waiting for their next try (in the
-            schedule, or due and queued).
-        dead: jobs in the dead-letter queue.
-        succeeded: jobs that succeeded (a running total).
-        aborted: jobs aborted (a running total).
-        expired: jobs expired (a running total).
-        pending: jobs not over yet (sent, scheduled, waiting, running or retrying),
-            each counted once.
-        by_name: the same counts per job name: name -> status -> count.
-    """
-
-    queued: dict[str, int]
-    scheduled: int
-    waiting: int
-    running: int
-    retrying: int
-    dead: int
-    succeeded: int
-    aborted: int
-    expired: int
-    pending: int
-    by_name: dict[str, dict[str, int]]
 
 
 @attrs.define(eq=False)
@@ -435,7 +349,7 @@ class JobQueue:
                 after = [self.handle(h) if isinstance(h, str) else h for h in call.after]
                 job_id, shard = self._place(call, after)
                 args = dumps([call.args, call.kwargs], f"the arguments of job {name}")
-                opts = _options(call, after)
+                opts = options_field(call, after)
             if len(args) > limit:
                 raise EncodeError(
                     f"the arguments of job {name}: {len(args):,} bytes encoded, over the "
@@ -453,61 +367,21 @@ class JobQueue:
         defaults = (
             name,
             PRIORITIES[priority or options.priority],
-            _ms(delay, "delay"),
+            ms(delay, "delay"),
             options.retries + 1,
             math.ceil(options.result_ttl),
             options.dedupe_window,
-            -_ms(expires, "expires") if expires is not None else 0,
+            -ms(expires, "expires") if expires is not None else 0,
         )
         for shard, fields in per_shard.items():
             if fields:
-                await self._send(shard, defaults, fields, costs.get(shard))
+                await send_jobs(self, shard, defaults, fields, costs.get(shard))
         return handles
 
     def _new_id(self) -> str:
         """A new job id: this queue object's random prefix and a counter."""
         self._counter += 1
         return f"{self._id_prefix}{self._counter:x}"
-
-    async def _send(
-        self,
-        shard: int,
-        defaults: tuple[Any, ...],
-        fields: list[Any],
-        costs: list[int] | None,
-    ) -> None:
-        """Send one shard's jobs (``fields``: id, args, options of each), in calls of at
-        most ``_ENQUEUE_CHUNK`` jobs and dependencies and about ``MAX_CALL_BYTES``, a
-        few calls at a time."""
-        keys = self.shard_keys[shard]
-        sizes = [
-            len(fields[i]) + len(fields[i + 1]) + len(fields[i + 2])
-            for i in range(0, len(fields), 3)
-        ]
-        calls = list(chunks(sizes, max_cost=_ENQUEUE_CHUNK, costs=costs))
-
-        async def send(jobs: range) -> None:
-            await call_once(
-                _ENQUEUE,
-                self.redis,
-                keys.keys,
-                (keys.base, *defaults, *fields[3 * jobs.start : 3 * jobs.stop]),
-                what=f"enqueueing jobs on {self.name}",
-            )
-
-        if len(calls) == 1:
-            await send(calls[0])
-            return
-        # A few calls in flight at once: the server runs one while the next arrives.
-        limiter = trio.CapacityLimiter(4)
-
-        async def limited(jobs: range) -> None:
-            async with limiter:
-                await send(jobs)
-
-        async with trio.open_nursery() as nursery:
-            for jobs in calls:
-                nursery.start_soon(limited, jobs)
 
     # ------------------------------------------------------------------ following
 
@@ -602,129 +476,11 @@ class JobQueue:
 
     async def counts(self) -> QueueCounts:
         """How many jobs the queue holds, by status, priority and job name."""
-        by_name: dict[str, dict[str, int]] = {}
-        queued = dict.fromkeys(PRIORITIES, 0)
-        for keys in self.shard_keys:
-            # Read in steps of PENDING_BUDGET pending entries: one step, unless many
-            # jobs run or were put back.
-            cursors: list[Any] = ["-", "-", "-"]
-            first = True
-            while any(cursors):
-                flat, lengths, running, cursors = await retry_idempotent(
-                    _COUNTS,
-                    self.redis,
-                    keys.keys,
-                    (keys.base, _scripts.PENDING_BUDGET, *cursors),
-                    what="counting jobs",
-                )
-                cursors = [text(c) for c in cursors]
-                if first:
-                    first = False
-                    for field, value in zip(flat[::2], flat[1::2], strict=True):
-                        status, _, name = text(field).partition("|")
-                        slot = by_name.setdefault(name, {})
-                        slot[status] = slot.get(status, 0) + int(value)
-                    for prio, length in zip(PRIORITIES, lengths, strict=True):
-                        queued[prio] += int(length)
-                for prio, count in zip(PRIORITIES, running, strict=True):
-                    queued[prio] -= int(count)
-        totals: dict[str, int] = {}
-        for per_status in by_name.values():
-            for status, value in per_status.items():
-                totals[status] = totals.get(status, 0) + value
-        return QueueCounts(
-            queued=queued,
-            scheduled=totals.get("scheduled", 0),
-            waiting=totals.get("waiting", 0),
-            running=totals.get("executing", 0),
-            retrying=totals.get("retry", 0),
-            dead=totals.get("dead", 0),
-            succeeded=totals.get("success", 0),
-            aborted=totals.get("aborted", 0),
-            expired=totals.get("expired", 0),
-            pending=sum(
-                totals.get(status, 0)
-                for status in ("sent", "scheduled", "waiting", "executing", "retry")
-            ),
-            by_name={n: s for n, s in sorted(by_name.items()) if any(s.values())},
-        )
+        return await count_jobs(self)
 
     async def dead_letters(self, *, limit: int | None = None) -> list[JobInfo]:
         """The jobs in the dead-letter queue, oldest first, with their errors."""
-        out: list[tuple[int, JobInfo]] = []
-        for keys in self.shard_keys:
-            # The oldest `limit` of every shard, merged by when they died.
-            async for entries in self._dead_entries(keys, limit):
-                job_ids = [text(entry.field_values[b"id"]) for entry in entries]
-                # A page's jobs in one pipeline: one round trip, not one per job.
-                every_fields = await retry_idempotent(
-                    self._hgetall_many,
-                    [keys.job(job_id) for job_id in job_ids],
-                    what="reading dead jobs",
-                )
-                for entry, job_id, fields in zip(entries, job_ids, every_fields, strict=True):
-                    if fields.get(b"status") == b"dead":
-                        died = int(text(entry.identifier).partition("-")[0])
-                        out.append((died, decode_info(self.name, job_id, fields)))
-        out.sort(key=lambda pair: pair[0])
-        return [info for _, info in out[:limit]]
-
-    async def _dead_entries(self, keys: ShardKeys, limit: int | None) -> AsyncIterator[list[Any]]:
-        """The entries of a shard's dead-letter stream, oldest first, ``limit`` at
-        most, in pages of ``_PAGE`` (one read never walks the whole stream)."""
-        start, left = "-", math.inf if limit is None else limit
-        while left > 0:
-            count = int(min(left, _PAGE))
-            page = await retry_idempotent(
-                self.redis.xrange, keys.dead, start, "+", count, what="reading dead jobs"
-            )
-            if page:
-                yield list(page)
-            if len(page) < count:
-                return
-            left -= len(page)
-            start = "(" + text(page[-1].identifier)
-
-    async def _hgetall_many(self, keys: list[str]) -> list[dict[bytes, bytes]]:
-        if not keys:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            requests = [pipe.hgetall(key) for key in keys]
-        return [await request for request in requests]
-
-    async def _by_shard(
-        self,
-        script: LuaScript,
-        ids: Sequence[str] | None,
-        what: str,
-        on_progress: Callable[[int, int], object] | None,
-    ) -> list[str]:
-        done: list[str] = []
-        grouped: dict[int, list[str]] = {}
-        if ids is None:
-            # Every shard's own dead jobs: a job without an id of the caller's lives on
-            # the shard it was sent to (round robin), not on the one its id hashes to.
-            for keys in self.shard_keys:
-                grouped[keys.shard] = [
-                    text(entry.field_values[b"id"])
-                    async for entries in self._dead_entries(keys, None)
-                    for entry in entries
-                ]
-        else:
-            for job_id in ids:
-                handle = await self.find(job_id)
-                grouped.setdefault(handle.shard, []).append(job_id)
-        for shard, group in grouped.items():
-            keys = self.shard_keys[shard]
-            for i in range(0, len(group), _DEAD_CHUNK):
-                step = group[i : i + _DEAD_CHUNK]
-                reply = await retry_idempotent(
-                    script, self.redis, keys.keys, (keys.base, *step), what=what
-                )
-                done.extend(text(x) for x in reply)
-                if on_progress is not None:
-                    on_progress(len(step), len(reply))
-        return done
+        return await read_dead_letters(self, limit)
 
     async def replay(
         self,
@@ -743,7 +499,7 @@ class JobQueue:
         Returns:
             the ids queued again (ids that were not dead are skipped).
         """
-        return await self._by_shard(_REPLAY, ids, "replaying dead jobs", on_progress)
+        return await act_on_dead(self, REPLAY, ids, "replaying dead jobs", on_progress)
 
     async def purge(
         self,
@@ -760,7 +516,7 @@ class JobQueue:
         Returns:
             the ids deleted.
         """
-        return await self._by_shard(_PURGE, ids, "purging dead jobs", on_progress)
+        return await act_on_dead(self, PURGE, ids, "purging dead jobs", on_progress)
 
     # ------------------------------------------------------------------ running
 

@@ -1,5 +1,9 @@
 """The job queue's Lua scripts: every state change of a job is one of these.
 
+One room, over 600 lines, on purpose: the scripts share ``_COMMON`` (the key helpers,
+the counters, the transitions several scripts make), and a job's states are easiest to
+check with every transition on one page.
+
 Pure (no trio, no Redis client): the runtime loads them through
 :class:`streamkit._redis.LuaScript`. Every script touches the keys of one shard only,
 all sharing the shard's hash tag, so each stays a single-slot script on Redis Cluster.
@@ -56,9 +60,11 @@ GROUP = "workers"
 #: Dependents a script settles per call, beside its own work (see ``settle_some``).
 SETTLE_BUDGET = 100
 #: Scheduled jobs a claim moves to their ready streams per call, at most.
-DUE_BUDGET = 200
-#: Pending entries a count or a hand-back reads per call, at most.
-PENDING_BUDGET = 500
+DUE_BUDGET = 100
+#: Pending entries a count reads per call, at most.
+PENDING_BUDGET = 250
+#: Pending entries a hand-back reads per call, at most (it writes for each).
+HAND_BACK_BUDGET = 100
 
 #: Shared by every script: key helpers, counters, and the transitions that several
 #: scripts make (queue a job, end it dead, settle the jobs waiting on it).
