@@ -8,7 +8,9 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
+import trio
 
 from streamkit import App, Backoff, Record
 from streamkit._redis import LuaScript, call_once
@@ -265,3 +267,42 @@ async def test_an_exception_that_cannot_be_shown_or_is_huge_is_the_jobs_failure(
     assert second.message.endswith("characters cut)")
     assert len(second.message) <= 8_000
     assert len(second.traceback) <= 32_000
+
+
+async def test_ids_names_and_abort_reasons_that_are_not_utf8_stop_no_worker(
+    redis: Redis, queue: JobQueue
+) -> None:
+    @queue.job
+    async def take(n: int) -> int:
+        return n
+
+    started = trio.Event()
+
+    @queue.job
+    async def linger() -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    keys = queue.shard_keys[0]
+    bad_id, bad_name = b"\xff\xfe-id", b"t\xffke"
+    bad_key = keys.base.encode() + b":job:" + bad_id
+    for job_id, name in [(bad_id, b"take"), (b"bad-name", bad_name)]:
+        argv = (keys.base, name, 1, 0, 4, 3600, 3600, 0, job_id, b"[[1], {}]", b"")
+        await call_once(_ENQUEUE, queue.redis, keys.keys, argv, what="enqueueing raw")
+    async with serving(queue):
+
+        async def both_dead() -> bool:
+            statuses = [await redis.hget(key, "status") for key in (bad_key, keys.job("bad-name"))]
+            return statuses == [b"dead", b"dead"]
+
+        await wait_until(both_dead, what="both jobs dead", within=10)
+        lingering = await linger.delay()
+        await started.wait()
+        # An abort reason written by something other than streamkit.
+        await redis.hset(keys.job(lingering.id), {"abort": b"stop \xff now"})
+        stopped = await failure(lingering)
+        assert await (await take.delay(3)).result(timeout=5) == 3
+    error = orjson.loads(await redis.hget(bad_key, "error") or b"null")
+    assert (error["type"], error["message"]) == ("BadInput", "its id or name is not UTF-8")
+    assert (stopped.status, stopped.error_type) == ("aborted", "Aborted")
+    assert stopped.message == "stop \ufffd now"

@@ -258,6 +258,12 @@ async def test_dependents_are_settled_a_bounded_number_per_script_call(redis: Re
         left = await call_once(_SETTLE, redis, keys.keys, (keys.base, 200), what="settling")
         assert left == 1
         assert (await statuses(queue, dependents))["dead"] == SETTLE_BUDGET + 200
+        # Every claim settles some too (should the worker that ended the job die).
+        await ensure_groups(queue, 0)
+        claim = (keys.base, "w1", 1, 60_000, "0", 3, "{}")
+        reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
+        assert reply[3] == 1
+        assert (await statuses(queue, dependents))["dead"] == 2 * SETTLE_BUDGET + 200
         await settle_all(queue, 0)
         assert await statuses(queue, dependents) == {"dead": 1000}
         info = await dependents[0].info()
@@ -269,6 +275,21 @@ async def test_dependents_are_settled_a_bounded_number_per_script_call(redis: Re
     )
     assert (counts.dead, counts.aborted, counts.waiting) == (1000, 1, 0)
     assert await redis.exists([f"{keys.base}:settle", f"{keys.base}:deps:{first.id}"]) == 0
+
+
+async def test_abort_settles_every_dependent_before_it_returns(redis: Redis) -> None:
+    async with open_job_queue(redis, "work") as queue:
+
+        @queue.job
+        async def step(n: int) -> int:
+            return n
+
+        first = await step.delay(0)
+        dependents = await step.enqueue_many(
+            [JobCall(args=(n,), after=[first]) for n in range(1, 701)]
+        )
+        assert await first.abort() is JobStatus.ABORTED
+        assert await statuses(queue, dependents) == {"dead": 700}
 
 
 async def test_a_job_with_thousands_of_dependents_releases_them_all(redis: Redis) -> None:

@@ -27,6 +27,7 @@ from .._errors import GroupExists, NoSuchGroup, OutcomeUnknown, RedisUnavailable
 from .._redis import LuaScript, call_once, retry_idempotent, run_blocking
 from .._wire import text
 from . import _scripts
+from ._outcome import label
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -161,7 +162,7 @@ class Claimer:
                 self.unsettled(shard)
             if shard in self._orphans:
                 # Not the jobs of this reply: this worker is about to run them.
-                await self._recover(shard, [text(job[0]) for job in claimed])
+                await self._recover(shard, [label(job[0]) for job in claimed])
             for job in claimed:
                 self.tries.take_slot()
                 self.send.send_nowait((shard, job))

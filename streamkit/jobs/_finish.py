@@ -1,5 +1,5 @@
-"""Recording the outcomes of ended tries (fenced, batched per shard), and renewing the
-leases of the running ones.
+"""Recording the outcomes of ended tries (fenced, batched per shard), settling the jobs
+that depend on the ended ones, and renewing the leases of the running ones.
 
 Both are fenced by the claim's token: a worker whose lease ran out (paused, cut off)
 records nothing, and the renewal that finds a job taken over or aborted cancels its try.
@@ -25,7 +25,7 @@ from .._redis import LuaScript, retry_idempotent
 from .._wire import text
 from . import _scripts
 from ._batches import chunks
-from ._outcome import Failure, describe
+from ._outcome import Failure, describe, label
 
 if TYPE_CHECKING:
     from ._handle import QueueLike
@@ -87,6 +87,13 @@ class Outbox:
             self.meter.count(name, counted, seconds)
         self._items[current.shard].append([current.id, current.token, outcome, data, number])
         self._ready[current.shard].set()
+
+    def put_unheld(self, shard: int, job_id: bytes, token: str, outcome: str, data: bytes) -> None:
+        """Record an outcome of a job whose try this worker does not hold (its id is
+        not text)."""
+        self.meter.count(UNKNOWN_JOB, _COUNTED_OUTCOMES[outcome], None)
+        self._items[shard].append([job_id, token, outcome, data, 0])
+        self._ready[shard].set()
 
     async def finisher(self, shard: int) -> None:
         """Record ``shard``'s outcomes as they come, until cancelled."""
@@ -275,5 +282,5 @@ async def renew(queue: QueueLike, consumer: str, tries: Tries) -> None:
         for job_id, reason in aborts:
             aborted = tries.running.get(text(job_id))
             if aborted is not None and not aborted.finished and aborted.abort_reason is None:
-                aborted.abort(text(reason))
+                aborted.abort(label(reason))
                 log.info("job %s: aborted (%s)", aborted.id, aborted.abort_reason)

@@ -24,6 +24,7 @@ __all__ = [
     "Verdict",
     "decide",
     "describe",
+    "label",
     "retry_delay",
     "safe_str",
     "type_name",
@@ -51,6 +52,11 @@ def safe_str(exc: BaseException) -> str:
         return str(exc)
     except Exception:
         return f"<{type_name(exc)} whose str() failed>"
+
+
+def label(value: object) -> str:
+    """``value`` (bytes from Redis) as text for a log line, whatever its bytes."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def describe(exc: BaseException) -> str:

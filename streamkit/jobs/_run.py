@@ -25,7 +25,7 @@ from .._wire import text
 from . import _scripts
 from ._arguments import BadArguments, decode_arguments
 from ._model import dumps
-from ._outcome import MAX_MESSAGE, Failure, decide, describe
+from ._outcome import MAX_MESSAGE, Failure, decide, describe, label
 from ._tries import Try
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class TryRunner:
         async for shard, claimed in receive:
             try:
                 # claimed: [job id, name, ...]; the job is in the log context of its try.
-                with log_context(job=text(claimed[1]), job_id=text(claimed[0])):
+                with log_context(job=label(claimed[1]), job_id=label(claimed[0])):
                     try:
                         await self.run_try(shard, claimed)
                     except Exception as exc:
@@ -97,7 +97,7 @@ class TryRunner:
     def _crashed(self, claimed: list[Any], exc: Exception) -> None:
         """Running a try raised past the job's own function (a value nothing foresaw,
         or a bug here): the try fails, the worker goes on."""
-        job_id = text(claimed[0])
+        job_id = label(claimed[0])
         log.error("job %s: running its try failed: %s", job_id, describe(exc), exc_info=exc)
         current = self.tries.running.get(job_id)
         if current is None or current.finished:
@@ -109,13 +109,15 @@ class TryRunner:
 
     async def run_try(self, shard: int, claimed: list[Any]) -> None:
         """Run one try of a claimed job, and put its outcome in the outbox."""
-        job_id, name, raw_args, tries, token = (
-            text(claimed[0]),
-            text(claimed[1]),
-            claimed[2],
-            int(claimed[3]),
-            text(claimed[4]),
-        )
+        raw_args, tries, token = claimed[2], int(claimed[3]), text(claimed[4])
+        try:
+            job_id, name = text(claimed[0]), text(claimed[1])
+        except UnicodeDecodeError:
+            # Written by something other than streamkit: recorded under its own bytes.
+            log.error("job %s: its id or name is not UTF-8; it is dead", label(claimed[0]))
+            failure = Failure("BadInput", "its id or name is not UTF-8")
+            self.outbox.put_unheld(shard, claimed[0], token, "dead", failure.encode())
+            return
         job = self.jobs.get(name)
         current = Try(job_id, shard, token, job)
         self.tries.start(current)
