@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import ConfigError, EncodeError, Settings, open_redis
+from streamkit import App, ConfigError, EncodeError, Settings, open_redis
 from streamkit._redis import LuaScript, call_once
 from streamkit.jobs import JobCall, JobFailed, JobStatus, open_job_queue
 from streamkit.jobs._claim import ensure_groups, hand_back
@@ -74,6 +74,20 @@ def test_the_limit_is_a_validated_setting_of_1_mib_by_default() -> None:
     for bad in ("0", "-5", "lots"):
         with pytest.raises(ConfigError, match="STREAMKIT_JOB_MAX_BYTES"):
             Settings.from_env({"STREAMKIT_JOB_MAX_BYTES": bad})
+
+
+async def test_an_apps_queue_takes_the_setting(redis_url: str) -> None:
+    app = App("sized", redis_url=redis_url, job_max_bytes=2048)
+
+    @app.job
+    async def store(blob: str) -> None:
+        pass
+
+    async with app:
+        assert app.job_queue.max_bytes == 2048
+        with pytest.raises(EncodeError, match="over the queue's limit of 2,048"):
+            await store.delay("x" * 2048)
+        await store.delay("x" * 2000)
 
 
 async def test_a_queue_refuses_a_limit_that_is_no_positive_integer(redis: Redis) -> None:

@@ -47,6 +47,7 @@ from ._model import (
     When,
     dumps,
 )
+from ._outcome import label
 from ._serve import Handlers, JobWorker, serve_jobs
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class _Waiters:
             for entries in (reply or {}).values():
                 for entry in entries:
                     cursor = entry.identifier
-                    job_id = text(entry.field_values.get(b"id", b""))
+                    job_id = label(entry.field_values.get(b"id", b""))
                     for event in self.events.get(job_id, ()):
                         event.set()
 
