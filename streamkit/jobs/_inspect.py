@@ -174,6 +174,8 @@ async def act_on_dead(
     what: str,
     on_progress: Callable[[int, int], object] | None,
 ) -> list[str]:
+    """Run ``script`` (replay or purge) over dead jobs, ``_DEAD_CHUNK`` a call: those
+    in ``ids``, or every dead job of every shard; the ids it acted on."""
     done: list[str] = []
     grouped: dict[int, list[str]] = {}
     if ids is None:
