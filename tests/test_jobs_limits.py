@@ -239,6 +239,18 @@ async def test_a_worker_whose_result_redis_refuses_keeps_running(
 # ---------------------------------------------------------------------- bounded work
 
 
+async def _step(n: int) -> int:
+    return n
+
+
+@pytest.fixture
+async def queue(redis: Redis) -> AsyncIterator[JobQueue]:
+    """Queue ``work`` with the job ``step(n)``, returning ``n``."""
+    async with open_job_queue(redis, "work") as queue:
+        queue.job(_step, name="step")
+        yield queue
+
+
 async def command_calls(redis: Redis, command: str) -> int:
     stats = await redis.info("commandstats")
     found = stats.get(f"cmdstat_{command}") or {}
@@ -246,42 +258,39 @@ async def command_calls(redis: Redis, command: str) -> int:
     return int(found.get("calls", 0))
 
 
-async def statuses(queue: JobQueue, handles: list[JobHandle]) -> Counter[str]:
+async def statuses(handles: list[JobHandle]) -> Counter[str]:
     return Counter([str(await h.status()) for h in handles])
 
 
-async def test_dependents_are_settled_a_bounded_number_per_script_call(redis: Redis) -> None:
-    async with open_job_queue(redis, "work") as queue:
-
-        @queue.job
-        async def step(n: int) -> int:
-            return n
-
-        first = await step.delay(0)
-        dependents = await step.enqueue_many(
-            [JobCall(args=(n,), after=[first]) for n in range(1, 1001)]
-        )
-        keys = queue.shard_keys[0]
-        # Aborting the job it waits for kills every dependent; one call settles
-        # SETTLE_BUDGET of them and says how many jobs have dependents left.
-        outcome, unsettled = await call_once(
-            _ABORT, redis, keys.keys, (keys.base, first.id, "test"), what="aborting"
-        )
-        assert (outcome, unsettled) == (b"aborted", 1)
-        assert (await statuses(queue, dependents))["dead"] == SETTLE_BUDGET
-        left = await call_once(_SETTLE, redis, keys.keys, (keys.base, 200), what="settling")
-        assert left == 1
-        assert (await statuses(queue, dependents))["dead"] == SETTLE_BUDGET + 200
-        # Every claim settles some too (should the worker that ended the job die).
-        await ensure_groups(queue, 0)
-        claim = (keys.base, "w1", 1, 60_000, "0", 3, "{}")
-        reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
-        assert reply[3] == 1
-        assert (await statuses(queue, dependents))["dead"] == 2 * SETTLE_BUDGET + 200
-        await settle_all(queue, 0)
-        assert await statuses(queue, dependents) == {"dead": 1000}
-        info = await dependents[0].info()
-        counts = await queue.counts()
+async def test_dependents_are_settled_a_bounded_number_per_script_call(
+    redis: Redis, queue: JobQueue
+) -> None:
+    step = queue.jobs["step"]
+    first = await step.delay(0)
+    dependents = await step.enqueue_many(
+        [JobCall(args=(n,), after=[first]) for n in range(1, 1001)]
+    )
+    keys = queue.shard_keys[0]
+    # Aborting the job it waits for kills every dependent; one call settles
+    # SETTLE_BUDGET of them and says how many jobs have dependents left.
+    outcome, unsettled = await call_once(
+        _ABORT, redis, keys.keys, (keys.base, first.id, "test"), what="aborting"
+    )
+    assert (outcome, unsettled) == (b"aborted", 1)
+    assert (await statuses(dependents))["dead"] == SETTLE_BUDGET
+    left = await call_once(_SETTLE, redis, keys.keys, (keys.base, 200), what="settling")
+    assert left == 1
+    assert (await statuses(dependents))["dead"] == SETTLE_BUDGET + 200
+    # Every claim settles some too (should the worker that ended the job die).
+    await ensure_groups(queue, 0)
+    claim = (keys.base, "w1", 1, 60_000, "0", 3, "{}")
+    reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
+    assert reply[3] == 1
+    assert (await statuses(dependents))["dead"] == 2 * SETTLE_BUDGET + 200
+    await settle_all(queue, 0)
+    assert await statuses(dependents) == {"dead": 1000}
+    info = await dependents[0].info()
+    counts = await queue.counts()
     assert info.error is not None
     assert (info.error.type, info.error.message) == (
         "DependencyFailed",
@@ -291,129 +300,97 @@ async def test_dependents_are_settled_a_bounded_number_per_script_call(redis: Re
     assert await redis.exists([f"{keys.base}:settle", f"{keys.base}:deps:{first.id}"]) == 0
 
 
-async def test_abort_settles_every_dependent_before_it_returns(redis: Redis) -> None:
-    async with open_job_queue(redis, "work") as queue:
-
-        @queue.job
-        async def step(n: int) -> int:
-            return n
-
-        first = await step.delay(0)
-        dependents = await step.enqueue_many(
-            [JobCall(args=(n,), after=[first]) for n in range(1, 701)]
-        )
-        assert await first.abort() is JobStatus.ABORTED
-        assert await statuses(queue, dependents) == {"dead": 700}
+async def test_abort_settles_every_dependent_before_it_returns(queue: JobQueue) -> None:
+    step = queue.jobs["step"]
+    first = await step.delay(0)
+    dependents = await step.enqueue_many([JobCall(args=(n,), after=[first]) for n in range(1, 701)])
+    assert await first.abort() is JobStatus.ABORTED
+    assert await statuses(dependents) == {"dead": 700}
 
 
-async def test_a_job_with_thousands_of_dependents_releases_them_all(redis: Redis) -> None:
-    async with open_job_queue(redis, "work") as queue:
-
-        @queue.job
-        async def step(n: int) -> int:
-            return n
-
-        first = await step.delay(0)
-        dependents = await step.enqueue_many(
-            [JobCall(args=(n,), after=[first]) for n in range(1, 2501)]
-        )
-        assert (await queue.counts()).waiting == 2500
-        async with serving(queue, concurrency=64):
-            results = [await h.result(timeout=30) for h in dependents]
-        counts = await queue.counts()
+async def test_a_job_with_thousands_of_dependents_releases_them_all(queue: JobQueue) -> None:
+    step = queue.jobs["step"]
+    first = await step.delay(0)
+    dependents = await step.enqueue_many(
+        [JobCall(args=(n,), after=[first]) for n in range(1, 2501)]
+    )
+    assert (await queue.counts()).waiting == 2500
+    async with serving(queue, concurrency=64):
+        results = [await h.result(timeout=30) for h in dependents]
+    counts = await queue.counts()
     assert results == list(range(1, 2501))
     assert (counts.succeeded, counts.waiting, counts.pending) == (2501, 0, 0)
 
 
 async def test_dependents_of_a_replayed_job_are_not_those_of_its_first_run(
-    redis: Redis,
+    redis: Redis, queue: JobQueue
 ) -> None:
-    async with open_job_queue(redis, "work") as queue:
+    step = queue.jobs["step"]
+    keys = queue.shard_keys[0]
+    first = await step.delay(0)
+    early = await step.enqueue_many([JobCall(args=(n,), after=[first]) for n in range(300)])
+    await ensure_groups(queue, 0)
 
-        @queue.job
-        async def step(n: int) -> int:
-            return n
+    async def claim_and_finish(outcome: str, data: bytes) -> int:
+        claim = (keys.base, "w1", 1, 60_000, "0", 3, "{}")
+        reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
+        [job] = reply[0]
+        finish = (keys.base, 60_000, first.id, job[4], outcome, data, 1)
+        _, unsettled = await call_once(_FINISH, redis, keys.keys, finish, what="finishing")
+        return int(unsettled)
 
-        keys = queue.shard_keys[0]
-        first = await step.delay(0)
-        early = await step.enqueue_many([JobCall(args=(n,), after=[first]) for n in range(300)])
-        await ensure_groups(queue, 0)
-
-        async def claim_and_finish(outcome: str, data: bytes) -> int:
-            claim = (keys.base, "w1", 1, 60_000, "0", 3, "{}")
-            reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
-            [job] = reply[0]
-            finish = (keys.base, 60_000, first.id, job[4], outcome, data, 1)
-            _, unsettled = await call_once(_FINISH, redis, keys.keys, finish, what="finishing")
-            return int(unsettled)
-
-        # Its first run dies: one call kills SETTLE_BUDGET of its dependents ...
-        assert await claim_and_finish("dead", b'{"type": "X", "message": "no"}') == 1
-        # ... and before the rest are settled, it is replayed and gets a new dependent.
-        assert await queue.replay([first.id]) == [first.id]
-        late = await step.enqueue(7, after=[first])
-        await settle_all(queue, 0)
-        assert await statuses(queue, early) == {"dead": 300}
-        assert await late.status() is JobStatus.WAITING  # not its first run's dependent
-        # Its second run succeeds: only the new dependent is released.
-        assert await claim_and_finish("ok", b"0") == 0
-        assert await late.status() is JobStatus.SENT
-        assert await statuses(queue, early) == {"dead": 300}
+    # Its first run dies: one call kills SETTLE_BUDGET of its dependents ...
+    assert await claim_and_finish("dead", b'{"type": "X", "message": "no"}') == 1
+    # ... and before the rest are settled, it is replayed and gets a new dependent.
+    assert await queue.replay([first.id]) == [first.id]
+    late = await step.enqueue(7, after=[first])
+    await settle_all(queue, 0)
+    assert await statuses(early) == {"dead": 300}
+    assert await late.status() is JobStatus.WAITING  # not its first run's dependent
+    # Its second run succeeds: only the new dependent is released.
+    assert await claim_and_finish("ok", b"0") == 0
+    assert await late.status() is JobStatus.SENT
+    assert await statuses(early) == {"dead": 300}
 
 
-async def test_a_job_depends_on_at_most_a_thousand_jobs(redis: Redis) -> None:
-    async with open_job_queue(redis, "work") as queue:
-
-        @queue.job
-        async def step(n: int) -> int:
-            return n
-
-        with pytest.raises(ConfigError, match="at most 1000 jobs, got 1001"):
-            await step.enqueue(1, after=[f"j{n}" for n in range(1001)])
+async def test_a_job_depends_on_at_most_a_thousand_jobs(redis: Redis, queue: JobQueue) -> None:
+    step = queue.jobs["step"]
+    with pytest.raises(ConfigError, match="at most 1000 jobs, got 1001"):
+        await step.enqueue(1, after=[f"j{n}" for n in range(1001)])
     assert await redis.dbsize() == 0
 
 
 async def test_counts_and_hand_backs_read_many_pending_entries_in_bounded_steps(
-    redis: Redis,
+    redis: Redis, queue: JobQueue
 ) -> None:
-    async with open_job_queue(redis, "work") as queue:
-
-        @queue.job
-        async def step(n: int) -> int:
-            return n
-
-        await step.enqueue_many([(n,) for n in range(1200)])
-        keys = queue.shard_keys[0]
-        await ensure_groups(queue, 0)
-        # A worker that claimed them all (and runs them): pending, not queued.
-        claim = (keys.base, "w1", 1200, 60_000, "0", 3, "{}")
-        reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
-        assert len(reply[0]) == 1200
-        before = await command_calls(redis, "evalsha")
-        running = await queue.counts()
-        count_calls = await command_calls(redis, "evalsha") - before
-        # Handed back (as after a lost reply): pending still, but queued.
-        assert await hand_back(queue, "w1", 0, []) == 1200
-        handed_back = await queue.counts()
+    step = queue.jobs["step"]
+    await step.enqueue_many([(n,) for n in range(1200)])
+    keys = queue.shard_keys[0]
+    await ensure_groups(queue, 0)
+    # A worker that claimed them all (and runs them): pending, not queued.
+    claim = (keys.base, "w1", 1200, 60_000, "0", 3, "{}")
+    reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
+    assert len(reply[0]) == 1200
+    before = await command_calls(redis, "evalsha")
+    running = await queue.counts()
+    count_calls = await command_calls(redis, "evalsha") - before
+    # Handed back (as after a lost reply): pending still, but queued.
+    assert await hand_back(queue, "w1", 0, []) == 1200
+    handed_back = await queue.counts()
     assert (running.running, running.queued["normal"]) == (1200, 0)
     assert count_calls == 5  # 250 + 250 + 250 + 250 + 200 pending entries
     assert (handed_back.running, handed_back.queued["normal"]) == (0, 1200)
 
 
-async def test_dead_letters_are_read_in_pages(redis: Redis) -> None:
-    async with open_job_queue(redis, "work") as queue:
-
-        @queue.job
-        async def step(n: int) -> int:
-            return n
-
-        # Dead at once: the job each depends on is unknown.
-        await step.enqueue_many([JobCall(args=(n,), after=["nobody"]) for n in range(2500)])
-        before = await command_calls(redis, "xrange")
-        dead = await queue.dead_letters()
-        reads = await command_calls(redis, "xrange") - before
-        some = await queue.dead_letters(limit=1500)
-        purged = await queue.purge()
+async def test_dead_letters_are_read_in_pages(redis: Redis, queue: JobQueue) -> None:
+    step = queue.jobs["step"]
+    # Dead at once: the job each depends on is unknown.
+    await step.enqueue_many([JobCall(args=(n,), after=["nobody"]) for n in range(2500)])
+    before = await command_calls(redis, "xrange")
+    dead = await queue.dead_letters()
+    reads = await command_calls(redis, "xrange") - before
+    some = await queue.dead_letters(limit=1500)
+    purged = await queue.purge()
     assert len(dead) == 2500
     assert [info.id for info in some] == [info.id for info in dead[:1500]]
     assert reads == 3  # 1000 + 1000 + 500
