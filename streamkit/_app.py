@@ -588,6 +588,7 @@ class App:
             "queue": self.name,
             "jobs": self.jobs,
             "shards": self.settings.job_shards,
+            "max_bytes": self.settings.job_max_bytes,
             "connect_timeout": self.settings.connect_timeout,
             **{name: value for name, value in given.items() if value is not None},
         }
@@ -635,6 +636,7 @@ class App:
                             self.name,
                             shards=self.settings.job_shards,
                             lease_ttl=self.settings.job_lease_ttl,
+                            max_bytes=self.settings.job_max_bytes,
                         )
                     )
                     for job in self.jobs.values():

@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_GRACE",
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_JOB_MAX_BYTES",
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_DECODED_SIZE",
     "DEFAULT_MAX_RECORD_SIZE",
@@ -80,6 +81,12 @@ DEFAULT_BATCH_SIZE = 500
 DEFAULT_PREFETCH = 2
 #: Values a partition caches per table, at most (uncommitted writes come on top).
 DEFAULT_STATE_CACHE_SIZE = 10_000
+
+# --- jobs -----------------------------------------------------------------------------
+
+#: The most bytes a job's encoded arguments, or its result, may take: 1 MiB is the
+#: smallest ``proto-max-bulk-len`` Redis accepts, so the default fits any server.
+DEFAULT_JOB_MAX_BYTES = 2**20
 
 # --- metrics --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from ._defaults import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GRACE,
     DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_JOB_MAX_BYTES,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_DECODED_SIZE,
     DEFAULT_MAX_RECORD_SIZE,
@@ -160,6 +161,10 @@ class Settings:
     job_shards: int = attrs.field(default=1, validator=positive_int)
     #: Worker threads per process for jobs that are plain (not async) functions.
     job_threads: int = attrs.field(default=8, validator=positive_int)
+    #: The largest encoded arguments, or result, of a job, in bytes: larger arguments
+    #: are refused at enqueue, a job with a larger result ends dead. At most the
+    #: server's ``proto-max-bulk-len``.
+    job_max_bytes: int = attrs.field(default=DEFAULT_JOB_MAX_BYTES, validator=positive_int)
     #: Serve Prometheus metrics over HTTP on this port while a worker runs (``0``: any
     #: free port; unset: no endpoint). Needs the ``metrics`` extra. See
     #: ``streamkit worker --metrics-port``.

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from streamkit.jobs import JobCall, JobNotFound, JobStatus, open_job_queue
+from streamkit.jobs._inspect import _DEAD_CHUNK as DEAD_CHUNK
 from streamkit.testing import free_port, wait_until
 from tests.apps import jobbing
 from tests.test_cli import Result, assert_no_traceback, signalled_while_paused, streamkit
@@ -384,12 +385,13 @@ async def test_a_signal_stops_the_replay_between_two_steps(
     )
     assert result.code == 130, result.err
     assert_no_traceback(result)
-    # Steps of 500 jobs (one script each): the one in flight finished, no other began.
+    # Steps of DEAD_CHUNK jobs (one script each): the one in flight finished, no other
+    # began.
     found = re.search(r"stopped by SIGINT: replayed ([\d,]+) of 4,001 dead job\(s\)", result.err)
     assert found is not None, result.err
     replayed = int(found[1].replace(",", ""))
-    assert replayed % 500 == 0
-    assert 500 <= replayed < 4001
+    assert replayed % DEAD_CHUNK == 0
+    assert DEAD_CHUNK <= replayed < 4001
     assert "queue jobbing; the others are untouched" in result.err
     counts = await queue.counts()
     assert (counts.dead, counts.queued["normal"]) == (4001 - replayed, replayed)

@@ -1,17 +1,15 @@
-"""The job queue's pure parts: statuses, options and calls, argument checks, the keys,
-and the retry delays."""
+"""The job queue's pure parts: statuses, options and calls, argument checks, and the
+keys (the retry decision is in test_jobs_outcome.py)."""
 
 from __future__ import annotations
 
-import random
 from typing import Any, cast
 
 import pytest
 
-from streamkit import Backoff, ConfigError
+from streamkit import ConfigError
 from streamkit.jobs import Job, JobCall, JobOptions, JobStatus
 from streamkit.jobs._layout import ShardKeys, shard_for
-from streamkit.jobs._serve import _retry_delay
 
 
 def _job(fn: Any, name: str = "work") -> Job:
@@ -222,37 +220,3 @@ def test_a_job_id_always_maps_to_the_same_shard() -> None:
     assert first == [shard_for(job_id, 5) for job_id in ids]
     assert set(first) == set(range(5))
     assert {shard_for(job_id, 1) for job_id in ids} == {0}
-
-
-# ---------------------------------------------------------------------- retry delays
-
-
-def test_retry_delays_grow_exponentially_up_to_the_maximum() -> None:
-    options = JobOptions(backoff=Backoff(initial=0.5, maximum=3.0, factor=2.0, jitter=0))
-    assert [_retry_delay(options, tries) for tries in range(1, 7)] == [
-        500,
-        1000,
-        2000,
-        3000,
-        3000,
-        3000,
-    ]
-
-
-def test_the_first_retry_waits_the_initial_delay() -> None:
-    options = JobOptions(backoff=Backoff(initial=0.01, jitter=0))
-    assert _retry_delay(options, 1) == 10
-    assert _retry_delay(options, 0) == 10
-
-
-def test_jitter_cuts_each_delay_by_up_to_its_fraction() -> None:
-    random.seed(1234)
-    options = JobOptions(backoff=Backoff(initial=1.0, maximum=60.0, factor=3.0, jitter=0.5))
-    delays = [_retry_delay(options, 2) for _ in range(500)]
-    assert all(1500 <= d <= 3000 for d in delays)
-    assert max(delays) - min(delays) > 1000, "spread over the range, not fixed"
-
-
-def test_a_retry_delay_is_at_least_a_millisecond() -> None:
-    options = JobOptions(backoff=Backoff(initial=1e-6, jitter=0))
-    assert _retry_delay(options, 1) == 1

@@ -21,6 +21,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 
 from .. import _redispy
+from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from .._urls import mask_url
@@ -73,6 +74,7 @@ class AsyncioClient:
         queue: str,
         jobs: Mapping[str, JobLike] | None = None,
         shards: int = 1,
+        max_bytes: int = DEFAULT_JOB_MAX_BYTES,
         connect_timeout: float = 2.0,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -88,7 +90,7 @@ class AsyncioClient:
             "max_connections": max_connections,
             "pool_timeout": pool_timeout,
         }
-        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {})
+        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {}, max_bytes=max_bytes)
         self._redis: _redispy.AsyncClient | None = None
         # A cluster's nodes: a client of each, for batches (one pipeline per node).
         self._nodes: dict[str, redis.asyncio.Redis] = {}

@@ -24,6 +24,7 @@ import redis.cluster
 import redis.exceptions
 
 from .. import _redispy
+from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import BackendError, NotReplicated, StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from .._urls import mask_url
@@ -92,6 +93,7 @@ class BlockingClient:
         queue: str,
         jobs: Mapping[str, JobLike] | None = None,
         shards: int = 1,
+        max_bytes: int = DEFAULT_JOB_MAX_BYTES,
         connect_timeout: float = 2.0,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -107,7 +109,7 @@ class BlockingClient:
             "max_connections": max_connections,
             "pool_timeout": pool_timeout,
         }
-        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {})
+        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {}, max_bytes=max_bytes)
         self._redis: _redispy.SyncClient | None = None
         self._pid = 0
         self._closed = False

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
+from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, RedisUnavailable, StreamkitError
 from .._partitioner import canonical_key_bytes
 from .._produce import (
@@ -190,11 +191,14 @@ class ClientState:
         markers: the markers of finished appends (deleted by the next appends).
         new_id: makes job ids.
         checked: the streams whose metadata this client checked.
+        max_bytes: the most bytes a job's encoded arguments may take (the queue's
+            ``job_max_bytes``).
     """
 
     queue: str
     shards: int
     jobs: Mapping[str, JobLike]
+    max_bytes: int = DEFAULT_JOB_MAX_BYTES
     markers: FinishedMarkers = attrs.field(factory=FinishedMarkers)
     new_id: JobIds = attrs.field(factory=JobIds)
     checked: set[str] = attrs.field(factory=set)
@@ -428,7 +432,13 @@ def enqueue(
     is sent again only while it surely never reached Redis.
     """
     plan = plan_enqueue(
-        job, calls, shards=state.shards, new_id=state.new_id, priority=priority, delay=delay
+        job,
+        calls,
+        shards=state.shards,
+        new_id=state.new_id,
+        priority=priority,
+        delay=delay,
+        max_bytes=state.max_bytes,
     )
     script_calls = [
         Call.run(_ENQUEUE, list(keys.keys), args) for keys, args in plan.script_calls(state.queue)

@@ -13,6 +13,7 @@ from .._errors import (
 )
 from .._public import fix_module_metadata as _fix_module_metadata
 from ._handle import Job as Job, JobHandle as JobHandle
+from ._inspect import QueueCounts as QueueCounts
 from ._model import (
     JobCall as JobCall,
     JobErrorInfo as JobErrorInfo,
@@ -23,12 +24,9 @@ from ._model import (
     Priority as Priority,
     Schedule as Schedule,
 )
-from ._queue import (
-    JobQueue as JobQueue,
-    QueueCounts as QueueCounts,
-    open_job_queue as open_job_queue,
-)
-from ._serve import JobWorker as JobWorker, progress as progress
+from ._queue import JobQueue as JobQueue, open_job_queue as open_job_queue
+from ._run import progress as progress
+from ._serve import JobWorker as JobWorker
 
 __all__ = [
     "Job",

@@ -41,10 +41,13 @@ class QueueLike(Protocol):
     shards: int
     lease_ttl: float
     max_deliveries: int
+    max_bytes: int
     shard_keys: list[ShardKeys]
     jobs: dict[str, Job]
 
     def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle: ...
+
+    async def find(self, job_id: str) -> JobHandle: ...
 
     async def enqueue_calls(
         self,

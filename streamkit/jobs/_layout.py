@@ -17,6 +17,9 @@ key                                   what it holds
 ``__jobs:{Q.S}:counts``               jobs per ``status|name`` (a hash)
 ``__jobs:{Q.S}:job:ID``               job ID: arguments, status, tries, result ...
 ``__jobs:{Q.S}:deps:ID``              the jobs waiting for job ID (a set)
+``__jobs:{Q.S}:settle``               ended jobs with dependents left to settle (a list)
+``__jobs:{Q.S}:settling:N``           one ended job's dependents left to settle (its
+                                      ``deps:ID`` renamed; ``:settling`` numbers them)
 ``__jobs:{Q.S}:once:ID``              job ID's dedupe marker (expires)
 ====================================  ================================================
 """

@@ -11,6 +11,7 @@ import attrs
 import orjson
 
 from .._backoff import Backoff
+from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, EncodeError
 from .._json_converter import converter
 from .._validate import non_negative_int, positive_int, positive_number
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_AFTER",
     "PRIORITIES",
     "JobCall",
     "JobErrorInfo",
@@ -47,6 +50,11 @@ DEFAULT_RESULT_TTL = 24 * 3600.0
 DEFAULT_RETRY_BACKOFF = Backoff(initial=1.0, maximum=300.0, factor=2.0, jitter=0.5)
 #: How long ``job_id=`` dedupes enqueues, by default.
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
+#: The largest encoded arguments, or result, of a job (bytes), by default: 1 MiB, the
+#: smallest ``proto-max-bulk-len`` a Redis server accepts, so it fits any server.
+DEFAULT_MAX_BYTES = DEFAULT_JOB_MAX_BYTES
+#: The most jobs one job may depend on (``after=``): settling them is bounded work.
+MAX_AFTER = 1000
 
 
 def _unstructure(value: object) -> object:
@@ -61,8 +69,14 @@ def dumps(value: object, what: str) -> bytes:
     """JSON of ``value`` (attrs instances as dicts); :class:`EncodeError` if impossible."""
     try:
         return orjson.dumps(value, default=_unstructure)
-    except TypeError as exc:
-        raise EncodeError(f"{what}: {exc}") from None
+    except RecursionError:
+        raise EncodeError(f"{what}: nested too deeply") from None
+    except Exception as exc:  # orjson's TypeError, or whatever an unstructure hook raised
+        try:
+            reason = str(exc)
+        except Exception:
+            reason = f"{type(exc).__name__} whose str() failed"
+        raise EncodeError(f"{what}: {reason}") from None
 
 
 class JobRef(Protocol):
@@ -109,7 +123,8 @@ class JobErrorInfo:
 
     Attributes:
         type: the exception's qualified name, or what ended the try (``"Timeout"``,
-            ``"WorkerLost"``, ``"BadInput"``, ``"Aborted"``, ``"DependencyFailed"``).
+            ``"WorkerLost"``, ``"BadInput"``, ``"EncodeError"``, ``"OutcomeRefused"``,
+            ``"Aborted"``, ``"DependencyFailed"``).
         message: its message.
         traceback: the formatted traceback, "" if there is none.
     """

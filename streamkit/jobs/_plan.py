@@ -20,8 +20,9 @@ import orjson
 
 from .._errors import ConfigError, EncodeError
 from .._validate import positive_number
+from ._batches import chunks
 from ._layout import ShardKeys, shard_for
-from ._model import PRIORITIES, JobCall, JobOptions, JobRef, Priority, When, dumps
+from ._model import MAX_AFTER, PRIORITIES, JobCall, JobOptions, JobRef, Priority, When, dumps
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 #: Jobs per enqueue script call.
-ENQUEUE_CHUNK = 500
+ENQUEUE_CHUNK = 250
 
 
 class JobLike(Protocol):
@@ -182,21 +183,31 @@ class EnqueuePlan:
         defaults: the script's per-call arguments after the shard's key base (name,
             default priority, delay, tries, result ttl, dedupe window, expiry).
         per_shard: per shard, the jobs' fields: id, arguments, options, id, ...
+        costs: per shard where some job names dependencies, each job's cost in a call
+            (1 plus the jobs it depends on).
     """
 
     placed: list[tuple[str, int]]
     defaults: tuple[Any, ...]
     per_shard: dict[int, list[Any]]
+    costs: dict[int, list[int]] = attrs.field(factory=dict)
 
     def script_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
-        """The enqueue script's calls, :data:`ENQUEUE_CHUNK` jobs each: per call, the
-        shard's keys and the call's arguments. (Every client cuts its calls here, so a
-        bound on a call's bytes or dependencies goes here too.)"""
-        step = 3 * ENQUEUE_CHUNK
+        """The enqueue script's calls: per call, the shard's keys and its arguments.
+
+        A call holds at most :data:`ENQUEUE_CHUNK` jobs and the dependencies they
+        name, and about :data:`~streamkit.jobs._batches.MAX_CALL_BYTES` (a larger job
+        goes alone): one call runs while Redis serves no one else. Every client cuts
+        its calls here.
+        """
         for shard, fields in self.per_shard.items():
             keys = ShardKeys(queue, shard)
-            for start in range(0, len(fields), step):
-                yield keys, (keys.base, *self.defaults, *fields[start : start + step])
+            sizes = [
+                len(fields[i]) + len(fields[i + 1]) + len(fields[i + 2])
+                for i in range(0, len(fields), 3)
+            ]
+            for jobs in chunks(sizes, max_cost=ENQUEUE_CHUNK, costs=self.costs.get(shard)):
+                yield keys, (keys.base, *self.defaults, *fields[3 * jobs.start : 3 * jobs.stop])
 
 
 def plan_enqueue(
@@ -234,10 +245,13 @@ def plan_enqueue(
     options = job.options
     placed: list[tuple[str, int]] = []
     per_shard: dict[int, list[Any]] = {}
+    # Per shard, the cost of each job in a script call once some name dependencies.
+    costs: dict[int, list[int]] = {}
     name = job.name
     check = job.check_arguments
     single = per_shard.setdefault(0, []) if shards == 1 else None
     for item in calls:
+        after: list[tuple[str, int]] = []
         if isinstance(item, tuple):
             check(item, {})
             job_id = new_id()
@@ -247,11 +261,20 @@ def plan_enqueue(
         else:
             call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
             check(call.args, call.kwargs)
+            if len(call.after) > MAX_AFTER:
+                raise ConfigError(
+                    "after", f"a job depends on at most {MAX_AFTER} jobs, got {len(call.after)}"
+                )
             after = [_ref(ref, shards) for ref in call.after]
             job_id, shard = _place(call, after, shards, new_id)
             args = encode_arguments(name, call.args, call.kwargs, max_bytes)
             opts = _options(call, [ref_id for ref_id, _ in after])
         fields = single if single is not None else per_shard.setdefault(shard, [])
+        if after or shard in costs:
+            # From the first job with dependencies on, every job of the shard has a
+            # cost (the jobs before it, 1 each).
+            shard_costs = costs.setdefault(shard, [1] * (len(fields) // 3))
+            shard_costs.append(1 + len(after))
         fields.extend((job_id, args, opts))
         placed.append((job_id, shard))
     expires = options.expires
@@ -264,4 +287,4 @@ def plan_enqueue(
         options.dedupe_window,
         -_ms(expires, "expires") if expires is not None else 0,
     )
-    return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f})
+    return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f}, costs)

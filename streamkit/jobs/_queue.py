@@ -17,21 +17,22 @@ from .._nurseries import open_service_nursery
 from .._redis import (
     LuaScript,
     Redis,
-    call_once,
     retry_idempotent,
     run_blocking,
 )
 from .._validate import positive_int, positive_number
-from .._wire import text
 from . import _scripts
+from ._enqueue import send_plan
+from ._finish import settle_all
 from ._handle import Job, JobHandle
+from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
 from ._layout import ShardKeys, shard_for
 from ._model import (
     DEFAULT_DEDUPE_WINDOW,
+    DEFAULT_MAX_BYTES,
     DEFAULT_RESULT_TTL,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_BACKOFF,
-    PRIORITIES,
     JobCall,
     JobInfo,
     JobOptions,
@@ -40,8 +41,9 @@ from ._model import (
     Schedule,
     When,
 )
-from ._plan import ENQUEUE_CHUNK, JobIds, plan_enqueue
-from ._replies import abort_reply, decode_info, watch_reply
+from ._outcome import label
+from ._plan import JobIds, plan_enqueue
+from ._replies import abort_reply, watch_reply
 from ._serve import Handlers, JobWorker, serve_jobs
 
 if TYPE_CHECKING:
@@ -57,49 +59,8 @@ DEFAULT_LEASE_TTL = 5.0
 #: Times a job may lose its worker (the worker died while running it) before it is
 #: considered to be what kills the workers, and goes to the dead-letter queue.
 DEFAULT_MAX_DELIVERIES = 3
-#: Jobs per enqueue script call.
-_ENQUEUE_CHUNK = ENQUEUE_CHUNK
-
-_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
 _ABORT = LuaScript(_scripts.ABORT_LUA)
 _WATCH = LuaScript(_scripts.WATCH_LUA)
-_REPLAY = LuaScript(_scripts.REPLAY_LUA)
-_PURGE = LuaScript(_scripts.PURGE_LUA)
-_COUNTS = LuaScript(_scripts.COUNTS_LUA)
-
-
-@attrs.frozen(kw_only=True)
-class QueueCounts:
-    """How many jobs a queue holds, by status (see :meth:`JobQueue.counts`).
-
-    Attributes:
-        queued: jobs in the ready queue of each priority, not running (retries that
-            are due included).
-        scheduled: jobs waiting for their time.
-        waiting: jobs waiting for the jobs they depend on.
-        running: jobs running now.
-        retrying: jobs whose last try failed, waiting for their next try (in the
-            schedule, or due and queued).
-        dead: jobs in the dead-letter queue.
-        succeeded: jobs that succeeded (a running total).
-        aborted: jobs aborted (a running total).
-        expired: jobs expired (a running total).
-        pending: jobs not over yet (sent, scheduled, waiting, running or retrying),
-            each counted once.
-        by_name: the same counts per job name: name -> status -> count.
-    """
-
-    queued: dict[str, int]
-    scheduled: int
-    waiting: int
-    running: int
-    retrying: int
-    dead: int
-    succeeded: int
-    aborted: int
-    expired: int
-    pending: int
-    by_name: dict[str, dict[str, int]]
 
 
 @attrs.define(eq=False)
@@ -141,7 +102,7 @@ class _Waiters:
             for entries in (reply or {}).values():
                 for entry in entries:
                     cursor = entry.identifier
-                    job_id = text(entry.field_values.get(b"id", b""))
+                    job_id = label(entry.field_values.get(b"id", b""))
                     for event in self.events.get(job_id, ()):
                         event.set()
 
@@ -162,6 +123,7 @@ class JobQueue:
         lease_ttl: seconds after which a job whose worker stopped renewing its lease
             is taken over by another worker.
         max_deliveries: times a job may lose its worker before it goes dead.
+        max_bytes: the largest encoded arguments, or result, of a job, in bytes.
         jobs: the declared jobs, by name.
     """
 
@@ -170,6 +132,7 @@ class JobQueue:
     shards: int = attrs.field(default=1, validator=positive_int)
     lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=positive_number)
     max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
+    max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
     jobs: dict[str, Job] = attrs.field(factory=dict)
     shard_keys: list[ShardKeys] = attrs.field(init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
@@ -327,41 +290,19 @@ class JobQueue:
         delay: When | None = None,
     ) -> list[JobHandle]:
         """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
-        # Checked and encoded as every client does (jobs._plan), then sent.
+        # Checked and encoded as every client does (jobs._plan), then sent in bounded
+        # calls, a few at a time.
         plan = plan_enqueue(
-            job, calls, shards=self.shards, new_id=self._new_id, priority=priority, delay=delay
+            job,
+            calls,
+            shards=self.shards,
+            new_id=self._new_id,
+            priority=priority,
+            delay=delay,
+            max_bytes=self.max_bytes,
         )
-        for shard, fields in plan.per_shard.items():
-            await self._send(shard, plan.defaults, fields)
+        await send_plan(self, plan)
         return [JobHandle(self, job_id, shard) for job_id, shard in plan.placed]
-
-    async def _send(self, shard: int, defaults: tuple[Any, ...], fields: list[Any]) -> None:
-        """Send one shard's jobs, a few chunks at a time."""
-        keys = self.shard_keys[shard]
-        step = 3 * _ENQUEUE_CHUNK
-
-        async def send(start: int) -> None:
-            await call_once(
-                _ENQUEUE,
-                self.redis,
-                keys.keys,
-                (keys.base, *defaults, *fields[start : start + step]),
-                what=f"enqueueing jobs on {self.name}",
-            )
-
-        if len(fields) <= step:
-            await send(0)
-            return
-        # A few chunks in flight at once: the server runs one while the next arrives.
-        limiter = trio.CapacityLimiter(4)
-
-        async def limited(start: int) -> None:
-            async with limiter:
-                await send(start)
-
-        async with trio.open_nursery() as nursery:
-            for start in range(0, len(fields), step):
-                nursery.start_soon(limited, start)
 
     # ------------------------------------------------------------------ following
 
@@ -434,116 +375,26 @@ class JobQueue:
         """Abort job ``job_id`` (see :meth:`JobHandle.abort`)."""
         handle = await self.find(job_id) if shard is None else JobHandle(self, job_id, shard)
         keys = self.shard_keys[handle.shard]
-        reply = await retry_idempotent(
+        outcome, unsettled = await retry_idempotent(
             _ABORT,
             self.redis,
             keys.keys,
             (keys.base, job_id, reason),
             what="aborting a job",
         )
-        return abort_reply(reply, job_id, self.name)
+        if unsettled:
+            await settle_all(self, handle.shard)
+        return abort_reply(outcome, job_id, self.name)
 
     # ------------------------------------------------------------------ inspecting
 
     async def counts(self) -> QueueCounts:
         """How many jobs the queue holds, by status, priority and job name."""
-        by_name: dict[str, dict[str, int]] = {}
-        queued = dict.fromkeys(PRIORITIES, 0)
-        for keys in self.shard_keys:
-            flat, per_priority = await retry_idempotent(
-                _COUNTS, self.redis, keys.keys, (keys.base,), what="counting jobs"
-            )
-            for field, value in zip(flat[::2], flat[1::2], strict=True):
-                status, _, name = text(field).partition("|")
-                slot = by_name.setdefault(name, {})
-                slot[status] = slot.get(status, 0) + int(value)
-            for prio, count in zip(PRIORITIES, per_priority, strict=True):
-                queued[prio] += int(count)
-        totals: dict[str, int] = {}
-        for per_status in by_name.values():
-            for status, value in per_status.items():
-                totals[status] = totals.get(status, 0) + value
-        return QueueCounts(
-            queued=queued,
-            scheduled=totals.get("scheduled", 0),
-            waiting=totals.get("waiting", 0),
-            running=totals.get("executing", 0),
-            retrying=totals.get("retry", 0),
-            dead=totals.get("dead", 0),
-            succeeded=totals.get("success", 0),
-            aborted=totals.get("aborted", 0),
-            expired=totals.get("expired", 0),
-            pending=sum(
-                totals.get(status, 0)
-                for status in ("sent", "scheduled", "waiting", "executing", "retry")
-            ),
-            by_name={n: s for n, s in sorted(by_name.items()) if any(s.values())},
-        )
+        return await count_jobs(self)
 
     async def dead_letters(self, *, limit: int | None = None) -> list[JobInfo]:
         """The jobs in the dead-letter queue, oldest first, with their errors."""
-        out: list[tuple[int, JobInfo]] = []
-        for keys in self.shard_keys:
-            # The oldest `limit` of every shard, merged by when they died.
-            entries = await retry_idempotent(
-                self.redis.xrange, keys.dead, "-", "+", limit, what="reading dead jobs"
-            )
-            job_ids = [text(entry.field_values[b"id"]) for entry in entries]
-            # The shard's jobs in one pipeline: one round trip, not one per job.
-            every_fields = await retry_idempotent(
-                self._hgetall_many,
-                [keys.job(job_id) for job_id in job_ids],
-                what="reading dead jobs",
-            )
-            for entry, job_id, fields in zip(entries, job_ids, every_fields, strict=True):
-                if fields.get(b"status") == b"dead":
-                    died = int(text(entry.identifier).partition("-")[0])
-                    out.append((died, decode_info(self.name, job_id, fields)))
-        out.sort(key=lambda pair: pair[0])
-        return [info for _, info in out[:limit]]
-
-    async def _hgetall_many(self, keys: list[str]) -> list[dict[bytes, bytes]]:
-        if not keys:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            requests = [pipe.hgetall(key) for key in keys]
-        return [await request for request in requests]
-
-    async def _by_shard(
-        self,
-        script: LuaScript,
-        ids: Sequence[str] | None,
-        what: str,
-        on_progress: Callable[[int, int], object] | None,
-    ) -> list[str]:
-        done: list[str] = []
-        grouped: dict[int, list[str]] = {}
-        if ids is None:
-            # Every shard's own dead jobs: a job without an id of the caller's lives on
-            # the shard it was sent to (round robin), not on the one its id hashes to.
-            for keys in self.shard_keys:
-                entries = await retry_idempotent(
-                    self.redis.xrange, keys.dead, "-", "+", what="reading dead jobs"
-                )
-                grouped[keys.shard] = [text(entry.field_values[b"id"]) for entry in entries]
-        else:
-            for job_id in ids:
-                handle = await self.find(job_id)
-                grouped.setdefault(handle.shard, []).append(job_id)
-        for shard, group in grouped.items():
-            keys = self.shard_keys[shard]
-            for i in range(0, len(group), 500):
-                reply = await retry_idempotent(
-                    script,
-                    self.redis,
-                    keys.keys,
-                    (keys.base, *group[i : i + 500]),
-                    what=what,
-                )
-                done.extend(text(x) for x in reply)
-                if on_progress is not None:
-                    on_progress(len(group[i : i + 500]), len(reply))
-        return done
+        return await read_dead_letters(self, limit)
 
     async def replay(
         self,
@@ -555,14 +406,14 @@ class JobQueue:
 
         Args:
             ids: the jobs to replay; every dead job by default.
-            on_progress: called after each step (up to 500 jobs, one round trip) with
+            on_progress: called after each step (up to 200 jobs, one round trip) with
                 how many jobs the step went through and how many it replayed, e.g.
                 to drive a progress bar.
 
         Returns:
             the ids queued again (ids that were not dead are skipped).
         """
-        return await self._by_shard(_REPLAY, ids, "replaying dead jobs", on_progress)
+        return await act_on_dead(self, REPLAY, ids, "replaying dead jobs", on_progress)
 
     async def purge(
         self,
@@ -579,7 +430,7 @@ class JobQueue:
         Returns:
             the ids deleted.
         """
-        return await self._by_shard(_PURGE, ids, "purging dead jobs", on_progress)
+        return await act_on_dead(self, PURGE, ids, "purging dead jobs", on_progress)
 
     # ------------------------------------------------------------------ running
 
@@ -623,6 +474,7 @@ async def open_job_queue(
     shards: int = 1,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> AsyncIterator[JobQueue]:
     """Open the job queue ``name`` on ``redis``.
 
@@ -634,11 +486,22 @@ async def open_job_queue(
         lease_ttl: seconds after which a job whose worker stopped renewing its lease
             (killed, paused, cut off) is taken over by another worker.
         max_deliveries: times a job may lose its worker before it goes dead.
+        max_bytes: the largest encoded arguments, or result, of a job (1 MiB by
+            default; no more than the server's ``proto-max-bulk-len``): larger
+            arguments are refused at enqueue, and a job with a larger result ends
+            dead.
 
     The block owns the queue's background work (the reader that wakes result
     waiters); jobs run where :meth:`JobQueue.serve` is started.
     """
-    queue = JobQueue(redis, name, shards=shards, lease_ttl=lease_ttl, max_deliveries=max_deliveries)
+    queue = JobQueue(
+        redis,
+        name,
+        shards=shards,
+        lease_ttl=lease_ttl,
+        max_deliveries=max_deliveries,
+        max_bytes=max_bytes,
+    )
     async with open_service_nursery(reason=f"job queue {name} closing") as nursery:
         queue._nursery = nursery
         try:

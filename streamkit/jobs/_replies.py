@@ -165,11 +165,15 @@ def watch_reply(reply: Any, job_id: str, queue: str) -> tuple[bool, Any]:
 
 
 def abort_reply(reply: Any, job_id: str, queue: str) -> JobStatus:
-    """The abort script's reply, as the job's status after the call.
+    """The abort script's reply (its outcome, and how many of the job's dependents are
+    left for later calls to settle; or the outcome alone), as the job's status after
+    the call.
 
     Error handling:
         :class:`~streamkit.jobs.JobNotFound` if there is no record of the job.
     """
+    if isinstance(reply, list | tuple):
+        reply = reply[0]
     said = text(reply)
     if said == "unknown":
         raise JobNotFound(job_id, queue)

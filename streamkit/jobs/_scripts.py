@@ -1,5 +1,9 @@
 """The job queue's Lua scripts: every state change of a job is one of these.
 
+One room, over 600 lines, on purpose: the scripts share ``_COMMON`` (the key helpers,
+the counters, the transitions several scripts make), and a job's states are easiest to
+check with every transition on one page.
+
 Pure (no trio, no Redis client): the runtime loads them through
 :class:`streamkit._redis.LuaScript`. Every script touches the keys of one shard only,
 all sharing the shard's hash tag, so each stays a single-slot script on Redis Cluster.
@@ -47,19 +51,32 @@ __all__ = [
     "RECOVER_LUA",
     "RENEW_LUA",
     "REPLAY_LUA",
+    "SETTLE_LUA",
     "WATCH_LUA",
 ]
 
 #: The consumer group of every ready stream.
 GROUP = "workers"
+#: Dependents a script settles per call, beside its own work (see ``settle_some``).
+SETTLE_BUDGET = 100
+#: Scheduled jobs a claim moves to their ready streams per call, at most.
+DUE_BUDGET = 100
+#: Pending entries a count reads per call, at most.
+PENDING_BUDGET = 250
+#: Pending entries a hand-back reads per call, at most (it writes for each).
+HAND_BACK_BUDGET = 100
 
 #: Shared by every script: key helpers, counters, and the transitions that several
 #: scripts make (queue a job, end it dead, settle the jobs waiting on it).
-_COMMON = r"""
+_COMMON = (
+    r"""
 local B = ARGV[1]
 local Q = {KEYS[1], KEYS[2], KEYS[3]}
 local SCHED, DEAD, DONE, COUNTS = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local GROUP = 'workers'
+local SETTLE_BUDGET = """
+    + str(SETTLE_BUDGET)
+    + r"""
 local FINAL = {success = true, dead = true, aborted = true, expired = true}
 
 -- A job's history (field 'hist'): one line per try's start or end, the newest
@@ -153,29 +170,50 @@ local function release_waiting(id, k, name, now)
 end
 
 -- A job ended: release (ok) or kill (not ok) the jobs waiting on it, transitively.
+-- A job may have very many dependents, so no script walks them all: the job's set of
+-- dependents is renamed to a set of its own (later dependents of a replayed or
+-- re-enqueued job go to a new one), queued on SETTLE, and settle_some works through
+-- that queue a bounded number of dependents per call. Any call that settles continues
+-- with the budget it has; the worker that ended the job calls SETTLE_LUA until
+-- nothing is left, and every claim continues it too.
+local SETTLE = B .. ':settle'
 local function settle(id, ok, now)
-  if redis.call('HEXISTS', jkey(id), 'dependents') == 0 then return end
-  local stack = {{id, ok}}
-  while #stack > 0 do
-    local top = table.remove(stack)
-    local dk = B .. ':deps:' .. top[1]
-    local dependents = redis.call('SMEMBERS', dk)
-    redis.call('DEL', dk)
+  local k = jkey(id)
+  if redis.call('HEXISTS', k, 'dependents') == 0 then return end
+  local dk = B .. ':deps:' .. id
+  if redis.call('EXISTS', dk) == 0 then return end
+  local sk = B .. ':settling:' .. redis.call('INCR', B .. ':settling')
+  redis.call('RENAME', dk, sk)
+  redis.call('RPUSH', SETTLE, cjson.encode({sk, ok and 1 or 0, id,
+    redis.call('HGET', k, 'status') or 'gone'}))
+end
+
+-- Settle up to budget dependents (at least one queued job's worth of work); returns
+-- how many jobs still have dependents to settle.
+local function settle_some(now, budget)
+  while budget > 0 do
+    local head = redis.call('LINDEX', SETTLE, 0)
+    if not head then return 0 end
+    local item = cjson.decode(head)
+    local sk, ok, top, st = item[1], item[2] == 1, item[3], item[4]
+    local dependents = redis.call('SPOP', sk, budget)
+    budget = budget - math.max(1, #dependents)
     for _, d in ipairs(dependents) do
       local k = jkey(d)
       if redis.call('HGET', k, 'status') == 'waiting' then
         local name = redis.call('HGET', k, 'name')
-        if top[2] then
+        if ok then
           if redis.call('HINCRBY', k, 'pending', -1) <= 0 then release_waiting(d, k, name, now) end
         else
-          local st = redis.call('HGET', jkey(top[1]), 'status') or 'gone'
           mark_dead(d, k, name, 'waiting', cjson.encode({type = 'DependencyFailed',
-            message = 'job ' .. top[1] .. ' it depends on ended ' .. st}), now)
-          table.insert(stack, {d, false})
+            message = 'job ' .. top .. ' it depends on ended ' .. st}), now)
+          settle(d, false, now)
         end
       end
     end
+    if redis.call('EXISTS', sk) == 0 then redis.call('LPOP', SETTLE) end
   end
+  return redis.call('LLEN', SETTLE)
 end
 
 -- Start a job read from (or reclaimed on) a ready stream; append it to out.
@@ -247,6 +285,7 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
   table.insert(out, {id, name, f[3], tries, token, p - 1})
 end
 """
+)
 
 #: Add jobs of one name. ARGV: base, name, then the batch's defaults: priority,
 #: delay_ms (relative, 0: none), max_tries, result_ttl_s, dedupe_window_s (for jobs
@@ -346,8 +385,10 @@ return out
 #: entries a blocking read delivered already. Moves due scheduled jobs to their ready
 #: streams first, then starts up to ``count`` jobs, higher priorities first; delivered
 #: entries beyond that are handed back (left pending, reclaimable at once).
-#: Returns {jobs, next_due_ms or -1, now_ms}; each job is
-#: {id, name, args, tries, token, priority}.
+#: Moves at most ``DUE_BUDGET`` scheduled jobs per call (the next call moves the
+#: rest: ``next_due_ms`` is then in the past), and settles dependents on the way.
+#: Returns {jobs, next_due_ms or -1, now_ms, jobs with dependents left to settle};
+#: each job is {id, name, args, tries, token, priority}.
 CLAIM_LUA = (
     _COMMON
     + r"""
@@ -355,7 +396,9 @@ local consumer, want = ARGV[2], tonumber(ARGV[3])
 local lease, reclaim, max_lost = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6])
 local mine = cjson.decode(ARGV[7])
 local now = now_ms()
-local due = redis.call('ZRANGEBYSCORE', SCHED, '-inf', now, 'LIMIT', 0, 1000)
+local due = redis.call('ZRANGEBYSCORE', SCHED, '-inf', now, 'LIMIT', 0, """
+    + str(DUE_BUDGET)
+    + r""")
 for _, id in ipairs(due) do
   redis.call('ZREM', SCHED, id)
   local k = jkey(id)
@@ -414,16 +457,17 @@ end
 local nxt = redis.call('ZRANGE', SCHED, 0, 0, 'WITHSCORES')
 local next_due = -1
 if nxt[2] then next_due = tonumber(nxt[2]) end
-return {out, next_due, now}
+return {out, next_due, now, settle_some(now, SETTLE_BUDGET)}
 """
 )
 
 #: Finish jobs, fenced. ARGV: base, lease_ms, then per job 5 fields: id, token,
 #: outcome (ok, retry, dead, aborted, release), data (result or error JSON), number
 #: (retry delay ms; for ok, 1 to keep the result). A retry or release of a job whose
-#: abort was requested while it ran ends it aborted. Returns 1 per committed job, 0 per
-#: job this claim no longer owns (nothing was written for it), 2 per job this claim
-#: finished already (sent again after a reply was lost: nothing more is written).
+#: abort was requested while it ran ends it aborted. Returns {replies, jobs with
+#: dependents left to settle}: per job, 1 if committed, 0 if this claim no longer owns
+#: it (nothing was written for it), 2 if this claim finished it already (sent again
+#: after a reply was lost: nothing more is written).
 FINISH_LUA = (
     _COMMON
     + r"""
@@ -492,7 +536,7 @@ for a = 3, #ARGV, 5 do
     table.insert(out, 1)
   end
 end
-return out
+return {out, settle_some(now, SETTLE_BUDGET)}
 """
 )
 
@@ -517,29 +561,43 @@ return {lost, aborts}
 """
 )
 
-#: Abort a job. ARGV: base, id, reason. Returns the outcome: 'aborted' (it was not
-#: running and is now aborted), 'requested' (it is running: its worker cancels it),
-#: 'unknown', or the final status it had reached already.
+#: Abort a job. ARGV: base, id, reason. Returns {outcome, jobs with dependents left
+#: to settle}; the outcome is 'aborted' (it was not running and is now aborted),
+#: 'requested' (it is running: its worker cancels it), 'unknown', or the final status
+#: it had reached already.
 ABORT_LUA = (
     _COMMON
     + r"""
 local id, reason = ARGV[2], ARGV[3]
-local k = jkey(id)
-local f = redis.call('HMGET', k, 'status', 'name')
-local st, name = f[1], f[2]
-if not st then return 'unknown' end
-if FINAL[st] then return st end
-if st == 'executing' then
-  redis.call('HSET', k, 'abort', reason)
-  return 'requested'
-end
 local now = now_ms()
-unqueue(k)
-redis.call('ZREM', SCHED, id)
-redis.call('HSET', k, 'error', cjson.encode({type = 'Aborted', message = reason}))
-mark_final(id, k, name, st, 'aborted', now)
-settle(id, false, now)
-return 'aborted'
+local function abort()
+  local k = jkey(id)
+  local f = redis.call('HMGET', k, 'status', 'name')
+  local st, name = f[1], f[2]
+  if not st then return 'unknown' end
+  if FINAL[st] then return st end
+  if st == 'executing' then
+    redis.call('HSET', k, 'abort', reason)
+    return 'requested'
+  end
+  unqueue(k)
+  redis.call('ZREM', SCHED, id)
+  redis.call('HSET', k, 'error', cjson.encode({type = 'Aborted', message = reason}))
+  mark_final(id, k, name, st, 'aborted', now)
+  settle(id, false, now)
+  return 'aborted'
+end
+local outcome = abort()
+return {outcome, settle_some(now, SETTLE_BUDGET)}
+"""
+)
+
+#: Settle the dependents of ended jobs (see ``settle``). ARGV: base, budget (the most
+#: dependents settled in this call). Returns the jobs with dependents left to settle.
+SETTLE_LUA = (
+    _COMMON
+    + r"""
+return settle_some(now_ms(), tonumber(ARGV[2]))
 """
 )
 
@@ -609,66 +667,83 @@ return out
 """
 )
 
-#: The shard's counters and, per priority, the jobs queued and not started.
-#: ARGV: base. Returns {counters (flat hash), {queued high, normal, low}}.
+#: The shard's counters, and per priority the length of its ready stream and how many
+#: of its pending entries belong to running jobs (the rest are queued): read in steps
+#: of at most ``budget`` pending entries. ARGV: base, budget, then per priority a
+#: cursor: '-' to start, the last entry id read, '' when done. Returns {counters (flat
+#: hash), {stream lengths}, {running jobs among the entries read}, {cursors}}.
 COUNTS_LUA = (
     _COMMON
     + r"""
-local queued = {}
+local budget = tonumber(ARGV[2])
+local lengths, running, cursors = {}, {}, {}
 for p = 1, 3 do
-  local length = redis.call('XLEN', Q[p])
-  -- entries of running jobs are pending in the group; a job put back by a graceful
-  -- stop is pending too, but queued
-  local pending = redis.pcall('XPENDING', Q[p], GROUP, '-', '+', 100000)
-  if type(pending) == 'table' then
+  local cursor = ARGV[2 + p]
+  lengths[p], running[p], cursors[p] = redis.call('XLEN', Q[p]), 0, cursor
+  if cursor ~= '' and budget > 0 then
+    local start = '-'
+    if cursor ~= '-' then start = '(' .. cursor end
+    -- entries of running jobs are pending in the group; a job put back by a graceful
+    -- stop is pending too, but queued
+    local pending = redis.pcall('XPENDING', Q[p], GROUP, start, '+', budget)
+    if type(pending) ~= 'table' or pending.err then pending = {} end
     for _, item in ipairs(pending) do
       local entry = redis.call('XRANGE', Q[p], item[1], item[1])[1]
       local id = entry and entry[2][2]
       if id and redis.call('HGET', jkey(id), 'status') == 'executing' then
-        length = length - 1
+        running[p] = running[p] + 1
       end
     end
+    if #pending < budget then cursors[p] = '' else cursors[p] = pending[#pending][1] end
+    budget = budget - #pending
   end
-  queued[p] = length
 end
-return {redis.call('HGETALL', COUNTS), queued}
+return {redis.call('HGETALL', COUNTS), lengths, running, cursors}
 """
 )
 
 #: Hand back the jobs a worker holds but does not run: those of a claim whose reply
-#: was lost (the connection dropped, Redis restarted). ARGV: base, consumer,
-#: lease_ms, then the ids of the jobs it runs. Their tries are not spent; they are
-#: left for any worker to claim at once. Returns how many were handed back.
+#: was lost (the connection dropped, Redis restarted), or claimed and not started when
+#: it stopped. ARGV: base, consumer, lease_ms, budget, a cursor per priority (as for
+#: COUNTS_LUA), then the ids of the jobs it runs. Their tries are not spent; they are
+#: left for any worker to claim at once. Reads at most ``budget`` of the worker's
+#: pending entries. Returns {how many were handed back, {cursors}}.
 RECOVER_LUA = (
     _COMMON
     + r"""
-local consumer, lease = ARGV[2], tonumber(ARGV[3])
+local consumer, lease, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local running = {}
-for a = 4, #ARGV do running[ARGV[a]] = true end
+for a = 8, #ARGV do running[ARGV[a]] = true end
 local n = 0
+local cursors = {}
 for p = 1, 3 do
-  if redis.call('EXISTS', Q[p]) == 1 then
-    local pending = redis.pcall('XPENDING', Q[p], GROUP, '-', '+', 10000, consumer)
-    if type(pending) == 'table' then
-      for _, item in ipairs(pending) do
-        local e = item[1]
-        local entry = redis.call('XRANGE', Q[p], e, e)[1]
-        local id = entry and entry[2][2]
-        if id and not running[id] then
-          local k = jkey(id)
-          local f = redis.call('HMGET', k, 'status', 'owner', 'name')
-          if f[1] == 'executing' and f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':' then
-            redis.call('HSET', k, 'status', 'sent', 'owner', '')
-            redis.call('HINCRBY', k, 'tries', -1)
-            move(f[3], 'executing', 'sent')
-          end
-          redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
-          n = n + 1
+  local cursor = ARGV[4 + p]
+  cursors[p] = cursor
+  if cursor ~= '' and budget > 0 then
+    local start = '-'
+    if cursor ~= '-' then start = '(' .. cursor end
+    local pending = redis.pcall('XPENDING', Q[p], GROUP, start, '+', budget, consumer)
+    if type(pending) ~= 'table' or pending.err then pending = {} end
+    for _, item in ipairs(pending) do
+      local e = item[1]
+      local entry = redis.call('XRANGE', Q[p], e, e)[1]
+      local id = entry and entry[2][2]
+      if id and not running[id] then
+        local k = jkey(id)
+        local f = redis.call('HMGET', k, 'status', 'owner', 'name')
+        if f[1] == 'executing' and f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':' then
+          redis.call('HSET', k, 'status', 'sent', 'owner', '')
+          redis.call('HINCRBY', k, 'tries', -1)
+          move(f[3], 'executing', 'sent')
         end
+        redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
+        n = n + 1
       end
     end
+    if #pending < budget then cursors[p] = '' else cursors[p] = pending[#pending][1] end
+    budget = budget - #pending
   end
 end
-return n
+return {n, cursors}
 """
 )

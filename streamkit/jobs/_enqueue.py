@@ -1,0 +1,53 @@
+"""Enqueueing on the Trio side: a plan's script calls, sent a few at a time.
+
+The plan (checking, encoding, placing and cutting into bounded calls) is
+:mod:`streamkit.jobs._plan`, shared with the blocking and asyncio clients.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._redis import LuaScript, call_once
+from . import _scripts
+
+if TYPE_CHECKING:
+    from ._handle import QueueLike
+    from ._layout import ShardKeys
+    from ._plan import EnqueuePlan
+
+__all__ = ["send_plan"]
+
+#: Enqueue script calls in flight at once: the server runs one while the next arrives.
+CALLS_IN_FLIGHT = 4
+
+_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
+
+
+async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:
+    """Send ``plan``'s enqueue script calls, a few at a time.
+
+    Error handling:
+        As :func:`~streamkit.call_once`: nothing is sent again blindly.
+    """
+    calls = list(plan.script_calls(queue.name))
+
+    async def send(keys: ShardKeys, args: tuple[Any, ...]) -> None:
+        await call_once(
+            _ENQUEUE, queue.redis, keys.keys, args, what=f"enqueueing jobs on {queue.name}"
+        )
+
+    if len(calls) == 1:
+        await send(*calls[0])
+        return
+    limiter = trio.CapacityLimiter(CALLS_IN_FLIGHT)
+
+    async def limited(keys: ShardKeys, args: tuple[Any, ...]) -> None:
+        async with limiter:
+            await send(keys, args)
+
+    async with trio.open_nursery() as nursery:
+        for keys, args in calls:
+            nursery.start_soon(limited, keys, args)

@@ -1,0 +1,286 @@
+"""Recording the outcomes of ended tries (fenced, batched per shard), settling the jobs
+that depend on the ended ones, and renewing the leases of the running ones.
+
+Both are fenced by the claim's token: a worker whose lease ran out (paused, cut off)
+records nothing, and the renewal that finds a job taken over or aborted cancels its try.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+from trio_util import AsyncValue
+
+from .._backoff import Backoff, retry_unavailable
+from .._errors import RedisUnavailable
+from .._meter import TIMING, JobMeter
+from .._periodic import next_tick
+from .._redis import LuaScript, retry_idempotent
+from .._wire import text
+from . import _scripts
+from ._batches import chunks
+from ._outcome import Failure, describe, label
+
+if TYPE_CHECKING:
+    from ._handle import QueueLike
+    from ._tries import Tries, Try
+
+__all__ = ["UNKNOWN_JOB", "Outbox", "Settler", "renew_leases", "settle_all"]
+
+log = logging.getLogger("streamkit.jobs")
+
+_FINISH = LuaScript(_scripts.FINISH_LUA)
+_RENEW = LuaScript(_scripts.RENEW_LUA)
+_SETTLE = LuaScript(_scripts.SETTLE_LUA)
+
+#: The outcomes of tries counted for streamkit.metrics, by the finish script's name
+#: for them (a try put back at a stop, "release", is not counted).
+_COUNTED_OUTCOMES = {"ok": "succeeded", "retry": "retried", "dead": "dead", "aborted": "aborted"}
+#: The job name counted for jobs of a name this worker does not know.
+UNKNOWN_JOB = "(unknown)"
+#: Outcomes per finish script call, at most.
+_FINISH_CHUNK = 100
+#: Leases per renewal script call, at most.
+_RENEW_CHUNK = 500
+#: Dependents settled per call of the settle script, at most.
+SETTLE_STEP = 200
+#: How the error of an outcome put in place of a refused one starts.
+_REFUSED = b'{"type":"OutcomeRefused"'
+
+
+@attrs.define(eq=False)
+class Outbox:
+    """The outcomes of ended tries, per shard, until a finish script records them.
+
+    Attributes:
+        flushed: counts the flushes that got their reply (a drain waits on it).
+    """
+
+    queue: QueueLike
+    tries: Tries
+    meter: JobMeter
+    settler: Settler
+    backoff: Backoff = attrs.field(factory=Backoff)
+    flushed: AsyncValue[int] = attrs.field(init=False, factory=lambda: AsyncValue(0))
+    # Per shard: [id, token, outcome, data, number] of each ended try not recorded yet.
+    _items: list[list[list[Any]]] = attrs.field(init=False)
+    _ready: list[trio.Event] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._items = [[] for _ in range(self.queue.shards)]
+        self._ready = [trio.Event() for _ in range(self.queue.shards)]
+
+    def put(self, current: Try, outcome: str, data: bytes | str, number: int) -> None:
+        """Record that ``current`` ended with ``outcome`` (see the finish script for
+        ``data`` and ``number``), as soon as the shard's finisher can."""
+        current.finished = True
+        counted = _COUNTED_OUTCOMES.get(outcome)
+        if counted is not None:
+            seconds = time.perf_counter() - current.started if TIMING.on else None
+            name = current.job.name if current.job is not None else UNKNOWN_JOB
+            self.meter.count(name, counted, seconds)
+        self._items[current.shard].append([current.id, current.token, outcome, data, number])
+        self._ready[current.shard].set()
+
+    def put_unheld(self, shard: int, job_id: bytes, token: str, outcome: str, data: bytes) -> None:
+        """Record an outcome of a job whose try this worker does not hold (its id is
+        not text)."""
+        self.meter.count(UNKNOWN_JOB, _COUNTED_OUTCOMES[outcome], None)
+        self._items[shard].append([job_id, token, outcome, data, 0])
+        self._ready[shard].set()
+
+    async def finisher(self, shard: int) -> None:
+        """Record ``shard``'s outcomes as they come, until cancelled."""
+        while True:
+            await self._ready[shard].wait()
+            # The outcomes stay in the outbox (and their leases renewed) while Redis
+            # cannot be reached.
+            await retry_unavailable(
+                functools.partial(self.flush, shard),
+                backoff=self.backoff,
+                give_up_after=None,
+                what="finishing jobs",
+            )
+
+    async def flush(self, shard: int) -> None:
+        """Record the outcomes of ended tries of ``shard``: fenced finish scripts of at
+        most ``_FINISH_CHUNK`` outcomes and about ``MAX_CALL_BYTES`` each.
+
+        An outcome that Redis refuses to record (too big for the server's limits, say)
+        ends its job dead with the error type ``OutcomeRefused`` instead, without
+        holding back the others.
+
+        Error handling:
+            On any other error or cancellation the outcomes not recorded go back to
+            the outbox, to be sent again: safe, since a finish that ran already is
+            refused (fenced) the second time.
+        """
+        batch = self._items[shard]
+        self._items[shard] = []
+        self._ready[shard] = trio.Event()
+        if not batch:
+            return
+        sizes = [len(item[0]) + len(item[1]) + len(item[3]) for item in batch]
+        for part in chunks(sizes, max_cost=_FINISH_CHUNK):
+            try:
+                await self._record(shard, batch[part.start : part.stop])
+            except BaseException:
+                self._items[shard][:0] = batch[part.start :]
+                self._ready[shard].set()
+                raise
+        self.flushed.value += 1
+
+    async def _finish(self, shard: int, items: list[list[Any]]) -> list[int]:
+        keys = self.queue.shard_keys[shard]
+        args: list[Any] = [keys.base, math.ceil(self.queue.lease_ttl * 1000)]
+        for item in items:
+            args.extend(item)
+        replies, unsettled = await retry_idempotent(
+            _FINISH, self.queue.redis, keys.keys, args, what="finishing jobs"
+        )
+        if unsettled:
+            self.settler.wake(shard)
+        return list(replies)
+
+    async def _record(self, shard: int, items: list[list[Any]]) -> None:
+        """Record ``items`` in one call or, if Redis refuses it, one by one."""
+        try:
+            reply = await self._finish(shard, items)
+        except RedisUnavailable:
+            raise
+        except Exception as exc:  # refused: the request, or a value in it
+            if len(items) == 1:
+                await self._refused(shard, items[0], exc)
+            else:
+                for item in items:
+                    await self._record(shard, [item])
+            return
+        for item, committed in zip(items, reply, strict=True):
+            self.tries.forget(item[0], item[1])
+            if not committed and item[2] != "release":
+                log.warning(
+                    "job %s: not recorded: another worker took it over (this worker's lease "
+                    "on it had run out)",
+                    item[0],
+                )
+
+    async def _refused(self, shard: int, item: list[Any], exc: Exception) -> None:
+        """Redis refused to record ``item``: end its job dead with a short error
+        instead (if it refuses that too, the job's lease runs out and another worker
+        takes it over)."""
+        job_id, token, outcome = item[0], item[1], item[2]
+        reason = describe(exc)
+        log.error("job %s: Redis refused to record its outcome (%s): %s", job_id, outcome, reason)
+        if outcome != "release" and not item[3].startswith(_REFUSED):
+            failure = Failure(
+                "OutcomeRefused",
+                f"Redis refused to record the outcome of its try ({outcome}): {reason}",
+            )
+            try:
+                await self._record(shard, [[job_id, token, "dead", failure.encode(), 0]])
+            except RedisUnavailable:
+                raise
+            except Exception as again:
+                log.error("job %s: Redis refused that too: %s", job_id, describe(again))
+            else:
+                return
+        self.tries.forget(job_id, token)
+
+
+@attrs.define(eq=False)
+class Settler:
+    """Settles the dependents of ended jobs that the scripts ending them left over
+    (each script settles a bounded number), one bounded call after another."""
+
+    queue: QueueLike
+    backoff: Backoff = attrs.field(factory=Backoff)
+    _wanted: list[trio.Event] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._wanted = [trio.Event() for _ in range(self.queue.shards)]
+
+    def wake(self, shard: int) -> None:
+        """A script reported dependents left to settle on ``shard``."""
+        self._wanted[shard].set()
+
+    async def settler(self, shard: int) -> None:
+        """Settle ``shard``'s dependents whenever some are left, until cancelled."""
+        while True:
+            await self._wanted[shard].wait()
+            self._wanted[shard] = trio.Event()
+            await retry_unavailable(
+                functools.partial(settle_all, self.queue, shard),
+                backoff=self.backoff,
+                give_up_after=None,
+                what="settling the jobs that depend on ended ones",
+            )
+
+
+async def settle_all(queue: QueueLike, shard: int) -> None:
+    """Settle every dependent of ended jobs on ``shard``, ``SETTLE_STEP`` per call."""
+    keys = queue.shard_keys[shard]
+    while await retry_idempotent(
+        _SETTLE,
+        queue.redis,
+        keys.keys,
+        (keys.base, SETTLE_STEP),
+        what="settling the jobs that depend on ended ones",
+    ):
+        pass
+
+
+async def renew_leases(queue: QueueLike, consumer: str, tries: Tries) -> None:
+    """Renew the leases of ``tries`` every ``min(lease_ttl / 3, 1 s)``, until cancelled."""
+    period = min(queue.lease_ttl / 3, 1.0)
+    start = trio.current_time()
+    while True:
+        await trio.sleep_until(next_tick(start, period, trio.current_time()))
+        try:
+            await renew(queue, consumer, tries)
+        except RedisUnavailable as exc:
+            log.warning("renewing job leases: %s", exc)
+        except trio.TooSlowError:
+            # Redis hung for a whole lease; the next renewal finds the jobs another
+            # worker took over meanwhile, and cancels their tries here.
+            log.warning("renewing job leases: no answer within %gs (lease_ttl)", queue.lease_ttl)
+
+
+async def renew(queue: QueueLike, consumer: str, tries: Tries) -> None:
+    """Renew the leases of ``tries`` once; cancel those taken over or aborted."""
+    per_shard: dict[int, list[Any]] = {}
+    for current in list(tries.running.values()):
+        per_shard.setdefault(current.shard, []).extend((current.id, current.token))
+    calls = [
+        (shard, flat[i : i + 2 * _RENEW_CHUNK])
+        for shard, flat in per_shard.items()
+        for i in range(0, len(flat), 2 * _RENEW_CHUNK)
+    ]
+    for shard, pairs in calls:
+        keys = queue.shard_keys[shard]
+        with trio.move_on_after(queue.lease_ttl / 2) as attempt:
+            lost, aborts = await retry_idempotent(
+                _RENEW,
+                queue.redis,
+                keys.keys,
+                (keys.base, consumer, *pairs),
+                what="renewing job leases",
+                give_up_after=queue.lease_ttl / 2,
+            )
+        if attempt.cancelled_caught:
+            log.warning("renewing job leases: no answer from Redis; retrying")
+            continue
+        for job_id in lost:
+            taken = tries.running.get(text(job_id))
+            if taken is not None and not taken.finished:
+                taken.take_over()
+        for job_id, reason in aborts:
+            aborted = tries.running.get(text(job_id))
+            if aborted is not None and not aborted.finished and aborted.abort_reason is None:
+                aborted.abort(label(reason))
+                log.info("job %s: aborted (%s)", aborted.id, aborted.abort_reason)

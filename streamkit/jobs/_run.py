@@ -1,0 +1,239 @@
+"""Running a try of a claimed job: decode its arguments, call its function in a cancel
+scope (an ``async def`` on the event loop, a plain ``def`` in a thread), and turn how it
+ended into an outcome for the outbox.
+
+The try runners, ``concurrency`` tasks, share the channel of claimed jobs; each runs
+one try at a time. :func:`progress` is what a running job calls to report.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import trio
+
+from .._errors import ConfigError, EncodeError
+from .._logs import log_context
+from .._redis import LuaScript, retry_idempotent
+from .._wire import text
+from . import _scripts
+from ._arguments import BadArguments, decode_arguments
+from ._model import dumps
+from ._outcome import MAX_MESSAGE, Failure, decide, describe, label
+from ._tries import Try
+
+if TYPE_CHECKING:
+    from ._claim import Claimed
+    from ._finish import Outbox
+    from ._handle import Job, QueueLike
+    from ._tries import Tries
+
+__all__ = ["TryRunner", "progress"]
+
+log = logging.getLogger("streamkit.jobs")
+
+_PROGRESS = LuaScript(_scripts.PROGRESS_LUA)
+
+#: The queue and the try of the job running in this task (see :func:`progress`).
+_current: contextvars.ContextVar[tuple[QueueLike, Try]] = contextvars.ContextVar("streamkit_job")
+
+
+async def progress(fraction: float, message: str = "") -> None:
+    """Report the progress of the running job: ``fraction`` from 0 to 1 and a message.
+
+    Shown by :meth:`JobHandle.info` and ``streamkit jobs show``. Fenced: a try that
+    was taken over by another worker reports nothing. The message is cut to its first
+    8,000 characters.
+
+    Error handling:
+        ``RuntimeError`` outside a job; :class:`~streamkit.ConfigError` for a fraction
+        outside 0..1.
+    """
+    try:
+        queue, current = _current.get()
+    except LookupError:
+        raise RuntimeError("progress() is called from inside a running job") from None
+    if not 0 <= fraction <= 1:
+        raise ConfigError("fraction", f"must be from 0 to 1, got {fraction!r}")
+    keys = queue.shard_keys[current.shard]
+    await retry_idempotent(
+        _PROGRESS,
+        queue.redis,
+        keys.keys,
+        (keys.base, current.id, current.token, orjson.dumps([fraction, message[:MAX_MESSAGE]])),
+        what="reporting progress",
+    )
+
+
+@attrs.define(eq=False)
+class TryRunner:
+    """Runs the tries of claimed jobs and puts their outcomes in the outbox."""
+
+    queue: QueueLike
+    jobs: dict[str, Job]
+    tries: Tries
+    outbox: Outbox
+    limiter: trio.CapacityLimiter
+
+    async def run(self, receive: trio.MemoryReceiveChannel[Claimed]) -> None:
+        """Run the tries of the jobs received, one at a time, until cancelled."""
+        async for shard, claimed in receive:
+            try:
+                # claimed: [job id, name, ...]; the job is in the log context of its try.
+                with log_context(job=label(claimed[1]), job_id=label(claimed[0])):
+                    try:
+                        await self.run_try(shard, claimed)
+                    except Exception as exc:
+                        self._crashed(claimed, exc)
+            finally:
+                self.tries.give_slot()
+
+    def _crashed(self, claimed: list[Any], exc: Exception) -> None:
+        """Running a try raised past the job's own function (a value nothing foresaw,
+        or a bug here): the try fails, the worker goes on."""
+        job_id = label(claimed[0])
+        log.error("job %s: running its try failed: %s", job_id, describe(exc), exc_info=exc)
+        current = self.tries.running.get(job_id)
+        if current is None or current.finished:
+            return  # not started: its lease runs out, and it is taken over
+        if current.job is None:
+            self.outbox.put(current, "dead", Failure.of(exc).encode(), 0)
+        else:
+            self._failed(current, current.job, int(claimed[3]), Failure.of(exc))
+
+    async def run_try(self, shard: int, claimed: list[Any]) -> None:
+        """Run one try of a claimed job, and put its outcome in the outbox."""
+        raw_args, tries, token = claimed[2], int(claimed[3]), text(claimed[4])
+        try:
+            job_id, name = text(claimed[0]), text(claimed[1])
+        except UnicodeDecodeError:
+            # Written by something other than streamkit: recorded under its own bytes.
+            log.error("job %s: its id or name is not UTF-8; it is dead", label(claimed[0]))
+            failure = Failure("BadInput", "its id or name is not UTF-8")
+            self.outbox.put_unheld(shard, claimed[0], token, "dead", failure.encode())
+            return
+        job = self.jobs.get(name)
+        current = Try(job_id, shard, token, job)
+        self.tries.start(current)
+        if job is None:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            log.error("job %s: no job named %r in this worker (it knows: %s)", job_id, name, known)
+            failure = Failure("BadInput", f"no job named {name!r} (known: {known})")
+            self.outbox.put(current, "dead", failure.encode(), 0)
+            return
+        try:
+            args, kwargs = decode_arguments(job, raw_args)
+        except BadArguments as exc:
+            log.error("job %s (%s): bad arguments: %s", job_id, name, exc)
+            failure = Failure("BadInput", f"bad arguments: {exc}")
+            self.outbox.put(current, "dead", failure.encode(), 0)
+            return
+        options = job.options
+        context = _current.set((self.queue, current))
+        try:
+            if options.timeout is not None:
+                current.scope.relative_deadline = options.timeout
+            with current.scope:
+                try:
+                    if job.is_async:
+                        result = await job.fn(*args, **kwargs)
+                    else:
+                        result = await trio.to_thread.run_sync(
+                            functools.partial(job.fn, *args, **kwargs),
+                            limiter=self.limiter,
+                            abandon_on_cancel=True,
+                        )
+                except Exception as exc:
+                    if current.taken_over:
+                        current.finished = True
+                        self.tries.forget(current.id, current.token)
+                        return
+                    unretried = None if isinstance(exc, job.options.retry_on) else "not in retry_on"
+                    self._failed(current, job, tries, Failure.of(exc, unretried=unretried), exc)
+                    return
+            if current.taken_over:
+                log.warning(
+                    "job %s (%s): taken over by another worker; its try here ended", job_id, name
+                )
+                current.finished = True
+                self.tries.forget(job_id, token)
+                return
+            if current.scope.cancelled_caught:
+                if current.abort_reason is not None:
+                    failure = Failure("Aborted", current.abort_reason)
+                    self.outbox.put(current, "aborted", failure.encode(), 0)
+                else:
+                    why = f"timed out after {options.timeout:g}s"
+                    self._failed(current, job, tries, Failure("Timeout", why))
+                return
+            if options.keep_result:
+                try:
+                    data = self._encode_result(name, result)
+                except EncodeError as exc:
+                    log.error("job %s (%s): %s; it is dead", job_id, name, exc)
+                    self.outbox.put(current, "dead", Failure("EncodeError", str(exc)).encode(), 0)
+                    return
+                self.outbox.put(current, "ok", data, 1)
+            else:
+                self.outbox.put(current, "ok", b"", 0)
+        finally:
+            _current.reset(context)
+
+    def _encode_result(self, name: str, result: Any) -> bytes:
+        """The JSON of a job's result, if the queue's ``max_bytes`` allows it.
+
+        Error handling:
+            :class:`EncodeError` if it does not encode, or is too big.
+        """
+        data = dumps(result, f"the result of job {name}")
+        if len(data) > self.queue.max_bytes:
+            raise EncodeError(
+                f"the result of job {name}: {len(data):,} bytes encoded, over the queue's "
+                f"limit of {self.queue.max_bytes:,} (max_bytes)"
+            )
+        return data
+
+    def _failed(
+        self,
+        current: Try,
+        job: Job,
+        tries: int,
+        failure: Failure,
+        exc: BaseException | None = None,
+    ) -> None:
+        """Record a failed try, retried or dead by :func:`decide`, and log it once: a
+        warning if it is retried, an error if the job is dead; with the traceback of
+        ``exc``."""
+        verdict = decide(job.options, tries, failure, random.random())
+        max_tries = job.options.retries + 1
+        if verdict.outcome == "retry":
+            log.warning(
+                "job %s (%s) failed on try %d of %d (%s); retrying in %gs",
+                current.id,
+                job.name,
+                tries,
+                max_tries,
+                failure.why,
+                verdict.delay_ms / 1000,
+                exc_info=exc,
+            )
+            self.outbox.put(current, "retry", failure.encode(), verdict.delay_ms)
+        else:
+            unretried = "" if failure.unretried is None else f", not retried ({failure.unretried})"
+            log.error(
+                "job %s (%s) failed on try %d of %d (%s)%s; it is dead",
+                current.id,
+                job.name,
+                tries,
+                max_tries,
+                failure.why,
+                unretried,
+                exc_info=exc,
+            )
+            self.outbox.put(current, "dead", failure.encode(), 0)

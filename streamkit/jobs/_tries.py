@@ -1,0 +1,124 @@
+"""The tries a job worker holds: each running try by job id, and the worker's free slots.
+
+Claiming takes slots, a try's end gives its slot back; the renewer cancels tries that
+were aborted or taken over; finishing forgets a try once its outcome is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import attrs
+import orjson
+import trio
+from trio_util import AsyncValue
+
+if TYPE_CHECKING:
+    from ._handle import Job
+
+__all__ = ["Tries", "Try"]
+
+
+@attrs.define(eq=False)
+class Try:
+    """One running try of a job.
+
+    Attributes:
+        id: the job's id.
+        shard: the queue shard the job lives on.
+        token: the claim's token (``consumer:try``): what fences its outcome.
+        job: the declared job it runs, ``None`` for a name this worker does not know.
+        scope: the cancel scope the job's function runs in.
+        abort_reason: set when the job was aborted while this try ran.
+        taken_over: set when another worker took the job over.
+        finished: set once its outcome is decided (it may not be recorded yet).
+        started: ``time.perf_counter()`` when it started, for its duration.
+    """
+
+    id: str
+    shard: int
+    token: str
+    job: Job | None
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    abort_reason: str | None = None
+    taken_over: bool = False
+    finished: bool = False
+    started: float = attrs.field(factory=time.perf_counter)
+
+    def take_over(self) -> None:
+        """Another worker runs the job now: cancel this try, recording nothing."""
+        self.taken_over = True
+        self.scope.cancel(reason=f"job {self.id} taken over by another worker")
+
+    def abort(self, reason: str) -> None:
+        """The job was aborted: cancel this try, which ends ``aborted``."""
+        self.abort_reason = reason
+        self.scope.cancel(reason=f"job aborted: {reason}")
+
+
+@attrs.define(eq=False)
+class Tries:
+    """The tries a worker holds: claimed and not over, at most ``concurrency``.
+
+    Attributes:
+        concurrency: jobs the worker runs at once.
+        running: the tries started and not recorded yet, by job id.
+        free: slots for jobs not taken: ``concurrency`` minus the jobs claimed and
+            not over (a claimed job takes its slot before its try starts).
+    """
+
+    concurrency: int
+    running: dict[str, Try] = attrs.field(factory=dict)
+    free: AsyncValue[int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.free = AsyncValue(self.concurrency)
+
+    @property
+    def held(self) -> int:
+        """Jobs claimed and not over."""
+        return self.concurrency - int(self.free.value)
+
+    def take_slot(self) -> None:
+        """A job was claimed: it holds a slot until its try ends."""
+        self.free.value -= 1
+
+    def give_slot(self) -> None:
+        """A try ended: its slot is free again."""
+        self.free.value += 1
+
+    async def wait_free(self) -> None:
+        """Wait until a slot is free."""
+        if self.free.value <= 0:
+            await self.free.wait_value(lambda free: free > 0)
+            # Let the other tries that end in this same moment free their slots too,
+            # so that one claim fetches them all.
+            await trio.lowlevel.checkpoint()
+
+    async def wait_all_free(self) -> None:
+        """Wait until every claimed job's try has ended."""
+        await self.free.wait_value(self.concurrency)
+
+    def start(self, current: Try) -> None:
+        """Hold ``current``; a try of the same job still held here was taken over
+        (unnoticed yet) and is cancelled: the job is this try's now."""
+        stale = self.running.get(current.id)
+        if stale is not None and not stale.finished:
+            stale.take_over()
+        self.running[current.id] = current
+
+    def forget(self, job_id: str, token: str) -> None:
+        """Drop the try of ``job_id`` with ``token`` (not a newer try of the same job
+        that this worker claimed again meanwhile)."""
+        current = self.running.get(job_id)
+        if current is not None and current.token == token:
+            del self.running[job_id]
+
+    def on_shard(self, shard: int) -> list[Try]:
+        """The tries of jobs on ``shard``."""
+        return [t for t in self.running.values() if t.shard == shard]
+
+    def tokens(self, shard: int) -> bytes:
+        """The tries held on ``shard``, as JSON: job id -> token."""
+        return orjson.dumps({t.id: t.token for t in self.on_shard(shard)})
