@@ -136,9 +136,9 @@ async def enqueue_raw(queue: JobQueue, name: str, job_id: str, args: bytes) -> J
     streamkit, or a hostile one): what the enqueue script records, unchecked."""
     handle = queue.handle(job_id)
     keys = queue.shard_keys[handle.shard]
-    # base, name, priority, delay, max tries, result ttl, dedupe window, expires; then
-    # per job id, args, options
-    argv = (keys.base, name, 1, 0, 4, 3600, 3600, 0, job_id, args, b"")
+    # base, name, priority, delay, max tries, result ttl, dedupe window, expires,
+    # limits; then per job id, args, options
+    argv = (keys.base, name, 1, 0, 4, 3600, 3600, 0, "", job_id, args, b"")
     await call_once(_ENQUEUE, queue.redis, keys.keys, argv, what="enqueueing raw")
     return handle
 
@@ -287,7 +287,7 @@ async def test_ids_names_and_abort_reasons_that_are_not_utf8_stop_no_worker(
     bad_id, bad_name = b"\xff\xfe-id", b"t\xffke"
     bad_key = keys.base.encode() + b":job:" + bad_id
     for job_id, name in [(bad_id, b"take"), (b"bad-name", bad_name)]:
-        argv = (keys.base, name, 1, 0, 4, 3600, 3600, 0, job_id, b"[[1], {}]", b"")
+        argv = (keys.base, name, 1, 0, 4, 3600, 3600, 0, "", job_id, b"[[1], {}]", b"")
         await call_once(_ENQUEUE, queue.redis, keys.keys, argv, what="enqueueing raw")
     async with serving(queue):
 

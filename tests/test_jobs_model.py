@@ -28,6 +28,7 @@ def test_statuses_are_the_strings_stored_in_redis() -> None:
     assert [s.value for s in JobStatus] == [
         "scheduled",
         "waiting",
+        "held",
         "sent",
         "executing",
         "retry",

@@ -12,8 +12,10 @@ from .._errors import (
     ResultNotKept as ResultNotKept,
 )
 from .._public import fix_module_metadata as _fix_module_metadata
+from ._context import JobContext as JobContext, Middleware as Middleware, current_job as current_job
 from ._handle import Job as Job, JobHandle as JobHandle
 from ._inspect import QueueCounts as QueueCounts
+from ._limits import RateLimit as RateLimit
 from ._model import (
     JobCall as JobCall,
     JobErrorInfo as JobErrorInfo,
@@ -24,6 +26,7 @@ from ._model import (
     Priority as Priority,
     Schedule as Schedule,
 )
+from ._outcome import Retry as Retry
 from ._queue import JobQueue as JobQueue, open_job_queue as open_job_queue
 from ._run import progress as progress
 from ._serve import JobWorker as JobWorker
@@ -31,6 +34,7 @@ from ._serve import JobWorker as JobWorker
 __all__ = [
     "Job",
     "JobCall",
+    "JobContext",
     "JobError",
     "JobErrorInfo",
     "JobFailed",
@@ -42,10 +46,14 @@ __all__ = [
     "JobStatus",
     "JobTry",
     "JobWorker",
+    "Middleware",
     "Priority",
     "QueueCounts",
+    "RateLimit",
     "ResultNotKept",
+    "Retry",
     "Schedule",
+    "current_job",
     "open_job_queue",
     "progress",
 ]

@@ -51,7 +51,7 @@ _BLOCK = 2.0
 _MAX_CLAIM = 200
 
 #: A claimed job, as the claim script returns it, with its shard:
-#: ``(shard, [id, name, args, tries, token, priority])``.
+#: ``(shard, [id, name, args, tries, token, priority, enqueued_ms, headers])``.
 Claimed = tuple[int, list[Any]]
 
 
@@ -157,7 +157,7 @@ class Claimer:
             if reply is None:
                 continue  # the consumer group was created again
             delivered = []
-            claimed, next_due, server_now, unsettled = reply
+            claimed, next_due, server_now, unsettled, paused = reply
             if unsettled:
                 self.unsettled(shard)
             if shard in self._orphans:
@@ -175,6 +175,10 @@ class Claimer:
                 wait = min(wait, (next_due - server_now) / 1000)
             wait = min(wait, _BLOCK)
             if wait <= 0.001:
+                continue
+            if paused:
+                # The whole queue is paused: look again shortly, reading nothing.
+                await trio.sleep(min(wait, RECLAIM_INTERVAL))
                 continue
             try:
                 delivered = await self._wait_for_jobs(shard, want, wait)

@@ -23,27 +23,45 @@ log = logging.getLogger("streamkit.jobs")
 
 
 async def drain(claimer: Claimer, tries: Tries, outbox: Outbox, grace: float | None) -> bool:
-    """Stop claiming, and wait up to ``grace`` seconds (``None``: as long as it takes)
-    for the running tries to end and their outcomes to be recorded.
+    """Stop claiming, and wait for the running tries to end and their outcomes to be
+    recorded: each up to its job's own ``grace`` if it declares one, else up to
+    ``grace`` seconds (``None``: as long as it takes). A try whose grace runs out is
+    cancelled and put back on the queue without spending a try.
 
     Returns:
-        whether every running job ended within ``grace``.
+        whether every running job ended within its grace.
     """
     if not claimer.stopped:
         log.info("draining: taking no more jobs; %d running", tries.held)
     claimer.stop("draining the job worker")
-    with trio.move_on_after(math.inf if grace is None else grace):
-        await tries.wait_all_free()
-        # Every try has ended; wait for their outcomes to be recorded (by the
-        # finishers, or here).
-        while tries.running:
-            for shard in range(outbox.queue.shards):
-                await outbox.flush(shard)
-            if tries.running:
-                await outbox.flushed.wait_transition()
-        return True
-    log.info("draining: %d jobs still running after %gs", tries.held, grace)
-    return False
+    began = trio.current_time()
+    default = math.inf if grace is None else grace
+    stopped = 0
+    while True:
+        now = trio.current_time()
+        next_deadline = math.inf
+        for current in list(tries.running.values()):
+            if current.finished or current.stopping:
+                continue
+            own = current.job.options.grace if current.job is not None else None
+            deadline = began + (default if own is None else own)
+            if deadline <= now:
+                current.stop()
+                stopped += 1
+            else:
+                next_deadline = min(next_deadline, deadline)
+        with trio.move_on_at(next_deadline):
+            await tries.wait_all_free()
+            # Every try has ended; wait for their outcomes to be recorded (by the
+            # finishers, or here).
+            while tries.running:
+                for shard in range(outbox.queue.shards):
+                    await outbox.flush(shard)
+                if tries.running:
+                    await outbox.flushed.wait_transition()
+            if stopped:
+                log.info("draining: %d jobs put back when their grace ran out", stopped)
+            return not stopped
 
 
 async def put_back(queue: QueueLike, consumer: str, tries: Tries, outbox: Outbox) -> None:

@@ -25,9 +25,11 @@ from ._replies import decode_history, decode_info, info_reply, outcome, status_r
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
+    from contextlib import AbstractAsyncContextManager
     from datetime import datetime
 
     from .._redis import Redis
+    from ._context import Middleware
     from ._layout import ShardKeys
 
 __all__ = ["Job", "JobHandle", "QueueLike", "decode_history", "decode_info", "outcome"]
@@ -44,6 +46,8 @@ class QueueLike(Protocol):
     max_bytes: int
     shard_keys: list[ShardKeys]
     jobs: dict[str, Job]
+    middleware: list[Middleware]
+    lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None
 
     def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle: ...
 
@@ -189,6 +193,11 @@ class Job:
         self.is_async = inspect.iscoroutinefunction(self.fn)
         if inspect.isasyncgenfunction(self.fn) or inspect.isgeneratorfunction(self.fn):
             raise ConfigError(self.name, "a job must be a function, not a generator")
+        key = self.options.limit_key
+        if isinstance(key, str) and key not in self.signature.parameters:
+            raise ConfigError(
+                "limit_key", f"job {self.name} has no parameter {key!r} to take its limit key from"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -202,6 +211,13 @@ class Job:
             self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"job {self.name}: {exc}") from None
+
+    def bind_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The arguments by parameter name, defaults applied (``TypeError`` if the
+        function does not accept them)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments
 
     async def delay(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Enqueue the job with these arguments, with its declared options.

@@ -50,9 +50,10 @@ class QueueCounts:
         succeeded: jobs that succeeded (a running total).
         aborted: jobs aborted (a running total).
         expired: jobs expired (a running total).
-        pending: jobs not over yet (sent, scheduled, waiting, running or retrying),
-            each counted once.
+        pending: jobs not over yet (sent, scheduled, waiting, held, running or
+            retrying), each counted once.
         by_name: the same counts per job name: name -> status -> count.
+        held: jobs held back by a rate limit, a concurrency limit or a pause.
     """
 
     queued: dict[str, int]
@@ -66,6 +67,7 @@ class QueueCounts:
     expired: int
     pending: int
     by_name: dict[str, dict[str, int]]
+    held: int = 0
 
 
 async def count_jobs(queue: QueueLike) -> QueueCounts:
@@ -112,9 +114,10 @@ async def count_jobs(queue: QueueLike) -> QueueCounts:
         expired=totals.get("expired", 0),
         pending=sum(
             totals.get(status, 0)
-            for status in ("sent", "scheduled", "waiting", "executing", "retry")
+            for status in ("sent", "scheduled", "waiting", "held", "executing", "retry")
         ),
         by_name={n: s for n, s in sorted(by_name.items()) if any(s.values())},
+        held=totals.get("held", 0),
     )
 
 

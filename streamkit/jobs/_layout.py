@@ -84,6 +84,11 @@ class ShardKeys:
     def counts(self) -> str:
         return self.keys[6]
 
+    @property
+    def control(self) -> str:
+        """The paused job names (a hash; ``*`` for the whole queue)."""
+        return f"{self.base}:ctl"
+
     def job(self, job_id: str) -> str:
         """The hash of job ``job_id``."""
         return f"{self.base}:job:{job_id}"

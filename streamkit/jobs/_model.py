@@ -14,10 +14,12 @@ from .._backoff import Backoff
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, EncodeError
 from .._json_converter import converter
+from .._keys import validate_name
 from .._validate import non_negative_int, positive_int, positive_number
+from ._limits import RateLimit, limit_spec, rate_limit as _as_rate_limit
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 
 __all__ = [
@@ -95,11 +97,13 @@ class JobStatus(enum.StrEnum):
     ``SENT -> EXECUTING -> SUCCESS`` is the happy path; a failed try goes to
     ``RETRY`` (waiting for its next try) or, when its tries ran out, to ``DEAD`` (the
     dead-letter queue). ``SCHEDULED`` jobs wait for their time, ``WAITING`` jobs for
-    the jobs they depend on. ``ABORTED`` and ``EXPIRED`` jobs never finished.
+    the jobs they depend on, ``HELD`` jobs for a rate limit, a concurrency limit or
+    the end of a pause. ``ABORTED`` and ``EXPIRED`` jobs never finished.
     """
 
     SCHEDULED = "scheduled"
     WAITING = "waiting"
+    HELD = "held"
     SENT = "sent"
     EXECUTING = "executing"
     RETRY = "retry"
@@ -186,6 +190,10 @@ class JobInfo:
         lost: times a worker died while running it.
         history: its tries, oldest first: the newest 2 KB or so of them (about 20
             tries) are kept in its record.
+        held_by: what holds a ``held`` job back: a rate limit, a concurrency limit
+            or a pause, e.g. ``"concurrency 1 of sync_account:acct-7"``.
+        limit_key: its limit key, for a job with limits per key.
+        headers: the headers it was enqueued with (trace context among them).
     """
 
     id: str
@@ -208,6 +216,9 @@ class JobInfo:
     progress_message: str | None
     lost: int
     history: tuple[JobTry, ...] = ()
+    held_by: str | None = None
+    limit_key: str | None = None
+    headers: dict[str, str] = attrs.field(factory=dict)
 
 
 When = timedelta | float | int
@@ -231,6 +242,8 @@ class JobCall:
         priority: overrides the job's priority.
         expires: give up unless started within this long (or by this time).
         after: jobs that must succeed first.
+        headers: text values carried to the job (its :class:`JobContext`), such as
+            trace context.
     """
 
     args: tuple[Any, ...] = ()
@@ -243,6 +256,7 @@ class JobCall:
     )
     expires: When | datetime | None = None
     after: Sequence[JobRef | str] = ()
+    headers: Mapping[str, str] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -283,3 +297,39 @@ class JobOptions:
     dedupe_window: int = attrs.field(
         default=int(DEFAULT_DEDUPE_WINDOW), converter=math.ceil, validator=positive_int
     )
+    rate_limit: RateLimit | None = attrs.field(default=None, converter=_as_rate_limit)
+    concurrency: int | None = attrs.field(default=None, validator=positive_int.or_none())
+    limit_key: str | Callable[..., Any] | None = attrs.field(default=None)
+    key_rate_limit: RateLimit | None = attrs.field(default=None, converter=_as_rate_limit)
+    key_concurrency: int | None = attrs.field(default=None, validator=positive_int.or_none())
+    queue: str | None = attrs.field(default=None)
+    grace: float | None = attrs.field(default=None, validator=positive_number.or_none())
+    #: The job record's ``lim`` field (see :func:`~streamkit.jobs._limits.limit_spec`).
+    limits: str = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        keyed = self.key_rate_limit is not None or self.key_concurrency is not None
+        if keyed and self.limit_key is None:
+            raise ConfigError("limit_key", "key_rate_limit and key_concurrency need a limit_key")
+        if self.limit_key is not None and not keyed:
+            raise ConfigError("limit_key", "needs key_rate_limit or key_concurrency")
+        if self.limit_key is not None and not (
+            isinstance(self.limit_key, str) or callable(self.limit_key)
+        ):
+            raise ConfigError(
+                "limit_key", f"must be a parameter name or a function, got {self.limit_key!r}"
+            )
+        if self.queue is not None:
+            validate_name("queue", self.queue)
+        object.__setattr__(
+            self,
+            "limits",
+            limit_spec(
+                self.rate_limit, self.concurrency, self.key_rate_limit, self.key_concurrency
+            ),
+        )
+
+    @property
+    def limited_by_name(self) -> bool:
+        """Whether a limit of the job's name applies (its jobs then share one shard)."""
+        return self.rate_limit is not None or self.concurrency is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -21,6 +22,7 @@ __all__ = [
     "MAX_MESSAGE",
     "MAX_TRACEBACK",
     "Failure",
+    "Retry",
     "Verdict",
     "decide",
     "describe",
@@ -88,6 +90,26 @@ def _cut_traceback(value: str) -> str:
     return _tail(value, MAX_TRACEBACK)
 
 
+class Retry(Exception):
+    """Raised by a job to be tried again after ``delay`` (seconds or a ``timedelta``;
+    ``None``: its backoff's delay), whatever its ``retry_on``.
+
+    The try counts as a failed one: with no try left, the job ends dead.
+
+    Attributes:
+        delay: seconds before the next try, or ``None`` for the job's backoff.
+    """
+
+    def __init__(self, delay: float | timedelta | None = None, message: str = "") -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if seconds is not None and not (
+            isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0
+        ):
+            raise ValueError(f"Retry(delay=...) must be seconds from 0 up, got {delay!r}")
+        self.delay: float | None = seconds
+        super().__init__(message or (f"retry in {seconds:g}s" if seconds is not None else "retry"))
+
+
 @attrs.frozen
 class Failure:
     """Why a try failed, as its job's record keeps it.
@@ -99,16 +121,23 @@ class Failure:
         traceback: the formatted traceback, "" if there is none.
         unretried: why it is never retried, whatever tries are left (``None``: it is
             retried while tries are left).
+        delay_ms: the delay before the next try that the job asked for (``raise
+            Retry(delay=...)``), instead of its backoff's; ``None`` if it did not.
     """
 
     type: str = attrs.field(converter=_cut_type)
     message: str = attrs.field(converter=_cut_message)
     traceback: str = attrs.field(default="", converter=_cut_traceback)
     unretried: str | None = None
+    delay_ms: int | None = None
 
     @classmethod
     def of(cls, exc: BaseException, *, unretried: str | None = None) -> Failure:
-        """The failure of a try that raised ``exc``."""
+        """The failure of a try that raised ``exc`` (a :class:`Retry` is retried
+        whatever ``unretried`` says, after the delay it asks for)."""
+        if isinstance(exc, Retry):
+            delay = None if exc.delay is None else max(0, math.ceil(exc.delay * 1000))
+            return cls("Retry", safe_str(exc), "", None, delay)
         try:
             formatted = "".join(traceback.format_exception(exc))
         except Exception:  # a traceback is a courtesy: never a reason to fail
@@ -158,10 +187,13 @@ def decide(options: JobOptions, tries: int, failure: Failure | None, draw: float
         draw: a random number from 0 to 1, for the retry delay's jitter.
 
     A failed try is retried while tries are left (``retries + 1`` in all), unless
-    its failure is never retried (``unretried``); otherwise the job is dead.
+    its failure is never retried (``unretried``); otherwise the job is dead. The delay
+    is the one the job asked for (``raise Retry(delay=...)``), else the backoff's.
     """
     if failure is None:
         return Verdict("ok")
     if failure.unretried is None and tries < options.retries + 1:
+        if failure.delay_ms is not None:
+            return Verdict("retry", failure.delay_ms)
         return Verdict("retry", retry_delay(options.backoff, tries, draw))
     return Verdict("dead")

@@ -22,7 +22,9 @@ from .._errors import ConfigError, EncodeError
 from .._validate import positive_number
 from ._batches import chunks
 from ._layout import ShardKeys, shard_for
+from ._limits import limit_key_of, limit_shard
 from ._model import MAX_AFTER, PRIORITIES, JobCall, JobOptions, JobRef, Priority, When, dumps
+from ._trace import inject_trace
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -50,6 +52,10 @@ class JobLike(Protocol):
     def options(self) -> JobOptions: ...
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
+
+    def bind_arguments(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Mapping[str, Any]: ...
 
 
 # Bumped in a forked child: id makers of the parent draw a new prefix there, so that
@@ -118,9 +124,29 @@ def _at_ms(value: datetime | None, name: str) -> int:
     return math.ceil(value.timestamp() * 1000)
 
 
-def _options(call: JobCall, after: list[str]) -> bytes:
+def _headers(given: Mapping[str, str] | None, trace: dict[str, str]) -> bytes | None:
+    """A job's headers as stored (JSON text), the call's own over the trace context;
+    ``None`` for none.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` unless they are text keys and text values.
+    """
+    if not given:
+        return orjson.dumps(trace) if trace else None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in given.items()):
+        raise ConfigError("headers", f"must map text to text, got {dict(given)!r}")
+    return orjson.dumps({**trace, **given})
+
+
+def _options(
+    call: JobCall, after: list[str], key: str | None = None, headers: bytes | None = None
+) -> bytes:
     """The per-job options field of the enqueue script: "" when there are none."""
     opts: dict[str, Any] = {}
+    if key is not None:
+        opts["k"] = key
+    if headers is not None:
+        opts["h"] = headers.decode()
     if call.priority is not None:
         opts["p"] = PRIORITIES[call.priority]
     if call.delay is not None:
@@ -141,29 +167,42 @@ def _options(call: JobCall, after: list[str]) -> bytes:
 
 
 def _place(
-    call: JobCall, after: list[tuple[str, int]], shards: int, new_id: Callable[[], str]
+    call: JobCall,
+    after: list[tuple[str, int]],
+    shards: int,
+    new_id: Callable[[], str],
+    home: int | None = None,
 ) -> tuple[str, int]:
     """The id and shard of a new job: the shard its id maps to, which for a job with
-    dependencies must be theirs (a generated id is drawn until it fits)."""
+    limits must be its limits' (``home``), and for a job with dependencies theirs (a
+    generated id is drawn until it fits)."""
     if call.job_id is not None and (not isinstance(call.job_id, str) or not call.job_id):
         raise ConfigError("job_id", f"must be a non-empty string, got {call.job_id!r}")
-    if not after or shards == 1:
+    if (not after and home is None) or shards == 1:
         job_id = call.job_id if call.job_id is not None else new_id()
         return job_id, shard_for(job_id, shards)
     on = {shard for _, shard in after}
-    if len(on) > 1:
-        raise ConfigError("after", "the jobs a job depends on must be on one shard")
-    shard = on.pop()
+    if home is not None:
+        shard, why = home, "its limits live on"
+        if on - {home}:
+            raise ConfigError(
+                "after",
+                f"the jobs it depends on are on shards {sorted(on)} but its limits live "
+                f"on shard {home}: dependencies need one shard",
+            )
+    else:
+        if len(on) > 1:
+            raise ConfigError("after", "the jobs a job depends on must be on one shard")
+        shard, why = on.pop(), "the jobs it depends on are on"
     if call.job_id is None:
         while shard_for(job_id := new_id(), shards) != shard:
             pass
         return job_id, shard
     if shard_for(call.job_id, shards) != shard:
         raise ConfigError(
-            "after",
+            "job_id",
             f"job id {call.job_id!r} maps to shard {shard_for(call.job_id, shards)} "
-            f"but the jobs it depends on are on shard {shard}: dependencies need one "
-            "shard; leave job_id out, or pick one on their shard",
+            f"but {why} shard {shard}: leave job_id out, or pick one on that shard",
         )
     return call.job_id, shard
 
@@ -181,7 +220,7 @@ class EnqueuePlan:
     Attributes:
         placed: per call, in order, the job's ``(id, shard)``.
         defaults: the script's per-call arguments after the shard's key base (name,
-            default priority, delay, tries, result ttl, dedupe window, expiry).
+            default priority, delay, tries, result ttl, dedupe window, expiry, limits).
         per_shard: per shard, the jobs' fields: id, arguments, options, id, ...
         costs: per shard where some job names dependencies, each job's cost in a call
             (1 plus the jobs it depends on).
@@ -249,26 +288,43 @@ def plan_enqueue(
     costs: dict[int, list[int]] = {}
     name = job.name
     check = job.check_arguments
+    # The enqueuer's trace context, once for the whole plan (it is the same for every
+    # call); and the shard of jobs whose name's limits bind them to one.
+    trace = inject_trace()
+    keyed = options.limit_key
+    home = limit_shard(name, None, options.limited_by_name, shards)
+    simple = not trace and keyed is None and home is None
     single = per_shard.setdefault(0, []) if shards == 1 else None
     for item in calls:
         after: list[tuple[str, int]] = []
-        if isinstance(item, tuple):
+        if isinstance(item, tuple) and simple:
             check(item, {})
             job_id = new_id()
             args = encode_arguments(name, item, {}, max_bytes)
             opts = b""
             shard = 0 if shards == 1 else shard_for(job_id, shards)
         else:
-            call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
+            if isinstance(item, tuple):
+                call = JobCall(args=item)
+            else:
+                call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
             check(call.args, call.kwargs)
             if len(call.after) > MAX_AFTER:
                 raise ConfigError(
                     "after", f"a job depends on at most {MAX_AFTER} jobs, got {len(call.after)}"
                 )
+            key = None
+            if keyed is not None:
+                key = limit_key_of(name, keyed, job.bind_arguments, call.args, call.kwargs)
             after = [_ref(ref, shards) for ref in call.after]
-            job_id, shard = _place(call, after, shards, new_id)
+            shard_home = (
+                home if home is not None or key is None else (limit_shard(name, key, False, shards))
+            )
+            job_id, shard = _place(call, after, shards, new_id, shard_home)
             args = encode_arguments(name, call.args, call.kwargs, max_bytes)
-            opts = _options(call, [ref_id for ref_id, _ in after])
+            opts = _options(
+                call, [ref_id for ref_id, _ in after], key, _headers(call.headers, trace)
+            )
         fields = single if single is not None else per_shard.setdefault(shard, [])
         if after or shard in costs:
             # From the first job with dependencies on, every job of the shard has a
@@ -286,5 +342,6 @@ def plan_enqueue(
         math.ceil(options.result_ttl),
         options.dedupe_window,
         -_ms(expires, "expires") if expires is not None else 0,
+        options.limits,
     )
     return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f}, costs)

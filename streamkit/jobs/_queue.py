@@ -13,6 +13,7 @@ import trio
 
 from .._backoff import Backoff
 from .._errors import ConfigError, JobNotFound, RedisUnavailable
+from .._keys import validate_name
 from .._nurseries import open_service_nursery
 from .._redis import (
     LuaScript,
@@ -48,6 +49,10 @@ from ._serve import Handlers, JobWorker, serve_jobs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+    from contextlib import AbstractAsyncContextManager
+
+    from ._context import Middleware
+    from ._limits import RateLimit
 
 __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
 
@@ -61,6 +66,7 @@ DEFAULT_LEASE_TTL = 5.0
 DEFAULT_MAX_DELIVERIES = 3
 _ABORT = LuaScript(_scripts.ABORT_LUA)
 _WATCH = LuaScript(_scripts.WATCH_LUA)
+_CONTROL = LuaScript(_scripts.CONTROL_LUA)
 
 
 @attrs.define(eq=False)
@@ -134,6 +140,10 @@ class JobQueue:
     max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
     max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
     jobs: dict[str, Job] = attrs.field(factory=dict)
+    #: Run around each try of its jobs, outermost first (see :meth:`add_middleware`).
+    middleware: list[Middleware] = attrs.field(factory=list)
+    #: Entered by each worker around its serving (see :meth:`set_lifespan`).
+    lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None = None
     shard_keys: list[ShardKeys] = attrs.field(init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _waiters: list[_Waiters] = attrs.field(init=False)
@@ -161,6 +171,12 @@ class JobQueue:
         keep_result: bool = True,
         expires: float | None = None,
         dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+        rate_limit: RateLimit | str | None = None,
+        concurrency: int | None = None,
+        limit_key: str | Callable[..., Any] | None = None,
+        key_rate_limit: RateLimit | str | None = None,
+        key_concurrency: int | None = None,
+        grace: float | None = None,
     ) -> Job: ...
 
     @overload
@@ -178,6 +194,12 @@ class JobQueue:
         keep_result: bool = True,
         expires: float | None = None,
         dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+        rate_limit: RateLimit | str | None = None,
+        concurrency: int | None = None,
+        limit_key: str | Callable[..., Any] | None = None,
+        key_rate_limit: RateLimit | str | None = None,
+        key_concurrency: int | None = None,
+        grace: float | None = None,
     ) -> Callable[[Callable[..., Any]], Job]: ...
 
     def job(
@@ -194,6 +216,12 @@ class JobQueue:
         keep_result: bool = True,
         expires: float | None = None,
         dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+        rate_limit: RateLimit | str | None = None,
+        concurrency: int | None = None,
+        limit_key: str | Callable[..., Any] | None = None,
+        key_rate_limit: RateLimit | str | None = None,
+        key_concurrency: int | None = None,
+        grace: float | None = None,
     ) -> Job | Callable[[Callable[..., Any]], Job]:
         """Declare ``fn`` (``async def`` or plain ``def``) as a job of this queue.
 
@@ -214,6 +242,17 @@ class JobQueue:
             expires: seconds after enqueueing after which it ends ``expired``
                 unless it started.
             dedupe_window: seconds during which ``job_id=`` dedupes enqueues.
+            rate_limit: at most this many tries of the job start in any window, across
+                every worker: a :class:`RateLimit` or a string such as ``"10/s"``.
+            concurrency: at most this many of its jobs run at once, across every worker.
+            limit_key: the key of per-key limits: the name of one of its parameters
+                (the argument's value is the key), or a function called with its
+                arguments that returns the key (a string or an integer).
+            key_rate_limit: as ``rate_limit``, per limit key.
+            key_concurrency: as ``concurrency``, per limit key.
+            grace: seconds a running job of this kind may take to end when its worker
+                stops gracefully, instead of the worker's grace period (longer, say,
+                for a job that should finish during a deploy).
 
         Returns:
             the :class:`Job`, which is still callable as the plain function.
@@ -228,6 +267,12 @@ class JobQueue:
             keep_result=keep_result,
             expires=expires,
             dedupe_window=math.ceil(dedupe_window),
+            rate_limit=rate_limit,
+            concurrency=concurrency,
+            limit_key=limit_key,
+            key_rate_limit=key_rate_limit,
+            key_concurrency=key_concurrency,
+            grace=grace,
         )
 
         def declare(fn: Callable[..., Any]) -> Job:
@@ -263,6 +308,85 @@ class JobQueue:
             return job
 
         return declare
+
+    def add_middleware(self, middleware: Middleware) -> Middleware:
+        """Run ``middleware`` around each try of the queue's jobs; usable as a decorator.
+
+        A middleware is ``async def middleware(context, call_next)``: it gets the
+        try's :class:`JobContext`, runs the try (the next middleware, then the job)
+        with ``await call_next()``, and returns its result (or raises). Middleware run
+        in the order they were added, the first outermost, inside the job's timeout;
+        an exception raised by one fails the try as the job's own would.
+        """
+        self.middleware.append(middleware)
+        return middleware
+
+    def set_lifespan(
+        self, fn: Callable[[], AsyncIterator[Any]]
+    ) -> Callable[[], AsyncIterator[Any]]:
+        """Run the async generator ``fn`` around each worker of this queue; usable as a
+        decorator.
+
+        Its code before ``yield`` runs when a worker starts (before it takes any job:
+        ``nursery.start(queue.serve)`` returns after it), its code after ``yield``
+        when the worker has stopped (its jobs ended or put back): open a database pool
+        there, say. The value it yields is :attr:`JobContext.state` of every job the
+        worker runs. A queue has one lifespan.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a second lifespan. An exception raised
+            before ``yield`` stops the worker from starting.
+        """
+        if self.lifespan is not None:
+            raise ConfigError("lifespan", f"queue {self.name!r} has a lifespan already")
+        self.lifespan = contextlib.asynccontextmanager(fn)
+        return fn
+
+    # ------------------------------------------------------------------ pausing
+
+    async def pause(self, job: Job | str | None = None) -> None:
+        """Pause the queue, or one job name: no new try of its jobs starts, on any
+        worker, until :meth:`resume`. Nothing fails: jobs queued meanwhile wait (a
+        paused job name's jobs as ``held``), and the tries running go on to their end.
+        """
+        name = "*" if job is None else job if isinstance(job, str) else job.name
+        if name != "*":
+            validate_name("job name", name)
+        for keys in self.shard_keys:
+            await retry_idempotent(
+                _CONTROL, self.redis, keys.keys, (keys.base, "pause", name, 0), what="pausing"
+            )
+
+    async def resume(self, job: Job | str | None = None) -> int:
+        """Resume the queue, or one job name, paused by :meth:`pause`: its held jobs are
+        queued again, in order, in steps of 200. Returns how many were let out."""
+        name = "*" if job is None else job if isinstance(job, str) else job.name
+        if name != "*":
+            validate_name("job name", name)
+        before = (await self.counts()).by_name.get(name, {}).get("held", 0) if name != "*" else 0
+        for keys in self.shard_keys:
+            while await retry_idempotent(
+                _CONTROL,
+                self.redis,
+                keys.keys,
+                (keys.base, "resume", name, _scripts.UNPARK_BUDGET),
+                what="resuming",
+            ):
+                pass
+        if name == "*":
+            return 0
+        after = (await self.counts()).by_name.get(name, {}).get("held", 0)
+        return max(0, before - after)
+
+    async def paused(self) -> list[str]:
+        """What is paused: ``"*"`` for the whole queue, and the paused job names."""
+        found: set[str] = set()
+        for keys in self.shard_keys:
+            names = await retry_idempotent(
+                self.redis.hkeys, keys.control, what="reading what is paused"
+            )
+            found.update(label(name) for name in names)
+        return sorted(found)
 
     def add(self, job: Job) -> Job:
         """Add a declared job (used by ``App`` to bind its jobs to the queue)."""
@@ -440,6 +564,7 @@ class JobQueue:
         *,
         concurrency: int = 32,
         threads: int = 8,
+        state: Any = None,
         task_status: trio.TaskStatus[JobWorker] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run jobs of this queue until cancelled: ``await nursery.start(queue.serve)``.
@@ -449,6 +574,8 @@ class JobQueue:
                 job name to function; all the queue's declared jobs by default.
             concurrency: jobs run at once by this worker.
             threads: worker threads for plain (non-async) job functions.
+            state: :attr:`JobContext.state` of the jobs it runs, for a queue without
+                a lifespan (see :meth:`set_lifespan`).
 
         ``nursery.start`` returns the running :class:`JobWorker`; its
         :meth:`~JobWorker.drain` stops taking jobs and waits for the running ones.
@@ -459,7 +586,12 @@ class JobQueue:
         """
 
         await serve_jobs(
-            self, handlers, concurrency=concurrency, threads=threads, task_status=task_status
+            self,
+            handlers,
+            concurrency=concurrency,
+            threads=threads,
+            state=state,
+            task_status=task_status,
         )
 
     def __repr__(self) -> str:

@@ -43,6 +43,16 @@ def _error(value: bytes | None) -> JobErrorInfo | None:
     return JobErrorInfo(data.get("type", "?"), data.get("message", ""), data.get("traceback", ""))
 
 
+def _headers(value: bytes | None) -> dict[str, str]:
+    if not value:
+        return {}
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return {}
+    return {str(k): str(v) for k, v in decoded.items()} if isinstance(decoded, dict) else {}
+
+
 def decode_history(value: bytes | None) -> tuple[JobTry, ...]:
     """The tries in a job's ``hist`` field (see :mod:`streamkit.jobs._scripts`)."""
     tries: list[JobTry] = []
@@ -110,6 +120,9 @@ def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
         progress_message=message,
         lost=int(fields.get(b"lost", b"0")),
         history=decode_history(fields.get(b"hist")),
+        held_by=text(fields[b"held"]) if fields.get(b"held") else None,
+        limit_key=text(fields[b"lk"]) if fields.get(b"lk") else None,
+        headers=_headers(fields.get(b"hdr")),
     )
 
 

@@ -8,10 +8,10 @@ one try at a time. :func:`progress` is what a running job calls to report.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import logging
 import random
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -24,12 +24,17 @@ from .._redis import LuaScript, retry_idempotent
 from .._wire import text
 from . import _scripts
 from ._arguments import BadArguments, decode_arguments
+from ._context import JobContext, running
 from ._model import dumps
-from ._outcome import MAX_MESSAGE, Failure, decide, describe, label
+from ._outcome import MAX_MESSAGE, Failure, Retry, decide, describe, label
+from ._trace import job_span
 from ._tries import Try
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
     from ._claim import Claimed
+    from ._context import Middleware
     from ._finish import Outbox
     from ._handle import Job, QueueLike
     from ._tries import Tries
@@ -39,9 +44,6 @@ __all__ = ["TryRunner", "progress"]
 log = logging.getLogger("streamkit.jobs")
 
 _PROGRESS = LuaScript(_scripts.PROGRESS_LUA)
-
-#: The queue and the try of the job running in this task (see :func:`progress`).
-_current: contextvars.ContextVar[tuple[QueueLike, Try]] = contextvars.ContextVar("streamkit_job")
 
 
 async def progress(fraction: float, message: str = "") -> None:
@@ -56,7 +58,7 @@ async def progress(fraction: float, message: str = "") -> None:
         outside 0..1.
     """
     try:
-        queue, current = _current.get()
+        queue, current, _ = running.get()
     except LookupError:
         raise RuntimeError("progress() is called from inside a running job") from None
     if not 0 <= fraction <= 1:
@@ -80,6 +82,11 @@ class TryRunner:
     tries: Tries
     outbox: Outbox
     limiter: trio.CapacityLimiter
+    consumer: str = ""
+    #: Run around each try, outermost first.
+    middleware: Sequence[Middleware] = ()
+    #: What the worker's lifespan yielded (:attr:`JobContext.state`).
+    state: Any = None
 
     async def run(self, receive: trio.MemoryReceiveChannel[Claimed]) -> None:
         """Run the tries of the jobs received, one at a time, until cancelled."""
@@ -135,20 +142,15 @@ class TryRunner:
             self.outbox.put(current, "dead", failure.encode(), 0)
             return
         options = job.options
-        context = _current.set((self.queue, current))
+        context = self._context(job, job_id, tries, claimed)
+        reset = running.set((self.queue, current, context))
         try:
             if options.timeout is not None:
                 current.scope.relative_deadline = options.timeout
             with current.scope:
                 try:
-                    if job.is_async:
-                        result = await job.fn(*args, **kwargs)
-                    else:
-                        result = await trio.to_thread.run_sync(
-                            functools.partial(job.fn, *args, **kwargs),
-                            limiter=self.limiter,
-                            abandon_on_cancel=True,
-                        )
+                    with job_span(name, job_id, self.queue.name, tries, context.headers):
+                        result = await self._call(job, context, args, kwargs)
                 except Exception as exc:
                     if current.taken_over:
                         current.finished = True
@@ -168,6 +170,9 @@ class TryRunner:
                 if current.abort_reason is not None:
                     failure = Failure("Aborted", current.abort_reason)
                     self.outbox.put(current, "aborted", failure.encode(), 0)
+                elif current.stopping:
+                    # its grace ran out at a graceful stop: back to the queue, not spent
+                    self.outbox.put(current, "release", b"", 0)
                 else:
                     why = f"timed out after {options.timeout:g}s"
                     self._failed(current, job, tries, Failure("Timeout", why))
@@ -183,7 +188,50 @@ class TryRunner:
             else:
                 self.outbox.put(current, "ok", b"", 0)
         finally:
-            _current.reset(context)
+            running.reset(reset)
+
+    def _context(self, job: Job, job_id: str, tries: int, claimed: list[Any]) -> JobContext:
+        """The :class:`JobContext` of a claimed job's try (claimed: the claim script's
+        ``{id, name, args, tries, token, priority, enqueued_ms, headers}``)."""
+        enqueued, raw_headers = int(claimed[6] or 0), claimed[7]
+        headers: dict[str, str] = {}
+        if raw_headers:
+            try:
+                decoded = orjson.loads(raw_headers)
+            except orjson.JSONDecodeError:
+                decoded = None
+            if isinstance(decoded, dict):
+                headers = {str(k): str(v) for k, v in decoded.items()}
+        return JobContext(
+            id=job_id,
+            name=job.name,
+            queue=self.queue.name,
+            try_number=tries,
+            max_tries=job.options.retries + 1,
+            enqueued_at=datetime.fromtimestamp(enqueued / 1000, UTC) if enqueued else None,
+            headers=headers,
+            worker=self.consumer,
+            state=self.state,
+        )
+
+    async def _call(
+        self, job: Job, context: JobContext, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run the job's function through the middleware, outermost first."""
+
+        async def call() -> Any:
+            if job.is_async:
+                return await job.fn(*args, **kwargs)
+            return await trio.to_thread.run_sync(
+                functools.partial(job.fn, *args, **kwargs),
+                limiter=self.limiter,
+                abandon_on_cancel=True,
+            )
+
+        chain: Callable[[], Awaitable[Any]] = call
+        for middleware in reversed(self.middleware):
+            chain = functools.partial(middleware, context, chain)
+        return await chain()
 
     def _encode_result(self, name: str, result: Any) -> bytes:
         """The JSON of a job's result, if the queue's ``max_bytes`` allows it.
@@ -212,7 +260,17 @@ class TryRunner:
         ``exc``."""
         verdict = decide(job.options, tries, failure, random.random())
         max_tries = job.options.retries + 1
-        if verdict.outcome == "retry":
+        if verdict.outcome == "retry" and isinstance(exc, Retry):
+            log.info(
+                "job %s (%s) asked to be retried on try %d of %d; retrying in %gs",
+                current.id,
+                job.name,
+                tries,
+                max_tries,
+                verdict.delay_ms / 1000,
+            )
+            self.outbox.put(current, "retry", failure.encode(), verdict.delay_ms)
+        elif verdict.outcome == "retry":
             log.warning(
                 "job %s (%s) failed on try %d of %d (%s); retrying in %gs",
                 current.id,

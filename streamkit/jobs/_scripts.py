@@ -34,7 +34,21 @@ field          meaning
                (``e,TRY,MS,OUTCOME[,ERROR TYPE]``; outcome success, retry, dead,
                aborted, released, lost), the newest ~2 KB
 ``w``          set when someone waits for the result: finishing then notifies
+``lim``        its limits, ``"rate,window_ms,conc,key_rate,key_window_ms,key_conc"``
+               (0: none; absent for a job without limits); ``lk`` its limit key
+``held``       why a ``held`` job waits (a limit or a pause); ``pk`` counts its
+               parkings (an item of a park list names the parking it stands for);
+               ``up`` is set while a job let out of a park list is queued
+``hdr``        its headers, JSON (absent without headers)
 =============  =================================================================
+
+Limits and pauses (see :mod:`streamkit.jobs._limits`) keep their state under the
+shard's base too: ``:rl:SCOPE`` (a sorted set, the starts in the rate window),
+``:cc:SCOPE`` (a set, the jobs holding a concurrency slot), ``:park:KIND:SCOPE`` (a
+list, the jobs held back, in order), ``:wake`` (a sorted set, the scopes to look at
+again, by when), ``:lims`` (a hash, each parked scope's limit) and ``:ctl`` (a hash,
+the paused job names; ``*`` for the whole queue). A scope is ``n:NAME`` (a job name's
+limit) or ``k:NAME:KEY`` (a limit key's).
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from __future__ import annotations
 __all__ = [
     "ABORT_LUA",
     "CLAIM_LUA",
+    "CONTROL_LUA",
     "COUNTS_LUA",
     "ENQUEUE_LUA",
     "FINISH_LUA",
@@ -65,6 +80,15 @@ DUE_BUDGET = 100
 PENDING_BUDGET = 250
 #: Pending entries a hand-back reads per call, at most (it writes for each).
 HAND_BACK_BUDGET = 100
+#: Limit scopes a claim looks at again per call, at most (see ``wake_some``).
+WAKE_BUDGET = 20
+#: Held jobs let out of one park list per call, at most.
+UNPARK_BUDGET = 100
+#: Ready entries a claim reads per call beyond those it starts, at most (held back).
+READ_BUDGET = 500
+#: How often a scope with jobs waiting for a concurrency slot is looked at again
+#: (ms), beside the slot's release: a safety net for a release that let no one out.
+CONC_RECHECK_MS = 2000
 
 #: Shared by every script: key helpers, counters, and the transitions that several
 #: scripts make (queue a job, end it dead, settle the jobs waiting on it).
@@ -100,6 +124,40 @@ local function hist_end(try, now, outcome, err)
   return line
 end
 
+-- Limits and pauses. A job's 'lim' field holds its limits, its 'lk' field its limit
+-- key. A job over a limit (or of a paused name) is held back: off its ready stream, in
+-- the park list of what holds it, status 'held'; it is let out (queued again, marked
+-- 'up', which lets it past the jobs still waiting) when the limit allows, by the
+-- release of a slot or by a wake-up of its scope (the WAKE sorted set), or at resume.
+local CTL, WAKE, LIMS = B .. ':ctl', B .. ':wake', B .. ':lims'
+local UNPARK_BUDGET, CONC_RECHECK = """
+    + str(UNPARK_BUDGET)
+    + ", "
+    + str(CONC_RECHECK_MS)
+    + r"""
+-- The paused job names ('*': the whole queue) while a claim runs; nil when none.
+local PAUSED = nil
+-- Set when a script armed a wake-up (a job was held back by a limit).
+local ARMED = false
+
+-- The rate limits {scope, count, window_ms} and concurrency limits {scope, count} of
+-- a job.
+local function scopes(name, lim, lk)
+  local v = {}
+  for x in string.gmatch(lim, '[^,]+') do v[#v + 1] = tonumber(x) end
+  local rates, concs = {}, {}
+  local ns = 'n:' .. name
+  if v[1] and v[1] > 0 then rates[#rates + 1] = {ns, v[1], v[2]} end
+  if v[3] and v[3] > 0 then concs[#concs + 1] = {ns, v[3]} end
+  if lk then
+    local ks = 'k:' .. name .. ':' .. lk
+    if v[4] and v[4] > 0 then rates[#rates + 1] = {ks, v[4], v[5]} end
+    if v[6] and v[6] > 0 then concs[#concs + 1] = {ks, v[6]} end
+  end
+  return rates, concs
+end
+"""
+    + r"""
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -128,6 +186,141 @@ local function push(id, k, name, from, status)
   local e = redis.call('XADD', Q[prio + 1], '*', 'id', id)
   redis.call('HSET', k, 'status', status, 'entry', e)
   move(name, from, status)
+end
+
+-- Let out up to count jobs held in park list pk (queued again, in order); items of
+-- jobs no longer held there (aborted meanwhile, say) are dropped on the way.
+local function unpark(pk, count)
+  local moved, left = 0, count + 20
+  while moved < count and left > 0 do
+    local item = redis.call('LPOP', pk)
+    if not item then break end
+    left = left - 1
+    local id, gen = string.match(item, '^(.*)|(%d+)$')
+    if id then
+      local k = jkey(id)
+      local f = redis.call('HMGET', k, 'status', 'name', 'tries', 'pk')
+      if f[1] == 'held' and f[4] == gen then
+        redis.call('HSET', k, 'up', 1)
+        redis.call('HDEL', k, 'held')
+        local status = 'sent'
+        if tonumber(f[3] or '0') > 0 then status = 'retry' end
+        push(id, k, f[2], 'held', status)
+        moved = moved + 1
+      end
+    end
+  end
+  return moved
+end
+
+-- Give back the concurrency slots a job held (it ended, failed, was put back or its
+-- worker died), letting out as many jobs waiting for them as there are free slots.
+local function release_slots(id, name, lim, lk)
+  local _, concs = scopes(name, lim, lk)
+  for _, c in ipairs(concs) do
+    local ck = B .. ':cc:' .. c[1]
+    if redis.call('SREM', ck, id) == 1 then
+      local pk = B .. ':park:cc:' .. c[1]
+      if redis.call('EXISTS', pk) == 1 then
+        local free = c[2] - redis.call('SCARD', ck)
+        if free > 0 then unpark(pk, math.min(free, UNPARK_BUDGET)) end
+      end
+    end
+  end
+end
+
+-- Hold a job back: off ready stream p (entry eid), into park list pk, waiting with
+-- the reason why. A job let out before ('up') goes back to the head of the list.
+local function hold(p, eid, id, k, name, st, pk, why, up, tries, hist)
+  redis.call('XACK', Q[p], GROUP, eid)
+  redis.call('XDEL', Q[p], eid)
+  local item = id .. '|' .. redis.call('HINCRBY', k, 'pk', 1)
+  if up then redis.call('LPUSH', pk, item) else redis.call('RPUSH', pk, item) end
+  redis.call('HSET', k, 'status', 'held', 'held', why, 'owner', '', 'tries', tries,
+    'hist', hist or '')
+  redis.call('HDEL', k, 'entry', 'up')
+  move(name, st, 'held')
+end
+
+-- Whether a job may start under its limits now. If it may, it takes its share (a
+-- slot of each concurrency limit, a place in each rate window) and nil is returned;
+-- otherwise nothing is taken and {park list, reason} is returned, the wake-up of
+-- that scope armed. Jobs already waiting in a park list go first: a job not let out
+-- of one ('up') waits behind them even if the limit has room.
+local function limits_take(id, tries, name, lim, lk, up, now)
+  local rates, concs = scopes(name, lim, lk)
+  for _, c in ipairs(concs) do
+    local ck, pk = B .. ':cc:' .. c[1], B .. ':park:cc:' .. c[1]
+    if redis.call('SISMEMBER', ck, id) == 0 and ((not up and redis.call('EXISTS', pk) == 1)
+        or redis.call('SCARD', ck) >= c[2]) then
+      redis.call('ZADD', WAKE, 'NX', now + CONC_RECHECK, 'cc:' .. c[1])
+      ARMED = true
+      redis.call('HSET', LIMS, 'cc:' .. c[1], c[2] .. ',0')
+      return {pk, 'concurrency ' .. c[2] .. ' of ' .. string.sub(c[1], 3)}
+    end
+  end
+  for _, r in ipairs(rates) do
+    local rk, pk = B .. ':rl:' .. r[1], B .. ':park:rl:' .. r[1]
+    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - r[3])
+    local full = redis.call('ZCARD', rk) >= r[2]
+    if full or (not up and redis.call('EXISTS', pk) == 1) then
+      local at = now
+      if full then at = tonumber(redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')[2]) + r[3] end
+      redis.call('ZADD', WAKE, 'LT', at, 'rl:' .. r[1])
+      ARMED = true
+      redis.call('HSET', LIMS, 'rl:' .. r[1], r[2] .. ',' .. r[3])
+      return {pk, 'rate limit ' .. r[2] .. ' per ' .. r[3] .. ' ms of ' .. string.sub(r[1], 3)}
+    end
+  end
+  for _, c in ipairs(concs) do redis.call('SADD', B .. ':cc:' .. c[1], id) end
+  for _, r in ipairs(rates) do
+    local rk = B .. ':rl:' .. r[1]
+    redis.call('ZADD', rk, now, id .. ':' .. tries .. ':' .. now)
+    redis.call('PEXPIRE', rk, r[3])
+  end
+  return nil
+end
+
+-- Look again at up to budget limit scopes whose wake-up is due: let out as many of
+-- their held jobs as the limit has room for now, and arm the next wake-up while some
+-- still wait. A concurrency scope first drops the slots of jobs that no longer run
+-- (a record deleted by hand), a sample at a time.
+local function wake_some(now, budget)
+  local due = redis.call('ZRANGEBYSCORE', WAKE, '-inf', now, 'LIMIT', 0, budget)
+  for _, scope in ipairs(due) do
+    redis.call('ZREM', WAKE, scope)
+    local pk = B .. ':park:' .. scope
+    local spec = redis.call('HGET', LIMS, scope)
+    if spec and redis.call('EXISTS', pk) == 1 then
+      local n, per = string.match(spec, '^(%d+),(%d+)$')
+      n, per = tonumber(n), tonumber(per)
+      local sk = B .. ':' .. scope
+      local free, at
+      if string.sub(scope, 1, 2) == 'rl' then
+        redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - per)
+        free = n - redis.call('ZCARD', sk)
+        local oldest = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')[2]
+        at = now + per
+        if oldest then at = tonumber(oldest) + per end
+      else
+        for _, m in ipairs(redis.call('SRANDMEMBER', sk, 20)) do
+          if redis.call('HGET', jkey(m), 'status') ~= 'executing' then
+            redis.call('SREM', sk, m)
+          end
+        end
+        free = n - redis.call('SCARD', sk)
+        at = now + CONC_RECHECK
+      end
+      if free > 0 then unpark(pk, math.min(free, UNPARK_BUDGET)) end
+      if redis.call('EXISTS', pk) == 1 then
+        redis.call('ZADD', WAKE, at, scope)
+      else
+        redis.call('HDEL', LIMS, scope)
+      end
+    else
+      redis.call('HDEL', LIMS, scope)
+    end
+  end
 end
 
 local function unqueue(k)
@@ -220,9 +413,9 @@ end
 local function start(out, p, eid, id, consumer, now, lost, max_lost)
   local k = jkey(id)
   local f = redis.call('HMGET', k, 'status', 'name', 'args', 'tries', 'max_tries', 'expires',
-    'owner', 'abort', 'started', 'hist')
+    'owner', 'abort', 'started', 'hist', 'lim', 'lk', 'up', 'enqueued', 'hdr')
   local hist = f[10]
-  local st, name = f[1], f[2]
+  local st, name, lim = f[1], f[2], f[11]
   if st == 'executing' and not lost then
     -- taken over by another worker meanwhile (this one was paused after reading it)
     return
@@ -238,6 +431,7 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
     redis.call('XACK', Q[p], GROUP, eid)
     redis.call('XDEL', Q[p], eid)
     redis.call('HSET', k, 'error', cjson.encode({type = 'Aborted', message = f[8]}))
+    if lim and st == 'executing' then release_slots(id, name, lim, f[12]) end
     mark_final(id, k, name, st, 'aborted', now)
     settle(id, false, now)
     return
@@ -260,6 +454,7 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
       else
         why = 'its worker died while running its last try'
       end
+      if lim then release_slots(id, name, lim, f[12]) end
       mark_dead(id, k, name, st, cjson.encode({type = 'WorkerLost', message = why}), now)
       settle(id, false, now)
       return
@@ -275,6 +470,20 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
     settle(id, false, now)
     return
   end
+  if PAUSED and PAUSED[name] then
+    if lim and st == 'executing' then release_slots(id, name, lim, f[12]) end
+    hold(p, eid, id, k, name, st, B .. ':park:p:' .. name, 'paused', f[13], tries, hist)
+    return
+  end
+  if lim then
+    local wait = limits_take(id, tries + 1, name, lim, f[12], f[13], now)
+    if wait then
+      if st == 'executing' then release_slots(id, name, lim, f[12]) end
+      hold(p, eid, id, k, name, st, wait[1], wait[2], f[13], tries, hist)
+      return
+    end
+    if f[13] then redis.call('HDEL', k, 'up') end
+  end
   tries = tries + 1
   local token = consumer .. ':' .. tries
   redis.call('HSET', k, 'status', 'executing', 'owner', token, 'worker', consumer,
@@ -282,7 +491,7 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
     'hist', hist_add(hist, 's,' .. tries .. ',' .. now .. ',' .. consumer))
   if tries > 1 then redis.call('HDEL', k, 'progress') end
   move(name, st, 'executing')
-  table.insert(out, {id, name, f[3], tries, token, p - 1})
+  table.insert(out, {id, name, f[3], tries, token, p - 1, f[14] or 0, f[15] or ''})
 end
 """
 )
@@ -290,9 +499,10 @@ end
 #: Add jobs of one name. ARGV: base, name, then the batch's defaults: priority,
 #: delay_ms (relative, 0: none), max_tries, result_ttl_s, dedupe_window_s (for jobs
 #: with an id of the caller's), expires_ms (absolute; negative: relative to now; 0:
-#: none); then per job: id, args (JSON), options ("" for the defaults, else a JSON
-#: object with any of p (priority), d (delay_ms), a (at_ms, absolute), e (expires_ms),
-#: w (1: dedupe by id), after (ids of jobs that must succeed first)).
+#: none), limits (the ``lim`` field, "" for none); then per job: id, args (JSON),
+#: options ("" for the defaults, else a JSON object with any of p (priority), d
+#: (delay_ms), a (at_ms, absolute), e (expires_ms), w (1: dedupe by id), after (ids of
+#: jobs that must succeed first), k (limit key), h (headers, JSON text)).
 #: Returns 1 per new job, 0 per duplicate.
 ENQUEUE_LUA = (
     _COMMON
@@ -300,13 +510,15 @@ ENQUEUE_LUA = (
 local now = now_ms()
 local name = ARGV[2]
 local d_prio, d_delay, max_tries, ttl = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local window, d_expires = tonumber(ARGV[7]), tonumber(ARGV[8])
+local window, d_expires, lim = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local out = {}
-for i = 9, #ARGV, 3 do
+for i = 10, #ARGV, 3 do
   local id, args, opts = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local prio, delay, at, expires, dedupe, after = d_prio, d_delay, 0, d_expires, false, nil
+  local lk, hdr = nil, nil
   if opts ~= '' then
     local o = cjson.decode(opts)
+    lk, hdr = o.k, o.h
     if o.p then prio = tostring(o.p) end
     if o.d then delay = o.d end
     if o.a then
@@ -338,6 +550,9 @@ for i = 9, #ARGV, 3 do
     if delay > 0 then due = now + delay elseif at > 0 then due = at end
     redis.call('HSET', k, 'name', name, 'args', args, 'prio', prio, 'max_tries', max_tries,
       'ttl', ttl, 'enqueued', now)
+    if lim ~= '' then redis.call('HSET', k, 'lim', lim) end
+    if lk then redis.call('HSET', k, 'lk', lk) end
+    if hdr then redis.call('HSET', k, 'hdr', hdr) end
     if expires ~= 0 then
       if expires < 0 then expires = now - expires end
       redis.call('HSET', k, 'expires', expires)
@@ -383,12 +598,16 @@ return out
 #: max_deliveries, the tries the worker runs (JSON object: job id -> token; a worker
 #: never takes a job over from itself), then triples (priority, entry id, job id) of
 #: entries a blocking read delivered already. Moves due scheduled jobs to their ready
-#: streams first, then starts up to ``count`` jobs, higher priorities first; delivered
-#: entries beyond that are handed back (left pending, reclaimable at once).
-#: Moves at most ``DUE_BUDGET`` scheduled jobs per call (the next call moves the
-#: rest: ``next_due_ms`` is then in the past), and settles dependents on the way.
-#: Returns {jobs, next_due_ms or -1, now_ms, jobs with dependents left to settle};
-#: each job is {id, name, args, tries, token, priority}.
+#: streams first, lets out the held jobs whose limits have room again, then starts up
+#: to ``count`` jobs, higher priorities first, holding back those over a limit or of a
+#: paused job name; delivered entries beyond that are handed back (left pending,
+#: reclaimable at once). While the whole queue is paused it starts nothing.
+#: Moves at most ``DUE_BUDGET`` scheduled jobs, looks at ``WAKE_BUDGET`` limit scopes
+#: and reads ``count + READ_BUDGET`` ready entries per call (the next call does the rest:
+#: ``next_due_ms`` is then in the past), and settles dependents on the way.
+#: Returns {jobs, next_due_ms or -1, now_ms, jobs with dependents left to settle,
+#: 1 if the queue is paused}; each job is {id, name, args, tries, token, priority,
+#: enqueued_ms, headers JSON or ""}.
 CLAIM_LUA = (
     _COMMON
     + r"""
@@ -409,15 +628,37 @@ for _, id in ipairs(due) do
     push(id, k, redis.call('HGET', k, 'name'), st, 'retry')
   end
 end
--- Priority by priority: what the blocking read delivered, what dead workers left
--- (reclaim), then new entries. XREADGROUP's COUNT is per stream, so the read may have
--- delivered more than this worker has room for, and a read woken by one stream misses
--- the others: entries that do not fit are handed back at once, as a graceful stop does.
+-- Pauses and limits: one call when there are none (the fast path).
+local waking = false
+if redis.call('EXISTS', CTL, WAKE) > 0 then
+  local c = redis.call('HGETALL', CTL)
+  if #c > 0 then
+    PAUSED = {}
+    for i = 1, #c, 2 do PAUSED[c[i]] = true end
+  end
+  wake_some(now, """
+    + str(WAKE_BUDGET)
+    + r""")
+  waking = true
+end
 local delivered = {{}, {}, {}}
 for a = 8, #ARGV, 3 do
   table.insert(delivered[tonumber(ARGV[a]) + 1], {ARGV[a + 1], ARGV[a + 2]})
 end
 local out = {}
+local paused = 0
+if PAUSED and PAUSED['*'] then
+  -- the whole queue is paused: start nothing, hand back what a read delivered
+  paused = 1
+  want = 0
+end
+-- Priority by priority: what the blocking read delivered, what dead workers left
+-- (reclaim), then new entries. XREADGROUP's COUNT is per stream, so the read may have
+-- delivered more than this worker has room for, and a read woken by one stream misses
+-- the others: entries that do not fit are handed back at once, as a graceful stop does.
+local left = want + """
+    + str(READ_BUDGET)
+    + r"""
 for p = 1, 3 do
   for _, d in ipairs(delivered[p]) do
     if #out < want then
@@ -443,21 +684,29 @@ for p = 1, 3 do
         end
       end
     end
-    if #out < want then
-      local r = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', want - #out,
+    -- Entries held back start nothing: read on (at most READ_BUDGET entries).
+    while #out < want and left > 0 do
+      local count = math.min(want - #out, left)
+      local r = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
         'STREAMS', Q[p], '>')
-      if r then
-        for _, entry in ipairs(r[1][2]) do
-          start(out, p, entry[1], entry[2][2], consumer, now, false, max_lost)
-        end
+      if not r then break end
+      local entries = r[1][2]
+      left = left - #entries
+      for _, entry in ipairs(entries) do
+        start(out, p, entry[1], entry[2][2], consumer, now, false, max_lost)
       end
+      if #entries < count then break end
     end
   end
 end
 local nxt = redis.call('ZRANGE', SCHED, 0, 0, 'WITHSCORES')
 local next_due = -1
 if nxt[2] then next_due = tonumber(nxt[2]) end
-return {out, next_due, now, settle_some(now, SETTLE_BUDGET)}
+if waking or ARMED then
+  local w = redis.call('ZRANGE', WAKE, 0, 0, 'WITHSCORES')
+  if w[2] and (next_due < 0 or tonumber(w[2]) < next_due) then next_due = tonumber(w[2]) end
+end
+return {out, next_due, now, settle_some(now, SETTLE_BUDGET), paused}
 """
 )
 
@@ -479,7 +728,7 @@ for a = 3, #ARGV, 5 do
     tonumber(ARGV[a + 4])
   local k = jkey(id)
   local f = redis.call('HMGET', k, 'owner', 'name', 'prio', 'entry', 'status', 'w', 'ttl',
-    'dependents', 'worker', 'tries', 'abort', 'hist')
+    'dependents', 'worker', 'tries', 'abort', 'hist', 'lim', 'lk')
   if f[1] ~= token or f[5] ~= 'executing' then
     -- the token is worker:tries: its try was the last one started, and it is over
     if f[9] and f[10] and f[9] .. ':' .. f[10] == token then
@@ -496,6 +745,7 @@ for a = 3, #ARGV, 5 do
     local ended = (outcome == 'release' and 'released') or (outcome == 'ok' and 'success')
       or outcome
     local hist = hist_add(f[12], hist_end(f[10], now, ended, outcome ~= 'ok' and data or nil))
+    if f[13] then release_slots(id, name, f[13], f[14]) end
     if outcome == 'release' then
       local consumer = string.match(token, '^(.*):%d+$')
       redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
@@ -589,6 +839,28 @@ local function abort()
 end
 local outcome = abort()
 return {outcome, settle_some(now, SETTLE_BUDGET)}
+"""
+)
+
+#: Pause or resume a queue shard, or one job name on it. ARGV: base, "pause" or
+#: "resume", the job name ("*": the whole queue), budget. Pausing marks it (the claim
+#: script starts no job of a paused name, and holds them back; none at all while the
+#: whole queue is paused). Resuming unmarks it and lets out up to ``budget`` of the
+#: jobs that the pause of that name held back, in order. Returns how many it holds
+#: back still (0 for a pause): call again until 0.
+CONTROL_LUA = (
+    _COMMON
+    + r"""
+local action, name, budget = ARGV[2], ARGV[3], tonumber(ARGV[4])
+if action == 'pause' then
+  redis.call('HSET', CTL, name, 1)
+  return 0
+end
+redis.call('HDEL', CTL, name)
+if name == '*' then return 0 end
+local pk = B .. ':park:p:' .. name
+unpark(pk, budget)
+return redis.call('LLEN', pk)
 """
 )
 
@@ -730,8 +1002,9 @@ for p = 1, 3 do
       local id = entry and entry[2][2]
       if id and not running[id] then
         local k = jkey(id)
-        local f = redis.call('HMGET', k, 'status', 'owner', 'name')
+        local f = redis.call('HMGET', k, 'status', 'owner', 'name', 'lim', 'lk')
         if f[1] == 'executing' and f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':' then
+          if f[4] then release_slots(id, f[3], f[4], f[5]) end
           redis.call('HSET', k, 'status', 'sent', 'owner', '')
           redis.call('HINCRBY', k, 'tries', -1)
           move(f[3], 'executing', 'sent')

@@ -18,6 +18,7 @@ queue without spending a try, in a shielded clean-up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -76,6 +77,8 @@ class JobWorker:
     concurrency: int
     threads: int
     consumer: str = attrs.field(factory=new_consumer)
+    #: What the worker's lifespan yielded: :attr:`JobContext.state` of its jobs.
+    state: Any = None
     # Tries ended, by job and outcome, and their durations (streamkit.metrics).
     _meter: JobMeter = attrs.field(factory=JobMeter)
     _tries: Tries = attrs.field(init=False)
@@ -92,7 +95,14 @@ class JobWorker:
         send, self._claimed = trio.open_memory_channel[Claimed](math.inf)
         self._claimer = Claimer(self.queue, self.consumer, self._tries, send, self._settler.wake)
         self._runner = TryRunner(
-            self.queue, self.jobs, self._tries, self._outbox, trio.CapacityLimiter(self.threads)
+            self.queue,
+            self.jobs,
+            self._tries,
+            self._outbox,
+            trio.CapacityLimiter(self.threads),
+            consumer=self.consumer,
+            middleware=tuple(self.queue.middleware),
+            state=self.state,
         )
 
     @property
@@ -166,12 +176,18 @@ async def serve_jobs(
     *,
     concurrency: int,
     threads: int,
+    state: Any = None,
     task_status: trio.TaskStatus[JobWorker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``queue``'s jobs until cancelled (see :meth:`QueueLike.serve`)."""
+    """Run ``queue``'s jobs until cancelled (see :meth:`QueueLike.serve`), inside the
+    queue's lifespan if it has one (its yielded value is the jobs' state; ``state`` is
+    theirs otherwise)."""
     if concurrency < 1:
         raise ConfigError("concurrency", f"must be a positive integer, got {concurrency!r}")
     jobs = _as_jobs(queue, handlers)
     if not jobs:
         raise ConfigError("handlers", f"queue {queue.name!r} has no jobs to run")
-    await JobWorker(queue, jobs, concurrency, threads).run(task_status=task_status)
+    async with contextlib.AsyncExitStack() as stack:
+        if queue.lifespan is not None:
+            state = await stack.enter_async_context(queue.lifespan())
+        await JobWorker(queue, jobs, concurrency, threads, state=state).run(task_status=task_status)

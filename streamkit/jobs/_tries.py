@@ -32,6 +32,8 @@ class Try:
         scope: the cancel scope the job's function runs in.
         abort_reason: set when the job was aborted while this try ran.
         taken_over: set when another worker took the job over.
+        stopping: set when the worker stopping gracefully cancelled it (it goes back
+            to the queue).
         finished: set once its outcome is decided (it may not be recorded yet).
         started: ``time.perf_counter()`` when it started, for its duration.
     """
@@ -43,6 +45,7 @@ class Try:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     abort_reason: str | None = None
     taken_over: bool = False
+    stopping: bool = False
     finished: bool = False
     started: float = attrs.field(factory=time.perf_counter)
 
@@ -50,6 +53,12 @@ class Try:
         """Another worker runs the job now: cancel this try, recording nothing."""
         self.taken_over = True
         self.scope.cancel(reason=f"job {self.id} taken over by another worker")
+
+    def stop(self) -> None:
+        """Its grace ran out at a graceful stop: cancel this try, which goes back to the
+        queue without spending a try."""
+        self.stopping = True
+        self.scope.cancel(reason=f"job {self.id}: its grace period ran out at a stop")
 
     def abort(self, reason: str) -> None:
         """The job was aborted: cancel this try, which ends ``aborted``."""

@@ -78,11 +78,9 @@ async def _record(kind: str, tag: str) -> int:
 
 
 def _current_job_id() -> str:
-    # streamkit has no public accessor of the running job's id: read the private
-    # context variable its worker sets.
-    from streamkit.jobs._run import _current
+    from streamkit.jobs import current_job
 
-    return _current.get()[1].id
+    return current_job().id
 
 
 app = _with_markers(App("jobs"))

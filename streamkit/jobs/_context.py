@@ -1,0 +1,68 @@
+"""The running job's context: what :func:`current_job` returns inside a job, and the
+middleware type that wraps each try."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime  # noqa: TC003 (attrs resolves the annotations)
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from ._handle import QueueLike
+    from ._tries import Try
+
+__all__ = ["JobContext", "Middleware", "current_job"]
+
+
+@attrs.frozen(kw_only=True)
+class JobContext:
+    """The job running in this task (see :func:`current_job`).
+
+    Attributes:
+        id: the job's id.
+        name: its job name.
+        queue: its queue's name.
+        try_number: which try this is (1 for the first).
+        max_tries: tries it may have in all (retries + 1).
+        enqueued_at: when it was enqueued (the Redis server's clock).
+        headers: the headers it was enqueued with (``traceparent`` among them when
+            the enqueuer traced with OpenTelemetry).
+        worker: the worker running it (its consumer name).
+        state: what the worker's lifespan yielded (``None`` without one).
+    """
+
+    id: str
+    name: str
+    queue: str
+    try_number: int
+    max_tries: int
+    enqueued_at: datetime | None
+    headers: Mapping[str, str]
+    worker: str
+    state: Any = None
+
+
+#: A middleware: ``async def middleware(context, call_next)``, which runs the try (the
+#: next middleware, or the job) by awaiting ``call_next()`` and returns its result.
+Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+#: The queue, the try and the context of the job running in this task.
+running: contextvars.ContextVar[tuple[QueueLike, Try, JobContext]] = contextvars.ContextVar(
+    "streamkit_job"
+)
+
+
+def current_job() -> JobContext:
+    """The context of the job running in this task (or thread, for a plain ``def``
+    job): its id, name, try number, enqueue time, headers and the lifespan's state.
+
+    Error handling:
+        ``RuntimeError`` outside a running job.
+    """
+    try:
+        return running.get()[2]
+    except LookupError:
+        raise RuntimeError("current_job() is called from inside a running job") from None
