@@ -329,6 +329,7 @@ class AsyncioClient:
         priority: Priority | None = None,
         expires: When | datetime | None = None,
         after: Sequence[JobRef | str] = (),
+        headers: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> AsyncioJobHandle:
         """Enqueue ``job`` with these arguments and options (as :meth:`Job.enqueue
@@ -343,6 +344,7 @@ class AsyncioClient:
             priority=priority,
             expires=expires,
             after=after,
+            headers=headers,
         )
         return (await self.enqueue_many(job, [call]))[0]
 

@@ -327,11 +327,12 @@ class BlockingClient:
         priority: Priority | None = None,
         expires: When | datetime | None = None,
         after: Sequence[JobRef | str] = (),
+        headers: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> BlockingJobHandle:
         """Enqueue ``job`` with these arguments and options (as :meth:`Job.enqueue
         <streamkit.jobs.Job.enqueue>`: ``job_id`` dedupes, ``delay``/``at`` schedule,
-        ``priority``, ``expires``, ``after`` for dependencies).
+        ``priority``, ``expires``, ``after`` for dependencies, ``headers``).
 
         Error handling:
             ``TypeError`` if the function does not accept the arguments;
@@ -349,6 +350,7 @@ class BlockingClient:
             priority=priority,
             expires=expires,
             after=after,
+            headers=headers,
         )
         return self.enqueue_many(job, [call])[0]
 

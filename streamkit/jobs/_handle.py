@@ -240,6 +240,7 @@ class Job:
         priority: Priority | None = None,
         expires: When | datetime | None = None,
         after: Sequence[JobRef | str] = (),
+        headers: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> JobHandle:
         """Enqueue the job with these arguments and options.
@@ -259,6 +260,9 @@ class Job:
             after: jobs (handles or ids, on the same shard) that must all succeed
                 before this one runs; if one ends dead, aborted or expired, this one
                 ends dead.
+            headers: text values the job sees in its :class:`JobContext` (the
+                enqueuer's trace context is added to them when it traces with
+                OpenTelemetry).
             **kwargs: the function's keyword arguments.
 
         Error handling:
@@ -275,6 +279,7 @@ class Job:
             priority=priority,
             expires=expires,
             after=after,
+            headers=headers,
         )
         handles: list[JobHandle] = await self._queue().enqueue_calls(self, [call])
         return handles[0]

@@ -329,7 +329,8 @@ class JobQueue:
 
         Its code before ``yield`` runs when a worker starts (before it takes any job:
         ``nursery.start(queue.serve)`` returns after it), its code after ``yield``
-        when the worker has stopped (its jobs ended or put back): open a database pool
+        when the worker has stopped (its jobs ended or put back; shielded from the
+        stop, for at most 10 s): open a database pool
         there, say. The value it yields is :attr:`JobContext.state` of every job the
         worker runs. A queue has one lifespan.
 

@@ -18,7 +18,6 @@ queue without spending a try, in a shielded clean-up.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +47,9 @@ __all__ = ["Handlers", "JobWorker", "serve_jobs"]
 log = logging.getLogger("streamkit.jobs")
 
 Handlers = Iterable[Job] | Mapping[str, Callable[..., Any]]
+
+#: Seconds a lifespan's shut-down code may take at a stop (it runs shielded).
+LIFESPAN_SHUTDOWN = 10.0
 
 
 def _as_jobs(queue: QueueLike, handlers: Handlers | None) -> dict[str, Job]:
@@ -187,7 +189,17 @@ async def serve_jobs(
     jobs = _as_jobs(queue, handlers)
     if not jobs:
         raise ConfigError("handlers", f"queue {queue.name!r} has no jobs to run")
-    async with contextlib.AsyncExitStack() as stack:
-        if queue.lifespan is not None:
-            state = await stack.enter_async_context(queue.lifespan())
+    if queue.lifespan is None:
         await JobWorker(queue, jobs, concurrency, threads, state=state).run(task_status=task_status)
+        return
+    lifespan = queue.lifespan()
+    state = await lifespan.__aenter__()
+    try:
+        await JobWorker(queue, jobs, concurrency, threads, state=state).run(task_status=task_status)
+    finally:
+        # A stop is a cancellation: the shut-down code runs as after a normal end,
+        # shielded from it, for a bounded time.
+        with trio.CancelScope(shield=True), trio.move_on_after(LIFESPAN_SHUTDOWN) as limit:
+            await lifespan.__aexit__(None, None, None)
+        if limit.cancelled_caught:
+            log.warning("stopping: the lifespan's shut-down took over %gs", LIFESPAN_SHUTDOWN)
