@@ -22,9 +22,12 @@ from ._tables import Table
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
 from ._windows import Window, to_ms
 from .jobs._handle import Job
+from .jobs._layout import DEFAULT_QUEUE, routed_queue
 from .jobs._model import JobOptions, Schedule
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from contextlib import AbstractAsyncContextManager
     from datetime import timedelta
     from types import TracebackType
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from ._windows import WindowKind
     from .clients import AsyncioClient, BlockingClient
     from .jobs import JobQueue
+    from .jobs._context import Middleware as JobMiddleware
 
 __all__ = ["App", "NotConnected", "Processor"]
 
@@ -144,8 +148,12 @@ class App:
     tables: dict[str, Table[Any] | WindowedTable[Any]]
     background: list[BackgroundTask]
     jobs: dict[str, Job]
+    #: Run around each try of the app's jobs (see :meth:`job_middleware`).
+    job_middleware_chain: list[JobMiddleware]
+    #: Entered by each worker around all it runs (see :meth:`lifespan`).
+    worker_lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None
     _redis: Redis | None
-    _job_queue: JobQueue | None
+    _job_queues: dict[str, JobQueue]
     _exit_stack: contextlib.AsyncExitStack | None
     _entered: int
 
@@ -171,8 +179,10 @@ class App:
         self.tables = {}
         self.background = []
         self.jobs = {}
+        self.job_middleware_chain = []
+        self.worker_lifespan = None
         self._redis = None
-        self._job_queue = None
+        self._job_queues = {}
         self._exit_stack = None
         self._entered = 0
 
@@ -477,11 +487,18 @@ class App:
         Use as ``@app.job`` or ``@app.job(retries=3, timeout=30)``; the options are
         those of :meth:`streamkit.jobs.JobQueue.job`. ``streamkit worker`` runs the
         app's jobs; inside ``async with app:`` the job's ``delay``, ``enqueue`` and
-        ``enqueue_many`` enqueue it. The queue is named after the app.
+        ``enqueue_many`` enqueue it. The queue is named after the app; ``queue="gpu"``
+        routes the job to the app's queue ``gpu`` instead (keys ``APP.gpu``), served
+        by the workers that serve it (``streamkit worker --queues``).
         """
 
+        job_options = JobOptions(**options)
+        queue = job_options.queue or DEFAULT_QUEUE
+
         def declare(fn: Callable[..., Any]) -> Job:
-            job = Job(name or fn.__name__, fn, JobOptions(**options), None, lambda: self.job_queue)
+            job = Job(
+                name or fn.__name__, fn, job_options, None, lambda: self.job_queues_for(queue)
+            )
             if job.name in self.jobs:
                 raise ConfigError("job name", f"app {self.name!r} has a job {job.name!r} already")
             self.jobs[job.name] = job
@@ -593,17 +610,64 @@ class App:
             **{name: value for name, value in given.items() if value is not None},
         }
 
+    def job_middleware(self, middleware: JobMiddleware) -> JobMiddleware:
+        """Run ``middleware`` around each try of the app's jobs, on every queue of the
+        app; usable as a decorator (see :meth:`JobQueue.add_middleware
+        <streamkit.jobs.JobQueue.add_middleware>`)."""
+        self.job_middleware_chain.append(middleware)
+        return middleware
+
+    def lifespan(self, fn: Callable[[], AsyncIterator[Any]]) -> Callable[[], AsyncIterator[Any]]:
+        """Run the async generator ``fn`` around each worker of the app; usable as a
+        decorator.
+
+        Its code before ``yield`` runs when a worker starts, before it runs anything;
+        its code after ``yield`` when the worker has stopped (shielded from the stop,
+        for at most 10 s). The value it yields is the
+        :attr:`~streamkit.jobs.JobContext.state` of the jobs the worker runs (a
+        database pool, say). An app has one lifespan.
+
+        Error handling:
+            :class:`ConfigError` for a second lifespan.
+        """
+        if self.worker_lifespan is not None:
+            raise ConfigError("lifespan", f"app {self.name!r} has a lifespan already")
+        self.worker_lifespan = contextlib.asynccontextmanager(fn)
+        return fn
+
+    def queue_names(self) -> list[str]:
+        """The app's job queues that have jobs (``"default"``, the queue named after
+        the app, and the names given as ``queue=`` to :meth:`job`), sorted."""
+        return sorted({job.options.queue or DEFAULT_QUEUE for job in self.jobs.values()})
+
+    def job_queues_for(self, queue: str) -> JobQueue:
+        """The app's job queue ``queue`` (``"default"``: the one named after the app).
+
+        Error handling:
+            :class:`NotConnected` outside ``async with app:``; :class:`ConfigError`
+            for a queue none of the app's jobs is routed to.
+        """
+        if not self._job_queues:
+            raise NotConnected(self.name)
+        try:
+            return self._job_queues[queue]
+        except KeyError:
+            known = ", ".join(sorted(self._job_queues))
+            raise ConfigError(
+                "queue", f"app {self.name!r} has no queue {queue!r} (known: {known})"
+            ) from None
+
     @property
     def job_queue(self) -> JobQueue:
-        """The app's job queue.
+        """The app's job queue (the default one, named after the app).
 
         Error handling:
             :class:`NotConnected` outside ``async with app:``, or if the app declares
             no jobs.
         """
-        if self._job_queue is None:
+        if not self._job_queues:
             raise NotConnected(self.name)
-        return self._job_queue
+        return self._job_queues[DEFAULT_QUEUE]
 
     @property
     def redis(self) -> Redis:
@@ -630,18 +694,22 @@ class App:
                 if self.jobs:
                     from .jobs import open_job_queue
 
-                    queue = await stack.enter_async_context(
-                        open_job_queue(
-                            self._redis,
-                            self.name,
-                            shards=self.settings.job_shards,
-                            lease_ttl=self.settings.job_lease_ttl,
-                            max_bytes=self.settings.job_max_bytes,
+                    queues: dict[str, JobQueue] = {}
+                    for short in {DEFAULT_QUEUE, *self.queue_names()}:
+                        queue = await stack.enter_async_context(
+                            open_job_queue(
+                                self._redis,
+                                routed_queue(self.name, short),
+                                shards=self.settings.job_shards,
+                                lease_ttl=self.settings.job_lease_ttl,
+                                max_bytes=self.settings.job_max_bytes,
+                            )
                         )
-                    )
+                        queue.middleware = self.job_middleware_chain
+                        queues[short] = queue
                     for job in self.jobs.values():
-                        queue.add(job)
-                    self._job_queue = queue
+                        queues[job.options.queue or DEFAULT_QUEUE].add(job)
+                    self._job_queues = queues
                 self._exit_stack = stack.pop_all()
         self._entered += 1
         return self
@@ -656,7 +724,7 @@ class App:
         if self._entered == 0 and self._exit_stack is not None:
             stack, self._exit_stack = self._exit_stack, None
             self._redis = None
-            self._job_queue = None
+            self._job_queues = {}
             await stack.__aexit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:

@@ -44,12 +44,14 @@ from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
 from ._redis import ride_out_refusals
 from ._validate import positive_finite_number
+from .jobs._layout import DEFAULT_QUEUE
+from .jobs._serve import LIFESPAN_SHUTDOWN
 
 if TYPE_CHECKING:
     from ._fetcher import Fetcher
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
     from types import FrameType
 
     from ._app import App, Processor
@@ -106,8 +108,11 @@ class Worker:
 
     app: App
     executors: list[Executor] = attrs.field(factory=list)
-    #: The worker of the app's job queue, if the app declares jobs.
+    #: The worker of the app's default job queue, if it serves it.
     jobs: JobWorker | None = None
+    #: The workers of the app's job queues it serves, by queue (``"default"``: the one
+    #: named after the app).
+    job_workers: dict[str, JobWorker] = attrs.field(factory=dict)
     metrics_url: str | None = None
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _stopping: bool = attrs.field(default=False)
@@ -130,9 +135,9 @@ class Worker:
             for executor in self.executors:
                 with log_context(processor=executor.processor.name, member=executor.membership.id):
                     nursery.start_soon(executor.rebalancer.drain, grace)
-            if self.jobs is not None:
+            for job_worker in self.job_workers.values():
                 nursery.start_soon(
-                    self.jobs.drain, self.app.settings.grace_period if grace is None else grace
+                    job_worker.drain, self.app.settings.grace_period if grace is None else grace
                 )
         self._cancel_scope.cancel("worker stopped")
 
@@ -161,6 +166,41 @@ class Worker:
         # Otherwise the worker has stopped already and is only cleaning up.
 
 
+def select_queues(app: App, names: Sequence[str] | None) -> list[str]:
+    """The app's job queues to serve: all that have jobs, or those named.
+
+    Error handling:
+        :class:`ConfigError` naming an unknown queue and listing the known ones.
+    """
+    known = app.queue_names()
+    if not names:
+        return known
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ConfigError(
+            "queues", f"unknown job queue {unknown[0]!r} (known: {', '.join(known) or 'none'})"
+        )
+    return list(dict.fromkeys(names))
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: App) -> AsyncIterator[Any]:
+    """The app's lifespan, if it has one; its shut-down runs shielded, for at most
+    ``LIFESPAN_SHUTDOWN`` seconds."""
+    if app.worker_lifespan is None:
+        yield None
+        return
+    lifespan = app.worker_lifespan()
+    state = await lifespan.__aenter__()
+    try:
+        yield state
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(LIFESPAN_SHUTDOWN) as limit:
+            await lifespan.__aexit__(None, None, None)
+        if limit.cancelled_caught:
+            log.warning("stopping: the lifespan's shut-down took over %gs", LIFESPAN_SHUTDOWN)
+
+
 def select_processors(app: App, names: Sequence[str] | None) -> list[Processor]:
     """The processors to run: all of the app's, or those named.
 
@@ -183,6 +223,7 @@ async def run_worker(
     handle_signals: bool = False,
     blocked_warning: float | None = DEFAULT_BLOCKED_WARNING,
     concurrency: int | None = None,
+    queues: Sequence[str] | None = None,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``app``'s processors and background tasks until stopped.
@@ -203,10 +244,13 @@ async def run_worker(
     there (:attr:`Worker.metrics_url`; needs the ``metrics`` extra); a port that
     cannot be bound is a :class:`ConfigError`.
 
-    The app's jobs run too, ``concurrency`` at once (``settings.job_concurrency`` by
-    default). A graceful stop takes no more jobs and gives the running ones the grace
-    period to end; those still running then are put back on the queue without
-    spending a try.
+    The app's jobs run too, ``concurrency`` at once per queue
+    (``settings.job_concurrency`` by default), from the app's job queues named in
+    ``queues`` (``"default"`` for the one named after the app; all of them by default).
+    A graceful stop takes no more jobs and gives the running ones the grace period (or
+    their own ``grace``) to end; those still running then are put back on the queue
+    without spending a try. The app's :meth:`~App.lifespan` is entered before anything
+    runs and left after everything stopped.
 
     Cancellation:
         Cancelling stops everything at once; leases are released and the groups left
@@ -219,6 +263,7 @@ async def run_worker(
         :doc:`policies`): the worker keeps running.
     """
     selected = select_processors(app, processors)
+    served = select_queues(app, queues)
     if blocked_warning is not None:
         positive_finite_number.check("blocked_warning", blocked_warning)
     worker = Worker(app)
@@ -227,7 +272,7 @@ async def run_worker(
         _stop_on_signals(worker, watchdog) if handle_signals else contextlib.nullcontext(),
         worker._starting,  # cancelled only by a signal that arrives while connecting
     ):
-        async with app, open_lock_manager(app.redis) as locks:
+        async with app, open_lock_manager(app.redis) as locks, _lifespan(app) as state:
             with worker._cancel_scope:
                 try:
                     async with trio.open_nursery() as nursery:
@@ -240,14 +285,16 @@ async def run_worker(
                                 _run_executor, app, processor, locks
                             )
                             worker.executors.append(executor)
-                        if app.jobs:
-                            worker.jobs = await nursery.start(
+                        for queue in served:
+                            worker.job_workers[queue] = await nursery.start(
                                 functools.partial(
-                                    app.job_queue.serve,
+                                    app.job_queues_for(queue).serve,
                                     concurrency=concurrency or app.settings.job_concurrency,
                                     threads=app.settings.job_threads,
+                                    state=state,
                                 )
                             )
+                        worker.jobs = worker.job_workers.get(DEFAULT_QUEUE)
                         if app.background:
                             await nursery.start(_run_background, app, locks)
                         log.info(
@@ -255,7 +302,11 @@ async def run_worker(
                             app.name,
                             ", ".join(
                                 [p.name for p in selected]
-                                + ([f"{len(app.jobs)} jobs"] if app.jobs else [])
+                                + [
+                                    f"{len(app.job_queues_for(q).jobs)} jobs of queue "
+                                    f"{app.job_queues_for(q).name}"
+                                    for q in served
+                                ]
                             )
                             or "no processors",
                         )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import Backoff, ConfigError
+from streamkit import App, Backoff, ConfigError, run_worker
 from streamkit.jobs import (
     JobContext,
     JobFailed,
@@ -366,3 +366,60 @@ async def wait_status(handle: JobHandle, status: JobStatus, within: float = 5.0)
         return await handle.status() is status
 
     await wait_until(reached, what=f"job {handle.id} {status}", within=within)
+
+
+# ---------------------------------------------------------------------- named queues
+
+
+def router_app(redis_url: str, seen: list[Any]) -> App:
+    """An app with a job on its default queue and one routed to its queue ``gpu``."""
+    app = App("router", redis_url=redis_url)
+
+    @app.job
+    async def light(n: int) -> int:
+        return n
+
+    @app.job(queue="gpu")
+    async def render(n: int) -> str:
+        seen.append(current_job().state)
+        return f"frame {n}"
+
+    @app.lifespan
+    async def pool() -> AsyncIterator[str]:
+        yield "a pool"
+
+    return app
+
+
+async def test_jobs_routed_to_a_named_queue_wait_for_a_worker_that_serves_it(
+    redis_url: str,
+) -> None:
+    seen: list[Any] = []
+    app = router_app(redis_url, seen)
+    light, render = app.jobs["light"], app.jobs["render"]
+    assert app.queue_names() == ["default", "gpu"]
+    async with app, trio.open_nursery() as nursery:
+        general = await nursery.start(
+            functools.partial(
+                run_worker, router_app(redis_url, seen), queues=["default"], blocked_warning=None
+            )
+        )
+        frame = await render.delay(1)
+        assert frame.queue.name == "router.gpu"
+        with app.blocking() as client:
+            by_client = client.delay(render, 2)
+            assert await (await light.delay(3)).result(timeout=5) == 3
+            assert await frame.status() is JobStatus.SENT  # not dead: nobody serves gpu
+            assert set(general.job_workers) == {"default"}
+            special = await nursery.start(
+                functools.partial(
+                    run_worker, router_app(redis_url, seen), queues=["gpu"], blocked_warning=None
+                )
+            )
+            assert await frame.result(timeout=5) == "frame 1"
+            assert await trio.to_thread.run_sync(by_client.result, 5) == "frame 2"
+        await general.stop()
+        await special.stop()
+    assert seen == ["a pool", "a pool"]
+    with pytest.raises(ConfigError, match="unknown job queue 'cpu'"):
+        await run_worker(app, queues=["cpu"])

@@ -16,7 +16,7 @@ from asyncclick.core import ParameterSource
 from .._errors import ConfigError, StreamkitError
 from .._nurseries import leaves
 from .._urls import mask_url
-from .._worker import Worker, run_worker, select_processors
+from .._worker import Worker, run_worker, select_processors, select_queues
 from ._exits import BadInput, fail
 from ._loading import load_app, with_stream_path
 from ._logging import configure_logging, logging_options
@@ -61,6 +61,13 @@ SECRET_OPTIONS = {
     help="Jobs run at once by this worker process (default: the job_concurrency setting, 32).",
 )
 @click.option(
+    "--queues",
+    "-q",
+    metavar="NAMES",
+    help="Comma-separated job queues to serve: 'default' (the one named after the app) "
+    "and the names given as @app.job(queue=...) (default: all of the app's).",
+)
+@click.option(
     "--processes",
     type=click.IntRange(min=1),
     default=1,
@@ -99,6 +106,7 @@ async def worker(
     log_level: str,
     log_format: LogFormat,
     concurrency: int | None,
+    queues: str | None,
     processes: int,
     metrics_port: int | None,
     metrics_host: str | None,
@@ -121,8 +129,10 @@ async def worker(
         metrics_token = metrics_token or os.environ.get(SECRET_OPTIONS["metrics_token"])
     app = load_app(app_path, redis_url)
     names = processor_names(app, processors)
+    queue_names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     try:
         select_processors(app, names)
+        select_queues(app, queue_names)
     except ConfigError as exc:
         fail(str(exc), 2)
     if processes > 1:
@@ -141,6 +151,7 @@ async def worker(
                     processors=names,
                     handle_signals=True,
                     concurrency=concurrency,
+                    queues=queue_names,
                 )
             )
     except StreamkitError as exc:

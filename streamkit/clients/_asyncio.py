@@ -361,7 +361,8 @@ class AsyncioClient:
         placed = await self.run(
             _ops.enqueue(self._state, self._state.job(job), calls, priority=priority, delay=delay)
         )
-        return [AsyncioJobHandle(self, job_id, shard) for job_id, shard in placed]
+        queue = self._state.queue_of(self._state.job(job))
+        return [AsyncioJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
 
     def handle(self, job_id: str) -> AsyncioJobHandle:
         """A handle on job ``job_id`` of the app's queue."""
@@ -416,24 +417,30 @@ class AsyncioJobHandle:
     _client: AsyncioClient = attrs.field(repr=False)
     id: str
     shard: int
+    #: The name of the queue it is on (the app's, or one of its named queues).
+    queue: str | None = None
 
     async def status(self) -> JobStatus:
         """Where the job is now (:class:`~streamkit.jobs.JobNotFound` if unknown)."""
-        return await self._client.run(_ops.job_status(self._client._state, self.id, self.shard))
+        return await self._client.run(
+            _ops.job_status(self._client._state, self.id, self.shard, self.queue)
+        )
 
     async def info(self) -> JobInfo:
         """Everything the queue records of the job."""
-        return await self._client.run(_ops.job_info(self._client._state, self.id, self.shard))
+        return await self._client.run(
+            _ops.job_info(self._client._state, self.id, self.shard, self.queue)
+        )
 
     async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result (errors as
         :meth:`BlockingJobHandle.result <streamkit.clients.BlockingJobHandle.result>`)."""
         return await self._client.run(
-            _ops.job_result(self._client._state, self.id, self.shard, timeout)
+            _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue)
         )
 
     async def abort(self, reason: str = "aborted") -> JobStatus:
         """Abort the job; return its status after the call."""
         return await self._client.run(
-            _ops.job_abort(self._client._state, self.id, self.shard, reason)
+            _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
         )

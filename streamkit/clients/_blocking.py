@@ -367,7 +367,8 @@ class BlockingClient:
         placed = self.run(
             _ops.enqueue(self._state, self._state.job(job), calls, priority=priority, delay=delay)
         )
-        return [BlockingJobHandle(self, job_id, shard) for job_id, shard in placed]
+        queue = self._state.queue_of(self._state.job(job))
+        return [BlockingJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
 
     def handle(self, job_id: str) -> BlockingJobHandle:
         """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""
@@ -424,6 +425,8 @@ class BlockingJobHandle:
     _client: BlockingClient = attrs.field(repr=False)
     id: str
     shard: int
+    #: The name of the queue it is on (the app's, or one of its named queues).
+    queue: str | None = None
 
     def status(self) -> JobStatus:
         """Where the job is now.
@@ -431,12 +434,14 @@ class BlockingJobHandle:
         Error handling:
             :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
         """
-        return self._client.run(_ops.job_status(self._client._state, self.id, self.shard))
+        return self._client.run(
+            _ops.job_status(self._client._state, self.id, self.shard, self.queue)
+        )
 
     def info(self) -> JobInfo:
         """Everything the queue records of the job (see :meth:`JobHandle.info
         <streamkit.jobs.JobHandle.info>`)."""
-        return self._client.run(_ops.job_info(self._client._state, self.id, self.shard))
+        return self._client.run(_ops.job_info(self._client._state, self.id, self.shard, self.queue))
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait until the job is over and return its result.
@@ -450,12 +455,16 @@ class BlockingJobHandle:
             :class:`~streamkit.jobs.ResultNotKept` if its job keeps no results;
             ``TimeoutError`` after ``timeout``.
         """
-        return self._client.run(_ops.job_result(self._client._state, self.id, self.shard, timeout))
+        return self._client.run(
+            _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue)
+        )
 
     def abort(self, reason: str = "aborted") -> JobStatus:
         """Abort the job (see :meth:`JobHandle.abort <streamkit.jobs.JobHandle.abort>`);
         return its status after the call."""
-        return self._client.run(_ops.job_abort(self._client._state, self.id, self.shard, reason))
+        return self._client.run(
+            _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
+        )
 
 
 # ------------------------------------------------------------------------- helpers

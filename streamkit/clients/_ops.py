@@ -43,7 +43,7 @@ from .._tables_windowed import WindowedTable
 from .._windows import Window
 from .._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
 from ..jobs import _scripts
-from ..jobs._layout import ShardKeys, shard_for
+from ..jobs._layout import ShardKeys, routed_queue, shard_for
 from ..jobs._plan import JobIds, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
 
@@ -215,9 +215,14 @@ class ClientState:
             raise ConfigError("job", f"{job!r} is not a job of app {self.queue!r}")
         return declared
 
-    def keys(self, shard: int) -> ShardKeys:
-        """The keys of a shard of the app's queue."""
-        return ShardKeys(self.queue, shard)
+    def keys(self, shard: int, queue: str | None = None) -> ShardKeys:
+        """The keys of a shard of the app's queue (or of its queue ``queue``, a full
+        name)."""
+        return ShardKeys(queue or self.queue, shard)
+
+    def queue_of(self, job: JobLike) -> str:
+        """The name of the queue ``job`` is routed to (see ``@app.job(queue=...)``)."""
+        return routed_queue(self.queue, job.options.queue)
 
     def shard_of(self, job_id: str) -> int:
         """The shard job ``job_id`` lives on."""
@@ -441,7 +446,8 @@ def enqueue(
         max_bytes=state.max_bytes,
     )
     script_calls = [
-        Call.run(_ENQUEUE, list(keys.keys), args) for keys, args in plan.script_calls(state.queue)
+        Call.run(_ENQUEUE, list(keys.keys), args)
+        for keys, args in plan.script_calls(state.queue_of(job))
     ]
     for start in range(0, len(script_calls), ENQUEUE_CALLS_PER_BATCH):
         todo = script_calls[start : start + ENQUEUE_CALLS_PER_BATCH]
@@ -465,33 +471,39 @@ def enqueue(
     return plan.placed
 
 
-def job_status(state: ClientState, job_id: str, shard: int) -> Op[JobStatus]:
+def job_status(
+    state: ClientState, job_id: str, shard: int, queue: str | None = None
+) -> Op[JobStatus]:
     """Where job ``job_id`` is now (see :meth:`JobHandle.status <streamkit.jobs.JobHandle.status>`)."""
     value = yield from retried(
-        Call.command("HGET", state.keys(shard).job(job_id), "status"),
+        Call.command("HGET", state.keys(shard, queue).job(job_id), "status"),
         what="reading a job's status",
     )
     return status_reply(value, job_id, state.queue)
 
 
-def job_info(state: ClientState, job_id: str, shard: int) -> Op[JobInfo]:
+def job_info(state: ClientState, job_id: str, shard: int, queue: str | None = None) -> Op[JobInfo]:
     """Everything the queue records of job ``job_id``."""
     fields = yield from retried(
-        Call.command("HGETALL", state.keys(shard).job(job_id)), what="reading a job"
+        Call.command("HGETALL", state.keys(shard, queue).job(job_id)), what="reading a job"
     )
     return info_reply(fields, job_id, state.queue)
 
 
-def job_abort(state: ClientState, job_id: str, shard: int, reason: str) -> Op[JobStatus]:
+def job_abort(
+    state: ClientState, job_id: str, shard: int, reason: str, queue: str | None = None
+) -> Op[JobStatus]:
     """Abort job ``job_id`` (see :meth:`JobHandle.abort <streamkit.jobs.JobHandle.abort>`)."""
-    keys = state.keys(shard)
+    keys = state.keys(shard, queue)
     reply = yield from retried(
         Call.run(_ABORT, list(keys.keys), (keys.base, job_id, reason)), what="aborting a job"
     )
     return abort_reply(reply, job_id, state.queue)
 
 
-def job_result(state: ClientState, job_id: str, shard: int, timeout: float | None) -> Op[Any]:
+def job_result(
+    state: ClientState, job_id: str, shard: int, timeout: float | None, queue: str | None = None
+) -> Op[Any]:
     """Wait until job ``job_id`` is over; return its result (see :meth:`JobHandle.result
     <streamkit.jobs.JobHandle.result>`).
 
@@ -504,7 +516,7 @@ def job_result(state: ClientState, job_id: str, shard: int, timeout: float | Non
         :func:`streamkit.jobs._replies.watch_reply` says.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    keys = state.keys(shard)
+    keys = state.keys(shard, queue)
     # Where the completion stream ends now, before the job is looked at: a completion
     # added after the look is then read.
     last = yield from retried(

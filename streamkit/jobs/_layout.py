@@ -31,12 +31,30 @@ import attrs
 from .._keys import validate_name
 from .._partitioner import partition_for
 
-__all__ = ["ShardKeys", "shard_for"]
+__all__ = ["DEFAULT_QUEUE", "ShardKeys", "routed_queue", "shard_for"]
+
+#: The name of an app's own job queue among its queues (the one named after the app).
+DEFAULT_QUEUE = "default"
 
 
 def shard_for(job_id: str, shards: int) -> int:
     """The shard of a job id: stable across processes and machines."""
     return 0 if shards == 1 else partition_for(job_id, shards)
+
+
+def routed_queue(app: str, queue: str | None) -> str:
+    """The name of an app's job queue ``queue``: the app's name for its default queue,
+    ``APP.QUEUE`` for a named one (its keys carry the app's name, so the app's ACL
+    patterns cover them)."""
+    if queue is None or queue == DEFAULT_QUEUE:
+        return app
+    return f"{app}.{queue}"
+
+
+def _queue_name(_i: object, _a: object, value: str) -> None:
+    # an app's named queue is APP.QUEUE: each part a name
+    for part in value.split(".", 1):
+        validate_name("queue name", part)
 
 
 @attrs.frozen
@@ -48,7 +66,7 @@ class ShardKeys:
         shard: the shard's number.
     """
 
-    queue: str = attrs.field(validator=lambda _i, _a, v: validate_name("queue name", v))
+    queue: str = attrs.field(validator=_queue_name)
     shard: int
     base: str = attrs.field(init=False)
     keys: tuple[str, ...] = attrs.field(init=False)
