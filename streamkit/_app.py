@@ -21,6 +21,7 @@ from ._streams import Stream
 from ._tables import Table
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
 from ._windows import Window, to_ms
+from .jobs._cron import check_expression, timezone
 from .jobs._handle import Job
 from .jobs._layout import DEFAULT_QUEUE, routed_queue
 from .jobs._model import JobOptions, Schedule
@@ -457,7 +458,7 @@ class App:
         A background task, not a job: it runs in every worker (or, with
         ``on_leader=True``, on the leader only), in the worker's local time, and a tick
         missed while no worker runs is not made up. For work that must run once per
-        tick across the fleet, in UTC, with retries and a result, use :meth:`cron`.
+        tick across the fleet, with retries and a result, use :meth:`cron`.
         """
 
         def register(fn: BackgroundFunction) -> BackgroundFunction:
@@ -511,24 +512,24 @@ class App:
         expression: str,
         *,
         misfire_grace: float = 60.0,
+        tz: str | None = None,
         name: str | None = None,
         **options: Any,
     ) -> Callable[[Callable[..., Any]], Job]:
-        """Declare a job run at the times of a crontab ``expression`` (UTC), each tick
-        once across all workers. See :meth:`streamkit.jobs.JobQueue.cron`.
+        """Declare a job run at the times of a crontab ``expression`` in the timezone
+        ``tz`` (UTC by default), each tick once across all workers. See
+        :meth:`streamkit.jobs.JobQueue.cron`.
 
         A job, not a background task: each tick is enqueued once however many workers
         run, and runs with the job's retries and dead letters. For code that simply
         runs on a schedule in each worker (or on the leader), in local time, use
         :meth:`crontab`."""
-        from croniter import croniter
-
-        if not croniter.is_valid(expression):
-            raise ConfigError("cron", f"{expression!r} is not a valid crontab expression")
+        check_expression(expression)
+        timezone(tz)
 
         def declare(fn: Callable[..., Any]) -> Job:
             job: Job = self.job(name=name, **options)(fn)
-            job.schedule = Schedule(expression=expression, misfire_grace=misfire_grace)
+            job.schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
             return job
 
         return declare

@@ -13,6 +13,7 @@ from .._errors import (
 )
 from .._public import fix_module_metadata as _fix_module_metadata
 from ._context import JobContext as JobContext, Middleware as Middleware, current_job as current_job
+from ._cron import ScheduleInfo as ScheduleInfo
 from ._handle import Job as Job, JobHandle as JobHandle
 from ._inspect import QueueCounts as QueueCounts
 from ._limits import RateLimit as RateLimit
@@ -53,6 +54,7 @@ __all__ = [
     "ResultNotKept",
     "Retry",
     "Schedule",
+    "ScheduleInfo",
     "current_job",
     "open_job_queue",
     "progress",

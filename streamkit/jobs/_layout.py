@@ -21,6 +21,11 @@ key                                   what it holds
 ``__jobs:{Q.S}:settling:N``           one ended job's dependents left to settle (its
                                       ``deps:ID`` renamed; ``:settling`` numbers them)
 ``__jobs:{Q.S}:once:ID``              job ID's dedupe marker (expires)
+``__jobs:{Q.S}:ctl``                  the paused job names (``*``: the whole queue)
+``__jobs:{Q.S}:rl:*``, ``:cc:*``,     rate windows, concurrency slots, held jobs and
+``:park:*``, ``:wake``, ``:lims``     their wake-ups (see ``_scripts``)
+``__jobs:{Q.0}:crontab``              the runtime schedules (shard 0; ``:crontab:v``
+                                      its version)
 ====================================  ================================================
 """
 
@@ -106,6 +111,16 @@ class ShardKeys:
     def control(self) -> str:
         """The paused job names (a hash; ``*`` for the whole queue)."""
         return f"{self.base}:ctl"
+
+    @property
+    def schedules(self) -> str:
+        """The runtime schedules (a hash: name -> JSON), on shard 0."""
+        return f"{self.base}:crontab"
+
+    @property
+    def schedules_version(self) -> str:
+        """Bumped by each change of the runtime schedules, on shard 0."""
+        return f"{self.base}:crontab:v"
 
     def job(self, job_id: str) -> str:
         """The hash of job ``job_id``."""

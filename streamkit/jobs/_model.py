@@ -264,13 +264,16 @@ class Schedule:
     """A cron schedule of a job (see :meth:`JobQueue.cron`).
 
     Attributes:
-        expression: a crontab expression, e.g. ``"*/5 * * * *"``, in UTC.
+        expression: a crontab expression, e.g. ``"*/5 * * * *"``.
         misfire_grace: a tick missed while no worker ran is still run if it is at most
             this many seconds late; an older one is skipped with a log line.
+        tz: the timezone of its times, an IANA name such as ``"Europe/Paris"``
+            (``None``: UTC).
     """
 
     expression: str
     misfire_grace: float = attrs.field(default=60.0, validator=positive_number)
+    tz: str | None = None
 
 
 def _check_retry_on(_i: object, _a: object, value: object) -> None:

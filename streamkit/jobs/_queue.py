@@ -23,6 +23,17 @@ from .._redis import (
 )
 from .._validate import positive_int, positive_number
 from . import _scripts
+from ._cron import (
+    ScheduleInfo,
+    check_expression,
+    decode_schedule,
+    read_schedules,
+    remove_schedule as drop_schedule,
+    set_schedule as store_schedule,
+    timezone,
+    wall_clock,
+)
+from ._crontime import next_tick
 from ._enqueue import send_plan
 from ._finish import settle_all
 from ._handle import Job, JobHandle
@@ -43,7 +54,7 @@ from ._model import (
     When,
 )
 from ._outcome import label
-from ._plan import JobIds, plan_enqueue
+from ._plan import JobIds, encode_arguments, plan_enqueue
 from ._replies import abort_reply, watch_reply
 from ._serve import Handlers, JobWorker, serve_jobs
 
@@ -285,22 +296,23 @@ class JobQueue:
         expression: str,
         *,
         misfire_grace: float = 60.0,
+        tz: str | None = None,
         name: str | None = None,
         **options: Any,
     ) -> Callable[[Callable[..., Any]], Job]:
-        """Declare a job that runs at the times of a crontab ``expression`` (UTC).
+        """Declare a job that runs at the times of a crontab ``expression``, in the
+        timezone ``tz`` (an IANA name such as ``"Europe/Paris"``; UTC by default).
 
         Each tick runs once across all the workers serving the queue: every worker
         enqueues it with a job id made of the job's name and the tick's time, and the
         dedupe keeps one. A tick missed while no worker ran is run once if it is at
         most ``misfire_grace`` seconds late, and skipped (with a log line) otherwise.
+        Daylight-saving changes follow Debian's cron (see the jobs guide).
         ``options`` are those of :meth:`job`.
         """
-        from croniter import croniter
-
-        if not croniter.is_valid(expression):
-            raise ConfigError("cron", f"{expression!r} is not a valid crontab expression")
-        schedule = Schedule(expression=expression, misfire_grace=misfire_grace)
+        check_expression(expression)
+        timezone(tz)
+        schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
 
         def declare(fn: Callable[..., Any]) -> Job:
             job: Job = self.job(name=name, **options)(fn)
@@ -342,6 +354,86 @@ class JobQueue:
             raise ConfigError("lifespan", f"queue {self.name!r} has a lifespan already")
         self.lifespan = contextlib.asynccontextmanager(fn)
         return fn
+
+    # ------------------------------------------------------------------ schedules
+
+    async def set_schedule(
+        self,
+        name: str,
+        job: Job | str,
+        expression: str,
+        *,
+        tz: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        misfire_grace: float = 60.0,
+    ) -> ScheduleInfo:
+        """Add the schedule ``name``, or change it: ``job`` runs with ``args`` and
+        ``kwargs`` at the times of the crontab ``expression`` in ``tz`` (UTC by
+        default), once per tick across the workers, as for :meth:`cron`.
+
+        Kept in Redis: every worker of the queue that runs ``job`` picks the change
+        up within a second, and the schedule outlives the program that set it. A
+        schedule added now does not run the ticks before it.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a bad name, expression or timezone, or
+            a job the queue does not declare; ``TypeError`` or
+            :class:`~streamkit.EncodeError` for arguments the job does not take or
+            that do not encode.
+        """
+        validate_name("schedule name", name)
+        check_expression(expression)
+        timezone(tz)
+        positive_number.check("misfire_grace", misfire_grace)
+        job_name = job if isinstance(job, str) else job.name
+        declared = self.jobs.get(job_name)
+        if declared is None and self.jobs:
+            known = ", ".join(sorted(self.jobs))
+            raise ConfigError(
+                "job", f"queue {self.name!r} has no job {job_name!r} (known: {known})"
+            )
+        kwargs = dict(kwargs or {})
+        if declared is not None:
+            declared.check_arguments(args, kwargs)
+        encode_arguments(job_name, args, kwargs, self.max_bytes)
+        info = ScheduleInfo(
+            name=name,
+            job=job_name,
+            expression=expression,
+            tz=tz,
+            args=tuple(args),
+            kwargs=kwargs,
+            misfire_grace=misfire_grace,
+        )
+        await store_schedule(self, info)
+        return attrs.evolve(info, next_at=next_tick(expression, timezone(tz), wall_clock()))
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Remove the schedule ``name`` added by :meth:`set_schedule` (workers stop
+        running it within a second). Returns whether there was one."""
+        return await drop_schedule(self, name)
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """The queue's schedules, with when each ticks next: those declared in code
+        (:meth:`cron`), then those added at runtime, by name."""
+        now = wall_clock()
+        declared = [
+            ScheduleInfo(
+                name=job.name,
+                job=job.name,
+                expression=job.schedule.expression,
+                tz=job.schedule.tz,
+                misfire_grace=job.schedule.misfire_grace,
+                declared=True,
+                next_at=next_tick(job.schedule.expression, timezone(job.schedule.tz), now),
+            )
+            for job in sorted(self.jobs.values(), key=lambda j: j.name)
+            if job.schedule is not None
+        ]
+        stored = await read_schedules(self)
+        runtime = [decode_schedule(name, raw, now) for name, raw in sorted(stored.items())]
+        return declared + [info for info in runtime if info is not None]
 
     # ------------------------------------------------------------------ pausing
 

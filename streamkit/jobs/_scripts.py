@@ -66,6 +66,7 @@ __all__ = [
     "RECOVER_LUA",
     "RENEW_LUA",
     "REPLAY_LUA",
+    "SCHEDULE_LUA",
     "SETTLE_LUA",
     "WATCH_LUA",
 ]
@@ -861,6 +862,24 @@ if name == '*' then return 0 end
 local pk = B .. ':park:p:' .. name
 unpark(pk, budget)
 return redis.call('LLEN', pk)
+"""
+)
+
+#: Add, change or remove a runtime schedule (on shard 0). ARGV: base, "set" or "del",
+#: name, its JSON (for "set"). Bumps the schedules' version, which workers watch.
+#: Returns 1, or for "del" whether there was such a schedule.
+SCHEDULE_LUA = (
+    _COMMON
+    + r"""
+local op, name = ARGV[2], ARGV[3]
+local n = 1
+if op == 'set' then
+  redis.call('HSET', B .. ':crontab', name, ARGV[4])
+else
+  n = redis.call('HDEL', B .. ':crontab', name)
+end
+redis.call('INCR', B .. ':crontab:v')
+return n
 """
 )
 

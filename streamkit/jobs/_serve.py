@@ -10,7 +10,9 @@ Task tree of ``serve_jobs`` (one nursery)::
     ├── renewer                      extends the leases of running jobs; cancels the
     │                                tries that were aborted or taken over
     ├── try runners (concurrency)    run one try each at a time, in a cancel scope
-    └── cron (one per cron job)      enqueues each tick with a deterministic job id
+    └── schedules                    enqueues each tick of the declared and the runtime
+                                     schedules with a job id per tick (one task per
+                                     schedule), following the runtime changes
 
 Cancelling the nursery is a graceful stop: the tries running then are put back on the
 queue without spending a try, in a shielded clean-up.
@@ -31,7 +33,7 @@ from .._logs import log_context
 from .._meter import JobMeter
 from .._nurseries import open_service_nursery
 from ._claim import Claimed, Claimer, ensure_groups, new_consumer
-from ._cron import run_cron
+from ._cron import run_schedules
 from ._drain import drain, put_back
 from ._finish import Outbox, Settler, renew_leases
 from ._handle import Job
@@ -146,9 +148,7 @@ class JobWorker:
                         nursery.start_soon(self._outbox.finisher, shard)
                         nursery.start_soon(self._settler.settler, shard)
                         nursery.start_soon(self._claimer.run, shard)
-                    for job in self.jobs.values():
-                        if job.schedule is not None:
-                            nursery.start_soon(run_cron, self.queue, job)
+                    nursery.start_soon(run_schedules, self.queue, self.jobs)
                     task_status.started(self)
                     await trio.sleep_forever()
         finally:
