@@ -321,10 +321,14 @@ async def test_a_dead_dependency_kills_its_dependents_transitively(
         d = await then.enqueue("d", after=[a])
         release.set()
         assert (await failure(a)).error_type == "tests.test_jobs.Bounce"
+        cause = "tests.test_jobs.Bounce: base fails"
         for handle, parent in ((b, a), (c, b), (d, a)):
             failed = await failure(handle)
             assert (failed.status, failed.error_type) == ("dead", "DependencyFailed")
-            assert failed.message == f"job {parent.id} it depends on ended dead"
+            # the parent's end, with the root cause of the failure
+            assert failed.message == f"job {parent.id} it depends on ended dead: " + (
+                cause if parent is a else f"job {a.id} ended dead: {cause}"
+            )
         # depending on a job that is dead already: dead at once
         e = await then.enqueue("e", after=[a])
         assert await e.status() is JobStatus.DEAD
@@ -352,7 +356,9 @@ async def test_an_aborted_dependency_kills_its_dependents(redis: Redis, queue: J
         failed = await failure(handle)
         assert failed.error_type == "DependencyFailed"
         assert failed.message == f"job {parent.id} it depends on ended " + (
-            "aborted" if parent is a else "dead"
+            "aborted: Aborted: changed my mind"
+            if parent is a
+            else f"dead: job {a.id} ended aborted: Aborted: changed my mind"
         )
     counts = await queue.counts()
     assert (counts.aborted, counts.dead, counts.waiting, counts.pending) == (1, 2, 0, 0)

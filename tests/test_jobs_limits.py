@@ -294,7 +294,7 @@ async def test_dependents_are_settled_a_bounded_number_per_script_call(
     assert info.error is not None
     assert (info.error.type, info.error.message) == (
         "DependencyFailed",
-        f"job {first.id} it depends on ended aborted",
+        f"job {first.id} it depends on ended aborted: Aborted: test",
     )
     assert (counts.dead, counts.aborted, counts.waiting) == (1000, 1, 0)
     assert await redis.exists([f"{keys.base}:settle", f"{keys.base}:deps:{first.id}"]) == 0

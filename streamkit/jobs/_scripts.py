@@ -58,9 +58,12 @@ __all__ = [
     "CLAIM_LUA",
     "CONTROL_LUA",
     "COUNTS_LUA",
+    "DELIVERED_LUA",
+    "DELIVER_LUA",
     "ENQUEUE_LUA",
     "FINISH_LUA",
     "GROUP",
+    "LINK_LUA",
     "PROGRESS_LUA",
     "PURGE_LUA",
     "RECOVER_LUA",
@@ -333,8 +336,16 @@ local function unqueue(k)
   end
 end
 
--- End a job dead: record the error, add it to the dead-letter stream.
+-- End a job dead: record the error, add it to the dead-letter stream (not a
+-- workflow's gather node: no worker runs it, nothing could replay it).
 local function mark_dead(id, k, name, from, err, now)
+  if redis.call('HGET', k, 'feed') == 'g' then
+    redis.call('HSET', k, 'status', 'dead', 'error', err, 'finished', now, 'owner', '')
+    move(name, from, 'dead')
+    notify(id, k, 'dead')
+    expire_later(k)
+    return
+  end
   local d = redis.call('XADD', DEAD, '*', 'id', id, 'name', name)
   redis.call('HSET', k, 'status', 'dead', 'error', err, 'finished', now, 'owner', '',
     'dead_entry', d)
@@ -351,8 +362,52 @@ local function mark_final(id, k, name, from, status, now)
   expire_later(k)
 end
 
--- A waiting job whose dependencies all succeeded: schedule or queue it.
+-- Workflows. A job fed by the jobs it depends on (field 'feed': 'c' a chain's next
+-- step, given its one dependency's result; 'n' a chord's callback, given the list of
+-- its dependencies' results, in the order of 'order'; 'f' a failure callback, given
+-- the failure of its one dependency; 'g' a group's gather node, run by no worker,
+-- whose result is its dependencies' results) collects them in fields 'in:DEP' as
+-- they end, and they are put first among its positional arguments when it is queued.
+
+-- value put first among the positional arguments of args ('[[...],{...}]', as every
+-- streamkit producer writes them); any other shape is left as it is.
+local function prepend(args, value)
+  if string.sub(args, 1, 3) == '[[]' then return '[[' .. value .. string.sub(args, 3) end
+  if string.sub(args, 1, 2) == '[[' then return '[[' .. value .. ',' .. string.sub(args, 3) end
+  return args
+end
+
+-- The inputs a fed job collected, in the order of its dependencies, and their fields.
+local function collected(k)
+  local order = cjson.decode(redis.call('HGET', k, 'order') or '[]')
+  local fields, parts = {}, {}
+  for i, dep in ipairs(order) do fields[i] = 'in:' .. dep end
+  if #fields > 0 then
+    local values = redis.call('HMGET', k, unpack(fields))
+    for i = 1, #fields do parts[i] = values[i] or 'null' end
+  end
+  return parts, fields
+end
+
+-- A waiting job whose dependencies all ended as it needs: schedule or queue it (fed
+-- its inputs); a gather node ends at once, with its inputs as its result.
+local settle
 local function release_waiting(id, k, name, now)
+  local f = redis.call('HMGET', k, 'feed', 'xp')
+  if f[2] then redis.call('DEL', B .. ':xpend:' .. id) end
+  if f[1] then
+    local parts, fields = collected(k)
+    if #fields > 0 then redis.call('HDEL', k, unpack(fields)) end
+    if f[1] == 'g' then
+      redis.call('HSET', k, 'result', '[' .. table.concat(parts, ',') .. ']')
+      mark_final(id, k, name, 'waiting', 'success', now)
+      settle(id, true, now)
+      return
+    end
+    local value = parts[1] or 'null'
+    if f[1] == 'n' then value = '[' .. table.concat(parts, ',') .. ']' end
+    redis.call('HSET', k, 'args', prepend(redis.call('HGET', k, 'args') or '[[],{}]', value))
+  end
   local due = tonumber(redis.call('HGET', k, 'due') or '0')
   if due > now then
     redis.call('ZADD', SCHED, due, id)
@@ -363,51 +418,120 @@ local function release_waiting(id, k, name, now)
   end
 end
 
+-- What the end of job id hands its dependents: its result if it succeeded; else the
+-- failure a failure callback gets (JSON: id, name, status, error), the detail the
+-- others' DependencyFailed message gives and the root cause it carries on.
+local function handed(id, ok, st)
+  local k = jkey(id)
+  if ok then return redis.call('HGET', k, 'result') or 'null', nil, nil end
+  local f = redis.call('HMGET', k, 'name', 'error')
+  local detail, cause = nil, nil
+  if f[2] then
+    local decoded, e = pcall(cjson.decode, f[2])
+    if decoded and type(e) == 'table' and e.type then
+      if e.type == 'DependencyFailed' and e.cause then
+        detail, cause = tostring(e.cause), tostring(e.cause)
+      else
+        detail = tostring(e.type) .. ': ' .. string.sub(tostring(e.message or ''), 1, 500)
+        cause = 'job ' .. id .. ' ended ' .. st .. ': ' .. detail
+      end
+    end
+  end
+  cause = cause or ('job ' .. id .. ' ended ' .. st)
+  local info = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(f[1] or '') ..
+    ',"status":' .. cjson.encode(st) .. ',"error":' .. (f[2] or 'null') .. '}'
+  return info, detail, cause
+end
+
+-- The failure a failure callback gets for a job that is unknown.
+local function unknown_job(id)
+  return '{"id":' .. cjson.encode(id) .. ',"name":"","status":"unknown","error":null}'
+end
+
+-- Hand waiting job d the end of job x (its status st): its result, or its failure.
+-- A failure callback of a job that succeeded is not needed: it ends aborted.
+local function hand_to(d, x, ok, data, detail, cause, st, now)
+  local k = jkey(d)
+  local f = redis.call('HMGET', k, 'status', 'name', 'feed', 'xp')
+  if f[1] ~= 'waiting' then return end
+  local name, feed = f[2], f[3]
+  if ok and feed == 'f' then
+    if f[4] then redis.call('DEL', B .. ':xpend:' .. d) end
+    redis.call('HSET', k, 'error', cjson.encode({type = 'NotNeeded',
+      message = 'job ' .. x .. ' succeeded: no failure to handle'}))
+    mark_final(d, k, name, 'waiting', 'aborted', now)
+    settle(d, false, now)
+    return
+  end
+  if ok or feed == 'f' then
+    if feed then redis.call('HSET', k, 'in:' .. x, data) end
+    if redis.call('HINCRBY', k, 'pending', -1) <= 0 then release_waiting(d, k, name, now) end
+    return
+  end
+  if f[4] then redis.call('DEL', B .. ':xpend:' .. d) end
+  local message
+  if st == 'unknown' then
+    message = 'job ' .. x .. ' it depends on is unknown (never enqueued, or its record expired)'
+  else
+    message = 'job ' .. x .. ' it depends on ended ' .. st
+    if detail then message = message .. ': ' .. detail end
+  end
+  mark_dead(d, k, name, 'waiting', cjson.encode({type = 'DependencyFailed', message = message,
+    cause = cause or message}), now)
+  settle(d, false, now)
+end
+
 -- A job ended: release (ok) or kill (not ok) the jobs waiting on it, transitively.
 -- A job may have very many dependents, so no script walks them all: the job's set of
 -- dependents is renamed to a set of its own (later dependents of a replayed or
 -- re-enqueued job go to a new one), queued on SETTLE, and settle_some works through
 -- that queue a bounded number of dependents per call. Any call that settles continues
 -- with the budget it has; the worker that ended the job calls SETTLE_LUA until
--- nothing is left, and every claim continues it too.
-local SETTLE = B .. ':settle'
-local function settle(id, ok, now)
+-- nothing is left, and every claim continues it too. Dependents on other shards (or
+-- queues) are in a set of their own ('xdeps'): settling one of them queues a message
+-- on XOUT, which the workers deliver (DELIVER_LUA, on the dependent's shard).
+local SETTLE, XOUT = B .. ':settle', B .. ':xout'
+settle = function(id, ok, now)
   local k = jkey(id)
   if redis.call('HEXISTS', k, 'dependents') == 0 then return end
-  local dk = B .. ':deps:' .. id
-  if redis.call('EXISTS', dk) == 0 then return end
-  local sk = B .. ':settling:' .. redis.call('INCR', B .. ':settling')
-  redis.call('RENAME', dk, sk)
-  redis.call('RPUSH', SETTLE, cjson.encode({sk, ok and 1 or 0, id,
-    redis.call('HGET', k, 'status') or 'gone'}))
+  local st = redis.call('HGET', k, 'status') or 'gone'
+  for remote, kind in ipairs({'deps', 'xdeps'}) do
+    local dk = B .. ':' .. kind .. ':' .. id
+    if redis.call('EXISTS', dk) == 1 then
+      local sk = B .. ':settling:' .. redis.call('INCR', B .. ':settling')
+      redis.call('RENAME', dk, sk)
+      redis.call('RPUSH', SETTLE, cjson.encode({sk, ok and 1 or 0, id, st, remote - 1}))
+    end
+  end
 end
 
 -- Settle up to budget dependents (at least one queued job's worth of work); returns
--- how many jobs still have dependents to settle.
+-- how many jobs still have dependents to settle, plus the messages to other shards
+-- waiting to be delivered.
 local function settle_some(now, budget)
+  if redis.call('EXISTS', SETTLE, XOUT) == 0 then return 0 end
   while budget > 0 do
     local head = redis.call('LINDEX', SETTLE, 0)
-    if not head then return 0 end
+    if not head then break end
     local item = cjson.decode(head)
-    local sk, ok, top, st = item[1], item[2] == 1, item[3], item[4]
+    local sk, ok, top, st, remote = item[1], item[2] == 1, item[3], item[4], item[5] == 1
     local dependents = redis.call('SPOP', sk, budget)
     budget = budget - math.max(1, #dependents)
-    for _, d in ipairs(dependents) do
-      local k = jkey(d)
-      if redis.call('HGET', k, 'status') == 'waiting' then
-        local name = redis.call('HGET', k, 'name')
-        if ok then
-          if redis.call('HINCRBY', k, 'pending', -1) <= 0 then release_waiting(d, k, name, now) end
+    if #dependents > 0 then
+      local data, detail, cause = handed(top, ok, st)
+      for _, d in ipairs(dependents) do
+        if remote then
+          local t = cjson.decode(d)
+          redis.call('RPUSH', XOUT, cjson.encode({t[1], t[2], t[3], top, ok and 1 or 0, data,
+            detail or false, cause or false, st}))
         else
-          mark_dead(d, k, name, 'waiting', cjson.encode({type = 'DependencyFailed',
-            message = 'job ' .. top .. ' it depends on ended ' .. st}), now)
-          settle(d, false, now)
+          hand_to(d, top, ok, data, detail, cause, st, now)
         end
       end
     end
     if redis.call('EXISTS', sk) == 0 then redis.call('LPOP', SETTLE) end
   end
-  return redis.call('LLEN', SETTLE)
+  return redis.call('LLEN', SETTLE) + redis.call('LLEN', XOUT)
 end
 
 -- Start a job read from (or reclaimed on) a ready stream; append it to out.
@@ -497,29 +621,37 @@ end
 """
 )
 
-#: Add jobs of one name. ARGV: base, name, then the batch's defaults: priority,
-#: delay_ms (relative, 0: none), max_tries, result_ttl_s, dedupe_window_s (for jobs
-#: with an id of the caller's), expires_ms (absolute; negative: relative to now; 0:
-#: none), limits (the ``lim`` field, "" for none); then per job: id, args (JSON),
-#: options ("" for the defaults, else a JSON object with any of p (priority), d
-#: (delay_ms), a (at_ms, absolute), e (expires_ms), w (1: dedupe by id), after (ids of
-#: jobs that must succeed first), k (limit key), h (headers, JSON text)).
+#: Add jobs. ARGV: base, name, then the batch's defaults: priority, delay_ms
+#: (relative, 0: none), max_tries, result_ttl_s, dedupe_window_s (for jobs with an id
+#: of the caller's), expires_ms (absolute; negative: relative to now; 0: none), limits
+#: (the ``lim`` field, "" for none); then per job: id, args (JSON), options ("" for the
+#: defaults, else a JSON object with any of p (priority), d (delay_ms), a (at_ms,
+#: absolute), e (expires_ms), w (1: dedupe by id), after (ids of jobs on this shard
+#: that must succeed first), x (jobs on other shards or queues it depends on: id ->
+#: what the link script answered for it), k (limit key), h (headers, JSON text), and,
+#: for a workflow's jobs, n (name), m (max_tries), t (result_ttl_s), l (limits), f
+#: (feed: c, n, f or g; see ``hand_to``), o (every dependency's id, in order)).
+#: Jobs are added in order, so a job may depend on one before it in the same call.
 #: Returns 1 per new job, 0 per duplicate.
 ENQUEUE_LUA = (
     _COMMON
     + r"""
 local now = now_ms()
-local name = ARGV[2]
-local d_prio, d_delay, max_tries, ttl = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local window, d_expires, lim = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local d_name = ARGV[2]
+local d_prio, d_delay, d_tries, d_ttl = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local window, d_expires, d_lim = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local out = {}
 for i = 10, #ARGV, 3 do
   local id, args, opts = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local prio, delay, at, expires, dedupe, after = d_prio, d_delay, 0, d_expires, false, nil
-  local lk, hdr = nil, nil
+  local name, prio, delay, at, expires, dedupe = d_name, d_prio, d_delay, 0, d_expires, false
+  local max_tries, ttl, lim = d_tries, d_ttl, d_lim
+  local o = {}
   if opts ~= '' then
-    local o = cjson.decode(opts)
-    lk, hdr = o.k, o.h
+    o = cjson.decode(opts)
+    if o.n then name = o.n end
+    if o.m then max_tries = o.m end
+    if o.t then ttl = o.t end
+    if o.l then lim = o.l end
     if o.p then prio = tostring(o.p) end
     if o.d then delay = o.d end
     if o.a then
@@ -528,7 +660,6 @@ for i = 10, #ARGV, 3 do
     end
     if o.e then expires = o.e end
     dedupe = o.w == 1
-    after = o.after
   end
   local k = jkey(id)
   local fresh = true
@@ -552,33 +683,61 @@ for i = 10, #ARGV, 3 do
     redis.call('HSET', k, 'name', name, 'args', args, 'prio', prio, 'max_tries', max_tries,
       'ttl', ttl, 'enqueued', now)
     if lim ~= '' then redis.call('HSET', k, 'lim', lim) end
-    if lk then redis.call('HSET', k, 'lk', lk) end
-    if hdr then redis.call('HSET', k, 'hdr', hdr) end
+    if o.k then redis.call('HSET', k, 'lk', o.k) end
+    if o.h then redis.call('HSET', k, 'hdr', o.h) end
     if expires ~= 0 then
       if expires < 0 then expires = now - expires end
       redis.call('HSET', k, 'expires', expires)
     end
     if due > 0 then redis.call('HSET', k, 'due', due) end
-    local pending, failed = 0, nil
-    for _, dep in ipairs(after or {}) do
-      local ds = redis.call('HGET', jkey(dep), 'status')
-      if ds == 'success' then
-        -- done already
-      elseif not ds or FINAL[ds] then
-        failed = failed or ('job ' .. dep .. ' it depends on ' .. (ds and ('ended ' .. ds)
-          or 'is unknown (never enqueued, or its record expired)'))
-      else
-        redis.call('SADD', B .. ':deps:' .. dep, id)
-        redis.call('HSET', jkey(dep), 'dependents', 1)
-        pending = pending + 1
-      end
-    end
-    if failed then
-      mark_dead(id, k, name, nil, cjson.encode({type = 'DependencyFailed', message = failed}),
-        now)
-    elseif pending > 0 then
-      redis.call('HSET', k, 'status', 'waiting', 'pending', pending)
+    local remote = o.x or {}
+    local deps = #(o.after or {})
+    for _ in pairs(remote) do deps = deps + 1 end
+    if deps > 0 then
+      -- Waiting first, for every dependency; each one already over is handed to it at
+      -- once (the last one releases it), the others hand it their end when they end.
+      redis.call('HSET', k, 'status', 'waiting', 'pending', deps)
+      if o.f then redis.call('HSET', k, 'feed', o.f, 'order', cjson.encode(o.o or o.after)) end
       move(name, nil, 'waiting')
+      for _, dep in ipairs(o.after or {}) do
+        local ds = redis.call('HGET', jkey(dep), 'status')
+        if ds and not FINAL[ds] then
+          redis.call('SADD', B .. ':deps:' .. dep, id)
+          redis.call('HSET', jkey(dep), 'dependents', 1)
+        else
+          local data, detail, cause = unknown_job(dep), nil, nil
+          if ds then data, detail, cause = handed(dep, ds == 'success', ds) end
+          hand_to(id, dep, ds == 'success', data, detail, cause, ds or 'unknown', now)
+        end
+      end
+      local linked = false
+      for dep, r in pairs(remote) do
+        if r[1] == 'linked' then
+          redis.call('SADD', B .. ':xpend:' .. id, dep)
+          linked = true
+        else
+          local detail, cause = r[3], r[4]
+          if detail == '' then detail = nil end
+          if cause == '' then cause = nil end
+          hand_to(id, dep, r[1] == 'success', r[2] or unknown_job(dep), detail, cause, r[1], now)
+        end
+      end
+      if linked then
+        redis.call('HSET', k, 'xp', 1)
+        -- ends delivered before this job existed (the link came first)
+        local ek = B .. ':early:' .. id
+        local early = redis.call('HGETALL', ek)
+        for e = 1, #early, 2 do
+          if redis.call('SREM', B .. ':xpend:' .. id, early[e]) == 1 then
+            local it = cjson.decode(early[e + 1])
+            local detail, cause = it[5], it[6]
+            if detail == false then detail = nil end
+            if cause == false then cause = nil end
+            hand_to(id, early[e], it[3] == 1, it[4], detail, cause, it[7], now)
+          end
+        end
+        redis.call('DEL', ek)
+      end
     elseif due > now then
       redis.call('ZADD', SCHED, due, id)
       redis.call('HSET', k, 'status', 'scheduled')
@@ -592,6 +751,71 @@ for i = 10, #ARGV, 3 do
   end
 end
 return out
+"""
+)
+
+#: Link jobs to jobs on this shard that they depend on, from another shard or queue.
+#: ARGV: base, then pairs: the dependency's id, the dependent (JSON [queue, shard,
+#: id]). Returns per pair {"linked"} (its end will be delivered to the dependent),
+#: {"unknown"}, or, for a dependency already over, {status, result or failure,
+#: detail, cause} (see ``handed``), which the dependent's enqueue takes in.
+LINK_LUA = (
+    _COMMON
+    + r"""
+local out = {}
+for a = 2, #ARGV, 2 do
+  local x, member = ARGV[a], ARGV[a + 1]
+  local k = jkey(x)
+  local st = redis.call('HGET', k, 'status')
+  if not st then
+    out[#out + 1] = {'unknown'}
+  elseif FINAL[st] then
+    local data, detail, cause = handed(x, st == 'success', st)
+    out[#out + 1] = {st, data, detail or '', cause or ''}
+  else
+    redis.call('SADD', B .. ':xdeps:' .. x, member)
+    redis.call('HSET', k, 'dependents', 1)
+    out[#out + 1] = {'linked'}
+  end
+end
+return out
+"""
+)
+
+#: Deliver the ends of jobs on other shards to their dependents on this one. ARGV:
+#: base, then per message its JSON [queue, shard, dependent id, job id, ok (1/0),
+#: result or failure, detail, cause, status] (as queued on XOUT). Idempotent: a
+#: dependent takes each job's end once (its 'xpend' set); one not enqueued yet finds
+#: it when it is ('early'). Returns as ``settle_some``.
+DELIVER_LUA = (
+    _COMMON
+    + r"""
+local now = now_ms()
+for a = 2, #ARGV do
+  local it = cjson.decode(ARGV[a])
+  local d, x = it[3], it[4]
+  if redis.call('EXISTS', jkey(d)) == 0 then
+    local ek = B .. ':early:' .. d
+    redis.call('HSET', ek, x, cjson.encode({it[1], it[2], it[5], it[6], it[7], it[8], it[9]}))
+    redis.call('EXPIRE', ek, 86400)
+  elseif redis.call('SREM', B .. ':xpend:' .. d, x) == 1 then
+    local detail, cause = it[7], it[8]
+    if detail == false then detail = nil end
+    if cause == false then cause = nil end
+    hand_to(d, x, it[5] == 1, it[6], detail, cause, it[9], now)
+  end
+end
+return settle_some(now, SETTLE_BUDGET)
+"""
+)
+
+#: Forget messages delivered from this shard's XOUT. ARGV: base, then the messages,
+#: as read. Returns how many are left to deliver.
+DELIVERED_LUA = (
+    _COMMON
+    + r"""
+for a = 2, #ARGV do redis.call('LREM', XOUT, 1, ARGV[a]) end
+return redis.call('LLEN', XOUT)
 """
 )
 
@@ -833,6 +1057,9 @@ local function abort()
   end
   unqueue(k)
   redis.call('ZREM', SCHED, id)
+  if st == 'waiting' and redis.call('HEXISTS', k, 'xp') == 1 then
+    redis.call('DEL', B .. ':xpend:' .. id)
+  end
   redis.call('HSET', k, 'error', cjson.encode({type = 'Aborted', message = reason}))
   mark_final(id, k, name, st, 'aborted', now)
   settle(id, false, now)
@@ -888,7 +1115,8 @@ return n
 SETTLE_LUA = (
     _COMMON
     + r"""
-return settle_some(now_ms(), tonumber(ARGV[2]))
+settle_some(now_ms(), tonumber(ARGV[2]))
+return redis.call('LLEN', SETTLE)
 """
 )
 
