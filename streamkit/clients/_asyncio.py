@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .._tables_windowed import WindowedTable
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
+    from ..jobs._workflow import Workflow
     from ._ops import Op, Request, SendsRecords
 
 __all__ = ["AsyncioClient", "AsyncioJobHandle"]
@@ -363,6 +364,13 @@ class AsyncioClient:
         )
         queue = self._state.queue_of(self._state.job(job))
         return [AsyncioJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
+
+    async def enqueue_workflow(self, workflow: Workflow) -> AsyncioJobHandle:
+        """Enqueue a workflow of the app's jobs (a chain, a group, a chord; see
+        :meth:`JobQueue.enqueue_workflow <streamkit.jobs.JobQueue.enqueue_workflow>`)
+        and return the handle of its final job: its result is the workflow's."""
+        queue, job_id, shard = await self.run(_ops.enqueue_workflow(self._state, workflow))
+        return AsyncioJobHandle(self, job_id, shard, queue)
 
     def handle(self, job_id: str) -> AsyncioJobHandle:
         """A handle on job ``job_id`` of the app's queue."""

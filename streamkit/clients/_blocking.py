@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .._tables_windowed import WindowedTable
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
+    from ..jobs._workflow import Workflow
     from ._ops import Op, Request, SendsRecords
 
 __all__ = ["BlockingClient", "BlockingJobHandle"]
@@ -369,6 +370,13 @@ class BlockingClient:
         )
         queue = self._state.queue_of(self._state.job(job))
         return [BlockingJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
+
+    def enqueue_workflow(self, workflow: Workflow) -> BlockingJobHandle:
+        """Enqueue a workflow of the app's jobs (a chain, a group, a chord; see
+        :meth:`JobQueue.enqueue_workflow <streamkit.jobs.JobQueue.enqueue_workflow>`)
+        and return the handle of its final job: its result is the workflow's."""
+        queue, job_id, shard = self.run(_ops.enqueue_workflow(self._state, workflow))
+        return BlockingJobHandle(self, job_id, shard, queue)
 
     def handle(self, job_id: str) -> BlockingJobHandle:
         """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""

@@ -23,6 +23,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
+import orjson
 
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, RedisUnavailable, StreamkitError
@@ -46,6 +47,7 @@ from ..jobs import _scripts
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
 from ..jobs._plan import JobIds, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
+from ..jobs._workflow import plan_workflow
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from .._tables import Table
     from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
     from ..jobs._plan import JobLike
+    from ..jobs._workflow import Workflow
 
 __all__ = [
     "Batch",
@@ -151,6 +154,7 @@ _METADATA = Script(METADATA_LUA)
 _ENQUEUE = Script(_scripts.ENQUEUE_LUA)
 _WATCH = Script(_scripts.WATCH_LUA)
 _ABORT = Script(_scripts.ABORT_LUA)
+_LINK = Script(_scripts.LINK_LUA)
 
 
 def retried(call: Call, *, what: str, idempotent: bool = True) -> Op[Any]:
@@ -469,6 +473,36 @@ def enqueue(
             if todo:
                 yield Sleep(delay_for)
     return plan.placed
+
+
+def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, str, int]]:
+    """Enqueue a workflow (see :meth:`JobQueue.enqueue_workflow
+    <streamkit.jobs.JobQueue.enqueue_workflow>`); return its final job's ``(queue, id,
+    shard)``. Links are retried (they are idempotent); an enqueue is sent again only
+    while it surely never reached Redis."""
+    plan = plan_workflow(
+        workflow,
+        queue_of=lambda job: state.queue_of(state.job(job)),
+        shards=state.shards,
+        new_id=state.new_id,
+        max_bytes=state.max_bytes,
+    )
+    for stage in plan.stages:
+        linked: dict[tuple[str, str], Any] = {}
+        for keys, args in plan.link_calls(stage):
+            replies = yield from retried(
+                Call.run(_LINK, list(keys.keys), args), what="linking a workflow's jobs"
+            )
+            for i, reply in enumerate(replies):
+                linked[(args[1 + 2 * i], orjson.loads(args[2 + 2 * i])[2])] = reply
+        for keys, args in plan.enqueue_calls(stage, linked):
+            yield from retried(
+                Call.run(_ENQUEUE, list(keys.keys), args),
+                what=f"enqueueing a workflow on {keys.queue}",
+                idempotent=False,
+            )
+    final = plan.placed[plan.final]
+    return final.queue, final.id, final.shard
 
 
 def job_status(

@@ -14,7 +14,7 @@ from .._errors import (
 from .._public import fix_module_metadata as _fix_module_metadata
 from ._context import JobContext as JobContext, Middleware as Middleware, current_job as current_job
 from ._cron import ScheduleInfo as ScheduleInfo
-from ._handle import Job as Job, JobHandle as JobHandle
+from ._handle import Job as Job, JobHandle as JobHandle, WorkflowHandle as WorkflowHandle
 from ._inspect import QueueCounts as QueueCounts
 from ._limits import RateLimit as RateLimit
 from ._model import (
@@ -31,8 +31,20 @@ from ._outcome import Retry as Retry
 from ._queue import JobQueue as JobQueue, open_job_queue as open_job_queue
 from ._run import progress as progress
 from ._serve import JobWorker as JobWorker
+from ._workflow import (
+    Chain as Chain,
+    Chord as Chord,
+    Group as Group,
+    Step as Step,
+    chain as chain,
+    chord as chord,
+    group as group,
+)
 
 __all__ = [
+    "Chain",
+    "Chord",
+    "Group",
     "Job",
     "JobCall",
     "JobContext",
@@ -55,7 +67,12 @@ __all__ = [
     "Retry",
     "Schedule",
     "ScheduleInfo",
+    "Step",
+    "WorkflowHandle",
+    "chain",
+    "chord",
     "current_job",
+    "group",
     "open_job_queue",
     "progress",
 ]

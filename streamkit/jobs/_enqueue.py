@@ -8,22 +8,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import trio
 
-from .._redis import LuaScript, call_once
+from .._redis import LuaScript, call_once, retry_idempotent
 from . import _scripts
 
 if TYPE_CHECKING:
+    from .._redis import Redis
     from ._handle import QueueLike
     from ._layout import ShardKeys
     from ._plan import EnqueuePlan
+    from ._workflow import WorkflowPlan
 
-__all__ = ["send_plan"]
+__all__ = ["send_plan", "send_workflow"]
 
 #: Enqueue script calls in flight at once: the server runs one while the next arrives.
 CALLS_IN_FLIGHT = 4
 
 _ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
+_LINK = LuaScript(_scripts.LINK_LUA)
 
 
 async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:
@@ -51,3 +55,23 @@ async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:
     async with trio.open_nursery() as nursery:
         for keys, args in calls:
             nursery.start_soon(limited, keys, args)
+
+
+async def send_workflow(redis: Redis, plan: WorkflowPlan) -> None:
+    """Send ``plan``'s calls, stage by stage: its links (idempotent, retried), then its
+    enqueues, one after the other.
+
+    Error handling:
+        As :func:`~streamkit.call_once` for the enqueues: nothing is sent again blindly.
+    """
+    for stage in plan.stages:
+        linked: dict[tuple[str, str], Any] = {}
+        for keys, args in plan.link_calls(stage):
+            replies = await retry_idempotent(
+                _LINK, redis, keys.keys, args, what="linking a workflow's jobs"
+            )
+            for i, reply in enumerate(replies):
+                dependent = orjson.loads(args[2 + 2 * i])[2]
+                linked[(args[1 + 2 * i], dependent)] = reply
+        for keys, args in plan.enqueue_calls(stage, linked):
+            await call_once(_ENQUEUE, redis, keys.keys, args, what="enqueueing a workflow")

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 import trio
 from trio_util import AsyncValue
 
@@ -25,9 +26,11 @@ from .._redis import LuaScript, retry_idempotent
 from .._wire import text
 from . import _scripts
 from ._batches import chunks
+from ._layout import ShardKeys
 from ._outcome import Failure, describe, label
 
 if TYPE_CHECKING:
+    from .._redis import Redis
     from ._handle import QueueLike
     from ._tries import Tries, Try
 
@@ -38,6 +41,8 @@ log = logging.getLogger("streamkit.jobs")
 _FINISH = LuaScript(_scripts.FINISH_LUA)
 _RENEW = LuaScript(_scripts.RENEW_LUA)
 _SETTLE = LuaScript(_scripts.SETTLE_LUA)
+_DELIVER = LuaScript(_scripts.DELIVER_LUA)
+_DELIVERED = LuaScript(_scripts.DELIVERED_LUA)
 
 #: The outcomes of tries counted for streamkit.metrics, by the finish script's name
 #: for them (a try put back at a stop, "release", is not counted).
@@ -50,6 +55,8 @@ _FINISH_CHUNK = 100
 _RENEW_CHUNK = 500
 #: Dependents settled per call of the settle script, at most.
 SETTLE_STEP = 200
+#: Messages to other shards delivered per round, at most.
+_DELIVER_CHUNK = 100
 #: How the error of an outcome put in place of a refused one starts.
 _REFUSED = b'{"type":"OutcomeRefused"'
 
@@ -223,16 +230,54 @@ class Settler:
 
 
 async def settle_all(queue: QueueLike, shard: int) -> None:
-    """Settle every dependent of ended jobs on ``shard``, ``SETTLE_STEP`` per call."""
-    keys = queue.shard_keys[shard]
-    while await retry_idempotent(
-        _SETTLE,
-        queue.redis,
-        keys.keys,
-        (keys.base, SETTLE_STEP),
-        what="settling the jobs that depend on ended ones",
-    ):
-        pass
+    """Settle every dependent of ended jobs on ``shard``, ``SETTLE_STEP`` per call, and
+    deliver the ends to dependents on other shards and queues (settling there too)."""
+    todo = [queue.shard_keys[shard]]
+    while todo:
+        keys = todo.pop()
+        while await retry_idempotent(
+            _SETTLE,
+            queue.redis,
+            keys.keys,
+            (keys.base, SETTLE_STEP),
+            what="settling the jobs that depend on ended ones",
+        ):
+            pass
+        for target in await _deliver(queue.redis, keys):
+            if target not in todo:
+                todo.append(target)
+
+
+async def _deliver(redis: Redis, keys: ShardKeys) -> list[ShardKeys]:
+    """Deliver the messages of ``keys``' shard to the dependents on other shards (at
+    least once: a delivery is idempotent), forgetting each once delivered. Returns
+    the shards where the deliveries left work to settle."""
+    outbox = f"{keys.base}:xout"
+    busy: list[ShardKeys] = []
+    while True:
+        items = await retry_idempotent(
+            redis.lrange, outbox, 0, _DELIVER_CHUNK - 1, what="reading job ends to deliver"
+        )
+        if not items:
+            return busy
+        by_target: dict[tuple[str, int], list[bytes]] = {}
+        for item in items:
+            queue, shard = orjson.loads(item)[:2]
+            by_target.setdefault((queue, shard), []).append(item)
+        for (queue, shard), group in by_target.items():
+            target = ShardKeys(queue, shard)
+            left = await retry_idempotent(
+                _DELIVER,
+                redis,
+                target.keys,
+                (target.base, *group),
+                what="delivering job ends to their dependents",
+            )
+            if left and target not in busy:
+                busy.append(target)
+        await retry_idempotent(
+            _DELIVERED, redis, keys.keys, (keys.base, *items), what="forgetting delivered ends"
+        )
 
 
 async def renew_leases(queue: QueueLike, consumer: str, tries: Tries) -> None:

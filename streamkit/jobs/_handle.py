@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 
-from .._errors import ConfigError
+from .._errors import ConfigError, JobNotFound
 from .._keys import validate_name
 from .._redis import redis_errors, retry_idempotent
 from ._model import (
@@ -22,6 +23,7 @@ from ._model import (
     When,
 )
 from ._replies import decode_history, decode_info, info_reply, outcome, status_reply
+from ._workflow import Step
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,7 +34,15 @@ if TYPE_CHECKING:
     from ._context import Middleware
     from ._layout import ShardKeys
 
-__all__ = ["Job", "JobHandle", "QueueLike", "decode_history", "decode_info", "outcome"]
+__all__ = [
+    "Job",
+    "JobHandle",
+    "QueueLike",
+    "WorkflowHandle",
+    "decode_history",
+    "decode_info",
+    "outcome",
+]
 
 
 class QueueLike(Protocol):
@@ -147,6 +157,51 @@ class JobHandle:
         return await self.queue.abort(self.id, reason, shard=self.shard)
 
 
+@attrs.frozen
+class WorkflowHandle:
+    """A workflow on its queues (what :meth:`JobQueue.enqueue_workflow` returns): its
+    result is its last job's, awaited like a job's.
+
+    Attributes:
+        final: the job whose result is the workflow's (a chain's last step, a
+            chord's callback, a group's gather node).
+        jobs: every job of the workflow, dependencies first.
+    """
+
+    final: JobHandle
+    jobs: tuple[JobHandle, ...]
+
+    @property
+    def id(self) -> str:
+        """The id of its final job."""
+        return self.final.id
+
+    async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
+        """Wait until the workflow is over and return its result (see
+        :meth:`JobHandle.result`).
+
+        Error handling:
+            :class:`~streamkit.jobs.JobFailed` if a job of it failed: the final job
+            ends dead with the error type ``DependencyFailed`` and a message naming
+            the job that failed first and why (or with its own error, if it is the
+            one that failed); ``trio.TooSlowError`` after ``timeout``.
+        """
+        return await self.final.result(timeout)
+
+    async def status(self) -> JobStatus:
+        """Where its final job is now."""
+        return await self.final.status()
+
+    async def abort(self, reason: str = "aborted") -> JobStatus:
+        """Abort every job of the workflow that is not over; returns the final job's
+        status after the call (its dependents end dead as the aborted jobs end)."""
+        for handle in self.jobs:
+            if handle is not self.final:
+                with contextlib.suppress(JobNotFound):
+                    await handle.abort(reason)
+        return await self.final.abort(reason)
+
+
 def _positional_range(signature: inspect.Signature) -> tuple[float, float]:
     """How many positional arguments alone bind, as (least, most); (1, 0) if a
     required keyword-only parameter means they never do."""
@@ -211,6 +266,18 @@ class Job:
             self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"job {self.name}: {exc}") from None
+
+    @property
+    def queue(self) -> QueueLike:
+        """The queue the job is declared on (for an app's job, the one it is routed
+        to; the app must be connected)."""
+        return self._queue()
+
+    def step(self, *args: Any, **kwargs: Any) -> Step:
+        """This job called with these arguments, as a step of a workflow (see
+        :func:`~streamkit.jobs.chain`): in a chain, all but the first step get the
+        previous step's result as one more argument, first."""
+        return Step(self, JobCall(args=args, kwargs=kwargs))
 
     def bind_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         """The arguments by parameter name, defaults applied (``TypeError`` if the

@@ -34,9 +34,9 @@ from ._cron import (
     wall_clock,
 )
 from ._crontime import next_tick
-from ._enqueue import send_plan
+from ._enqueue import send_plan, send_workflow
 from ._finish import settle_all
-from ._handle import Job, JobHandle
+from ._handle import Job, JobHandle, WorkflowHandle
 from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
 from ._layout import ShardKeys, shard_for
 from ._model import (
@@ -57,12 +57,14 @@ from ._outcome import label
 from ._plan import JobIds, encode_arguments, plan_enqueue
 from ._replies import abort_reply, watch_reply
 from ._serve import Handlers, JobWorker, serve_jobs
+from ._workflow import Workflow, compile_workflow, plan_workflow
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Sequence
     from contextlib import AbstractAsyncContextManager
 
     from ._context import Middleware
+    from ._handle import QueueLike
     from ._limits import RateLimit
 
 __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
@@ -520,6 +522,40 @@ class JobQueue:
         )
         await send_plan(self, plan)
         return [JobHandle(self, job_id, shard) for job_id, shard in plan.placed]
+
+    async def enqueue_workflow(self, workflow: Workflow) -> WorkflowHandle:
+        """Enqueue a workflow: a :func:`~streamkit.jobs.chain`, a
+        :func:`~streamkit.jobs.group`, a :func:`~streamkit.jobs.chord` (or a single
+        step), with its failure callbacks.
+
+        Its jobs may be declared on other queues (an app's named queues); the
+        dependencies between them are kept by the queues' scripts, on one shard or
+        across shards and queues. A workflow without jobs on other queues or shards
+        is one script call per 250 jobs.
+
+        Returns:
+            a :class:`WorkflowHandle`: await its :meth:`~WorkflowHandle.result`.
+
+        Error handling:
+            As :meth:`Job.enqueue`, checked for every job before any is sent.
+        """
+        jobs = [n.job for n in compile_workflow(workflow)[0] if n.job is not None]
+        queues: dict[str, QueueLike] = {self.name: self}
+        for job in jobs:
+            queue = job.queue if isinstance(job, Job) else self
+            queues.setdefault(queue.name, queue)
+        plan = plan_workflow(
+            workflow,
+            queue_of=lambda job: job.queue.name if isinstance(job, Job) else self.name,
+            shards=self.shards,
+            new_id=self._new_id,
+            max_bytes=self.max_bytes,
+        )
+        await send_workflow(self.redis, plan)
+        handles = tuple(
+            JobHandle(queues[place.queue], place.id, place.shard) for place in plan.placed
+        )
+        return WorkflowHandle(handles[plan.final], handles)
 
     # ------------------------------------------------------------------ following
 

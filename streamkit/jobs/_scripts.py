@@ -629,7 +629,8 @@ end
 #: absolute), e (expires_ms), w (1: dedupe by id), after (ids of jobs on this shard
 #: that must succeed first), x (jobs on other shards or queues it depends on: id ->
 #: what the link script answered for it), k (limit key), h (headers, JSON text), and,
-#: for a workflow's jobs, n (name), m (max_tries), t (result_ttl_s), l (limits), f
+#: for a workflow's jobs, n (name), m (max_tries), t (result_ttl_s), l (limits), dw
+#: (dedupe_window_s), f
 #: (feed: c, n, f or g; see ``hand_to``), o (every dependency's id, in order)).
 #: Jobs are added in order, so a job may depend on one before it in the same call.
 #: Returns 1 per new job, 0 per duplicate.
@@ -644,7 +645,7 @@ local out = {}
 for i = 10, #ARGV, 3 do
   local id, args, opts = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local name, prio, delay, at, expires, dedupe = d_name, d_prio, d_delay, 0, d_expires, false
-  local max_tries, ttl, lim = d_tries, d_ttl, d_lim
+  local max_tries, ttl, lim, win = d_tries, d_ttl, d_lim, window
   local o = {}
   if opts ~= '' then
     o = cjson.decode(opts)
@@ -652,6 +653,7 @@ for i = 10, #ARGV, 3 do
     if o.m then max_tries = o.m end
     if o.t then ttl = o.t end
     if o.l then lim = o.l end
+    if o.dw then win = o.dw end
     if o.p then prio = tostring(o.p) end
     if o.d then delay = o.d end
     if o.a then
@@ -665,7 +667,7 @@ for i = 10, #ARGV, 3 do
   local fresh = true
   if dedupe then
     local st = redis.call('HGET', k, 'status')
-    local marked = redis.call('SET', B .. ':once:' .. id, '1', 'NX', 'EX', window)
+    local marked = redis.call('SET', B .. ':once:' .. id, '1', 'NX', 'EX', win)
     if not marked or (st and not FINAL[st]) then fresh = false end
     if fresh and st then
       -- an earlier run's record, outside the window: the new run replaces it
