@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 import attrs
 
@@ -22,9 +22,9 @@ from ._tables import Table
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
 from ._windows import Window, to_ms
 from .jobs._cron import check_expression, timezone
-from .jobs._handle import Job
+from .jobs._handle import Job, JobDecorator
 from .jobs._layout import DEFAULT_QUEUE, routed_queue
-from .jobs._model import JobOptions, Schedule
+from .jobs._model import JobOptions, P as JobParams, R as JobResult, Schedule
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -148,7 +148,7 @@ class App:
     processors: dict[str, Processor]
     tables: dict[str, Table[Any] | WindowedTable[Any]]
     background: list[BackgroundTask]
-    jobs: dict[str, Job]
+    jobs: dict[str, Job[Any, Any]]
     #: Run around each try of the app's jobs (see :meth:`job_middleware`).
     job_middleware_chain: list[JobMiddleware]
     #: Entered by each worker around all it runs (see :meth:`lifespan`).
@@ -473,16 +473,25 @@ class App:
         return register
 
     @overload
-    def job(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Job: ...
+    def job(  # an async def matches the next one too: this one comes first
+        self,
+        fn: Callable[JobParams, Coroutine[Any, Any, JobResult]],
+        *,
+        name: str | None = None,
+        **options: Any,
+    ) -> Job[JobParams, JobResult]: ...
 
     @overload
     def job(
-        self, fn: None = None, *, name: str | None = None, **options: Any
-    ) -> Callable[[Callable[..., Any]], Job]: ...
+        self, fn: Callable[JobParams, JobResult], *, name: str | None = None, **options: Any
+    ) -> Job[JobParams, JobResult]: ...
+
+    @overload
+    def job(self, fn: None = None, *, name: str | None = None, **options: Any) -> JobDecorator: ...
 
     def job(
         self, fn: Callable[..., Any] | None = None, *, name: str | None = None, **options: Any
-    ) -> Job | Callable[[Callable[..., Any]], Job]:
+    ) -> Any:
         """Declare ``fn`` (``async def`` or plain ``def``) as a job of the app's queue.
 
         Use as ``@app.job`` or ``@app.job(retries=3, timeout=30)``; the options are
@@ -496,8 +505,8 @@ class App:
         job_options = JobOptions(**options)
         queue = job_options.queue or DEFAULT_QUEUE
 
-        def declare(fn: Callable[..., Any]) -> Job:
-            job = Job(
+        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
+            job: Job[Any, Any] = Job(
                 name or fn.__name__, fn, job_options, None, lambda: self.job_queues_for(queue)
             )
             if job.name in self.jobs:
@@ -515,7 +524,7 @@ class App:
         tz: str | None = None,
         name: str | None = None,
         **options: Any,
-    ) -> Callable[[Callable[..., Any]], Job]:
+    ) -> JobDecorator:
         """Declare a job run at the times of a crontab ``expression`` in the timezone
         ``tz`` (UTC by default), each tick once across all workers. See
         :meth:`streamkit.jobs.JobQueue.cron`.
@@ -527,12 +536,12 @@ class App:
         check_expression(expression)
         timezone(tz)
 
-        def declare(fn: Callable[..., Any]) -> Job:
-            job: Job = self.job(name=name, **options)(fn)
+        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
+            job: Job[Any, Any] = self.job(name=name, **options)(fn)
             job.schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
             return job
 
-        return declare
+        return cast("JobDecorator", declare)
 
     def blocking(
         self,

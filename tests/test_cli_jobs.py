@@ -8,7 +8,7 @@ private Redis.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -48,7 +48,7 @@ async def run_until(queue: JobQueue, condition_name: str, condition: Callable[[]
         nursery.cancel_scope.cancel()
 
 
-async def make_dead(queue: JobQueue, count: int) -> list[JobHandle]:
+async def make_dead(queue: JobQueue, count: int) -> list[JobHandle[Any]]:
     """``count`` dead explode jobs, run (and failed) by a worker."""
     handles = await jobbing.explode.enqueue_many(
         JobCall(args=(n,), kwargs={"why": "no reason"}) for n in range(count)

@@ -56,14 +56,14 @@ async def queue(redis: Redis) -> AsyncIterator[JobQueue]:
         yield queue
 
 
-async def wait_status(handle: JobHandle, status: JobStatus, within: float = 5.0) -> None:
+async def wait_status(handle: JobHandle[Any], status: JobStatus, within: float = 5.0) -> None:
     async def reached() -> bool:
         return await handle.status() is status
 
     await wait_until(reached, what=f"job {handle.id} {status}", within=within)
 
 
-async def failure(handle: JobHandle, within: float = 5.0) -> JobFailed:
+async def failure(handle: JobHandle[Any], within: float = 5.0) -> JobFailed:
     """The JobFailed that waiting for ``handle``'s result raises."""
     with pytest.raises(JobFailed) as caught:
         await handle.result(timeout=within)
@@ -657,7 +657,7 @@ async def test_many_waiters_share_one_blocking_reader(redis_url: str, queue: Job
         handles = await produced.enqueue_many((i,) for i in range(200))
         results: dict[int, int] = {}
 
-        async def wait(i: int, handle: JobHandle) -> None:
+        async def wait(i: int, handle: JobHandle[Any]) -> None:
             results[i] = await handle.result(timeout=20)
 
         async def all_watched() -> bool:
@@ -930,11 +930,11 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         await greet.enqueue_many([("ann",), {"name": "x", "colour": "red"}])
     with pytest.raises(TypeError, match="missing a required argument: 'name'"):
-        await greet.delay()
+        await greet.delay()  # type: ignore[call-arg]  # a type checker says so too
     with pytest.raises(TypeError, match="unexpected keyword argument 'nme'"):
         await greet.enqueue("ann", nme="x", job_id="x")
     with pytest.raises(EncodeError, match="the arguments of job greet"):
-        await greet.delay(object())
+        await greet.delay(object())  # type: ignore[arg-type]
     with pytest.raises(EncodeError):
         await greet.enqueue_many([("ann",), JobCall(args=({1, 2}, {"a": object()}))])
     assert await redis.dbsize() == 0
@@ -965,11 +965,12 @@ async def test_a_worker_kills_jobs_it_cannot_run_and_keeps_serving(
         unknown = await ghost.delay()
         misfit = await resize_v2.delay("a.png", 10)
         fitting = await resize_v2.enqueue_many([{"path": "b.png", "width": 1}])
-        for handle, message in [
+        checks: list[tuple[JobHandle[Any], str]] = [
             (unknown, "no job named 'ghost' (known: resize)"),
             (misfit, "bad arguments: job resize: too many positional arguments"),
             (fitting[0], "bad arguments: job resize: got an unexpected keyword argument 'width'"),
-        ]:
+        ]
+        for handle, message in checks:
             failed = await failure(handle)
             assert (failed.status, failed.error_type, failed.message) == (
                 "dead",

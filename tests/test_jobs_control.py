@@ -43,7 +43,7 @@ async def queue(redis: Redis) -> AsyncIterator[JobQueue]:
         yield queue
 
 
-async def started_ms(handles: list[JobHandle]) -> list[int]:
+async def started_ms(handles: list[JobHandle[Any]]) -> list[int]:
     """When each try of each job started, on the Redis server's clock (ms), sorted."""
     times: list[int] = []
     for handle in handles:
@@ -361,7 +361,7 @@ async def test_a_job_with_its_own_grace_finishes_during_a_graceful_stop(
     assert (info.status, info.tries, info.history[-1].outcome) == (JobStatus.SENT, 0, "released")
 
 
-async def wait_status(handle: JobHandle, status: JobStatus, within: float = 5.0) -> None:
+async def wait_status(handle: JobHandle[Any], status: JobStatus, within: float = 5.0) -> None:
     async def reached() -> bool:
         return await handle.status() is status
 

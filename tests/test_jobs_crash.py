@@ -63,7 +63,7 @@ async def wait_serving(*workers: WorkerProcess) -> None:
         await wait_until(serving, what=f"worker {worker.pid} serving jobs", within=15)
 
 
-async def enqueue(queue: JobQueue, job: Job, tag: str, *args: Any) -> JobHandle:
+async def enqueue(queue: JobQueue, job: Job[Any, Any], tag: str, *args: Any) -> JobHandle[Any]:
     """Enqueue ``job(tag, *args)`` with ``tag`` as its id."""
     [handle] = await queue.enqueue_calls(job, [JobCall(args=(tag, *args), job_id=tag)])
     return handle

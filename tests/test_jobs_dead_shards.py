@@ -3,7 +3,7 @@ and purging *all* of them reaches every shard."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -52,7 +52,7 @@ async def test_dead_letters_are_oldest_first_across_shards(redis: Redis) -> None
             async def boom(n: int) -> None:
                 raise ValueError(f"boom {n}")
 
-            handles: list[JobHandle] = []
+            handles: list[JobHandle[Any]] = []
             async with trio.open_nursery() as nursery:
                 await nursery.start(queue.serve)
                 n = 0
@@ -62,7 +62,7 @@ async def test_dead_letters_are_oldest_first_across_shards(redis: Redis) -> None
                     handle = await boom.delay(n)
                     handles.append(handle)
 
-                    async def dead(handle: JobHandle = handle) -> bool:
+                    async def dead(handle: JobHandle[Any] = handle) -> bool:
                         return await handle.status() is JobStatus.DEAD
 
                     await wait_until(dead, what=f"job {n} dead", within=10)

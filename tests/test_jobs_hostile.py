@@ -26,14 +26,14 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from streamkit import Redis
-    from streamkit.jobs import JobHandle
+    from streamkit.jobs import Job, JobHandle
     from tests.workers import WorkerProcess
 
 HOSTILE = "tests.apps.jobs_hostile:app"
 _ENQUEUE = LuaScript(ENQUEUE_LUA)
 
 
-async def failure(handle: JobHandle, within: float = 15) -> JobFailed:
+async def failure(handle: JobHandle[Any], within: float = 15) -> JobFailed:
     with pytest.raises(JobFailed) as failed:
         await handle.result(timeout=within)
     return failed.value
@@ -131,7 +131,7 @@ async def queue(redis: Redis) -> AsyncIterator[JobQueue]:
         yield queue
 
 
-async def enqueue_raw(queue: JobQueue, name: str, job_id: str, args: bytes) -> JobHandle:
+async def enqueue_raw(queue: JobQueue, name: str, job_id: str, args: bytes) -> JobHandle[Any]:
     """Enqueue job ``name`` with ``args`` as they are (a producer that is not
     streamkit, or a hostile one): what the enqueue script records, unchecked."""
     handle = queue.handle(job_id)
@@ -156,7 +156,7 @@ async def test_arguments_of_any_shape_end_the_job_dead_as_bad_input(queue: JobQu
     async def anything(value: Any) -> Any:
         return value
 
-    cases = {
+    cases: dict[str, tuple[Job[Any, Any], bytes, str]] = {
         "not JSON": (take, b"{not json", "job take: not JSON (unexpected character"),
         "not a pair": (take, b'{"o": 1}', "job take: not a JSON [args, kwargs] pair"),
         "args not a list": (take, b'[{"o": 1}, {}]', "job take: not a JSON [args, kwargs]"),

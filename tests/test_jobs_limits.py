@@ -52,7 +52,7 @@ async def small_redis(small_server: RedisServer) -> AsyncIterator[Redis]:
         yield client
 
 
-async def failure(handle: JobHandle, within: float = 15) -> JobFailed:
+async def failure(handle: JobHandle[Any], within: float = 15) -> JobFailed:
     with pytest.raises(JobFailed) as failed:
         await handle.result(timeout=within)
     return failed.value
@@ -258,7 +258,7 @@ async def command_calls(redis: Redis, command: str) -> int:
     return int(found.get("calls", 0))
 
 
-async def statuses(handles: list[JobHandle]) -> Counter[str]:
+async def statuses(handles: list[JobHandle[Any]]) -> Counter[str]:
     return Counter([str(await h.status()) for h in handles])
 
 

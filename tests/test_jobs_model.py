@@ -12,7 +12,7 @@ from streamkit.jobs import Job, JobCall, JobOptions, JobStatus
 from streamkit.jobs._layout import ShardKeys, shard_for
 
 
-def _job(fn: Any, name: str = "work") -> Job:
+def _job(fn: Any, name: str = "work") -> Job[Any, Any]:
     return Job(name, fn, JobOptions(), None, lambda: cast("Any", None))
 
 

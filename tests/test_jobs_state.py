@@ -51,7 +51,7 @@ class Scripted(Exception):
 class Model:
     """What the test knows of one job: its script and what was done to it."""
 
-    handle: JobHandle
+    handle: JobHandle[Any]
     key: str
     fails: int
     after: list[str]
@@ -213,7 +213,7 @@ class JobsMachine(RuleBasedStateMachine):
             seen_ids.add(handle.id)
             self.jobs[handle.id] = Model(handle, key, fails, after)
 
-    async def _enqueue(self, batch: list[JobCall]) -> list[JobHandle]:
+    async def _enqueue(self, batch: list[JobCall]) -> list[JobHandle[Any]]:
         job = self.queue.jobs["scripted"]
         return await job.enqueue_many(batch)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import attrs
 import redis.asyncio
@@ -25,7 +25,7 @@ from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from .._urls import mask_url
-from ..jobs._model import JobCall
+from ..jobs._model import JobCall, P as JobParams, R as JobResult
 from . import _ops
 from ._blocking import (
     DEFAULT_MAX_CONNECTIONS,
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
+    from ..jobs._handle import Job
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
@@ -315,7 +316,15 @@ class AsyncioClient:
 
     # ------------------------------------------------------------------ jobs
 
-    async def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> AsyncioJobHandle:
+    @overload
+    async def delay(
+        self, job: Job[JobParams, JobResult], *args: JobParams.args, **kwargs: JobParams.kwargs
+    ) -> AsyncioJobHandle[JobResult]: ...
+
+    @overload
+    async def delay(self, job: str, *args: Any, **kwargs: Any) -> AsyncioJobHandle[Any]: ...
+
+    async def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> AsyncioJobHandle[Any]:
         """Enqueue ``job`` with these arguments and its declared options (as
         :meth:`Job.delay <streamkit.jobs.Job.delay>`)."""
         return (await self.enqueue_many(job, [JobCall(args=args, kwargs=kwargs)]))[0]
@@ -332,7 +341,7 @@ class AsyncioClient:
         after: Sequence[JobRef | str] = (),
         headers: Mapping[str, str] | None = None,
         **kwargs: Any,
-    ) -> AsyncioJobHandle:
+    ) -> AsyncioJobHandle[Any]:
         """Enqueue ``job`` with these arguments and options (as :meth:`Job.enqueue
         <streamkit.jobs.Job.enqueue>`; errors as :meth:`BlockingClient.enqueue
         <streamkit.clients.BlockingClient.enqueue>`)."""
@@ -356,7 +365,7 @@ class AsyncioClient:
         *,
         priority: Priority | None = None,
         delay: When | None = None,
-    ) -> list[AsyncioJobHandle]:
+    ) -> list[AsyncioJobHandle[Any]]:
         """Enqueue many jobs at once, pipelined (as :meth:`Job.enqueue_many
         <streamkit.jobs.Job.enqueue_many>`)."""
         placed = await self.run(
@@ -365,14 +374,14 @@ class AsyncioClient:
         queue = self._state.queue_of(self._state.job(job))
         return [AsyncioJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
 
-    async def enqueue_workflow(self, workflow: Workflow) -> AsyncioJobHandle:
+    async def enqueue_workflow(self, workflow: Workflow) -> AsyncioJobHandle[Any]:
         """Enqueue a workflow of the app's jobs (a chain, a group, a chord; see
         :meth:`JobQueue.enqueue_workflow <streamkit.jobs.JobQueue.enqueue_workflow>`)
         and return the handle of its final job: its result is the workflow's."""
         queue, job_id, shard = await self.run(_ops.enqueue_workflow(self._state, workflow))
         return AsyncioJobHandle(self, job_id, shard, queue)
 
-    def handle(self, job_id: str) -> AsyncioJobHandle:
+    def handle(self, job_id: str) -> AsyncioJobHandle[Any]:
         """A handle on job ``job_id`` of the app's queue."""
         return AsyncioJobHandle(self, job_id, self._state.shard_of(job_id))
 
@@ -414,7 +423,7 @@ class AsyncioClient:
 
 
 @attrs.frozen
-class AsyncioJobHandle:
+class AsyncioJobHandle(Generic[JobResult]):
     """A job on the app's queue, by id, for asyncio code (see :class:`~streamkit.jobs.JobHandle`).
 
     Attributes:
@@ -440,7 +449,7 @@ class AsyncioJobHandle:
             _ops.job_info(self._client._state, self.id, self.shard, self.queue)
         )
 
-    async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
+    async def result(self, timeout: float | None = None) -> JobResult:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result (errors as
         :meth:`BlockingJobHandle.result <streamkit.clients.BlockingJobHandle.result>`)."""
         return await self._client.run(

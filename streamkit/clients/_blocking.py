@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import attrs
 import redis
@@ -28,7 +28,7 @@ from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import BackendError, NotReplicated, StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from .._urls import mask_url
-from ..jobs._model import JobCall
+from ..jobs._model import JobCall, P as JobParams, R as JobResult
 from . import _ops
 from ._ops import _NO_DEFAULT, Batch, Call, ClientState, Sleep
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
+    from ..jobs._handle import Job
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
@@ -313,7 +314,15 @@ class BlockingClient:
 
     # ------------------------------------------------------------------ jobs
 
-    def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> BlockingJobHandle:
+    @overload
+    def delay(
+        self, job: Job[JobParams, JobResult], *args: JobParams.args, **kwargs: JobParams.kwargs
+    ) -> BlockingJobHandle[JobResult]: ...
+
+    @overload
+    def delay(self, job: str, *args: Any, **kwargs: Any) -> BlockingJobHandle[Any]: ...
+
+    def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> BlockingJobHandle[Any]:
         """Enqueue ``job`` (declared with ``@app.job``, or its name) with these arguments
         and its declared options (as :meth:`Job.delay <streamkit.jobs.Job.delay>`)."""
         return self.enqueue_many(job, [JobCall(args=args, kwargs=kwargs)])[0]
@@ -330,7 +339,7 @@ class BlockingClient:
         after: Sequence[JobRef | str] = (),
         headers: Mapping[str, str] | None = None,
         **kwargs: Any,
-    ) -> BlockingJobHandle:
+    ) -> BlockingJobHandle[Any]:
         """Enqueue ``job`` with these arguments and options (as :meth:`Job.enqueue
         <streamkit.jobs.Job.enqueue>`: ``job_id`` dedupes, ``delay``/``at`` schedule,
         ``priority``, ``expires``, ``after`` for dependencies, ``headers``).
@@ -362,7 +371,7 @@ class BlockingClient:
         *,
         priority: Priority | None = None,
         delay: When | None = None,
-    ) -> list[BlockingJobHandle]:
+    ) -> list[BlockingJobHandle[Any]]:
         """Enqueue many jobs at once, pipelined (as :meth:`Job.enqueue_many
         <streamkit.jobs.Job.enqueue_many>`)."""
         placed = self.run(
@@ -371,14 +380,14 @@ class BlockingClient:
         queue = self._state.queue_of(self._state.job(job))
         return [BlockingJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
 
-    def enqueue_workflow(self, workflow: Workflow) -> BlockingJobHandle:
+    def enqueue_workflow(self, workflow: Workflow) -> BlockingJobHandle[Any]:
         """Enqueue a workflow of the app's jobs (a chain, a group, a chord; see
         :meth:`JobQueue.enqueue_workflow <streamkit.jobs.JobQueue.enqueue_workflow>`)
         and return the handle of its final job: its result is the workflow's."""
         queue, job_id, shard = self.run(_ops.enqueue_workflow(self._state, workflow))
         return BlockingJobHandle(self, job_id, shard, queue)
 
-    def handle(self, job_id: str) -> BlockingJobHandle:
+    def handle(self, job_id: str) -> BlockingJobHandle[Any]:
         """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""
         return BlockingJobHandle(self, job_id, self._state.shard_of(job_id))
 
@@ -422,7 +431,7 @@ class BlockingClient:
 
 
 @attrs.frozen
-class BlockingJobHandle:
+class BlockingJobHandle(Generic[JobResult]):
     """A job on the app's queue, by id, for blocking code (see :class:`~streamkit.jobs.JobHandle`).
 
     Attributes:
@@ -451,7 +460,7 @@ class BlockingJobHandle:
         <streamkit.jobs.JobHandle.info>`)."""
         return self._client.run(_ops.job_info(self._client._state, self.id, self.shard, self.queue))
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> JobResult:
         """Wait until the job is over and return its result.
 
         Args:
@@ -463,9 +472,10 @@ class BlockingJobHandle:
             :class:`~streamkit.jobs.ResultNotKept` if its job keeps no results;
             ``TimeoutError`` after ``timeout``.
         """
-        return self._client.run(
+        result: JobResult = self._client.run(
             _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue)
         )
+        return result
 
     def abort(self, reason: str = "aborted") -> JobStatus:
         """Abort the job (see :meth:`JobHandle.abort <streamkit.jobs.JobHandle.abort>`);

@@ -34,7 +34,7 @@ class BadArguments(Exception):
     """A job's arguments cannot be given to its function; the message says why."""
 
 
-def decode_arguments(job: Job, raw: object) -> tuple[list[Any], dict[str, Any]]:
+def decode_arguments(job: Job[Any, Any], raw: object) -> tuple[list[Any], dict[str, Any]]:
     """The positional and keyword arguments of ``job`` in ``raw`` (the JSON
     ``[args, kwargs]`` of its record), record parameters structured.
 
@@ -71,7 +71,7 @@ def decode_arguments(job: Job, raw: object) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _structure(
-    job: Job, args: list[Any], kwargs: dict[str, Any]
+    job: Job[Any, Any], args: list[Any], kwargs: dict[str, Any]
 ) -> tuple[list[Any], dict[str, Any]]:
     """Arguments annotated with attrs classes (records) become instances again."""
     structured = _structured_params(job)
@@ -84,7 +84,7 @@ def _structure(
     return list(bound.args), dict(bound.kwargs)
 
 
-def _structure_one(job: Job, name: str, value: Any, annotation: type) -> Any:
+def _structure_one(job: Job[Any, Any], name: str, value: Any, annotation: type) -> Any:
     where = f"job {job.name}: argument {name!r} ({annotation.__name__})"
     if not isinstance(value, Mapping):
         raise BadArguments(f"{where}: expected an object, got {type(value).__name__}")
@@ -104,7 +104,7 @@ def _structure_one(job: Job, name: str, value: Any, annotation: type) -> Any:
 
 
 @functools.cache
-def _structured_params(job: Job) -> dict[str, type]:
+def _structured_params(job: Job[Any, Any]) -> dict[str, type]:
     try:
         hints = typing.get_type_hints(job.fn)
     except Exception:

@@ -6,13 +6,9 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime  # noqa: TC003 (attrs resolves the annotations)
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
-
-if TYPE_CHECKING:
-    from ._handle import QueueLike
-    from ._tries import Try
 
 __all__ = ["JobContext", "Middleware", "current_job"]
 
@@ -49,8 +45,9 @@ class JobContext:
 #: next middleware, or the job) by awaiting ``call_next()`` and returns its result.
 Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
-#: The queue, the try and the context of the job running in this task.
-running: contextvars.ContextVar[tuple[QueueLike, Try, JobContext]] = contextvars.ContextVar(
+#: The queue, the try and the context of the job running in this task (the first two
+#: typed loosely: this module sits below the queue and the tries).
+running: contextvars.ContextVar[tuple[Any, Any, JobContext]] = contextvars.ContextVar(
     "streamkit_job"
 )
 

@@ -164,7 +164,7 @@ def tick_id(name: str, tick: datetime, *, runtime: bool = False) -> str:
     return f"{'sched' if runtime else 'cron'}:{name}:{int(tick.timestamp())}"
 
 
-def _fitting_id(queue: QueueLike, job: Job, job_id: str, call: JobCall) -> str:
+def _fitting_id(queue: QueueLike, job: Job[Any, Any], job_id: str, call: JobCall) -> str:
     """``job_id``, or, for a job whose limits bind it to a shard its id does not map
     to, the id with the smallest suffix ``~N`` that does (the same on every worker)."""
     options = job.options
@@ -181,7 +181,7 @@ def _fitting_id(queue: QueueLike, job: Job, job_id: str, call: JobCall) -> str:
 
 
 async def enqueue_tick(
-    queue: QueueLike, job: Job, job_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    queue: QueueLike, job: Job[Any, Any], job_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     """Enqueue one tick's run of ``job``, deduplicated by ``job_id``."""
     call = JobCall(args=args, kwargs=kwargs)
@@ -194,7 +194,7 @@ async def enqueue_tick(
         log.debug("schedule of job %s: enqueued %s", job.name, job_id)
 
 
-async def run_cron(queue: QueueLike, job: Job, *, clock: Clock = wall_clock) -> None:
+async def run_cron(queue: QueueLike, job: Job[Any, Any], *, clock: Clock = wall_clock) -> None:
     """Enqueue each tick of ``job``'s declared schedule once, until cancelled."""
     schedule = job.schedule
     assert schedule is not None
@@ -338,7 +338,7 @@ class _Running:
 
 
 async def run_schedules(
-    queue: QueueLike, jobs: dict[str, Job], *, clock: Clock = wall_clock
+    queue: QueueLike, jobs: dict[str, Job[Any, Any]], *, clock: Clock = wall_clock
 ) -> None:
     """Run the declared schedules of ``jobs`` and the runtime schedules of ``queue``
     whose jobs are among ``jobs``, following the changes to the latter, until
@@ -374,7 +374,7 @@ async def run_schedules(
 def _start(
     nursery: trio.Nursery,
     queue: QueueLike,
-    jobs: dict[str, Job],
+    jobs: dict[str, Job[Any, Any]],
     name: str,
     raw: bytes,
     clock: Clock,

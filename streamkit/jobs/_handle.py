@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, cast, overload
 
 import attrs
 
@@ -18,7 +18,9 @@ from ._model import (
     JobOptions,
     JobRef,
     JobStatus,
+    P,
     Priority,
+    R,
     Schedule,
     When,
 )
@@ -26,7 +28,7 @@ from ._replies import decode_history, decode_info, info_reply, outcome, status_r
 from ._workflow import Step
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
     from datetime import datetime
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Job",
+    "JobDecorator",
     "JobHandle",
     "QueueLike",
     "WorkflowHandle",
@@ -55,35 +58,48 @@ class QueueLike(Protocol):
     max_deliveries: int
     max_bytes: int
     shard_keys: list[ShardKeys]
-    jobs: dict[str, Job]
+    jobs: dict[str, Job[Any, Any]]
     middleware: list[Middleware]
     lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None
 
-    def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle: ...
+    def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle[Any]: ...
 
-    async def find(self, job_id: str) -> JobHandle: ...
+    async def find(self, job_id: str) -> JobHandle[Any]: ...
 
     async def enqueue_calls(
         self,
-        job: Job,
+        job: Job[Any, Any],
         calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
         *,
         priority: Priority | None = None,
         delay: When | None = None,
-    ) -> list[JobHandle]: ...
+    ) -> list[JobHandle[Any]]: ...
 
-    async def wait_result(self, handle: JobHandle, timeout: float | None) -> Any: ...  # noqa: ASYNC109
+    async def wait_result(self, handle: JobHandle[Any], timeout: float | None) -> Any: ...  # noqa: ASYNC109
 
     async def abort(
         self, job_id: str, reason: str = "aborted", *, shard: int | None = None
     ) -> JobStatus: ...
 
 
+class JobDecorator(Protocol):
+    """What ``@queue.job(...)`` and ``@app.job(...)`` return: a decorator that keeps
+    the function's types in the :class:`Job` it makes."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Job[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Job[P, R]: ...
+
+
 @attrs.frozen
-class JobHandle:
+class JobHandle(Generic[R]):
     """A job on a queue, by id: ask for its status, result or info, or abort it.
 
-    Handles are cheap values: get one for any id with :meth:`JobQueue.handle`.
+    Handles are cheap values: get one for any id with :meth:`JobQueue.handle`. A
+    handle from a declared job's ``delay`` is typed with the job's return type:
+    ``JobHandle[R]``, whose :meth:`result` returns ``R`` in a type checker.
 
     Attributes:
         queue: the queue the job is on.
@@ -123,7 +139,7 @@ class JobHandle:
         )
         return info_reply(fields, self.id, self.queue.name)
 
-    async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the familiar API)
+    async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result.
 
         Waiting does not poll: the queue's one reader per shard is woken when an
@@ -141,7 +157,8 @@ class JobHandle:
             (never enqueued, or its record expired); :class:`~streamkit.jobs.ResultNotKept`
             if its job keeps no results; ``trio.TooSlowError`` after ``timeout``.
         """
-        return await self.queue.wait_result(self, timeout)
+        result: R = await self.queue.wait_result(self, timeout)
+        return result
 
     async def abort(self, reason: str = "aborted") -> JobStatus:
         """Abort the job: a queued job ends ``aborted`` at once; a running job's try
@@ -168,8 +185,8 @@ class WorkflowHandle:
         jobs: every job of the workflow, dependencies first.
     """
 
-    final: JobHandle
-    jobs: tuple[JobHandle, ...]
+    final: JobHandle[Any]
+    jobs: tuple[JobHandle[Any], ...]
 
     @property
     def id(self) -> str:
@@ -219,11 +236,15 @@ def _positional_range(signature: inspect.Signature) -> tuple[float, float]:
 
 
 @attrs.define(eq=False)
-class Job:
+class Job(Generic[P, R]):
     """A function declared as a job of a queue (by :meth:`JobQueue.job` or ``App.job``).
 
     Calling it calls the function itself; :meth:`delay`, :meth:`enqueue` and
     :meth:`enqueue_many` enqueue it to run on a worker.
+
+    Typed ``Job[P, R]``, ``P`` the function's parameters and ``R`` what it returns
+    (what its coroutine returns, for an ``async def``): a type checker checks the
+    arguments of :meth:`delay` and types the handle's ``result()`` as ``R``.
 
     Attributes:
         name: the job's name, unique in its queue.
@@ -233,7 +254,7 @@ class Job:
     """
 
     name: str
-    fn: Callable[..., Any]
+    fn: Callable[P, Any]
     options: JobOptions
     schedule: Schedule | None
     _queue: Callable[[], QueueLike]
@@ -254,7 +275,7 @@ class Job:
                 "limit_key", f"job {self.name} has no parameter {key!r} to take its limit key from"
             )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         return self.fn(*args, **kwargs)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -286,14 +307,14 @@ class Job:
         bound.apply_defaults()
         return bound.arguments
 
-    async def delay(self, *args: Any, **kwargs: Any) -> JobHandle:
+    async def delay(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
         """Enqueue the job with these arguments, with its declared options.
 
         Error handling:
             ``TypeError`` if the function does not accept the arguments;
             :class:`~streamkit.EncodeError` if they are not JSON-serialisable.
         """
-        handles: list[JobHandle] = await self._queue().enqueue_calls(
+        handles: list[JobHandle[R]] = await self._queue().enqueue_calls(
             self, [JobCall(args=args, kwargs=kwargs)]
         )
         return handles[0]
@@ -309,7 +330,7 @@ class Job:
         after: Sequence[JobRef | str] = (),
         headers: Mapping[str, str] | None = None,
         **kwargs: Any,
-    ) -> JobHandle:
+    ) -> JobHandle[R]:
         """Enqueue the job with these arguments and options.
 
         Args:
@@ -348,7 +369,7 @@ class Job:
             after=after,
             headers=headers,
         )
-        handles: list[JobHandle] = await self._queue().enqueue_calls(self, [call])
+        handles: list[JobHandle[R]] = await self._queue().enqueue_calls(self, [call])
         return handles[0]
 
     async def enqueue_many(
@@ -357,7 +378,7 @@ class Job:
         *,
         priority: Priority | None = None,
         delay: When | None = None,
-    ) -> list[JobHandle]:
+    ) -> list[JobHandle[R]]:
         """Enqueue many jobs at once, pipelined: far faster than one at a time.
 
         Args:

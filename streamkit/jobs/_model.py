@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
 
 import attrs
 import orjson
@@ -33,10 +33,17 @@ __all__ = [
     "JobRef",
     "JobStatus",
     "JobTry",
+    "P",
     "Priority",
+    "R",
     "Schedule",
     "dumps",
 ]
+
+#: A job's parameters (``Job[P, R]``).
+P = ParamSpec("P")
+#: What a job returns (what its coroutine returns, for an ``async def``).
+R = TypeVar("R")
 
 Priority = Literal["high", "normal", "low"]
 #: Priority name -> the number of its ready stream (lower runs first).

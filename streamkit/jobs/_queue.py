@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Mapping  # noqa: TC003 (isinstance)
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import (
+    Mapping,  # noqa: TC003 (isinstance)
+)
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import attrs
 import trio
@@ -36,7 +38,7 @@ from ._cron import (
 from ._crontime import next_tick
 from ._enqueue import send_plan, send_workflow
 from ._finish import settle_all
-from ._handle import Job, JobHandle, WorkflowHandle
+from ._handle import Job, JobDecorator, JobHandle, WorkflowHandle
 from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
 from ._layout import ShardKeys, shard_for
 from ._model import (
@@ -49,7 +51,9 @@ from ._model import (
     JobInfo,
     JobOptions,
     JobStatus,
+    P,
     Priority,
+    R,
     Schedule,
     When,
 )
@@ -60,7 +64,13 @@ from ._serve import Handlers, JobWorker, serve_jobs
 from ._workflow import Workflow, compile_workflow, plan_workflow
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+    from collections.abc import (
+        AsyncIterator,
+        Callable,
+        Coroutine,
+        Iterable,
+        Sequence,
+    )
     from contextlib import AbstractAsyncContextManager
 
     from ._context import Middleware
@@ -152,7 +162,7 @@ class JobQueue:
     lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=positive_number)
     max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
     max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
-    jobs: dict[str, Job] = attrs.field(factory=dict)
+    jobs: dict[str, Job[Any, Any]] = attrs.field(factory=dict)
     #: Run around each try of its jobs, outermost first (see :meth:`add_middleware`).
     middleware: list[Middleware] = attrs.field(factory=list)
     #: Entered by each worker around its serving (see :meth:`set_lifespan`).
@@ -170,9 +180,9 @@ class JobQueue:
     # ------------------------------------------------------------------ declaring
 
     @overload
-    def job(
+    def job(  # an async def matches the next one too: this one comes first
         self,
-        fn: Callable[..., Any],
+        fn: Callable[P, Coroutine[Any, Any, R]],
         *,
         name: str | None = None,
         retries: int = DEFAULT_RETRIES,
@@ -190,7 +200,30 @@ class JobQueue:
         key_rate_limit: RateLimit | str | None = None,
         key_concurrency: int | None = None,
         grace: float | None = None,
-    ) -> Job: ...
+    ) -> Job[P, R]: ...
+
+    @overload
+    def job(
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        timeout: float | None = None,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
+        priority: Priority = "normal",
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        keep_result: bool = True,
+        expires: float | None = None,
+        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
+        rate_limit: RateLimit | str | None = None,
+        concurrency: int | None = None,
+        limit_key: str | Callable[..., Any] | None = None,
+        key_rate_limit: RateLimit | str | None = None,
+        key_concurrency: int | None = None,
+        grace: float | None = None,
+    ) -> Job[P, R]: ...
 
     @overload
     def job(
@@ -213,7 +246,7 @@ class JobQueue:
         key_rate_limit: RateLimit | str | None = None,
         key_concurrency: int | None = None,
         grace: float | None = None,
-    ) -> Callable[[Callable[..., Any]], Job]: ...
+    ) -> JobDecorator: ...
 
     def job(
         self,
@@ -235,7 +268,7 @@ class JobQueue:
         key_rate_limit: RateLimit | str | None = None,
         key_concurrency: int | None = None,
         grace: float | None = None,
-    ) -> Job | Callable[[Callable[..., Any]], Job]:
+    ) -> Job[Any, Any] | Callable[[Callable[..., Any]], Job[Any, Any]]:
         """Declare ``fn`` (``async def`` or plain ``def``) as a job of this queue.
 
         Use as ``@queue.job`` or ``@queue.job(retries=3, timeout=30)``. Plain
@@ -288,7 +321,7 @@ class JobQueue:
             grace=grace,
         )
 
-        def declare(fn: Callable[..., Any]) -> Job:
+        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
             return self.add(Job(name or fn.__name__, fn, options, None, lambda: self))
 
         return declare if fn is None else declare(fn)
@@ -301,7 +334,7 @@ class JobQueue:
         tz: str | None = None,
         name: str | None = None,
         **options: Any,
-    ) -> Callable[[Callable[..., Any]], Job]:
+    ) -> JobDecorator:
         """Declare a job that runs at the times of a crontab ``expression``, in the
         timezone ``tz`` (an IANA name such as ``"Europe/Paris"``; UTC by default).
 
@@ -316,12 +349,12 @@ class JobQueue:
         timezone(tz)
         schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
 
-        def declare(fn: Callable[..., Any]) -> Job:
-            job: Job = self.job(name=name, **options)(fn)
+        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
+            job: Job[Any, Any] = self.job(name=name, **options)(fn)
             job.schedule = schedule
             return job
 
-        return declare
+        return cast("JobDecorator", declare)
 
     def add_middleware(self, middleware: Middleware) -> Middleware:
         """Run ``middleware`` around each try of the queue's jobs; usable as a decorator.
@@ -362,7 +395,7 @@ class JobQueue:
     async def set_schedule(
         self,
         name: str,
-        job: Job | str,
+        job: Job[Any, Any] | str,
         expression: str,
         *,
         tz: str | None = None,
@@ -439,7 +472,7 @@ class JobQueue:
 
     # ------------------------------------------------------------------ pausing
 
-    async def pause(self, job: Job | str | None = None) -> None:
+    async def pause(self, job: Job[Any, Any] | str | None = None) -> None:
         """Pause the queue, or one job name: no new try of its jobs starts, on any
         worker, until :meth:`resume`. Nothing fails: jobs queued meanwhile wait (a
         paused job name's jobs as ``held``), and the tries running go on to their end.
@@ -452,7 +485,7 @@ class JobQueue:
                 _CONTROL, self.redis, keys.keys, (keys.base, "pause", name, 0), what="pausing"
             )
 
-    async def resume(self, job: Job | str | None = None) -> int:
+    async def resume(self, job: Job[Any, Any] | str | None = None) -> int:
         """Resume the queue, or one job name, paused by :meth:`pause`: its held jobs are
         queued again, in order, in steps of 200. Returns how many were let out."""
         name = "*" if job is None else job if isinstance(job, str) else job.name
@@ -483,7 +516,7 @@ class JobQueue:
             found.update(label(name) for name in names)
         return sorted(found)
 
-    def add(self, job: Job) -> Job:
+    def add(self, job: Job[P, R]) -> Job[P, R]:
         """Add a declared job (used by ``App`` to bind its jobs to the queue)."""
         if job.name in self.jobs and self.jobs[job.name] is not job:
             raise ConfigError("job name", f"queue {self.name!r} has a job {job.name!r} already")
@@ -492,7 +525,7 @@ class JobQueue:
 
     # ------------------------------------------------------------------ enqueueing
 
-    def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle:
+    def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle[Any]:
         """A handle on job ``job_id``.
 
         Every job lives on the shard its id maps to (see the key layout), so the
@@ -502,12 +535,12 @@ class JobQueue:
 
     async def enqueue_calls(
         self,
-        job: Job,
+        job: Job[Any, Any],
         calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
         *,
         priority: Priority | None = None,
         delay: When | None = None,
-    ) -> list[JobHandle]:
+    ) -> list[JobHandle[Any]]:
         """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
         # Checked and encoded as every client does (jobs._plan), then sent in bounded
         # calls, a few at a time.
@@ -552,7 +585,7 @@ class JobQueue:
             max_bytes=self.max_bytes,
         )
         await send_workflow(self.redis, plan)
-        handles = tuple(
+        handles: tuple[JobHandle[Any], ...] = tuple(
             JobHandle(queues[place.queue], place.id, place.shard) for place in plan.placed
         )
         return WorkflowHandle(handles[plan.final], handles)
@@ -572,7 +605,7 @@ class JobQueue:
                     waiters.started = True
         return waiters
 
-    async def wait_result(self, handle: JobHandle, timeout: float | None) -> Any:  # noqa: ASYNC109
+    async def wait_result(self, handle: JobHandle[Any], timeout: float | None) -> Any:  # noqa: ASYNC109
         """Wait for ``handle``'s job to end (see :meth:`JobHandle.result`)."""
         keys = self.shard_keys[handle.shard]
         with trio.fail_after(math.inf if timeout is None else timeout):
@@ -603,7 +636,7 @@ class JobQueue:
                 else:
                     waiters.events.pop(handle.id, None)
 
-    async def find(self, job_id: str) -> JobHandle:
+    async def find(self, job_id: str) -> JobHandle[Any]:
         """The handle of job ``job_id``, looking on every shard.
 
         Error handling:

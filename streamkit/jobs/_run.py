@@ -78,7 +78,7 @@ class TryRunner:
     """Runs the tries of claimed jobs and puts their outcomes in the outbox."""
 
     queue: QueueLike
-    jobs: dict[str, Job]
+    jobs: dict[str, Job[Any, Any]]
     tries: Tries
     outbox: Outbox
     limiter: trio.CapacityLimiter
@@ -190,7 +190,9 @@ class TryRunner:
         finally:
             running.reset(reset)
 
-    def _context(self, job: Job, job_id: str, tries: int, claimed: list[Any]) -> JobContext:
+    def _context(
+        self, job: Job[Any, Any], job_id: str, tries: int, claimed: list[Any]
+    ) -> JobContext:
         """The :class:`JobContext` of a claimed job's try (claimed: the claim script's
         ``{id, name, args, tries, token, priority, enqueued_ms, headers}``)."""
         enqueued, raw_headers = int(claimed[6] or 0), claimed[7]
@@ -215,7 +217,7 @@ class TryRunner:
         )
 
     async def _call(
-        self, job: Job, context: JobContext, args: list[Any], kwargs: dict[str, Any]
+        self, job: Job[Any, Any], context: JobContext, args: list[Any], kwargs: dict[str, Any]
     ) -> Any:
         """Run the job's function through the middleware, outermost first."""
 
@@ -250,7 +252,7 @@ class TryRunner:
     def _failed(
         self,
         current: Try,
-        job: Job,
+        job: Job[Any, Any],
         tries: int,
         failure: Failure,
         exc: BaseException | None = None,

@@ -48,13 +48,13 @@ __all__ = ["Handlers", "JobWorker", "serve_jobs"]
 
 log = logging.getLogger("streamkit.jobs")
 
-Handlers = Iterable[Job] | Mapping[str, Callable[..., Any]]
+Handlers = Iterable[Job[Any, Any]] | Mapping[str, Callable[..., Any]]
 
 #: Seconds a lifespan's shut-down code may take at a stop (it runs shielded).
 LIFESPAN_SHUTDOWN = 10.0
 
 
-def _as_jobs(queue: QueueLike, handlers: Handlers | None) -> dict[str, Job]:
+def _as_jobs(queue: QueueLike, handlers: Handlers | None) -> dict[str, Job[Any, Any]]:
     if handlers is None:
         return dict(queue.jobs)
     if isinstance(handlers, Mapping):
@@ -77,7 +77,7 @@ class JobWorker:
     """
 
     queue: QueueLike
-    jobs: dict[str, Job]
+    jobs: dict[str, Job[Any, Any]]
     concurrency: int
     threads: int
     consumer: str = attrs.field(factory=new_consumer)

@@ -7,7 +7,7 @@ were aborted or taken over; finishing forgets a try once its outcome is recorded
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -41,7 +41,7 @@ class Try:
     id: str
     shard: int
     token: str
-    job: Job | None
+    job: Job[Any, Any] | None
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     abort_reason: str | None = None
     taken_over: bool = False

@@ -62,7 +62,7 @@ def make_streams_app(**settings: Any) -> tuple[App, Stream[Order]]:
     return app, orders
 
 
-def make_jobs_app(**settings: Any) -> tuple[App, Job, Job]:
+def make_jobs_app(**settings: Any) -> tuple[App, Job[Any, Any], Job[Any, Any]]:
     """The app and its jobs ``double`` and ``echo`` (and a cron job)."""
     app = App("shop", **settings)
 

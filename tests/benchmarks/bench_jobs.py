@@ -110,7 +110,7 @@ class _Marks:
 _marks = _Marks()
 
 
-def _declare(queue: JobQueue) -> dict[str, Job]:
+def _declare(queue: JobQueue) -> dict[str, Job[Any, Any]]:
     """The three jobs, declared on ``queue`` with its defaults."""
 
     async def noop() -> None:
