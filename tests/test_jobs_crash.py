@@ -535,3 +535,62 @@ async def test_one_worker_runs_an_apps_jobs_and_processors(
     worker.send_signal(signal.SIGTERM)
     assert await worker.wait_exit() == 0, worker.log()
     assert_clean(worker)
+
+
+# ---------------------------------------------------------------------------- limits
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+async def test_limits_hold_across_three_workers_and_a_kill_9_leaks_no_slot(
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    workers.extend(start_job_worker(redis_url, tmp_path, env=FAST_LEASE) for _ in range(3))
+    await wait_serving(*workers)
+    tags = [f"lim-{n}" for n in range(12)]
+    async with open_job_queue(redis, "jobs", lease_ttl=LEASE_TTL) as queue:
+        handles = [
+            await enqueue(queue, jobs_app.limited, tag, f"acct-{n % 3}", 0.3)
+            for n, tag in enumerate(tags)
+        ]
+        # Kill -9 the worker of the first job while it runs: its slots (of the name and
+        # of acct-0) are held by a dead worker until its lease runs out.
+        first_pid = await wait_started(redis, tags[0])
+        [victim] = [w for w in workers if w.pid == first_pid]
+        killed_at = time.time()
+        victim.kill()
+        assert await victim.wait_exit() == -signal.SIGKILL
+        results = [await handle.result(timeout=LEASE_TTL + 20) for handle in handles]
+        infos = [await handle.info() for handle in handles]
+        leftover = [key async for key in redis.scan_iter(match="__jobs:{jobs.0}:cc:*")]
+
+    assert victim.pid not in results[:1]  # the first job finished on another worker
+    assert infos[0].lost == 1
+    assert leftover == []  # every slot given back, the dead worker's by the takeover
+    # Never more than 2 running, nor 2 of one account, at any moment: each run lasts
+    # from its start to its end, or to the kill for a run the kill cut short.
+    spans: list[tuple[float, float, str]] = []
+    for n, tag in enumerate(tags):
+        entries = await runs(redis, tag)
+        for kind, pid, at in entries:
+            if kind == "start":
+                ends = [e for k, p, e in entries if k == "end" and p == pid and e >= at]
+                spans.append((at, ends[0] if ends else killed_at, f"acct-{n % 3}"))
+    for at, _, _ in spans:
+        running = [s for s in spans if s[0] <= at < s[1]]
+        assert len(running) <= 2, running
+        for account in ("acct-0", "acct-1", "acct-2"):
+            assert len([s for s in running if s[2] == account]) <= 1, running
+    # Never more than 5 tries started in any second (Redis' clock: the claims).
+    starts_ms = sorted(
+        round(attempt.started_at.timestamp() * 1000)
+        for info in infos
+        for attempt in info.history
+        if attempt.started_at is not None
+    )
+    assert len(starts_ms) == 12 + sum(info.lost for info in infos)  # lost tries started again
+    gaps = [b - a for a, b in zip(starts_ms, starts_ms[5:], strict=False)]
+    assert min(gaps) >= 1000, gaps
+    for worker in workers:
+        if worker is not victim:
+            assert_clean(worker)

@@ -9,7 +9,7 @@ The records go to the server of ``JOBS_MARKERS_URL`` (the app's own server by
 default), through a client the worker's background task opens: a test that restarts
 the queue's server keeps them on another one.
 
-- ``app`` (queue ``jobs``): ``hold``, ``poison``, ``work``, ``blocker``; for
+- ``app`` (queue ``jobs``): ``hold``, ``poison``, ``work``, ``blocker``, ``limited``; for
   ``streamkit worker tests.apps.jobs_app:app``.
 - ``cron_app`` (queue ``jobcron``): ``tick``, every second.
 - ``mixed`` (queue ``jobmixed``): a job and a stream processor in one app.
@@ -122,6 +122,16 @@ async def blocker(tag: str, seconds: float) -> int:
     the job's: no lease is renewed meanwhile); on later starts, end at once."""
     if await _record("start", tag) == 1:
         time.sleep(seconds)  # noqa: ASYNC251 (the point)
+    await _record("end", tag)
+    return PID
+
+
+@app.job(concurrency=2, rate_limit="5/s", limit_key="account", key_concurrency=1)
+async def limited(tag: str, account: str, seconds: float) -> int:
+    """Limited across the fleet: 2 running, 5 started per second, 1 running per
+    account. Records its start and end like the others; returns the worker's pid."""
+    await _record("start", tag)
+    await trio.sleep(seconds)
     await _record("end", tag)
     return PID
 
