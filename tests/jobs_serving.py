@@ -85,8 +85,12 @@ async def stream_backlog(redis: Redis, queue: JobQueue) -> dict[str, tuple[int, 
 
 
 async def assert_drained(redis: Redis, queue: JobQueue) -> None:
-    """Nothing of ``queue`` left queued, pending or scheduled."""
+    """Nothing of ``queue`` left queued, pending or scheduled, no concurrency slot held,
+    no end left to deliver to another shard."""
     backlog = await stream_backlog(redis, queue)
     assert all(v == (0, 0) for v in backlog.values()), backlog
     for keys in queue.shard_keys:
         assert await redis.zcard(keys.schedule) == 0
+        slots = [key async for key in redis.scan_iter(match=f"{keys.base}:cc:*")]
+        assert slots == [], slots
+        assert await redis.llen(f"{keys.base}:xout") == 0

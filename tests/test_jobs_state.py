@@ -1,5 +1,7 @@
 """The job queue as a state machine: random enqueues, aborts, worker starts and graceful
-stops against in-process workers on one queue, then every job ends as its script says.
+stops, pauses and resumes against in-process workers on one queue, then every job ends
+as its script says; jobs with limits (concurrency per name and per key, a rate) never
+run past them.
 
 Hypothesis drives the steps from a worker thread; each step runs in the test's Trio
 loop (``trio.from_thread.run``), where the workers keep running between steps.
@@ -26,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from streamkit import Backoff
-from streamkit.jobs import JobCall, JobFailed, JobQueue, JobStatus, open_job_queue
+from streamkit.jobs import JobCall, JobFailed, JobQueue, JobStatus, RateLimit, open_job_queue
 from tests.jobs_serving import ServingWorker, assert_drained, start_worker
 
 if TYPE_CHECKING:
@@ -41,6 +43,10 @@ MAX_WORKERS = 3
 #: Seconds for any one step, and for the teardown's drain.
 STEP_TIMEOUT = 10.0
 DRAIN_TIMEOUT = 30.0
+#: The limits of the limited job: running at once per name and per account, and
+#: started per window.
+LIMITED_CONCURRENCY = 2
+LIMITED_RATE = RateLimit(4, per=0.2)
 
 
 class Scripted(Exception):
@@ -56,6 +62,7 @@ class Model:
     fails: int
     after: list[str]
     aborted: JobStatus | None = None
+    limited: bool = False
 
 
 @attrs.define(eq=False)
@@ -70,6 +77,10 @@ class World:
     successes: Counter[str] = attrs.field(factory=Counter)
     examples: itertools.count[int] = attrs.field(factory=itertools.count)
     keys: itertools.count[int] = attrs.field(factory=itertools.count)
+    #: Limited jobs running now, and the most that ever ran at once: per account and
+    #: ("*") in all.
+    running: Counter[str] = attrs.field(factory=Counter)
+    most: Counter[str] = attrs.field(factory=Counter)
 
     def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         """Run ``fn(*args)`` in the Trio loop, from the Hypothesis thread."""
@@ -90,6 +101,16 @@ class World:
         self.successes[key] += 1
         return key
 
+    async def limited(self, key: str, fails: int, duration: float, account: str) -> str:
+        for k in (account, "*"):
+            self.running[k] += 1
+            self.most[k] = max(self.most[k], self.running[k])
+        try:
+            return await self.scripted(key, fails, duration)
+        finally:
+            for k in (account, "*"):
+                self.running[k] -= 1
+
     async def open_example(self) -> Example:
         example: Example = await self.nursery.start(self._hold, f"sm{next(self.examples)}")
         return example
@@ -107,6 +128,15 @@ class World:
                         retries=MAX_TRIES - 1,
                         backoff=Backoff(initial=0.01, jitter=0),
                     )(self.scripted)
+                    queue.job(
+                        name="limited",
+                        retries=MAX_TRIES - 1,
+                        backoff=Backoff(initial=0.01, jitter=0),
+                        concurrency=LIMITED_CONCURRENCY,
+                        rate_limit=LIMITED_RATE,
+                        limit_key="account",
+                        key_concurrency=1,
+                    )(self.limited)
                     example = Example(queue, workers, scope)
                     task_status.started(example)
                     await trio.sleep_forever()
@@ -144,6 +174,19 @@ CALLS = st.lists(
 )
 
 
+#: Limited jobs to enqueue in one ``enqueue_many``: (failing tries, seconds each try
+#: runs, account).
+LIMITED_CALLS = st.lists(
+    st.tuples(
+        st.sampled_from([0, 0, 1, MAX_TRIES]),
+        st.sampled_from([0.0, 0.05, 0.1]),
+        st.sampled_from(["a", "b", "c"]),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
 class JobsMachine(RuleBasedStateMachine):
     def __init__(self, world: World) -> None:
         super().__init__()
@@ -154,6 +197,7 @@ class JobsMachine(RuleBasedStateMachine):
         self.jobs: dict[str, Model] = {}
         self.final: dict[str, JobStatus] = {}
         self.ignored_keys: list[str] = []
+        self.paused = False
 
     # ------------------------------------------------------------------ rules
 
@@ -217,6 +261,30 @@ class JobsMachine(RuleBasedStateMachine):
         job = self.queue.jobs["scripted"]
         return await job.enqueue_many(batch)
 
+    @rule(calls=LIMITED_CALLS)
+    def enqueue_limited(self, calls: list[tuple[Any, ...]]) -> None:
+        batch: list[JobCall] = []
+        keys: list[tuple[str, int]] = []
+        for fails, duration, account in calls:
+            key = f"k{next(self.world.keys)}"
+            batch.append(JobCall(args=(key, fails, duration, account)))
+            keys.append((key, fails))
+        handles = self.world.run(self.queue.jobs["limited"].enqueue_many, batch)
+        for handle, (key, fails) in zip(handles, keys, strict=True):
+            self.jobs[handle.id] = Model(handle, key, fails, [], limited=True)
+
+    @precondition(lambda self: not self.paused)
+    @rule()
+    def pause_limited(self) -> None:
+        self.world.run(self.queue.pause, "limited")
+        self.paused = True
+
+    @precondition(lambda self: self.paused)
+    @rule()
+    def resume_limited(self) -> None:
+        self.world.run(self.queue.resume, "limited")
+        self.paused = False
+
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
@@ -235,6 +303,12 @@ class JobsMachine(RuleBasedStateMachine):
         self.world.run(trio.sleep, seconds)
 
     # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def limits_are_never_exceeded(self) -> None:
+        most = self.world.most
+        assert most["*"] <= LIMITED_CONCURRENCY, most
+        assert all(most[k] <= 1 for k in most if k != "*"), most
 
     @invariant()
     def every_job_is_counted_once_and_final_states_stick(self) -> None:
@@ -257,6 +331,8 @@ class JobsMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            if self.paused:
+                self.resume_limited()
             if not self.workers:
                 self.workers.append(self.world.run(self._start, 2))
             outcomes = trio.from_thread.run(self._drain, trio_token=self.world.trio_token)
@@ -321,6 +397,16 @@ class JobsMachine(RuleBasedStateMachine):
                 assert status is self.final[job_id]
         for key in self.ignored_keys:
             assert world.started[key] == 0, "a deduplicated enqueue ran"
+        # The limited jobs' tries started no faster than the rate, on Redis' clock.
+        starts = sorted(
+            round(attempt.started_at.timestamp() * 1000)
+            for job_id, model in self.jobs.items()
+            if model.limited
+            for attempt in outcomes[job_id][1][1].history
+            if attempt.started_at is not None
+        )
+        count, window = LIMITED_RATE.count, LIMITED_RATE.per_ms
+        assert all(b - a >= window for a, b in zip(starts, starts[count:], strict=False)), starts
         counts = world.run(self.queue.counts)
         assert counts.pending == 0, counts
         assert (counts.succeeded, counts.dead, counts.aborted, counts.expired) == (
