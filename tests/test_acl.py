@@ -31,7 +31,7 @@ from streamkit import (
     open_redis,
     redis_errors,
 )
-from streamkit.jobs import JobFailed
+from streamkit.jobs import JobFailed, chain, chord
 from streamkit.testing import RedisServer, free_port, wait_until
 from tests.apps.acl import Order, make_jobs_app, make_streams_app, orders
 from tests.test_cli import streamkit
@@ -227,6 +227,21 @@ async def test_a_job_queue_runs_under_its_users(
             await (await double.delay(1)).result(timeout=30)
             await doubled.status()
             await doubled.info()
+            # Limits (jobs held back and let out), workflows across queues (links and
+            # deliveries), failure callbacks.
+            limited, render, total = (app.jobs[n] for n in ("limited", "render", "total"))
+            held = await limited.enqueue_many([(f"a{i % 2}",) for i in range(6)])
+            assert [await h.result(timeout=30) for h in held] == ["a0", "a1"] * 3
+            queue = app.job_queue
+            flow = chord([render.step(n) for n in range(3)], total.step("frames: "))
+            assert await (await queue.enqueue_workflow(flow)).result(timeout=30) == (
+                "frames: frame 0, frame 1, frame 2"
+            )
+            broken = chain(render.step(-1), total.step()).on_failure(echo.step())
+            failed = await queue.enqueue_workflow(broken)
+            with pytest.raises(JobFailed, match="cannot render"):
+                await failed.result(timeout=30)
+            await failed.jobs[-1].result(timeout=30)
     worker.send_signal(signal.SIGTERM)
     assert await worker.wait_exit() == 0, worker.log()
     assert "NOPERM" not in worker.log()

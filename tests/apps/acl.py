@@ -63,8 +63,24 @@ def make_streams_app(**settings: Any) -> tuple[App, Stream[Order]]:
 
 
 def make_jobs_app(**settings: Any) -> tuple[App, Job[Any, Any], Job[Any, Any]]:
-    """The app and its jobs ``double`` and ``echo`` (and a cron job)."""
+    """The app and its jobs ``double`` and ``echo`` (and a cron job, ``limited`` with
+    limits, ``render`` on the app's queue ``gpu`` and ``total``, for workflows)."""
     app = App("shop", **settings)
+
+    @app.job(concurrency=2, rate_limit="20/s", limit_key="account", key_concurrency=1)
+    async def limited(account: str) -> str:
+        await trio.sleep(0.05)
+        return account
+
+    @app.job(queue="gpu", retries=0)
+    async def render(n: int) -> str:
+        if n < 0:
+            raise ValueError("cannot render")
+        return f"frame {n}"
+
+    @app.job()
+    async def total(frames: list[str], label: str = "") -> str:
+        return label + ", ".join(frames)
 
     @app.job(retries=1, backoff=Backoff(initial=0.05), timeout=30)
     async def double(n: int) -> int:

@@ -43,6 +43,17 @@ Workloads, each for every queue:
   runs, which mostly wait out their timeouts, run at the same time, each in its own
   Redis database (else they would take about 20 minutes); ``--quick`` skips them.
 
+streamkit alone, beside the peers' table (no peer has them):
+
+* **limits**: the no-op run again with 1 worker process, the jobs declared with a rate
+  limit (100,000/s, which never binds here) and a concurrency key (1 running per key,
+  100 keys, round robin): what the claim script's limit checks cost per job, against
+  the plain no-op run. Target: at least 80% of it.
+* **workflows**: one worker process; a chain of 3 no-op jobs (each given the previous
+  result) and a chord of 100 no-op jobs whose callback gets the 100 results, timed from
+  the enqueue to the final result in the enqueuing process (median of ``--chains``
+  chains and ``--chords`` chords, one at a time).
+
 Targets (the lead's): streamkit at least 5,000 no-op jobs/s per worker process and
 faster than every peer; its enqueue of 20,000 at least 3x the fastest peer's; a killed
 worker's jobs taken over within the lease TTL + 1 s.
@@ -57,6 +68,7 @@ import inspect
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +105,10 @@ SLOW = 5.0
 RECOVERY_JOBS = 32
 FLUSH_EVERY = 0.01
 QUEUE_NAME = "bench"
+#: The limits of the limited no-op run: a rate that never binds here, and 1 running per
+#: key over LIMIT_KEYS keys, round robin.
+LIMITED_RATE = "100000/s"
+LIMIT_KEYS = 100
 LEASE_TTL: float = inspect.signature(open_job_queue).parameters["lease_ttl"].default
 
 
@@ -131,7 +147,20 @@ def _declare(queue: JobQueue) -> dict[str, Job[Any, Any]]:
         await trio.sleep(SLOW)
         await _marks.redis.hset("bench:finished", {str(i): repr(time.time())})
 
-    return {fn.__name__: queue.job(fn) for fn in (noop, sleep, slow)}
+    async def limited(key: int) -> None:
+        await noop()
+
+    async def step(value: int) -> int:
+        return value
+
+    async def count(values: list[int]) -> int:
+        return len(values)
+
+    jobs = {fn.__name__: queue.job(fn) for fn in (noop, sleep, slow, step, count)}
+    jobs["limited"] = queue.job(
+        limited, rate_limit=LIMITED_RATE, limit_key="key", key_concurrency=1
+    )
+    return jobs
 
 
 async def _flush_forever(redis: Any) -> None:
@@ -152,7 +181,12 @@ async def _flush_forever(redis: Any) -> None:
 
 
 async def streamkit_produce(url: str, kind: str, n: int) -> None:
-    calls = [(i,) for i in range(n)] if kind == "slow" else [() for _ in range(n)]
+    if kind == "slow":
+        calls: list[tuple[int, ...]] = [(i,) for i in range(n)]
+    elif kind == "limited":
+        calls = [(i % LIMIT_KEYS,) for i in range(n)]
+    else:
+        calls = [() for _ in range(n)]
     async with open_redis(url) as redis, open_job_queue(redis, QUEUE_NAME) as queue:
         jobs = _declare(queue)
         began = time.perf_counter()
@@ -304,6 +338,13 @@ class Throughput:
     rate: float  # jobs/s, first job start to last job end
     startup: float  # s, workers spawned to first job start
     extra: int  # completions beyond n (a job run twice)
+    script_us: float = 0.0  # Redis server time in scripts per job while the workers ran
+
+
+async def _script_usec(redis: Any) -> int:
+    """Microseconds the server spent in scripts (EVALSHA and EVAL) so far."""
+    stats = await redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval"))
 
 
 async def throughput(
@@ -314,6 +355,7 @@ async def throughput(
         procs = Procs(Path(logs))
         try:
             enqueue_s = await produce(procs, who, url, kind, n)
+            usec_before = await _script_usec(redis)
             spawned = time.time()
             started = [
                 await procs.spawn(who, ["work", "--url", url, "--concurrency", str(CONCURRENCY)])
@@ -328,11 +370,12 @@ async def throughput(
             times = {_text(k): float(v) for k, v in (await redis.hgetall("bench:times")).items()}
             await trio.sleep(0.1)  # a second run of some job would show by now
             done = int(await redis.get("bench:done") or 0)
+            script_us = (await _script_usec(redis) - usec_before) / n
         finally:
             await procs.kill_all()
     first = min(v for k, v in times.items() if k.startswith("first:"))
     last = max(v for k, v in times.items() if k.startswith("last:"))
-    return Throughput(n / enqueue_s, n / (last - first), first - spawned, done - n)
+    return Throughput(n / enqueue_s, n / (last - first), first - spawned, done - n, script_us)
 
 
 async def bare_loop(redis: Any, n: int) -> float:
@@ -356,6 +399,61 @@ async def bare_loop(redis: Any, n: int) -> float:
     seconds = time.perf_counter() - began
     assert done == n, done
     return n / seconds
+
+
+# === streamkit's limits and workflows ============================================
+
+
+@dataclasses.dataclass
+class Workflows:
+    chain_ms: float  # median, enqueue to final result
+    chord_ms: float
+    chains: int
+    chords: int
+
+
+async def workflows(url: str, who: Contestant, chains: int, chords: int) -> Workflows:
+    """One worker process; chains of 3 and chords of 100 no-op jobs, one at a time,
+    timed from the enqueue to the final result here."""
+    from streamkit.jobs import chain, chord
+
+    async with open_redis(url) as redis, open_job_queue(redis, QUEUE_NAME) as queue:
+        await redis.flushall()
+        jobs = _declare(queue)
+        step, count = jobs["step"], jobs["count"]
+        with tempfile.TemporaryDirectory(prefix="bench-jobs-") as logs:
+            procs = Procs(Path(logs))
+            try:
+                work = ["work", "--url", url, "--concurrency", str(CONCURRENCY)]
+                worker = await procs.spawn(who, work)
+
+                async def ready() -> bool:
+                    procs.check([worker])
+                    return bool(await redis.scard("bench:ready"))
+
+                await wait_for("the worker to start", ready, 30)
+                # a first one each, not timed: the scripts' first load
+                flow = chain(step.step(1), step.step(), step.step())
+                await (await queue.enqueue_workflow(flow)).result(timeout=30)
+                chain_ms = []
+                for i in range(chains):
+                    began = time.perf_counter()
+                    handle = await queue.enqueue_workflow(
+                        chain(step.step(i), step.step(), step.step())
+                    )
+                    assert await handle.result(timeout=30) == i
+                    chain_ms.append((time.perf_counter() - began) * 1000)
+                chord_ms = []
+                for _ in range(chords):
+                    began = time.perf_counter()
+                    handle = await queue.enqueue_workflow(
+                        chord([step.step(i) for i in range(100)], count.step())
+                    )
+                    assert await handle.result(timeout=60) == 100
+                    chord_ms.append((time.perf_counter() - began) * 1000)
+            finally:
+                await procs.kill_all()
+    return Workflows(statistics.median(chain_ms), statistics.median(chord_ms), chains, chords)
 
 
 # === crash recovery ==============================================================
@@ -453,6 +551,44 @@ def _ratio(ours: float | str | None, theirs: float | str | None, width: int = 11
     if isinstance(ours, float) and isinstance(theirs, float) and theirs > 0:
         return f"{ours / theirs:>{width - 1}.2f}x"
     return f"{'-':>{width}}"
+
+
+def report_streamkit(
+    plain: Throughput | str, limited: Throughput | str, flows: Workflows | str, rounds: int
+) -> None:
+    """streamkit's limits and workflows (no peer has them)."""
+    print("streamkit alone: limits and workflows (1 worker process, concurrency 32)")
+    if isinstance(limited, str) or isinstance(plain, str):
+        print(
+            f"  no-op with and without limits: failed: {limited if isinstance(limited, str) else plain}"
+        )
+    else:
+        ratio = limited.rate / plain.rate
+        print(
+            f"  no-op x1, plain: {plain.rate:,.0f} jobs/s, {plain.script_us:.1f} us of Redis "
+            f"script time per job (enqueue not counted)"
+        )
+        print(
+            f"  no-op x1 with a rate limit ({LIMITED_RATE}) and a concurrency key (1 running "
+            f"per key, {LIMIT_KEYS} keys): {limited.rate:,.0f} jobs/s, {limited.script_us:.1f} "
+            f"us of script time per job"
+        )
+        print(
+            f"  with limits / plain: {ratio:.2f} (best of {rounds} alternated runs each; "
+            f"target >= 0.80: {'met' if ratio >= 0.8 else 'NOT met'}); the limits cost "
+            f"{limited.script_us - plain.script_us:.1f} us of server time per job"
+        )
+    if isinstance(flows, str):
+        print(f"  workflows failed: {flows}")
+    else:
+        print(
+            f"  chain of 3 no-op jobs, enqueue to final result: {flows.chain_ms:.1f} ms "
+            f"(median of {flows.chains})"
+        )
+        print(
+            f"  chord of 100 no-op jobs + callback, enqueue to final result: "
+            f"{flows.chord_ms:.1f} ms (median of {flows.chords})"
+        )
 
 
 def report(
@@ -660,6 +796,36 @@ async def run(args: argparse.Namespace) -> None:
                         )
             bare = await bare_loop(redis, args.jobs)
             progress(f"  bare XREADGROUP/XACK loop: {bare:,.0f}/s")
+            # The plain and the limited no-op runs, alternated, best of each: the ratio of
+            # two runs made side by side.
+            ours = contestants[0]
+            plain: Throughput | str = "not run"
+            limited: Throughput | str = "not run"
+            for _ in range(args.limit_rounds):
+                for kind in ("noop", "limited"):
+                    try:
+                        got = await throughput(redis, url, ours, kind, args.jobs, 1, args.timeout)
+                    except Failed as exc:
+                        progress(f"  streamkit {kind} x1: failed: {exc}")
+                        continue
+                    progress(
+                        f"  streamkit {kind} x1: {got.rate:,.0f}/s, "
+                        f"{got.script_us:.1f} us of scripts per job"
+                    )
+                    best = plain if kind == "noop" else limited
+                    if not isinstance(best, Throughput) or got.rate > best.rate:
+                        if kind == "noop":
+                            plain = got
+                        else:
+                            limited = got
+            flows: Workflows | str
+            try:
+                flows = await workflows(url, ours, args.chains, args.chords)
+                progress(
+                    f"  streamkit workflows: chain {flows.chain_ms:.1f} ms, chord {flows.chord_ms:.1f} ms"
+                )
+            except Failed as exc:
+                flows = str(exc)
             await redis.flushall()
 
         async def recover(who: Contestant, db: int) -> None:
@@ -681,6 +847,7 @@ async def run(args: argparse.Namespace) -> None:
                     peers.start_soon(recover, who, db)
         nursery.cancel_scope.cancel()
     report(args, contestants, runs, bare, recoveries, recovering, skipped)
+    report_streamkit(plain, limited, flows, args.limit_rounds)
 
 
 def main() -> None:
@@ -707,6 +874,11 @@ def main() -> None:
         default=400.0,
         help="seconds a peer's crash recovery is waited for (default: %(default)s)",
     )
+    parser.add_argument(
+        "--limit-rounds", type=int, default=2, help="plain and limited no-op runs, alternated"
+    )
+    parser.add_argument("--chains", type=int, default=20, help="chains of 3 timed")
+    parser.add_argument("--chords", type=int, default=5, help="chords of 100 timed")
     parser.add_argument("--quick", action="store_true", help="skip the peers' crash-recovery runs")
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds a throughput run may take"
