@@ -25,7 +25,7 @@ from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from .._urls import mask_url
-from ..jobs._model import JobCall, P as JobParams, R as JobResult
+from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
 from ._blocking import (
     DEFAULT_MAX_CONNECTIONS,
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._handle import Job
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
@@ -318,13 +317,13 @@ class AsyncioClient:
 
     @overload
     async def delay(
-        self, job: Job[JobParams, JobResult], *args: JobParams.args, **kwargs: JobParams.kwargs
+        self, job: TypedJob[JobParams, JobResult], *args: JobParams.args, **kwargs: JobParams.kwargs
     ) -> AsyncioJobHandle[JobResult]: ...
 
     @overload
     async def delay(self, job: str, *args: Any, **kwargs: Any) -> AsyncioJobHandle[Any]: ...
 
-    async def delay(self, job: JobLike | str, *args: Any, **kwargs: Any) -> AsyncioJobHandle[Any]:
+    async def delay(self, job: Any, *args: Any, **kwargs: Any) -> AsyncioJobHandle[Any]:
         """Enqueue ``job`` with these arguments and its declared options (as
         :meth:`Job.delay <streamkit.jobs.Job.delay>`)."""
         return (await self.enqueue_many(job, [JobCall(args=args, kwargs=kwargs)]))[0]

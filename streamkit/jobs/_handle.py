@@ -294,6 +294,10 @@ class Job(Generic[P, R]):
         to; the app must be connected)."""
         return self._queue()
 
+    def _returns(self) -> R:
+        """What the job returns, for type checkers only (see :class:`TypedJob`)."""
+        raise TypeError("Job._returns is for type checkers")
+
     def step(self, *args: Any, **kwargs: Any) -> Step:
         """This job called with these arguments, as a step of a workflow (see
         :func:`~streamkit.jobs.chain`): in a chain, all but the first step get the

@@ -44,6 +44,17 @@ __all__ = [
 P = ParamSpec("P")
 #: What a job returns (what its coroutine returns, for an ``async def``).
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class TypedJob(Protocol[P, R_co]):
+    """What a type checker sees of a declared job (a :class:`~streamkit.jobs.Job`):
+    its parameters and what it returns. The clients type their handles by it."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any: ...
+
+    def _returns(self) -> R_co: ...
+
 
 Priority = Literal["high", "normal", "low"]
 #: Priority name -> the number of its ready stream (lower runs first).
