@@ -52,7 +52,7 @@ from ._errors import (
 from ._feed import Batch, FeedEnded
 from ._groups import open_service_nursery
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
-from ._redis import LuaScript, Redis, by_slot, redis_errors, run_blocking
+from ._redis import LuaScript, Redis, by_slot, health_of, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
 from ._wire import ACK_LUA, READ_LUA, text
@@ -336,7 +336,7 @@ class Fetcher(Generic[R]):
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 await self.redis.xgroup_create(key, self.group, "0", mkstream=True)
-            log.info("created consumer group %r on %s", self.group, key)
+            log.debug("created consumer group %r on %s", self.group, key)
         except GroupExists:
             pass
         except ServerRefused:
@@ -366,9 +366,11 @@ class Fetcher(Generic[R]):
         # While some partition waits for room, idle ones are polled at this time (kept
         # across rounds, so that frequent wake-ups cannot postpone it forever).
         poll_at = math.inf
+        health = health_of(self.redis)
         while True:
             # A fresh event each round: a wake after the checks below is not lost.
             self._changed = trio.Event()
+            round_began = trio.current_time()
             active = [f for f in self._feeds.values() if f.active]
             has_room = [f for f in active if f.batches_out < self.prefetch]
             ready = [f for f in has_room if not f.idle]
@@ -398,6 +400,8 @@ class Fetcher(Generic[R]):
                         await self._wait_for_entries(idle, block=None)
                 else:
                     await self._changed.wait()
+                if delays is not None:
+                    health.outage.answered(round_began)
                 delays = None
             except RedisUnavailable as exc:
                 for feed in self._feeds.values():
@@ -405,7 +409,9 @@ class Fetcher(Generic[R]):
                 if delays is None:
                     delays = Backoff().delays()
                 delay = next(delays)
-                log.warning("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
+                # The client's outage log says it once, for the whole process.
+                health.unavailable(exc, what=f"fetching {self.stream.name}")
+                log.debug("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
                 await trio.sleep(delay)
 
     async def _send_due_acks(self, feeds: list[_Feed]) -> None:

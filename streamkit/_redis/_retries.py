@@ -22,6 +22,7 @@ import trio
 
 from .._backoff import Backoff
 from .._errors import OutcomeUnknown, RedisUnavailable, ServerRefused
+from .._outage import SUMMARY_EVERY
 from ._translate import redis_errors
 
 if TYPE_CHECKING:
@@ -45,8 +46,8 @@ DEFAULT_RETRY_FOR = 5.0
 RETRY_BACKOFF = Backoff(initial=0.02, maximum=0.5)
 #: Delays between attempts while Redis refuses.
 REFUSAL_BACKOFF = Backoff(initial=0.05, maximum=1.0)
-#: Seconds between two warnings about the same refusal.
-REPORT_EVERY = 30.0
+#: Seconds between two warnings about the same refusal: an outage's summary interval.
+REPORT_EVERY = SUMMARY_EVERY
 
 log = logging.getLogger("streamkit.redis")
 

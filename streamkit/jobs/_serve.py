@@ -367,7 +367,7 @@ class JobWorker:
             return
         self._orphans.discard(shard)
         if handed_back:
-            log.info("handed back %d jobs claimed by a reply that was lost", handed_back)
+            log.info("handed back %d job(s) claimed by a reply that was lost", handed_back)
 
     # ------------------------------------------------------------------ running
 
@@ -587,7 +587,8 @@ class JobWorker:
             try:
                 await self.renew()
             except RedisUnavailable as exc:
-                log.warning("renewing job leases: %s", exc)
+                # Every renewal period: the client's outage log says the outage once.
+                log.debug("renewing job leases: %s", exc)
             except trio.TooSlowError:
                 # Redis hung for a whole lease; the next renewal finds the jobs another
                 # worker took over meanwhile, and cancels their tries here.
@@ -643,7 +644,7 @@ class JobWorker:
             whether every running job ended within ``grace``.
         """
         if not self._draining:
-            log.info("draining: taking no more jobs; %d running", self.running_jobs)
+            log.debug("draining: taking no more jobs; %d running", self.running_jobs)
         self._draining = True
         for scope in self._claiming:
             scope.cancel("draining the job worker")
@@ -800,10 +801,10 @@ async def serve_jobs(
     runner._send = send
     try:
         with log_context(queue=queue.name):
+            log.debug("serving queue %s as consumer %s", queue.name, runner.consumer)
             log.info(
-                "serving jobs of queue %s as %s: %s (concurrency %d)",
+                "serving queue %s: %s (concurrency %d)",
                 queue.name,
-                runner.consumer,
                 ", ".join(sorted(jobs)),
                 concurrency,
             )
