@@ -803,7 +803,7 @@ async def serve_jobs(
         with log_context(queue=queue.name):
             log.debug("serving queue %s as consumer %s", queue.name, runner.consumer)
             log.info(
-                "serving queue %s: %s (concurrency %d)",
+                "serving jobs of queue %s: %s (concurrency %d)",
                 queue.name,
                 ", ".join(sorted(jobs)),
                 concurrency,
