@@ -7,7 +7,6 @@ on Trio's mock clock with exact times; everything else talks to a private server
 from __future__ import annotations
 
 import logging
-
 import math
 import sys
 from pathlib import Path

@@ -34,7 +34,7 @@ HANDFUL = 5
 WIDTH = 100
 
 #: The README's app, as the quickstart makes it.
-SHOP = '''\
+SHOP = """\
 from datetime import datetime
 
 from streamkit import App, Events, Record
@@ -56,7 +56,7 @@ orders = app.stream("orders", record=Order, partition_by="customer", partition_c
 async def printer(events: Events[Order]) -> None:
     async for order in events.records():
         print(order.customer, order.amount)
-'''
+"""
 
 
 def lines(log: str) -> list[str]:
@@ -99,9 +99,7 @@ OUTAGE = 35.0
 async def test_an_outage_is_said_once_summed_up_and_its_end_said(
     private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    worker = start_worker(
-        private_redis.url, tmp_path, env={"SCENARIO_PARTITIONS": str(PARTITIONS)}
-    )
+    worker = start_worker(private_redis.url, tmp_path, env={"SCENARIO_PARTITIONS": str(PARTITIONS)})
     workers.append(worker)
     await wait_until(
         lambda: f"owns partitions 0-{PARTITIONS - 1}" in worker.log(),
