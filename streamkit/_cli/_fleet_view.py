@@ -429,7 +429,7 @@ def status_view(snapshot: FleetSnapshot, *, app_path: str, width: int, now: date
         lines += [Text(""), processor_title(processor, NO_RATES, width)]
         lines.append(members_table(processor, now, width))
         lines.append(partitions_table(processor, processor.partitions, None, now, width))
-        lines += halted_lines(processor, app_path, width)
+        lines += halted_lines(processor, app_path, width, now)
     queue = snapshot.jobs
     if queue is not None:
         lines += [Text(""), jobs_title(queue, NO_RATES, width)]
@@ -466,29 +466,35 @@ def members_table(processor: ProcessorSnapshot, now: datetime, width: int = 80) 
     return table
 
 
-def halted_lines(processor: ProcessorSnapshot, app_path: str, width: int) -> list[Text]:
-    """The processor's halted partitions in two lines: what halted them (the first's
-    error; ``--json`` has each one's), and the exact command that resumes them."""
+def halted_lines(
+    processor: ProcessorSnapshot, app_path: str, width: int, now: datetime
+) -> list[Text]:
+    """The processor's halted partitions summed up in a line (the first one's error;
+    ``--json`` has each one's), then the exact command that resumes them: on the
+    same line when it fits, else on a line of its own, never cut (it is to be
+    copied)."""
     halted = [row for row in processor.partitions if row.halted is not None]
     if not halted:
         return []
     first = halted[0].halted
     assert first is not None
     error = f"{first.error_type}: {first.error}" if first.error_type else first.error
-    since = f"since {first.since:%Y-%m-%d %H:%M:%S}"
     if len(halted) == 1:
-        what = f"partition {halted[0].partition} HALTED {since} on {first.worker}: "
+        what = f"partition {halted[0].partition} HALTED {ago(first.since, now)}: "
         command = f"streamkit resume {app_path} {processor.name} --partition {halted[0].partition}"
-        skip = " (--skip skips the event)"
+        event = "event"
     else:
         numbers = ", ".join(str(row.partition) for row in halted)
-        what = f"partitions {numbers} HALTED; the first {since}: "
+        what = f"partitions {numbers} HALTED, the first {ago(first.since, now)}: "
         # Without --partition, resume resumes every halted partition of the processor.
         command = f"streamkit resume {app_path} {processor.name}"
-        skip = " (--skip skips the events)"
-    summary = Text.assemble((printable(what), "bold red"), printable(error))
-    # The command is never cut: it is to be copied.
-    resume = Text(printable(f"fix the cause, then: {command}"))
-    if len(resume) + len(skip) <= width:
-        resume.append(skip)
-    return [_line(summary), resume]
+        event = "events"
+    summary = _line(Text.assemble((printable(what), "bold red"), printable(error)))
+    command = printable(command)
+    prefix = "fix the cause, then: "
+    skip = f" (--skip skips the {event})"
+    if len(prefix) + len(command) <= width:
+        lines = [prefix + command + (skip if len(prefix + command + skip) <= width else "")]
+    else:
+        lines = [f"fix the cause, then run{skip if len(prefix + skip) <= width else ''}:", command]
+    return [summary, *(Text(line, no_wrap=True, overflow="ignore") for line in lines)]
