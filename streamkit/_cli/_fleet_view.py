@@ -200,11 +200,14 @@ def processor_title(processor: ProcessorSnapshot, rates: FleetRates, width: int 
     )
 
 
-def _worker_cell(row: PartitionStatus, names: dict[str, str]) -> str:
+def _worker_cell(row: PartitionStatus, names: dict[str, str], *, why: bool) -> str:
+    """Who processes the partition; ``HALTED`` first when it is halted (with the
+    error's type when ``why``: the watch view has no summary under the table)."""
     worker = printable(partition_worker(row, names))
     if row.halted is None:
         return worker
-    return "HALTED" if worker == "-" else f"HALTED · {worker}"
+    halted = f"HALTED ({printable(row.halted.error_type or 'halted')})" if why else "HALTED"
+    return halted if worker == "-" else f"{halted} · {worker}"
 
 
 def partitions_table(
@@ -245,7 +248,7 @@ def partitions_table(
         cells.append(
             (
                 str(row.partition),
-                _worker_cell(row, names),
+                _worker_cell(row, names, why=rates is not None),
                 *middle,
                 *(compact(row.tables.get(t)) for t in tables),
                 ago(row.last_event_at, now),
@@ -479,6 +482,8 @@ def halted_lines(
     first = halted[0].halted
     assert first is not None
     error = f"{first.error_type}: {first.error}" if first.error_type else first.error
+    # Where it halted last: the part cut first when the line is too long.
+    where = f" (on {first.worker})"
     if len(halted) == 1:
         what = f"partition {halted[0].partition} HALTED {ago(first.since, now)}: "
         command = f"streamkit resume {app_path} {processor.name} --partition {halted[0].partition}"
@@ -489,7 +494,9 @@ def halted_lines(
         # Without --partition, resume resumes every halted partition of the processor.
         command = f"streamkit resume {app_path} {processor.name}"
         event = "events"
-    summary = _line(Text.assemble((printable(what), "bold red"), printable(error)))
+    summary = _line(
+        Text.assemble((printable(what), "bold red"), printable(error), printable(where))
+    )
     command = printable(command)
     prefix = "fix the cause, then: "
     skip = f" (--skip skips the {event})"
