@@ -121,7 +121,6 @@ class OutageLog:
                 next_summary=now + self.summary_every,
             )
             if not announce:
-                self._unannounced += 1
                 log.debug("%s %s: %s (%s)", self.subject, state, reason, what or "a command")
                 return
             more = (
@@ -168,6 +167,8 @@ class OutageLog:
             with without_context():
                 log.warning("%s back after %s", self.subject, lasted)
         else:
+            # Too brief to be said: counted in the next announcement.
+            self._unannounced += 1
             log.debug(
                 "%s back after %s (%d failed attempts)", self.subject, lasted, outage.failures
             )

@@ -288,7 +288,7 @@ class JobWorker:
                 await trio.sleep(min(backoff.maximum, backoff.initial * 2**failures))
                 continue
             if failures:
-                log.info("claiming jobs again after %d failed attempts", failures)
+                log.debug("claiming jobs again after %d failed attempts", failures)
                 failures = 0
             delivered = []
             claimed, next_due, server_now = reply
@@ -329,7 +329,9 @@ class JobWorker:
             except RedisUnavailable as exc:
                 if isinstance(exc, OutcomeUnknown):
                     self._orphans.add(shard)
-                log.warning("waiting for jobs: %s", exc)
+                # The client's outage log says the outage; the claim that follows
+                # says whether jobs were in flight.
+                log.debug("waiting for jobs: %s", exc)
                 await trio.sleep(backoff.initial)
                 continue
             for stream, items in (entries or {}).items():
