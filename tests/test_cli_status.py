@@ -23,6 +23,7 @@ import orjson
 import pytest
 import trio
 
+from streamkit._locks import lock_key
 from streamkit.jobs import open_job_queue
 from streamkit.testing import wait_until
 from tests.apps import shopfront
@@ -146,9 +147,7 @@ async def test_status_fits_80_columns_and_shows_the_halt_with_its_command(
     await redis.sadd(shopfront.BROKEN, [BROKEN])
     worker = start_worker(redis_url, tmp_path, app=APP)
     workers.append(worker)
-    await wait_until(
-        lambda: "owns partitions 0-7" in worker.log(), what="the partitions owned", within=20
-    )
+    await all_owned(redis, worker, 8)
     await send_orders()
     async with shopfront.app:
         await shopfront.send_receipt.delay(1)
@@ -206,6 +205,17 @@ async def test_status_fits_80_columns_and_shows_the_halt_with_its_command(
         assert int(row[-3]) == sizes[partition], row
 
 
+async def all_owned(redis: Redis, worker: WorkerProcess, partitions: int) -> None:
+    """Wait until ``worker`` holds the lease of every partition of ``printer``."""
+    names = [lock_key(f"{{shopfront.orders.{p}}}.printer") for p in range(partitions)]
+
+    async def owned() -> bool:
+        values = await redis.mget(names)
+        return all(v is not None and f":{worker.pid}:" in v.decode() for v in values)
+
+    await wait_until(owned, what="every partition owned", within=20)
+
+
 def worker_name(worker: WorkerProcess) -> str:
     return f"{os.uname().nodename}:{worker.pid}"
 
@@ -224,15 +234,13 @@ def partition_rows(lines: list[str]) -> dict[int, list[str]]:
 
 @pytest.mark.timeout(60)
 async def test_status_after_a_clean_stop_says_the_last_worker_left(
-    redis_url: str, tmp_path: Path, workers: list[WorkerProcess], shop: None
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess], shop: None
 ) -> None:
     never = await streamkit("status", APP, redis_url=redis_url)
     assert "no worker has run it yet" in never.out, never.out
     worker = start_worker(redis_url, tmp_path, app=APP)
     workers.append(worker)
-    await wait_until(
-        lambda: "owns partitions 0-7" in worker.log(), what="the partitions owned", within=20
-    )
+    await all_owned(redis, worker, 8)
     worker.send_signal(signal.SIGINT)
     assert await worker.wait_exit(within=20) == 0, worker.log()
     after = await streamkit("status", APP, redis_url=redis_url)
@@ -271,13 +279,11 @@ async def test_jobs_info_fits_80_columns_and_finds_a_queue_of_undeclared_jobs(
 
 @pytest.mark.timeout(60)
 async def test_the_watch_header_fits_80_columns_with_a_worker(
-    redis_url: str, tmp_path: Path, workers: list[WorkerProcess], shop: None
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess], shop: None
 ) -> None:
     worker = start_worker(redis_url, tmp_path, app=APP)
     workers.append(worker)
-    await wait_until(
-        lambda: "owns partitions 0-7" in worker.log(), what="the partitions owned", within=20
-    )
+    await all_owned(redis, worker, 8)
     await send_orders()
     async with shopfront.app:
         await shopfront.send_receipt.delay(1)
