@@ -5,7 +5,7 @@ One module per command group, each beside the modules only it uses:
 - ``_cmd_send``: ``send``, ``sendmany`` (``_sendmany``: checking and accounting);
 - ``_cmd_worker``: ``worker`` (``_supervisor``: ``--processes N``);
 - ``_cmd_status``: ``status``, ``dashboard`` (``_fleet``: the snapshot;
-  ``_fleet_view``: its terminal view; ``_watch``: ``--watch``; ``_dashboard``: the
+  ``_fleet_view``: its terminal views; ``_watch``: ``--watch``; ``_dashboard``: the
   web view);
 - ``_cmd_admin``: ``reset``, ``resume``, ``delete-stream`` (``_admin``);
 - ``_cmd_deadletters``: ``deadletters`` (``_deadletters``);
