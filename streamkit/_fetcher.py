@@ -370,7 +370,6 @@ class Fetcher(Generic[R]):
         while True:
             # A fresh event each round: a wake after the checks below is not lost.
             self._changed = trio.Event()
-            round_began = trio.current_time()
             active = [f for f in self._feeds.values() if f.active]
             has_room = [f for f in active if f.batches_out < self.prefetch]
             ready = [f for f in has_room if not f.idle]
@@ -400,8 +399,6 @@ class Fetcher(Generic[R]):
                         await self._wait_for_entries(idle, block=None)
                 else:
                     await self._changed.wait()
-                if delays is not None:
-                    health.outage.answered(round_began)
                 delays = None
             except RedisUnavailable as exc:
                 for feed in self._feeds.values():

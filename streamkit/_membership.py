@@ -471,6 +471,7 @@ class Membership:
         # A hung server (SIGSTOP, partition) would otherwise block us forever.
         limit = self.settings.refresh_interval + self.settings.session_timeout
         while True:
+            sent_at = trio.current_time()
             try:
                 with _timeout(limit, "watching the control stream"):
                     with redis_errors():
@@ -495,7 +496,7 @@ class Membership:
                 self._set_connected(False, exc)
                 await trio.sleep(next(delays))
             else:
-                self._set_connected(True)
+                self._set_connected(True, sent_at=sent_at)
                 delays = self._backoff.delays()
 
     async def _run(self) -> None:

@@ -22,6 +22,8 @@ import pytest
 import trio
 
 from streamkit.testing import wait_until
+from tests.apps.scenario import SEEN, make_app
+from tests.scenarios import numbered_events
 from tests.workers import start_worker
 
 if TYPE_CHECKING:
@@ -91,6 +93,7 @@ async def test_a_worker_starts_and_stops_in_a_handful_of_short_lines(
 
 
 PARTITIONS = 16
+KEYS = 64
 #: Past the first summary, due 30 seconds into the outage.
 OUTAGE = 35.0
 
@@ -99,7 +102,9 @@ OUTAGE = 35.0
 async def test_an_outage_is_said_once_summed_up_and_its_end_said(
     private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    worker = start_worker(private_redis.url, tmp_path, env={"SCENARIO_PARTITIONS": str(PARTITIONS)})
+    # Batches take a while: Redis goes away with events in every partition's hands.
+    env = {"SCENARIO_PARTITIONS": str(PARTITIONS), "SCENARIO_DELAY": "0.2", "SCENARIO_BATCH": "5"}
+    worker = start_worker(private_redis.url, tmp_path, env=env)
     workers.append(worker)
     await wait_until(
         lambda: f"owns partitions 0-{PARTITIONS - 1}" in worker.log(),
@@ -107,9 +112,13 @@ async def test_an_outage_is_said_once_summed_up_and_its_end_said(
         within=20,
     )
     before = len(lines(worker.log()))
+    app, stream = make_app(partitions=PARTITIONS, redis_url=private_redis.url)
+    async with app:
+        await stream.send_many(numbered_events(KEYS, 40))
+        await wait_until(lambda: app.redis.llen(SEEN), what="events processed", within=20)
 
     # Redis goes away under the running worker (its leases lapse, every partition
-    # retries), for longer than the first summary's interval.
+    # retries, the batches in hand fail), for longer than the first summary's interval.
     await trio.to_thread.run_sync(private_redis.stop)
     await wait_until(
         lambda: "unreachable for 30s" in worker.log(), what="the first summary", within=45
