@@ -125,7 +125,7 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
-        log.info("stopping: draining %d processor(s)", len(self.executors))
+        log.debug("stopping: draining %d processor(s)", len(self.executors))
         async with trio.open_nursery() as nursery:
             for executor in self.executors:
                 with log_context(processor=executor.processor.name, member=executor.membership.id):
@@ -151,7 +151,7 @@ class Worker:
         """Act on the first SIGINT / SIGTERM (called in the Trio thread)."""
         name = signal.Signals(signum).name
         if self._nursery is not None:
-            log.info("%s: stopping gracefully (send it again to exit at once)", name)
+            log.info("%s: stopping gracefully (again: exit at once)", name)
             self._nursery.start_soon(self.stop)
         elif self._phase == "starting":
             # Still connecting: there is nothing to drain yet.
@@ -255,7 +255,11 @@ async def run_worker(
                             app.name,
                             ", ".join(
                                 [p.name for p in selected]
-                                + ([f"{len(app.jobs)} jobs"] if app.jobs else [])
+                                + (
+                                    [f"{len(app.jobs)} job{'s' if len(app.jobs) > 1 else ''}"]
+                                    if app.jobs
+                                    else []
+                                )
                             )
                             or "no processors",
                         )
@@ -274,7 +278,7 @@ async def run_worker(
         # RuntimeError for a task that never started: the stop was asked for.
         task_status.started(worker)
         return
-    log.info("worker of %s stopped", app.name)
+    log.info("worker of %s stopped%s", app.name, " cleanly" if worker._stopping else "")
 
 
 #: The signals that stop a worker run with ``handle_signals``.

@@ -30,7 +30,7 @@ async def drain(claimer: Claimer, tries: Tries, outbox: Outbox, grace: float | N
         whether every running job ended within ``grace``.
     """
     if not claimer.stopped:
-        log.info("draining: taking no more jobs; %d running", tries.held)
+        log.debug("draining: taking no more jobs; %d running", tries.held)
     claimer.stop("draining the job worker")
     with trio.move_on_after(math.inf if grace is None else grace):
         await tries.wait_all_free()
