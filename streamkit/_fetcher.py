@@ -23,6 +23,11 @@ Key facts (Redis 7.0, checked by the tests):
   :attr:`Event.delivery_count` counts deliveries to any owner, this one included;
 * an entry deleted (``XDEL``, trimming) while pending comes back from a history read
   as ``[id, nil]``; the read script acknowledges it, as there is nothing to process.
+
+Why one room (about 900 lines): the read loop, each partition's feed and the fenced
+read and commit calls share the feeds' state (what is due to acknowledge and commit,
+the commit lock, whether a partition is caught up); split, each half would reach into
+the other's. The feed's protocol is the seam (:mod:`streamkit._feed`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ say) and one Lua script can check the lock and write those keys together.
 Every mutation is a Lua script, so it is atomic: acquire sets the key only if it is
 absent and takes the next token; extend and release act only if the key still holds
 *our* value. Nobody ever deletes or extends someone else's lease.
+
+Why one room (about 800 lines): acquire, extend, release and ``hold()`` are one lease
+protocol over four scripts and one owner id; the pure time logic (local deadlines)
+and the key layout (:mod:`streamkit._keys`) are apart already.
 """
 
 from __future__ import annotations

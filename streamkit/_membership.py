@@ -6,6 +6,9 @@ leaves on exit; every change recomputes a sticky, balanced assignment
 stream, which every member watches to keep its view of the assignment current. The
 keys, the JSON state and the pure planning of each change are in
 :mod:`streamkit._membership_state`; this module does the I/O.
+
+Why one room (about 630 lines): joining, heartbeats, reaping, watching and leaving
+share one member's state and its transactions; the pure planning is apart.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ Each partition goes through these states::
         |                       \\--lease lost, Redis unavailable--> acquiring (again,
         |                                                           after a backoff)
         \\--unassigned--> gone (the wait for the lock is cancelled)
+
+Why one room (about 700 lines): one state machine per partition (acquiring, running,
+draining, releasing) and the loop that applies plans to it; the plan itself is a pure
+function in :mod:`streamkit._assignment`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@
         ├── membership        join, heartbeat, reap, watch -> AsyncValue of partitions
         ├── fetcher           one read loop for all owned partitions -> bounded buffers
         └── rebalancer        one cancel scope per owned partition: lease + processor
+
+Why one room (about 610 lines): the worker's task tree, its signals and its watchdog,
+as the tree above shows; each branch is a piece of its own.
 """
 
 from __future__ import annotations
