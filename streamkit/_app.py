@@ -1,4 +1,9 @@
-"""The App facade: names a set of streams and processors and owns the connection."""
+"""The App facade: names a set of streams and processors and owns the connection.
+
+Why one room (about 650 lines): the facade users read first declares everything an app
+has (streams, tables, windows, processors, tasks, jobs, clients) in one place, each
+declaration a few lines that hand over to the piece it configures.
+"""
 
 from __future__ import annotations
 

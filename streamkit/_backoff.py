@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 import random
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import trio
 
-from ._errors import RedisUnavailable
+from ._errors import RedisUnavailable, ServerRefused
 from ._validate import fraction, positive_number
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
+
+    from ._outage import OutageLog
 
 __all__ = ["Backoff", "retry_unavailable"]
 
@@ -23,8 +24,6 @@ DEFAULT_INITIAL = 0.05
 DEFAULT_MAXIMUM = 2.0
 DEFAULT_FACTOR = 2.0
 DEFAULT_JITTER = 0.2
-
-log = logging.getLogger("streamkit.redis")
 
 
 @attrs.frozen(kw_only=True)
@@ -55,11 +54,13 @@ async def retry_unavailable(
     backoff: Backoff,
     give_up_after: float | None,
     what: str,
+    outage: OutageLog,
 ) -> T:
     """Call ``fn`` until it does not raise :class:`RedisUnavailable`.
 
-    Logs one warning at the first failure (the reason, and that it keeps retrying),
-    the further attempts at debug level only, and one line when it succeeds after
+    Failures go to ``outage``, the log of the client's outages: one warning at the
+    first (the reason, when it retries and for how long), a summary every 30
+    seconds, further attempts at debug level, and one line when it succeeds after
     failures: an operator sees why nothing happens yet without a line per attempt.
 
     Error handling:
@@ -70,6 +71,7 @@ async def retry_unavailable(
     started = trio.current_time()
     deadline = None if give_up_after is None else started + give_up_after
     for attempt, delay in enumerate(backoff.delays(), start=1):
+        sent = trio.current_time()
         try:
             result = await fn()
         except RedisUnavailable as exc:
@@ -85,27 +87,15 @@ async def retry_unavailable(
                 # The last attempt is made at the deadline, not a backoff step before
                 # it: giving up takes the time the user configured.
                 delay = min(delay, deadline - now)
-            if attempt == 1:
-                limit = "" if give_up_after is None else f" for up to {give_up_after:g}s"
-                log.warning(
-                    "%s: %s; retrying in %.2fs and on%s, logging only the outcome",
-                    what,
-                    exc.reason,
-                    delay,
-                    limit,
-                )
-            else:
-                log.debug(
-                    "%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, attempt, delay
-                )
+            limit = "" if give_up_after is None else f" for up to {give_up_after:g}s"
+            outage.failed(
+                exc.reason,
+                what=f"{what}, attempt {attempt}",
+                refused=isinstance(exc, ServerRefused),
+                retrying=f" in {delay:.2f}s and on{limit}",
+            )
             await trio.sleep(delay)
         else:
-            if attempt > 1:
-                log.warning(
-                    "%s: succeeded at attempt %d, after %.1fs",
-                    what,
-                    attempt,
-                    trio.current_time() - started,
-                )
+            outage.answered(sent)
             return result
     raise AssertionError("unreachable")  # pragma: no cover

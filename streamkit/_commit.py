@@ -15,7 +15,9 @@ ops, each ``code, key index, count, values...``:
 * ``d``: ``HDEL key field ...`` (``count`` fields);
 * ``x``: ``XADD key * name value ...`` (``count`` pairs: one entry);
 * ``z``: ``ZADD key score member ...`` (``count`` pairs);
-* ``r``: ``ZREM key member ...`` (``count`` members).
+* ``r``: ``ZREM key member ...`` (``count`` members);
+* ``t``: trim the stream ``key`` that ``count`` entries were appended to, keeping
+  the one value's number of entries (processed ones only, as every trim).
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class Changes:
         if members:
             self.ops.append(("r", key, members))
 
+    def trim(self, key: str, appended: int, keep: int) -> None:
+        """Trim the output stream ``key`` after ``appended`` entries, to ``keep``."""
+        self.ops.append(("t", key, [appended, keep]))
+
     def landed(self) -> None:
         """The commit carrying these changes was applied."""
         if self.on_landed is not None:
@@ -112,6 +118,10 @@ def change_arguments(changes: Sequence[Changes], first_key: int) -> tuple[list[s
             if position is None:
                 position = index[key] = first_key + len(keys)
                 keys.append(key)
+            if code == "t":
+                ops.extend((code, position, values[0], values[1]))
+                count += 1
+                continue
             width = 2 if code in _PAIRED else 1
             step = len(values) if code == "x" else MAX_VALUES_PER_OP - MAX_VALUES_PER_OP % width
             for start in range(0, len(values), step):

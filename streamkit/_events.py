@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import trio
 
 from ._defaults import DEFAULT_STATE_CACHE_SIZE
-from ._errors import ConfigError, StreamkitError
+from ._errors import ConfigError, RedisUnavailable, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
 from ._events_iterators import Batches, OneByOne
@@ -383,7 +383,10 @@ async def _leave(delivery: Delivery[Any], *, commit: bool) -> None:
         except StreamkitError as exc:
             if commit:
                 raise
-            log.warning(
+            # Redis unreachable: the client's outage log (its pools saw the
+            # connection go) says it once for every partition.
+            log.log(
+                logging.DEBUG if isinstance(exc, RedisUnavailable) else logging.WARNING,
                 "acknowledging events of %s partition %d failed: %s",
                 feed.stream.name,
                 feed.partition,

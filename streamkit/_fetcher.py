@@ -23,6 +23,11 @@ Key facts (Redis 7.0, checked by the tests):
   :attr:`Event.delivery_count` counts deliveries to any owner, this one included;
 * an entry deleted (``XDEL``, trimming) while pending comes back from a history read
   as ``[id, nil]``; the read script acknowledges it, as there is nothing to process.
+
+Why one room (about 900 lines): the read loop, each partition's feed and the fenced
+read and commit calls share the feeds' state (what is due to acknowledge and commit,
+the commit lock, whether a partition is caught up); split, each half would reach into
+the other's. The feed's protocol is the seam (:mod:`streamkit._feed`).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from ._errors import (
 from ._feed import Batch, FeedEnded
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
 from ._nurseries import open_service_nursery
-from ._redis import LuaScript, Redis, by_slot, redis_errors, run_blocking
+from ._redis import LuaScript, Redis, by_slot, health_of, redis_errors, run_blocking
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
 from ._wire import ACK_LUA, READ_LUA, text
@@ -335,7 +340,7 @@ class Fetcher(Generic[R]):
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 await self.redis.xgroup_create(key, self.group, "0", mkstream=True)
-            log.info("created consumer group %r on %s", self.group, key)
+            log.debug("created consumer group %r on %s", self.group, key)
         except GroupExists:
             pass
         except ServerRefused:
@@ -365,6 +370,7 @@ class Fetcher(Generic[R]):
         # While some partition waits for room, idle ones are polled at this time (kept
         # across rounds, so that frequent wake-ups cannot postpone it forever).
         poll_at = math.inf
+        health = health_of(self.redis)
         while True:
             # A fresh event each round: a wake after the checks below is not lost.
             self._changed = trio.Event()
@@ -404,7 +410,9 @@ class Fetcher(Generic[R]):
                 if delays is None:
                     delays = Backoff().delays()
                 delay = next(delays)
-                log.warning("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
+                # The client's outage log says it once, for the whole process.
+                health.unavailable(exc, what=f"fetching {self.stream.name}")
+                log.debug("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
                 await trio.sleep(delay)
 
     async def _send_due_acks(self, feeds: list[_Feed]) -> None:

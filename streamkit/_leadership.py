@@ -22,6 +22,7 @@ import trio_util
 from ._backoff import Backoff
 from ._errors import BackendError, LockLost, LockNotAcquired, RedisUnavailable
 from ._nurseries import open_service_nursery
+from ._redis import health_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -186,7 +187,14 @@ class LeaderElection:
                 if not started:
                     raise
                 delay = next(delays)
-                log.warning("campaign for %r: %s (retrying in %.2fs)", self.name, exc, delay)
+                if isinstance(exc, RedisUnavailable):
+                    # Said once for the whole process by the client's outage log.
+                    health_of(self._locks.redis).unavailable(
+                        exc, what=f"campaign for {self.name!r}"
+                    )
+                    log.debug("campaign for %r: %s (retrying in %.2fs)", self.name, exc, delay)
+                else:
+                    log.warning("campaign for %r: %s (retrying in %.2fs)", self.name, exc, delay)
                 await trio.sleep(delay)
             if not started:
                 started = True

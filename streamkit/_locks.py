@@ -18,6 +18,10 @@ say) and one Lua script can check the lock and write those keys together.
 Every mutation is a Lua script, so it is atomic: acquire sets the key only if it is
 absent and takes the next token; extend and release act only if the key still holds
 *our* value. Nobody ever deletes or extends someone else's lease.
+
+Why one room (about 800 lines): acquire, extend, release and ``hold()`` are one lease
+protocol over four scripts and one owner id; the pure time logic (local deadlines)
+and the key layout (:mod:`streamkit._keys`) are apart already.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from ._errors import (
 from ._keys import FENCE_KEY_SUFFIX, fence_key, lock_key, tagged
 from ._nurseries import open_service_nursery
 from ._periodic import next_tick
-from ._redis import LuaScript, Redis, redis_errors
+from ._redis import LuaScript, Redis, health_of, redis_errors
 from ._validate import non_negative_number, valid_ttl
 
 if TYPE_CHECKING:
@@ -61,6 +65,7 @@ __all__ = [
     "keep_lease_alive",
     "local_deadline",
     "lock_key",
+    "lost_to_outage",
     "open_lock_manager",
     "tagged",
     "valid_ttl",
@@ -346,6 +351,16 @@ class HeldLease:
 # --- keeping a lease alive -----------------------------------------------------------
 
 
+#: How the reason of a lease lost to an outage begins (see :func:`lost_to_outage`).
+_UNREACHABLE = "Redis unreachable for the rest of the lease's TTL"
+
+
+def lost_to_outage(reason: str) -> bool:
+    """Whether a lease was lost for the reason ``reason`` because Redis could not be
+    reached (rather than refused or taken over): the outage, said once elsewhere."""
+    return reason.startswith(_UNREACHABLE)
+
+
 async def _extend_before(
     lease: Lease,
     extend: Callable[[Lease], Awaitable[Lease]],
@@ -353,6 +368,7 @@ async def _extend_before(
     deadline: float,
     attempt_timeout: float,
     backoff: Backoff,
+    on_failure: Callable[[RedisUnavailable], object] | None = None,
 ) -> Lease | str:
     """Extend ``lease``, retrying while Redis is unreachable, until ``deadline``.
 
@@ -371,23 +387,24 @@ async def _extend_before(
                     detail = "; ".join(getattr(exc, "__notes__", ()))
                     return "extension refused" + (f": {detail}" if detail else "")
                 except RedisUnavailable as exc:
-                    problem = exc.reason
+                    failure = exc
             if attempt.cancelled_caught:
-                problem = f"no answer within {attempt_timeout:.3f}s"
+                failure = RedisUnavailable(None, f"no answer within {attempt_timeout:.3f}s")
             failures += 1
-            log.warning(
+            if on_failure is not None:
+                # Told to whoever reports outages: one line for all leases.
+                on_failure(failure)
+            log.log(
+                logging.DEBUG if on_failure is not None else logging.WARNING,
                 "extending lease on %r failed: %s (%.3fs before it runs out)",
                 lease.name,
-                problem,
+                failure.reason,
                 deadline - trio.current_time(),
             )
             await trio.sleep(next(delays))
     if failures == 0:
         return "the lease ran out before it could be extended"
-    return (
-        f"Redis unreachable for the rest of the lease's TTL "
-        f"({failures} failed extension attempt(s))"
-    )
+    return f"{_UNREACHABLE} ({failures} failed extension attempt(s))"
 
 
 async def keep_lease_alive(
@@ -396,6 +413,7 @@ async def keep_lease_alive(
     *,
     on_extended: Callable[[Lease], object] | None = None,
     backoff: Backoff | None = None,
+    on_failure: Callable[[RedisUnavailable], object] | None = None,
 ) -> str:
     """Extend ``lease`` every ``ttl / 3`` until it is lost; return why it was lost.
 
@@ -413,6 +431,9 @@ async def keep_lease_alive(
         on_extended: called with each new lease.
         backoff: the retry schedule for failed extensions; by default a few
             attempts per renewal period.
+        on_failure: called with each failed extension's error (no answer within
+            the attempt's time is a :class:`RedisUnavailable` too); without it,
+            each failure is logged as a warning, with it at debug level.
 
     Cancellation:
         Cancel it to stop extending; the lease is then left as it is.
@@ -429,6 +450,7 @@ async def keep_lease_alive(
             deadline=local_deadline(lease),
             attempt_timeout=period,
             backoff=backoff,
+            on_failure=on_failure,
         )
         if isinstance(outcome, str):
             return outcome
@@ -540,19 +562,23 @@ class LockManager:
 
         unavailable: RedisUnavailable | None = None
         answered = False
+        health = health_of(self.redis)
         delays = self.backoff.delays()
         with trio.move_on_after(math.inf if wait is None else wait):
             while True:
                 # An answer arriving after a full TTL would be a lease that has
                 # already run out, so a longer attempt is treated as a failure.
                 retry_in = math.inf
+                sent = trio.current_time()
                 with trio.move_on_after(ttl):
                     try:
                         outcome = await self._attempt(name, ttl)
                     except RedisUnavailable as exc:
                         unavailable = exc
-                        log.warning("acquiring %r: %s (retrying while waiting)", name, exc.reason)
+                        # Said once for every lease (and partition) of the process.
+                        health.unavailable(exc, what=f"acquiring {name!r}")
                     else:
+                        health.outage.answered(sent)
                         answered = True
                         if isinstance(outcome, Lease):
                             return outcome
@@ -674,15 +700,34 @@ class LockManager:
             raise LockLost(name, held.lost_reason)
 
     async def _keep(self, held: HeldLease) -> None:
+        health = health_of(self.redis)
+
+        async def extend(lease: Lease) -> Lease:
+            sent = trio.current_time()
+            extended = await self.extend(lease)
+            health.outage.answered(sent)
+            return extended
+
+        def failed(exc: RedisUnavailable) -> None:
+            health.unavailable(exc, what=f"extending the lease on {held.name!r}")
+
         try:
-            reason = await keep_lease_alive(held.lease, self.extend, on_extended=held._extended)
+            reason = await keep_lease_alive(
+                held.lease, extend, on_extended=held._extended, on_failure=failed
+            )
         except StreamkitError as exc:
             # A Redis error reply (say, a script error): the lease can no longer be
             # kept, so treat it as lost rather than leaving the holder unprotected.
             log.exception("keeping the lease on %r alive failed", held.name)
             reason = f"keeping the lease alive failed: {exc}"
         self._lost += 1
-        log.warning("lease on %r (token %d) lost: %s", held.name, held.token, reason)
+        log.log(
+            logging.DEBUG if lost_to_outage(reason) else logging.WARNING,
+            "lease on %r (token %d) lost: %s",
+            held.name,
+            held.token,
+            reason,
+        )
         held._lose(reason)
 
     async def _release_held(self, held: HeldLease) -> None:
@@ -698,6 +743,15 @@ class LockManager:
                 # had ended earlier, so the caller must hear about it.
                 held._lose(f"lost before release: {'; '.join(exc.__notes__)}")
                 self._lost += 1
+            except RedisUnavailable as exc:
+                # An outage: said once for every lease by the client's outage log.
+                health_of(self.redis).unavailable(exc, what=f"releasing {held.name!r}")
+                log.debug(
+                    "releasing %r failed (%s); it expires in %.3fs",
+                    held.name,
+                    exc,
+                    held.lease.remaining(),
+                )
             except StreamkitError as exc:
                 # Never let a failed release hide how the block ended; the lease
                 # simply expires.

@@ -31,7 +31,7 @@ from ._errors import ConfigError
 from ._literal import printable
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from contextlib import AbstractContextManager
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "current_format",
     "line_for_signal_handler",
     "log_context",
+    "partitions_text",
+    "without_context",
     "worker_name",
 ]
 
@@ -58,6 +60,24 @@ _context: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
 def worker_name() -> str:
     """This process's name in logs, halt records and ``streamkit status``: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def partitions_text(partitions: Iterable[int]) -> str:
+    """Partitions for a log line, runs as ranges: ``partitions 0-3, 6``,
+    ``partition 5``, ``no partitions``."""
+    numbers = sorted(set(partitions))
+    if not numbers:
+        return "no partitions"
+    runs: list[str] = []
+    start = previous = numbers[0]
+    for number in [*numbers[1:], None]:
+        if number is not None and number == previous + 1:
+            previous = number
+            continue
+        runs.append(str(start) if start == previous else f"{start}-{previous}")
+        if number is not None:
+            start = previous = number
+    return f"partition{'s' if len(numbers) > 1 else ''} {', '.join(runs)}"
 
 
 def log_context(**fields: object) -> AbstractContextManager[None]:
@@ -77,17 +97,26 @@ def log_context(**fields: object) -> AbstractContextManager[None]:
     return _LogContext(fields)
 
 
+def without_context() -> AbstractContextManager[None]:
+    """No context fields on the records logged inside the block (the worker's name
+    still): for what is said once for the whole process, from whichever task."""
+    return _LogContext(None)
+
+
 class _LogContext:
     """What :func:`log_context` returns: a class, as it is entered once per job, and
     half as costly as a generator-based context manager."""
 
     __slots__ = ("_fields", "_token")
 
-    def __init__(self, fields: Mapping[str, object]) -> None:
+    def __init__(self, fields: Mapping[str, object] | None) -> None:
         self._fields = fields
 
     def __enter__(self) -> None:
-        self._token = _context.set({**_context.get(), **self._fields})
+        fields = self._fields
+        self._token = _context.set(
+            MappingProxyType({}) if fields is None else {**_context.get(), **fields}
+        )
 
     def __exit__(self, *exc_info: object) -> None:
         _context.reset(self._token)

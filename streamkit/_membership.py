@@ -6,6 +6,9 @@ leaves on exit; every change recomputes a sticky, balanced assignment
 stream, which every member watches to keep its view of the assignment current. The
 keys, the JSON state and the pure planning of each change are in
 :mod:`streamkit._membership_state`; this module does the I/O.
+
+Why one room (about 630 lines): joining, heartbeats, reaping, watching and leaving
+share one member's state and its transactions; the pure planning is apart.
 """
 
 from __future__ import annotations
@@ -47,7 +50,14 @@ from ._membership_state import (
 )
 from ._nurseries import open_service_nursery
 from ._periodic import run_periodically
-from ._redis import REPORT_EVERY, LuaScript, Redis, redis_errors, ride_out_refusals
+from ._redis import (
+    REPORT_EVERY,
+    LuaScript,
+    Redis,
+    health_of,
+    redis_errors,
+    ride_out_refusals,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
@@ -223,8 +233,8 @@ class Membership:
             self.assignment.value = state.assignment
         mine = frozenset(state.assignment.of(self.id))
         if mine != self.partitions.value:
-            log.info(
-                "member %s of %s now owns %s (generation %d)",
+            log.debug(
+                "member %s of %s is assigned %s (generation %d)",
                 self.id, self.group, sorted(mine), state.generation,
             )  # fmt: skip
             self.partitions.value = mine
@@ -282,16 +292,15 @@ class Membership:
         state, changed = await self._transact(decide, event="join", member=self.id, beat_px=beat)
         assert state is not None
         self._joins += 1
+        # The member id is the record's ``member`` field in the worker's log context.
+        log.debug(
+            "member %s joins %s: generation %d, %s",
+            self.id, self.group, state.generation, _members(len(state.members)),
+        )  # fmt: skip
         if changed:
-            log.info(
-                "member %s joined %s: generation %d, %d members",
-                self.id, self.group, state.generation, len(state.members),
-            )  # fmt: skip
+            log.info("joined %s", self.group)
         else:
-            log.info(
-                "member %s rejoined %s in place: generation %d unchanged",
-                self.id, self.group, state.generation,
-            )  # fmt: skip
+            log.info("rejoined %s in place (a static member back in time)", self.group)
         return state
 
     async def _leave(self) -> None:
@@ -304,10 +313,7 @@ class Membership:
                     str(time.time()),
                     px=_ms(self.settings.static_grace),
                 )
-            log.info(
-                "static member %s left %s; its place is kept for %ss",
-                self.id, self.group, self.settings.static_grace,
-            )  # fmt: skip
+            log.info("left %s; its place is kept for %gs", self.group, self.settings.static_grace)
             return
         state, changed = await self._transact(
             lambda state: plan_removal(state, [self.id], self.assignor),
@@ -316,10 +322,11 @@ class Membership:
             delete_beat=True,
         )
         if changed and state is not None:
-            log.info(
-                "member %s left %s: generation %d, %d members remain",
-                self.id, self.group, state.generation, len(state.members),
+            log.debug(
+                "member %s left %s: generation %d, %s remain",
+                self.id, self.group, state.generation, _members(len(state.members)),
             )  # fmt: skip
+            log.info("left %s", self.group)
 
     async def _reap_once(self) -> None:
         current: Assignment = self.assignment.value
@@ -401,7 +408,7 @@ class Membership:
             self._set_connected(False, exc)
         else:
             self._heartbeats += 1
-            self._set_connected(True)
+            self._set_connected(True, sent_at=sent_at)
             self.last_heartbeat.value = sent_at
 
     async def _reap(self) -> None:
@@ -424,18 +431,28 @@ class Membership:
                 self.id, self.group, what, exc,
             )  # fmt: skip
 
-    def _set_connected(self, connected: bool, exc: RedisUnavailable | None = None) -> None:
-        if connected and not self.connected.value:
-            log.warning("member %s of %s: Redis is reachable again", self.id, self.group)
-        elif not connected and self.connected.value:
-            log.warning(
-                "member %s of %s: Redis %s (%s); keeping the last known "
-                "assignment (generation %d, partitions %s) and retrying",
-                self.id, self.group,
-                "refused a command" if isinstance(exc, ServerRefused) else "unreachable",
-                exc.reason if exc else "?",
-                self.assignment.value.generation, sorted(self.partitions.value),
-            )  # fmt: skip
+    def _set_connected(
+        self, connected: bool, exc: RedisUnavailable | None = None, *, sent_at: float | None = None
+    ) -> None:
+        # The client's outage log says an outage once for the whole process; what
+        # this member does about it is detail.
+        outage = health_of(self.redis).outage
+        if connected:
+            outage.answered(sent_at)
+            if not self.connected.value:
+                log.debug("member %s of %s: Redis is reachable again", self.id, self.group)
+        else:
+            assert exc is not None
+            health_of(self.redis).unavailable(exc, what=f"member {self.id} of {self.group}")
+            if self.connected.value:
+                log.debug(
+                    "member %s of %s: Redis %s (%s); keeping the last known "
+                    "assignment (generation %d, partitions %s) and retrying",
+                    self.id, self.group,
+                    "refused a command" if isinstance(exc, ServerRefused) else "unreachable",
+                    exc.reason,
+                    self.assignment.value.generation, sorted(self.partitions.value),
+                )  # fmt: skip
         self.connected.value = connected
 
     async def _refresh(self) -> None:
@@ -457,6 +474,7 @@ class Membership:
         # A hung server (SIGSTOP, partition) would otherwise block us forever.
         limit = self.settings.refresh_interval + self.settings.session_timeout
         while True:
+            sent_at = trio.current_time()
             try:
                 with _timeout(limit, "watching the control stream"):
                     with redis_errors():
@@ -481,7 +499,7 @@ class Membership:
                 self._set_connected(False, exc)
                 await trio.sleep(next(delays))
             else:
-                self._set_connected(True)
+                self._set_connected(True, sent_at=sent_at)
                 delays = self._backoff.delays()
 
     async def _run(self) -> None:
@@ -495,6 +513,10 @@ class Membership:
         with redis_errors():
             last = await self.redis.xrevrange(self.keys.control, count=1)
         return last[0].identifier if last else b"0-0"
+
+
+def _members(count: int) -> str:
+    return f"{count} member{'' if count == 1 else 's'}"
 
 
 @contextlib.asynccontextmanager
@@ -584,6 +606,7 @@ async def open_membership(
         backoff=member._backoff,
         give_up_after=settings.session_timeout,
         what=f"joining membership group {group!r} as {member.id!r}",
+        outage=health_of(redis).outage,
     )
     member._publish(state)
     try:

@@ -20,6 +20,10 @@ Each partition goes through these states::
         |                       \\--lease lost, Redis unavailable--> acquiring (again,
         |                                                           after a backoff)
         \\--unassigned--> gone (the wait for the lock is cancelled)
+
+Why one room (about 700 lines): one state machine per partition (acquiring, running,
+draining, releasing) and the loop that applies plans to it; the plan itself is a pure
+function in :mod:`streamkit._assignment`.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ import trio_util
 from ._backoff import Backoff
 from ._defaults import DEFAULT_GRACE, DEFAULT_LEASE_TTL
 from ._errors import LockLost, RedisUnavailable, StreamkitError
-from ._logs import log_context
+from ._locks import lost_to_outage
+from ._logs import log_context, partitions_text
 from ._nurseries import open_service_nursery
+from ._redis import health_of
 from ._validate import non_negative_number, valid_ttl
 
 if TYPE_CHECKING:
@@ -300,8 +306,14 @@ class Rebalancer:
     _rebalancing_since: float | None = attrs.field(init=False, default=None)
     _rebalances: int = attrs.field(init=False, default=0)
     _rebalance_seconds: float = attrs.field(init=False, default=0.0)
+    # A rebalance ended since the supervisor last said what this member owns.
+    _settled: bool = attrs.field(init=False, default=False)
 
     # ----------------------------------------------------------------- inspection
+
+    def _waiting(self) -> tuple[int, str]:
+        """What waits during an outage: the partitions under way (not idle)."""
+        return len(self._slots) - len(self._in("idle")), "partition"
 
     def _in(self, *states: PartitionState) -> frozenset[int]:
         return frozenset(p for p, s in self._slots.items() if s.state in states)
@@ -363,6 +375,9 @@ class Rebalancer:
         for p, slot in slots.items():
             if slot.state not in ("running", "idle") or p not in assigned:
                 return
+        # What an operator reads of a rebalance, where it ended: said by the
+        # supervisor, in the processor's log context rather than a partition's.
+        self._settled = True
         self._rebalances += 1
         self._rebalance_seconds += trio.current_time() - self._rebalancing_since
         self._rebalancing_since = None
@@ -379,7 +394,7 @@ class Rebalancer:
             return
         assert slot.claim is not None
         slot.state = "draining"
-        log.info(
+        log.debug(
             "draining partition %d (%s); run() has %ss to return",
             slot.partition,
             reason,
@@ -405,7 +420,7 @@ class Rebalancer:
 
     def _abandon(self, slot: _Slot, reason: str) -> None:
         slot.leaving = reason
-        log.info(
+        log.debug(
             "partition %d %s before its lock was acquired; no longer waiting",
             slot.partition,
             reason,
@@ -416,6 +431,8 @@ class Rebalancer:
     def _apply(self, plan: RebalancePlan, reason: str) -> None:
         """Carry out ``plan``; synchronous, so nothing changes half way."""
         assert self._nursery is not None
+        if plan.release and reason == "unassigned":
+            log.info("handing %s over to other members", partitions_text(plan.release))
         for p in plan.abandon:
             self._abandon(self._slots[p], reason)
         for p in plan.release:
@@ -453,6 +470,9 @@ class Rebalancer:
                 self._apply(plan, "unassigned")
             elif self._rebalancing_since is not None:
                 self._end_rebalance_if_settled()
+            if self._settled:
+                self._settled = False
+                log.info("owns %s", partitions_text(self._in("running")))
             # Level-triggered waits on values read before planning: no change missed.
             await trio_util.wait_any(
                 lambda seen=seen: self.assigned.wait_value(lambda v: v != seen),
@@ -504,7 +524,7 @@ class Rebalancer:
                 slot.claim = claim
                 slot.state = "running"
                 self._starts += 1
-                log.info("claimed partition %d (lock %r, token %d)", p, name, held.token)
+                log.debug("claimed partition %d (lock %r, token %d)", p, name, held.token)
                 self._changed()
                 try:
                     await self.run(claim)
@@ -514,7 +534,7 @@ class Rebalancer:
                     self._changed()
         except trio.Cancelled:
             if claim is not None:
-                log.info("released partition %d (cancelled: %s)", p, slot.leaving or "closing")
+                log.debug("released partition %d (cancelled: %s)", p, slot.leaving or "closing")
             raise
         except Exception as exc:
             if claim is not None and claim.held.lost.value and isinstance(exc, StreamkitError):
@@ -530,10 +550,10 @@ class Rebalancer:
             self._fail(p, exc)
             raise _Fatal from None
         if slot.leaving is not None:
-            log.info("released partition %d (%s)", p, slot.leaving)
+            log.debug("released partition %d (%s)", p, slot.leaving)
         elif self._closing or p not in self.assigned.value:
             # Returned on its own just as the partition was being unassigned.
-            log.info("released partition %d (run() returned; no longer assigned)", p)
+            log.debug("released partition %d (run() returned; no longer assigned)", p)
         else:
             log.warning(
                 "run() for partition %d returned while the partition is still assigned; "
@@ -546,7 +566,9 @@ class Rebalancer:
     def _lease_lost(self, slot: _Slot, reason: str) -> bool:
         self._lost += 1
         again = slot.leaving is None and not self._closing
-        log.warning(
+        # Lost to an outage: the client's outage log says so, once for all partitions.
+        log.log(
+            logging.DEBUG if lost_to_outage(reason) else logging.WARNING,
             "lease on partition %d lost (%s); %s",
             slot.partition,
             reason,
@@ -556,7 +578,8 @@ class Rebalancer:
 
     def _unavailable(self, slot: _Slot, exc: RedisUnavailable) -> bool:
         again = slot.leaving is None and not self._closing
-        log.warning(
+        health_of(self.locks.redis).unavailable(exc, what=f"partition {slot.partition}")
+        log.debug(
             "run() for partition %d stopped: %s; %s",
             slot.partition,
             exc,
@@ -590,7 +613,8 @@ class Rebalancer:
         grace = self.settings.grace if grace is None else grace
         non_negative_number.check("grace", grace)
         self._closing = True
-        log.info("draining all partitions (%r, grace %ss)", self, grace)
+        owned = self.owned.value
+        log.debug("draining all partitions (%r, grace %ss)", self, grace)
         for slot in list(self._slots.values()):
             if slot.state == "acquiring":
                 self._abandon(slot, "drained")
@@ -610,7 +634,9 @@ class Rebalancer:
                     f"partition {slot.partition} drained: run() did not return within {grace}s"
                 )
         await self._wait_empty()
-        log.info("drained: %r", self)
+        log.debug("drained: %r", self)
+        if owned:
+            log.info("released %s", partitions_text(owned))
 
     async def _wait_empty(self) -> None:
         await self._version.wait_value(lambda _: not self._slots)
@@ -685,11 +711,13 @@ async def open_rebalancer(
     settings = RebalancerSettings(lease_ttl=lease_ttl, grace=grace, acquire_backoff=acquire_backoff)
     rebalancer = Rebalancer(assigned, locks, lock_name, run, settings)
     try:
-        async with open_service_nursery(reason="rebalancer closing") as nursery:
-            rebalancer._nursery = nursery
-            nursery.start_soon(rebalancer._supervise, name="streamkit rebalancer")
-            yield rebalancer
-            await rebalancer.drain()
+        # An outage's summaries say how many partitions wait for Redis.
+        with health_of(locks.redis).outage.waiting(rebalancer._waiting):
+            async with open_service_nursery(reason="rebalancer closing") as nursery:
+                rebalancer._nursery = nursery
+                nursery.start_soon(rebalancer._supervise, name="streamkit rebalancer")
+                yield rebalancer
+                await rebalancer.drain()
     except trio.Cancelled:
         # Cancelled from outside just as run() failed: the failure is the news.
         if rebalancer._fatal is None:

@@ -336,8 +336,15 @@ class PartitionState:
         relay = None
         if self._done_out:
             outbox = self._outbox
+            appended: dict[str, int] = {}
             for target, pairs in self._done_out:
                 changes.xadd(outbox or target, pairs)
+                appended[target] = appended.get(target, 0) + 1
+            if outbox is None:
+                # Straight to the output streams: they are trimmed like any append.
+                for target, count in appended.items():
+                    keep = self._keep_of_key.get(target, DEFAULT_PARTITION_SIZE)
+                    changes.trim(target, count, keep)
             self._done_out = []
             relay = self.relay
         if not changes:

@@ -35,7 +35,7 @@ import trio
 from . import _keys
 from ._backoff import Backoff
 from ._errors import NotReplicated, RedisUnavailable
-from ._redis import LuaScript, redis_errors, replicated
+from ._redis import LuaScript, health_of, redis_errors, replicated
 from ._wire import OUTBOX_DELETE_LUA, OUTBOX_READ_LUA, RELAY_LUA
 
 if TYPE_CHECKING:
@@ -107,7 +107,14 @@ class OutboxRelay:
                 if delays is None:
                     delays = Backoff().delays()
                 delay = next(delays)
-                log.warning("relaying %s failed: %s (retrying in %.2fs)", self.outbox, exc, delay)
+                if isinstance(exc, RedisUnavailable):
+                    # An outage: the client's outage log says it once for the process.
+                    health_of(self._redis).unavailable(exc, what=f"relaying {self.outbox}")
+                    log.debug("relaying %s failed: %s (retrying in %.2fs)", self.outbox, exc, delay)
+                else:
+                    log.warning(
+                        "relaying %s failed: %s (retrying in %.2fs)", self.outbox, exc, delay
+                    )
                 await trio.sleep(delay)
                 continue
             await self._wake.wait()

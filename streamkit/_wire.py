@@ -235,8 +235,8 @@ def compare_schemas(recorded: str, mine: str) -> list[tuple[str, str, str]]:
     return differences
 
 
-# Functions of the scripts that trim a partition (`key` must be set): never below the
-# oldest entry some consumer group still needs. Appends trim, and so do
+# Functions of the scripts that trim a stream: never below the oldest entry some
+# consumer group still needs. Appends trim, and so do
 # acknowledgements, so that consuming frees memory even while Redis is too full
 # to append (XTRIM and XACK are allowed then; XADD is not).
 TRIM_FUNCTIONS_LUA = """
@@ -253,14 +253,14 @@ end
 
 -- The lowest id some consumer group still needs: its oldest pending entry, or the
 -- entry after the last one it was delivered. nil when no group reads the stream.
-local function oldest_needed()
+local function oldest_needed(stream)
   local needed = nil
-  for _, group in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local info = {}
     for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
     local candidate
     if info['pending'] > 0 then
-      candidate = redis.call('XPENDING', key, info['name'])[2]
+      candidate = redis.call('XPENDING', stream, info['name'])[2]
     else
       local ms, seq = parse(info['last-delivered-id'])
       candidate = string.format('%d-%d', ms, seq + 1)
@@ -270,15 +270,15 @@ local function oldest_needed()
   return needed
 end
 
--- Trims what every consumer group has processed, down to no fewer than `keep`
--- entries; `length` is the stream's length now. Removes at most `done` (the entries
--- this call appended or acknowledged) plus a step: bounded work per call, and never
--- slower than the partition fills.
-local function trim_processed(length, keep, done)
+-- Trims what every consumer group of `stream` has processed, down to no fewer than
+-- `keep` entries; `length` is the stream's length now. Removes at most `done` (the
+-- entries this call appended or acknowledged) plus a step: bounded work per call, and
+-- never slower than the partition fills.
+local function trim_processed(stream, length, keep, done)
   if keep > 0 and length > keep then
-    local needed = oldest_needed()
+    local needed = oldest_needed(stream)
     if needed ~= nil then
-      redis.call('XTRIM', key, 'MINID', '~', needed, 'LIMIT',
+      redis.call('XTRIM', stream, 'MINID', '~', needed, 'LIMIT',
                  math.min(length - keep, done + STEP))
     end
   end
@@ -309,14 +309,14 @@ if cap > 0 and length > cap then
   -- that some consumer group still needs is counted as dropped.
   local excess = math.min(length - cap, #ids + TRIM_STEP)
   local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', excess + 1)
-  local needed = oldest_needed()
+  local needed = oldest_needed(key)
   for i = 1, excess do
     if needed == nil or not less(oldest[i][1], needed) then dropped = dropped + 1 end
   end
   -- Exactly the `excess` entries before the first one kept.
   redis.call('XTRIM', key, 'MINID', oldest[excess + 1][1])
 else
-  trim_processed(length, keep, #ids)
+  trim_processed(key, length, keep, #ids)
 end
 """.replace("TRIM_STEP", str(TRIM_STEP))
 )
@@ -356,6 +356,11 @@ local function apply_changes(at)
     elseif op == 'r' then
       redis.call('ZREM', k, unpack(ARGV, at + 3, at + 2 + c))
       at = at + 3 + c
+    elseif op == 't' then
+      -- Trim an output stream the changes appended `c` entries to, keeping
+      -- ARGV[at + 3] entries (processed ones only, bounded like every trim).
+      trim_processed(k, redis.call('XLEN', k), tonumber(ARGV[at + 3]), c)
+      at = at + 4
     else
       error('unknown change ' .. tostring(op))
     end
@@ -382,7 +387,7 @@ local acks = tonumber(ARGV[7])
 apply_changes(8 + acks)
 if acks > 0 then
   redis.call('XACK', key, group, unpack(ARGV, 8, 7 + acks))
-  trim_processed(redis.call('XLEN', key), tonumber(ARGV[6]), acks)
+  trim_processed(key, redis.call('XLEN', key), tonumber(ARGV[6]), acks)
 end
 
 local function read(id)
@@ -440,7 +445,7 @@ apply_changes(5 + acks)
 local acked = 0
 if acks > 0 then
   acked = redis.call('XACK', key, ARGV[2], unpack(ARGV, 5, 4 + acks))
-  trim_processed(redis.call('XLEN', key), tonumber(ARGV[3]), acks)
+  trim_processed(key, redis.call('XLEN', key), tonumber(ARGV[3]), acks)
 end
 return acked
 """
@@ -472,7 +477,7 @@ while i <= #ARGV do
   i = i + 2 + 2 * count
 end
 if newest ~= last then redis.call('SET', KEYS[2], newest) end
-trim_processed(redis.call('XLEN', key), tonumber(ARGV[1]), appended)
+trim_processed(key, redis.call('XLEN', key), tonumber(ARGV[1]), appended)
 return appended
 """
 )

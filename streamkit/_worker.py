@@ -9,6 +9,9 @@
         ├── membership        join, heartbeat, reap, watch -> AsyncValue of partitions
         ├── fetcher           one read loop for all owned partitions -> bounded buffers
         └── rebalancer        one cancel scope per owned partition: lease + processor
+
+Why one room (about 610 lines): the worker's task tree, its signals and its watchdog,
+as the tree above shows; each branch is a piece of its own.
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
-        log.info("stopping: draining %d processor(s)", len(self.executors))
+        log.debug("stopping: draining %d processor(s)", len(self.executors))
         async with trio.open_nursery() as nursery:
             for executor in self.executors:
                 with log_context(processor=executor.processor.name, member=executor.membership.id):
@@ -156,7 +159,7 @@ class Worker:
         """Act on the first SIGINT / SIGTERM (called in the Trio thread)."""
         name = signal.Signals(signum).name
         if self._nursery is not None:
-            log.info("%s: stopping gracefully (send it again to exit at once)", name)
+            log.info("%s: stopping gracefully (again: exit at once)", name)
             self._nursery.start_soon(self.stop)
         elif self._phase == "starting":
             # Still connecting: there is nothing to drain yet.
@@ -303,9 +306,10 @@ async def run_worker(
                             ", ".join(
                                 [p.name for p in selected]
                                 + [
-                                    f"{len(app.job_queues_for(q).jobs)} jobs of queue "
-                                    f"{app.job_queues_for(q).name}"
+                                    f"{n} job{'s' if n > 1 else ''}"
+                                    + ("" if q == DEFAULT_QUEUE else f" of queue {q}")
                                     for q in served
+                                    for n in [len(app.job_queues_for(q).jobs)]
                                 ]
                             )
                             or "no processors",
@@ -325,7 +329,7 @@ async def run_worker(
         # RuntimeError for a task that never started: the stop was asked for.
         task_status.started(worker)
         return
-    log.info("worker of %s stopped", app.name)
+    log.info("worker of %s stopped%s", app.name, " cleanly" if worker._stopping else "")
 
 
 #: The signals that stop a worker run with ``handle_signals``.

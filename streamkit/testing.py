@@ -17,6 +17,9 @@ From synchronous code (a session fixture, a script), use it as a context manager
 
 :func:`wait_until` waits for a condition that nothing can notify about, such as state
 in Redis written by another process.
+
+Why one room (about 620 lines): the public testing helpers (a server, a cluster, the
+waits) in the one module users import them from.
 """
 
 from __future__ import annotations

@@ -169,6 +169,24 @@ async def test_sendmany_names_bad_lines_and_sends_nothing(redis_url: str, redis:
     assert await count_orders(redis) == 0
 
 
+async def test_a_malformed_line_is_shown_cut_to_a_width(redis_url: str, redis: Redis) -> None:
+    long = orjson.dumps(order(2, customer="x" * 300))
+    lines = [orjson.dumps(order(1)), long[:-1] + b", oops}"]
+    result = await streamkit("sendmany", ORDERS, "-", redis_url=redis_url, stdin=b"\n".join(lines))
+    assert result.code == 2
+    [error] = [line for line in result.err.splitlines() if line.startswith("line ")]
+    # One "line 2", the input's: the position is a column of that line.
+    assert error.count("line ") == 1, error
+    assert error.startswith("line 2: invalid JSON (")
+    assert "at column " in error
+    # The offending text around the position, cut to a width, ellipsis marking the cuts.
+    shown = error.split("): ", 1)[1]
+    assert "oops" in shown
+    assert shown.startswith("…")
+    assert len(shown) <= 62
+    assert await count_orders(redis) == 0
+
+
 async def test_send_bad_json(redis_url: str) -> None:
     result = await streamkit("send", ORDERS, "{oops", redis_url=redis_url)
     assert result.code == 2
@@ -212,3 +230,6 @@ def test_help_lists_the_commands() -> None:
     )
     assert "sendmany" in done.stdout
     assert "send" in done.stdout
+    # The top line covers both halves of the product: events and jobs.
+    top = done.stdout.split("\n\n")[1].strip()
+    assert top.startswith("streamkit: partitioned, ordered event processing and a job queue")

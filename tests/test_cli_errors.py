@@ -97,12 +97,34 @@ async def test_a_missing_module_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "needs.py").write_text("import not_installed_anywhere\n")
     missing = await run_in(tmp_path, "worker", "nothere:app", env={})
     assert missing.code == 2
-    assert missing.err.strip() == ("Error: cannot import 'nothere': No module named 'nothere'")
+    assert missing.err.strip() == (
+        f"Error: cannot import 'nothere': no module named 'nothere' in {tmp_path} (the "
+        f"working directory) or in the installed packages"
+    )
     # A module that imports a missing one is the user's own import failure.
     needs = await run_in(tmp_path, "worker", "needs:app", env={})
     assert needs.code == 2
     assert "module 'needs' failed to import" in needs.err
     assert "No module named 'not_installed_anywhere'" in needs.err
+
+
+async def test_a_mistyped_module_names_where_it_looked_and_what_was_meant(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "shop.py").write_text("app = None\n")
+    mistyped = await run_in(tmp_path, "worker", "shopp:app", env={})
+    assert mistyped.code == 2
+    assert mistyped.err.strip() == (
+        f"Error: cannot import 'shopp': no module named 'shopp' in {tmp_path} (the "
+        f"working directory) or in the installed packages; did you mean 'shop'?"
+    )
+    # A file's name for the module's: drop the .py.
+    a_file = await run_in(tmp_path, "worker", "shop.py:app", env={})
+    assert a_file.code == 2
+    assert a_file.err.strip() == (
+        "Error: cannot import 'shop.py': MODULE is a module's name, not a file's: "
+        "drop the .py (shop:app)"
+    )
 
 
 async def test_empty_processor_names_are_refused(redis_url: str) -> None:

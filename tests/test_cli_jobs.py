@@ -460,7 +460,7 @@ async def test_a_bad_queue_is_one_line_never_a_traceback(redis_url: str) -> None
         "no jobs": (
             2,
             ["info", "tests.apps.failing:app"],
-            "app failing declares no jobs (@app.job), so no job queue",
+            "app failing declares no jobs (@app.job), and its queue failing holds none",
         ),
         "no queue": (2, ["info"], "give MODULE:APP (an app that declares jobs), or --queue"),
         "both": (2, ["info", APP, "--queue", "jobbing"], "give MODULE:APP or --queue NAME, not"),

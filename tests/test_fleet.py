@@ -203,6 +203,22 @@ def test_the_view_fits_the_terminal_and_says_what_it_left_out() -> None:
     assert sum(1 for line in everything if "web-1:4242" in line) >= 32
 
 
+def test_a_long_job_name_keeps_its_room_and_titles_say_less_rather_than_wrap() -> None:
+    name = "recompute_customer_statistics"
+    after = snapshot(1.0, [200] * 4, jobs=counts(by_name={name: {"sent": 3}}))
+    lines = render(FleetSample(snapshot=after, rates=FleetRates()), 80, None)
+    text = "\n".join(lines)
+    assert max(len(line) for line in lines) <= 80, text
+    assert "…" not in text, text
+    # The job's whole name, with the counts' shorter headers.
+    assert any(line.split()[:2] == [name, "3"] for line in lines), text
+    header = next(line for line in lines if line.startswith("job "))
+    assert header.split() == ["job", "queued", "delayed", "waits", "runs", "retry", "dead", "done"]
+    # The processor's title, whole on one line, with the workers' names as they fit.
+    [title] = [line for line in lines if line.startswith("processor count")]
+    assert title == "processor count (stream clicks): lag 0 · pending 0 · 1 worker (web-1:4242)"
+
+
 def test_a_failed_reading_keeps_the_last_one_and_says_so() -> None:
     last = snapshot(0.0, [1])
     sample = FleetSample(snapshot=last, rates=FleetRates(), error="Redis is unreachable")

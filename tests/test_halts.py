@@ -93,9 +93,9 @@ async def test_a_halt_stops_one_partition_and_resume_continues_it(
 
         status = await streamkit("status", APP, redis_url=redis_url)
         assert status.code == 0, status.err
-        assert "partition 1 halted" in status.out, status.out
+        assert "partition 1 HALTED" in status.out, status.out
         assert "RuntimeError: boom on" in status.out
-        assert f"streamkit resume {APP} handle --partition 1" in status.out
+        assert f"streamkit resume {APP} handle --partition 1\n" in status.out
 
         # The holder of the halted partition stops: the other worker takes the
         # partition over and stays halted instead of halting on the event again.

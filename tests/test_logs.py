@@ -277,7 +277,10 @@ def mentions(record: dict[str, Any], text: str) -> bool:
 async def test_a_json_worker_writes_only_json_lines_with_the_context(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    worker = start_worker(redis_url, tmp_path, app=APP, args=("--log-format", "json"))
+    # At debug level: the per-partition lines, the context's carriers here, are detail.
+    worker = start_worker(
+        redis_url, tmp_path, app=APP, args=("--log-format", "json", "--log-level", "debug")
+    )
     workers.append(worker)
     await wait_members(redis, 1, group=KEYS.group)
     snapshot = await read_membership(redis, KEYS.group)

@@ -240,7 +240,8 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
     assert f"--port {PAGE_PORT}" in text
     port = str(free_port())
     page_steps = [s._replace(source=s.source.replace(PAGE_PORT, port)) for s in steps(text)]
-    assert [s.kind for s in page_steps].count("skip") == 1
+    # The system packages (root and the network) and the install (done above).
+    assert [s.kind for s in page_steps].count("skip") == 2
 
     home = tmp_path / "home"
     home.mkdir()
@@ -263,6 +264,8 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
             for step in page_steps:
                 if step.kind == "run":
                     outputs[step.source] = await session.run(step)
+                    if step.source.startswith("redis-server "):
+                        await the_server_keeps_nothing_in_place(port)
                 elif step.kind == "background":
                     await session.start(step)
                 elif step.kind == "output":
@@ -283,6 +286,26 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
     [status] = [out for source, out in outputs.items() if source.startswith("streamkit status")]
     assert "printer" in status
     assert not session.background, "the page leaves a background process running"
+    # The server, stopped, left nothing behind: not its pid file, no data.
+    assert not await trio.Path(f"/tmp/redis-{port}.pid").exists()
+    assert not [p.name for p in home.rglob("*") if p.suffix in (".rdb", ".aof")]
+
+
+async def the_server_keeps_nothing_in_place(port: str) -> None:
+    """The page's Redis writes no data, and its pid file (which a daemonized server
+    writes, to /var/run/redis.pid unless told) goes to /tmp, where the page says."""
+    config = {}
+    for name in ("pidfile", "save", "appendonly"):
+        done = await trio.run_process(
+            ["redis-cli", "-p", port, "config", "get", name], capture_stdout=True, check=True
+        )
+        config[name] = done.stdout.decode().splitlines()[1:2]
+    assert config == {
+        "pidfile": [f"/tmp/redis-{port}.pid"],
+        "save": [""],
+        "appendonly": ["no"],
+    }, config
+    assert await trio.Path(f"/tmp/redis-{port}.pid").exists()
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -302,3 +325,26 @@ def test_no_page_installs_someone_elses_package() -> None:
             for offset, command in enumerate(source.splitlines()):
                 found = re.search(r"pip\s+install\s+[\"']?streamkit\b", command)
                 assert found is None, f"{page.name}:{line + offset}: {command.strip()}"
+
+
+def test_no_step_needs_sudo() -> None:
+    """A root shell or a container has no ``sudo``: no step, not even a skipped one,
+    calls it (the test runs the others as whoever runs the tests, root here)."""
+    readme = README.read_text(encoding="utf-8").split("\n## Quickstart\n", 1)[1]
+    for name, text in (
+        ("README.md", readme.split("\n## ", 1)[0]),
+        ("quickstart.md", PAGE.read_text(encoding="utf-8")),
+    ):
+        for source in shell_blocks(text):
+            for command in source.splitlines():
+                code = command.split("#", 1)[0]
+                assert not re.search(r"(^|[;&|]\s*)sudo\b", code.strip()), f"{name}: {command}"
+
+
+def test_the_readme_says_a_failure_halts_by_default_and_how_to_resume() -> None:
+    """Where the README first speaks of a processor failing, it says the default (halt),
+    how to see it and how to resume."""
+    paragraphs = README.read_text(encoding="utf-8").split("\n\n")
+    first = next(p for p in paragraphs if re.search(r"\b(raises|fails)\b", p))
+    for said in ("default", "**halt**", "streamkit status shop:app", "HALTED", "streamkit resume"):
+        assert said in first, (said, first)

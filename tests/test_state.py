@@ -303,3 +303,48 @@ async def test_a_join_reads_a_table_another_processor_writes(redis_url: str, red
             record = enriched.codec.decode(e.field_values, stream="enriched")
             got[record.customer] = record.city
     assert got == {**{f"c{n}": f"city{n}" for n in range(5)}, "c5": "unknown"}
+
+
+async def test_outputs_are_trimmed_like_any_append(redis_url: str, redis: Redis) -> None:
+    app = App("trim", redis_url=redis_url, **FAST)
+    words = app.stream("words", record=Order, partition_by="customer", partition_count=1)
+    out = app.stream(
+        "out", record=Order, partition_by="customer", partition_count=1, partition_size=10
+    )
+
+    @app.processor(words, outputs=[out])
+    async def copy(events: Events[Order]) -> None:
+        async for order in events.records():
+            events.emit(out, order)
+
+    # A consumer of `out` that has processed everything: the output may be trimmed
+    # down to its partition size, and no further.
+    await redis.xgroup_create(out.key(0), "reader", "$", mkstream=True)
+    sent = [Order(order_id=n, customer="k", amount=1.0) for n in range(300)]
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await words.send_many(sent)
+        dead = words.key(0)
+
+        async def copied() -> bool:
+            groups: Any = await redis.xinfo_groups(dead)
+            return bool(groups) and groups[0][b"entries-read"] == 300 and not groups[0][b"pending"]
+
+        await wait_until(copied, what="300 orders copied", within=20)
+        await worker.stop()
+    length = await redis.xlen(out.key(0))
+    # The reader's group read nothing: its oldest needed entry is the first appended,
+    # so nothing may go; advance it and append once more to see the trim.
+    assert length == 300
+    await redis.xgroup_setid(out.key(0), "reader", "$")
+    async with app:
+        await words.send(Order(order_id=300, customer="k", amount=1.0))
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+
+        async def trimmed() -> bool:
+            return await redis.xlen(out.key(0)) < 300
+
+        await wait_until(trimmed, what="the output trimmed", within=20)
+        await worker.stop()
+    assert await redis.xlen(out.key(0)) >= 10

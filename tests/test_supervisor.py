@@ -598,12 +598,11 @@ async def test_a_bad_app_path_is_one_line(
     )
     assert await supervisor.wait_exit(within=15) == 2
     log = supervisor.log()
-    assert log.strip().splitlines() == [
-        (
-            "Error: cannot import 'tests.apps.no_such_module': No module named "
-            "'tests.apps.no_such_module'"
-        )
-    ]
+    [line] = log.strip().splitlines()
+    assert line.startswith(
+        "Error: cannot import 'tests.apps.no_such_module': no module named "
+        "'tests.apps.no_such_module' in "
+    )
 
 
 async def test_processes_must_be_at_least_1(

@@ -108,7 +108,7 @@ async def test_a_second_signal_exits_at_once(
     # It exits at once, long before the 60 s grace period, through its own handler.
     assert await worker.wait_exit(within=10) == 128 + signal.SIGINT, worker.log()
     log = worker.log()
-    assert "SIGINT: stopping gracefully (send it again to exit at once)" in log
+    assert "SIGINT: stopping gracefully (again: exit at once)" in log
     assert "SIGINT again: exiting at once" in log
     assert "Traceback" not in log
     assert await redis.llen(SEEN) == 0  # the batch never finished

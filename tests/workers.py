@@ -80,13 +80,15 @@ def start_worker(
     app: str = "tests.apps.scenario:app",
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> WorkerProcess:
-    """Start ``streamkit worker APP`` against ``redis_url`` with fast timings."""
+    """Start ``streamkit worker APP`` against ``redis_url`` with fast timings, in
+    ``cwd`` (the repository, whose ``tests.apps`` it imports, by default)."""
     log_path = log_dir / f"worker-{len(list(log_dir.glob('worker-*')))}.log"
     log = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "streamkit", "worker", app, *args],
-        cwd=ROOT,
+        cwd=cwd,
         env={**os.environ, **FAST_ENV, "STREAMKIT_REDIS_URL": redis_url, **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=log,

@@ -5,7 +5,7 @@ One module per command group, each beside the modules only it uses:
 - ``_cmd_send``: ``send``, ``sendmany`` (``_sendmany``: checking and accounting);
 - ``_cmd_worker``: ``worker`` (``_supervisor``: ``--processes N``);
 - ``_cmd_status``: ``status``, ``dashboard`` (``_fleet``: the snapshot;
-  ``_fleet_view``: its terminal view; ``_watch``: ``--watch``; ``_dashboard``: the
+  ``_fleet_view``: its terminal views; ``_watch``: ``--watch``; ``_dashboard``: the
   web view);
 - ``_cmd_admin``: ``reset``, ``resume``, ``delete-stream`` (``_admin``);
 - ``_cmd_deadletters``: ``deadletters`` (``_deadletters``);
@@ -37,10 +37,12 @@ __all__ = ["cli", "main"]
 @click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="streamkit")
 def cli() -> None:
-    """streamkit: partitioned, ordered event processing on Redis Streams.
+    """streamkit: partitioned, ordered event processing and a job queue, on Redis.
 
-    Streams and apps are named as MODULE:NAME, e.g. shop:orders (stream orders of shop.py),
-    importable from the current directory.
+    Run an app's processors and jobs (worker), send events (send, sendmany), watch
+    it (status, dashboard) and look after it (jobs, deadletters, resume, reset).
+    Streams and apps are named as MODULE:NAME, e.g. shop:orders (stream orders of
+    shop.py), importable from the current directory.
     """
 
 

@@ -18,6 +18,8 @@ from .._redis import LuaScript, redis_errors
 from .._wire import text
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .._app import App, Processor
     from .._membership_admin import MembershipSnapshot
     from .._streams import Stream
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MemberStatus",
     "PartitionStatus",
+    "ProcessorReading",
     "ResetIncomplete",
     "ResetRefused",
     "delete_stream_keys",
@@ -50,15 +53,19 @@ class PartitionStatus:
         owner: the owner id of the lease holder (the worker processing it), or
             ``None`` if nobody holds its lease.
         length: entries in the partition.
-        lag: entries not yet delivered to the processor (``None`` if Redis cannot
-            tell, e.g. after trimming).
-        pending: entries delivered but not yet acknowledged.
+        lag: entries not yet processed: not yet delivered to the processor, or
+            delivered and not yet acknowledged (a Kafka consumer's lag: the
+            pending ones included, however far the worker read ahead); ``None`` if
+            Redis cannot tell, e.g. after trimming.
+        pending: entries delivered but not yet acknowledged (part of ``lag``).
         last_event_at: when the newest entry was added, or ``None`` if empty.
         halted: why and since when the processor is halted on the partition (see
             ``streamkit resume``), or ``None``.
         entries_read: how many entries the processor's group has been delivered
             in all (Redis's ``entries-read`` counter, which trimming leaves alone;
             ``None`` if unknown): two readings give the processing rate.
+        tables: the keys in the partition of each table the processor writes, by
+            table name.
     """
 
     partition: int
@@ -70,6 +77,23 @@ class PartitionStatus:
     last_event_at: datetime | None
     halted: HaltRecord | None = None
     entries_read: int | None = None
+    tables: Mapping[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class ProcessorReading:
+    """What :func:`read_processor` read of a processor.
+
+    Attributes:
+        members: the members of its group.
+        partitions: its partitions, in order.
+        ever_run: whether a worker ever joined its group (its state exists): with no
+            member, the last worker left (or was reaped), rather than none ran yet.
+    """
+
+    members: list[MemberStatus]
+    partitions: list[PartitionStatus]
+    ever_run: bool
 
 
 def _entry_time(entry_id: bytes | str) -> datetime | None:
@@ -86,19 +110,17 @@ async def processor_status(app: App, processor: Processor) -> list[PartitionStat
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
     """
-    _, partitions = await read_processor(app, processor)
-    return partitions
+    return (await read_processor(app, processor)).partitions
 
 
-async def read_processor(
-    app: App, processor: Processor
-) -> tuple[list[MemberStatus], list[PartitionStatus]]:
+async def read_processor(app: App, processor: Processor) -> ProcessorReading:
     """``processor``'s members and partitions, in three pipelined round trips.
 
     One read of the membership (state and heartbeats), one pipeline for every
-    partition's length, newest entry, lease and halt record, one for the consumer
-    groups of the partitions that exist. On a Redis Cluster a pipeline is sent per
-    node (each partition has a slot of its own).
+    partition's length, newest entry, lease, halt record and the size of each
+    table the processor writes, one for the consumer groups of the partitions
+    that exist. On a Redis Cluster a pipeline is sent per node (each partition has
+    a slot of its own).
 
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
@@ -116,11 +138,19 @@ async def read_processor(
             last_requests = [pipe.xrevrange(key, count=1) for key in keys]
             lease_requests = [pipe.get(key) for key in locks]
             halt_requests = [pipe.hgetall(key) for key in halts]
+            size_requests = {
+                table.name: [pipe.hlen(table.key(p)) for p in range(len(keys))]
+                for table in processor.tables
+            }
         exists = [await request for request in exists_requests]
         lengths = [await request for request in length_requests]
         lasts = [await request for request in last_requests]
         leases = [await request for request in lease_requests]
         halt_fields = [await request for request in halt_requests]
+        sizes = {
+            name: [int(await request) for request in requests]
+            for name, requests in size_requests.items()
+        }
         # A processor with no worker yet has no group: all of a partition is lag.
         existing = [key for key, found in zip(keys, exists, strict=True) if found]
         async with redis.pipeline(transaction=False) as pipe:
@@ -136,20 +166,26 @@ async def read_processor(
                 info = fields
         lag = info.get("lag", length) if info else length
         read = info.get("entries-read") if info else 0
+        pending = int(info.get("pending", 0))
         statuses.append(
             PartitionStatus(
                 partition=partition,
                 assigned_to=assignment.owner(partition) if assignment is not None else None,
                 owner=_parse_value(lease)[0] if lease is not None else None,
                 length=length,
-                lag=None if lag is None else int(lag),
-                pending=int(info.get("pending", 0)),
+                # Not yet processed: whether the worker read them ahead (pending) or
+                # not (Redis's lag) is its business, not the reader's.
+                lag=None if lag is None else int(lag) + pending,
+                pending=pending,
                 last_event_at=_entry_time(last[0].identifier) if last else None,
                 halted=decode_halt(partition, halt_fields[partition]),
                 entries_read=None if read is None else int(read),
+                tables={name: counts[partition] for name, counts in sizes.items()},
             )
         )
-    return _members(snapshot), statuses
+    return ProcessorReading(
+        members=_members(snapshot), partitions=statuses, ever_run=snapshot is not None
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -74,8 +74,8 @@ def queue_target(
         if shards is not None:
             fail("--shards goes with --queue: an app's queue has its job_shards setting", 2)
         app = load_app(app_path, redis_url)
-        if not app.jobs:
-            fail(f"{app_path}: app {app.name} declares no jobs (@app.job), so no job queue", 2)
+        # An app that declares no jobs still names its queue: jobs another module
+        # (or open_job_queue(redis, NAME)) enqueued there are found all the same.
         return QueueTarget(app.name, app.settings.job_shards, app.settings, app, app_path)
     assert queue_name is not None
     try:
@@ -91,9 +91,16 @@ def queue_target(
 @contextlib.asynccontextmanager
 async def open_target(target: QueueTarget) -> AsyncIterator[JobQueue]:
     """Connect, and yield the target's queue."""
-    if target.app is not None:
+    if target.app is not None and target.app.jobs:
         async with target.app:
             yield target.app.job_queue
+        return
+    if target.app is not None:
+        async with (
+            target.app,
+            open_job_queue(target.app.redis, target.name, shards=target.shards) as queue,
+        ):
+            yield queue
         return
     settings = target.settings
     async with (
@@ -183,6 +190,14 @@ async def jobs_info(
             counts = await queue.counts()
     except StreamkitError as exc:
         fail(str(exc))
+    undeclared = target.app is not None and not target.app.jobs
+    if undeclared and not holds_any(counts):
+        assert target.app is not None
+        fail(
+            f"{target.path}: app {target.app.name} declares no jobs (@app.job), and its "
+            f"queue {target.name} holds none",
+            2,
+        )
     report = info_json(target, counts)
     if as_json:
         click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
@@ -193,9 +208,34 @@ async def jobs_info(
         soft_wrap=True,
         markup=False,
     )
-    console.print(counts_table(target.name, counts))
+    if undeclared:
+        console.print(
+            "the app declares no jobs (@app.job): these were enqueued elsewhere",
+            markup=False,
+            style="dim",
+        )
+    console.print()
+    console.print(printable(f"queue {target.name}: jobs"), markup=False, style="bold")
+    console.print(counts_table(counts))
     if report["by_name"]:
-        console.print(by_name_table(target.name, report["by_name"]))
+        console.print()
+        console.print(printable(f"queue {target.name}: jobs by name"), markup=False, style="bold")
+        console.print(by_name_table(report["by_name"]))
+
+
+def holds_any(counts: QueueCounts) -> bool:
+    """Whether a queue holds any job, or ever ran one (its totals)."""
+    return bool(
+        sum(counts.queued.values())
+        + counts.scheduled
+        + counts.waiting
+        + counts.running
+        + counts.retrying
+        + counts.dead
+        + counts.succeeded
+        + counts.aborted
+        + counts.expired
+    )
 
 
 @jobs.command("show")

@@ -9,6 +9,7 @@ import asyncclick as click
 import orjson
 
 from .._errors import EncodeError, StreamkitError
+from .._literal import printable
 from ._exits import fail
 from ._loading import load_stream, with_stream_path
 from ._options import progress_bar, redis_url_option
@@ -146,16 +147,35 @@ async def sendmany(
     fail(f"stopped by {signal.Signals(signum).name} {how}\n{report}", 128 + signum)
 
 
+#: Characters of a bad line shown in its error.
+EXCERPT_WIDTH = 60
+
+
+def excerpt(text: str, position: int, width: int = EXCERPT_WIDTH) -> str:
+    """``text`` around ``position``, cut to ``width`` characters (``…`` where cut),
+    escaped: a bad line shown in one line of an error."""
+    start = max(0, min(position - width // 2, len(text) - width))
+    shown = text[start : start + width]
+    return f"{'…' if start else ''}{printable(shown)}{'…' if start + width < len(text) else ''}"
+
+
 def parse_record(stream: Stream[Any], text: str | bytes) -> Any:
     """Parse one JSON object into the stream's record type.
 
     Error handling:
         ``ValueError`` with a short description of what is wrong.
     """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    text = text.rstrip("\r\n")
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON: {exc}") from None
+        # orjson's own message counts lines and characters of what it was given: one
+        # line here, whose number the caller says. Show the text where it went wrong.
+        raise ValueError(
+            f"invalid JSON ({exc.msg} at column {exc.pos + 1}): {excerpt(text, exc.pos)}"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     try:

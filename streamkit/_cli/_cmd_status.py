@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import asyncclick as click
 import orjson
 from asyncclick.core import ParameterSource
 from rich.console import Console
-from rich.text import Text
 
 from .._errors import ConfigError, StreamkitError
-from .._literal import literal_text, printable
 from ._exits import fail
-from ._fleet import NO_RATES, counts_by_name, fleet_json, take_snapshot
-from ._fleet_view import jobs_table, jobs_title, members_table, status_table
+from ._fleet import fleet_json, take_snapshot
+from ._fleet_view import status_view
 from ._loading import load_app
 from ._options import redis_url_option
-
-if TYPE_CHECKING:
-    from ._fleet import ProcessorSnapshot
 
 __all__ = ["dashboard", "status"]
 
@@ -49,10 +43,13 @@ async def status(
 ) -> None:
     """Show each processor's workers and partitions: who, lag, pending, last event.
 
-    Then the app's job queue, if it declares jobs. A worker is named host:pid, plus its
-    member id if it is a static member. The table fits the terminal; --json prints
-    everything, for scripts. --watch keeps the view up to date, with each partition's
-    rate (events/s).
+    Lag counts the events not processed yet (pending ones included); pending, those
+    a worker holds and has not acknowledged. A halted partition shows as HALTED,
+    with the command that resumes it. Each table the processor writes gets a column:
+    its keys in each partition. Then the app's job queue, if it declares jobs. A
+    worker is named host:pid, plus its member id if it is a static member. The view
+    fits the terminal; --json prints everything, for scripts. --watch keeps it up to
+    date, with each partition's rate (events/s).
     """
     ctx = click.get_current_context()
     if not watch and ctx.get_parameter_source("interval") is not ParameterSource.DEFAULT:
@@ -75,44 +72,8 @@ async def status(
         click.echo(orjson.dumps(fleet_json(snapshot), option=orjson.OPT_INDENT_2))
         return
     console = Console(highlight=False)
-    console.print(
-        printable(f"app {app.name}, Redis at {snapshot.redis_url}"), soft_wrap=True, markup=False
-    )
-    if not snapshot.processors:
-        console.print(f"app {app.name} has no processors")
-    now = datetime.now(UTC)
-    for processor in snapshot.processors:
-        console.print()
-        console.print(members_table(processor, now))
-        console.print(status_table(processor, now))
-        print_halted(console, app_path, processor)
-    if snapshot.jobs is not None:
-        console.print()
-        console.print(jobs_title(snapshot.jobs, NO_RATES))
-        names = list(counts_by_name(snapshot.jobs.counts, snapshot.jobs.declared))
-        console.print(jobs_table(snapshot.jobs, names, console.width))
-
-
-def print_halted(console: Console, app_path: str, processor: ProcessorSnapshot) -> None:
-    """One entry per partition the processor is halted on, with the command to resume."""
-    for row in processor.partitions:
-        if row.halted is not None:
-            console.print(
-                Text.assemble(
-                    (f"partition {row.partition} halted", "bold red"),
-                    ": ",
-                    literal_text(row.halted.describe().removeprefix("halted ")),
-                ),
-                highlight=False,
-                soft_wrap=True,
-            )
-            console.print(
-                f"  fix the cause, then: streamkit resume {app_path} {processor.name} "
-                f"--partition {row.partition}   (--skip: skip the halted event)",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+    view = status_view(snapshot, app_path=app_path, width=console.width, now=datetime.now(UTC))
+    console.print(view)
 
 
 @click.command()

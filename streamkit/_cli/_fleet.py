@@ -70,16 +70,21 @@ class ProcessorSnapshot:
         stream: the name of the stream it consumes.
         members: the members of its group (the workers running it).
         partitions: its partitions, in order.
+        ever_run: whether a worker ever joined its group (with no member now, the
+            last one left), rather than none ran it yet.
+        tables: the names of the tables it writes (their sizes are per partition).
     """
 
     name: str
     stream: str
     members: tuple[MemberStatus, ...]
     partitions: tuple[PartitionStatus, ...]
+    ever_run: bool = True
+    tables: tuple[str, ...] = ()
 
     @property
     def lag(self) -> int | None:
-        """Entries not yet delivered, over all partitions (``None`` if one is unknown)."""
+        """Entries not yet processed, over all partitions (``None`` if one is unknown)."""
         lags = [p.lag for p in self.partitions]
         return None if any(lag is None for lag in lags) else sum(lag or 0 for lag in lags)
 
@@ -198,12 +203,14 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
     counts: list[QueueCounts] = []
 
     async def read(processor: Processor) -> None:
-        members, partitions = await read_processor(app, processor)
+        reading = await read_processor(app, processor)
         processors[processor.name] = ProcessorSnapshot(
             name=processor.name,
             stream=processor.stream.name,
-            members=tuple(members),
-            partitions=tuple(partitions),
+            members=tuple(reading.members),
+            partitions=tuple(reading.partitions),
+            ever_run=reading.ever_run,
+            tables=tuple(table.name for table in processor.tables),
         )
 
     async def count() -> None:
@@ -429,6 +436,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                         "lag": row.lag,
                         "pending": row.pending,
                         "entries_read": row.entries_read,
+                        "tables": dict(row.tables),
                         "rate": _rate(rates.partitions.get((processor.name, row.partition))),
                         "last_event_at": iso(row.last_event_at),
                         "halted": None

@@ -1,9 +1,10 @@
-"""The terminal view of a fleet snapshot, for ``streamkit status`` (and ``--watch``).
+"""The terminal views of a fleet snapshot: ``streamkit status`` and its ``--watch``.
 
 Pure: a snapshot (with its rates) and a terminal size in, rich renderables out. The
-view fits the terminal: every row is one line (cells are cut with an ellipsis), and
-when the rows do not fit the height, each table keeps its most telling rows (halted,
-then the most lag) and says how many it left out.
+views fit the terminal's width: a title says less rather than wrap (:func:`fitted`),
+every row is one line, and a table's flexible column (a worker, a job name) gets the
+room the others leave. When the rows do not fit the height, the watch view keeps each
+table's most telling rows (halted, then the most lag) and says how many it left out.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .._literal import literal_text, printable
+from .._literal import printable
 from ._fleet import (
     NO_RATES,
     FleetRates,
     FleetSample,
+    FleetSnapshot,
     ProcessorSnapshot,
     QueueSnapshot,
     counts_by_name,
@@ -40,19 +42,25 @@ __all__ = [
     "ago",
     "compact",
     "fit_rows",
+    "fitted",
     "fleet_view",
+    "halted_lines",
+    "head_line",
     "jobs_table",
+    "jobs_title",
     "members_table",
+    "partitions_table",
     "pick_rows",
-    "status_table",
+    "processor_title",
+    "status_view",
 ]
 
 #: The job counts the view shows per job name, in order.
 JOB_COLUMNS = ("queued", "scheduled", "waiting", "running", "retrying", "dead", "succeeded")
 #: Lines a table takes besides its rows: its title, its header, the header's rule.
 TABLE_LINES = 3
-#: Spaces between two columns of a table (padding and divider).
-COLUMN_GAP = 3
+#: Spaces between two columns of a table (right padding and divider).
+COLUMN_GAP = 2
 
 
 def compact(number: float | None) -> str:
@@ -125,7 +133,15 @@ def _worker_width(width: int, other: Sequence[Sequence[str]]) -> int:
 
 
 def _table() -> Table:
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left")
+    # No padding on the left of a cell: columns are COLUMN_GAP apart (the right
+    # padding and the divider), which leaves names their room on 80 columns.
+    return Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title_justify="left",
+        padding=(0, 1, 0, 0),
+    )
 
 
 def _line(text: str | Text, *, style: str = "") -> Text:
@@ -135,56 +151,116 @@ def _line(text: str | Text, *, style: str = "") -> Text:
     return line
 
 
-def processor_title(processor: ProcessorSnapshot, rates: FleetRates) -> Text:
+Piece = tuple[str, str]
+
+
+def fitted(candidates: Sequence[Sequence[Piece]], width: int) -> Text:
+    """The first of ``candidates`` (each a line as pieces of text and style, the
+    richest first) that fits ``width`` columns: a title says less rather than
+    wrap or cut; only the last, the barest, is cut (with an ellipsis) if even it
+    does not fit."""
+    chosen = candidates[-1]
+    for pieces in candidates:
+        if sum(len(text) for text, _ in pieces) <= width:
+            chosen = pieces
+            break
+    return _line(Text.assemble(*chosen))
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker{'s' if count != 1 else ''}"
+
+
+def processor_title(processor: ProcessorSnapshot, rates: FleetRates, width: int = 80) -> Text:
+    """The processor, its totals and its workers, in one line that fits ``width``:
+    the stream's name and the workers' names go first when it would not."""
     alive = [m.name for m in processor.members if m.alive]
+    halted = sum(1 for p in processor.partitions if p.halted is not None)
     rate = rates.processors.get(processor.name)
-    parts = [
+    stats = [
         f"{compact(rate)} events/s" if rate is not None else None,
         f"lag {compact(processor.lag)}",
         f"pending {compact(processor.pending)}",
-        f"{len(alive)} worker{'s' if len(alive) != 1 else ''}"
-        + (f": {printable(', '.join(alive))}" if alive else ""),
+        _workers(len(alive)),
     ]
-    title = Text(f"processor {processor.name} ", style="bold")
-    title.append(f"(stream {processor.stream}): ", style="")
-    title.append(" · ".join(p for p in parts if p))
-    return _line(title)
+    totals: list[Piece] = [(" · ".join(p for p in stats if p), "")]
+    if halted:
+        totals.append((" · ", ""))
+        totals.append((f"{halted} HALTED", "bold red"))
+    name: Piece = (f"processor {printable(processor.name)}", "bold")
+    stream: Piece = (f" (stream {printable(processor.stream)})", "")
+    names: Piece = (f" ({printable(', '.join(alive))})", "") if alive else ("", "")
+    return fitted(
+        [
+            [name, stream, (": ", ""), *totals, names],
+            [name, stream, (": ", ""), *totals],
+            [name, (": ", ""), *totals],
+        ],
+        width,
+    )
+
+
+def _worker_cell(row: PartitionStatus, names: dict[str, str], *, why: bool) -> str:
+    """Who processes the partition; ``HALTED`` first when it is halted (with the
+    error's type when ``why``: the watch view has no summary under the table)."""
+    worker = printable(partition_worker(row, names))
+    if row.halted is None:
+        return worker
+    halted = f"HALTED ({printable(row.halted.error_type or 'halted')})" if why else "HALTED"
+    return halted if worker == "-" else f"{halted} · {worker}"
 
 
 def partitions_table(
     processor: ProcessorSnapshot,
     rows: Sequence[PartitionStatus],
-    rates: FleetRates,
+    rates: FleetRates | None,
     now: datetime,
     width: int,
 ) -> Table:
+    """A processor's partitions, one line each: who processes it (``HALTED`` when
+    halted), lag and pending; with ``rates`` (the watch view) the events/s, without
+    (``streamkit status``) the entries and the keys of each table it writes."""
     names = worker_names(processor.members)
+    tables = processor.tables if rates is None else ()
+    headers = (
+        "part",
+        "worker",
+        *(("entries",) if rates is None else ()),
+        "lag",
+        "pending",
+        *(("events/s",) if rates is not None else ()),
+        *(printable(t) for t in tables),
+        "last event",
+    )
     cells: list[tuple[str, ...]] = []
     halted: list[bool] = []
     for row in rows:
-        rate = rates.partitions.get((processor.name, row.partition))
-        worker = printable(partition_worker(row, names))
-        if row.halted is not None:
-            worker = f"HALTED ({printable(row.halted.error_type or 'halted')}) · {worker}"
+        if rates is not None:
+            rate = rates.partitions.get((processor.name, row.partition))
+            middle: tuple[str, ...] = (
+                compact(row.lag),
+                compact(row.pending),
+                "-" if rate is None else compact(rate),
+            )
+        else:
+            middle = (compact(row.length), compact(row.lag), compact(row.pending))
         halted.append(row.halted is not None)
         cells.append(
             (
                 str(row.partition),
-                worker,
-                compact(row.lag),
-                compact(row.pending),
-                "-" if rate is None else compact(rate),
+                _worker_cell(row, names, why=rates is not None),
+                *middle,
+                *(compact(row.tables.get(t)) for t in tables),
                 ago(row.last_event_at, now),
             )
         )
-    headers = ("part", "worker", "lag", "pending", "events/s", "last event")
-    others = [[headers[i], *(c[i] for c in cells)] for i in (0, 2, 3, 4, 5)]
+    others = [[headers[i], *(c[i] for c in cells)] for i in range(len(headers)) if i != 1]
     table = _table()
     table.add_column("part", justify="right", no_wrap=True)
     table.add_column(
         "worker", no_wrap=True, overflow="ellipsis", max_width=_worker_width(width, others)
     )
-    for header in headers[2:5]:
+    for header in headers[2:-1]:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("last event", no_wrap=True)
     for values, red in zip(cells, halted, strict=True):
@@ -193,18 +269,42 @@ def partitions_table(
     return table
 
 
-def jobs_title(queue: QueueSnapshot, rates: FleetRates) -> Text:
-    """The queue's name, its ready jobs by priority, and its rate."""
+def jobs_title(queue: QueueSnapshot, rates: FleetRates, width: int = 80) -> Text:
+    """The queue's name, its ready jobs by priority, and its rate, fitting ``width``."""
     by_priority = " · ".join(f"{prio} {compact(n)}" for prio, n in queue.counts.queued.items())
-    title = Text(f"jobs (queue {queue.name}): ", style="bold")
-    title.append(f"queued by priority: {by_priority}")
-    if rates.jobs is not None:
-        title.append(f" · {compact(rates.jobs)} succeeded/s")
-    return _line(title)
+    name: Piece = (f"jobs (queue {printable(queue.name)}): ", "bold")
+    rate: Piece = (
+        (f" · {compact(rates.jobs)} succeeded/s", "") if rates.jobs is not None else ("", "")
+    )
+    return fitted(
+        [
+            [name, (f"queued by priority: {by_priority}", ""), rate],
+            [name, (f"queued {by_priority}", ""), rate],
+            [name, (f"queued {by_priority}", "")],
+        ],
+        width,
+    )
+
+
+#: The columns' headers, and shorter ones for when the long ones leave a job name no room.
+JOB_HEADERS = dict(zip(JOB_COLUMNS, JOB_COLUMNS, strict=True))
+SHORT_JOB_HEADERS = {
+    "queued": "queued",
+    "scheduled": "delayed",
+    "waiting": "waits",
+    "running": "runs",
+    "retrying": "retry",
+    "dead": "dead",
+    "succeeded": "done",
+}
 
 
 def jobs_table(queue: QueueSnapshot, names: Sequence[str], width: int) -> Table:
-    """The jobs in each state: all of them, then per job name (``names``, in order)."""
+    """The jobs in each state: all of them, then per job name (``names``, in order).
+
+    The counts' headers are shortened (``delayed`` for scheduled, ``done`` for
+    succeeded, ...) when the full ones would leave a job name too little room.
+    """
     by_name = counts_by_name(queue.counts, queue.declared)
     counts = queue.counts
     total = {
@@ -220,13 +320,19 @@ def jobs_table(queue: QueueSnapshot, names: Sequence[str], width: int) -> Table:
     cells += [
         (printable(name), *(compact(by_name[name][c]) for c in JOB_COLUMNS)) for name in names
     ]
-    others = [[JOB_COLUMNS[i], *(c[i + 1] for c in cells)] for i in range(len(JOB_COLUMNS))]
+    longest = max(len(row[0]) for row in cells)
+    for headers in (JOB_HEADERS, SHORT_JOB_HEADERS):
+        others = [
+            [headers[column], *(c[i + 1] for c in cells)] for i, column in enumerate(JOB_COLUMNS)
+        ]
+        if _worker_width(width, others) >= longest:
+            break
     table = _table()
     table.add_column(
         "job", no_wrap=True, overflow="ellipsis", max_width=_worker_width(width, others)
     )
     for column in JOB_COLUMNS:
-        table.add_column(column, justify="right", no_wrap=True)
+        table.add_column(headers[column], justify="right", no_wrap=True)
     for i, row in enumerate(cells):
         # Job names come from Redis: a Text, never read as markup.
         table.add_row(Text(row[0]), *row[1:], style="bold" if i == 0 else None)
@@ -268,10 +374,7 @@ def fleet_view(
     if snapshot is None:
         lines.append(_line(f"no reading yet: {printable(sample.error)}", style="red"))
         return Group(*lines)
-    head = printable(
-        f"app {snapshot.app}, Redis at {snapshot.redis_url} · {snapshot.taken_at:%H:%M:%S}"
-    )
-    lines.append(_line(head + (f" · {footer}" if footer else "")))
+    lines.append(head_line(snapshot, width, footer))
     if sample.error is not None:
         lines.append(
             _line(
@@ -280,15 +383,15 @@ def fleet_view(
             )
         )
     sections: list[_Section] = [
-        _Section(title=processor_title(p, rates), wanted=len(p.partitions))
+        _Section(title=processor_title(p, rates, width), wanted=len(p.partitions))
         for p in snapshot.processors
     ]
     queue = snapshot.jobs
     if queue is not None:
         names = len(counts_by_name(queue.counts, queue.declared))
-        sections.append(_Section(title=jobs_title(queue, rates), wanted=names))
+        sections.append(_Section(title=jobs_title(queue, rates, width), wanted=names))
     if not sections:
-        lines.append(_line(f"app {snapshot.app} has no processors and no jobs"))
+        lines.append(_line(f"app {printable(snapshot.app)} has no processors and no jobs"))
         return Group(*lines)
     # A blank line, a title and a table's header and rule per section, and the jobs'
     # "all jobs" row: then the rows, as many as fit.
@@ -310,15 +413,41 @@ def fleet_view(
     return Group(*lines)
 
 
-def members_table(processor: ProcessorSnapshot, now: datetime) -> Table:
+def head_line(snapshot: FleetSnapshot, width: int, footer: str = "") -> Text:
+    """The app, its Redis and the reading's time (and ``footer``), fitting ``width``."""
+    app: Piece = (printable(f"app {snapshot.app}, Redis at {snapshot.redis_url}"), "")
+    at: Piece = (f" · {snapshot.taken_at:%H:%M:%S}", "")
+    more: Piece = (f" · {footer}", "") if footer else ("", "")
+    return fitted([[app, at, more], [app, at], [app]], width)
+
+
+def status_view(snapshot: FleetSnapshot, *, app_path: str, width: int, now: datetime) -> Group:
+    """What ``streamkit status`` prints (pure): per processor its workers and every
+    partition, the halted ones summed up with the command that resumes them; then the
+    job queue. Every line fits ``width`` columns."""
+    lines: list[RenderableType] = [head_line(snapshot, width)]
+    if not snapshot.processors:
+        lines.append(_line(f"app {printable(snapshot.app)} has no processors"))
+    for processor in snapshot.processors:
+        lines += [Text(""), processor_title(processor, NO_RATES, width)]
+        lines.append(members_table(processor, now, width))
+        lines.append(partitions_table(processor, processor.partitions, None, now, width))
+        lines += halted_lines(processor, app_path, width, now)
+    queue = snapshot.jobs
+    if queue is not None:
+        lines += [Text(""), jobs_title(queue, NO_RATES, width)]
+        lines.append(jobs_table(queue, list(counts_by_name(queue.counts, queue.declared)), width))
+    return Group(*lines)
+
+
+def members_table(processor: ProcessorSnapshot, now: datetime, width: int = 80) -> RenderableType:
     """The workers of a processor, alive or not (``streamkit status``)."""
-    table = Table(
-        title=f"processor {processor.name} (stream {processor.stream}): workers",
-        title_justify="left",
-    )
-    table.add_column("worker", overflow="fold", ratio=3)
-    table.add_column("state", overflow="fold", ratio=2)
-    table.add_column("joined", no_wrap=True)
+    if not processor.members:
+        # A clean stop leaves the group without members: say which case it is.
+        if processor.ever_run:
+            return _line("no worker runs it now (the last one left or was reaped)", style="dim")
+        return _line("no worker has run it yet", style="dim")
+    cells = []
     for m in processor.members:
         if m.alive:
             state = "alive"
@@ -326,31 +455,53 @@ def members_table(processor: ProcessorSnapshot, now: datetime) -> Table:
             state = "dead (static: its partitions wait for it)"
         else:
             state = "dead (not reaped yet)"
-        table.add_row(literal_text(m.name), state, ago(m.joined_at, now))
-    if not processor.members:
-        table.add_row("-", "no worker has run it", "-")
-    return table
-
-
-def status_table(processor: ProcessorSnapshot, now: datetime) -> Table:
-    """Every partition of a processor, with its entries (``streamkit status``)."""
-    names = worker_names(processor.members)
-    table = Table(
-        title=f"processor {processor.name} (stream {processor.stream}): partitions",
-        title_justify="left",
+        cells.append((printable(m.name), state, ago(m.joined_at, now)))
+    others = [["state", *(c[1] for c in cells)], ["joined", *(c[2] for c in cells)]]
+    table = _table()
+    table.add_column(
+        "worker", no_wrap=True, overflow="ellipsis", max_width=_worker_width(width, others)
     )
-    table.add_column("partition", justify="right", no_wrap=True)
-    table.add_column("worker", overflow="fold", ratio=1)
-    for column in ("entries", "lag", "pending"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("last event", no_wrap=True)
-    for row in processor.partitions:
-        table.add_row(
-            str(row.partition),
-            literal_text(partition_worker(row, names)),
-            f"{row.length:,}",
-            "?" if row.lag is None else f"{row.lag:,}",
-            f"{row.pending:,}",
-            ago(row.last_event_at, now),
-        )
+    table.add_column("state", no_wrap=True)
+    table.add_column("joined", no_wrap=True)
+    for name, state, joined in cells:
+        # Names come from Redis: a Text, never read as markup.
+        table.add_row(Text(name), state, joined, style=None if state == "alive" else "dim")
     return table
+
+
+def halted_lines(
+    processor: ProcessorSnapshot, app_path: str, width: int, now: datetime
+) -> list[Text]:
+    """The processor's halted partitions summed up in a line (the first one's error;
+    ``--json`` has each one's), then the exact command that resumes them: on the
+    same line when it fits, else on a line of its own, never cut (it is to be
+    copied)."""
+    halted = [row for row in processor.partitions if row.halted is not None]
+    if not halted:
+        return []
+    first = halted[0].halted
+    assert first is not None
+    error = f"{first.error_type}: {first.error}" if first.error_type else first.error
+    # Where it halted last: the part cut first when the line is too long.
+    where = f" (on {first.worker})"
+    if len(halted) == 1:
+        what = f"partition {halted[0].partition} HALTED {ago(first.since, now)}: "
+        command = f"streamkit resume {app_path} {processor.name} --partition {halted[0].partition}"
+        event = "event"
+    else:
+        numbers = ", ".join(str(row.partition) for row in halted)
+        what = f"partitions {numbers} HALTED, the first {ago(first.since, now)}: "
+        # Without --partition, resume resumes every halted partition of the processor.
+        command = f"streamkit resume {app_path} {processor.name}"
+        event = "events"
+    summary = _line(
+        Text.assemble((printable(what), "bold red"), printable(error), printable(where))
+    )
+    command = printable(command)
+    prefix = "fix the cause, then: "
+    skip = f" (--skip skips the {event})"
+    if len(prefix) + len(command) <= width:
+        lines = [prefix + command + (skip if len(prefix + command + skip) <= width else "")]
+    else:
+        lines = [f"fix the cause, then run{skip if len(prefix + skip) <= width else ''}:", command]
+    return [summary, *(Text(line, no_wrap=True, overflow="ignore") for line in lines)]

@@ -75,10 +75,10 @@ def error_text(info: JobInfo) -> str:
     return f"{info.error.type}: {info.error.message}" if info.error.message else info.error.type
 
 
-def counts_table(queue: str, counts: QueueCounts) -> Table:
+def counts_table(counts: QueueCounts) -> Table:
     """How many jobs the queue holds in each state (``streamkit jobs info``)."""
-    table = Table(title=f"queue {queue}: jobs", title_justify="left")
-    table.add_column("status")
+    table = Table()
+    table.add_column("status", no_wrap=True)
     table.add_column("jobs", justify="right")
     rows = [
         *((f"queued, {prio} priority", n) for prio, n in counts.queued.items()),
@@ -96,10 +96,11 @@ def counts_table(queue: str, counts: QueueCounts) -> Table:
     return table
 
 
-def by_name_table(queue: str, by_name: dict[str, dict[str, int]]) -> Table:
-    """The jobs of each name, by state (``streamkit jobs info``)."""
-    table = Table(title=f"queue {queue}: jobs by name", title_justify="left")
-    table.add_column("job", overflow="fold")
+def by_name_table(by_name: dict[str, dict[str, int]]) -> Table:
+    """The jobs of each name, by state (``streamkit jobs info``): a name is never
+    cut; the counts fold onto more lines when they must."""
+    table = Table()
+    table.add_column("job", no_wrap=True)
     table.add_column("jobs by status", overflow="fold", ratio=1)
     for name, per_count in by_name.items():
         shown = ", ".join(f"{n:,} {count}" for count, n in per_count.items() if n)

@@ -7,6 +7,7 @@ code 2.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -51,7 +52,8 @@ def load_object(path: str) -> Any:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and _is_parent_or_same(exc.name, module_name):
-            fail(f"cannot import {module_name!r}: {exc}", 2)
+            why = not_found(module_name, exc.name, attribute)
+            fail(f"cannot import {module_name!r}: {why}", 2)
         fail(import_failure(module_name, exc), 2)
     except StreamkitError as exc:
         where = user_frame(exc)
@@ -64,6 +66,36 @@ def load_object(path: str) -> Any:
         except AttributeError:
             fail(f"{module_name!r} has no attribute {attribute!r}", 2)
     return target
+
+
+def not_found(module_name: str, missing: str, attribute: str = "NAME") -> str:
+    """Why ``module_name`` was not found, saying where it was looked for, and what the
+    user may have meant: a file's name (``shop.py``) for a module's, a near miss."""
+    if module_name.endswith(".py"):
+        module = module_name.removesuffix(".py").replace(os.sep, ".").strip(".")
+        return f"MODULE is a module's name, not a file's: drop the .py ({module}:{attribute})"
+    here = os.getcwd()
+    parent, _, name = missing.rpartition(".")
+    folder = os.path.join(here, *parent.split(".")) if parent else here
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        entries = []
+    nearby = [
+        entry.removesuffix(".py")
+        for entry in sorted(entries)
+        if not entry.startswith((".", "_"))
+        and (entry.endswith(".py") or os.path.isfile(os.path.join(folder, entry, "__init__.py")))
+    ]
+    where = (
+        f"no module named {missing!r} in {here} (the working directory) or in the "
+        f"installed packages"
+    )
+    close = difflib.get_close_matches(name, nearby, n=1)
+    if not close:
+        return where
+    meant = f"{parent}.{close[0]}" if parent else close[0]
+    return f"{where}; did you mean {meant!r}?"
 
 
 def _is_parent_or_same(missing: str, module_name: str) -> bool:

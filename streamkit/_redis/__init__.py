@@ -9,7 +9,8 @@ concept per module, each importable on its own:
 * :mod:`._retries`: when an operation is tried again (:func:`retry_idempotent`,
   :func:`call_once`, :func:`ride_out_refusals`).
 * :mod:`._commands`: :class:`LuaScript` and :func:`run_blocking`.
-* :mod:`._health`: what happens to the connections, and :class:`RedisStatistics`.
+* :mod:`._health`: what happens to the connections (an outage said once, see
+  :func:`health_of`), and :class:`RedisStatistics`.
 * :mod:`._pool`: the pools of a server and of a cluster, with the one slot give-back.
 * :mod:`._routing`: which half of a client a command runs on, for both kinds.
 * :mod:`._replicas`: ``WAIT`` after a write (:func:`replicated`).
@@ -65,7 +66,11 @@ from ._retries import (
     retry_idempotent as retry_idempotent,
     ride_out_refusals as ride_out_refusals,
 )
-from ._routing import Redis as Redis, redis_statistics as redis_statistics
+from ._routing import (
+    Redis as Redis,
+    health_of as health_of,
+    redis_statistics as redis_statistics,
+)
 from ._slots import by_slot as by_slot, is_cluster as is_cluster, key_slot as key_slot
 from ._translate import as_unavailable as as_unavailable, redis_errors as redis_errors
 
@@ -83,6 +88,7 @@ __all__ = [
     "by_slot",
     "call_once",
     "check_redis_url",
+    "health_of",
     "is_cluster",
     "is_cluster_url",
     "key_slot",

@@ -236,7 +236,10 @@ async def open_redis(
                 backoff=backoff,
                 give_up_after=math.inf if give_up_after is None else give_up_after,
                 what=f"connecting to Redis at {masked}",
+                outage=client._health.outage,
             )
+            # Connected: from now on the pools report their failures themselves.
+            client._health.connecting = False
             if not cluster:
                 log.debug("connected to Redis at %s", masked)
                 yield cast("Redis", client)
@@ -245,6 +248,7 @@ async def open_redis(
         nodes = _client(
             url, cluster=True, connect_timeout=connect_timeout, max_connections=max_connections
         )
+        nodes._health.connecting = False
         async with nodes, nodes._dedicated:
             log.debug("connected to the Redis Cluster at %s", masked)
             # Typed as a standalone client: streamkit and its users call the commands

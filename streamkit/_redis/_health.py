@@ -1,20 +1,23 @@
 """What happens to a client's connections: counted, reported in the log, summed up.
 
-:class:`Health` hears every connection a pool opens and every one that ends, warns
-once about a loss (and once about the recovery) without flooding the log on a
-flapping network, and counts; :class:`RedisStatistics` is the snapshot users see.
+:class:`Health` hears every connection a pool opens, every one that could not be
+opened and every one that ends; with what the client's users report
+(:func:`~streamkit._redis.health_of`), it keeps the client's :class:`OutageLog`: an
+outage is said once, summed up every 30 seconds, and its end said in one line,
+however many partitions, pools and retry loops meet it. :class:`RedisStatistics` is
+the snapshot users see.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
+from .._errors import RedisUnavailable, ServerRefused
+from .._outage import OutageLog
 from ._translate import reason
 
 if TYPE_CHECKING:
@@ -22,8 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LOSS_REPORT_INTERVAL", "Health", "RedisStatistics"]
 
-#: Seconds after a lost connection was reported during which further losses are only
-#: counted (and logged at debug level).
+#: Seconds after an outage was reported during which a new one is only counted (and
+#: reported by its first summary if it lasts).
 LOSS_REPORT_INTERVAL = 10.0
 
 log = logging.getLogger("streamkit.redis")
@@ -53,24 +56,33 @@ class RedisStatistics:
 
 @attrs.define(eq=False)
 class Health:
-    """What happened to a client's connections; reports losses and recoveries.
+    """What happened to a client's connections; reports its outages.
 
-    A lost connection is logged as a warning, and so is the next connection opened
-    after it. Losses within :data:`LOSS_REPORT_INTERVAL` of a reported one are logged
-    at debug level only, and counted in the next warning: a flapping network does not
-    flood the log.
+    A lost connection, a connection that could not be opened and a failure its users
+    report (:meth:`unavailable`) all go to :attr:`outage`, which warns once, sums
+    up at a steady interval and says when Redis is back (the next connection opened,
+    or a command answered). While :func:`~streamkit.open_redis` is still connecting,
+    the pools' failures are left to its own retry loop, which reports to the same log.
     """
 
     url: str
     lost: int = 0
     discarded: int = 0
     reconnects: int = 0
-    _down_since: float | None = None
-    _reported_at: float = -math.inf
-    _reported_down: bool = False
-    _unreported: int = 0
+    #: The client's outages, said once each.
+    outage: OutageLog = attrs.field(init=False)
+    #: Still connecting (open_redis's first ping): its retry loop reports failures.
+    connecting: bool = True
+    _lost_since_reconnect: bool = False
     # A cluster's masters, as its client last learned them.
     _masters: list[str] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.outage = OutageLog(f"Redis at {self.url}", announce_gap=LOSS_REPORT_INTERVAL)
+
+    def unavailable(self, exc: RedisUnavailable, *, what: str) -> None:
+        """A user of the client met ``exc`` while doing ``what``, and will try again."""
+        self.outage.failed(exc.reason, what=what, refused=isinstance(exc, ServerRefused))
 
     def learned_layout(self, masters: list[str]) -> None:
         """A cluster client learned the cluster's layout: warn if its masters changed."""
@@ -85,20 +97,16 @@ class Health:
         self._masters = masters
 
     def established(self) -> None:
-        """A connection was opened."""
-        if self._down_since is None:
-            return
-        self.reconnects += 1
-        if self._reported_down:
-            log.warning(
-                "reconnected to Redis at %s (%.2fs after a connection was lost)",
-                self.url,
-                time.monotonic() - self._down_since,
-            )
-        else:
-            log.debug("reconnected to Redis at %s", self.url)
-        self._down_since = None
-        self._reported_down = False
+        """A connection was opened: Redis answers."""
+        if self._lost_since_reconnect:
+            self.reconnects += 1
+            self._lost_since_reconnect = False
+        self.outage.answered()
+
+    def could_not_connect(self, exc: BaseException) -> None:
+        """A connection could not be opened."""
+        if not self.connecting:
+            self.outage.failed(reason(exc), what="opening a connection")
 
     def ended(self, connection: BaseConnection, *, dedicated: bool) -> None:
         """A connection that was opened ended: closed on purpose, discarded or lost."""
@@ -110,24 +118,14 @@ class Health:
                 log.debug("discarded a dedicated connection to Redis at %s", self.url)
             return
         self.lost += 1
-        now = time.monotonic()
-        if self._down_since is None:
-            self._down_since = now
-        if now - self._reported_at < LOSS_REPORT_INTERVAL or self._reported_down:
-            self._unreported += 1
-            log.debug("lost a connection to Redis at %s: %s", self.url, reason(error))
-            return
-        more = f" ({self._unreported} more lost since the last report)" if self._unreported else ""
-        log.warning(
-            "lost a connection to Redis at %s (%s)%s; commands in flight on it have an "
-            "unknown outcome and are not sent again; reconnecting",
+        self._lost_since_reconnect = True
+        log.debug(
+            "lost a connection to Redis at %s (%s); commands in flight on it have an "
+            "unknown outcome and are not sent again",
             self.url,
             reason(error),
-            more,
         )
-        self._reported_at = now
-        self._reported_down = True
-        self._unreported = 0
+        self.outage.failed(f"lost a connection ({reason(error)})", what="a connection")
 
 
 def _cancelled_in(exc: BaseException | None, depth: int = 0) -> bool:

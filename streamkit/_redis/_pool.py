@@ -147,6 +147,9 @@ class SlotAccounting(BaseConnectionPool[C]):
             slot.give_back(queue)
             if isinstance(exc, Exception):
                 await trio.lowlevel.checkpoint_if_cancelled()
+                if slot.empty:
+                    # Not cancelled: the connection could not be opened.
+                    self._health.could_not_connect(exc)
             raise
         if slot.opened:
             self._established.add(slot.connection)

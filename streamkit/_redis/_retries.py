@@ -24,6 +24,7 @@ import trio
 
 from .._backoff import Backoff
 from .._errors import RedisUnavailable, ServerRefused
+from .._outage import SUMMARY_EVERY
 from .._retrying import DEFAULT_RETRY_FOR, RETRY_BACKOFF, RetryRule
 from ._translate import redis_errors
 
@@ -44,8 +45,8 @@ T = TypeVar("T")
 
 #: Delays between attempts while Redis refuses.
 REFUSAL_BACKOFF = Backoff(initial=0.05, maximum=1.0)
-#: Seconds between two warnings about the same refusal.
-REPORT_EVERY = 30.0
+#: Seconds between two warnings about the same refusal: an outage's summary interval.
+REPORT_EVERY = SUMMARY_EVERY
 
 log = logging.getLogger("streamkit.redis")
 

@@ -19,21 +19,21 @@ to the dedicated half, for the client of a server and of a cluster alike.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from coredis.client import Client
 
 from .._errors import ConfigError
-from ._health import RedisStatistics
+from ._health import Health, RedisStatistics
 from ._pool import SlotAccounting
 
 if TYPE_CHECKING:
     import coredis
     from coredis.commands import CommandRequest
 
-    from ._health import Health
 
-__all__ = ["Redis", "Routing", "own", "redis_statistics"]
+__all__ = ["Redis", "Routing", "health_of", "own", "redis_statistics"]
 
 #: The type of the client :func:`~streamkit.open_redis` yields, for annotations.
 Redis: TypeAlias = "coredis.Redis[bytes]"
@@ -66,6 +66,22 @@ def own(redis: object, what: str) -> Routing:
     if not isinstance(redis, Routing):
         raise ConfigError("redis", f"{what} need a client from streamkit.open_redis")
     return redis
+
+
+# The health of clients that did not come from open_redis (a test's, a user's own).
+_others: weakref.WeakKeyDictionary[object, Health] = weakref.WeakKeyDictionary()
+
+
+def health_of(redis: object) -> Health:
+    """The :class:`~._health.Health` of ``redis``: a client's own, for one from
+    :func:`~streamkit.open_redis`; for any other client, one kept for it here (its
+    pools report nothing, its users do)."""
+    if isinstance(redis, Routing):
+        return redis._health
+    health = _others.get(redis)
+    if health is None:
+        health = _others[redis] = Health("Redis", connecting=False)
+    return health
 
 
 def redis_statistics(redis: object) -> RedisStatistics:

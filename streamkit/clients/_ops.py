@@ -12,6 +12,9 @@ modules: records into append calls and the metadata check (:mod:`streamkit._prod
 the retry rule (:mod:`streamkit._retrying`), job enqueue plans
 (:mod:`streamkit.jobs._plan`), the queue's replies (:mod:`streamkit.jobs._replies`),
 and the Lua sources (:mod:`streamkit._wire`, :mod:`streamkit.jobs._scripts`).
+
+Why one room (about 650 lines): every client operation, so that both drivers read one
+list and none can drift from the other.
 """
 
 from __future__ import annotations

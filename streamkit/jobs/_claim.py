@@ -24,7 +24,7 @@ import trio
 
 from .._backoff import Backoff, retry_unavailable
 from .._errors import GroupExists, NoSuchGroup, OutcomeUnknown, RedisUnavailable
-from .._redis import LuaScript, call_once, retry_idempotent, run_blocking
+from .._redis import LuaScript, call_once, health_of, retry_idempotent, run_blocking
 from .._wire import text
 from . import _scripts
 from ._outcome import label
@@ -153,6 +153,7 @@ class Claimer:
                 backoff=self.backoff,
                 give_up_after=None,
                 what="claiming jobs",
+                outage=health_of(self.queue.redis).outage,
             )
             if reply is None:
                 continue  # the consumer group was created again
@@ -183,7 +184,7 @@ class Claimer:
             try:
                 delivered = await self._wait_for_jobs(shard, want, wait)
             except RedisUnavailable as exc:
-                log.warning("waiting for jobs: %s", exc)
+                log.debug("waiting for jobs: %s", exc)
                 pauses = pauses or self.backoff.delays()
                 await trio.sleep(next(pauses))
             else:
@@ -277,7 +278,7 @@ class Claimer:
             return
         self._orphans.discard(shard)
         if handed_back:
-            log.info("handed back %d jobs claimed by a reply that was lost", handed_back)
+            log.info("handed back %d job(s) claimed by a reply that was lost", handed_back)
 
 
 async def _read_group(

@@ -32,7 +32,7 @@ async def drain(claimer: Claimer, tries: Tries, outbox: Outbox, grace: float | N
         whether every running job ended within its grace.
     """
     if not claimer.stopped:
-        log.info("draining: taking no more jobs; %d running", tries.held)
+        log.debug("draining: taking no more jobs; %d running", tries.held)
     claimer.stop("draining the job worker")
     began = trio.current_time()
     default = math.inf if grace is None else grace

@@ -22,7 +22,7 @@ from .._backoff import Backoff, retry_unavailable
 from .._errors import RedisUnavailable
 from .._meter import TIMING, JobMeter
 from .._periodic import next_tick
-from .._redis import LuaScript, retry_idempotent
+from .._redis import LuaScript, health_of, retry_idempotent
 from .._wire import text
 from . import _scripts
 from ._batches import chunks
@@ -113,6 +113,7 @@ class Outbox:
                 backoff=self.backoff,
                 give_up_after=None,
                 what="finishing jobs",
+                outage=health_of(self.queue.redis).outage,
             )
 
     async def flush(self, shard: int) -> None:
@@ -226,6 +227,7 @@ class Settler:
                 backoff=self.backoff,
                 give_up_after=None,
                 what="settling the jobs that depend on ended ones",
+                outage=health_of(self.queue.redis).outage,
             )
 
 
@@ -289,7 +291,7 @@ async def renew_leases(queue: QueueLike, consumer: str, tries: Tries) -> None:
         try:
             await renew(queue, consumer, tries)
         except RedisUnavailable as exc:
-            log.warning("renewing job leases: %s", exc)
+            log.debug("renewing job leases: %s", exc)
         except trio.TooSlowError:
             # Redis hung for a whole lease; the next renewal finds the jobs another
             # worker took over meanwhile, and cancels their tries here.

@@ -133,10 +133,10 @@ class JobWorker:
             await ensure_groups(self.queue, shard)
         try:
             with log_context(queue=self.queue.name):
+                log.debug("serving queue %s as consumer %s", self.queue.name, self.consumer)
                 log.info(
-                    "serving jobs of queue %s as %s: %s (concurrency %d)",
+                    "serving jobs of queue %s: %s (concurrency %d)",
                     self.queue.name,
-                    self.consumer,
                     ", ".join(sorted(self.jobs)),
                     self.concurrency,
                 )

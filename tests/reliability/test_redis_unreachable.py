@@ -74,7 +74,7 @@ async def test_worker_waits_for_redis_to_come_up(
             + " / ".join(
                 line.split(": ", 1)[1]
                 for line in log.splitlines()
-                if "retrying in" in line or "succeeded at attempt" in line
+                if "retrying in" in line or " back after " in line
             )
         ),
     )
