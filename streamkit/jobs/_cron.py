@@ -181,17 +181,24 @@ def _fitting_id(queue: QueueLike, job: Job[Any, Any], job_id: str, call: JobCall
 
 
 async def enqueue_tick(
-    queue: QueueLike, job: Job[Any, Any], job_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    queue: QueueLike,
+    job: Job[Any, Any],
+    what: str,
+    tick: datetime,
+    job_id: str,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
 ) -> None:
-    """Enqueue one tick's run of ``job``, deduplicated by ``job_id``."""
-    call = JobCall(args=args, kwargs=kwargs)
+    """Enqueue the run of ``job`` at ``tick``, deduplicated by ``job_id`` (``what``
+    names the schedule in the log lines)."""
+    call = JobCall(args=args, kwargs=kwargs or {})
     call = attrs.evolve(call, job_id=_fitting_id(queue, job, job_id, call))
     try:
         await queue.enqueue_calls(job, [call])
     except RedisUnavailable as exc:
-        log.warning("schedule of job %s: could not enqueue %s: %s", job.name, job_id, exc)
+        log.warning("%s: could not enqueue the tick of %s: %s", what, tick.isoformat(), exc)
     else:
-        log.debug("schedule of job %s: enqueued %s", job.name, job_id)
+        log.debug("%s: tick %s", what, tick.isoformat())
 
 
 async def run_cron(queue: QueueLike, job: Job[Any, Any], *, clock: Clock = wall_clock) -> None:
@@ -200,7 +207,7 @@ async def run_cron(queue: QueueLike, job: Job[Any, Any], *, clock: Clock = wall_
     assert schedule is not None
 
     async def fire(tick: datetime) -> None:
-        await enqueue_tick(queue, job, tick_id(job.name, tick), (), {})
+        await enqueue_tick(queue, job, f"cron job {job.name}", tick, tick_id(job.name, tick))
 
     async def skipped(now: datetime) -> None:
         from croniter import croniter
@@ -406,7 +413,15 @@ def _start(
     scope = trio.CancelScope()
 
     async def fire(tick: datetime) -> None:
-        await enqueue_tick(queue, job, tick_id(name, tick, runtime=True), info.args, info.kwargs)
+        await enqueue_tick(
+            queue,
+            job,
+            f"schedule {name}",
+            tick,
+            tick_id(name, tick, runtime=True),
+            info.args,
+            info.kwargs,
+        )
 
     async def run() -> None:
         with scope:
