@@ -25,6 +25,7 @@ import asyncclick as click
 from ._cmd_admin import delete_stream, reset, resume
 from ._cmd_deadletters import deadletters
 from ._cmd_jobs import jobs
+from ._cmd_jobs_control import jobs_pause as _registers_on_jobs  # noqa: F401 (its commands)
 from ._cmd_send import send, sendmany
 from ._cmd_status import dashboard, status
 from ._cmd_tables import table

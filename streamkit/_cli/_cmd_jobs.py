@@ -12,12 +12,12 @@ import orjson
 from rich.console import Console
 
 from .._errors import ConfigError, StreamkitError
-from .._keys import validate_name
 from .._literal import printable
 from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
 from ..jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
+from ..jobs._layout import ShardKeys
 from ._confirm import BulkAction, confirm_and_act
 from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
@@ -79,7 +79,7 @@ def queue_target(
         return QueueTarget(app.name, app.settings.job_shards, app.settings, app, app_path)
     assert queue_name is not None
     try:
-        validate_name("--queue", queue_name)
+        ShardKeys(queue_name, 0)  # a name, or an app's named queue: APP.QUEUE
         overrides: dict[str, Any] = {} if redis_url is None else {"redis_url": redis_url}
         settings = Settings.from_env(**overrides)
     except ConfigError as exc:
@@ -159,7 +159,8 @@ def info_json(target: QueueTarget, counts: QueueCounts) -> dict[str, Any]:
 
 @click.group(cls=WholeHelpGroup)
 def jobs() -> None:
-    """Inspect an app's job queue: counts, one job, dead jobs; abort a job.
+    """Inspect and control an app's job queue: counts, one job, dead jobs; abort a
+    job; pause and resume; schedules.
 
     Name the queue by its app, MODULE:APP (the queue is named after the app, and its
     shard count is the app's job_shards setting), or, for a queue opened with

@@ -1,0 +1,82 @@
+"""``streamkit jobs pause/resume`` and ``streamkit jobs schedules``, as real subprocesses
+against the queue of ``tests.apps.jobbing`` on a private Redis."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import orjson
+import pytest
+
+from tests.apps import jobbing
+from tests.test_cli import assert_no_traceback, streamkit
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from streamkit import App
+
+APP = "tests.apps.jobbing:app"
+
+
+@pytest.fixture
+async def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[App]:
+    monkeypatch.setattr(
+        jobbing.app, "settings", attrs.evolve(jobbing.app.settings, redis_url=redis_url)
+    )
+    async with jobbing.app:
+        yield jobbing.app
+
+
+async def test_pause_and_resume_a_job_name_and_the_queue(app: App, redis_url: str) -> None:
+    paused = await streamkit("jobs", "pause", APP, "--job", "add", redis_url=redis_url)
+    assert paused.code == 0, paused
+    assert paused.out.strip() == "paused job add of queue jobbing (paused: add)"
+    assert await app.job_queue.paused() == ["add"]
+    whole = await streamkit("jobs", "pause", APP, redis_url=redis_url)
+    assert whole.out.strip() == "paused queue jobbing (paused: *, add)"
+    resumed = await streamkit("jobs", "resume", APP, "--job", "add", redis_url=redis_url)
+    assert resumed.code == 0, resumed
+    assert resumed.out.strip() == (
+        "resumed job add of queue jobbing, 0 held job(s) queued again (still paused: *)"
+    )
+    again = await streamkit("jobs", "resume", APP, redis_url=redis_url)
+    assert again.out.strip() == "resumed queue jobbing"
+    assert await app.job_queue.paused() == []
+
+
+async def test_schedules_are_set_listed_and_removed(app: App, redis_url: str) -> None:
+    set_ = await streamkit(
+        "jobs", "schedules", "set", APP, "nightly", "add", "0 3 * * *",
+        "--tz", "Europe/Paris", "--args", "[1, 2]", redis_url=redis_url,
+    )  # fmt: skip
+    assert set_.code == 0, set_
+    assert set_.out.startswith("schedule nightly of queue jobbing: add at '0 3 * * *', next ")
+    listed = await streamkit("jobs", "schedules", "list", APP, "--json", redis_url=redis_url)
+    [schedule] = orjson.loads(listed.out)["schedules"]
+    assert {k: schedule[k] for k in ("name", "job", "cron", "tz", "args", "declared")} == {
+        "name": "nightly",
+        "job": "add",
+        "cron": "0 3 * * *",
+        "tz": "Europe/Paris",
+        "args": [1, 2],
+        "declared": False,
+    }
+    # 03:00 in Paris is 01:00 or 02:00 UTC, by the season
+    assert schedule["next_at"].endswith(("T01:00:00+00:00", "T02:00:00+00:00"))
+    text = await streamkit("jobs", "schedules", "list", APP, redis_url=redis_url)
+    assert text.out.startswith("nightly: add(1, 2) at '0 3 * * *' (Europe/Paris), runtime, next ")
+    bad = await streamkit(
+        "jobs", "schedules", "set", APP, "x", "add", "0 3 * * *", "--args", "[1]",
+        redis_url=redis_url,
+    )  # fmt: skip
+    assert bad.code == 2
+    assert "missing a required argument: 'b'" in bad.err
+    assert_no_traceback(bad)
+    removed = await streamkit("jobs", "schedules", "remove", APP, "nightly", redis_url=redis_url)
+    assert removed.out.strip() == "removed schedule nightly of queue jobbing"
+    missing = await streamkit("jobs", "schedules", "remove", APP, "nightly", redis_url=redis_url)
+    assert missing.code == 2
+    assert "has no schedule 'nightly'" in missing.err
+    assert await app.job_queue.schedules() == []
