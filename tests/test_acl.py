@@ -301,6 +301,13 @@ async def test_the_admin_tools_run_under_their_user(
         ("jobs", "dlq", "replay", JOBS_APP, "--yes"),
         ("jobs", "dlq", "purge", JOBS_APP, "--yes"),
         ("jobs", "abort", JOBS_APP, kept.id),
+        ("jobs", "pause", JOBS_APP, "--job", "double"),
+        ("jobs", "pause", JOBS_APP),
+        ("jobs", "resume", JOBS_APP),
+        ("jobs", "resume", JOBS_APP, "--job", "double"),
+        ("jobs", "schedules", "set", JOBS_APP, "nightly", "double", "0 3 * * *", "--args", "[1]"),
+        ("jobs", "schedules", "list", JOBS_APP),
+        ("jobs", "schedules", "remove", JOBS_APP, "nightly"),
         ("delete-stream", "tests.apps.acl:orders", "--yes"),
     ]
     for command in commands:
