@@ -120,6 +120,7 @@ async def test_info_counts_by_status_priority_and_name(app: App, redis_url: str)
         "waiting": 1,
         "running": 0,
         "retrying": 0,
+        "held": 0,
         "dead": 2,
         "succeeded": 1,
         "aborted": 0,

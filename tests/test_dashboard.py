@@ -19,6 +19,7 @@ import orjson
 import pytest
 import trio
 
+from streamkit.jobs import JobFailed
 from streamkit.testing import wait_until
 from tests.apps import fleet
 from tests.test_cli import ROOT, streamkit
@@ -46,8 +47,10 @@ class Fleet:
     job_id: str
 
 
-def get(url: str, *, method: str = "GET") -> tuple[int, bytes]:
-    request = urllib.request.Request(url, method=method)
+def get(
+    url: str, *, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:
             return int(reply.status), bytes(reply.read())
@@ -179,6 +182,45 @@ async def test_api_jobs_and_read_only_routes(running: Fleet) -> None:
     assert b" src=" not in page
 
 
+async def test_actions_need_the_pages_token_and_this_origin(running: Fleet) -> None:
+    doc = await wait_settled(running.url)
+    controls = doc["controls"]
+    assert controls["actions"] is True
+    assert controls["paused"] == []
+    token = controls["csrf"]
+
+    async def post(path: str, **headers: str) -> tuple[int, Any]:
+        status, body = await trio.to_thread.run_sync(
+            lambda: get(f"{running.url}{path}", method="POST", headers=headers)
+        )
+        return status, orjson.loads(body)
+
+    # Forged: no token, a wrong one, another site's page, another origin.
+    status, refused = await post("/api/pause")
+    assert (status, refused["error"]) == (403, "refused: missing or wrong X-CSRF-Token")
+    assert (await post("/api/pause", **{"X-CSRF-Token": "guess"}))[0] == 403
+    cross_site = {"X-CSRF-Token": token, "Sec-Fetch-Site": "cross-site"}
+    assert (await post("/api/pause", **cross_site))[0] == 403
+    other_origin = {"X-CSRF-Token": token, "Origin": "http://evil.example"}
+    assert (await post("/api/pause", **other_origin))[0] == 403
+    async with fleet.app:
+        assert await fleet.app.job_queue.paused() == []  # none of them paused anything
+        # With the token, from this origin: done.
+        host = running.url.split("//", 1)[1]
+        ok = {"X-CSRF-Token": token, "Origin": f"http://{host}", "Sec-Fetch-Site": "same-origin"}
+        assert await post("/api/pause/tally", **ok) == (200, {"paused": ["tally"]})
+        assert await fleet.app.job_queue.paused() == ["tally"]
+        assert await post("/api/resume/tally", **ok) == (200, {"paused": []})
+        gone = await fleet.tally.enqueue(1, after=["no-such-job"])  # dead at once
+        assert await post(f"/api/jobs/{gone.id}/purge", **ok) == (
+            200,
+            {"job": gone.id, "purge": True},
+        )
+        assert (await post(f"/api/jobs/{gone.id}/purge", **ok))[0] == 404
+    # Other routes stay read-only.
+    assert (await post("/api/status", **ok))[0] == 405
+
+
 async def test_a_taken_port_is_one_line_and_exit_code_2(redis_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -231,6 +273,95 @@ def browse(url: str, screenshot: Path) -> dict[str, Any]:
         return shown
     finally:
         driver.quit()
+
+
+def _driver() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+
+
+def use_controls(url: str, held_id: str, dead_id: str) -> dict[str, str]:
+    """In headless Chromium: pause the queue and resume it, abort the running job and
+    replay a dead one, with the page's buttons (accepting their confirmations); what
+    the page said after each."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver()
+    said: dict[str, str] = {}
+    try:
+        driver.get(url)
+        wait = WebDriverWait(driver, 30, poll_frequency=0.1)
+
+        def text_of(element_id: str, wanted: str) -> str:
+            wait.until(lambda d: wanted in d.find_element(By.ID, element_id).text)
+            return str(driver.find_element(By.ID, element_id).text)
+
+        wait.until(lambda d: d.find_element(By.ID, "queue-toggle").is_displayed())
+        driver.find_element(By.ID, "queue-toggle").click()
+        wait.until(expected_conditions.alert_is_present())
+        driver.switch_to.alert.accept()
+        said["paused"] = text_of("paused", "the queue is paused")
+        said["toggle"] = text_of("queue-toggle", "Resume queue")
+        driver.find_element(By.ID, "queue-toggle").click()  # resuming asks nothing
+        said["resumed"] = text_of("paused", "running")
+        for job_id, action, question in (
+            (held_id, "abort", True),
+            (dead_id, "replay", False),
+        ):
+            field = driver.find_element(By.ID, "job-id")
+            field.clear()
+            field.send_keys(job_id)
+            driver.find_element(By.CSS_SELECTOR, "#job-form button").click()
+            selector = f'#job button[data-action="{action}"]'
+
+            def shown(d: Any, selector: str = selector) -> Any:
+                return d.find_element(By.CSS_SELECTOR, selector)
+
+            wait.until(shown).click()
+            if question:
+                wait.until(expected_conditions.alert_is_present())
+                driver.switch_to.alert.accept()
+            said[action] = text_of("job-said", f"{action}:")
+        logged = driver.get_log("browser")
+        said["console"] = " | ".join(entry["message"] for entry in logged)
+        return said
+    finally:
+        driver.quit()
+
+
+async def test_the_controls_in_a_real_browser(
+    running: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    await wait_settled(running.url)
+    async with fleet.app:
+        dead = await fleet.tally.enqueue(2, after=["no-such-job"])  # dead at once
+        with trio.fail_after(90):
+            said = await trio.to_thread.run_sync(use_controls, running.url, running.job_id, dead.id)
+        held = fleet.app.job_queue.handle(running.job_id)
+        with pytest.raises(JobFailed) as aborted:
+            await held.result(timeout=10)  # its worker cancelled it
+        # replayed: queued again, its tries reset (a replay does not look at after=)
+        assert await dead.result(timeout=20) == 2
+        assert await fleet.app.job_queue.paused() == []
+    assert said["paused"] == "the queue is paused"
+    assert said["resumed"] == "running"
+    assert said["abort"] == "abort: executing"
+    assert said["replay"] == "replay: done"
+    assert (aborted.value.status, aborted.value.message) == (
+        "aborted",
+        "aborted from the dashboard",
+    )
+    assert "Content Security Policy" not in said["console"], said["console"]
 
 
 #: What the page shows: the cells of the partitions table, the job depths, the text.

@@ -12,12 +12,12 @@ import orjson
 from rich.console import Console
 
 from .._errors import ConfigError, StreamkitError
+from .._keys import validate_name
 from .._literal import printable
 from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
 from ..jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
-from ..jobs._layout import ShardKeys
 from ._confirm import BulkAction, confirm_and_act
 from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
@@ -79,7 +79,8 @@ def queue_target(
         return QueueTarget(app.name, app.settings.job_shards, app.settings, app, app_path)
     assert queue_name is not None
     try:
-        ShardKeys(queue_name, 0)  # a name, or an app's named queue: APP.QUEUE
+        for part in queue_name.split(".", 1):  # a name, or an app's named queue APP.QUEUE
+            validate_name("--queue", part)
         overrides: dict[str, Any] = {} if redis_url is None else {"redis_url": redis_url}
         settings = Settings.from_env(**overrides)
     except ConfigError as exc:

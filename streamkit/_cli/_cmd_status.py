@@ -125,12 +125,14 @@ async def dashboard(
     token: str | None,
     no_auth: bool,
 ) -> None:
-    """Serve a read-only web dashboard of an app: its processors' partitions, workers,
-    lag and throughput (with a chart), and its job queue.
+    """Serve a web dashboard of an app: its processors' partitions, workers, lag and
+    throughput (with a chart), and its job queue, with its controls: abort a job,
+    replay or purge a dead one, pause and resume the queue.
 
     The page reads /api/status (the same JSON as `streamkit status --json`, with
     rates) every second; /api/jobs/ID shows a job. Needs the dashboard extra:
-    pip install '/path/to/streamkit[dashboard]'. Ctrl-C stops it.
+    pip install '/path/to/streamkit[dashboard]'. Ctrl-C stops it. The controls are
+    on behind its token, or on localhost; with --no-auth elsewhere it only shows.
 
     It answers only requests for localhost, the address it listens on and the
     --allowed-host names. On an address other machines reach it needs a token:

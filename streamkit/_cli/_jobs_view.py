@@ -35,6 +35,7 @@ __all__ = [
 STATUS_GLOSSES: dict[JobStatus, str] = {
     JobStatus.SCHEDULED: "delayed until it is due",
     JobStatus.WAITING: "for the jobs it depends on",
+    JobStatus.HELD: "held back by a limit or a pause",
     JobStatus.SENT: "queued for a worker",
     JobStatus.EXECUTING: "running now",
     JobStatus.RETRY: "a try failed; waiting for the next",
@@ -86,6 +87,7 @@ def counts_table(counts: QueueCounts) -> Table:
         ("waiting for other jobs", counts.waiting),
         ("running", counts.running),
         ("retrying (waiting for a try)", counts.retrying),
+        ("held (a limit, a pause)", counts.held),
         ("dead", counts.dead),
         ("succeeded (total)", counts.succeeded),
         ("aborted (total)", counts.aborted),
@@ -118,6 +120,8 @@ def job_lines(info: JobInfo, now: datetime) -> list[str]:
         ("tries", f"{info.tries} of {info.max_tries}"),
         ("enqueued", relative(info.enqueued_at, now)),
     ]
+    if info.held_by is not None:
+        rows.append(("held by", info.held_by))
     if info.due_at is not None:
         rows.append(("due", relative(info.due_at, now)))
     if info.expires_at is not None:
