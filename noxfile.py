@@ -124,7 +124,12 @@ BENCHMARK_NOTES = {
         "(`./dev bench --quick` skips them). **Targets: streamkit "
         "at least 5,000 no-op jobs/s per worker process and faster than every peer; its "
         "enqueue at least 3x the fastest peer's; a killed worker's jobs taken over within "
-        "the lease TTL + 1 s.**"
+        "the lease TTL + 1 s.** Then streamkit alone (no peer has them): the no-op run with "
+        "1 worker process, its jobs declared with a rate limit that never binds and a "
+        "concurrency key (1 running per key, 100 keys), alternated with the plain run, best "
+        "of each, with the Redis script time per job of both; and a chain of 3 and a chord "
+        "of 100 no-op jobs, timed from the enqueue to the final result. **Target: with "
+        "limits at least 80% of plain.**"
     ),
     "bench_clients.py": (
         "The blocking and asyncio clients (`app.blocking()`, `app.asyncio()`, on redis-py "

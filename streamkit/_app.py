@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
 import attrs
@@ -512,7 +513,7 @@ class App:
 
         def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
             job: Job[Any, Any] = Job(
-                name or fn.__name__, fn, job_options, None, lambda: self.job_queues_for(queue)
+                name or fn.__name__, fn, job_options, None, lambda: self._routed(queue)
             )
             if job.name in self.jobs:
                 raise ConfigError("job name", f"app {self.name!r} has a job {job.name!r} already")
@@ -633,14 +634,15 @@ class App:
         return middleware
 
     def lifespan(self, fn: Callable[[], AsyncIterator[Any]]) -> Callable[[], AsyncIterator[Any]]:
-        """Run the async generator ``fn`` around each worker of the app; usable as a
-        decorator.
+        """Run the async generator ``fn`` around each job worker of the app (one per
+        queue it serves, in ``streamkit worker`` or ``app.job_queue.serve``); usable
+        as a decorator.
 
-        Its code before ``yield`` runs when a worker starts, before it runs anything;
-        its code after ``yield`` when the worker has stopped (shielded from the stop,
-        for at most 10 s). The value it yields is the
-        :attr:`~streamkit.jobs.JobContext.state` of the jobs the worker runs (a
-        database pool, say). An app has one lifespan.
+        Its code before ``yield`` runs when the worker starts, before it takes any
+        job; its code after ``yield`` when it has stopped (shielded from the stop, for
+        at most 10 s). The value it yields is the
+        :attr:`~streamkit.jobs.JobContext.state` of the jobs it runs (a database
+        pool, say). An app has one lifespan.
 
         Error handling:
             :class:`ConfigError` for a second lifespan.
@@ -655,17 +657,23 @@ class App:
         the app, and the names given as ``queue=`` to :meth:`job`), sorted."""
         return sorted({job.options.queue or DEFAULT_QUEUE for job in self.jobs.values()})
 
-    def job_queues_for(self, queue: str) -> JobQueue:
-        """The app's job queue ``queue`` (``"default"``: the one named after the app).
+    @property
+    def job_queues(self) -> Mapping[str, JobQueue]:
+        """The app's job queues, by name: ``"default"`` (the one named after the app)
+        and those its jobs are routed to (``@app.job(queue=...)``).
 
         Error handling:
-            :class:`NotConnected` outside ``async with app:``; :class:`ConfigError`
-            for a queue none of the app's jobs is routed to.
+            :class:`NotConnected` outside ``async with app:``, or if the app declares
+            no jobs.
         """
         if not self._job_queues:
             raise NotConnected(self.name)
+        return MappingProxyType(self._job_queues)
+
+    def _routed(self, queue: str) -> JobQueue:
+        """The app's job queue ``queue``, for its jobs routed there."""
         try:
-            return self._job_queues[queue]
+            return self.job_queues[queue]
         except KeyError:
             known = ", ".join(sorted(self._job_queues))
             raise ConfigError(
@@ -680,9 +688,7 @@ class App:
             :class:`NotConnected` outside ``async with app:``, or if the app declares
             no jobs.
         """
-        if not self._job_queues:
-            raise NotConnected(self.name)
-        return self._job_queues[DEFAULT_QUEUE]
+        return self.job_queues[DEFAULT_QUEUE]
 
     @property
     def redis(self) -> Redis:
@@ -721,6 +727,7 @@ class App:
                             )
                         )
                         queue.middleware = self.job_middleware_chain
+                        queue.lifespan = self.worker_lifespan
                         queues[short] = queue
                     for job in self.jobs.values():
                         queues[job.options.queue or DEFAULT_QUEUE].add(job)

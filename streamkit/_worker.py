@@ -48,13 +48,12 @@ from ._rebalancer import Claim, Rebalancer, open_rebalancer
 from ._redis import ride_out_refusals
 from ._validate import positive_finite_number
 from .jobs._layout import DEFAULT_QUEUE
-from .jobs._serve import LIFESPAN_SHUTDOWN
 
 if TYPE_CHECKING:
     from ._fetcher import Fetcher
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
     from types import FrameType
 
     from ._app import App, Processor
@@ -186,24 +185,6 @@ def select_queues(app: App, names: Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-@contextlib.asynccontextmanager
-async def _lifespan(app: App) -> AsyncIterator[Any]:
-    """The app's lifespan, if it has one; its shut-down runs shielded, for at most
-    ``LIFESPAN_SHUTDOWN`` seconds."""
-    if app.worker_lifespan is None:
-        yield None
-        return
-    lifespan = app.worker_lifespan()
-    state = await lifespan.__aenter__()
-    try:
-        yield state
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(LIFESPAN_SHUTDOWN) as limit:
-            await lifespan.__aexit__(None, None, None)
-        if limit.cancelled_caught:
-            log.warning("stopping: the lifespan's shut-down took over %gs", LIFESPAN_SHUTDOWN)
-
-
 def select_processors(app: App, names: Sequence[str] | None) -> list[Processor]:
     """The processors to run: all of the app's, or those named.
 
@@ -252,8 +233,8 @@ async def run_worker(
     ``queues`` (``"default"`` for the one named after the app; all of them by default).
     A graceful stop takes no more jobs and gives the running ones the grace period (or
     their own ``grace``) to end; those still running then are put back on the queue
-    without spending a try. The app's :meth:`~App.lifespan` is entered before anything
-    runs and left after everything stopped.
+    without spending a try. Each queue's worker runs inside the app's
+    :meth:`~App.lifespan`, if it has one.
 
     Cancellation:
         Cancelling stops everything at once; leases are released and the groups left
@@ -275,7 +256,7 @@ async def run_worker(
         _stop_on_signals(worker, watchdog) if handle_signals else contextlib.nullcontext(),
         worker._starting,  # cancelled only by a signal that arrives while connecting
     ):
-        async with app, open_lock_manager(app.redis) as locks, _lifespan(app) as state:
+        async with app, open_lock_manager(app.redis) as locks:
             with worker._cancel_scope:
                 try:
                     async with trio.open_nursery() as nursery:
@@ -291,10 +272,9 @@ async def run_worker(
                         for queue in served:
                             worker.job_workers[queue] = await nursery.start(
                                 functools.partial(
-                                    app.job_queues_for(queue).serve,
+                                    app.job_queues[queue].serve,
                                     concurrency=concurrency or app.settings.job_concurrency,
                                     threads=app.settings.job_threads,
-                                    state=state,
                                 )
                             )
                         worker.jobs = worker.job_workers.get(DEFAULT_QUEUE)
@@ -309,7 +289,7 @@ async def run_worker(
                                     f"{n} job{'s' if n > 1 else ''}"
                                     + ("" if q == DEFAULT_QUEUE else f" of queue {q}")
                                     for q in served
-                                    for n in [len(app.job_queues_for(q).jobs)]
+                                    for n in [len(app.job_queues[q].jobs)]
                                 ]
                             )
                             or "no processors",

@@ -423,3 +423,48 @@ async def test_jobs_routed_to_a_named_queue_wait_for_a_worker_that_serves_it(
     assert seen == ["a pool", "a pool"]
     with pytest.raises(ConfigError, match="unknown job queue 'cpu'"):
         await run_worker(app, queues=["cpu"])
+
+
+# ---------------------------------------------------------------------- trace context
+
+
+async def test_the_enqueuers_trace_context_follows_the_job(redis_url: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    app = App("traced", redis_url=redis_url)
+    seen: list[tuple[int, dict[str, str]]] = []
+
+    @app.job
+    async def traced() -> None:
+        context = trace.get_current_span().get_span_context()
+        seen.append((context.trace_id, dict(current_job().headers)))
+
+    parent = SpanContext(
+        trace_id=0x5CE0E9A56015FEC5AADFA328AE398115,
+        span_id=0xAB54A98CEB1F0AD2,
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    async with app, serving(app.job_queue):
+        with trace.use_span(NonRecordingSpan(parent)):
+            traced_handle = await traced.enqueue(headers={"tenant": "acme"})
+
+            def from_a_thread() -> Any:
+                with app.blocking() as client:
+                    return client.delay(traced)
+
+            # (a thread started here sees the same context: the blocking client too)
+            by_client = await trio.to_thread.run_sync(from_a_thread)
+        untraced = await traced.delay()
+        for handle in (traced_handle, untraced):
+            await handle.result(timeout=5)
+        await app.job_queue.handle(by_client.id).result(timeout=5)
+        recorded = (await traced_handle.info()).headers
+    expected = "00-5ce0e9a56015fec5aadfa328ae398115-ab54a98ceb1f0ad2-01"
+    assert sorted(seen, key=lambda s: (s[0], sorted(s[1].items()))) == [
+        (0, {}),  # no current span: no trace context, and no parent in the job
+        (parent.trace_id, {"traceparent": expected}),  # the blocking client's
+        (parent.trace_id, {"traceparent": expected, "tenant": "acme"}),
+    ]
+    assert recorded == {"traceparent": expected, "tenant": "acme"}

@@ -200,6 +200,42 @@ async def test_a_step_aborted_alone_ends_its_workflow_with_the_reason(queue: Job
     assert caught.value.message.endswith("ended aborted: Aborted: no longer needed")
 
 
+@pytest.mark.cluster
+async def test_after_across_shards_waits_for_every_dependency(redis: Redis, redis_url: str) -> None:
+    async with open_job_queue(redis, "across", shards=4, lease_ttl=1.0) as queue:
+        release = trio.Event()
+
+        @queue.job(retries=0)
+        async def part(n: int) -> int:
+            await release.wait()
+            if n < 0:
+                raise Broken(f"part {n}")
+            return n
+
+        @queue.job
+        async def join(tag: str) -> str:
+            return tag
+
+        # Dependencies on every shard (ids of their own, hashed), a dependent with an
+        # id on yet another: each dependency on another shard is linked to it.
+        parts = [await part.enqueue(n, job_id=f"part-{n}") for n in range(6)]
+        assert len({p.shard for p in parts}) > 1
+        joined = await join.enqueue("all", after=parts, job_id="joined")
+        doomed = await join.enqueue("never", after=[parts[0], await part.delay(-1)])
+        async with serving(queue, concurrency=8):
+            assert await joined.status() is JobStatus.WAITING
+            release.set()
+            assert await joined.result(timeout=10) == "all"
+            with pytest.raises(JobFailed) as caught:
+                await doomed.result(timeout=10)
+            # depending on jobs that ended already, across shards: at once
+            late = await join.enqueue("late", after=parts[:3])
+            assert await late.result(timeout=10) == "late"
+        await assert_drained(redis, queue)
+    assert caught.value.error_type == "DependencyFailed"
+    assert "Broken: part -1" in caught.value.message
+
+
 def test_workflows_are_checked_before_anything_is_sent() -> None:
     app = App("checks")
 
@@ -232,7 +268,7 @@ async def test_a_chain_across_shards_and_queues_on_a_cluster(redis_url: str) -> 
     async def store(frames: list[str]) -> str:
         return ", ".join(frames)
 
-    async with app, serving(app.job_queue), serving(app.job_queues_for("gpu")):
+    async with app, serving(app.job_queue), serving(app.job_queues["gpu"]):
         # begin (default queue) -> three renders (gpu queue) -> their gather (gpu)
         # -> store (default queue, on its rate limit's shard)
         flow = chain(begin.step(7), group(*[render.step() for _ in range(3)]), store.step())

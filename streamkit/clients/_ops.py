@@ -26,7 +26,6 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
-import orjson
 
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, RedisUnavailable, StreamkitError
@@ -48,7 +47,7 @@ from .._windows import Window
 from .._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
 from ..jobs import _scripts
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
-from ..jobs._plan import JobIds, plan_enqueue
+from ..jobs._plan import JobIds, link_answers, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
 from ..jobs._workflow import plan_workflow
 
@@ -452,9 +451,12 @@ def enqueue(
         delay=delay,
         max_bytes=state.max_bytes,
     )
+    queue = state.queue_of(job)
+    linked: dict[tuple[str, str], Any] | None = None
+    if plan.remote:
+        linked = yield from _links(plan.link_calls(queue))
     script_calls = [
-        Call.run(_ENQUEUE, list(keys.keys), args)
-        for keys, args in plan.script_calls(state.queue_of(job))
+        Call.run(_ENQUEUE, list(keys.keys), args) for keys, args in plan.script_calls(queue, linked)
     ]
     for start in range(0, len(script_calls), ENQUEUE_CALLS_PER_BATCH):
         todo = script_calls[start : start + ENQUEUE_CALLS_PER_BATCH]
@@ -478,6 +480,17 @@ def enqueue(
     return plan.placed
 
 
+def _links(calls: Iterable[tuple[ShardKeys, tuple[Any, ...]]]) -> Op[dict[tuple[str, str], Any]]:
+    """Send the link script's calls (idempotent: retried); its answers."""
+    linked: dict[tuple[str, str], Any] = {}
+    for keys, args in calls:
+        replies = yield from retried(
+            Call.run(_LINK, list(keys.keys), args), what="linking jobs to the jobs they depend on"
+        )
+        linked.update(link_answers(args, replies))
+    return linked
+
+
 def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, str, int]]:
     """Enqueue a workflow (see :meth:`JobQueue.enqueue_workflow
     <streamkit.jobs.JobQueue.enqueue_workflow>`); return its final job's ``(queue, id,
@@ -491,13 +504,7 @@ def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, st
         max_bytes=state.max_bytes,
     )
     for stage in plan.stages:
-        linked: dict[tuple[str, str], Any] = {}
-        for keys, args in plan.link_calls(stage):
-            replies = yield from retried(
-                Call.run(_LINK, list(keys.keys), args), what="linking a workflow's jobs"
-            )
-            for i, reply in enumerate(replies):
-                linked[(args[1 + 2 * i], orjson.loads(args[2 + 2 * i])[2])] = reply
+        linked = yield from _links(plan.link_calls(stage))
         for keys, args in plan.enqueue_calls(stage, linked):
             yield from retried(
                 Call.run(_ENQUEUE, list(keys.keys), args),

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import trio
 
 from .._redis import LuaScript, call_once, retry_idempotent
 from . import _scripts
+from ._plan import link_answers
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from .._redis import Redis
     from ._handle import QueueLike
     from ._layout import ShardKeys
@@ -36,7 +38,8 @@ async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:
     Error handling:
         As :func:`~streamkit.call_once`: nothing is sent again blindly.
     """
-    calls = list(plan.script_calls(queue.name))
+    linked = await send_links(queue.redis, plan.link_calls(queue.name)) if plan.remote else None
+    calls = list(plan.script_calls(queue.name, linked))
 
     async def send(keys: ShardKeys, args: tuple[Any, ...]) -> None:
         await call_once(
@@ -65,13 +68,20 @@ async def send_workflow(redis: Redis, plan: WorkflowPlan) -> None:
         As :func:`~streamkit.call_once` for the enqueues: nothing is sent again blindly.
     """
     for stage in plan.stages:
-        linked: dict[tuple[str, str], Any] = {}
-        for keys, args in plan.link_calls(stage):
-            replies = await retry_idempotent(
-                _LINK, redis, keys.keys, args, what="linking a workflow's jobs"
-            )
-            for i, reply in enumerate(replies):
-                dependent = orjson.loads(args[2 + 2 * i])[2]
-                linked[(args[1 + 2 * i], dependent)] = reply
+        linked = await send_links(redis, plan.link_calls(stage))
         for keys, args in plan.enqueue_calls(stage, linked):
             await call_once(_ENQUEUE, redis, keys.keys, args, what="enqueueing a workflow")
+
+
+async def send_links(
+    redis: Redis, calls: Iterable[tuple[ShardKeys, tuple[Any, ...]]]
+) -> dict[tuple[str, str], Any]:
+    """Send the link script's calls (idempotent: retried); its answer per (dependency
+    id, dependent id)."""
+    linked: dict[tuple[str, str], Any] = {}
+    for keys, args in calls:
+        replies = await retry_idempotent(
+            _LINK, redis, keys.keys, args, what="linking jobs to the jobs they depend on"
+        )
+        linked.update(link_answers(args, replies))
+    return linked

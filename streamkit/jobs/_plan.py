@@ -34,7 +34,9 @@ __all__ = [
     "EnqueuePlan",
     "JobIds",
     "JobLike",
+    "answer",
     "encode_arguments",
+    "link_answers",
     "plan_enqueue",
 ]
 
@@ -174,26 +176,15 @@ def _place(
     home: int | None = None,
 ) -> tuple[str, int]:
     """The id and shard of a new job: the shard its id maps to, which for a job with
-    limits must be its limits' (``home``), and for a job with dependencies theirs (a
-    generated id is drawn until it fits)."""
+    limits must be its limits' (``home``); a job with dependencies and a generated id
+    goes on the shard of its first dependency (a generated id is drawn until it fits),
+    and is linked to those on other shards."""
     if call.job_id is not None and (not isinstance(call.job_id, str) or not call.job_id):
         raise ConfigError("job_id", f"must be a non-empty string, got {call.job_id!r}")
-    if (not after and home is None) or shards == 1:
+    if shards == 1 or (home is None and (call.job_id is not None or not after)):
         job_id = call.job_id if call.job_id is not None else new_id()
         return job_id, shard_for(job_id, shards)
-    on = {shard for _, shard in after}
-    if home is not None:
-        shard, why = home, "its limits live on"
-        if on - {home}:
-            raise ConfigError(
-                "after",
-                f"the jobs it depends on are on shards {sorted(on)} but its limits live "
-                f"on shard {home}: dependencies need one shard",
-            )
-    else:
-        if len(on) > 1:
-            raise ConfigError("after", "the jobs a job depends on must be on one shard")
-        shard, why = on.pop(), "the jobs it depends on are on"
+    shard = home if home is not None else after[0][1]
     if call.job_id is None:
         while shard_for(job_id := new_id(), shards) != shard:
             pass
@@ -202,7 +193,7 @@ def _place(
         raise ConfigError(
             "job_id",
             f"job id {call.job_id!r} maps to shard {shard_for(call.job_id, shards)} "
-            f"but {why} shard {shard}: leave job_id out, or pick one on that shard",
+            f"but its limits live on shard {shard}: leave job_id out, or pick one on that shard",
         )
     return call.job_id, shard
 
@@ -230,9 +221,30 @@ class EnqueuePlan:
     defaults: tuple[Any, ...]
     per_shard: dict[int, list[Any]]
     costs: dict[int, list[int]] = attrs.field(factory=dict)
+    #: Per job (id) with dependencies on other shards: those, ``(id, shard)`` each.
+    remote: dict[str, list[tuple[str, int]]] = attrs.field(factory=dict)
 
-    def script_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
-        """The enqueue script's calls: per call, the shard's keys and its arguments.
+    def link_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
+        """The link script's calls to make first, for the jobs depending on jobs of
+        other shards (none for most plans): per call, the dependencies' shard's keys
+        and its arguments."""
+        links: dict[int, list[Any]] = {}
+        shard_of = dict(self.placed)
+        for job_id, deps in self.remote.items():
+            member = orjson.dumps([queue, shard_of[job_id], job_id])
+            for dep_id, dep_shard in deps:
+                links.setdefault(dep_shard, []).extend((dep_id, member))
+        for shard, flat in links.items():
+            keys = ShardKeys(queue, shard)
+            for i in range(0, len(flat), 2 * ENQUEUE_CHUNK):
+                yield keys, (keys.base, *flat[i : i + 2 * ENQUEUE_CHUNK])
+
+    def script_calls(
+        self, queue: str, linked: Mapping[tuple[str, str], Any] | None = None
+    ) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
+        """The enqueue script's calls: per call, the shard's keys and its arguments
+        (``linked``: the link script's answer per (dependency id, job id), after
+        :meth:`link_calls`).
 
         A call holds at most :data:`ENQUEUE_CHUNK` jobs and the dependencies they
         name, and about :data:`~streamkit.jobs._batches.MAX_CALL_BYTES` (a larger job
@@ -240,6 +252,17 @@ class EnqueuePlan:
         its calls here.
         """
         for shard, fields in self.per_shard.items():
+            if self.remote:
+                fields = list(fields)
+                for i in range(0, len(fields), 3):
+                    deps = self.remote.get(fields[i])
+                    if deps:
+                        opts = orjson.loads(fields[i + 2] or b"{}")
+                        opts["x"] = {
+                            dep: answer(linked[(dep, fields[i])]) if linked else ["unknown"]
+                            for dep, _ in deps
+                        }
+                        fields[i + 2] = orjson.dumps(opts)
             keys = ShardKeys(queue, shard)
             sizes = [
                 len(fields[i]) + len(fields[i + 1]) + len(fields[i + 2])
@@ -295,6 +318,7 @@ def plan_enqueue(
     home = limit_shard(name, None, options.limited_by_name, shards)
     simple = not trace and keyed is None and home is None
     single = per_shard.setdefault(0, []) if shards == 1 else None
+    remote: dict[str, list[tuple[str, int]]] = {}
     for item in calls:
         after: list[tuple[str, int]] = []
         if isinstance(item, tuple) and simple:
@@ -322,8 +346,14 @@ def plan_enqueue(
             )
             job_id, shard = _place(call, after, shards, new_id, shard_home)
             args = encode_arguments(name, call.args, call.kwargs, max_bytes)
+            elsewhere = [(dep, s) for dep, s in after if s != shard]
+            if elsewhere:
+                remote[job_id] = elsewhere
             opts = _options(
-                call, [ref_id for ref_id, _ in after], key, _headers(call.headers, trace)
+                call,
+                [ref_id for ref_id, s in after if s == shard],
+                key,
+                _headers(call.headers, trace),
             )
         fields = single if single is not None else per_shard.setdefault(shard, [])
         if after or shard in costs:
@@ -344,4 +374,18 @@ def plan_enqueue(
         -_ms(expires, "expires") if expires is not None else 0,
         options.limits,
     )
-    return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f}, costs)
+    return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f}, costs, remote)
+
+
+def link_answers(args: Sequence[Any], replies: Sequence[Any]) -> dict[tuple[str, str], Any]:
+    """The link script's answers of one call (its arguments ``args``), per (dependency
+    id, dependent id)."""
+    return {
+        (args[1 + 2 * i], orjson.loads(args[2 + 2 * i])[2]): reply
+        for i, reply in enumerate(replies)
+    }
+
+
+def answer(reply: Any) -> list[Any]:
+    """A link script's answer (bytes from Redis) as the enqueue script's ``x`` entry."""
+    return [v.decode() if isinstance(v, bytes) else v for v in reply]

@@ -487,24 +487,23 @@ class JobQueue:
 
     async def resume(self, job: Job[Any, Any] | str | None = None) -> int:
         """Resume the queue, or one job name, paused by :meth:`pause`: its held jobs are
-        queued again, in order, in steps of 200. Returns how many were let out."""
+        queued again, in order, in steps of 100. Returns how many were let out."""
         name = "*" if job is None else job if isinstance(job, str) else job.name
         if name != "*":
             validate_name("job name", name)
-        before = (await self.counts()).by_name.get(name, {}).get("held", 0) if name != "*" else 0
+        released = 0
         for keys in self.shard_keys:
-            while await retry_idempotent(
-                _CONTROL,
-                self.redis,
-                keys.keys,
-                (keys.base, "resume", name, _scripts.UNPARK_BUDGET),
-                what="resuming",
-            ):
-                pass
-        if name == "*":
-            return 0
-        after = (await self.counts()).by_name.get(name, {}).get("held", 0)
-        return max(0, before - after)
+            left = 1
+            while left:
+                left, moved = await retry_idempotent(
+                    _CONTROL,
+                    self.redis,
+                    keys.keys,
+                    (keys.base, "resume", name, _scripts.UNPARK_BUDGET),
+                    what="resuming",
+                )
+                released += int(moved)
+        return released
 
     async def paused(self) -> list[str]:
         """What is paused: ``"*"`` for the whole queue, and the paused job names."""

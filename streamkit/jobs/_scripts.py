@@ -1076,21 +1076,21 @@ return {outcome, settle_some(now, SETTLE_BUDGET)}
 #: "resume", the job name ("*": the whole queue), budget. Pausing marks it (the claim
 #: script starts no job of a paused name, and holds them back; none at all while the
 #: whole queue is paused). Resuming unmarks it and lets out up to ``budget`` of the
-#: jobs that the pause of that name held back, in order. Returns how many it holds
-#: back still (0 for a pause): call again until 0.
+#: jobs that the pause of that name held back, in order. Returns {how many it holds
+#: back still (call again until 0), how many it let out}.
 CONTROL_LUA = (
     _COMMON
     + r"""
 local action, name, budget = ARGV[2], ARGV[3], tonumber(ARGV[4])
 if action == 'pause' then
   redis.call('HSET', CTL, name, 1)
-  return 0
+  return {0, 0}
 end
 redis.call('HDEL', CTL, name)
-if name == '*' then return 0 end
+if name == '*' then return {0, 0} end
 local pk = B .. ':park:p:' .. name
-unpark(pk, budget)
-return redis.call('LLEN', pk)
+local moved = unpark(pk, budget)
+return {redis.call('LLEN', pk), moved}
 """
 )
 

@@ -26,7 +26,7 @@ from ._batches import chunks
 from ._layout import ShardKeys, shard_for
 from ._limits import limit_key_of, limit_shard
 from ._model import PRIORITIES, JobCall
-from ._plan import ENQUEUE_CHUNK, JobLike, _at_ms, _headers, _ms, encode_arguments
+from ._plan import ENQUEUE_CHUNK, JobLike, _at_ms, _headers, _ms, answer, encode_arguments
 from ._trace import inject_trace
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ class WorkflowPlan:
             for index in indexes:
                 args, opts = self.encoded[index]
                 remote = {
-                    self.placed[dep].id: _answer(
+                    self.placed[dep].id: answer(
                         linked[(self.placed[dep].id, self.placed[index].id)]
                     )
                     for dep in self.nodes[index].deps
@@ -301,11 +301,6 @@ class WorkflowPlan:
             defaults = _defaults(first)
             for part in chunks(sizes, max_cost=ENQUEUE_CHUNK, costs=costs):
                 yield keys, (keys.base, *defaults, *fields[3 * part.start : 3 * part.stop])
-
-
-def _answer(reply: Any) -> list[Any]:
-    """A link script's answer as the enqueue script's ``x`` entry (text, not bytes)."""
-    return [v.decode() if isinstance(v, bytes) else v for v in reply]
 
 
 def _defaults(node: Node) -> tuple[Any, ...]:

@@ -22,6 +22,11 @@ past the usual:
   (at most ``DUE_BUDGET`` per claim) and started 200 per claim.
 * **enqueue** and **finish**: the longest call while enqueueing the ``--queued`` jobs
   (250 a call), and of 100 outcomes recorded in one finish call.
+* **limits and pauses**: ``--held`` (100,000) jobs of a job limited to 1 running held
+  back by the claims that read them (``count + READ_BUDGET`` entries a call); the
+  finish that gives the slot back (one let out); the same jobs held by a pause, let
+  out by a resume (``UNPARK_BUDGET`` a call); and held by a rate limit whose window
+  reopens, let out by the claims (``WAKE_BUDGET`` scopes, ``UNPARK_BUDGET`` jobs a call).
 
 Run inside .venv: ``python tests/benchmarks/bench_jobs_lua.py`` (``--help`` for the
 sizes; about 2 minutes and 1 GB of Redis memory at the defaults). The figures are in
@@ -219,6 +224,69 @@ async def due(redis: Redis, jobs: int) -> None:
         )
 
 
+async def held_back(redis: Redis, held: int) -> None:
+    async with open_job_queue(redis, "limits") as queue:
+
+        @queue.job(concurrency=1)
+        async def one_at_a_time(n: int) -> int:
+            return n
+
+        @queue.job(rate_limit="100/0.5s")
+        async def rated(n: int) -> int:
+            return n
+
+        keys = queue.shard_keys[0]
+        await ensure_groups(queue, 0)
+
+        async def claim_until_read(want: int = 200) -> list[Any]:
+            claimed: list[Any] = []
+            while await redis.xlen(keys.ready(1)):
+                claim = (keys.base, "bench", want, 600_000, "0", 3, "{}")
+                reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
+                claimed.extend(reply[0])
+            return claimed
+
+        await one_at_a_time.enqueue_many([(n,) for n in range(held)])
+        claimed: list[Any] = []
+
+        async def hold_all() -> None:
+            claimed.extend(await claim_until_read())
+
+        await measure(
+            redis, f"limits: claims that hold back {held:,} jobs (concurrency 1)", hold_all
+        )
+
+        async def give_back() -> None:
+            [job] = claimed
+            finish = (keys.base, 600_000, job[0], job[4], "ok", b"0", 1)
+            await call_once(_FINISH, redis, keys.keys, finish, what="finishing")
+
+        await measure(
+            redis, f"limits: a slot given back, {held - 1:,} held (one let out)", give_back
+        )
+        await redis.flushall()
+        await ensure_groups(queue, 0)
+        await queue.pause(one_at_a_time)
+        await one_at_a_time.enqueue_many([(n,) for n in range(held)])
+        await claim_until_read(0)
+        await measure(
+            redis,
+            f"pause: resume a job name with {held:,} held",
+            lambda: queue.resume(one_at_a_time),
+        )
+        await redis.flushall()
+        await ensure_groups(queue, 0)
+        await rated.enqueue_many([(n,) for n in range(held)])
+        await claim_until_read()
+        await trio.sleep(0.6)  # the window reopens
+
+        async def one_claim() -> None:
+            claim = (keys.base, "bench", 200, 600_000, "0", 3, "{}")
+            await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
+
+        await measure(redis, f"limits: a rate window reopens, {held:,} held (a claim)", one_claim)
+
+
 async def run(args: argparse.Namespace) -> None:
     async with trio.open_nursery() as nursery:
         server: RedisServer = await nursery.start(RedisServer().run)
@@ -231,6 +299,8 @@ async def run(args: argparse.Namespace) -> None:
             await counts(redis, args.queued, args.pending)
             await redis.flushall()
             await due(redis, args.pending)
+            await redis.flushall()
+            await held_back(redis, args.held)
         nursery.cancel_scope.cancel()
     print()
     print("| what | calls | mean call | 99th percentile | longest call | time |")
@@ -246,6 +316,7 @@ def main() -> None:
     parser.add_argument("--dependents", type=int, default=100_000)
     parser.add_argument("--queued", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=20_000)
+    parser.add_argument("--held", type=int, default=100_000)
     trio.run(run, parser.parse_args())
 
 
