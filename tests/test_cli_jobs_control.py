@@ -80,3 +80,10 @@ async def test_schedules_are_set_listed_and_removed(app: App, redis_url: str) ->
     assert missing.code == 2
     assert "has no schedule 'nightly'" in missing.err
     assert await app.job_queue.schedules() == []
+
+
+async def test_a_worker_refuses_a_queue_the_app_does_not_have(redis_url: str) -> None:
+    result = await streamkit("worker", APP, "--queues", "default,gpu", redis_url=redis_url)
+    assert result.code == 2
+    assert "unknown job queue 'gpu' (known: default)" in result.err
+    assert_no_traceback(result)

@@ -45,9 +45,10 @@ class JobContext:
 #: next middleware, or the job) by awaiting ``call_next()`` and returns its result.
 Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
-#: The queue, the try and the context of the job running in this task (the first two
-#: typed loosely: this module sits below the queue and the tries).
-running: contextvars.ContextVar[tuple[Any, Any, JobContext]] = contextvars.ContextVar(
+#: The queue, the try and (made when first asked for) the context of the job running
+#: in this task (the first two typed loosely: this module sits below the queue and the
+#: tries).
+running: contextvars.ContextVar[tuple[Any, Any, Callable[[], JobContext]]] = contextvars.ContextVar(
     "streamkit_job"
 )
 
@@ -60,6 +61,7 @@ def current_job() -> JobContext:
         ``RuntimeError`` outside a running job.
     """
     try:
-        return running.get()[2]
+        make = running.get()[2]
     except LookupError:
         raise RuntimeError("current_job() is called from inside a running job") from None
+    return make()

@@ -27,7 +27,7 @@ from ._arguments import BadArguments, decode_arguments
 from ._context import JobContext, running
 from ._model import dumps
 from ._outcome import MAX_MESSAGE, Failure, Retry, decide, describe, label
-from ._trace import job_span
+from ._trace import job_span, tracing
 from ._tries import Try
 
 if TYPE_CHECKING:
@@ -142,15 +142,27 @@ class TryRunner:
             self.outbox.put(current, "dead", failure.encode(), 0)
             return
         options = job.options
-        context = self._context(job, job_id, tries, claimed)
+        made: list[JobContext] = []
+
+        def context() -> JobContext:
+            # made when asked for (current_job(), middleware, a span): most jobs never do
+            if not made:
+                made.append(self._context(job, job_id, tries, claimed))
+            return made[0]
+
         reset = running.set((self.queue, current, context))
         try:
             if options.timeout is not None:
                 current.scope.relative_deadline = options.timeout
             with current.scope:
                 try:
-                    with job_span(name, job_id, self.queue.name, tries, context.headers):
-                        result = await self._call(job, context, args, kwargs)
+                    if self.middleware or tracing(claimed[7]):
+                        with job_span(name, job_id, self.queue.name, tries, context().headers):
+                            result = await self._call(job, context(), args, kwargs)
+                    elif job.is_async:
+                        result = await job.fn(*args, **kwargs)
+                    else:
+                        result = await self._in_thread(job, args, kwargs)
                 except Exception as exc:
                     if current.taken_over:
                         current.finished = True
@@ -190,6 +202,14 @@ class TryRunner:
         finally:
             running.reset(reset)
 
+    async def _in_thread(self, job: Job[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Run a plain ``def`` job in one of the worker's threads."""
+        return await trio.to_thread.run_sync(
+            functools.partial(job.fn, *args, **kwargs),
+            limiter=self.limiter,
+            abandon_on_cancel=True,
+        )
+
     def _context(
         self, job: Job[Any, Any], job_id: str, tries: int, claimed: list[Any]
     ) -> JobContext:
@@ -224,11 +244,7 @@ class TryRunner:
         async def call() -> Any:
             if job.is_async:
                 return await job.fn(*args, **kwargs)
-            return await trio.to_thread.run_sync(
-                functools.partial(job.fn, *args, **kwargs),
-                limiter=self.limiter,
-                abandon_on_cancel=True,
-            )
+            return await self._in_thread(job, args, kwargs)
 
         chain: Callable[[], Awaitable[Any]] = call
         for middleware in reversed(self.middleware):
