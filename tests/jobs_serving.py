@@ -94,3 +94,17 @@ async def assert_drained(redis: Redis, queue: JobQueue) -> None:
         slots = [key async for key in redis.scan_iter(match=f"{keys.base}:cc:*")]
         assert slots == [], slots
         assert await redis.llen(f"{keys.base}:xout") == 0
+
+
+async def wait_settled(redis: Redis, queue: JobQueue, within: float = 10.0) -> None:
+    """Wait until no ended job of ``queue`` has dependents left to settle or ends left
+    to deliver to other shards (the workers do it, right after the job ends)."""
+    from streamkit.testing import wait_until
+
+    async def settled() -> bool:
+        for keys in queue.shard_keys:
+            if await redis.llen(f"{keys.base}:settle") or await redis.llen(f"{keys.base}:xout"):
+                return False
+        return True
+
+    await wait_until(settled, what="the ended jobs' dependents settled", within=within)

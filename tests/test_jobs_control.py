@@ -464,7 +464,7 @@ async def test_the_enqueuers_trace_context_follows_the_job(redis_url: str) -> No
     expected = "00-5ce0e9a56015fec5aadfa328ae398115-ab54a98ceb1f0ad2-01"
     assert sorted(seen, key=lambda s: (s[0], sorted(s[1].items()))) == [
         (0, {}),  # no current span: no trace context, and no parent in the job
-        (parent.trace_id, {"traceparent": expected}),  # the blocking client's
         (parent.trace_id, {"traceparent": expected, "tenant": "acme"}),
+        (parent.trace_id, {"traceparent": expected}),  # the blocking client's
     ]
     assert recorded == {"traceparent": expected, "tenant": "acme"}

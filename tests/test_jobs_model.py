@@ -209,10 +209,14 @@ def test_shards_of_one_queue_have_distinct_hash_tags() -> None:
     assert len(tags) == 8
 
 
-@pytest.mark.parametrize("name", ["a.b", "a{b}", "", "a b", "a:b"])
+@pytest.mark.parametrize("name", ["a.b.c", "a{b}", "", "a b", "a:b", "a.", ".b"])
 def test_a_queue_name_that_would_break_the_keys_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="queue name"):
         ShardKeys(name, 0)
+
+
+def test_an_apps_named_queue_is_app_dot_name() -> None:
+    assert ShardKeys("shop.gpu", 2).base == "__jobs:{shop.gpu.2}"
 
 
 def test_a_job_id_always_maps_to_the_same_shard() -> None:

@@ -4,6 +4,7 @@ dependencies across shards and queues (on Redis Cluster too)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,7 +23,7 @@ from streamkit.jobs import (
     open_job_queue,
 )
 from streamkit.testing import wait_until
-from tests.jobs_serving import assert_drained, serving
+from tests.jobs_serving import assert_drained, serving, wait_settled
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -91,6 +92,7 @@ async def test_a_chain_passes_each_result_to_the_next_step(redis: Redis, queue: 
         assert await handle.result(timeout=10) == 43  # ((4 * 10) + 2) + 1
         assert [await h.status() for h in handle.jobs] == [JobStatus.SUCCESS] * 3
         assert (await handle.jobs[1].info()).args == (40,)  # fed, then run
+        await wait_settled(redis, queue)
     await assert_drained(redis, queue)
 
 
@@ -107,6 +109,7 @@ async def test_a_chord_gives_its_callback_every_result_in_order_and_a_group_gath
         grouped = await queue.enqueue_workflow(gathered)
         assert await chorded.result(timeout=10) == "sum: 36 from [1, 2, 3, 4, 5, 6, 7, 8]"
         assert await grouped.result(timeout=10) == [11, 12, 13]
+        await wait_settled(redis, queue)
     counts = await queue.counts()
     assert counts.by_name["(group)"]["success"] == 1
     await assert_drained(redis, queue)
@@ -125,6 +128,7 @@ async def test_a_failed_step_ends_the_workflow_with_its_reason_and_calls_back(
             await handle.result(timeout=10)
         callback = handle.jobs[-1]
         assert await callback.result(timeout=10) == "reported to ops"
+        await wait_settled(redis, queue)
     failed = caught.value
     explode_id = handle.jobs[1].id
     assert failed.error_type == "DependencyFailed"
@@ -162,6 +166,10 @@ async def test_a_chord_member_that_fails_ends_the_chord_without_a_hang(
         handle = await queue.enqueue_workflow(chord(members, jobs["total"].step("sum")))
         with pytest.raises(JobFailed) as caught:
             await handle.result(timeout=10)
+        for member in handle.jobs[:-1]:  # the others run on, their results unused
+            with contextlib.suppress(JobFailed):
+                await member.result(timeout=10)
+        await wait_settled(redis, queue)
     assert caught.value.error_type == "DependencyFailed"
     assert "cannot take 'x'" in caught.value.message
     await assert_drained(redis, queue)
@@ -183,6 +191,7 @@ async def test_aborting_a_workflow_ends_it_with_the_reason(redis: Redis, queue: 
             await handle.result(timeout=10)
         with pytest.raises(JobFailed):
             await stuck.result(timeout=10)  # its worker cancelled it
+        await wait_settled(redis, queue)  # its end delivered to its dependent
     assert (caught.value.status, caught.value.message) == ("aborted", "deploy cancelled")
     assert await stuck.status() is JobStatus.ABORTED
     await assert_drained(redis, queue)
@@ -231,6 +240,7 @@ async def test_after_across_shards_waits_for_every_dependency(redis: Redis, redi
             # depending on jobs that ended already, across shards: at once
             late = await join.enqueue("late", after=parts[:3])
             assert await late.result(timeout=10) == "late"
+            await wait_settled(redis, queue)
         await assert_drained(redis, queue)
     assert caught.value.error_type == "DependencyFailed"
     assert "Broken: part -1" in caught.value.message
