@@ -88,8 +88,9 @@ HAND_BACK_BUDGET = 100
 WAKE_BUDGET = 20
 #: Held jobs let out of one park list per call, at most.
 UNPARK_BUDGET = 100
-#: Ready entries a claim reads per call beyond those it starts, at most (held back).
-READ_BUDGET = 500
+#: Ready entries a claim holds back per call before it stops reading (it may hold back
+#: up to the jobs it was asked for, if every one it read is held back).
+READ_BUDGET = 100
 #: How often a scope with jobs waiting for a concurrency slot is looked at again
 #: (ms), beside the slot's release: a safety net for a release that let no one out.
 CONC_RECHECK_MS = 2000
@@ -143,6 +144,8 @@ local UNPARK_BUDGET, CONC_RECHECK = """
 local PAUSED = nil
 -- Set when a script armed a wake-up (a job was held back by a limit).
 local ARMED = false
+-- Jobs held back by this call.
+local HELD = 0
 
 -- The rate limits {scope, count, window_ms} and concurrency limits {scope, count} of
 -- a job.
@@ -240,6 +243,7 @@ local function hold(p, eid, id, k, name, st, pk, why, up, tries, hist)
   redis.call('XDEL', Q[p], eid)
   local item = id .. '|' .. redis.call('HINCRBY', k, 'pk', 1)
   if up then redis.call('LPUSH', pk, item) else redis.call('RPUSH', pk, item) end
+  HELD = HELD + 1
   redis.call('HSET', k, 'status', 'held', 'held', why, 'owner', '', 'tries', tries,
     'hist', hist or '')
   redis.call('HDEL', k, 'entry', 'up')
@@ -830,7 +834,7 @@ return redis.call('LLEN', XOUT)
 #: paused job name; delivered entries beyond that are handed back (left pending,
 #: reclaimable at once). While the whole queue is paused it starts nothing.
 #: Moves at most ``DUE_BUDGET`` scheduled jobs, looks at ``WAKE_BUDGET`` limit scopes
-#: and reads ``count + READ_BUDGET`` ready entries per call (the next call does the rest:
+#: and holds back at most ``max(count, READ_BUDGET)`` ready entries per call (the next call does the rest:
 #: ``next_due_ms`` is then in the past), and settles dependents on the way.
 #: Returns {jobs, next_due_ms or -1, now_ms, jobs with dependents left to settle,
 #: 1 if the queue is paused}; each job is {id, name, args, tries, token, priority,
@@ -883,7 +887,7 @@ end
 -- (reclaim), then new entries. XREADGROUP's COUNT is per stream, so the read may have
 -- delivered more than this worker has room for, and a read woken by one stream misses
 -- the others: entries that do not fit are handed back at once, as a graceful stop does.
-local left = want + """
+local READ_BUDGET = """
     + str(READ_BUDGET)
     + r"""
 for p = 1, 3 do
@@ -911,14 +915,14 @@ for p = 1, 3 do
         end
       end
     end
-    -- Entries held back start nothing: read on (at most READ_BUDGET entries).
-    while #out < want and left > 0 do
-      local count = math.min(want - #out, left)
+    -- Entries held back start nothing: read on, until READ_BUDGET were held back.
+    while #out < want and HELD < READ_BUDGET do
+      local count = want - #out
+      if HELD > 0 then count = math.min(count, READ_BUDGET - HELD) end
       local r = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
         'STREAMS', Q[p], '>')
       if not r then break end
       local entries = r[1][2]
-      left = left - #entries
       for _, entry in ipairs(entries) do
         start(out, p, entry[1], entry[2][2], consumer, now, false, max_lost)
       end

@@ -240,7 +240,9 @@ async def held_back(redis: Redis, held: int) -> None:
 
         async def claim_until_read(want: int = 200) -> list[Any]:
             claimed: list[Any] = []
-            while await redis.xlen(keys.ready(1)):
+            # until every entry is read: held back, or started (a started job's entry
+            # stays, pending: its lease)
+            while await redis.xlen(keys.ready(1)) > len(claimed):
                 claim = (keys.base, "bench", want, 600_000, "0", 3, "{}")
                 reply = await call_once(_CLAIM, redis, keys.keys, claim, what="claiming")
                 claimed.extend(reply[0])
@@ -268,7 +270,7 @@ async def held_back(redis: Redis, held: int) -> None:
         await ensure_groups(queue, 0)
         await queue.pause(one_at_a_time)
         await one_at_a_time.enqueue_many([(n,) for n in range(held)])
-        await claim_until_read(0)
+        await claim_until_read(1)  # the paused name: every entry read is held
         await measure(
             redis,
             f"pause: resume a job name with {held:,} held",
