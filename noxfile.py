@@ -20,6 +20,9 @@ import nox
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 
+#: Test processes the whole suite runs in (see the ``tests`` session).
+TEST_PROCESSES = 3
+
 SOURCES = ["streamkit", "tests", "examples", "noxfile.py"]
 BENCHMARKS = [
     "bench_send.py",
@@ -204,8 +207,18 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite, against private redis-server processes (and a private
-    Redis Cluster for the tests marked ``cluster``)."""
-    session.run("pytest", *session.posargs)
+    Redis Cluster for the tests marked ``cluster``).
+
+    The whole suite runs its files in :data:`TEST_PROCESSES` processes at once
+    (pytest-xdist): most of its time is spent waiting (on workers, servers, Spark),
+    not computing, so files run side by side even on two cores. Each process has its
+    own servers, cluster and Spark session. Given arguments (a file, ``-k``), pytest
+    runs them as it is told.
+    """
+    if session.posargs:
+        session.run("pytest", *session.posargs)
+    else:
+        session.run("pytest", "-n", str(TEST_PROCESSES), "--dist", "loadfile")
 
 
 @nox.session
