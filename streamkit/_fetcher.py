@@ -76,8 +76,8 @@ DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
 ACK_CHUNK = 2000
 
-_READ_SCRIPT = LuaScript(READ_LUA)
-_ACK_SCRIPT = LuaScript(ACK_LUA)
+_READ_SCRIPT = LuaScript(READ_LUA, hot=True)
+_ACK_SCRIPT = LuaScript(ACK_LUA, hot=True)
 
 
 @attrs.define(eq=False, repr=False)
