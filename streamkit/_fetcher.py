@@ -580,13 +580,13 @@ class Fetcher(Generic[R]):
                 LockLost(held.name, "a fenced read was refused: the lock is no longer ours"),
             )
             return None
-        entries, counts, next_start, last_id = reply
+        ids, flat, widths, counts, next_start, last_id = reply
         feed.start = text(next_start)
         feed.woken = False
-        if entries:
-            feed._put(Batch([e[0] for e in entries], [e[1] for e in entries], counts or None))
-            feed.last_seen = text(entries[-1][0])
-            if feed.start == ">" and len(entries) < self.batch_size:
+        if ids:
+            feed._put(Batch.from_flat(ids, flat, widths, counts or None))
+            feed.last_seen = text(ids[-1])
+            if feed.start == ">" and len(ids) < self.batch_size:
                 # Fewer than asked for: the read reached the end of the stream. Wait
                 # for more in the blocking XREAD instead of reading it again now.
                 feed.idle = True

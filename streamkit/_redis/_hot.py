@@ -56,8 +56,6 @@ from ._slots import key_slot
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from coredis.typing import RedisValueT
-
     from ._routing import Redis
 
 __all__ = ["HotConnection", "evalsha", "hot_connection_class", "pack"]
@@ -99,7 +97,8 @@ def pack(command: Sequence[object]) -> bytes:
     """``command`` in RESP, byte for byte as coredis would send it."""
     if not _DIRECT.issuperset(map(type, command)):
         command = [_as_coredis_sends(value) for value in command]
-    return cast("bytes", hiredis.pack_command(tuple(command)))
+    packed: bytes = hiredis.pack_command(cast("Any", tuple(command)))
+    return packed
 
 
 class HotConnection(BaseConnection):
@@ -195,7 +194,7 @@ async def evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Seq
     if not isinstance(pool, ClusterPool):
         connection = await pool.get_connection()
         try:
-            request = connection.send_packed(data)
+            request = cast("HotConnection", connection).send_packed(data)
         finally:
             pool.release(connection)
         return await request
@@ -206,11 +205,11 @@ async def evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Seq
         node = layout.node_for_slot(key_slot(keys[0]))
     except coredis.exceptions.RedisClusterError:
         return await redis.evalsha(sha, keys=keys, args=args)
-    connection = await pool.get_connection(node=node)
+    node_connection = await pool.get_connection(node=node)
     try:
-        request = connection.send_packed(data)
+        request = cast("HotConnection", node_connection).send_packed(data)
     finally:
-        pool.release(connection)
+        pool.release(node_connection)
     try:
         return await request
     except _REDIRECTIONS as exc:

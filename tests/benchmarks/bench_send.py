@@ -26,7 +26,7 @@ import itertools
 import statistics
 import time
 import urllib.parse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -105,9 +105,8 @@ async def bench_hiredis(app: App, url: str, n: int, partitions: int, pipeline_si
     async with sock:
         for start in range(0, n, pipeline_size):
             group = payloads[start : start + pipeline_size]
-            await sock.send_all(
-                b"".join([pack((b"XADD", key, b"*", *flat)) for key, flat in group])
-            )
+            packed = [pack(cast("Any", (b"XADD", key, b"*", *flat))) for key, flat in group]
+            await sock.send_all(b"".join(packed))
             replies = 0
             while replies < len(group):
                 reply = reader.gets()
