@@ -85,6 +85,7 @@ class Delivery(Generic[R]):
         lease_deadline: the lease's local deadline, as last looked up.
         pump_factory: starts the middleware pump (set by ``open_events``).
         pump: the middleware pump, once started.
+        drain_source: what tells that the partition is being moved away, if anything.
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class Delivery(Generic[R]):
         self.pump_factory: Callable[[], Pump] | None = None
         self.pump: Pump | None = None
         self.draining = False
-        self._drain_source = draining
+        self.drain_source = draining
         # When the current batch was loaded, if latencies are timed (else 0).
         self._loaded_at = 0.0
         self.lease_deadline = -math.inf
@@ -135,7 +136,7 @@ class Delivery(Generic[R]):
     def is_draining(self) -> bool:
         """Whether the partition is being moved away (the iterators stop)."""
         if not self.draining:
-            source = self._drain_source
+            source = self.drain_source
             if source is not None and source.value:
                 self.draining = True
         return self.draining

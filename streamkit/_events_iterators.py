@@ -38,7 +38,7 @@ T = TypeVar("T")
 class OneByOne(AsyncIterator[T]):
     """``records()`` (decoded) and ``raw()`` (:class:`~streamkit.Event` objects)."""
 
-    __slots__ = ("_decode", "_delivery", "_direct", "_feed", "_held", "_ledger", "_now")
+    __slots__ = ("_decode", "_delivery", "_direct", "_draining", "_feed", "_held", "_ledger", "_now")
 
     def __init__(self, delivery: Delivery[Any], *, decode: bool) -> None:
         self._delivery = delivery
@@ -48,6 +48,7 @@ class OneByOne(AsyncIterator[T]):
         self._held = delivery.feed.held
         # Without middleware, events come straight from the buffer.
         self._direct = not delivery.middleware
+        self._draining = delivery.drain_source
         # The clock's own current_time(), once known: a few calls fewer per event.
         self._now: Callable[[], float] | None = None
         delivery.by_batch = False
@@ -78,7 +79,9 @@ class OneByOne(AsyncIterator[T]):
                 ledger.move_past()
                 if len(ledger.done) >= delivery.ack_batch:
                     delivery.commit_soon()
-            if delivery.draining or delivery.is_draining():
+            source = self._draining
+            if delivery.draining or (source is not None and source.value):
+                delivery.drain()
                 await delivery.stop()
             # The next event: straight from the buffer when nothing else comes first.
             pos = ledger.pos
@@ -94,7 +97,13 @@ class OneByOne(AsyncIterator[T]):
                 if self._decode and ledger.clean:
                     # Decoded with its batch, and no poison: the record, no event.
                     ledger.pos = pos + 1
-                    self._check_lease(now)
+                    # The lease, against its cached local deadline.
+                    if not (
+                        self._held.lost_reason is None
+                        and now() < delivery.lease_deadline
+                        and self._feed.failure is None
+                    ):
+                        delivery.check_lease()
                     ledger.span_lo = pos
                     ledger.span_hi = pos + 1
                     return ledger.records[pos]  # type: ignore[index, no-any-return]
