@@ -17,6 +17,7 @@ Encoding refuses what consumers would refuse, and records over ``max_record_size
 
 from __future__ import annotations
 
+import math
 from datetime import date, datetime
 from decimal import Decimal
 from enum import Enum
@@ -42,7 +43,7 @@ from ._validate import positive_int
 from ._wire import DEFAULT_MAX_DECODED_SIZE, DEFAULT_MAX_RECORD_SIZE, field_pairs, format_size
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["Codec", "Compression", "codec_for"]
 
@@ -211,6 +212,8 @@ class Codec(Generic[R]):
     _encode: Callable[[R], dict[bytes, bytes]] = attrs.field(init=False, repr=False, eq=False)
     _decode: Callable[[Mapping[bytes, bytes]], R] = attrs.field(init=False, repr=False, eq=False)
     _decode_payload: Callable[[bytes], R] = attrs.field(init=False, repr=False, eq=False)
+    # The functions generated for batches, made once (entry_encoder, ...).
+    _generated: dict[Any, Any] = attrs.field(init=False, repr=False, eq=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         if is_primitive(self.record):
@@ -317,6 +320,9 @@ class Codec(Generic[R]):
         :meth:`entry_decoder`, which raises its :class:`~streamkit.DecodeError`; and
         how many it missed.
         """
+        made = self._generated.get(("batch", missing))
+        if made is not None:
+            return made  # type: ignore[no-any-return]
         payloads = self.payload_decoder(missing)
         slow = self._decode
 
@@ -335,6 +341,7 @@ class Codec(Generic[R]):
                     missed += 1
             return out, missed
 
+        self._generated["batch", missing] = decode_batch
         return decode_batch
 
     def payload_decoder(
@@ -351,6 +358,13 @@ class Codec(Generic[R]):
         """
         if is_primitive(self.record):
             return None
+        made = self._generated.get(("payloads", missing))
+        if made is not None:
+            return made  # type: ignore[no-any-return]
+        self._generated["payloads", missing] = made = self._payload_decoder(missing)
+        return made
+
+    def _payload_decoder(self, missing: Any) -> Callable[[list[bytes]], tuple[list[Any], int]]:
         fast = self._decode_payload
         record = self.record
         structure = None if record is dict else converter.get_structure_hook(record)
@@ -410,6 +424,84 @@ class Codec(Generic[R]):
         exec(compile(source, name, "exec"), namespace)
         decode: Callable[[list[bytes]], tuple[list[Any], int]] = namespace["decode_payloads"]
         return decode
+
+    def entry_encoder(self) -> Callable[[R], tuple[Sequence[bytes | int], int]]:
+        """A function encoding a record as a producer lays it out: ``(entry, size)``,
+        the entry's script arguments (its field count, then field names and values)
+        and its size in bytes (names and values).
+
+        It encodes exactly as :meth:`encode` does, and raises its errors. A JSON
+        record of plain ``str``/``int``/``float``/``bool`` fields without compression
+        is encoded by code generated for the record, which leaves anything unusual
+        (a value of another type, a float that is not finite, a record too large) to
+        :meth:`encode`.
+        """
+        made: Callable[[R], tuple[Sequence[bytes | int], int]] | None
+        made = self._generated.get("entry")
+        if made is None:
+            made = self._generated["entry"] = self._entry_encoder()
+        return made
+
+    def _entry_encoder(self) -> Callable[[R], tuple[Sequence[bytes | int], int]]:
+        encode = self._encode
+
+        def encode_entry(value: R) -> tuple[Sequence[bytes | int], int]:
+            fields = encode(value)
+            entry: list[bytes | int] = [len(fields)]
+            size = 0
+            for name, raw in fields.items():
+                entry.append(name)
+                entry.append(raw)
+                size += len(name) + len(raw)
+            return entry, size
+
+        record = self.record
+        fields = _flat_fields(record)
+        if fields is None or self.compression is not None or is_primitive(record):
+            return encode_entry
+        data_field = _DATA_FIELDS[None]
+        # The most a payload may take: consumers' max_decoded_size, and what is left
+        # of max_record_size after the field name.
+        limit = min(self.max_decoded_size, self.max_record_size - len(data_field))
+        names = [f"v{i}" for i in range(len(fields))]
+        reads = "; ".join(f"{v} = value.{f.name}" for v, f in zip(names, fields, strict=True))
+        # As _unstructure_float: a float field's float must be finite; an int is
+        # written as is. Anything else takes encode()'s own way.
+        checks = " and ".join(
+            [
+                f"((type({v}) is float and isfinite({v})) or type({v}) is int)"
+                for v, f in zip(names, fields, strict=True)
+                if f.type is float
+            ]
+            or ["True"]
+        )
+        items = ", ".join(f"{f.name!r}: {v}" for v, f in zip(names, fields, strict=True))
+        source = (
+            "def encode_entry(value):\n"
+            "    if type(value) is record:\n"
+            f"        {reads}\n"
+            f"        if {checks}:\n"
+            "            try:\n"
+            f"                payload = dumps({{{items}}})\n"
+            "            except Exception:\n"
+            "                return slow(value)\n"
+            "            if len(payload) <= limit:\n"
+            "                return (1, data_field, payload), data_size + len(payload)\n"
+            "    return slow(value)\n"
+        )
+        namespace: dict[str, Any] = {
+            "record": record,
+            "dumps": orjson.dumps,
+            "isfinite": math.isfinite,
+            "slow": encode_entry,
+            "limit": limit,
+            "data_field": data_field,
+            "data_size": len(data_field),
+        }
+        name = f"<streamkit entry encoder {record.__qualname__}>"
+        exec(compile(source, name, "exec"), namespace)
+        fast: Callable[[R], tuple[Sequence[bytes | int], int]] = namespace["encode_entry"]
+        return fast
 
     def from_dict(self, data: Mapping[str, Any]) -> R:
         """Build a record from a JSON-like mapping (as parsed from JSON text).
@@ -567,12 +659,9 @@ def _decode_error(
     return DecodeError(_reason(exc), stream=stream, partition=partition, entry_id=entry_id)
 
 
-def _flat_parts(record: type[Any]) -> tuple[list[str], str, str] | None:
-    """For a record of plain ``str``/``int``/``float``/``bool`` fields, the source of
-    building it from a dict ``obj``: the lines reading each field into ``v0``, ``v1``,
-    ... (raising ``KeyError`` for a missing one), the condition that they have exactly
-    the types the converter's hooks accept, and the constructor's arguments. ``None``
-    for any other record."""
+def _flat_fields(record: type[Any]) -> tuple[attrs.Attribute[Any], ...] | None:
+    """The fields of a record of plain ``str``/``int``/``float``/``bool`` fields (all
+    set by its ``__init__``), or ``None`` for any other record."""
     if not attrs.has(record):
         return None
     try:
@@ -580,13 +669,29 @@ def _flat_parts(record: type[Any]) -> tuple[list[str], str, str] | None:
     except Exception:
         return None
     if not fields or any(
-        f.type not in _FLAT_CHECKS or not f.init or not f.alias.isidentifier() for f in fields
+        f.type not in _FLAT_CHECKS
+        or not f.init
+        or not f.alias.isidentifier()
+        or not f.name.isidentifier()
+        for f in fields
     ):
+        return None
+    return tuple(fields)
+
+
+def _flat_parts(record: type[Any]) -> tuple[list[str], str, str] | None:
+    """For a record of plain ``str``/``int``/``float``/``bool`` fields, the source of
+    building it from a dict ``obj``: the lines reading each field into ``v0``, ``v1``,
+    ... (raising ``KeyError`` for a missing one), the condition that they have exactly
+    the types the converter's hooks accept, and the constructor's arguments. ``None``
+    for any other record."""
+    fields = _flat_fields(record)
+    if fields is None:
         return None
     names = [f"v{i}" for i in range(len(fields))]
     loads = [f"{v} = obj[{f.name!r}]" for v, f in zip(names, fields, strict=True)]
     checks = " and ".join(
-        _FLAT_CHECKS[f.type].format(v=v) for v, f in zip(names, fields, strict=True)
+        _FLAT_CHECKS[cast("type", f.type)].format(v=v) for v, f in zip(names, fields, strict=True)
     )
     args = ", ".join(
         f"{f.alias}=float({v})" if f.type is float else f"{f.alias}={v}"

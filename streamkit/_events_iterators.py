@@ -38,7 +38,16 @@ T = TypeVar("T")
 class OneByOne(AsyncIterator[T]):
     """``records()`` (decoded) and ``raw()`` (:class:`~streamkit.Event` objects)."""
 
-    __slots__ = ("_decode", "_delivery", "_direct", "_draining", "_feed", "_held", "_ledger", "_now")
+    __slots__ = (
+        "_decode",
+        "_delivery",
+        "_direct",
+        "_draining",
+        "_feed",
+        "_held",
+        "_ledger",
+        "_now",
+    )
 
     def __init__(self, delivery: Delivery[Any], *, decode: bool) -> None:
         self._delivery = delivery
