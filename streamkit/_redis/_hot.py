@@ -88,8 +88,7 @@ def _as_coredis_sends(value: object) -> bytes | str | int:
         return b"%.15g" % value
     if isinstance(value, bytes | str | int):
         return value
-    if isinstance(value, memoryview | bytearray):
-        return bytes(value)
+    # As coredis's packer: nothing else (None, a bytearray, ...) is sent.
     raise TypeError(f"cannot send a {type(value).__name__} to Redis")
 
 
