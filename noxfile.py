@@ -25,6 +25,7 @@ BENCHMARKS = [
     "bench_send.py",
     "bench_consume.py",
     "bench_latency.py",
+    "bench_memory.py",
     "bench_rebalance.py",
     "bench_spark.py",
     "bench_jobs.py",
@@ -37,6 +38,7 @@ BENCHMARK_TITLES = {
     "bench_send.py": "Sending",
     "bench_consume.py": "Consuming",
     "bench_latency.py": "End-to-end latency",
+    "bench_memory.py": "Memory",
     "bench_rebalance.py": "Rebalancing",
     "bench_spark.py": "Spark",
     "bench_jobs.py": "Job queues",
@@ -91,6 +93,16 @@ BENCHMARK_NOTES = {
         "CPU the consumer and redis-server used; `--by-partition 0.25` prints each "
         "partition's worst latency over time, telling a pause of the process from some "
         "partitions waiting."
+    ),
+    "bench_memory.py": (
+        "The resident size of a worker process owning 64 partitions whose processor holds "
+        "on to its first record, so that the fetcher fills every partition's buffer to the "
+        "settings' bound (`prefetch` batches of `batch_size` entries) and stops reading, "
+        "however large the backlog: connected, owning the partitions with nothing to "
+        "read, and with every buffer full, for small and for 1 KiB records. **The bound: "
+        "a worker buffers at most partitions x `prefetch` x `batch_size` entries; each "
+        "costs its payload and about 250 bytes more (its id, field names, list slots, "
+        "and the decoded record while its batch is handed out).**"
     ),
     "bench_rebalance.py": (
         "Membership, locks and rebalancer with 16 partitions whose work ticks every 5 ms: "
