@@ -391,7 +391,14 @@ class Fetcher(Generic[R]):
                     ready = [f for f in has_room if not f.idle]
                     idle = [f for f in has_room if f.idle]
                     reading = self._reading
-                    if ready:
+                    lone = len(ready) == 1 and not reading and not self._looking
+                    if lone and (ready[0].woken or not idle):
+                        # One partition to read, nothing in flight: read it here, at
+                        # once (a task of its own would cost a trip through the
+                        # scheduler, which the latency of a quiet stream shows).
+                        reading.add(ready[0].partition)
+                        await self._read_task(ready[0])
+                    elif ready:
                         startable = [f for f in ready if f.partition not in reading]
                         for feed in startable:
                             reading.add(feed.partition)
