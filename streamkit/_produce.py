@@ -91,10 +91,22 @@ def check_send_options(chunk_size: int, replicas: int, replica_timeout: float) -
     positive_finite_number.check("replica_timeout", replica_timeout)
 
 
-def windows(records: Iterable[Any], chunk_size: int, partition_count: int) -> Iterator[list[Any]]:
-    """``records`` a window at a time: enough for every partition's pipeline, no more."""
+def windows(
+    records: Iterable[Any], chunk_size: int, partition_count: int, *, first: int | None = None
+) -> Iterator[list[Any]]:
+    """``records`` a window at a time: enough for every partition's pipeline, no more.
+
+    ``first``: the size of the first window, if it is to be another (a producer that
+    encodes a window while the one before is sent starts sending sooner with a small
+    first one).
+    """
     size = chunk_size * WINDOW_PER_PARTITION * partition_count
     iterator = iter(records)
+    if first is not None:
+        window = list(itertools.islice(iterator, first))
+        if not window:
+            return
+        yield window
     while window := list(itertools.islice(iterator, size)):
         yield window
 
@@ -440,4 +452,7 @@ class AppendCall:
 def append_reply(reply: Any) -> tuple[list[str], int, bool]:
     """The idempotent append's reply: (new entry ids, entries the cap dropped, whether
     the call was applied before, by an attempt whose reply was lost)."""
-    return [text(i) for i in reply[0]], int(reply[1]), bool(reply[2])
+    ids = reply[0]
+    if ids and type(ids[0]) is bytes:
+        return [i.decode() for i in ids], int(reply[1]), bool(reply[2])
+    return [text(i) for i in ids], int(reply[1]), bool(reply[2])

@@ -316,7 +316,11 @@ class Stream(Generic[R]):
         )
         # The tasks sending a window's partitions inherit the wait (a context variable).
         with waiting:
-            upcoming = windows(records, chunk, self.partition_count)
+            # A first window of one chunk per partition: sending starts after encoding
+            # that much, and the next windows are encoded while Redis appends.
+            upcoming = windows(
+                records, chunk, self.partition_count, first=chunk * self.partition_count
+            )
             window_records = next(upcoming, None)
             if window_records is None:
                 return ids
