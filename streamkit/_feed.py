@@ -53,7 +53,6 @@ class Batch:
 
     Attributes:
         ids: the entry ids, as bytes.
-        fields: each entry's flat field list ``[name, value, name, value, ...]``.
         deliveries: each entry's delivery count, or ``None`` when every entry is
             delivered for the first time.
     """
@@ -89,6 +88,7 @@ class Batch:
 
     @property
     def fields(self) -> list[list[bytes]]:
+        """Each entry's flat field list ``[name, value, name, value, ...]``."""
         fields = self._fields
         if fields is None:
             fields = self._fields = _unflatten(self._flat, self._widths, len(self.ids))
