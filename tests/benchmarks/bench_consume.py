@@ -32,7 +32,13 @@ second. Target: metrics on at least 95% of metrics off. Skipped, with a note, wh
 
 ``--profile`` instead runs the ``records()`` and ``take(500)`` loops once each under
 cProfile and prints the top functions by own time (``--profile-top``), and writes the
-raw profiles for snakeviz & co. with ``--profile-dir``.
+raw profiles for snakeviz & co. with ``--profile-dir``. cProfile's own cost per call
+distorts a path of many small calls; ``--only records`` (or ``take``) runs one worker
+and nothing else, for a sampling profiler: ``py-spy record -r 2000 -f raw -o
+records.txt -- python tests/benchmarks/bench_consume.py --only records --events
+400000``, then ``python tests/benchmarks/where_time_goes.py records.txt 2.3`` (the
+worker's CPU per event that the run printed) splits it into the table of
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ import attrs
 import orjson
 import trio
 
-from streamkit import App, Events, Record, Stream, run_worker
+from streamkit import App, Events, Record, Redis, Stream, run_worker
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
@@ -131,6 +137,7 @@ async def bench_worker(
 
     async with app:
         await fill(stream, n)
+        server_before = await redis_cpu(app.redis)
         async with trio.open_nursery() as nursery:
             if profiler is not None:
                 profiler.enable()
@@ -142,9 +149,18 @@ async def bench_worker(
             finally:
                 if profiler is not None:
                     profiler.disable()
+            server = (await redis_cpu(app.redis) - server_before) / n
             await worker.stop()
     # The first event's own batch is not timed: count the events after the first.
-    return WorkerRun((n - 1) / (last - first), (last_cpu - first_cpu) / (n - 1), first - began)
+    return WorkerRun(
+        (n - 1) / (last - first), (last_cpu - first_cpu) / (n - 1), first - began, server
+    )
+
+
+async def redis_cpu(redis: Redis) -> float:
+    """CPU seconds redis-server has used so far (user and system)."""
+    info = await redis.info("cpu")
+    return sum(float(str(info[name])) for name in ("used_cpu_user", "used_cpu_sys"))
 
 
 class WorkerRun(NamedTuple):
@@ -153,6 +169,7 @@ class WorkerRun(NamedTuple):
     rate: float  # events/s
     cpu: float  # seconds of this process's CPU time per event
     startup: float  # seconds from the worker's start to its first event
+    server: float  # seconds of redis-server's CPU time per event (start-up included)
 
 
 @contextlib.contextmanager
@@ -234,10 +251,13 @@ def hand_decoder(record: type[Record]) -> Callable[[bytes], Record]:
     return decode
 
 
-async def bench_hiredis(app: App, url: str, n: int, partitions: int, *, decode: bool) -> float:
+async def bench_hiredis(
+    app: App, url: str, n: int, partitions: int, *, decode: bool
+) -> tuple[float, float]:
     """The same reads and acknowledgements as bench_coredis, in hand-written RESP on a
     trio socket, parsed by hiredis, all partitions in one round trip; with ``decode``,
-    every entry also decoded into a Tick by :func:`hand_decoder`."""
+    every entry also decoded into a Tick by :func:`hand_decoder`. Returns events/s and
+    redis-server's CPU time per event."""
     import hiredis  # optional: the bench runs without it
 
     stream = app.stream(
@@ -261,6 +281,7 @@ async def bench_hiredis(app: App, url: str, n: int, partitions: int, *, decode: 
     parts = urllib.parse.urlsplit(url)
     sock = await trio.open_tcp_stream(parts.hostname or "127.0.0.1", parts.port or 6379)
     reader = hiredis.Reader()
+    server_before = await redis_cpu(app.redis)
     began = time.perf_counter()
     done = 0
     async with sock:
@@ -306,9 +327,10 @@ async def bench_hiredis(app: App, url: str, n: int, partitions: int, *, decode: 
                     done += len(entries)
                     still.append(key)
             active = still
+    rate = n / (time.perf_counter() - began)
     assert done == n, done
     assert last is not None or not decode
-    return n / (time.perf_counter() - began)
+    return rate, (await redis_cpu(app.redis) - server_before) / n
 
 
 def hiredis_available() -> bool:
@@ -329,9 +351,6 @@ def _row(label: str, value: float, yardsticks: Sequence[float | None], note: str
 
 async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> None:
     with_hiredis = hiredis_available()
-    # Whether coredis itself loaded hiredis (it would parse with it): checked before
-    # this script imports hiredis for its own loop.
-    coredis_loaded_hiredis = False
     with_metrics = with_metrics and metrics_available()
     results: dict[str, list[float]] = {
         "coredis": [],
@@ -344,20 +363,22 @@ async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> No
     }
     startups: dict[str, list[float]] = {"records": [], "take": []}
     cpu: dict[str, list[float]] = {name: [] for name in results}
-    with RedisServer() as server:
-        async with App("bench", redis_url=server.url) as app:
+    server: dict[str, list[float]] = {name: [] for name in results}
+    with RedisServer() as redis_server:
+        async with App("bench", redis_url=redis_server.url) as app:
             for round_ in range(1, rounds + 1):
                 await app.redis.flushall()
                 coredis = await bench_coredis(app, n, partitions)
-                if round_ == 1:
-                    coredis_loaded_hiredis = "hiredis" in sys.modules
                 results["coredis"].append(coredis)
                 limits = ""
                 if with_hiredis:
                     for name, decode in (("hiredis", False), ("decoding", True)):
                         await app.redis.flushall()
-                        rate = await bench_hiredis(app, server.url, n, partitions, decode=decode)
+                        rate, busy = await bench_hiredis(
+                            app, redis_server.url, n, partitions, decode=decode
+                        )
                         results[name].append(rate)
+                        server[name].append(busy)
                     limits = (
                         f" | hiredis {results['hiredis'][-1]:,.0f}/s, decoding "
                         f"{results['decoding'][-1]:,.0f}/s"
@@ -366,13 +387,14 @@ async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> No
                 # two runs of a pair see the same machine.
                 for mode in ("records", "take"):
                     await app.redis.flushall()
-                    off = await bench_worker(server.url, n, partitions, mode)
+                    off = await bench_worker(redis_server.url, n, partitions, mode)
                     startups[mode].append(off.startup)
                     results[mode].append(off.rate)
                     cpu[mode].append(off.cpu)
+                    server[mode].append(off.server)
                     if with_metrics:
                         await app.redis.flushall()
-                        on = await bench_worker(server.url, n, partitions, mode, metrics=True)
+                        on = await bench_worker(redis_server.url, n, partitions, mode, metrics=True)
                         results[f"{mode}+metrics"].append(on.rate)
                         cpu[f"{mode}+metrics"].append(on.cpu)
                 yardstick = results["decoding"][-1] if with_hiredis else coredis
@@ -464,12 +486,17 @@ async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> No
         )
         if not metrics_available():
             print("  (prometheus-client is not installed: no metrics run; it is the metrics extra)")
+    if with_hiredis:
+        median_busy = {name: statistics.median(v) * 1e6 for name, v in server.items() if v}
+        print(
+            "  redis-server CPU per event (median): "
+            f"decoding limit loop {median_busy['decoding']:.2f} us, "
+            f"records() {median_busy['records']:.2f} us, "
+            f"take({BATCH}) {median_busy['take']:.2f} us (a fenced read is a Lua script; worker "
+            "start-up included)"
+        )
     if not with_hiredis:
-        print("  (hiredis is not installed: no limit loops; it is in the dev extra)")
-    print(
-        f"  hiredis installed: {'yes' if with_hiredis else 'no'}; "
-        f"loaded by coredis: {'yes' if coredis_loaded_hiredis else 'no'}"
-    )
+        print("  (hiredis is not installed: no limit loops)")
 
 
 async def profile(n: int, partitions: int, top: int) -> dict[str, cProfile.Profile]:
@@ -488,6 +515,15 @@ async def profile(n: int, partitions: int, top: int) -> dict[str, cProfile.Profi
     return profiles
 
 
+async def only(mode: Mode, n: int, partitions: int) -> None:
+    with RedisServer() as server:
+        run = await bench_worker(server.url, n, partitions, mode)
+    print(
+        f"worker, {mode}: {run.rate:,.0f} events/s, {run.cpu * 1e6:.2f} us of CPU per event "
+        f"({n:,} events, {partitions} partitions)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -503,8 +539,15 @@ def main() -> None:
     )
     parser.add_argument("--profile-top", type=int, default=25, metavar="N")
     parser.add_argument("--profile-dir", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--only",
+        choices=["records", "take"],
+        help="run that worker once, nothing else (for a sampling profiler, e.g. py-spy)",
+    )
     args = parser.parse_args()
-    if args.profile:
+    if args.only:
+        trio.run(only, args.only, args.events, args.partitions)
+    elif args.profile:
         profiles = trio.run(profile, args.events, args.partitions, args.profile_top)
         if args.profile_dir is not None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
