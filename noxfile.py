@@ -107,8 +107,8 @@ BENCHMARK_NOTES = {
         "however large the backlog: connected, owning the partitions with nothing to "
         "read, and with every buffer full, for small and for 1 KiB records. **The bound: "
         "a worker buffers at most partitions x `prefetch` x `batch_size` entries; each "
-        "costs its payload and about 250 bytes more (its id, field names, list slots, "
-        "and the decoded record while its batch is handed out).**"
+        "costs its payload and a few hundred bytes more (its id, field names, list "
+        "slots, and the decoded record while its batch is handed out).**"
     ),
     "bench_rebalance.py": (
         "Membership, locks and rebalancer with 16 partitions whose work ticks every 5 ms: "
@@ -140,7 +140,8 @@ BENCHMARK_NOTES = {
         "wait out their timeouts at "
         "the same time, each in a Redis database of its own, for at most 400 s "
         "(`./dev bench --quick` skips them). **Targets: streamkit "
-        "at least 5,000 no-op jobs/s per worker process and faster than every peer; its "
+        "at least 25,000 no-op jobs/s per worker process and faster than every peer in "
+        "both configurations; its "
         "enqueue at least 3x the fastest peer's; a killed worker's jobs taken over within "
         "the lease TTL + 1 s.**"
     ),
