@@ -392,13 +392,14 @@ async def test_a_window_that_fails_before_sending_is_raised_after_the_one_before
     fails send_many only once the current window is in Redis, and sends nothing of
     the failing window."""
     stream = app.stream("windows", record=Order, partition_by="customer", partition_count=2)
-    # chunk_size 2: windows of 2 x 4 x 2 = 16 records.
-    window = 16
+    # chunk_size 2: a first window of one chunk per partition (4 records), then windows
+    # of 2 x 4 x 2 = 16; the failure is in the third window.
+    first, window = 4, 16
     sent: list[int] = []
 
     def records() -> Iterator[Order]:
-        for order in make_orders(window + 5):
-            if order.order_id == window + 3:
+        for order in make_orders(first + window + 5):
+            if order.order_id == first + window + 2:
                 if failure == "iterable":
                     raise ValueError("the source failed")
                 order = attrs.evolve(order, amount=float("nan"))
@@ -407,10 +408,10 @@ async def test_a_window_that_fails_before_sending_is_raised_after_the_one_before
     error = EncodeError if failure == "encode" else ValueError
     with pytest.raises(error):
         await stream.send_many(records(), chunk_size=2, on_sent=sent.append)
-    assert sent == [window]
+    assert sent == [first, window]
     stored = [
         orjson.loads(fields[b"data"])["order_id"]
         for key in stream.partition_keys()
         for _, fields in await read_partition(redis, key)
     ]
-    assert sorted(stored) == list(range(window))
+    assert sorted(stored) == list(range(first + window))
