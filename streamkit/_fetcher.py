@@ -8,7 +8,10 @@ partition, and acknowledgements are fenced the same way.
 
 Each registered partition is served through a :class:`~streamkit.PartitionFeed`: the
 fetcher puts batches in, the consumer takes them out, reports each one done (which
-makes room to read ahead) and acknowledges what it processed. The acknowledgements of
+makes room to read ahead) and acknowledges what it processed. Each read runs in a task
+of the loop's own, one at a time per partition, so that a partition is read again as
+soon as its consumer made room: Redis reads the next batches while the consumers work
+on theirs. The acknowledgements of
 finished events ride along with the partition's next read when one is due (one round
 trip for both), else go alone.
 
@@ -843,9 +846,10 @@ async def open_fetcher(
     """Run a :class:`Fetcher` for ``stream``'s consumer group ``group``.
 
     One background task serves every registered partition: it runs one fenced read
-    per partition whose buffer has room (concurrently), and when none had anything
-    new, waits in one blocking ``XREAD`` over all idle partitions (on a Redis Cluster,
-    one per hash slot, concurrently).
+    per partition whose buffer has room (concurrently, each partition read again as
+    soon as it has room), and when none had anything new, waits in one blocking
+    ``XREAD`` over all idle partitions (on a Redis Cluster, one per hash slot,
+    concurrently).
 
     Args:
         redis: a client from :func:`streamkit.open_redis`.
