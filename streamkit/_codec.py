@@ -7,7 +7,9 @@ A JSON codec goes through the strict cattrs converter of
 :mod:`streamkit._json_converter` and may compress with :mod:`streamkit._compression`;
 a primitive codec writes one stream field per record field. Encoding and decoding sit
 on the hot path, so a :class:`Codec` resolves every cattrs hook and field table once,
-when it is built, and does no type dispatch per event.
+when it is built, and does no type dispatch per event; for records of plain fields it
+uses functions generated for the type (:mod:`streamkit._codec_fast`), and it decodes a
+batch at once (:meth:`Codec.batch_decoder`).
 
 Entries come from whoever can write to the stream, so decoding is bounded: a JSON
 payload larger than ``max_decoded_size`` once decompressed is refused without being
@@ -17,7 +19,6 @@ Encoding refuses what consumers would refuse, and records over ``max_record_size
 
 from __future__ import annotations
 
-import math
 from datetime import date, datetime
 from decimal import Decimal
 from enum import Enum
@@ -28,6 +29,7 @@ import attrs
 import cattrs
 import orjson
 
+from ._codec_fast import entry_encoder, flat_builder, payload_decoder
 from ._compression import (
     COMPRESSIONS,
     Compression,
@@ -368,62 +370,24 @@ class Codec(Generic[R]):
         fast = self._decode_payload
         record = self.record
         structure = None if record is dict else converter.get_structure_hook(record)
-        parts = None if structure is None else _flat_parts(record)
-        if parts is None:
+        generated = None
+        if structure is not None:
+            generated = payload_decoder(record, structure, missing, self.max_decoded_size)
+        if generated is not None:
+            return generated
 
-            def decode_payloads(payloads: list[bytes]) -> tuple[list[Any], int]:
-                out: list[Any] = []
-                missed = 0
-                for payload in payloads:
-                    try:
-                        out.append(fast(payload))
-                    except Exception:
-                        out.append(missing)
-                        missed += 1
-                return out, missed
+        def decode_payloads(payloads: list[bytes]) -> tuple[list[Any], int]:
+            out: list[Any] = []
+            missed = 0
+            for payload in payloads:
+                try:
+                    out.append(fast(payload))
+                except Exception:
+                    out.append(missing)
+                    missed += 1
+            return out, missed
 
-            return decode_payloads
-        loads_source, checks, arguments = parts
-        lines = "\n".join(" " * 24 + line for line in loads_source)
-        # Exactly _flat_builder's build(), inlined: a missing field or another type
-        # goes to the converter (defaults, or its error: the entry is missed).
-        source = (
-            "def decode_payloads(payloads):\n"
-            "    out = []\n"
-            "    append = out.append\n"
-            "    missed = 0\n"
-            "    for payload in payloads:\n"
-            "        if len(payload) <= max_decoded:\n"
-            "            try:\n"
-            "                obj = loads(payload)\n"
-            "                if type(obj) is dict:\n"
-            "                    try:\n"
-            f"{lines}\n"
-            "                    except KeyError:\n"
-            "                        append(structure(obj, record))\n"
-            "                        continue\n"
-            f"                    if {checks}:\n"
-            f"                        append(record({arguments}))\n"
-            "                    else:\n"
-            "                        append(structure(obj, record))\n"
-            "                    continue\n"
-            "            except Exception:\n"
-            "                pass\n"
-            "        append(missing)\n"
-            "        missed += 1\n"
-            "    return out, missed\n"
-        )
-        namespace: dict[str, Any] = {
-            "loads": orjson.loads,
-            "record": record,
-            "structure": structure,
-            "missing": missing,
-            "max_decoded": self.max_decoded_size,
-        }
-        name = f"<streamkit payload decoder {record.__qualname__}>"
-        exec(compile(source, name, "exec"), namespace)
-        decode: Callable[[list[bytes]], tuple[list[Any], int]] = namespace["decode_payloads"]
-        return decode
+        return decode_payloads
 
     def entry_encoder(self) -> Callable[[R], tuple[Sequence[bytes | int], int]]:
         """A function encoding a record as a producer lays it out: ``(entry, size)``,
@@ -456,52 +420,14 @@ class Codec(Generic[R]):
             return entry, size
 
         record = self.record
-        fields = _flat_fields(record)
-        if fields is None or self.compression is not None or is_primitive(record):
+        if self.compression is not None or is_primitive(record):
             return encode_entry
         data_field = _DATA_FIELDS[None]
         # The most a payload may take: consumers' max_decoded_size, and what is left
         # of max_record_size after the field name.
         limit = min(self.max_decoded_size, self.max_record_size - len(data_field))
-        names = [f"v{i}" for i in range(len(fields))]
-        reads = "; ".join(f"{v} = value.{f.name}" for v, f in zip(names, fields, strict=True))
-        # As _unstructure_float: a float field's float must be finite; an int is
-        # written as is. Anything else takes encode()'s own way.
-        checks = " and ".join(
-            [
-                f"((type({v}) is float and isfinite({v})) or type({v}) is int)"
-                for v, f in zip(names, fields, strict=True)
-                if f.type is float
-            ]
-            or ["True"]
-        )
-        items = ", ".join(f"{f.name!r}: {v}" for v, f in zip(names, fields, strict=True))
-        source = (
-            "def encode_entry(value):\n"
-            "    if type(value) is record:\n"
-            f"        {reads}\n"
-            f"        if {checks}:\n"
-            "            try:\n"
-            f"                payload = dumps({{{items}}})\n"
-            "            except Exception:\n"
-            "                return slow(value)\n"
-            "            if len(payload) <= limit:\n"
-            "                return (1, data_field, payload), data_size + len(payload)\n"
-            "    return slow(value)\n"
-        )
-        namespace: dict[str, Any] = {
-            "record": record,
-            "dumps": orjson.dumps,
-            "isfinite": math.isfinite,
-            "slow": encode_entry,
-            "limit": limit,
-            "data_field": data_field,
-            "data_size": len(data_field),
-        }
-        name = f"<streamkit entry encoder {record.__qualname__}>"
-        exec(compile(source, name, "exec"), namespace)
-        fast: Callable[[R], tuple[Sequence[bytes | int], int]] = namespace["encode_entry"]
-        return fast
+        fast = entry_encoder(record, data_field, limit, encode_entry)
+        return encode_entry if fast is None else fast
 
     def from_dict(self, data: Mapping[str, Any]) -> R:
         """Build a record from a JSON-like mapping (as parsed from JSON text).
@@ -555,7 +481,7 @@ class Codec(Generic[R]):
             return {data_field: payload}
 
         loads = orjson.loads
-        build = None if structure is None else _flat_builder(record, structure)
+        build = None if structure is None else flat_builder(record, structure)
 
         def decode_payload(payload: bytes) -> R:
             if len(payload) > max_decoded:
@@ -634,16 +560,6 @@ class Codec(Generic[R]):
         return encode, decode
 
 
-# The JSON types a flat record's fields may have, and the check each needs: exactly the
-# checks of the _structure_* hooks above (bools are not ints; ints are floats).
-_FLAT_CHECKS = {
-    str: "type({v}) is str",
-    int: "type({v}) is int",
-    float: "(type({v}) is float or type({v}) is int)",
-    bool: "type({v}) is bool",
-}
-
-
 def _too_large(type_name: str, size: int, limit: int) -> EncodeError:
     return EncodeError(
         f"the encoded {type_name} is {format_size(size)}, more than max_record_size "
@@ -657,78 +573,6 @@ def _decode_error(
     if isinstance(entry_id, bytes):
         entry_id = entry_id.decode("ascii", "replace")
     return DecodeError(_reason(exc), stream=stream, partition=partition, entry_id=entry_id)
-
-
-def _flat_fields(record: type[Any]) -> tuple[attrs.Attribute[Any], ...] | None:
-    """The fields of a record of plain ``str``/``int``/``float``/``bool`` fields (all
-    set by its ``__init__``), or ``None`` for any other record."""
-    if not attrs.has(record):
-        return None
-    try:
-        fields = attrs.fields(attrs.resolve_types(record))
-    except Exception:
-        return None
-    if not fields or any(
-        f.type not in _FLAT_CHECKS
-        or not f.init
-        or not f.alias.isidentifier()
-        or not f.name.isidentifier()
-        for f in fields
-    ):
-        return None
-    return tuple(fields)
-
-
-def _flat_parts(record: type[Any]) -> tuple[list[str], str, str] | None:
-    """For a record of plain ``str``/``int``/``float``/``bool`` fields, the source of
-    building it from a dict ``obj``: the lines reading each field into ``v0``, ``v1``,
-    ... (raising ``KeyError`` for a missing one), the condition that they have exactly
-    the types the converter's hooks accept, and the constructor's arguments. ``None``
-    for any other record."""
-    fields = _flat_fields(record)
-    if fields is None:
-        return None
-    names = [f"v{i}" for i in range(len(fields))]
-    loads = [f"{v} = obj[{f.name!r}]" for v, f in zip(names, fields, strict=True)]
-    checks = " and ".join(
-        _FLAT_CHECKS[cast("type", f.type)].format(v=v) for v, f in zip(names, fields, strict=True)
-    )
-    args = ", ".join(
-        f"{f.alias}=float({v})" if f.type is float else f"{f.alias}={v}"
-        for v, f in zip(names, fields, strict=True)
-    )
-    return loads, checks, args
-
-
-def _flat_builder(
-    record: type[Any], structure: Callable[[Any, type], Any]
-) -> Callable[[dict[str, Any]], Any] | None:
-    """A fast structure function for a record of plain ``str``/``int``/``float``/``bool``
-    fields, or ``None`` for any other record.
-
-    It builds the record directly when every field is present with exactly the type
-    the converter's hooks accept, and hands anything else (a missing field, a wrong
-    type) to the converter, which applies defaults or raises its detailed error: the
-    result is always what the converter would give, at a fraction of its cost.
-    """
-    parts = _flat_parts(record)
-    if parts is None:
-        return None
-    loads, checks, args = parts
-    lines = "\n".join("        " + line for line in loads)
-    source = (
-        "def build(obj):\n"
-        "    try:\n"
-        f"{lines}\n"
-        "    except KeyError:\n"
-        "        return structure(obj, record)\n"
-        f"    if {checks}:\n"
-        f"        return record({args})\n"
-        "    return structure(obj, record)\n"
-    )
-    namespace: dict[str, Any] = {"structure": structure, "record": record}
-    exec(compile(source, f"<streamkit flat builder {record.__qualname__}>", "exec"), namespace)
-    return namespace["build"]  # type: ignore[no-any-return]
 
 
 def _decompressed(fields: Mapping[bytes, bytes], limit: int) -> bytes:
