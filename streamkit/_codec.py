@@ -7,7 +7,9 @@ A JSON codec goes through the strict cattrs converter of
 :mod:`streamkit._json_converter` and may compress with :mod:`streamkit._compression`;
 a primitive codec writes one stream field per record field. Encoding and decoding sit
 on the hot path, so a :class:`Codec` resolves every cattrs hook and field table once,
-when it is built, and does no type dispatch per event.
+when it is built, and does no type dispatch per event; for records of plain fields it
+uses functions generated for the type (:mod:`streamkit._codec_fast`), and it decodes a
+batch at once (:meth:`Codec.batch_decoder`).
 
 Entries come from whoever can write to the stream, so decoding is bounded: a JSON
 payload larger than ``max_decoded_size`` once decompressed is refused without being
@@ -27,6 +29,7 @@ import attrs
 import cattrs
 import orjson
 
+from ._codec_fast import entry_encoder, flat_builder, payload_decoder
 from ._compression import (
     COMPRESSIONS,
     Compression,
@@ -42,7 +45,7 @@ from ._validate import positive_int
 from ._wire import DEFAULT_MAX_DECODED_SIZE, DEFAULT_MAX_RECORD_SIZE, field_pairs, format_size
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["Codec", "Compression", "codec_for"]
 
@@ -211,6 +214,8 @@ class Codec(Generic[R]):
     _encode: Callable[[R], dict[bytes, bytes]] = attrs.field(init=False, repr=False, eq=False)
     _decode: Callable[[Mapping[bytes, bytes]], R] = attrs.field(init=False, repr=False, eq=False)
     _decode_payload: Callable[[bytes], R] = attrs.field(init=False, repr=False, eq=False)
+    # The functions generated for batches, made once (entry_encoder, ...).
+    _generated: dict[Any, Any] = attrs.field(init=False, repr=False, eq=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         if is_primitive(self.record):
@@ -308,6 +313,122 @@ class Codec(Generic[R]):
 
         return decode
 
+    def batch_decoder(self, missing: Any) -> Callable[[list[list[bytes]]], tuple[list[Any], int]]:
+        """A function decoding a batch of entries at once, from their flat field lists.
+
+        ``decode_batch(flats)`` returns ``(records, missed)``: one item per entry, its
+        record or ``missing`` for an entry this function does not decode (a corrupt,
+        oversized or otherwise unusual one), to be decoded alone by the
+        :meth:`entry_decoder`, which raises its :class:`~streamkit.DecodeError`; and
+        how many it missed.
+        """
+        made = self._generated.get(("batch", missing))
+        if made is not None:
+            return made  # type: ignore[no-any-return]
+        payloads = self.payload_decoder(missing)
+        slow = self._decode
+
+        def decode_batch(flats: list[list[bytes]]) -> tuple[list[Any], int]:
+            if payloads is not None and all(
+                len(flat) == 2 and flat[0] == b"data" for flat in flats
+            ):
+                return payloads([flat[1] for flat in flats])
+            out: list[Any] = []
+            missed = 0
+            for flat in flats:
+                try:
+                    out.append(slow(field_pairs(flat)))
+                except Exception:
+                    out.append(missing)
+                    missed += 1
+            return out, missed
+
+        self._generated["batch", missing] = decode_batch
+        return decode_batch
+
+    def payload_decoder(
+        self, missing: Any
+    ) -> Callable[[list[bytes]], tuple[list[Any], int]] | None:
+        """A function decoding the ``data`` fields of a batch of JSON entries at once.
+
+        ``decode_payloads(payloads)`` returns ``(records, missed)`` as the
+        :meth:`batch_decoder`'s function does, for entries whose only field is an
+        uncompressed JSON ``data`` field. Records of plain ``str``/``int``/``float``/
+        ``bool`` fields are built by code generated for the record, with exactly the
+        checks of the converter: one Python call per entry, the record's
+        ``__init__``. ``None`` for a primitive codec, whose entries have no payload.
+        """
+        if is_primitive(self.record):
+            return None
+        made = self._generated.get(("payloads", missing))
+        if made is not None:
+            return made  # type: ignore[no-any-return]
+        self._generated["payloads", missing] = made = self._payload_decoder(missing)
+        return made
+
+    def _payload_decoder(self, missing: Any) -> Callable[[list[bytes]], tuple[list[Any], int]]:
+        fast = self._decode_payload
+        record = self.record
+        structure = None if record is dict else converter.get_structure_hook(record)
+        generated = None
+        if structure is not None:
+            generated = payload_decoder(record, structure, missing, self.max_decoded_size)
+        if generated is not None:
+            return generated
+
+        def decode_payloads(payloads: list[bytes]) -> tuple[list[Any], int]:
+            out: list[Any] = []
+            missed = 0
+            for payload in payloads:
+                try:
+                    out.append(fast(payload))
+                except Exception:
+                    out.append(missing)
+                    missed += 1
+            return out, missed
+
+        return decode_payloads
+
+    def entry_encoder(self) -> Callable[[R], tuple[Sequence[bytes | int], int]]:
+        """A function encoding a record as a producer lays it out: ``(entry, size)``,
+        the entry's script arguments (its field count, then field names and values)
+        and its size in bytes (names and values).
+
+        It encodes exactly as :meth:`encode` does, and raises its errors. A JSON
+        record of plain ``str``/``int``/``float``/``bool`` fields without compression
+        is encoded by code generated for the record, which leaves anything unusual
+        (a value of another type, a float that is not finite, a record too large) to
+        :meth:`encode`.
+        """
+        made: Callable[[R], tuple[Sequence[bytes | int], int]] | None
+        made = self._generated.get("entry")
+        if made is None:
+            made = self._generated["entry"] = self._entry_encoder()
+        return made
+
+    def _entry_encoder(self) -> Callable[[R], tuple[Sequence[bytes | int], int]]:
+        encode = self._encode
+
+        def encode_entry(value: R) -> tuple[Sequence[bytes | int], int]:
+            fields = encode(value)
+            entry: list[bytes | int] = [len(fields)]
+            size = 0
+            for name, raw in fields.items():
+                entry.append(name)
+                entry.append(raw)
+                size += len(name) + len(raw)
+            return entry, size
+
+        record = self.record
+        if self.compression is not None or is_primitive(record):
+            return encode_entry
+        data_field = _DATA_FIELDS[None]
+        # The most a payload may take: consumers' max_decoded_size, and what is left
+        # of max_record_size after the field name.
+        limit = min(self.max_decoded_size, self.max_record_size - len(data_field))
+        fast = entry_encoder(record, data_field, limit, encode_entry)
+        return encode_entry if fast is None else fast
+
     def from_dict(self, data: Mapping[str, Any]) -> R:
         """Build a record from a JSON-like mapping (as parsed from JSON text).
 
@@ -360,7 +481,7 @@ class Codec(Generic[R]):
             return {data_field: payload}
 
         loads = orjson.loads
-        build = None if structure is None else _flat_builder(record, structure)
+        build = None if structure is None else flat_builder(record, structure)
 
         def decode_payload(payload: bytes) -> R:
             if len(payload) > max_decoded:
@@ -439,16 +560,6 @@ class Codec(Generic[R]):
         return encode, decode
 
 
-# The JSON types a flat record's fields may have, and the check each needs: exactly the
-# checks of the _structure_* hooks above (bools are not ints; ints are floats).
-_FLAT_CHECKS = {
-    str: "type({v}) is str",
-    int: "type({v}) is int",
-    float: "(type({v}) is float or type({v}) is int)",
-    bool: "type({v}) is bool",
-}
-
-
 def _too_large(type_name: str, size: int, limit: int) -> EncodeError:
     return EncodeError(
         f"the encoded {type_name} is {format_size(size)}, more than max_record_size "
@@ -462,51 +573,6 @@ def _decode_error(
     if isinstance(entry_id, bytes):
         entry_id = entry_id.decode("ascii", "replace")
     return DecodeError(_reason(exc), stream=stream, partition=partition, entry_id=entry_id)
-
-
-def _flat_builder(
-    record: type[Any], structure: Callable[[Any, type], Any]
-) -> Callable[[dict[str, Any]], Any] | None:
-    """A fast structure function for a record of plain ``str``/``int``/``float``/``bool``
-    fields, or ``None`` for any other record.
-
-    It builds the record directly when every field is present with exactly the type
-    the converter's hooks accept, and hands anything else (a missing field, a wrong
-    type) to the converter, which applies defaults or raises its detailed error: the
-    result is always what the converter would give, at a fraction of its cost.
-    """
-    if not attrs.has(record):
-        return None
-    try:
-        fields = attrs.fields(attrs.resolve_types(record))
-    except Exception:
-        return None
-    if not fields or any(
-        f.type not in _FLAT_CHECKS or not f.init or not f.alias.isidentifier() for f in fields
-    ):
-        return None
-    names = [f"v{i}" for i in range(len(fields))]
-    loads = "\n".join(f"        {v} = obj[{f.name!r}]" for v, f in zip(names, fields, strict=True))
-    checks = " and ".join(
-        _FLAT_CHECKS[f.type].format(v=v) for v, f in zip(names, fields, strict=True)
-    )
-    args = ", ".join(
-        f"{f.alias}=float({v})" if f.type is float else f"{f.alias}={v}"
-        for v, f in zip(names, fields, strict=True)
-    )
-    source = (
-        "def build(obj):\n"
-        "    try:\n"
-        f"{loads}\n"
-        "    except KeyError:\n"
-        "        return structure(obj, record)\n"
-        f"    if {checks}:\n"
-        f"        return record({args})\n"
-        "    return structure(obj, record)\n"
-    )
-    namespace: dict[str, Any] = {"structure": structure, "record": record}
-    exec(compile(source, f"<streamkit flat builder {record.__qualname__}>", "exec"), namespace)
-    return namespace["build"]  # type: ignore[no-any-return]
 
 
 def _decompressed(fields: Mapping[bytes, bytes], limit: int) -> bytes:

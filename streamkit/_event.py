@@ -7,11 +7,13 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 from ._wire import field_pairs
 
-__all__ = ["DivertHook", "Event", "Middleware"]
+__all__ = ["UNDECODED", "DivertHook", "Event", "Middleware"]
 
 R = TypeVar("R")
 
-_UNSET: Any = object()
+#: An event's record not decoded yet (also what a batch decoder leaves undecoded).
+UNDECODED: Any = object()
+_UNSET = UNDECODED
 
 # Decodes an entry's flat field list; the id is for the error message.
 Decoder: TypeAlias = Callable[[list[bytes], bytes], Any]
@@ -37,6 +39,7 @@ class Event(Generic[R]):
         delivery_count: int,
         decode: Decoder,
         stream: str,
+        record: Any = _UNSET,
     ) -> None:
         self.partition = partition
         self.delivery_count = delivery_count
@@ -44,7 +47,8 @@ class Event(Generic[R]):
         self._id = entry_id
         self._flat = flat
         self._decode = decode
-        self._record: R = _UNSET
+        # Decoded with its batch already, or UNDECODED (decoded on first access).
+        self._record: R = record
 
     @property
     def entry_id(self) -> str:

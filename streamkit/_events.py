@@ -245,7 +245,7 @@ class Events(Generic[R]):
         ledger = delivery.ledger
         return (
             f"<Events {self.stream.name} partition {self.partition} "
-            f"in flight {len(ledger.inflight)}, unacknowledged {len(ledger.done)}, "
+            f"in flight {ledger.inflight_count()}, unacknowledged {len(ledger.done)}, "
             f"acknowledged {delivery.acknowledged}{', draining' if delivery.draining else ''}>"
         )
 

@@ -11,6 +11,7 @@ drive it through the verbs below; :class:`~streamkit.Events` is its public face.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import sys
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import trio
 
 from ._errors import ConfigError, LockLost, StreamkitError
-from ._event import Event
+from ._event import UNDECODED, Event
 from ._events_ledger import Ledger
 from ._locks import local_deadline
 from ._meter import TIMING
@@ -84,6 +85,7 @@ class Delivery(Generic[R]):
         lease_deadline: the lease's local deadline, as last looked up.
         pump_factory: starts the middleware pump (set by ``open_events``).
         pump: the middleware pump, once started.
+        drain_source: what tells that the partition is being moved away, if anything.
     """
 
     def __init__(
@@ -103,22 +105,27 @@ class Delivery(Generic[R]):
             raise ConfigError("max_deliveries", "needs a divert hook to hand the poison events to")
         self.feed = feed
         self.state = state
-        self.ledger: Ledger[R] = Ledger(state)
+        self.ledger: Ledger[R] = Ledger(state, self._make_events)
         self.ack_batch = ack_batch
         self.max_deliveries = sys.maxsize if max_deliveries is None else max_deliveries
         self.divert = divert
         self.middleware = tuple(middleware)
         self.meter: PartitionMeter | None = feed.meter
-        self.decode: Decoder = feed.stream.codec.entry_decoder(
+        codec = feed.stream.codec
+        self.decode: Decoder = codec.entry_decoder(
             stream=feed.stream.name, partition=feed.partition
         )
+        self._decode_batch = codec.batch_decoder(UNDECODED)
+        self._decode_payloads = codec.payload_decoder(UNDECODED)
+        #: Whether each batch is decoded as it is loaded (an iterator of records runs).
+        self.decoding = False
         self.by_batch = False
         self.acknowledged = 0
         self.failure: BaseException | None = None
         self.pump_factory: Callable[[], Pump] | None = None
         self.pump: Pump | None = None
         self.draining = False
-        self._drain_source = draining
+        self.drain_source = draining
         # When the current batch was loaded, if latencies are timed (else 0).
         self._loaded_at = 0.0
         self.lease_deadline = -math.inf
@@ -129,7 +136,7 @@ class Delivery(Generic[R]):
     def is_draining(self) -> bool:
         """Whether the partition is being moved away (the iterators stop)."""
         if not self.draining:
-            source = self._drain_source
+            source = self.drain_source
             if source is not None and source.value:
                 self.draining = True
         return self.draining
@@ -253,38 +260,49 @@ class Delivery(Generic[R]):
             return
         processor = meter.processor
         processor.event_seconds.observe((time.perf_counter() - began) / done, done)
-        buffer = ledger.buffer
-        processor.observe_end_to_end(buffer[0]._id, buffer[done - 1]._id, done, time.time())
+        ids = ledger.ids
+        processor.observe_end_to_end(ids[0], ids[done - 1], done, time.time())
 
-    def time_batch(self, batch: list[Event[R]], began: float) -> None:
-        """Time a batch of ``take()`` that the processor has finished."""
+    def time_batch(self, ids: list[bytes], began: float) -> None:
+        """Time a batch of ``take()`` (its events' ids) that the processor has finished."""
         meter = self.meter
-        if meter is None:
+        if meter is None or not ids:
             return
         processor = meter.processor
         processor.batch_seconds.observe(time.perf_counter() - began)
-        processor.observe_end_to_end(batch[0]._id, batch[-1]._id, len(batch), time.time())
+        processor.observe_end_to_end(ids[0], ids[-1], len(ids), time.time())
 
-    def _load(self, batch: Batch) -> None:
+    def _make_events(self, batch: Batch, records: list[Any] | None) -> list[Event[R]]:
+        """The event objects of ``batch``, given its records if decoded (for the ledger)."""
         feed = self.feed
         partition = feed.partition
         decode = self.decode
         name = feed.stream.name
-        deliveries = batch.deliveries
+        deliveries = batch.deliveries or itertools.repeat(1)
+        decoded = records or itertools.repeat(UNDECODED)
         # Event(...), not Event[R](...): a subscripted class is called through typing,
         # several times slower per event.
-        events: list[Event[R]]
-        if deliveries is None:
-            events = [
-                Event(partition, i, f, 1, decode, name)
-                for i, f in zip(batch.ids, batch.fields, strict=True)
-            ]
-        else:
-            events = [
-                Event(partition, i, f, d, decode, name)
-                for i, f, d in zip(batch.ids, batch.fields, deliveries, strict=True)
-            ]
-        self.ledger.load(batch, events)
+        # (Not strict: the counts and records may repeat one value without end.)
+        return [
+            Event(partition, i, f, d, decode, name, r)
+            for i, f, d, r in zip(batch.ids, batch.fields, deliveries, decoded, strict=False)
+        ]
+
+    def _load(self, batch: Batch) -> None:
+        records = None
+        clean = False
+        if self.decoding:
+            # The whole batch at once; what the batch decoding misses is decoded (and
+            # refused) one by one, when handed out.
+            payloads = batch.payloads() if self._decode_payloads is not None else None
+            if payloads is not None:
+                assert self._decode_payloads is not None
+                records, missed = self._decode_payloads(payloads)
+            else:
+                records, missed = self._decode_batch(batch.fields)
+            deliveries = batch.deliveries
+            clean = not missed and (deliveries is None or max(deliveries) <= self.max_deliveries)
+        self.ledger.load(batch, records, clean=clean)
         if TIMING.on:
             self._loaded_at = time.perf_counter()
 
@@ -449,6 +467,6 @@ class Delivery(Generic[R]):
         ledger = self.ledger
         return (
             f"<Delivery {self.feed.stream.name} partition {self.feed.partition} "
-            f"in flight {len(ledger.inflight)}, unacknowledged {len(ledger.done)}, "
+            f"in flight {ledger.inflight_count()}, unacknowledged {len(ledger.done)}, "
             f"acknowledged {self.acknowledged}{', draining' if self.draining else ''}>"
         )

@@ -3,8 +3,10 @@
 Both drive a :class:`~streamkit._events_delivery.Delivery` and its ledger through
 their verbs. Asking for the next event (or batch) moves past the previous one: it is
 done, and committed with the partition's next read once ``ack_batch`` are done (and
-before every wait). The one-by-one iterator keeps its hot path to a few attribute
-reads per event when the next event is already buffered.
+before every wait). Both hand out records straight from a buffer that is all decoded
+and free of poison (see :class:`~streamkit._events_ledger.Ledger`): no event object is
+made for them, and the one-by-one iterator keeps its hot path to a few attribute
+reads per event.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from ._errors import DecodeError
+from ._event import UNDECODED
 from ._events_delivery import Stop
 from ._meter import TIMING
 from ._validate import non_negative_number
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._event import Event
     from ._events_delivery import Delivery
 
@@ -33,41 +38,91 @@ T = TypeVar("T")
 class OneByOne(AsyncIterator[T]):
     """``records()`` (decoded) and ``raw()`` (:class:`~streamkit.Event` objects)."""
 
-    __slots__ = ("_decode", "_delivery", "_held")
+    __slots__ = (
+        "_decode",
+        "_delivery",
+        "_direct",
+        "_draining",
+        "_feed",
+        "_held",
+        "_ledger",
+        "_now",
+    )
 
     def __init__(self, delivery: Delivery[Any], *, decode: bool) -> None:
         self._delivery = delivery
+        self._ledger = delivery.ledger
         self._decode = decode
+        self._feed = delivery.feed
         self._held = delivery.feed.held
+        # Without middleware, events come straight from the buffer.
+        self._direct = not delivery.middleware
+        self._draining = delivery.drain_source
+        # The clock's own current_time(), once known: a few calls fewer per event.
+        self._now: Callable[[], float] | None = None
         delivery.by_batch = False
+        delivery.decoding = decode
 
     async def __anext__(self) -> T:
         delivery = self._delivery
-        ledger = delivery.ledger
+        ledger = self._ledger
+        now = self._now
+        if now is None:
+            now = self._now = trio.lowlevel.current_clock().current_time
         while True:
             # Move past the previous event.
-            inflight = ledger.inflight
-            if inflight:
-                if len(inflight) == 1 and ledger.dispatched is None:
-                    ledger.done.append(inflight[0]._id)
-                    ledger.inflight = []
-                    if ledger.effects is not None:
-                        ledger.effects.promote()
+            lo = ledger.span_lo
+            if ledger.span_hi > lo:
+                # Handed out straight from the buffer (no middleware).
+                done = ledger.done
+                if ledger.span_hi == lo + 1:
+                    done.append(ledger.ids[lo])
                 else:
-                    ledger.move_past()
+                    done.extend(ledger.ids[lo : ledger.span_hi])
+                ledger.span_hi = lo
+                if ledger.effects is not None:
+                    ledger.effects.promote()
+                if len(done) >= delivery.ack_batch:
+                    delivery.commit_soon()
+            elif ledger.handed:
+                ledger.move_past()
                 if len(ledger.done) >= delivery.ack_batch:
                     delivery.commit_soon()
-            if delivery.draining or delivery.is_draining():
+            source = self._draining
+            if delivery.draining or (source is not None and source.value):
+                delivery.drain()
                 await delivery.stop()
-            # The next event: straight from the batch when nothing else comes first.
+            # The next event: straight from the buffer when nothing else comes first.
             pos = ledger.pos
-            buffer = ledger.buffer
-            if pos < len(buffer) and not ledger.replay and not delivery.middleware:
+            if pos >= ledger.size and self._direct and not ledger.replay:
+                # The buffer is used up: load the next batch, for the path below.
+                try:
+                    await delivery.next_batch(math.inf, wake=True)
+                except Stop:
+                    await delivery.stop()
+                continue
+            if pos < ledger.size and self._direct and not ledger.replay:
                 await trio.lowlevel.checkpoint_if_cancelled()
-                event = buffer[pos]
+                if self._decode and ledger.clean:
+                    # Decoded with its batch, and no poison: the record, no event.
+                    ledger.pos = pos + 1
+                    # The lease, against its cached local deadline.
+                    if not (
+                        self._held.lost_reason is None
+                        and now() < delivery.lease_deadline
+                        and self._feed.failure is None
+                    ):
+                        delivery.check_lease()
+                    ledger.span_lo = pos
+                    ledger.span_hi = pos + 1
+                    return ledger.records[pos]  # type: ignore[index, no-any-return]
+                event = ledger.event_at(pos)
                 ledger.pos = pos + 1
                 if event.delivery_count > delivery.max_deliveries and await delivery.screen(event):
                     continue
+                self._check_lease(now)
+                ledger.span_lo = pos
+                ledger.span_hi = pos + 1
             else:
                 try:
                     next_event = await delivery.next_event()
@@ -75,29 +130,36 @@ class OneByOne(AsyncIterator[T]):
                     await delivery.stop()
                 assert next_event is not None
                 event = next_event
-            # The lease, against its cached local deadline.
-            if not (
-                self._held.lost_reason is None
-                and trio.current_time() < delivery.lease_deadline
-                and delivery.feed.failure is None
-            ):
-                delivery.check_lease()
-            ledger.inflight = [event]
+                self._check_lease(now)
+                ledger.handed = [event]
             if not self._decode:
                 return event  # type: ignore[return-value]
+            record = event._record
+            if record is not UNDECODED:
+                return record  # type: ignore[no-any-return]
             try:
                 return event._decode(event._flat, event._id)  # type: ignore[no-any-return]
             except DecodeError as exc:
                 if delivery.divert is None:
                     raise
-                ledger.inflight = []
+                ledger.hand_out([])
                 await delivery.divert_event(event, exc, "undecodable")
+
+    def _check_lease(self, now: Callable[[], float]) -> None:
+        # The lease, against its cached local deadline (Delivery.check_lease).
+        delivery = self._delivery
+        if not (
+            self._held.lost_reason is None
+            and now() < delivery.lease_deadline
+            and self._feed.failure is None
+        ):
+            delivery.check_lease()
 
 
 class Batches(AsyncIterator[list[T]]):
     """``take(n)`` (decoded records) and ``take_raw(n)`` (:class:`~streamkit.Event` s)."""
 
-    __slots__ = ("_decode", "_delivery", "_handed_at", "_n", "_stopped", "_within")
+    __slots__ = ("_decode", "_delivery", "_direct", "_handed_at", "_n", "_stopped", "_within")
 
     def __init__(
         self, delivery: Delivery[Any], n: int, within: float | None, *, decode: bool
@@ -109,17 +171,19 @@ class Batches(AsyncIterator[list[T]]):
         self._n = n
         self._within = math.inf if within is None else within
         self._decode = decode
+        self._direct = not delivery.middleware
         self._stopped = False
         # When the batch in flight was handed out, if latencies are timed (else 0).
         self._handed_at = 0.0
         delivery.by_batch = True
+        delivery.decoding = decode
 
     async def __anext__(self) -> list[T]:
         delivery = self._delivery
         ledger = delivery.ledger
-        if ledger.inflight:
+        if ledger.has_inflight():
             if self._handed_at:
-                delivery.time_batch(ledger.inflight, self._handed_at)
+                delivery.time_batch(ledger.inflight_ids(), self._handed_at)
                 self._handed_at = 0.0
             ledger.move_past()
             delivery.commit_if_due()
@@ -128,6 +192,22 @@ class Batches(AsyncIterator[list[T]]):
         while True:
             if self._stopped or delivery.is_draining():
                 await delivery.stop()
+            if self._decode and self._direct and not ledger.replay:
+                # A whole batch of records straight from a clean buffer: no events.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                if not ledger.has_buffered():
+                    try:
+                        await delivery.next_batch(math.inf, wake=True)
+                    except Stop:
+                        self._stopped = True
+                        continue
+                lo, hi = ledger.take_span(self._n)
+                if hi > lo:
+                    delivery.check_lease()
+                    ledger.hand_out_span(lo, hi)
+                    if TIMING.on:
+                        self._handed_at = time.perf_counter()
+                    return ledger.records[lo:hi]  # type: ignore[index]
             batch, out = await self._gather()
             if batch:
                 delivery.check_lease()
@@ -165,7 +245,8 @@ class Batches(AsyncIterator[list[T]]):
                         continue
                     if decode:
                         try:
-                            out.append(event.record)
+                            record = event._record
+                            out.append(record if record is not UNDECODED else event.record)
                         except DecodeError as exc:
                             if delivery.divert is None:
                                 ledger.hand_out([*batch, event])
@@ -173,7 +254,7 @@ class Batches(AsyncIterator[list[T]]):
                             await delivery.divert_event(event, exc, "undecodable")
                             continue
                 except BaseException:
-                    if ledger.inflight and ledger.inflight[-1] is event:
+                    if ledger.handed and ledger.handed[-1] is event:
                         # An undecodable record with no hook: the batch so far and
                         # the event are in flight, for the caller to settle.
                         ledger.put_back(ready[i + 1 :])

@@ -49,23 +49,71 @@ class FeedEnded(StreamkitError):
 
 
 class Batch:
-    """Entries of one partition as read, in order, in the layout Redis returns.
+    """Entries of one partition as read, in order.
 
     Attributes:
         ids: the entry ids, as bytes.
-        fields: each entry's flat field list ``[name, value, name, value, ...]``.
         deliveries: each entry's delivery count, or ``None`` when every entry is
             delivered for the first time.
     """
 
-    __slots__ = ("deliveries", "fields", "ids")
+    __slots__ = ("_fields", "_flat", "_widths", "deliveries", "ids")
 
     def __init__(
         self, ids: list[bytes], fields: list[list[bytes]], deliveries: list[int] | None = None
     ) -> None:
         self.ids = ids
-        self.fields = fields
+        self._fields: list[list[bytes]] | None = fields
+        self._flat: list[bytes] = []
+        self._widths: int | list[int] = 0
         self.deliveries = deliveries
+
+    @classmethod
+    def from_flat(
+        cls,
+        ids: list[bytes],
+        flat: list[bytes],
+        widths: int | list[int],
+        deliveries: list[int] | None = None,
+    ) -> Batch:
+        """A batch from every entry's field list laid end to end in ``flat``: entry
+        ``i`` has ``widths[i]`` of them, or ``widths`` if that is a number (as the
+        fetcher's read script returns them: one array for all is cheaper for Redis to
+        build and to parse than one per entry)."""
+        batch = cls(ids, [], deliveries)
+        batch._fields = None
+        batch._flat = flat
+        batch._widths = widths
+        return batch
+
+    @property
+    def fields(self) -> list[list[bytes]]:
+        """Each entry's flat field list ``[name, value, name, value, ...]``."""
+        fields = self._fields
+        if fields is None:
+            fields = self._fields = _unflatten(self._flat, self._widths, len(self.ids))
+        return fields
+
+    def entry_fields(self, index: int) -> list[bytes]:
+        """The flat field list of entry ``index`` (without building every entry's)."""
+        widths = self._widths
+        if self._fields is None and isinstance(widths, int):
+            return self._flat[index * widths : (index + 1) * widths]
+        return self.fields[index]
+
+    def payloads(self) -> list[bytes] | None:
+        """Every entry's ``data`` field, if that is each entry's only field (the layout
+        of JSON records without compression), else ``None``."""
+        count = len(self.ids)
+        if self._fields is None:
+            flat = self._flat
+            if self._widths == 2 and flat[0::2].count(b"data") == count:
+                return flat[1::2]
+            return None
+        fields = self._fields
+        if all(len(f) == 2 and f[0] == b"data" for f in fields):
+            return [f[1] for f in fields]
+        return None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -73,6 +121,17 @@ class Batch:
     def __repr__(self) -> str:
         kind = "first deliveries" if self.deliveries is None else "redeliveries"
         return f"<Batch {len(self.ids)} entries, {kind}>"
+
+
+def _unflatten(flat: list[bytes], widths: int | list[int], count: int) -> list[list[bytes]]:
+    if isinstance(widths, int):
+        return [flat[at : at + widths] for at in range(0, count * widths, widths)]
+    fields = []
+    at = 0
+    for width in widths:
+        fields.append(flat[at : at + width])
+        at += width
+    return fields
 
 
 class PartitionFeed(Protocol):

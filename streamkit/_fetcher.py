@@ -8,7 +8,10 @@ partition, and acknowledgements are fenced the same way.
 
 Each registered partition is served through a :class:`~streamkit.PartitionFeed`: the
 fetcher puts batches in, the consumer takes them out, reports each one done (which
-makes room to read ahead) and acknowledges what it processed. The acknowledgements of
+makes room to read ahead) and acknowledges what it processed. Each read runs in a task
+of the loop's own, one at a time per partition, so that a partition is read again as
+soon as its consumer made room: Redis reads the next batches while the consumers work
+on theirs. The acknowledgements of
 finished events ride along with the partition's next read when one is due (one round
 trip for both), else go alone.
 
@@ -81,8 +84,8 @@ DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
 ACK_CHUNK = 2000
 
-_READ_SCRIPT = LuaScript(READ_LUA)
-_ACK_SCRIPT = LuaScript(ACK_LUA)
+_READ_SCRIPT = LuaScript(READ_LUA, hot=True)
+_ACK_SCRIPT = LuaScript(ACK_LUA, hot=True)
 
 
 @attrs.define(eq=False, repr=False)
@@ -257,6 +260,12 @@ class Fetcher(Generic[R]):
     _feeds: dict[int, _Feed] = attrs.field(factory=dict, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _block_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    # The partitions with a read in flight (one at a time per partition), whether a
+    # look at the quiet ones is in flight, and what the reads and looks found.
+    _reading: set[int] = attrs.field(factory=set, init=False)
+    _looking: bool = attrs.field(default=False, init=False)
+    _errors: list[RedisUnavailable] = attrs.field(factory=list, init=False)
+    _succeeded: bool = attrs.field(default=False, init=False)
     _reads: int = attrs.field(default=0, init=False)
     _blocks: int = attrs.field(default=0, init=False)
     # Counters and latencies, read by streamkit.metrics.
@@ -371,49 +380,97 @@ class Fetcher(Generic[R]):
         # across rounds, so that frequent wake-ups cannot postpone it forever).
         poll_at = math.inf
         health = health_of(self.redis)
-        while True:
-            # A fresh event each round: a wake after the checks below is not lost.
-            self._changed = trio.Event()
-            active = [f for f in self._feeds.values() if f.active]
-            has_room = [f for f in active if f.batches_out < self.prefetch]
-            ready = [f for f in has_room if not f.idle]
-            idle = [f for f in has_room if f.idle]
-            try:
-                if ready:
-                    # While some partition is busy, the quiet ones are checked in
-                    # the same round with one non-blocking XREAD, so they never
-                    # starve; partitions just woken by an XREAD need no check.
-                    busy = any(not f.woken for f in ready)
-                    await self._read_all(ready, idle if busy else [])
-                elif idle and len(has_room) == len(active):
-                    if not await self._wait_for_entries(idle, block=self.idle_block):
-                        # Quiet for a while: acknowledge what the consumers finished
-                        # rather than wait for a read to carry it.
-                        await self._send_due_acks(active)
-                elif idle:
-                    # Some partition waits for its consumer to make room: a blocking
-                    # XREAD would need cancelling each time it does, so wait for room
-                    # and poll the idle ones every busy_poll seconds.
-                    if poll_at == math.inf:
-                        poll_at = trio.current_time() + self.busy_poll
-                    with trio.move_on_at(poll_at):
+        # Each read runs as a task of its own: a partition is read again as soon as
+        # its consumer made room, whatever the others' reads, so that Redis works on
+        # the next batches while the consumers work on theirs.
+        async with trio.open_nursery() as tasks:
+            while True:
+                # A fresh event each round: a wake after the checks below is not lost.
+                self._changed = trio.Event()
+                try:
+                    if self._errors:
+                        error = self._errors[0]
+                        self._errors.clear()
+                        raise error
+                    if self._succeeded:
+                        self._succeeded = False
+                        delays = None
+                    active = [f for f in self._feeds.values() if f.active]
+                    has_room = [f for f in active if f.batches_out < self.prefetch]
+                    ready = [f for f in has_room if not f.idle]
+                    idle = [f for f in has_room if f.idle]
+                    reading = self._reading
+                    lone = len(ready) == 1 and not reading and not self._looking
+                    if lone and (ready[0].woken or not idle):
+                        # One partition to read, nothing in flight: read it here, at
+                        # once (a task of its own would cost a trip through the
+                        # scheduler, which the latency of a quiet stream shows).
+                        reading.add(ready[0].partition)
+                        await self._read_task(ready[0])
+                    elif ready:
+                        startable = [f for f in ready if f.partition not in reading]
+                        for feed in startable:
+                            reading.add(feed.partition)
+                            tasks.start_soon(self._read_task, feed)
+                        # While some partition is busy, the quiet ones are checked
+                        # with one non-blocking XREAD, so they never starve;
+                        # partitions just woken by an XREAD need no check.
+                        if idle and not self._looking and any(not f.woken for f in ready):
+                            self._looking = True
+                            tasks.start_soon(self._look_task, idle)
                         await self._changed.wait()
-                    if trio.current_time() >= poll_at:
-                        poll_at = math.inf
-                        await self._wait_for_entries(idle, block=None)
-                else:
-                    await self._changed.wait()
-                delays = None
-            except RedisUnavailable as exc:
-                for feed in self._feeds.values():
-                    feed.caught_up = False
-                if delays is None:
-                    delays = Backoff().delays()
-                delay = next(delays)
-                # The client's outage log says it once, for the whole process.
-                health.unavailable(exc, what=f"fetching {self.stream.name}")
-                log.debug("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
-                await trio.sleep(delay)
+                    elif reading or self._looking:
+                        await self._changed.wait()
+                    elif idle and len(has_room) == len(active):
+                        if not await self._wait_for_entries(idle, block=self.idle_block):
+                            # Quiet for a while: acknowledge what the consumers
+                            # finished rather than wait for a read to carry it.
+                            await self._send_due_acks(active)
+                    elif idle:
+                        # Some partition waits for its consumer to make room: a
+                        # blocking XREAD would need cancelling each time it does, so
+                        # wait for room and poll the idle ones every busy_poll seconds.
+                        if poll_at == math.inf:
+                            poll_at = trio.current_time() + self.busy_poll
+                        with trio.move_on_at(poll_at):
+                            await self._changed.wait()
+                        if trio.current_time() >= poll_at:
+                            poll_at = math.inf
+                            await self._wait_for_entries(idle, block=None)
+                    else:
+                        await self._changed.wait()
+                except RedisUnavailable as exc:
+                    for feed in self._feeds.values():
+                        feed.caught_up = False
+                    if delays is None:
+                        delays = Backoff().delays()
+                    delay = next(delays)
+                    # The client's outage log says it once, for the whole process.
+                    health.unavailable(exc, what=f"fetching {self.stream.name}")
+                    log.debug("fetching failed: %s (retrying in %.2fs)", exc.reason, delay)
+                    await trio.sleep(delay)
+
+    async def _read_task(self, feed: _Feed) -> None:
+        """Read ``feed`` once; what happened is for the loop of :meth:`_run` to see."""
+        try:
+            error = await self._read(feed)
+        finally:
+            self._reading.discard(feed.partition)
+            self._changed.set()
+        if error is None:
+            self._succeeded = True
+        else:
+            self._errors.append(error)
+
+    async def _look_task(self, idle: list[_Feed]) -> None:
+        """Check whether the ``idle`` partitions have new entries (not blocking)."""
+        try:
+            await self._wait_for_entries(idle, block=None)
+        except RedisUnavailable as exc:
+            self._errors.append(exc)
+        finally:
+            self._looking = False
+            self._changed.set()
 
     async def _send_due_acks(self, feeds: list[_Feed]) -> None:
         """Send the acknowledgements the ``feeds`` hold for a read that is not coming."""
@@ -448,34 +505,6 @@ class Fetcher(Generic[R]):
                 nursery.start_soon(send, feed)
         if errors:
             raise errors[0]
-
-    async def _read_all(self, feeds: list[_Feed], idle: list[_Feed]) -> None:
-        """Read ``feeds`` and check whether ``idle`` partitions have new entries,
-        concurrently."""
-        if len(feeds) == 1 and not idle:
-            error = await self._read(feeds[0])
-        else:
-            errors: list[RedisUnavailable] = []
-
-            async def read(feed: _Feed) -> None:
-                error = await self._read(feed)
-                if error is not None:
-                    errors.append(error)
-
-            async def check(idle: list[_Feed]) -> None:
-                try:
-                    await self._wait_for_entries(idle, block=None)
-                except RedisUnavailable as exc:
-                    errors.append(exc)
-
-            async with trio.open_nursery() as nursery:
-                for feed in feeds:
-                    nursery.start_soon(read, feed)
-                if idle:
-                    nursery.start_soon(check, idle)
-            error = errors[0] if errors else None
-        if error is not None:
-            raise error
 
     async def _read(self, feed: _Feed) -> RedisUnavailable | None:
         """Run one fenced read; return (not raise) Redis being unavailable."""
@@ -588,13 +617,13 @@ class Fetcher(Generic[R]):
                 LockLost(held.name, "a fenced read was refused: the lock is no longer ours"),
             )
             return None
-        entries, counts, next_start, last_id = reply
+        ids, flat, widths, counts, next_start, last_id = reply
         feed.start = text(next_start)
         feed.woken = False
-        if entries:
-            feed._put(Batch([e[0] for e in entries], [e[1] for e in entries], counts or None))
-            feed.last_seen = text(entries[-1][0])
-            if feed.start == ">" and len(entries) < self.batch_size:
+        if ids:
+            feed._put(Batch.from_flat(ids, flat, widths, counts or None))
+            feed.last_seen = text(ids[-1])
+            if feed.start == ">" and len(ids) < self.batch_size:
                 # Fewer than asked for: the read reached the end of the stream. Wait
                 # for more in the blocking XREAD instead of reading it again now.
                 feed.idle = True
@@ -825,9 +854,10 @@ async def open_fetcher(
     """Run a :class:`Fetcher` for ``stream``'s consumer group ``group``.
 
     One background task serves every registered partition: it runs one fenced read
-    per partition whose buffer has room (concurrently), and when none had anything
-    new, waits in one blocking ``XREAD`` over all idle partitions (on a Redis Cluster,
-    one per hash slot, concurrently).
+    per partition whose buffer has room (concurrently, each partition read again as
+    soon as it has room), and when none had anything new, waits in one blocking
+    ``XREAD`` over all idle partitions (on a Redis Cluster, one per hash slot,
+    concurrently).
 
     Args:
         redis: a client from :func:`streamkit.open_redis`.

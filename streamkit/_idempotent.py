@@ -57,7 +57,7 @@ _finished: weakref.WeakKeyDictionary[Any, FinishedMarkers] = weakref.WeakKeyDict
 
 @functools.cache
 def _script(body: str) -> LuaScript:
-    return LuaScript(append_once_source(body))
+    return LuaScript(append_once_source(body), hot=True)
 
 
 async def append_once(

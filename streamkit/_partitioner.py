@@ -21,7 +21,7 @@ import xxhash
 from ._errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 __all__ = ["Partitioner", "canonical_key_bytes", "partition_for"]
 
@@ -180,6 +180,37 @@ class Partitioner(Generic[R]):
                 f"({type(exc).__name__}: {exc}); every record needs one",
             ) from None
         return xxhash.xxh64_intdigest(key, _HASH_SEED) % self.partition_count
+
+    def partitions_of(self, records: Sequence[R]) -> list[int]:
+        """:meth:`partition_of` of each of ``records``, in one loop.
+
+        Error handling:
+            As :meth:`partition_of`, for the first record it refuses.
+        """
+        key_of = self._key_of
+        count = self.partition_count
+        digest = xxhash.xxh64_intdigest
+        out: list[int] = []
+        append = out.append
+        try:
+            for record in records:
+                key: Any = key_of(record)
+                # canonical_key_bytes, its exact types inlined.
+                key_type = type(key)
+                if key_type is str:
+                    raw = key.encode("utf-8")
+                elif key_type is bytes:
+                    raw = key
+                elif key_type is int:
+                    raw = b"%d" % key
+                else:
+                    raw = canonical_key_bytes(key)
+                append(digest(raw, _HASH_SEED) % count)
+        except Exception:
+            # The record that failed, the way partition_of says it.
+            for record in records[len(out) :]:
+                append(self.partition_of(record))
+        return out
 
 
 def _check_key_field(record: type[Any], name: str) -> None:

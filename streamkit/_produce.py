@@ -35,7 +35,6 @@ from ._wire import (
     REDIS_MAX_BULK,
     chunk_bounds,
     compare_metadata,
-    flatten_fields,
     format_size,
     metadata_pairs,
     text,
@@ -58,6 +57,7 @@ __all__ = [
     "append_reply",
     "check_metadata_reply",
     "check_send_options",
+    "encode_into",
     "encode_window",
     "marker_key",
     "metadata_arguments",
@@ -91,10 +91,22 @@ def check_send_options(chunk_size: int, replicas: int, replica_timeout: float) -
     positive_finite_number.check("replica_timeout", replica_timeout)
 
 
-def windows(records: Iterable[Any], chunk_size: int, partition_count: int) -> Iterator[list[Any]]:
-    """``records`` a window at a time: enough for every partition's pipeline, no more."""
+def windows(
+    records: Iterable[Any], chunk_size: int, partition_count: int, *, first: int | None = None
+) -> Iterator[list[Any]]:
+    """``records`` a window at a time: enough for every partition's pipeline, no more.
+
+    ``first``: the size of the first window, if it is to be another (a producer that
+    encodes a window while the one before is sent starts sending sooner with a small
+    first one).
+    """
     size = chunk_size * WINDOW_PER_PARTITION * partition_count
     iterator = iter(records)
+    if first is not None:
+        window = list(itertools.islice(iterator, first))
+        if not window:
+            return
+        yield window
     while window := list(itertools.islice(iterator, size)):
         yield window
 
@@ -105,16 +117,22 @@ class Window:
 
     Attributes:
         positions: per partition, the positions of its records in the window, in order.
-        entries: per partition, each record's script arguments (field count, then field
-            names and values), in the same order.
+        flat: per partition, its records' script arguments (each: field count, then
+            field names and values), laid end to end in the same order.
+        ends: per partition, where each record's arguments end in ``flat``.
         sizes: per partition, each record's size in bytes (names and values).
         ids: the entry id of each record of the window, once appended ("" before).
     """
 
-    positions: dict[int, list[int]]
-    entries: dict[int, list[list[bytes | int]]]
-    sizes: dict[int, list[int]]
-    ids: list[str]
+    positions: dict[int, list[int]] = attrs.field(factory=dict)
+    flat: dict[int, list[bytes | int]] = attrs.field(factory=dict)
+    ends: dict[int, list[int]] = attrs.field(factory=dict)
+    sizes: dict[int, list[int]] = attrs.field(factory=dict)
+    ids: list[str] = attrs.field(factory=list)
+
+    def partitions(self) -> list[int]:
+        """The partitions the window's records go to."""
+        return list(self.positions)
 
     def chunks(self, partition: int, chunk_size: int) -> list[tuple[int, int]]:
         """``partition``'s records cut into script calls: ``(start, end)`` bounds, in order.
@@ -128,10 +146,8 @@ class Window:
 
     def arguments(self, partition: int, start: int, end: int) -> list[bytes | int]:
         """The flat entry arguments of records ``start:end`` of ``partition``."""
-        flat: list[bytes | int] = []
-        for entry in self.entries[partition][start:end]:
-            flat.extend(entry)
-        return flat
+        ends = self.ends[partition]
+        return self.flat[partition][ends[start - 1] if start else 0 : ends[end - 1]]
 
     def landed(self, partition: int, start: int, ids: Sequence[str]) -> None:
         """Records ``start``, ``start + 1``, ... of ``partition`` were appended as ``ids``."""
@@ -156,22 +172,46 @@ def encode_window(
         than ``max_record_size`` or has a field longer than the server accepts, and the
         partitioner's errors for a bad key: raised before anything is sent.
     """
-    partition_of = spec.partitioner.partition_of
-    encode = spec.codec.encode
-    positions: dict[int, list[int]] = {}
-    entries: dict[int, list[list[bytes | int]]] = {}
-    sizes: dict[int, list[int]] = {}
-    for position, record in enumerate(records):
-        partition = partition_of(record)
-        entry: list[bytes | int] = []
-        fields = encode(record)
-        size = flatten_fields(fields, entry)
+    window = Window(ids=[""] * len(records))
+    encode_into(window, spec, records, 0, len(records), server_limit)
+    return window
+
+
+def encode_into(
+    window: Window,
+    spec: StreamSpec[Any],
+    records: Sequence[Any],
+    start: int,
+    end: int,
+    server_limit: int = REDIS_MAX_BULK,
+) -> None:
+    """:func:`encode_window` for ``records[start:end]``, into ``window`` (of all
+    ``records``): a window can be encoded a slice at a time, in order.
+
+    Error handling:
+        As :func:`encode_window`.
+    """
+    encode_entry = spec.codec.entry_encoder()
+    positions = window.positions
+    flats = window.flat
+    ends = window.ends
+    sizes = window.sizes
+    partitions = spec.partitioner.partitions_of(records[start:end])
+    for position, partition in enumerate(partitions, start):
+        record = records[position]
+        entry, size = encode_entry(record)
         if size > server_limit:
-            _check_server_limit(spec, fields, server_limit)
-        positions.setdefault(partition, []).append(position)
-        entries.setdefault(partition, []).append(entry)
-        sizes.setdefault(partition, []).append(size)
-    return Window(positions, entries, sizes, [""] * len(records))
+            _check_server_limit(spec, spec.codec.encode(record), server_limit)
+        flat = flats.get(partition)
+        if flat is None:
+            flat = flats[partition] = []
+            positions[partition] = []
+            ends[partition] = []
+            sizes[partition] = []
+        flat.extend(entry)
+        ends[partition].append(len(flat))
+        positions[partition].append(position)
+        sizes[partition].append(size)
 
 
 def _check_server_limit(spec: StreamSpec[Any], fields: dict[bytes, bytes], limit: int) -> None:
@@ -412,4 +452,7 @@ class AppendCall:
 def append_reply(reply: Any) -> tuple[list[str], int, bool]:
     """The idempotent append's reply: (new entry ids, entries the cap dropped, whether
     the call was applied before, by an attempt whose reply was lost)."""
-    return [text(i) for i in reply[0]], int(reply[1]), bool(reply[2])
+    ids = reply[0]
+    if ids and type(ids[0]) is bytes:
+        return [i.decode() for i in ids], int(reply[1]), bool(reply[2])
+    return [text(i) for i in ids], int(reply[1]), bool(reply[2])

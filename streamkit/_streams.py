@@ -29,9 +29,11 @@ from ._nurseries import meaningful_leaf
 from ._produce import (
     DEFAULT_REPLICA_TIMEOUT,
     WINDOW_PER_PARTITION,
+    Window,
     bulk_limit_reply,
     check_metadata_reply,
     check_send_options,
+    encode_into,
     encode_window,
     metadata_arguments,
     windows,
@@ -53,11 +55,16 @@ __all__ = [
     "WINDOW_PER_PARTITION",
     "Stream",
     "append_entries",
+    "append_flat",
     "check_metadata",
     "server_bulk_limit",
 ]
 
 R = TypeVar("R")
+
+#: Records encoded between two looks at the sends in flight (send_many encodes the
+#: next window while Redis appends the current one).
+ENCODE_SLICE = 500
 
 log = logging.getLogger("streamkit.streams")
 
@@ -131,6 +138,21 @@ async def append_entries(
     flat: list[bytes | int] = []
     for entry in entries:
         flat.extend(entry)
+    return await append_flat(
+        redis, spec, partition, flat, partition_size=partition_size, max_len=max_len
+    )
+
+
+async def append_flat(
+    redis: Redis,
+    spec: StreamSpec[Any],
+    partition: int,
+    flat: list[bytes | int],
+    *,
+    partition_size: int,
+    max_len: int | None = None,
+) -> list[str]:
+    """:func:`append_entries` for entries laid end to end in ``flat`` already."""
     entry_ids, dropped = await append_once(
         redis,
         spec.key(partition),
@@ -294,39 +316,64 @@ class Stream(Generic[R]):
         )
         # The tasks sending a window's partitions inherit the wait (a context variable).
         with waiting:
-            for window in windows(records, chunk, self.partition_count):
-                ids.extend(await self._send_window(window, chunk, server_limit))
+            # A first window of one chunk per partition: sending starts after encoding
+            # that much, and the next windows are encoded while Redis appends.
+            upcoming = windows(
+                records, chunk, self.partition_count, first=chunk * self.partition_count
+            )
+            window_records = next(upcoming, None)
+            if window_records is None:
+                return ids
+            window = encode_window(self.spec, window_records, server_limit)
+            while True:
+                # While Redis appends a window, the next one is read and encoded.
+                following: list[R] | None = None
+                ahead: Window | None = None
+                failure: Exception | None = None
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for partition in window.positions:
+                            nursery.start_soon(self._send_partition, window, partition, chunk)
+                        try:
+                            following = next(upcoming, None)
+                            if following is not None:
+                                ahead = await self._encode(following, server_limit)
+                        except Exception as exc:
+                            # Raised once this window is sent, as if it came after.
+                            failure = exc
+                except BaseExceptionGroup as group:
+                    # One error for the caller, as from a single partition: the first
+                    # partition's failure cancelled the others (no exception-group soup).
+                    raise meaningful_leaf(group) from None
+                ids.extend(window.ids)
                 if on_sent is not None:
-                    on_sent(len(window))
-        return ids
+                    on_sent(len(window_records))
+                if failure is not None:
+                    raise failure
+                if following is None or ahead is None:
+                    return ids
+                window, window_records = ahead, following
 
-    async def _send_window(self, records: Sequence[R], chunk: int, server_limit: int) -> list[str]:
-        window = encode_window(self.spec, records, server_limit)
+    async def _encode(self, records: Sequence[R], server_limit: int) -> Window:
+        """:func:`encode_window` a slice at a time, letting the sends go on between."""
+        window = Window(ids=[""] * len(records))
+        for start in range(0, len(records), ENCODE_SLICE):
+            end = min(start + ENCODE_SLICE, len(records))
+            encode_into(window, self.spec, records, start, end, server_limit)
+            await trio.lowlevel.checkpoint()
+        return window
 
-        async def send_partition(partition: int) -> None:
-            for start, end in window.chunks(partition, chunk):
-                sent = await self._append(partition, window.entries[partition][start:end])
-                window.landed(partition, start, sent)
+    async def _send_partition(self, window: Window, partition: int, chunk: int) -> None:
+        for start, end in window.chunks(partition, chunk):
+            sent = await self._append(partition, window.arguments(partition, start, end))
+            window.landed(partition, start, sent)
 
-        if len(window.entries) == 1:
-            await send_partition(next(iter(window.entries)))
-        else:
-            try:
-                async with trio.open_nursery() as nursery:
-                    for partition in window.entries:
-                        nursery.start_soon(send_partition, partition)
-            except BaseExceptionGroup as group:
-                # One error for the caller, as from a single partition: the first
-                # partition's failure cancelled the others (no exception-group soup).
-                raise meaningful_leaf(group) from None
-        return window.ids
-
-    async def _append(self, partition: int, entries: list[list[bytes | int]]) -> list[str]:
-        return await append_entries(
+    async def _append(self, partition: int, flat: list[bytes | int]) -> list[str]:
+        return await append_flat(
             self._connection(),
             self.spec,
             partition,
-            entries,
+            flat,
             partition_size=self.settings.partition_size,
             max_len=self.settings.max_len,
         )

@@ -374,7 +374,10 @@ end
 # trimming (0: do not trim), the number of ids to acknowledge, those ids (the
 # consumer's finished events), then the changes to apply with them, if any.
 # Returns 0 if the lease is not ours (nothing read, written or acknowledged); else
-# {entries, delivery counts (history only), next start id, last stream id (if idle)}.
+# {ids, fields, widths, delivery counts (history only), next start id, last stream id
+# (if idle)}: the entries' field lists flat, one after the other, in `fields`, and in
+# `widths` the length of each (a number when every entry has the same): a flat reply
+# is cheaper to build for Redis and to parse for the client than one array per entry.
 READ_LUA = (
     """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
@@ -397,6 +400,23 @@ local function read(id)
   return {}
 end
 
+-- The entries as {ids, flat fields, widths}.
+local function flat(entries)
+  local ids, fields, widths = {}, {}, {}
+  local n, same = 0, nil
+  for i, entry in ipairs(entries) do
+    ids[i] = entry[1]
+    local f = entry[2]
+    local w = #f
+    for j = 1, w do fields[n + j] = f[j] end
+    n = n + w
+    widths[i] = w
+    if same == nil then same = w elseif same ~= w then same = -1 end
+  end
+  if same ~= nil and same >= 0 then widths = same end
+  return ids, fields, widths
+end
+
 if ARGV[5] ~= '>' then
   local raw = read(ARGV[5])
   if #raw > 0 then
@@ -414,16 +434,20 @@ if ARGV[5] ~= '>' then
       for _, p in ipairs(pending) do by_id[p[1]] = p[4] end
       for i, entry in ipairs(live) do counts[i] = by_id[entry[1]] or 1 end
     end
-    return {live, counts, raw[#raw][1], ''}
+    local ids, fields, widths = flat(live)
+    return {ids, fields, widths, counts, raw[#raw][1], ''}
   end
 end
 
 local entries = read('>')
-if #entries > 0 then return {entries, {}, '>', ''} end
+if #entries > 0 then
+  local ids, fields, widths = flat(entries)
+  return {ids, fields, widths, {}, '>', ''}
+end
 local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
 local last_id = '0-0'
 if last[1] then last_id = last[1][1] end
-return {entries, {}, '>', last_id}
+return {{}, {}, 0, {}, '>', last_id}
 """
 )
 

@@ -264,10 +264,12 @@ async def test_the_admin_tools_run_under_their_user(
     workers.append(worker)
     handle = ProcessorKeys(app="shop", stream="orders", processor="handle")
 
-    async def dead_lettered() -> bool:
-        return await admin.xlen(handle.dead_letter_key) == 1
+    async def dead_lettered_and_halted() -> bool:
+        return await admin.xlen(handle.dead_letter_key) == 1 and bool(
+            await admin.keys("__halt:{shop.orders.*}.strict")
+        )
 
-    await wait_until(dead_lettered, what="a dead letter", within=60)
+    await wait_until(dead_lettered_and_halted, what="a dead letter and a halt", within=60)
     worker.send_signal(signal.SIGTERM)
     await worker.wait_exit()
     jobs, double, _ = make_jobs_app(redis_url=server.url)

@@ -86,3 +86,115 @@ def test_flat_path_refuses_what_the_converter_refuses(payload: dict[str, Any]) -
     result = decoded(Flat, payload)
     assert isinstance(result, tuple)
     assert result == reference(Flat, payload)
+
+
+# --- batches: decoded at once (Delivery), encoded one entry at a time (producers) ---
+
+MISSING = object()
+
+
+class Nested(Record):
+    name: str
+    tags: list[str]
+
+
+def one_by_one(record: type[Any], flats: list[list[bytes]]) -> list[object]:
+    decode = codec_for(record).entry_decoder(stream="s", partition=0)
+    out: list[object] = []
+    for flat in flats:
+        try:
+            out.append(decode(flat, b"1-0"))
+        except DecodeError:
+            out.append(MISSING)
+    return out
+
+
+PAYLOADS = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["name", "count", "price", "ok", "extra", "tags"]), JSON_VALUES, max_size=6
+    ).map(orjson.dumps),
+    st.binary(max_size=12),
+    st.just(b"[1, 2]"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PAYLOADS, max_size=8), st.sampled_from([Flat, WithDefault, Nested, dict]))
+def test_a_batch_decodes_as_its_entries_one_by_one(
+    payloads: list[bytes], record: type[Any]
+) -> None:
+    """What the batch decoding gives is each entry's record as decoded alone; what it
+    misses (and only that) the entry decoder refuses."""
+    flats = [[b"data", payload] for payload in payloads]
+    expected = one_by_one(record, flats)
+    codec = codec_for(record)
+    by_payload = codec.payload_decoder(MISSING)
+    assert by_payload is not None
+    for records, missed in (codec.batch_decoder(MISSING)(flats), by_payload(payloads)):
+        assert records == expected
+        assert missed == sum(r is MISSING for r in expected)
+
+
+def test_a_batch_of_other_layouts_decodes_entry_by_entry() -> None:
+    codec = codec_for(Flat)
+    good = codec.encode(Flat(name="a", count=1, price=1.5, ok=False))[b"data"]
+    compressed = codec_for(Flat, compression="lz4").encode(
+        Flat(name="z", count=2, price=0, ok=True)
+    )
+    flats = [
+        [b"data", good],
+        [b"data", good, b"extra", b"field"],
+        [b"other", b"x"],
+        [item for pair in compressed.items() for item in pair],
+    ]
+    records, missed = codec.batch_decoder(MISSING)(flats)
+    assert records == one_by_one(Flat, flats)
+    assert missed == 1
+    assert records[3] == Flat(name="z", count=2, price=0.0, ok=True)
+
+
+def test_the_batch_decoders_are_made_once_per_codec() -> None:
+    codec = codec_for(Flat)
+    assert codec.batch_decoder(MISSING) is codec.batch_decoder(MISSING)
+    assert codec.payload_decoder(MISSING) is codec.payload_decoder(MISSING)
+    assert codec.entry_encoder() is codec.entry_encoder()
+
+
+FIELD_VALUES = st.one_of(
+    st.text(max_size=4),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=3),
+)
+
+
+def encoded(record: object, encode: Any) -> object:
+    try:
+        return encode(record)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@given(FIELD_VALUES, FIELD_VALUES, FIELD_VALUES, FIELD_VALUES)
+def test_an_entry_encodes_as_encode_says(name: Any, count: Any, price: Any, ok: Any) -> None:
+    """The generated entry encoder lays out exactly what encode() gives, and raises its
+    errors, whatever the fields hold (NaN, huge ints, wrong types)."""
+    record = Flat(name=name, count=count, price=price, ok=ok)
+    codec = codec_for(Flat, max_record_size=60)
+
+    def reference(value: object) -> tuple[list[bytes | int], int]:
+        fields = codec.encode(value)  # type: ignore[arg-type]
+        entry: list[bytes | int] = [len(fields)]
+        for field, raw in fields.items():
+            entry += [field, raw]
+        return entry, sum(len(f) + len(r) for f, r in fields.items())
+
+    got = encoded(record, codec.entry_encoder())
+    want = encoded(record, reference)
+    if isinstance(got, tuple) and len(got) == 2 and not isinstance(got[0], type):
+        assert (list(got[0]), got[1]) == want
+    else:
+        assert got == want

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamkit import (
     Backoff,
+    Batch,
     DecodeError,
     ExceptionPolicy,
     FeedEnded,
@@ -1295,3 +1296,82 @@ def check_invariants(scenario: Scenario, run: Run) -> None:
 def test_delivery_invariants(scenario: Scenario) -> None:
     run = trio.run(run_scenario, scenario, clock=trio.testing.MockClock(autojump_threshold=0))
     check_invariants(scenario, run)
+
+
+# --- the fetcher's flat batches ----------------------------------------------------
+
+
+def flat(batch: Batch) -> Batch:
+    """``batch`` laid out as the fetcher's read script returns it (Batch.from_flat)."""
+    widths = [len(f) for f in batch.fields]
+    laid = [item for fields in batch.fields for item in fields]
+    same = len(set(widths)) == 1
+    return Batch.from_flat(batch.ids, laid, widths[0] if same else widths, batch.deliveries)
+
+
+@pytest.mark.parametrize("layout", ["per entry", "flat"])
+async def test_flat_batches_hand_out_and_acknowledge_as_per_entry_ones(layout: str) -> None:
+    """records(), take() and raw(), a rewind, a redelivered (poison) entry and an
+    undecodable one, on batches as the fetcher lays them out: the same records, events
+    and acknowledgements as with one field list per entry."""
+    canned = batches([4, 6, 5], deliveries={7: 9}, undecodable=[12])
+    if layout == "flat":
+        canned = [flat(b) for b in canned]
+        assert canned[1].entry_fields(0) == batches([4, 6])[1].fields[0]
+    feed = CannedFeed(canned, then="wait")
+    diverted = Diverted()
+    seen: list[object] = []
+    with trio.fail_after(5):
+        async with open_events(feed, ack_batch=1, max_deliveries=3, divert=diverted) as events:
+            async for rec in events.records():
+                seen.append(rec.n)
+                if rec.n == 2:
+                    break
+            assert numbers(events.in_flight) == [2]
+            events.rewind()
+            async for batch in events.take(3):
+                seen.append([r.n for r in batch])
+                if batch[-1].n >= 8:
+                    break
+            async for event in events.raw():
+                seen.append((number_of(event.entry_id), event.delivery_count, event.fields))
+                if number_of(event.entry_id) == 11:
+                    break
+            async for rec in events.records():
+                seen.append(rec.n)
+                if rec.n == 15:
+                    break
+    fields = {n: fields_of(n) for n in (9, 10, 11)}
+    assert seen == [
+        1,
+        2,
+        [2, 3, 4],
+        [5, 6, 8],
+        (9, 1, fields[9]),
+        (10, 1, fields[10]),
+        (11, 1, fields[11]),
+        13,
+        14,
+        15,
+    ]
+    assert diverted.calls == [(7, "poison", None), (12, "undecodable", DecodeError)]
+    # Diverted entries are done when diverted, before the batch gathered around them.
+    assert feed.acked == ids([1, 2, 3, 4, 7, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15])
+
+
+def fields_of(n: int) -> dict[bytes, bytes]:
+    """The fields of record number ``n`` as ``Event.fields`` gives them."""
+    flat_fields = batches([1], start=n)[0].fields[0]
+    return dict(zip(flat_fields[::2], flat_fields[1::2], strict=True))
+
+
+def test_a_flat_batch_builds_its_entries_field_lists_on_demand() -> None:
+    batch = Batch.from_flat([b"1-0", b"2-0"], [b"a", b"1", b"b", b"2", b"c", b"3"], [2, 4])
+    assert batch.entry_fields(1) == [b"b", b"2", b"c", b"3"]
+    assert batch.fields == [[b"a", b"1"], [b"b", b"2", b"c", b"3"]]
+    assert batch.payloads() is None
+    uniform = Batch.from_flat([b"1-0", b"2-0"], [b"data", b"x", b"data", b"y"], 2)
+    assert uniform.payloads() == [b"x", b"y"]
+    assert uniform.entry_fields(1) == [b"data", b"y"]
+    assert Batch([b"1-0"], [[b"data", b"z"]]).payloads() == [b"z"]
+    assert Batch([b"1-0"], [[b"other", b"z"]]).payloads() is None

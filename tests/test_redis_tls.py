@@ -18,7 +18,8 @@ import pytest
 import trio
 import trustme
 
-from streamkit import ConfigError, _urls as urls, open_redis
+from streamkit import ConfigError, RedisUnavailable, _urls as urls, open_redis, redis_errors
+from streamkit._redis import LuaScript
 from streamkit.testing import RedisServer, free_port
 
 if TYPE_CHECKING:
@@ -167,3 +168,25 @@ async def test_bad_tls_arguments_are_config_errors(
     with pytest.raises(ConfigError, match=query.partition("=")[0]) as info:
         await ping(side, tls_redis.url(query=query))
     assert "\n" not in str(info.value)
+
+
+async def test_hot_scripts_go_over_tls_and_check_the_certificate(tls_redis: TlsRedis) -> None:
+    """The hot scripts' connections (streamkit/_redis/_hot.py) are TLS connections like
+    every other: a script runs over one, and a new one checks the certificate."""
+    script = LuaScript("return ARGV[1]", hot=True)
+    await tls_redis.serve("127.0.0.1")
+    async with open_redis(tls_redis.url()) as redis:
+        with redis_errors():
+            assert await script(redis, keys=[], args=[b"over tls"]) == b"over tls"
+    async with open_redis(tls_redis.url()) as redis:
+        # The shared connection was made with the good certificate; the hot pool's
+        # first connection meets the bad one.
+        await tls_redis.serve("other.example")
+        with pytest.raises(RedisUnavailable) as info, redis_errors():
+            await script(redis, keys=[], args=[b"refused"])
+        chain: list[BaseException] = []
+        cause: BaseException | None = info.value
+        while cause is not None and len(chain) < 10:
+            chain.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        assert any("CERTIFICATE_VERIFY_FAILED" in repr(e) for e in chain), chain

@@ -7,15 +7,17 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
+import orjson
 import pytest
 
-from streamkit import App, ConfigError, MetadataMismatch, Record, ServerRefused
+from streamkit import App, ConfigError, EncodeError, MetadataMismatch, Record, ServerRefused
 from streamkit._app import NotConnected
 from streamkit._codec import codec_for
 from streamkit._partitioner import partition_for
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Iterator
 
     from streamkit._redis import Redis
 
@@ -379,3 +381,37 @@ async def test_a_failure_across_partitions_is_one_error_not_a_group(app: App, re
             await stream.send_many(make_orders(40, customers=40))
     finally:
         await redis.config_set({"maxmemory": 0})
+
+
+@pytest.mark.parametrize("failure", ["encode", "iterable"])
+async def test_a_window_that_fails_before_sending_is_raised_after_the_one_before_is_sent(
+    app: App, redis: Redis, failure: str
+) -> None:
+    """send_many reads and encodes the next window while the current one is appended:
+    a record that cannot be encoded, or an iterable that raises, in the next window
+    fails send_many only once the current window is in Redis, and sends nothing of
+    the failing window."""
+    stream = app.stream("windows", record=Order, partition_by="customer", partition_count=2)
+    # chunk_size 2: a first window of one chunk per partition (4 records), then windows
+    # of 2 x 4 x 2 = 16; the failure is in the third window.
+    first, window = 4, 16
+    sent: list[int] = []
+
+    def records() -> Iterator[Order]:
+        for order in make_orders(first + window + 5):
+            if order.order_id == first + window + 2:
+                if failure == "iterable":
+                    raise ValueError("the source failed")
+                order = attrs.evolve(order, amount=float("nan"))
+            yield order
+
+    error = EncodeError if failure == "encode" else ValueError
+    with pytest.raises(error):
+        await stream.send_many(records(), chunk_size=2, on_sent=sent.append)
+    assert sent == [first, window]
+    stored = [
+        orjson.loads(fields[b"data"])["order_id"]
+        for key in stream.partition_keys()
+        for _, fields in await read_partition(redis, key)
+    ]
+    assert sorted(stored) == list(range(first + window))

@@ -10,6 +10,7 @@ import trio
 
 from .._acl import remember_script
 from .._errors import RedisUnavailable
+from ._hot import evalsha
 from ._routing import own
 from ._translate import redis_errors
 
@@ -33,12 +34,19 @@ class LuaScript:
     does not know the script yet (a new or restarted server), loads it and sends the
     call once more: safe, since a refused ``EVALSHA`` ran nothing.
 
+    A *hot* script, one run for every batch of events (the fenced read and
+    acknowledgement, the producer's append), runs on the client's hot connections,
+    packed and parsed by hiredis (see :mod:`._hot`), with the same guarantees and
+    errors.
+
     Attributes:
         source: the script's Lua source.
+        hot: whether it runs on the hot path.
         sha: its SHA1 digest.
     """
 
     source: str
+    hot: bool = attrs.field(default=False, kw_only=True)
     sha: str = attrs.field(init=False)
 
     @sha.default
@@ -49,11 +57,16 @@ class LuaScript:
 
     async def __call__(self, redis: Redis, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """Run the script on ``redis``; errors are coredis's (wrap in :func:`redis_errors`)."""
+        run = evalsha if self.hot else _evalsha
         try:
-            return await redis.evalsha(self.sha, keys=keys, args=args)
+            return await run(redis, self.sha, keys, args)
         except coredis.exceptions.NoScriptError:
             await redis.script_load(self.source)
-            return await redis.evalsha(self.sha, keys=keys, args=args)
+            return await run(redis, self.sha, keys, args)
+
+
+async def _evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
+    return await redis.evalsha(sha, keys=keys, args=args)
 
 
 async def run_blocking(

@@ -33,6 +33,7 @@ from .._urls import (
     without_tls_arguments,
 )
 from ._health import Health
+from ._hot import hot_connection_class
 from ._pool import ClusterPool, Pool
 from ._replicas import CountingReplicas
 from ._routing import Routing
@@ -144,7 +145,9 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
     context = None if tls is None else tls.context()
     pools = []
     try:
-        for dedicated in (False, True):
+        # Shared, dedicated, and hot (see ._hot): the hot pool's connections are
+        # multiplexed like the shared pool's.
+        for dedicated in (False, True, False):
             pool = _pool(
                 url,
                 cluster=cluster,
@@ -156,6 +159,7 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
             pools.append(pool)
     except ValueError as exc:
         raise ConfigError("redis_url", f"{mask_url(url)!r}: {exc}") from exc
+    pools[2].connection_class = hot_connection_class(pools[2].connection_class)
     # No retries in coredis (its default re-sends a command whose connection was lost,
     # although Redis may have run it).
     options: dict[str, Any] = {"decode_responses": False, "retry_policy": NoRetryPolicy()}
@@ -166,6 +170,7 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
     kinds = (_ClusterClient, _DedicatedClusterClient) if cluster else (_Client, _DedicatedClient)
     client: Routing = kinds[0](connection_pool=pools[0], **options)
     client._dedicated = kinds[1](connection_pool=pools[1], **options)
+    client._hot_pool = pools[2]
     client._health = health
     return client
 
@@ -230,7 +235,7 @@ async def open_redis(
             raise translated from exc
 
     with using_url(masked), redis_errors(url), unwrapped_group():
-        async with client, client._dedicated:
+        async with client, client._dedicated, client._hot_pool:
             await retry_unavailable(
                 ping,
                 backoff=backoff,
@@ -249,7 +254,7 @@ async def open_redis(
             url, cluster=True, connect_timeout=connect_timeout, max_connections=max_connections
         )
         nodes._health.connecting = False
-        async with nodes, nodes._dedicated:
+        async with nodes, nodes._dedicated, nodes._hot_pool:
             log.debug("connected to the Redis Cluster at %s", masked)
             # Typed as a standalone client: streamkit and its users call the commands
             # both have (see docs/redis.md, "Redis Cluster").

@@ -37,7 +37,8 @@ class RedisStatistics:
     """A snapshot of a client's connections (see :func:`redis_statistics`).
 
     Attributes:
-        shared_connections: open connections of the shared (multiplexed) pool.
+        shared_connections: open connections of the shared (multiplexed) pool,
+            and of the hot scripts' pool (multiplexed too, see ``docs/redis.md``).
         dedicated_connections: open dedicated connections, idle or running a command.
         dedicated_in_use: dedicated connections running a command now.
         discarded: dedicated connections thrown away because the command on them was

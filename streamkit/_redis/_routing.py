@@ -46,6 +46,8 @@ class Routing(Client[bytes]):
     half (:attr:`_dedicated`, a client of the same kind on a pool of its own)."""
 
     _dedicated: coredis.Redis[bytes] | coredis.RedisCluster[bytes]
+    # The pool of the hot scripts' connections (see ._hot).
+    _hot_pool: SlotAccounting[Any]
     _health: Health
 
     async def execute_command(self, command: CommandRequest[R]) -> R:
@@ -97,7 +99,9 @@ def redis_statistics(redis: object) -> RedisStatistics:
     assert isinstance(dedicated, SlotAccounting)
     health = client._health
     return RedisStatistics(
-        shared_connections=len(shared._online_connections),
+        # The hot scripts' connections are multiplexed too.
+        shared_connections=len(shared._online_connections)
+        + len(client._hot_pool._online_connections),
         dedicated_connections=len(dedicated._online_connections),
         dedicated_in_use=dedicated.in_use(),
         discarded=health.discarded,

@@ -273,7 +273,7 @@ def send_many(
         # Round after round, the next chunk of every partition, in one batch: the
         # chunks of a partition are appended one after the other, in order, as the Trio
         # producer does; the partitions' chunks travel together.
-        queued = {p: window.chunks(p, chunk) for p in window.entries}
+        queued = {p: window.chunks(p, chunk) for p in window.positions}
         while queued:
             step = [(p, *chunks.pop(0)) for p, chunks in queued.items()]
             appends = [
@@ -318,13 +318,13 @@ def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[s
     if spec.meta_key not in state.checked:
         yield from check_metadata(state, spec)
     window = encode_window(spec, (record,))
-    ((partition, entries),) = window.entries.items()
+    (partition,) = window.positions
     append = AppendCall.make(
         state.markers,
         spec.key(partition),
         keep=settings.partition_size,
         cap=settings.max_len or 0,
-        entries=entries[0],
+        entries=window.arguments(partition, 0, 1),
     )
     started = time.monotonic()
     rule: RetryRule | None = None

@@ -1,23 +1,28 @@
-"""Consuming throughput: records() and take(500) against two bare loops, in one run.
+"""Consuming throughput: records() and take(500) against the limit of one Python process.
 
 Run with ``./dev bench`` (or ``python tests/benchmarks/bench_consume.py`` inside .venv).
 Every loop runs in this one process against the same private redis-server, on the same
 backlog shape (``--events`` small records over ``--partitions`` partitions), and the
 figures are printed side by side with their ratios:
 
-* **bare coredis**: ``XREADGROUP COUNT 500`` + ``XACK`` per partition on the coredis
-  client streamkit itself uses, one command at a time. It neither decodes nor fences:
-  it is the ceiling of the transport streamkit is built on.
-* **hiredis limit**: the same reads and acknowledgements written by hand in RESP on a
-  ``trio.open_tcp_stream`` socket, replies parsed by ``hiredis.Reader``, one round trip
-  for all partitions (each partition's ``XACK`` of its previous batch pipelined with its
-  next ``XREADGROUP``). About as lean as a Python loop gets: the limit for one Python
-  process. Skipped, with a note, when ``hiredis`` (a dev dependency) is not installed.
+* **hiredis limit**: ``XREADGROUP COUNT 500`` + ``XACK`` per partition written by hand in
+  RESP on a ``trio.open_tcp_stream`` socket, replies parsed by ``hiredis.Reader``, one
+  round trip for all partitions (each partition's ``XACK`` of its previous batch
+  pipelined with its next ``XREADGROUP``). About as lean as a Python loop gets: the
+  limit for one Python process. It neither decodes nor fences.
+* **hiredis limit, decoding**: the same loop, also turning every entry into the same
+  typed record ``records()`` hands out, as fast as it can be written by hand: ``orjson``
+  and a constructor call generated for the record's fields, no checks. The yardstick
+  of the targets below. Both are skipped, with a note, when ``hiredis`` (a dev
+  dependency) is not installed.
+* **bare coredis**: the same reads and acknowledgements on the coredis client
+  streamkit's Trio side is built on, one command at a time, for reference.
 * **records()** and **take(500)**: one worker (``run_worker``), one processor with a
   trivial body. Timed from the first event the processor sees to the last, so the
   worker's start-up (joining, locking) is not counted as consuming.
 
-Targets: ``records()`` at least 75% and ``take(500)`` at least 90% of bare coredis.
+Targets: ``records()`` at least 60% and ``take(500)`` at least 75% of the decoding
+limit loop.
 
 **Metrics on and off**: each round also runs ``records()`` and ``take(500)`` with the
 worker serving its Prometheus metrics (the ``metrics_port`` setting, as
@@ -27,7 +32,13 @@ second. Target: metrics on at least 95% of metrics off. Skipped, with a note, wh
 
 ``--profile`` instead runs the ``records()`` and ``take(500)`` loops once each under
 cProfile and prints the top functions by own time (``--profile-top``), and writes the
-raw profiles for snakeviz & co. with ``--profile-dir``.
+raw profiles for snakeviz & co. with ``--profile-dir``. cProfile's own cost per call
+distorts a path of many small calls; ``--only records`` (or ``take``) runs one worker
+and nothing else, for a sampling profiler: ``py-spy record -r 2000 -f raw -o
+records.txt -- python tests/benchmarks/bench_consume.py --only records --events
+400000``, then ``python tests/benchmarks/where_time_goes.py records.txt 2.3`` (the
+worker's CPU per event that the run printed) splits it into the table of
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import importlib.util
 import pstats
 import statistics
@@ -44,19 +56,22 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import attrs
+import orjson
 import trio
 
-from streamkit import App, Events, Record, Stream, run_worker
+from streamkit import App, Events, Record, Redis, Stream, run_worker
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 Mode = Literal["records", "take"]
 BATCH = 500
-TARGETS: dict[str, float] = {"records": 0.75, "take": 0.90}
+#: Shares of the decoding hiredis limit loop (the limit of one Python process).
+TARGETS: dict[str, float] = {"records": 0.60, "take": 0.75}
 #: Metrics on must keep at least this share of the throughput with metrics off.
 METRICS_TARGET = 0.95
 #: Seconds between two scrapes of the metrics endpoint while metrics are on.
@@ -122,6 +137,7 @@ async def bench_worker(
 
     async with app:
         await fill(stream, n)
+        server_before = await redis_cpu(app.redis)
         async with trio.open_nursery() as nursery:
             if profiler is not None:
                 profiler.enable()
@@ -133,9 +149,18 @@ async def bench_worker(
             finally:
                 if profiler is not None:
                     profiler.disable()
+            server = (await redis_cpu(app.redis) - server_before) / n
             await worker.stop()
     # The first event's own batch is not timed: count the events after the first.
-    return WorkerRun((n - 1) / (last - first), (last_cpu - first_cpu) / (n - 1), first - began)
+    return WorkerRun(
+        (n - 1) / (last - first), (last_cpu - first_cpu) / (n - 1), first - began, server
+    )
+
+
+async def redis_cpu(redis: Redis) -> float:
+    """CPU seconds redis-server has used so far (user and system)."""
+    info = await redis.info("cpu")
+    return sum(float(str(info[name])) for name in ("used_cpu_user", "used_cpu_sys"))
 
 
 class WorkerRun(NamedTuple):
@@ -144,6 +169,7 @@ class WorkerRun(NamedTuple):
     rate: float  # events/s
     cpu: float  # seconds of this process's CPU time per event
     startup: float  # seconds from the worker's start to its first event
+    server: float  # seconds of redis-server's CPU time per event (start-up included)
 
 
 @contextlib.contextmanager
@@ -212,9 +238,26 @@ def _xack(key: bytes, ids: Sequence[bytes]) -> bytes:
     return head + b"".join([b"$%d\r\n%s\r\n" % (len(i), i) for i in ids])
 
 
-async def bench_hiredis(app: App, url: str, n: int, partitions: int) -> float:
+def hand_decoder(record: type[Record]) -> Callable[[bytes], Record]:
+    """The fastest decoding of a JSON payload into ``record`` one can write by hand:
+    ``orjson.loads`` and a constructor call generated for the record's fields, with no
+    checks at all (streamkit's own decoding checks every field's type)."""
+    names = [field.name for field in attrs.fields(record)]
+    arguments = ", ".join(f"{name}=o[{name!r}]" for name in names)
+    source = f"def decode(payload):\n    o = loads(payload)\n    return record({arguments})\n"
+    namespace: dict[str, Any] = {"loads": orjson.loads, "record": record}
+    exec(source, namespace)
+    decode: Callable[[bytes], Record] = namespace["decode"]
+    return decode
+
+
+async def bench_hiredis(
+    app: App, url: str, n: int, partitions: int, *, decode: bool
+) -> tuple[float, float]:
     """The same reads and acknowledgements as bench_coredis, in hand-written RESP on a
-    trio socket, parsed by hiredis, all partitions in one round trip."""
+    trio socket, parsed by hiredis, all partitions in one round trip; with ``decode``,
+    every entry also decoded into a Tick by :func:`hand_decoder`. Returns events/s and
+    redis-server's CPU time per event."""
     import hiredis  # optional: the bench runs without it
 
     stream = app.stream(
@@ -233,9 +276,12 @@ async def bench_hiredis(app: App, url: str, n: int, partitions: int) -> float:
         )
         for key in keys
     }
+    to_record = hand_decoder(Tick)
+    last: Record | None = None
     parts = urllib.parse.urlsplit(url)
     sock = await trio.open_tcp_stream(parts.hostname or "127.0.0.1", parts.port or 6379)
     reader = hiredis.Reader()
+    server_before = await redis_cpu(app.redis)
     began = time.perf_counter()
     done = 0
     async with sock:
@@ -274,12 +320,17 @@ async def bench_hiredis(app: App, url: str, n: int, partitions: int) -> float:
                 if reply:
                     assert isinstance(reply, list)
                     entries = reply[0][1]
+                    if decode:
+                        for entry in entries:
+                            last = to_record(entry[1][1])
                     pending[key] = [entry[0] for entry in entries]
                     done += len(entries)
                     still.append(key)
             active = still
+    rate = n / (time.perf_counter() - began)
     assert done == n, done
-    return n / (time.perf_counter() - began)
+    assert last is not None or not decode
+    return rate, (await redis_cpu(app.redis) - server_before) / n
 
 
 def hiredis_available() -> bool:
@@ -289,20 +340,22 @@ def hiredis_available() -> bool:
 # --- runs ------------------------------------------------------------------------
 
 
-def _row(label: str, value: float, coredis: float, limit: float | None, note: str = "") -> str:
-    vs_limit = f"{value / limit:>12.0%}" if limit else f"{'-':>12}"
-    return f"  {label:<44}{value:>10,.0f}{value / coredis:>12.0%}{vs_limit}  {note}".rstrip()
+def _ratio(value: float, yardstick: float | None) -> str:
+    return f"{value / yardstick:>13.0%}" if yardstick else f"{'-':>13}"
 
 
-async def run(n: int, partitions: int, rounds: int) -> None:
+def _row(label: str, value: float, yardsticks: Sequence[float | None], note: str = "") -> str:
+    ratios = "".join(_ratio(value, yardstick) for yardstick in yardsticks)
+    return f"  {label:<46}{value:>10,.0f}{ratios}  {note}".rstrip()
+
+
+async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> None:
     with_hiredis = hiredis_available()
-    # Whether coredis itself loaded hiredis (it would parse with it): checked before
-    # this script imports hiredis for its own loop.
-    coredis_loaded_hiredis = False
-    with_metrics = metrics_available()
+    with_metrics = with_metrics and metrics_available()
     results: dict[str, list[float]] = {
         "coredis": [],
         "hiredis": [],
+        "decoding": [],
         "records": [],
         "take": [],
         "records+metrics": [],
@@ -310,32 +363,41 @@ async def run(n: int, partitions: int, rounds: int) -> None:
     }
     startups: dict[str, list[float]] = {"records": [], "take": []}
     cpu: dict[str, list[float]] = {name: [] for name in results}
-    with RedisServer() as server:
-        async with App("bench", redis_url=server.url) as app:
+    server: dict[str, list[float]] = {name: [] for name in results}
+    with RedisServer() as redis_server:
+        async with App("bench", redis_url=redis_server.url) as app:
             for round_ in range(1, rounds + 1):
                 await app.redis.flushall()
                 coredis = await bench_coredis(app, n, partitions)
-                if round_ == 1:
-                    coredis_loaded_hiredis = "hiredis" in sys.modules
-                limit = None
-                if with_hiredis:
-                    await app.redis.flushall()
-                    limit = await bench_hiredis(app, server.url, n, partitions)
-                    results["hiredis"].append(limit)
                 results["coredis"].append(coredis)
+                limits = ""
+                if with_hiredis:
+                    for name, decode in (("hiredis", False), ("decoding", True)):
+                        await app.redis.flushall()
+                        rate, busy = await bench_hiredis(
+                            app, redis_server.url, n, partitions, decode=decode
+                        )
+                        results[name].append(rate)
+                        server[name].append(busy)
+                    limits = (
+                        f" | hiredis {results['hiredis'][-1]:,.0f}/s, decoding "
+                        f"{results['decoding'][-1]:,.0f}/s"
+                    )
                 # Each mode without metrics, then at once with them (if installed): the
                 # two runs of a pair see the same machine.
                 for mode in ("records", "take"):
                     await app.redis.flushall()
-                    off = await bench_worker(server.url, n, partitions, mode)
+                    off = await bench_worker(redis_server.url, n, partitions, mode)
                     startups[mode].append(off.startup)
                     results[mode].append(off.rate)
                     cpu[mode].append(off.cpu)
+                    server[mode].append(off.server)
                     if with_metrics:
                         await app.redis.flushall()
-                        on = await bench_worker(server.url, n, partitions, mode, metrics=True)
+                        on = await bench_worker(redis_server.url, n, partitions, mode, metrics=True)
                         results[f"{mode}+metrics"].append(on.rate)
                         cpu[f"{mode}+metrics"].append(on.cpu)
+                yardstick = results["decoding"][-1] if with_hiredis else coredis
                 records, take = results["records"][-1], results["take"][-1]
                 metrics_part = ""
                 if with_metrics:
@@ -343,50 +405,58 @@ async def run(n: int, partitions: int, rounds: int) -> None:
                         f" | metrics on: records() {results['records+metrics'][-1]:,.0f}/s, "
                         f"take(500) {results['take+metrics'][-1]:,.0f}/s"
                     )
-                hiredis_part = f" | hiredis {limit:,.0f}/s" if limit else ""
                 print(
-                    f"  round {round_}: coredis {coredis:,.0f}/s{hiredis_part} | records() "
-                    f"{records:,.0f}/s ({records / coredis:.0%}) | take(500) {take:,.0f}/s "
-                    f"({take / coredis:.0%}){metrics_part}"
+                    f"  round {round_}: coredis {coredis:,.0f}/s{limits} | records() "
+                    f"{records:,.0f}/s ({records / yardstick:.0%}) | take(500) {take:,.0f}/s "
+                    f"({take / yardstick:.0%}){metrics_part}",
+                    flush=True,
                 )
     best = {name: max(values) for name, values in results.items() if values}
-    coredis, limit = best["coredis"], best.get("hiredis")
+    coredis = best["coredis"]
+    limit, decoding = best.get("hiredis"), best.get("decoding")
     print(
         f"consume throughput, {n:,} queued small events, {partitions} partitions, 1 worker, "
         f"best of {rounds} rounds"
     )
-    print(f"  {'':<44}{'events/s':>10}{'vs coredis':>12}{'vs hiredis':>12}")
-    if limit:
-        print(_row("bare hiredis over a trio socket (the limit)", limit, coredis, limit))
-    print(_row(f"bare coredis XREADGROUP COUNT {BATCH} + XACK", coredis, coredis, limit))
+    yardsticks = (decoding, limit, coredis)
+    print(f"  {'':<46}{'events/s':>10}{'vs decoding':>13}{'vs limit':>13}{'vs coredis':>13}")
+    if limit and decoding:
+        print(_row("hiredis limit loop, decoding (the yardstick)", decoding, yardsticks))
+        print(_row("hiredis limit loop (no decoding)", limit, yardsticks))
+    print(_row(f"bare coredis XREADGROUP COUNT {BATCH} + XACK", coredis, yardsticks))
     for mode, label in (("records", "worker, records()"), ("take", f"worker, take({BATCH})")):
-        target = f"target >= {TARGETS[mode]:.0%} of coredis"
-        print(_row(label, best[mode], coredis, limit, target))
+        if decoding:
+            target = f"target >= {TARGETS[mode]:.0%} of decoding"
+        else:
+            target = "(no hiredis: no target)"
+        print(_row(label, best[mode], yardsticks, target))
+    base = "decoding" if decoding else "coredis"
     medians = {
         mode: statistics.median(
-            ours / bare for ours, bare in zip(results[mode], results["coredis"], strict=True)
+            ours / bare for ours, bare in zip(results[mode], results[base], strict=True)
         )
         for mode in ("records", "take")
     }
     print(
-        f"  median of per-round ratios to coredis: records() {medians['records']:.0%}, "
-        f"take({BATCH}) {medians['take']:.0%}"
+        f"  median of per-round ratios to {'the decoding limit' if decoding else 'coredis'}: "
+        f"records() {medians['records']:.0%}, take({BATCH}) {medians['take']:.0%}"
     )
     print(
         "  worker start to first event, not timed (median): "
         f"records() {statistics.median(startups['records']) * 1000:.0f} ms, "
         f"take({BATCH}) {statistics.median(startups['take']) * 1000:.0f} ms"
     )
+    per_event = {name: statistics.median(values) * 1e6 for name, values in cpu.items() if values}
     if with_metrics:
         print(
             f"  metrics on vs off (served, scraped every {SCRAPE_EVERY:g} s), best of "
             f"{rounds} rounds:"
         )
-        print(f"  {'':<44}{'off /s':>10}{'on /s':>10}{'on/off':>8}")
+        print(f"  {'':<46}{'off /s':>10}{'on /s':>10}{'on/off':>8}")
         for mode, label in (("records", "worker, records()"), ("take", f"worker, take({BATCH})")):
             best_off, best_on = best[mode], best[f"{mode}+metrics"]
             print(
-                f"  {label:<44}{best_off:>10,.0f}{best_on:>10,.0f}{best_on / best_off:>8.1%}  "
+                f"  {label:<46}{best_off:>10,.0f}{best_on:>10,.0f}{best_on / best_off:>8.1%}  "
                 f"target >= {METRICS_TARGET:.0%}"
             )
         cost = {
@@ -401,9 +471,6 @@ async def run(n: int, partitions: int, rounds: int) -> None:
             f"take({BATCH}) {cost['take']:.1%}"
         )
         # CPU time per event varies far less than wall-clock rates on a shared machine.
-        per_event = {
-            name: statistics.median(values) * 1e6 for name, values in cpu.items() if values
-        }
         print(
             "  worker process CPU per event (median): "
             + ", ".join(
@@ -413,13 +480,23 @@ async def run(n: int, partitions: int, rounds: int) -> None:
             )
         )
     else:
-        print("  (prometheus-client is not installed: no metrics run; it is the metrics extra)")
+        print(
+            "  worker process CPU per event (median): "
+            f"records() {per_event['records']:.2f} us, take({BATCH}) {per_event['take']:.2f} us"
+        )
+        if not metrics_available():
+            print("  (prometheus-client is not installed: no metrics run; it is the metrics extra)")
+    if with_hiredis:
+        median_busy = {name: statistics.median(v) * 1e6 for name, v in server.items() if v}
+        print(
+            "  redis-server CPU per event (median): "
+            f"decoding limit loop {median_busy['decoding']:.2f} us, "
+            f"records() {median_busy['records']:.2f} us, "
+            f"take({BATCH}) {median_busy['take']:.2f} us (a fenced read is a Lua script; worker "
+            "start-up included)"
+        )
     if not with_hiredis:
-        print("  (hiredis is not installed: no limit loop; it is in the dev extra)")
-    print(
-        f"  hiredis installed: {'yes' if with_hiredis else 'no'}; "
-        f"loaded by coredis: {'yes' if coredis_loaded_hiredis else 'no'}"
-    )
+        print("  (hiredis is not installed: no limit loops)")
 
 
 async def profile(n: int, partitions: int, top: int) -> dict[str, cProfile.Profile]:
@@ -438,6 +515,15 @@ async def profile(n: int, partitions: int, top: int) -> dict[str, cProfile.Profi
     return profiles
 
 
+async def only(mode: Mode, n: int, partitions: int) -> None:
+    with RedisServer() as server:
+        run = await bench_worker(server.url, n, partitions, mode)
+    print(
+        f"worker, {mode}: {run.rate:,.0f} events/s, {run.cpu * 1e6:.2f} us of CPU per event "
+        f"({n:,} events, {partitions} partitions)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -446,19 +532,33 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--no-metrics", action="store_true", help="skip the runs with metrics on (quicker)"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="profile records() and take(500) instead"
     )
     parser.add_argument("--profile-top", type=int, default=25, metavar="N")
     parser.add_argument("--profile-dir", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--only",
+        choices=["records", "take"],
+        help="run that worker once, nothing else (for a sampling profiler, e.g. py-spy)",
+    )
     args = parser.parse_args()
-    if args.profile:
+    if args.only:
+        trio.run(only, args.only, args.events, args.partitions)
+    elif args.profile:
         profiles = trio.run(profile, args.events, args.partitions, args.profile_top)
         if args.profile_dir is not None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             for mode, profiler in profiles.items():
                 profiler.dump_stats(args.profile_dir / f"consume-{mode}.prof")
     else:
-        trio.run(run, args.events, args.partitions, args.rounds)
+        trio.run(
+            functools.partial(
+                run, args.events, args.partitions, args.rounds, with_metrics=not args.no_metrics
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,17 @@ Workloads, each for every queue:
 * **bare loop**: ``XREADGROUP COUNT 32`` + ``XACK`` over ``--jobs`` stream entries on
   one coredis connection in this process: no job at all, the floor of the Redis work of
   taking one job and letting it go, for one process.
+* **bare claim loop**: streamkit's own claim and finish scripts called back to back, 32
+  jobs per claim, over ``--jobs`` enqueued no-op jobs, with no worker around them: what
+  the scripts cost, in jobs/s and in Redis's time per job (from ``INFO commandstats``:
+  the scripts' calls, and the commands they run inside; the rest is Lua).
+* **by hand**: the same commands the scripts run for a no-op job, sent from Python with
+  hiredis on a Trio socket, pipelined (5 round trips per 32 jobs, no Lua, not atomic):
+  the limit of one Python process doing the scripts' work. It follows the scripts' usual
+  path as of this writing; a change to the scripts is to be followed here.
+* **authors' configuration**: streaq and taskiq again, as their authors would run them
+  (``jobs_peers/peer_*.py``, ``AUTHORS``): both on uvloop, taskiq with taskiq-redis's
+  result backend. arq's figures are bounded by its polling, which the report says.
 * **crash recovery**, each queue with its default settings: 32 jobs of a 5 s sleep,
   worker A (concurrency 32) runs all of them, worker B (already imported and
   connected) starts and idles for a second, A is killed with SIGKILL; timed from the
@@ -54,8 +65,8 @@ streamkit alone, beside the peers' table (no peer has them):
   the enqueue to the final result in the enqueuing process (median of ``--chains``
   chains and ``--chords`` chords, one at a time).
 
-Targets (the lead's): streamkit at least 5,000 no-op jobs/s per worker process and
-faster than every peer; its enqueue of 20,000 at least 3x the fastest peer's; a killed
+Targets (the lead's): streamkit at least 25,000 no-op jobs/s per worker process and
+faster than every peer, in both configurations; its enqueue of 20,000 at least 3x the fastest peer's; a killed
 worker's jobs taken over within the lease TTL + 1 s.
 """
 
@@ -66,13 +77,16 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import math
 import os
+import platform
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +114,8 @@ RECOVERY_HOW = {
     "taskiq": "stream idle_timeout 600 s; autoclaims only after a read that got jobs",
 }
 CONCURRENCY = 32
+#: No-op jobs per second one streamkit worker process is to reach.
+JOBS_TARGET = 25_000
 SLEEP = 0.05
 SLOW = 5.0
 RECOVERY_JOBS = 32
@@ -220,6 +236,26 @@ class Contestant:
     label: str
     command: list[str]  # python and script; the role's arguments follow
     env: dict[str, str]
+    #: Arguments after the role's (the authors' configuration of a peer).
+    extra: list[str] = dataclasses.field(default_factory=list)
+
+
+#: The peers run a second time as their authors recommend (see jobs_peers/peer_*.py).
+AUTHORS = {"streaq": "uvloop", "taskiq": "uvloop, RedisAsyncResultBackend"}
+#: Why arq's throughput is what it is, with its defaults (from its source).
+ARQ_POLL = (
+    "arq: bounded by its polling: a worker reads at most queue_read_limit = 5 x max_jobs = "
+    "160 jobs per poll and polls every poll_delay = 0.5 s when idle"
+)
+
+
+def _authors(peer: Contestant) -> Contestant:
+    return dataclasses.replace(
+        peer,
+        name=f"{peer.name}*",
+        label=f"{peer.label} ({AUTHORS[peer.name]})",
+        extra=["--config", "authors"],
+    )
 
 
 def _streamkit() -> Contestant:
@@ -272,7 +308,7 @@ class Procs:
         log = self.logs / f"{who.name}-{len(self.running)}-{args[0]}.log"
         with log.open("wb") as out:
             proc = await trio.lowlevel.open_process(
-                [*who.command, *args],
+                [*who.command, *args, *who.extra],
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -456,6 +492,174 @@ async def workflows(url: str, who: Contestant, chains: int, chords: int) -> Work
     return Workflows(statistics.median(chain_ms), statistics.median(chord_ms), chains, chords)
 
 
+# === the job lifecycle's Redis work, without a worker =============================
+
+
+@dataclasses.dataclass
+class Lifecycle:
+    rate: float  # jobs/s
+    server_us: float  # Redis's time per job, all commands (scripts included)
+    commands_us: float  # of which the commands (those the scripts call, or sent by hand)
+
+
+async def _command_usec(redis: Any) -> dict[str, float]:
+    stats = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): float(values["usec"]) for name, values in stats.items()}
+
+
+async def _enqueued(redis: Any, n: int) -> JobQueue:
+    await redis.flushall()
+    async with open_job_queue(redis, "bare") as queue:
+
+        async def noop() -> None:
+            pass
+
+        await queue.job(noop).enqueue_many([() for _ in range(n)])
+        return queue
+
+
+async def bare_claim_loop(redis: Any, n: int) -> Lifecycle:
+    """The queue's own claim and finish scripts (streamkit.jobs._scripts) called back to
+    back, 32 jobs per claim, with no worker around them: what taking a job and letting
+    it go costs in Redis, and the most one process gets from the scripts."""
+    from streamkit._redis import LuaScript
+    from streamkit.jobs import _scripts
+    from streamkit.jobs._claim import ensure_groups
+
+    claim, finish = LuaScript(_scripts.CLAIM_LUA), LuaScript(_scripts.FINISH_LUA)
+    queue = await _enqueued(redis, n)
+    lease_ms = math.ceil(queue.lease_ttl * 1000)
+    for shard in range(len(queue.shard_keys)):
+        await ensure_groups(queue, shard)
+    await redis.config_resetstat()
+    done = 0
+    began = time.perf_counter()
+    for keys in queue.shard_keys:
+        while True:
+            args = (keys.base, "bare", CONCURRENCY, lease_ms, "0", queue.max_deliveries, b"{}")
+            jobs = (await claim(redis, keys.keys, args))[0]
+            if not jobs:
+                break
+            outcomes: list[Any] = [keys.base, lease_ms]
+            for job in jobs:
+                outcomes += [job[0], job[4], "ok", b"null", 0]
+            await finish(redis, keys.keys, outcomes)
+            done += len(jobs)
+    seconds = time.perf_counter() - began
+    assert done == n, done
+    usec = await _command_usec(redis)
+    scripts = usec.get("evalsha", 0.0) + usec.get("eval", 0.0)
+    inner = sum(v for k, v in usec.items() if k not in ("evalsha", "eval", "config|resetstat"))
+    return Lifecycle(n / seconds, scripts / n, inner / n)
+
+
+async def by_hand_loop(redis: Any, url: str, n: int) -> Lifecycle:
+    """The Redis commands the claim and finish scripts run for a no-op job (their
+    usual path, as of this writing), sent by hand from Python with hiredis on a Trio
+    socket, pipelined: per 32 jobs, one round trip reads them (XREADGROUP), one reads
+    their hashes, one starts them, one reads them again and one ends them; no Lua, no
+    atomicity. The limit of one Python process doing the scripts' work."""
+    import hiredis
+
+    from streamkit.jobs._claim import ensure_groups
+
+    queue = await _enqueued(redis, n)
+    for shard in range(len(queue.shard_keys)):
+        await ensure_groups(queue, shard)
+    parts = urllib.parse.urlsplit(url)
+    sock = await trio.open_tcp_stream(parts.hostname or "127.0.0.1", parts.port or 6379)
+    reader = hiredis.Reader()
+    pack = hiredis.pack_command
+
+    async def pipeline(commands: list[tuple[Any, ...]]) -> list[Any]:
+        await sock.send_all(b"".join(pack(c) for c in commands))
+        replies: list[Any] = []
+        while len(replies) < len(commands):
+            reply = reader.gets()
+            if reply is False:
+                reader.feed(await sock.receive_some(1 << 20))
+            elif isinstance(reply, hiredis.ReplyError):
+                raise reply
+            else:
+                replies.append(reply)
+        return replies
+
+    await redis.config_resetstat()
+    done = 0
+    began = time.perf_counter()
+    async with sock:
+        for keys in queue.shard_keys:
+            q = [keys.ready(p) for p in range(3)]
+            sched, counts = keys.keys[3], keys.keys[6]
+            settle = f"{keys.base}:settle"
+            while True:
+                now, *_, read = await pipeline(
+                    [
+                        ("TIME",),
+                        ("ZRANGEBYSCORE", sched, "-inf", "+inf", "LIMIT", 0, 100),
+                        *[("EXISTS", stream) for stream in q],
+                        ("XREADGROUP", "GROUP", "workers", "bare", "COUNT", CONCURRENCY,
+                         "STREAMS", q[1], ">"),
+                    ]
+                )  # fmt: skip
+                if not read:
+                    break
+                ms = b"%d" % (int(now[0]) * 1000 + int(now[1]) // 1000)
+                entries = read[0][1]
+                jobs = [(entry[0], entry[1][1]) for entry in entries]
+                keyed = [(e, f"{keys.base}:job:".encode() + i) for e, i in jobs]
+                fields = await pipeline(
+                    [
+                        ("HMGET", k, "status", "name", "args", "tries", "max_tries", "expires",
+                         "owner", "abort", "started", "hist")
+                        for _, k in keyed
+                    ]
+                )  # fmt: skip
+                start: list[tuple[Any, ...]] = []
+                for (e, k), f in zip(keyed, fields, strict=True):
+                    tries = b"%d" % (int(f[3] or 0) + 1)
+                    name = f[1]
+                    start += [
+                        ("HSET", k, "status", "executing", "owner", b"bare:" + tries,
+                         "worker", "bare", "started", ms, "tries", tries, "entry", e,
+                         "hist", (f[9] or b"") + b"s," + tries + b"," + ms + b",bare\n"),
+                        ("HINCRBY", counts, b"sent|" + name, -1),
+                        ("HINCRBY", counts, b"executing|" + name, 1),
+                    ]  # fmt: skip
+                start += [("ZRANGE", sched, 0, 0, "WITHSCORES"), ("LINDEX", settle, 0)]
+                await pipeline(start)
+                # (the job runs here)
+                fields = await pipeline(
+                    [("TIME",)]
+                    + [
+                        ("HMGET", k, "owner", "name", "prio", "entry", "status", "w", "ttl",
+                         "dependents", "worker", "tries", "abort", "hist")
+                        for _, k in keyed
+                    ]
+                )  # fmt: skip
+                now, fields = fields[0], fields[1:]
+                ms = b"%d" % (int(now[0]) * 1000 + int(now[1]) // 1000)
+                end: list[tuple[Any, ...]] = []
+                for (e, k), f in zip(keyed, fields, strict=True):
+                    end += [
+                        ("XACK", q[1], "workers", e),
+                        ("XDEL", q[1], e),
+                        ("HDEL", k, "entry"),
+                        ("HSET", k, "status", "success", "finished", ms, "owner", "",
+                         "hist", (f[11] or b"") + b"e," + f[9] + b"," + ms + b",success\n"),
+                        ("HINCRBY", counts, b"executing|" + f[1], -1),
+                        ("HINCRBY", counts, b"success|" + f[1], 1),
+                    ]  # fmt: skip
+                end.append(("LINDEX", settle, 0))
+                await pipeline(end)
+                done += len(jobs)
+    seconds = time.perf_counter() - began
+    assert done == n, done
+    usec = await _command_usec(redis)
+    total = sum(v for k, v in usec.items() if k != "config|resetstat")
+    return Lifecycle(n / seconds, total / n, total / n)
+
+
 # === crash recovery ==============================================================
 
 
@@ -599,9 +803,13 @@ def report(
     recoveries: dict[str, Recovery | str],
     recovering: list[Contestant],
     skipped: list[str],
+    *,
+    authors: list[Contestant],
+    lifecycle: dict[str, Lifecycle],
+    redis_version: str,
 ) -> None:
     names = [c.name for c in contestants]
-    labels = {c.name: c.label for c in [*contestants, *recovering]}
+    labels = {c.name: c.label for c in [*contestants, *recovering, *authors]}
     width = max(len(label) for label in labels.values()) + 2
 
     def enqueue(name: str) -> float | str | None:
@@ -621,11 +829,22 @@ def report(
         f"worker processes (x1, x2) at concurrency {CONCURRENCY} each, one private "
         f"redis-server; jobs/s"
     )
+    print(
+        f"  Python {platform.python_version()}, redis-server {redis_version}, "
+        f"{_cpu_model()} x {os.cpu_count()}; versions in the labels"
+    )
     heads = "".join(f"{h:>11}" for h in ["enqueue", *(_head(*c) for c in COLUMNS)])
-    print(f"  {'':<{width}}{heads}")
+    print(f"  defaults{'':<{width - 8}}{heads}")
     for name in names:
         cells = _cell(enqueue(name)) + "".join(_cell(rate(name, c)) for c in COLUMNS)
         print(f"  {labels[name]:<{width}}{cells}")
+    if authors:
+        print(f"  authors' configuration{'':<{width - 22}}{heads}")
+        for who in authors:
+            cells = _cell(enqueue(who.name)) + "".join(_cell(rate(who.name, c)) for c in COLUMNS)
+            print(f"  {labels[who.name]:<{width}}{cells}")
+    if "arq" in names:
+        print(f"  {ARQ_POLL}")
     ideal = CONCURRENCY / SLEEP
     print(
         f"  sleep({SLEEP:g}) at concurrency {CONCURRENCY}: at most {ideal:,.0f} jobs/s per worker "
@@ -634,6 +853,20 @@ def report(
     print(
         f"  bare XREADGROUP COUNT {CONCURRENCY} + XACK loop (coredis, one process, no job): "
         f"{bare:,.0f} entries/s"
+    )
+    print(
+        f"  the job lifecycle's Redis work, {CONCURRENCY} jobs at a time, no worker, one "
+        f"process: jobs/s, Redis's time per job (us)"
+    )
+    scripts, by_hand = lifecycle["scripts"], lifecycle["by hand"]
+    print(
+        f"    bare claim loop (claim + finish scripts)        {scripts.rate:>9,.0f}"
+        f"{scripts.server_us:>9.1f} us, of which the commands they call "
+        f"{scripts.commands_us:.1f} us, Lua {scripts.server_us - scripts.commands_us:.1f} us"
+    )
+    print(
+        f"    the same commands by hand (hiredis, pipelined)  {by_hand.rate:>9,.0f}"
+        f"{by_hand.server_us:>9.1f} us, 5 round trips per {CONCURRENCY} jobs, not atomic"
     )
     print("  worker start-up, spawn to first job start (s, no-op x1 run, not timed above):")
     print(
@@ -659,11 +892,15 @@ def report(
     if "streamkit" in runs and len(names) > 1:
         print("streamkit / peer (above 1.00x: streamkit is faster)")
         print(f"  {'':<{width}}{heads}")
-        for name in names[1:]:
+        for name in [*names[1:], *(a.name for a in authors)]:
             cells = _ratio(enqueue("streamkit"), enqueue(name)) + "".join(
                 _ratio(rate("streamkit", c), rate(name, c)) for c in COLUMNS
             )
-            print(f"  {'vs ' + name:<{width}}{cells}")
+            print(
+                f"  {'vs ' + labels[name].split(' ')[0] + ('*' if name.endswith('*') else ''):<{width}}{cells}"
+            )
+        if authors:
+            print("  (*: the authors' configuration)")
     print(
         f"crash recovery: {RECOVERY_JOBS} jobs of sleep({SLOW:g}) running on worker A, worker B "
         "idle, A killed (SIGKILL); each queue's defaults; s from the kill"
@@ -694,7 +931,7 @@ def report(
                 )
     if args.quick:
         print("  (--quick: the peers' recovery runs were skipped)")
-    targets(args, names, enqueue, rate, recoveries)
+    targets(args, [*names, *(a.name for a in authors)], enqueue, rate, recoveries)
     for line in skipped:
         print(f"  skipped {line}")
 
@@ -716,11 +953,14 @@ def targets(
     peers = names[1:]
     one, two = rate("streamkit", ("noop", 1)), rate("streamkit", ("noop", 2))
     if isinstance(one, float):
-        print(f"  no-op, 1 worker process >= 5,000 jobs/s: {one:,.0f} ({mark(one >= 5000)})")
+        print(
+            f"  no-op, 1 worker process >= {JOBS_TARGET:,} jobs/s: {one:,.0f} "
+            f"({mark(one >= JOBS_TARGET)})"
+        )
     if isinstance(two, float):
         print(
-            f"  no-op, 2 worker processes >= 5,000 jobs/s each: {two / 2:,.0f} each "
-            f"({mark(two / 2 >= 5000)}; 2 cores, shared with redis-server and each other)"
+            f"  no-op, 2 worker processes >= {JOBS_TARGET:,} jobs/s each: {two / 2:,.0f} each "
+            f"({mark(two / 2 >= JOBS_TARGET)}; 2 cores, shared with redis-server and each other)"
         )
     for column in COLUMNS:
         ours = rate("streamkit", column)
@@ -756,6 +996,16 @@ def targets(
         )
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 # === the driver ==================================================================
 
 
@@ -773,7 +1023,10 @@ async def run(args: argparse.Namespace) -> None:
             progress(f"skipped {peer}")
         else:
             contestants.append(peer)
-    runs: dict[str, dict[tuple[str, int], Throughput | str]] = {c.name: {} for c in contestants}
+    authors = [_authors(c) for c in contestants if c.name in AUTHORS]
+    runs: dict[str, dict[tuple[str, int], Throughput | str]] = {
+        c.name: {} for c in [*contestants, *authors]
+    }
     recoveries: dict[str, Recovery | str] = {}
     async with trio.open_nursery() as nursery:
         server: RedisServer = await nursery.start(RedisServer().run)
@@ -781,7 +1034,7 @@ async def run(args: argparse.Namespace) -> None:
         async with open_redis(url) as redis:
             for kind, workers in COLUMNS:
                 n = args.jobs if kind == "noop" else args.sleep_jobs
-                for who in contestants:
+                for who in [*contestants, *authors]:
                     try:
                         result = await throughput(redis, url, who, kind, n, workers, args.timeout)
                     except Failed as exc:
@@ -796,6 +1049,15 @@ async def run(args: argparse.Namespace) -> None:
                         )
             bare = await bare_loop(redis, args.jobs)
             progress(f"  bare XREADGROUP/XACK loop: {bare:,.0f}/s")
+            lifecycle = {
+                "scripts": await bare_claim_loop(redis, args.jobs),
+                "by hand": await by_hand_loop(redis, url, args.jobs),
+            }
+            progress(
+                "  claim and finish scripts: "
+                + ", ".join(f"{k} {v.rate:,.0f}/s" for k, v in lifecycle.items())
+            )
+            redis_version = _text((await redis.info("server")).get("redis_version", "?"))
             # The plain and the limited no-op runs, alternated, best of each: the ratio of
             # two runs made side by side.
             ours = contestants[0]
@@ -846,7 +1108,18 @@ async def run(args: argparse.Namespace) -> None:
                 for db, who in enumerate(contestants[1:], start=1):
                     peers.start_soon(recover, who, db)
         nursery.cancel_scope.cancel()
-    report(args, contestants, runs, bare, recoveries, recovering, skipped)
+    report(
+        args,
+        contestants,
+        runs,
+        bare,
+        recoveries,
+        recovering,
+        skipped,
+        authors=authors,
+        lifecycle=lifecycle,
+        redis_version=redis_version,
+    )
     report_streamkit(plain, limited, flows, args.limit_rounds)
 
 

@@ -85,7 +85,7 @@ async def coordination_restored(redis: Redis, pids: set[int]) -> bool:
     return all(holder in pids for holder in holders.values())
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("case", "what", "delete", "destructive"), CASES, ids=[c[0] for c in CASES]
 )

@@ -22,8 +22,12 @@ scenario's idle worker B, imported and connected before it is needed).
 
 Usage (bench_jobs.py does this)::
 
-    PY peer_NAME.py produce --url URL --kind noop|sleep|slow --jobs N
-    PY peer_NAME.py work --url URL --concurrency 32 [--wait-go]
+    PY peer_NAME.py produce --url URL --kind noop|sleep|slow --jobs N [--config authors]
+    PY peer_NAME.py work --url URL --concurrency 32 [--wait-go] [--config authors]
+
+``--config authors`` runs the peer as its authors recommend (a peer that says how
+sets ``AUTHORS``, a line for the report, and reads :data:`CONFIG`): uvloop for those
+with ``AUTHORS_UVLOOP``, and the options the peer itself sets.
 
 ``produce`` prints one JSON line, ``{"enqueue_s": ...}``: the time the enqueueing took,
 from the first job built to the last one acknowledged by Redis (connecting is not
@@ -218,7 +222,24 @@ async def _work(peer: Peer, url: str, concurrency: int, wait_go: bool) -> None:
         flusher.cancel()
 
 
+#: The configuration the peer runs in: ``"defaults"``, or ``"authors"`` (the event loop
+#: and options its authors recommend, for the peers that say; see each peer's
+#: ``AUTHORS``).
+CONFIG = "defaults"
+
+
+def _run(peer: Peer, main: Awaitable[None]) -> None:
+    if CONFIG == "authors" and getattr(peer, "AUTHORS_UVLOOP", False):
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main)  # type: ignore[arg-type]
+    else:
+        asyncio.run(main)  # type: ignore[arg-type]
+
+
 def main(peer: Peer) -> None:
+    global CONFIG
     parser = argparse.ArgumentParser(description=f"{peer.NAME} side of bench_jobs.py")
     parser.add_argument("role", choices=["produce", "work"])
     parser.add_argument("--url", required=True)
@@ -226,8 +247,10 @@ def main(peer: Peer) -> None:
     parser.add_argument("--jobs", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--wait-go", action="store_true")
+    parser.add_argument("--config", choices=["defaults", "authors"], default="defaults")
     args = parser.parse_args()
+    CONFIG = args.config
     if args.role == "produce":
-        asyncio.run(_produce(peer, args.url, args.kind, args.jobs))
+        _run(peer, _produce(peer, args.url, args.kind, args.jobs))
     else:
-        asyncio.run(_work(peer, args.url, args.concurrency, args.wait_go))
+        _run(peer, _work(peer, args.url, args.concurrency, args.wait_go))
