@@ -518,7 +518,10 @@ def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, st
 def job_status(
     state: ClientState, job_id: str, shard: int, queue: str | None = None
 ) -> Op[JobStatus]:
-    """Where job ``job_id`` is now (see :meth:`JobHandle.status <streamkit.jobs.JobHandle.status>`)."""
+    """Where job ``job_id`` is now.
+
+    See :meth:`JobHandle.status <streamkit.jobs.JobHandle.status>`.
+    """
     value = yield from retried(
         Call.command("HGET", state.keys(shard, queue).job(job_id), "status"),
         what="reading a job's status",

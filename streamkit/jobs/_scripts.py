@@ -834,8 +834,8 @@ return redis.call('LLEN', XOUT)
 #: paused job name; delivered entries beyond that are handed back (left pending,
 #: reclaimable at once). While the whole queue is paused it starts nothing.
 #: Moves at most ``DUE_BUDGET`` scheduled jobs, looks at ``WAKE_BUDGET`` limit scopes
-#: and holds back at most ``max(count, READ_BUDGET)`` ready entries per call (the next call does the rest:
-#: ``next_due_ms`` is then in the past), and settles dependents on the way.
+#: and holds back at most ``max(count, READ_BUDGET)`` ready entries per call (the next
+#: call does the rest: ``next_due_ms`` is then in the past), and settles dependents on the way.
 #: Returns {jobs, next_due_ms or -1, now_ms, jobs with dependents left to settle,
 #: 1 if the queue is paused}; each job is {id, name, args, tries, token, priority,
 #: enqueued_ms, headers JSON or ""}.
@@ -996,7 +996,9 @@ for a = 3, #ARGV, 5 do
           redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '', 'hist', hist)
         end
         move(name, 'executing', 'success')
-        if f[6] then redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success') end
+        if f[6] then
+          redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success')
+        end
         local ttl = tonumber(f[7] or '0')
         if ttl and ttl > 0 then redis.call('EXPIRE', k, ttl) end
         if f[8] then settle(id, true, now) end
@@ -1256,7 +1258,8 @@ for p = 1, 3 do
       if id and not running[id] then
         local k = jkey(id)
         local f = redis.call('HMGET', k, 'status', 'owner', 'name', 'lim', 'lk')
-        if f[1] == 'executing' and f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':' then
+        local mine = f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':'
+        if f[1] == 'executing' and mine then
           if f[4] then release_slots(id, f[3], f[4], f[5]) end
           redis.call('HSET', k, 'status', 'sent', 'owner', '')
           redis.call('HINCRBY', k, 'tries', -1)

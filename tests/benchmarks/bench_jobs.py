@@ -66,8 +66,8 @@ streamkit alone, beside the peers' table (no peer has them):
   chains and ``--chords`` chords, one at a time).
 
 Targets (the lead's): streamkit at least 25,000 no-op jobs/s per worker process and
-faster than every peer, in both configurations; its enqueue of 20,000 at least 3x the fastest peer's; a killed
-worker's jobs taken over within the lease TTL + 1 s.
+faster than every peer, in both configurations; its enqueue of 20,000 at least 3x the fastest
+peer's; a killed worker's jobs taken over within the lease TTL + 1 s.
 """
 
 from __future__ import annotations
@@ -763,9 +763,8 @@ def report_streamkit(
     """streamkit's limits and workflows (no peer has them)."""
     print("streamkit alone: limits and workflows (1 worker process, concurrency 32)")
     if isinstance(limited, str) or isinstance(plain, str):
-        print(
-            f"  no-op with and without limits: failed: {limited if isinstance(limited, str) else plain}"
-        )
+        failure = limited if isinstance(limited, str) else plain
+        print(f"  no-op with and without limits: failed: {failure}")
     else:
         ratio = limited.rate / plain.rate
         print(
@@ -896,9 +895,8 @@ def report(
             cells = _ratio(enqueue("streamkit"), enqueue(name)) + "".join(
                 _ratio(rate("streamkit", c), rate(name, c)) for c in COLUMNS
             )
-            print(
-                f"  {'vs ' + labels[name].split(' ')[0] + ('*' if name.endswith('*') else ''):<{width}}{cells}"
-            )
+            label = "vs " + labels[name].split(" ")[0] + ("*" if name.endswith("*") else "")
+            print(f"  {label:<{width}}{cells}")
         if authors:
             print("  (*: the authors' configuration)")
     print(
@@ -1084,7 +1082,8 @@ async def run(args: argparse.Namespace) -> None:
             try:
                 flows = await workflows(url, ours, args.chains, args.chords)
                 progress(
-                    f"  streamkit workflows: chain {flows.chain_ms:.1f} ms, chord {flows.chord_ms:.1f} ms"
+                    f"  streamkit workflows: chain {flows.chain_ms:.1f} ms,"
+                    f" chord {flows.chord_ms:.1f} ms"
                 )
             except Failed as exc:
                 flows = str(exc)
