@@ -149,6 +149,8 @@ class PartitionState:
             else:
                 view = TableView(table, partition, stream.partition_count, redis, cache_size)
             self.views[table] = view
+        # The views, for the per-event calls.
+        self._view_list = list(self.views.values())
         self._state_key = _keys.state_key(stream.app, stream.name, keys.processor, partition)
         # The partition's watermark (ms): done (of events moved past, and idle ticks),
         # tentative (of the events in flight), and as last handed to a commit.
@@ -292,7 +294,7 @@ class PartitionState:
 
     def promote(self) -> None:
         """The events in flight were processed: their effects are done."""
-        for view in self.views.values():
+        for view in self._view_list:
             view.promote()
         if self._watermark_tentative > self.watermark:
             self.watermark = self._watermark_tentative
