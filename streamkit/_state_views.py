@@ -100,6 +100,8 @@ class TableView:
         "_partition_count",
         "_pinned",
         "_redis",
+        "_seen_field",
+        "_seen_key",
         "_tentative",
         "key",
         "partition",
@@ -119,6 +121,10 @@ class TableView:
         self._dirty: dict[bytes, tuple[Any, bytes | None]] = {}
         self._cache: dict[bytes, Any] = {}
         self._pinned: dict[bytes, int] = {}
+        # The last str key peek found here, and its field: the set that follows a get
+        # of the same key (the usual read-modify-write) needs neither again.
+        self._seen_key: object = None
+        self._seen_field = b""
 
     def _check(self, key: object) -> None:
         partition = partition_for(key, self._partition_count)
@@ -144,7 +150,14 @@ class TableView:
         if value is _ABSENT:
             value = self._dirty.get(field, _ABSENT)
             if value is _ABSENT:
-                return self._cache.get(field, _ABSENT)
+                value = self._cache.get(field, _ABSENT)
+                if value is not _ABSENT and type(key) is str:
+                    self._seen_key = key
+                    self._seen_field = field
+                return value
+        if type(key) is str:
+            self._seen_key = key
+            self._seen_field = field
         return value[0]
 
     async def get(self, key: object, default: Any) -> Any:
@@ -182,11 +195,14 @@ class TableView:
 
     def set(self, key: object, value: Any) -> None:
         """Write ``value`` under ``key`` (tentatively)."""
-        field = canonical_key_bytes(key)
-        tentative = self._tentative
-        if field not in tentative and field not in self._dirty and field not in self._cache:
-            self._check(key)
-        tentative[field] = (value, self.table.encode(value))
+        if key is self._seen_key:  # known here, so of this partition
+            field = self._seen_field
+        else:
+            field = canonical_key_bytes(key)
+            known = field in self._tentative or field in self._dirty or field in self._cache
+            if not known:
+                self._check(key)
+        self._tentative[field] = (value, self.table.encode(value))
 
     def delete(self, key: object) -> None:
         """Remove ``key`` (tentatively)."""
