@@ -232,9 +232,10 @@ class TableView:
     # -- the layers --
 
     def promote(self) -> None:
-        if self._tentative:
-            self._dirty.update(self._tentative)
-            self._tentative = {}
+        tentative = self._tentative
+        if tentative:
+            self._dirty.update(tentative)
+            tentative.clear()
 
     def discard(self) -> None:
         if self._tentative:
