@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import asyncclick as click
 import orjson
 
-from .._errors import ConfigError, EncodeError, StreamkitError
+from .._errors import ConfigError, EncodeError
 from .._literal import printable
 from ._cmd_jobs import jobs, open_target, queue_options, queue_target
 from ._exits import fail
@@ -39,12 +39,9 @@ async def jobs_pause(
     `streamkit jobs resume`. Nothing fails: the jobs wait (a paused job name's as
     held), and the tries running go on to their end."""
     target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            await queue.pause(job_name)
-            paused = await queue.paused()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        await queue.pause(job_name)
+        paused = await queue.paused()
     click.echo(f"paused {printable(_what(job_name, target.name))} (paused: {', '.join(paused)})")
 
 
@@ -62,12 +59,9 @@ async def jobs_resume(
     """Resume a queue, or one job name, paused by `streamkit jobs pause`: the jobs it
     held are queued again, in order."""
     target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            released = await queue.resume(job_name)
-            paused = await queue.paused()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        released = await queue.resume(job_name)
+        paused = await queue.paused()
     let_out = f", {released:,} held job(s) queued again" if job_name else ""
     still = f" (still paused: {', '.join(paused)})" if paused else ""
     click.echo(f"resumed {printable(_what(job_name, target.name))}{let_out}{still}")
@@ -106,11 +100,8 @@ async def schedules_list(
     """Show a queue's schedules: those declared in code (@app.cron), then those set
     at runtime, with when each ticks next."""
     target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            found = await queue.schedules()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        found = await queue.schedules()
     if as_json:
         report = {"queue": target.name, "schedules": [_schedule_json(i) for i in found]}
         click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
@@ -179,15 +170,13 @@ async def schedules_set(
     target = queue_target(app_path, queue_name, shards, redis_url)
     args = _json_option(args_json, "--args", list)
     kwargs = _json_option(kwargs_json, "--kwargs", dict)
-    try:
-        async with open_target(target) as queue:
+    async with open_target(target) as queue:
+        try:
             info = await queue.set_schedule(
                 name, job, cron, tz=tz, args=args, kwargs=kwargs, misfire_grace=misfire_grace
             )
-    except (ConfigError, TypeError, EncodeError) as exc:
-        fail(str(exc), 2)
-    except StreamkitError as exc:
-        fail(str(exc))
+        except (ConfigError, TypeError, EncodeError) as exc:
+            fail(str(exc), 2)
     nxt = info.next_at.isoformat(timespec="seconds") if info.next_at else "-"
     click.echo(printable(f"schedule {name} of queue {target.name}: {job} at '{cron}', next {nxt}"))
 
@@ -210,11 +199,8 @@ async def schedules_remove(
     else:
         fail("give [MODULE:APP] NAME (MODULE:APP, or --queue NAME)", 2)
     target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            removed = await queue.remove_schedule(name)
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        removed = await queue.remove_schedule(name)
     if not removed:
         fail(f"queue {target.name} has no schedule {name!r} set at runtime", 2)
     click.echo(printable(f"removed schedule {name} of queue {target.name}"))
