@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -143,6 +144,36 @@ def queue_options(function: Any) -> Any:
     )(function)
 
 
+def queue_command(function: Any) -> Any:
+    """:func:`queue_options`, and the command called with the queue they and its
+    MODULE:APP argument (``app_path``) name, checked, as ``target`` (see
+    :func:`queue_target`) instead of those four parameters."""
+    return _with_target(function, with_job_id=False)
+
+
+def job_command(function: Any) -> Any:
+    """:func:`queue_command` for a command on one job: its ``[MODULE:APP] ID``
+    arguments read as :func:`app_and_id` reads them, the ID checked first."""
+    return _with_target(function, with_job_id=True)
+
+
+def _with_target(function: Any, *, with_job_id: bool) -> Any:
+    @functools.wraps(function)
+    async def resolved(
+        *,
+        app_path: str | None,
+        queue_name: str | None,
+        shards: int | None,
+        redis_url: str | None,
+        **kwargs: Any,
+    ) -> None:
+        if with_job_id:
+            app_path, kwargs["job_id"] = app_and_id(app_path, kwargs["job_id"], queue_name)
+        await function(target=queue_target(app_path, queue_name, shards, redis_url), **kwargs)
+
+    return queue_options(resolved)
+
+
 def app_and_id(
     app_path: str | None, job_id: str | None, queue_name: str | None
 ) -> tuple[str | None, str]:
@@ -182,13 +213,10 @@ def jobs() -> None:
 
 @jobs.command("info")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@queue_options
+@queue_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def jobs_info(
-    app_path: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
+    target: QueueTarget,
     as_json: bool,
 ) -> None:
     """Show how many jobs a queue holds, by status, priority and job name.
@@ -196,7 +224,6 @@ async def jobs_info(
     Queued, scheduled, waiting, running, retrying and dead are the jobs in that state
     now; succeeded, aborted and expired are running totals.
     """
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         counts = await queue.counts()
     undeclared = target.app is not None and not target.app.jobs
@@ -250,22 +277,17 @@ def holds_any(counts: QueueCounts) -> bool:
 @jobs.command("show")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.argument("job_id", metavar="ID", required=False)
-@queue_options
+@job_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def jobs_show(
-    app_path: str | None,
-    job_id: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
+    target: QueueTarget,
+    job_id: str,
     as_json: bool,
 ) -> None:
     """Show one job: status, arguments, tries, times, worker, progress, last error.
 
     The last error comes with its traceback, as the worker formatted it.
     """
-    app_path, job_id = app_and_id(app_path, job_id, queue_name)
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         info = await queue.info(job_id)
     if as_json:
@@ -284,14 +306,11 @@ async def jobs_show(
     show_default=True,
     help="Recorded as the job's error message.",
 )
-@queue_options
+@job_command
 async def jobs_abort(
-    app_path: str | None,
-    job_id: str | None,
+    target: QueueTarget,
+    job_id: str,
     reason: str,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
 ) -> None:
     """Abort a job: a job not running ends aborted at once; a running one is
     cancelled by its worker within a second.
@@ -299,8 +318,6 @@ async def jobs_abort(
     A job that already ended (succeeded, dead, aborted, expired) is left as it is;
     the command says so, with exit code 0. Jobs waiting for it end dead.
     """
-    app_path, job_id = app_and_id(app_path, job_id, queue_name)
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         handle = await queue.find(job_id)
         info = await handle.info()
@@ -332,18 +349,14 @@ def jobs_dlq() -> None:
     show_default=True,
     help="Show at most this many dead jobs; says how many more exist.",
 )
-@queue_options
+@queue_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def jobs_dlq_list(
-    app_path: str | None,
+    target: QueueTarget,
     limit: int,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
     as_json: bool,
 ) -> None:
     """Show a queue's dead jobs, oldest first, with their last errors."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         dead = await queue.dead_letters(limit=limit)
         total = (await queue.counts()).dead
@@ -433,16 +446,12 @@ def _dead_jobs_command(verb: Literal["replay", "purge"], summary: str) -> click.
     @jobs_dlq.command(verb, help=summary)
     @click.argument("app_path", metavar="[MODULE:APP]", required=False)
     @bulk_options(verb)
-    @queue_options
+    @queue_command
     async def command(
-        app_path: str | None,
+        target: QueueTarget,
         ids: tuple[str, ...],
         yes: bool,
-        queue_name: str | None,
-        shards: int | None,
-        redis_url: str | None,
     ) -> None:
-        target = queue_target(app_path, queue_name, shards, redis_url)
         await act_on_dead_jobs(verb, target=target, ids=ids, yes=yes)
 
     return command

@@ -10,7 +10,7 @@ import orjson
 
 from .._errors import ConfigError, EncodeError
 from .._literal import printable
-from ._cmd_jobs import jobs, open_target, queue_options, queue_target
+from ._cmd_jobs import QueueTarget, jobs, open_target, queue_command, queue_options, queue_target
 from ._exits import fail
 from ._options import WholeHelpGroup
 
@@ -27,18 +27,14 @@ def _what(job: str | None, queue: str) -> str:
 @jobs.command("pause")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.option("--job", "job_name", metavar="NAME", help="Pause this job name only.")
-@queue_options
+@queue_command
 async def jobs_pause(
-    app_path: str | None,
+    target: QueueTarget,
     job_name: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
 ) -> None:
     """Pause a queue, or one job name on it: no new try starts on any worker until
     `streamkit jobs resume`. Nothing fails: the jobs wait (a paused job name's as
     held), and the tries running go on to their end."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         await queue.pause(job_name)
         paused = await queue.paused()
@@ -48,17 +44,13 @@ async def jobs_pause(
 @jobs.command("resume")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.option("--job", "job_name", metavar="NAME", help="Resume this job name only.")
-@queue_options
+@queue_command
 async def jobs_resume(
-    app_path: str | None,
+    target: QueueTarget,
     job_name: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
 ) -> None:
     """Resume a queue, or one job name, paused by `streamkit jobs pause`: the jobs it
     held are queued again, in order."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         released = await queue.resume(job_name)
         paused = await queue.paused()
@@ -88,18 +80,14 @@ def _schedule_json(info: ScheduleInfo) -> dict[str, Any]:
 
 @jobs_schedules.command("list")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@queue_options
+@queue_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def schedules_list(
-    app_path: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
+    target: QueueTarget,
     as_json: bool,
 ) -> None:
     """Show a queue's schedules: those declared in code (@app.cron), then those set
     at runtime, with when each ticks next."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
     async with open_target(target) as queue:
         found = await queue.schedules()
     if as_json:
