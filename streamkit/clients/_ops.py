@@ -292,13 +292,7 @@ def send_many(
             ):
                 window.landed(partition, start, entry_ids)
                 if dropped:
-                    log.warning(
-                        "max_len=%d dropped %d unprocessed entries from %s partition %d",
-                        settings.max_len or 0,
-                        dropped,
-                        spec.name,
-                        partition,
-                    )
+                    _dropped(settings.max_len, dropped, spec.name, partition)
                 if before:
                     log.debug(
                         "append to %s was applied before its connection was lost; not repeated",
@@ -342,14 +336,19 @@ def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[s
     append.succeeded(state.markers)
     entry_ids, dropped, _ = append_reply(reply)
     if dropped:
-        log.warning(
-            "max_len=%d dropped %d unprocessed entries from %s partition %d",
-            settings.max_len or 0,
-            dropped,
-            spec.name,
-            partition,
-        )
+        _dropped(settings.max_len, dropped, spec.name, partition)
     return entry_ids
+
+
+def _dropped(max_len: int | None, dropped: int, stream: str, partition: int) -> None:
+    """Say that a hard cap (``max_len``) dropped unprocessed entries."""
+    log.warning(
+        "max_len=%d dropped %d unprocessed entries from %s partition %d",
+        max_len or 0,
+        dropped,
+        stream,
+        partition,
+    )
 
 
 def _append_failed(
