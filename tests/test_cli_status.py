@@ -7,14 +7,10 @@ row; each table's size per partition; the truth after a clean stop."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import pty
 import re
 import signal
-import struct
 import sys
-import termios
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -27,7 +23,8 @@ from streamkit._locks import lock_key
 from streamkit.jobs import open_job_queue
 from streamkit.testing import wait_until
 from tests.apps import shopfront
-from tests.test_cli import ROOT, streamkit
+from tests.cli_processes import in_pty
+from tests.test_cli import streamkit
 from tests.test_cli_watch import REDRAW
 from tests.workers import start_worker
 
@@ -47,37 +44,19 @@ BROKEN = CUSTOMERS[5]
 
 async def in_terminal(*args: str, redis_url: str, rows: int = 60) -> list[str]:
     """``streamkit ARGS`` in a terminal of :data:`COLUMNS` columns: its screen's lines."""
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", rows, COLUMNS, 0, 0))
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "streamkit", *args],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "STREAMKIT_REDIS_URL": redis_url,
-            "TERM": "xterm-256color",
-            "COLUMNS": str(COLUMNS),
-            "LINES": str(rows),
-        },
-        stdin=child,
-        stdout=child,
-        stderr=child,
-    )
-    os.close(child)
+    command = [sys.executable, "-m", "streamkit", *args]
     output = b""
-    try:
-        async with trio.lowlevel.FdStream(main) as terminal:
-            with trio.fail_after(30):
-                # EIO (BrokenResourceError) once the process is gone.
-                with contextlib.suppress(trio.BrokenResourceError):
-                    while chunk := await terminal.receive_some():
-                        output += chunk
+    async with in_pty(command, redis_url=redis_url, rows=rows, columns=COLUMNS) as (
+        process,
+        terminal,
+    ):
+        with trio.fail_after(30):
+            # EIO (BrokenResourceError) once the process is gone.
+            with contextlib.suppress(trio.BrokenResourceError):
+                while chunk := await terminal.receive_some():
+                    output += chunk
         with trio.fail_after(10):
             assert await process.wait() == 0, output.decode(errors="replace")
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     text = ANSI.sub("", output.decode(errors="replace")).replace("\r", "")
     return text.split("\n")
 
@@ -307,36 +286,18 @@ async def test_the_watch_header_fits_80_columns_with_a_worker(
 async def watch_frames(redis_url: str) -> list[str]:
     """Two frames of ``status --watch`` in a terminal of 80 columns (it is stopped
     with Ctrl-C, as a person stops it)."""
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, COLUMNS, 0, 0))
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "streamkit", "status", APP, "--watch", "--interval", "0.2"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "STREAMKIT_REDIS_URL": redis_url,
-            "TERM": "xterm-256color",
-            "COLUMNS": str(COLUMNS),
-            "LINES": "50",
-        },
-        stdin=child,
-        stdout=child,
-        stderr=child,
-    )
-    os.close(child)
+    command = [sys.executable, "-m", "streamkit", "status", APP, "--watch", "--interval", "0.2"]
     output = b""
-    try:
-        async with trio.lowlevel.FdStream(main) as terminal:
-            with trio.fail_after(30):
-                while output.count(b"\x1b[1A") < 20:  # a redraw or two
-                    output += await terminal.receive_some()
-            process.send_signal(signal.SIGINT)
-            with trio.fail_after(15):
-                assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with in_pty(command, redis_url=redis_url, rows=50, columns=COLUMNS) as (
+        process,
+        terminal,
+    ):
+        with trio.fail_after(30):
+            while output.count(b"\x1b[1A") < 20:  # a redraw or two
+                output += await terminal.receive_some()
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(15):
+            assert await process.wait() == 0
     # Each redraw goes back up over the previous frame: split the frames there.
     frames = REDRAW.split(output.decode(errors="replace"))
     assert len(frames) >= 3, frames

@@ -4,15 +4,11 @@ JSON lines, plain snapshots in a pipe, and a live view redrawn in place on a pty
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import pty
 import re
 import signal
-import struct
 import subprocess
 import sys
-import termios
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,6 +17,7 @@ import pytest
 import trio
 
 from tests.apps import fleet
+from tests.cli_processes import in_pty
 from tests.test_cli import ROOT, streamkit
 from tests.workers import start_worker
 
@@ -148,33 +145,19 @@ async def test_plain_snapshots_when_not_a_terminal(redis_url: str, backlog: None
 
 async def test_a_terminal_redraws_in_place_and_fits_its_size(redis_url: str, backlog: None) -> None:
     columns, rows = 80, 14
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    process = await trio.lowlevel.open_process(
-        watch_command("--interval", "0.2"),
-        cwd=ROOT,
-        env=env(redis_url, TERM="xterm-256color", COLUMNS=str(columns), LINES=str(rows)),
-        stdin=child,
-        stdout=child,
-        stderr=child,
-    )
-    os.close(child)
     output = b""
-    try:
-        async with trio.lowlevel.FdStream(main) as terminal:
-            with trio.fail_after(30):
-                while output.count(b"\x1b[1A") < 3 * (rows - 2):  # three redraws at least
-                    output += await terminal.receive_some()
-            assert await stop(process) == 0
-            with trio.move_on_after(2):
-                # The last frame; EIO (BrokenResourceError) once the process is gone.
-                with contextlib.suppress(trio.BrokenResourceError):
-                    while chunk := await terminal.receive_some():
-                        output += chunk
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    command = watch_command("--interval", "0.2")
+    opened = in_pty(command, redis_url=redis_url, rows=rows, columns=columns)
+    async with opened as (process, terminal):
+        with trio.fail_after(30):
+            while output.count(b"\x1b[1A") < 3 * (rows - 2):  # three redraws at least
+                output += await terminal.receive_some()
+        assert await stop(process) == 0
+        with trio.move_on_after(2):
+            # The last frame; EIO (BrokenResourceError) once the process is gone.
+            with contextlib.suppress(trio.BrokenResourceError):
+                while chunk := await terminal.receive_some():
+                    output += chunk
     text = output.decode(errors="replace")
     frames = REDRAW.split(text)
     assert len(frames) >= 4

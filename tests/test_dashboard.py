@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,7 +19,8 @@ import trio
 from streamkit.jobs import JobFailed
 from streamkit.testing import wait_until
 from tests.apps import fleet
-from tests.test_cli import ROOT, streamkit
+from tests.cli_processes import serving_dashboard
+from tests.test_cli import streamkit
 from tests.workers import start_worker
 
 if TYPE_CHECKING:
@@ -86,30 +84,10 @@ async def running(
         await queue.redis.hincrby(queue.shard_keys[0].counts, f"succeeded|{HOSTILE_NAME}", 1)
     worker = start_worker(redis_url, tmp_path, app=APP, env={"STREAMKIT_JOB_CONCURRENCY": "1"})
     workers.append(worker)
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "streamkit", "dashboard", APP, "--port", "0", "--interval", "0.2"],
-        cwd=ROOT,
-        env={**os.environ, "STREAMKIT_REDIS_URL": redis_url},
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    try:
-        with trio.fail_after(30):
-            first = b""
-            while b"\n" not in first:
-                first += await process.stdout.receive_some()
-        line = first.decode().splitlines()[0]
+    async with serving_dashboard(redis_url, APP, "--interval", "0.2") as line:
         assert line.startswith("serving the dashboard of app fleet on http://127.0.0.1:"), line
         url = line.split(" on ", 1)[1].split()[0]
-        yield Fleet(url=url, worker=worker, job_id=held.id)
-        # Ctrl-C stops it cleanly.
-        process.send_signal(signal.SIGINT)
-        with trio.fail_after(15):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        yield Fleet(url=url, worker=worker, job_id=held.id)  # then Ctrl-C stops it cleanly
 
 
 def settled(doc: dict[str, Any]) -> bool:

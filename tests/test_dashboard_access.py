@@ -12,8 +12,6 @@ import contextlib
 import http.client
 import os
 import re
-import signal
-import subprocess
 import sys
 from typing import TYPE_CHECKING
 
@@ -24,6 +22,7 @@ import trio
 from streamkit._cli._dashboard import dashboard_access, page_policy
 from streamkit._http_access import host_name
 from streamkit.testing import wait_until
+from tests.cli_processes import serving_dashboard
 from tests.test_cli import ROOT, streamkit
 from tests.workers import start_worker
 
@@ -63,28 +62,10 @@ async def dashboard(
     redis_url: str, *args: str, env: dict[str, str] | None = None
 ) -> AsyncIterator[int]:
     """``streamkit dashboard APP --port 0 ARGS`` running; its port."""
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "streamkit", "dashboard", APP, "--port", "0", *args],
-        cwd=ROOT,
-        env={**os.environ, "STREAMKIT_REDIS_URL": redis_url, **(env or {})},
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    try:
-        with trio.fail_after(30):
-            first = b""
-            while b"\n" not in first:
-                first += await process.stdout.receive_some()
-        found = re.search(r"on http://[^ ]+:(\d+)", first.decode())
+    async with serving_dashboard(redis_url, APP, *args, env=env) as first:
+        found = re.search(r"on http://[^ ]+:(\d+)", first)
         assert found is not None, first
         yield int(found[1])
-        process.send_signal(signal.SIGINT)
-        with trio.fail_after(15):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 def assert_secured(reply: Reply) -> None:

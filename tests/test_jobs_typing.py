@@ -8,13 +8,15 @@ marks stops being an error. At run time the same calls are made against a real R
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, assert_type
 
 import pytest
 
 from streamkit import App
 from streamkit.clients import AsyncioJobHandle, BlockingJobHandle
-from streamkit.jobs import Job, JobHandle, open_job_queue
+from streamkit.jobs import Job, JobHandle, JobQueue, open_job_queue
+from streamkit.jobs._model import JobOptionsArgs
 from tests.jobs_serving import serving
 
 if TYPE_CHECKING:
@@ -79,3 +81,22 @@ def test_an_app_job_and_the_clients_are_typed_too() -> None:
     assert callable(trio_use)
     assert callable(blocking_use)
     assert callable(asyncio_use)
+
+
+def test_queue_job_options_are_typed_as_the_definition_spells_them() -> None:
+    # The overloads of JobQueue.job type its options with JobOptionsArgs: the two
+    # must name the same options, or the type checker and the code disagree.
+    defined = inspect.signature(JobQueue.job).parameters.values()
+    keywords = {p.name for p in defined if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(JobOptionsArgs.__annotations__) == keywords - {"name"}
+
+    async def declare(queue: JobQueue) -> None:
+        @queue.job(retries=2, timeout=1.5, rate_limit="10/s", priority="low")
+        async def ping(n: int) -> int:
+            return n
+
+        assert_type(await ping.delay(1), JobHandle[int])
+        queue.job(retry=2)  # type: ignore[call-overload]
+        queue.job(priority="urgent")  # type: ignore[call-overload]
+
+    assert callable(declare)

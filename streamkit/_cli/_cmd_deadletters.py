@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .._errors import StreamkitError
 from .._literal import literal_text
-from ._confirm import BulkAction, OnProgress, confirm_and_act
+from ._confirm import BulkAction, OnProgress, bulk_options, confirm_and_act
 from ._deadletters import (
     count_dead_letters,
     list_dead_letters,
@@ -155,41 +155,30 @@ async def act_on_dead_letters(
     click.echo(f"{action.done} {count:,} dead letter(s) of {processor.name}")
 
 
-@deadletters.command("replay")
-@click.argument("app_path", metavar="MODULE:APP")
-@click.argument("processor_name", metavar="PROCESSOR")
-@click.option("--id", "ids", multiple=True, metavar="ID", help="Replay only these (repeatable).")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@redis_url_option
-async def deadletters_replay(
-    app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
-) -> None:
-    """Send dead letters back to their partitions for processing again."""
-    await act_on_dead_letters(
-        "replay",
-        app_path=app_path,
-        processor_name=processor_name,
-        ids=ids,
-        yes=yes,
-        redis_url=redis_url,
-    )
+def _dead_letters_command(verb: Literal["replay", "purge"], summary: str) -> click.Command:
+    """``streamkit deadletters replay`` or ``purge``: one command, told apart by its verb."""
+
+    @deadletters.command(verb, help=summary)
+    @click.argument("app_path", metavar="MODULE:APP")
+    @click.argument("processor_name", metavar="PROCESSOR")
+    @bulk_options(verb)
+    @redis_url_option
+    async def command(
+        app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
+    ) -> None:
+        await act_on_dead_letters(
+            verb,
+            app_path=app_path,
+            processor_name=processor_name,
+            ids=ids,
+            yes=yes,
+            redis_url=redis_url,
+        )
+
+    return command
 
 
-@deadletters.command("purge")
-@click.argument("app_path", metavar="MODULE:APP")
-@click.argument("processor_name", metavar="PROCESSOR")
-@click.option("--id", "ids", multiple=True, metavar="ID", help="Purge only these (repeatable).")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@redis_url_option
-async def deadletters_purge(
-    app_path: str, processor_name: str, ids: tuple[str, ...], yes: bool, redis_url: str | None
-) -> None:
-    """Delete dead letters for good."""
-    await act_on_dead_letters(
-        "purge",
-        app_path=app_path,
-        processor_name=processor_name,
-        ids=ids,
-        yes=yes,
-        redis_url=redis_url,
-    )
+deadletters_replay = _dead_letters_command(
+    "replay", "Send dead letters back to their partitions for processing again."
+)
+deadletters_purge = _dead_letters_command("purge", "Delete dead letters for good.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,7 +19,7 @@ from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
 from ..jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
-from ._confirm import BulkAction, confirm_and_act
+from ._confirm import BulkAction, bulk_options, confirm_and_act
 from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
@@ -91,7 +92,17 @@ def queue_target(
 
 @contextlib.asynccontextmanager
 async def open_target(target: QueueTarget) -> AsyncIterator[JobQueue]:
-    """Connect, and yield the target's queue."""
+    """Connect, and yield the target's queue. An error of streamkit's, connecting or
+    raised by the block, ends the command with it as one line (exit code 1)."""
+    try:
+        async with _open_queue(target) as queue:
+            yield queue
+    except StreamkitError as exc:
+        fail(str(exc))
+
+
+@contextlib.asynccontextmanager
+async def _open_queue(target: QueueTarget) -> AsyncIterator[JobQueue]:
     if target.app is not None and target.app.jobs:
         async with target.app:
             yield target.app.job_queue
@@ -133,6 +144,36 @@ def queue_options(function: Any) -> Any:
     )(function)
 
 
+def queue_command(function: Any) -> Any:
+    """:func:`queue_options`, and the command called with the queue they and its
+    MODULE:APP argument (``app_path``) name, checked, as ``target`` (see
+    :func:`queue_target`) instead of those four parameters."""
+    return _with_target(function, with_job_id=False)
+
+
+def job_command(function: Any) -> Any:
+    """:func:`queue_command` for a command on one job: its ``[MODULE:APP] ID``
+    arguments read as :func:`app_and_id` reads them, the ID checked first."""
+    return _with_target(function, with_job_id=True)
+
+
+def _with_target(function: Any, *, with_job_id: bool) -> Any:
+    @functools.wraps(function)
+    async def resolved(
+        *,
+        app_path: str | None,
+        queue_name: str | None,
+        shards: int | None,
+        redis_url: str | None,
+        **kwargs: Any,
+    ) -> None:
+        if with_job_id:
+            app_path, kwargs["job_id"] = app_and_id(app_path, kwargs["job_id"], queue_name)
+        await function(target=queue_target(app_path, queue_name, shards, redis_url), **kwargs)
+
+    return queue_options(resolved)
+
+
 def app_and_id(
     app_path: str | None, job_id: str | None, queue_name: str | None
 ) -> tuple[str | None, str]:
@@ -172,13 +213,10 @@ def jobs() -> None:
 
 @jobs.command("info")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@queue_options
+@queue_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def jobs_info(
-    app_path: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
+    target: QueueTarget,
     as_json: bool,
 ) -> None:
     """Show how many jobs a queue holds, by status, priority and job name.
@@ -186,12 +224,8 @@ async def jobs_info(
     Queued, scheduled, waiting, running, retrying and dead are the jobs in that state
     now; succeeded, aborted and expired are running totals.
     """
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            counts = await queue.counts()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        counts = await queue.counts()
     undeclared = target.app is not None and not target.app.jobs
     if undeclared and not holds_any(counts):
         assert target.app is not None
@@ -243,27 +277,19 @@ def holds_any(counts: QueueCounts) -> bool:
 @jobs.command("show")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.argument("job_id", metavar="ID", required=False)
-@queue_options
+@job_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def jobs_show(
-    app_path: str | None,
-    job_id: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
+    target: QueueTarget,
+    job_id: str,
     as_json: bool,
 ) -> None:
     """Show one job: status, arguments, tries, times, worker, progress, last error.
 
     The last error comes with its traceback, as the worker formatted it.
     """
-    app_path, job_id = app_and_id(app_path, job_id, queue_name)
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            info = await queue.info(job_id)
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        info = await queue.info(job_id)
     if as_json:
         click.echo(orjson.dumps(job_json(info), option=orjson.OPT_INDENT_2))
         return
@@ -280,14 +306,11 @@ async def jobs_show(
     show_default=True,
     help="Recorded as the job's error message.",
 )
-@queue_options
+@job_command
 async def jobs_abort(
-    app_path: str | None,
-    job_id: str | None,
+    target: QueueTarget,
+    job_id: str,
     reason: str,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
 ) -> None:
     """Abort a job: a job not running ends aborted at once; a running one is
     cancelled by its worker within a second.
@@ -295,15 +318,10 @@ async def jobs_abort(
     A job that already ended (succeeded, dead, aborted, expired) is left as it is;
     the command says so, with exit code 0. Jobs waiting for it end dead.
     """
-    app_path, job_id = app_and_id(app_path, job_id, queue_name)
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            handle = await queue.find(job_id)
-            info = await handle.info()
-            status = await handle.abort(reason)
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        handle = await queue.find(job_id)
+        info = await handle.info()
+        status = await handle.abort(reason)
     what = printable(f"job {job_id} ({info.name})")
     # abort() answers ABORTED for a job it aborted and for one aborted before.
     if status is JobStatus.ABORTED and not info.status.final:
@@ -331,24 +349,17 @@ def jobs_dlq() -> None:
     show_default=True,
     help="Show at most this many dead jobs; says how many more exist.",
 )
-@queue_options
+@queue_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def jobs_dlq_list(
-    app_path: str | None,
+    target: QueueTarget,
     limit: int,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
     as_json: bool,
 ) -> None:
     """Show a queue's dead jobs, oldest first, with their last errors."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            dead = await queue.dead_letters(limit=limit)
-            total = (await queue.counts()).dead
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        dead = await queue.dead_letters(limit=limit)
+        total = (await queue.counts()).dead
     total = max(total, len(dead))
     if as_json:
         report = {"queue": target.name, "total": total, "jobs": [job_json(i) for i in dead]}
@@ -421,8 +432,6 @@ async def act_on_dead_jobs(
                 question=question,
                 yes=yes,
             )
-    except StreamkitError as exc:
-        fail(str(exc))
     except KeyboardInterrupt:
         fail(f"interrupted; {action.nothing}", 130)
     skipped = total - count if wanted else 0
@@ -431,37 +440,26 @@ async def act_on_dead_jobs(
     click.echo(f"{action.done} {count:,} dead job(s) of queue {target.name}{how}{tail}")
 
 
-@jobs_dlq.command("replay")
-@click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@click.option("--id", "ids", multiple=True, metavar="ID", help="Replay only these (repeatable).")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@queue_options
-async def jobs_dlq_replay(
-    app_path: str | None,
-    ids: tuple[str, ...],
-    yes: bool,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
-) -> None:
-    """Queue dead jobs again, with their tries reset: all of them, or those of --id."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    await act_on_dead_jobs("replay", target=target, ids=ids, yes=yes)
+def _dead_jobs_command(verb: Literal["replay", "purge"], summary: str) -> click.Command:
+    """``streamkit jobs dlq replay`` or ``purge``: one command, told apart by its verb."""
+
+    @jobs_dlq.command(verb, help=summary)
+    @click.argument("app_path", metavar="[MODULE:APP]", required=False)
+    @bulk_options(verb)
+    @queue_command
+    async def command(
+        target: QueueTarget,
+        ids: tuple[str, ...],
+        yes: bool,
+    ) -> None:
+        await act_on_dead_jobs(verb, target=target, ids=ids, yes=yes)
+
+    return command
 
 
-@jobs_dlq.command("purge")
-@click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@click.option("--id", "ids", multiple=True, metavar="ID", help="Purge only these (repeatable).")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@queue_options
-async def jobs_dlq_purge(
-    app_path: str | None,
-    ids: tuple[str, ...],
-    yes: bool,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
-) -> None:
-    """Delete dead jobs and their records for good: all of them, or those of --id."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    await act_on_dead_jobs("purge", target=target, ids=ids, yes=yes)
+jobs_dlq_replay = _dead_jobs_command(
+    "replay", "Queue dead jobs again, with their tries reset: all of them, or those of --id."
+)
+jobs_dlq_purge = _dead_jobs_command(
+    "purge", "Delete dead jobs and their records for good: all of them, or those of --id."
+)

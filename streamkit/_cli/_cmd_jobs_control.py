@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import asyncclick as click
 import orjson
 
-from .._errors import ConfigError, EncodeError, StreamkitError
+from .._errors import ConfigError, EncodeError
 from .._literal import printable
-from ._cmd_jobs import jobs, open_target, queue_options, queue_target
+from ._cmd_jobs import QueueTarget, jobs, open_target, queue_command, queue_options, queue_target
 from ._exits import fail
 from ._options import WholeHelpGroup
 
@@ -27,47 +27,33 @@ def _what(job: str | None, queue: str) -> str:
 @jobs.command("pause")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.option("--job", "job_name", metavar="NAME", help="Pause this job name only.")
-@queue_options
+@queue_command
 async def jobs_pause(
-    app_path: str | None,
+    target: QueueTarget,
     job_name: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
 ) -> None:
     """Pause a queue, or one job name on it: no new try starts on any worker until
     `streamkit jobs resume`. Nothing fails: the jobs wait (a paused job name's as
     held), and the tries running go on to their end."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            await queue.pause(job_name)
-            paused = await queue.paused()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        await queue.pause(job_name)
+        paused = await queue.paused()
     click.echo(f"paused {printable(_what(job_name, target.name))} (paused: {', '.join(paused)})")
 
 
 @jobs.command("resume")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.option("--job", "job_name", metavar="NAME", help="Resume this job name only.")
-@queue_options
+@queue_command
 async def jobs_resume(
-    app_path: str | None,
+    target: QueueTarget,
     job_name: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
 ) -> None:
     """Resume a queue, or one job name, paused by `streamkit jobs pause`: the jobs it
     held are queued again, in order."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            released = await queue.resume(job_name)
-            paused = await queue.paused()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        released = await queue.resume(job_name)
+        paused = await queue.paused()
     let_out = f", {released:,} held job(s) queued again" if job_name else ""
     still = f" (still paused: {', '.join(paused)})" if paused else ""
     click.echo(f"resumed {printable(_what(job_name, target.name))}{let_out}{still}")
@@ -94,23 +80,16 @@ def _schedule_json(info: ScheduleInfo) -> dict[str, Any]:
 
 @jobs_schedules.command("list")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@queue_options
+@queue_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
 async def schedules_list(
-    app_path: str | None,
-    queue_name: str | None,
-    shards: int | None,
-    redis_url: str | None,
+    target: QueueTarget,
     as_json: bool,
 ) -> None:
     """Show a queue's schedules: those declared in code (@app.cron), then those set
     at runtime, with when each ticks next."""
-    target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            found = await queue.schedules()
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        found = await queue.schedules()
     if as_json:
         report = {"queue": target.name, "schedules": [_schedule_json(i) for i in found]}
         click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
@@ -179,15 +158,13 @@ async def schedules_set(
     target = queue_target(app_path, queue_name, shards, redis_url)
     args = _json_option(args_json, "--args", list)
     kwargs = _json_option(kwargs_json, "--kwargs", dict)
-    try:
-        async with open_target(target) as queue:
+    async with open_target(target) as queue:
+        try:
             info = await queue.set_schedule(
                 name, job, cron, tz=tz, args=args, kwargs=kwargs, misfire_grace=misfire_grace
             )
-    except (ConfigError, TypeError, EncodeError) as exc:
-        fail(str(exc), 2)
-    except StreamkitError as exc:
-        fail(str(exc))
+        except (ConfigError, TypeError, EncodeError) as exc:
+            fail(str(exc), 2)
     nxt = info.next_at.isoformat(timespec="seconds") if info.next_at else "-"
     click.echo(printable(f"schedule {name} of queue {target.name}: {job} at '{cron}', next {nxt}"))
 
@@ -210,11 +187,8 @@ async def schedules_remove(
     else:
         fail("give [MODULE:APP] NAME (MODULE:APP, or --queue NAME)", 2)
     target = queue_target(app_path, queue_name, shards, redis_url)
-    try:
-        async with open_target(target) as queue:
-            removed = await queue.remove_schedule(name)
-    except StreamkitError as exc:
-        fail(str(exc))
+    async with open_target(target) as queue:
+        removed = await queue.remove_schedule(name)
     if not removed:
         fail(f"queue {target.name} has no schedule {name!r} set at runtime", 2)
     click.echo(printable(f"removed schedule {name} of queue {target.name}"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import asyncclick as click
 import attrs
@@ -26,7 +26,7 @@ from .._errors import StreamkitError
 from ._exits import fail
 from ._options import progress_bar, stderr
 
-__all__ = ["BulkAction", "OnProgress", "confirm", "confirm_and_act"]
+__all__ = ["BulkAction", "OnProgress", "bulk_options", "confirm", "confirm_and_act"]
 
 #: Called after each step with how many items the step went through and how many it
 #: acted on (an item may be skipped: no longer dead, say).
@@ -66,6 +66,24 @@ class BulkAction:
     def nothing(self) -> str:
         """``"nothing was replayed"``."""
         return f"nothing was {self.done}"
+
+
+def bulk_options(verb: Literal["replay", "purge"]) -> Callable[[Any], Any]:
+    """``--id`` and ``--yes``, the options of a bulk command (replay or purge)."""
+
+    def decorate(function: Any) -> Any:
+        function = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(
+            function
+        )
+        return click.option(
+            "--id",
+            "ids",
+            multiple=True,
+            metavar="ID",
+            help=f"{verb.capitalize()} only these (repeatable).",
+        )(function)
+
+    return decorate
 
 
 class _StopBetweenSteps(Exception):

@@ -24,19 +24,20 @@ from .. import _redispy
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
-from .._urls import mask_url
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
-from ._blocking import (
+from ._driving import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_POOL_TIMEOUT,
     DEFAULT_SOCKET_TIMEOUT,
-    _pair,
-    _redirected,
-    _translated,
-    _untyped,
+    client_setup,
+    describe,
+    pair,
+    redirected,
+    translated,
+    untyped,
 )
-from ._ops import _NO_DEFAULT, Batch, Call, ClientState, Sleep
+from ._ops import _NO_DEFAULT, Batch, Call, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -81,17 +82,18 @@ class AsyncioClient:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> None:
-        _redispy.connection_options(
-            url, connect_timeout=connect_timeout, socket_timeout=socket_timeout
-        )  # a bad URL is one line now, not at the first command
         self.url = url
-        self._options = {
-            "connect_timeout": connect_timeout,
-            "socket_timeout": socket_timeout,
-            "max_connections": max_connections,
-            "pool_timeout": pool_timeout,
-        }
-        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {}, max_bytes=max_bytes)
+        self._options, self._state = client_setup(
+            url,
+            queue=queue,
+            jobs=jobs,
+            shards=shards,
+            max_bytes=max_bytes,
+            connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            max_connections=max_connections,
+            pool_timeout=pool_timeout,
+        )
         self._redis: _redispy.AsyncClient | None = None
         # A cluster's nodes: a client of each, for batches (one pipeline per node).
         self._nodes: dict[str, redis.asyncio.Redis] = {}
@@ -131,7 +133,7 @@ class AsyncioClient:
         # belong to the parent or to the other loop, and are left alone.
         self._nodes = {}
         with _redispy.redis_errors(self.url):
-            client = _redispy.open_async(self.url, **self._options)  # type: ignore[arg-type]
+            client = _redispy.open_async(self.url, **self._options)
             if isinstance(client, redis.asyncio.cluster.RedisCluster):
                 await client.initialize()
         self._redis, self._owner = client, owner
@@ -171,10 +173,10 @@ class AsyncioClient:
         # Not redis_errors(): a try costs less than a context manager, per command.
         try:
             try:
-                return await _untyped(client).execute_command(*call.args)
+                return await untyped(client).execute_command(*call.args)
             except redis.exceptions.NoScriptError:
                 await self._load(client, call)
-                return await _untyped(client).execute_command(*call.args)
+                return await untyped(client).execute_command(*call.args)
         except Exception as exc:
             error = _redispy.translate(exc, self.url)
             if error is None or error is exc:
@@ -184,12 +186,12 @@ class AsyncioClient:
     async def _load(self, client: _redispy.AsyncClient, call: Call) -> None:
         assert call.script is not None
         if isinstance(client, redis.asyncio.cluster.RedisCluster):
-            node = _untyped(client).get_node_from_key(call.key)
-            await _untyped(client).execute_command(
+            node = untyped(client).get_node_from_key(call.key)
+            await untyped(client).execute_command(
                 "SCRIPT LOAD", call.script.source, target_nodes=node
             )
         else:
-            await _untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+            await untyped(client).execute_command("SCRIPT LOAD", call.script.source)
 
     async def _batch(
         self, client: redis.asyncio.Redis, calls: Sequence[Call], batch: Batch
@@ -203,9 +205,9 @@ class AsyncioClient:
         wait = max(1, round(batch.replica_timeout * 1000))
         pipe = client.pipeline(transaction=False)
         for call in calls:
-            _untyped(pipe).execute_command(*call.args)
+            untyped(pipe).execute_command(*call.args)
             if batch.replicas:
-                _untyped(pipe).execute_command("WAIT", batch.replicas, wait)
+                untyped(pipe).execute_command("WAIT", batch.replicas, wait)
         try:
             raw = await pipe.execute(raise_on_error=False)
         except Exception as exc:
@@ -213,7 +215,7 @@ class AsyncioClient:
             if error is None:
                 raise
             return [error] * len(calls)
-        replies, missing = _pair(raw, calls, batch)
+        replies, missing = pair(raw, calls, batch)
         if missing:
             # Refused EVALSHAs ran nothing: load their scripts, run them again.
             for call in {calls[i].script: calls[i] for i in missing}.values():
@@ -225,7 +227,7 @@ class AsyncioClient:
             again = await self._batch(client, [calls[i] for i in missing], batch)
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-        return [_translated(r, self.url) for r in replies]
+        return [translated(r, self.url) for r in replies]
 
     def _node(self, node: Any) -> redis.asyncio.Redis:
         """A client of one node of the cluster, with the cluster client's options."""
@@ -248,7 +250,7 @@ class AsyncioClient:
         try:
             with _redispy.redis_errors(self.url):
                 for i, call in enumerate(batch.calls):
-                    node = _untyped(client).get_node_from_key(call.key)
+                    node = untyped(client).get_node_from_key(call.key)
                     if node is None:
                         raise redis.exceptions.SlotNotCoveredError(f"no node serves {call.key}")
                     by_node.setdefault(node.name, (node, []))[1].append(i)
@@ -265,7 +267,7 @@ class AsyncioClient:
         for (_, positions), got in zip(groups, results, strict=True):
             for i, reply in zip(positions, got, strict=True):
                 replies[i] = reply
-                moved = moved or _redirected(reply)
+                moved = moved or redirected(reply)
         if moved:
             # The slot map changed: read it again before the calls are retried.
             with _redispy.redis_errors(self.url):
@@ -417,8 +419,7 @@ class AsyncioClient:
         return await self.run(_ops.table_sizes(table))
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<AsyncioClient {mask_url(self.url)} queue={self._state.queue} {state}>"
+        return describe(self, self.url, self._state, closed=self._closed)
 
 
 @attrs.frozen

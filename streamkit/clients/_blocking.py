@@ -25,12 +25,22 @@ import redis.exceptions
 
 from .. import _redispy
 from .._defaults import DEFAULT_JOB_MAX_BYTES
-from .._errors import BackendError, NotReplicated, StreamkitError
+from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
-from .._urls import mask_url
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
-from ._ops import _NO_DEFAULT, Batch, Call, ClientState, Sleep
+from ._driving import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_POOL_TIMEOUT,
+    DEFAULT_SOCKET_TIMEOUT,
+    client_setup,
+    describe,
+    pair,
+    redirected,
+    translated,
+    untyped,
+)
+from ._ops import _NO_DEFAULT, Batch, Call, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,13 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["BlockingClient", "BlockingJobHandle"]
 
 T = TypeVar("T")
-
-#: Connections of a client's pool (per node of a cluster), at most.
-DEFAULT_MAX_CONNECTIONS = 64
-#: Seconds a reply may take: longer than a job result's blocking read (5 s).
-DEFAULT_SOCKET_TIMEOUT = 10.0
-#: Seconds a thread waits for a free connection of the pool.
-DEFAULT_POOL_TIMEOUT = 10.0
 
 # Every blocking client, to give each fresh locks in a forked child (a lock another
 # thread held at the fork would stay locked there forever).
@@ -100,17 +103,18 @@ class BlockingClient:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> None:
-        _redispy.connection_options(
-            url, connect_timeout=connect_timeout, socket_timeout=socket_timeout
-        )  # a bad URL is one line now, not at the first command
         self.url = url
-        self._options = {
-            "connect_timeout": connect_timeout,
-            "socket_timeout": socket_timeout,
-            "max_connections": max_connections,
-            "pool_timeout": pool_timeout,
-        }
-        self._state = ClientState(queue=queue, shards=shards, jobs=jobs or {}, max_bytes=max_bytes)
+        self._options, self._state = client_setup(
+            url,
+            queue=queue,
+            jobs=jobs,
+            shards=shards,
+            max_bytes=max_bytes,
+            connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            max_connections=max_connections,
+            pool_timeout=pool_timeout,
+        )
         self._redis: _redispy.SyncClient | None = None
         self._pid = 0
         self._closed = False
@@ -150,7 +154,7 @@ class BlockingClient:
                 # A new client in a forked child: the parent's connections are left
                 # alone, not closed (closing them would cut the parent's off too).
                 with _redispy.redis_errors(self.url):
-                    self._redis = _redispy.open_sync(self.url, **self._options)  # type: ignore[arg-type]
+                    self._redis = _redispy.open_sync(self.url, **self._options)
                 self._pid = pid
             return self._redis
 
@@ -188,10 +192,10 @@ class BlockingClient:
         # Not redis_errors(): a try costs less than a context manager, per command.
         try:
             try:
-                return _untyped(client).execute_command(*call.args)
+                return untyped(client).execute_command(*call.args)
             except redis.exceptions.NoScriptError:
                 self._load(client, call)
-                return _untyped(client).execute_command(*call.args)
+                return untyped(client).execute_command(*call.args)
         except Exception as exc:
             error = _redispy.translate(exc, self.url)
             if error is None or error is exc:
@@ -201,10 +205,10 @@ class BlockingClient:
     def _load(self, client: _redispy.SyncClient, call: Call) -> None:
         assert call.script is not None
         if isinstance(client, redis.cluster.RedisCluster):
-            node = _untyped(client).get_node_from_key(call.key)
-            _untyped(client).execute_command("SCRIPT LOAD", call.script.source, target_nodes=node)
+            node = untyped(client).get_node_from_key(call.key)
+            untyped(client).execute_command("SCRIPT LOAD", call.script.source, target_nodes=node)
         else:
-            _untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+            untyped(client).execute_command("SCRIPT LOAD", call.script.source)
 
     def _batch(self, client: redis.Redis, calls: Sequence[Call], batch: Batch) -> list[Any]:
         """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""
@@ -216,9 +220,9 @@ class BlockingClient:
         wait = max(1, round(batch.replica_timeout * 1000))
         pipe = client.pipeline(transaction=False)
         for call in calls:
-            _untyped(pipe).execute_command(*call.args)
+            untyped(pipe).execute_command(*call.args)
             if batch.replicas:
-                _untyped(pipe).execute_command("WAIT", batch.replicas, wait)
+                untyped(pipe).execute_command("WAIT", batch.replicas, wait)
         try:
             raw = pipe.execute(raise_on_error=False)
         except Exception as exc:
@@ -226,7 +230,7 @@ class BlockingClient:
             if error is None:
                 raise
             return [error] * len(calls)
-        replies, missing = _pair(raw, calls, batch)
+        replies, missing = pair(raw, calls, batch)
         if missing:
             # Refused EVALSHAs ran nothing: load their scripts, run them again.
             for call in {calls[i].script: calls[i] for i in missing}.values():
@@ -238,7 +242,7 @@ class BlockingClient:
             again = self._batch(client, [calls[i] for i in missing], batch)
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-        return [_translated(r, self.url) for r in replies]
+        return [translated(r, self.url) for r in replies]
 
     def _cluster_batch(self, client: redis.cluster.RedisCluster, batch: Batch) -> list[Any]:
         """Run a batch on a cluster: one pipeline per node, each on its node's client."""
@@ -247,7 +251,7 @@ class BlockingClient:
         try:
             with _redispy.redis_errors(self.url):
                 for i, call in enumerate(batch.calls):
-                    node = _untyped(client).get_node_from_key(call.key)
+                    node = untyped(client).get_node_from_key(call.key)
                     by_node.setdefault(node.name, (node, []))[1].append(i)
         except StreamkitError as exc:
             return [exc] * len(batch.calls)
@@ -257,7 +261,7 @@ class BlockingClient:
             got = self._batch(node_client, [batch.calls[i] for i in positions], batch)
             for i, reply in zip(positions, got, strict=True):
                 replies[i] = reply
-                moved = moved or _redirected(reply)
+                moved = moved or redirected(reply)
         if moved:
             # The slot map changed: read it again before the calls are retried.
             with _redispy.redis_errors(self.url):
@@ -425,8 +429,7 @@ class BlockingClient:
         return self.run(_ops.table_sizes(table))
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<BlockingClient {mask_url(self.url)} queue={self._state.queue} {state}>"
+        return describe(self, self.url, self._state, closed=self._closed)
 
 
 @attrs.frozen
@@ -482,41 +485,3 @@ class BlockingJobHandle(Generic[JobResult]):
         return self._client.run(
             _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
         )
-
-
-# ------------------------------------------------------------------------- helpers
-
-
-def _pair(raw: list[Any], calls: Sequence[Call], batch: Batch) -> tuple[list[Any], list[int]]:
-    """A pipeline's raw replies as one reply per call (its ``WAIT`` folded in), and the
-    calls whose script the node lacked."""
-    step = 2 if batch.replicas else 1
-    replies: list[Any] = []
-    missing: list[int] = []
-    for i in range(len(calls)):
-        reply = raw[i * step]
-        if isinstance(reply, redis.exceptions.NoScriptError):
-            missing.append(i)
-        elif batch.replicas and not isinstance(reply, Exception):
-            acknowledged = raw[i * step + 1]
-            if isinstance(acknowledged, Exception):
-                reply = acknowledged
-            elif int(acknowledged) < batch.replicas:
-                reply = NotReplicated(batch.replicas, int(acknowledged), batch.replica_timeout)
-        replies.append(reply)
-    return replies, missing
-
-
-def _translated(reply: Any, url: str) -> Any:
-    if isinstance(reply, Exception) and not isinstance(reply, StreamkitError):
-        return _redispy.translate(reply, url) or BackendError(str(reply))
-    return reply
-
-
-def _redirected(reply: Any) -> bool:
-    return getattr(reply, "code", None) in ("MOVED", "ASK")
-
-
-def _untyped(client: object) -> Any:
-    """redis-py's methods that carry no types (``execute_command``, ...)."""
-    return client

@@ -292,13 +292,7 @@ def send_many(
             ):
                 window.landed(partition, start, entry_ids)
                 if dropped:
-                    log.warning(
-                        "max_len=%d dropped %d unprocessed entries from %s partition %d",
-                        settings.max_len or 0,
-                        dropped,
-                        spec.name,
-                        partition,
-                    )
+                    _dropped(settings.max_len, dropped, spec.name, partition)
                 if before:
                     log.debug(
                         "append to %s was applied before its connection was lost; not repeated",
@@ -334,23 +328,7 @@ def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[s
                 reply = yield Call.run(_APPEND, append.keys, append.args)
                 break
             except RedisUnavailable as exc:
-                if rule is None:
-                    rule = RetryRule(
-                        f"appending to {append.key}",
-                        idempotent=True,
-                        started=started,
-                        fail_fast_oom=True,
-                        unknown_is_final=True,
-                    )
-                delay = rule.next_delay(exc, time.monotonic())
-                log.debug(
-                    "appending to %s: %s (attempt %d, retrying in %.2fs)",
-                    append.key,
-                    exc.reason,
-                    rule.attempts,
-                    delay,
-                )
-                append.retrying()
+                rule, delay = _append_failed(append, exc, rule, started)
             yield Sleep(delay)
     except BaseException:
         append.failed(state.markers)
@@ -358,14 +336,45 @@ def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[s
     append.succeeded(state.markers)
     entry_ids, dropped, _ = append_reply(reply)
     if dropped:
-        log.warning(
-            "max_len=%d dropped %d unprocessed entries from %s partition %d",
-            settings.max_len or 0,
-            dropped,
-            spec.name,
-            partition,
-        )
+        _dropped(settings.max_len, dropped, spec.name, partition)
     return entry_ids
+
+
+def _dropped(max_len: int | None, dropped: int, stream: str, partition: int) -> None:
+    """Say that a hard cap (``max_len``) dropped unprocessed entries."""
+    log.warning(
+        "max_len=%d dropped %d unprocessed entries from %s partition %d",
+        max_len or 0,
+        dropped,
+        stream,
+        partition,
+    )
+
+
+def _append_failed(
+    append: AppendCall, exc: RedisUnavailable, rule: RetryRule | None, started: float
+) -> tuple[RetryRule, float]:
+    """An idempotent append that Redis did not take: its retry rule (made on its first
+    failure, ``started`` being when the first try began) and the delay before the
+    next try; the append is marked as retrying, and the failure logged."""
+    if rule is None:
+        rule = RetryRule(
+            f"appending to {append.key}",
+            idempotent=True,
+            started=started,
+            fail_fast_oom=True,
+            unknown_is_final=True,
+        )
+    delay = rule.next_delay(exc, time.monotonic())
+    log.debug(
+        "appending to %s: %s (attempt %d, retrying in %.2fs)",
+        append.key,
+        exc.reason,
+        rule.attempts,
+        delay,
+    )
+    append.retrying()
+    return rule, delay
 
 
 def _append_all(
@@ -389,25 +398,8 @@ def _append_all(
             delay = 0.0
             for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, RedisUnavailable):
-                    rule = rules.get(i)
-                    if rule is None:
-                        rule = rules[i] = RetryRule(
-                            f"appending to {appends[i].key}",
-                            idempotent=True,
-                            started=started,
-                            fail_fast_oom=True,
-                            unknown_is_final=True,
-                        )
-                    wait = rule.next_delay(reply, time.monotonic())
-                    log.debug(
-                        "appending to %s: %s (attempt %d, retrying in %.2fs)",
-                        appends[i].key,
-                        reply.reason,
-                        rule.attempts,
-                        wait,
-                    )
+                    rules[i], wait = _append_failed(appends[i], reply, rules.get(i), started)
                     delay = max(delay, wait)
-                    appends[i].retrying()
                     again.append(i)
                 elif isinstance(reply, StreamkitError):
                     raise reply

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypedDict, TypeVar
 
 import attrs
 import orjson
@@ -30,6 +30,7 @@ __all__ = [
     "JobErrorInfo",
     "JobInfo",
     "JobOptions",
+    "JobOptionsArgs",
     "JobRef",
     "JobStatus",
     "JobTry",
@@ -299,6 +300,27 @@ def _check_retry_on(_i: object, _a: object, value: object) -> None:
         isinstance(t, type) and issubclass(t, BaseException) for t in value
     ):
         raise ConfigError("retry_on", f"must be a tuple of exception types, got {value!r}")
+
+
+class JobOptionsArgs(TypedDict, total=False):
+    """The options of :meth:`JobQueue.job` as keyword arguments, for typing the
+    ``**options`` of its overloads (see :class:`JobOptions` for each)."""
+
+    retries: int
+    timeout: float | None
+    retry_on: tuple[type[BaseException], ...]
+    backoff: Backoff
+    priority: Priority
+    result_ttl: float
+    keep_result: bool
+    expires: float | None
+    dedupe_window: float
+    rate_limit: RateLimit | str | None
+    concurrency: int | None
+    limit_key: str | Callable[..., Any] | None
+    key_rate_limit: RateLimit | str | None
+    key_concurrency: int | None
+    grace: float | None
 
 
 @attrs.frozen(kw_only=True)

@@ -34,6 +34,7 @@ __all__ = [
     "EnqueuePlan",
     "JobIds",
     "JobLike",
+    "add_call_times",
     "answer",
     "encode_arguments",
     "link_answers",
@@ -140,17 +141,9 @@ def _headers(given: Mapping[str, str] | None, trace: dict[str, str]) -> bytes | 
     return orjson.dumps({**trace, **given})
 
 
-def _options(
-    call: JobCall, after: list[str], key: str | None = None, headers: bytes | None = None
-) -> bytes:
-    """The per-job options field of the enqueue script: "" when there are none."""
-    opts: dict[str, Any] = {}
-    if key is not None:
-        opts["k"] = key
-    if headers is not None:
-        opts["h"] = headers.decode()
-    if call.priority is not None:
-        opts["p"] = PRIORITIES[call.priority]
+def add_call_times(opts: dict[str, Any], call: JobCall) -> None:
+    """Add to the enqueue script's options what ``call`` says of when it runs (``delay``,
+    ``at``, ``expires``) and whether it has an id of its own (to dedupe by)."""
     if call.delay is not None:
         opts["d"] = _ms(call.delay, "delay")
     if call.at is not None:
@@ -163,6 +156,20 @@ def _options(
         )
     if call.job_id is not None:
         opts["w"] = 1
+
+
+def _options(
+    call: JobCall, after: list[str], key: str | None = None, headers: bytes | None = None
+) -> bytes:
+    """The per-job options field of the enqueue script: "" when there are none."""
+    opts: dict[str, Any] = {}
+    if key is not None:
+        opts["k"] = key
+    if headers is not None:
+        opts["h"] = headers.decode()
+    if call.priority is not None:
+        opts["p"] = PRIORITIES[call.priority]
+    add_call_times(opts, call)
     if after:
         opts["after"] = after
     return orjson.dumps(opts) if opts else b""

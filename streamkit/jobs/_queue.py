@@ -8,7 +8,7 @@ import math
 from collections.abc import (
     Mapping,  # noqa: TC003 (isinstance)
 )
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, Any, Unpack, cast, overload
 
 import attrs
 import trio
@@ -50,6 +50,7 @@ from ._model import (
     JobCall,
     JobInfo,
     JobOptions,
+    JobOptionsArgs,
     JobStatus,
     P,
     Priority,
@@ -179,27 +180,15 @@ class JobQueue:
 
     # ------------------------------------------------------------------ declaring
 
+    # The overloads type the options with JobOptionsArgs; the definition spells them
+    # out, with their defaults, for the reader and the docs.
     @overload
     def job(  # an async def matches the next one too: this one comes first
         self,
         fn: Callable[P, Coroutine[Any, Any, R]],
         *,
         name: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-        timeout: float | None = None,
-        retry_on: tuple[type[BaseException], ...] = (Exception,),
-        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
-        priority: Priority = "normal",
-        result_ttl: float = DEFAULT_RESULT_TTL,
-        keep_result: bool = True,
-        expires: float | None = None,
-        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
-        rate_limit: RateLimit | str | None = None,
-        concurrency: int | None = None,
-        limit_key: str | Callable[..., Any] | None = None,
-        key_rate_limit: RateLimit | str | None = None,
-        key_concurrency: int | None = None,
-        grace: float | None = None,
+        **options: Unpack[JobOptionsArgs],
     ) -> Job[P, R]: ...
 
     @overload
@@ -208,21 +197,7 @@ class JobQueue:
         fn: Callable[P, R],
         *,
         name: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-        timeout: float | None = None,
-        retry_on: tuple[type[BaseException], ...] = (Exception,),
-        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
-        priority: Priority = "normal",
-        result_ttl: float = DEFAULT_RESULT_TTL,
-        keep_result: bool = True,
-        expires: float | None = None,
-        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
-        rate_limit: RateLimit | str | None = None,
-        concurrency: int | None = None,
-        limit_key: str | Callable[..., Any] | None = None,
-        key_rate_limit: RateLimit | str | None = None,
-        key_concurrency: int | None = None,
-        grace: float | None = None,
+        **options: Unpack[JobOptionsArgs],
     ) -> Job[P, R]: ...
 
     @overload
@@ -231,21 +206,7 @@ class JobQueue:
         fn: None = None,
         *,
         name: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-        timeout: float | None = None,
-        retry_on: tuple[type[BaseException], ...] = (Exception,),
-        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
-        priority: Priority = "normal",
-        result_ttl: float = DEFAULT_RESULT_TTL,
-        keep_result: bool = True,
-        expires: float | None = None,
-        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
-        rate_limit: RateLimit | str | None = None,
-        concurrency: int | None = None,
-        limit_key: str | Callable[..., Any] | None = None,
-        key_rate_limit: RateLimit | str | None = None,
-        key_concurrency: int | None = None,
-        grace: float | None = None,
+        **options: Unpack[JobOptionsArgs],
     ) -> JobDecorator: ...
 
     def job(

@@ -15,7 +15,6 @@ the one that enqueued it.
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -26,7 +25,7 @@ from ._batches import chunks
 from ._layout import ShardKeys, shard_for
 from ._limits import limit_key_of, limit_shard
 from ._model import PRIORITIES, JobCall
-from ._plan import ENQUEUE_CHUNK, JobLike, _at_ms, _headers, _ms, answer, encode_arguments
+from ._plan import ENQUEUE_CHUNK, JobLike, _headers, _ms, add_call_times, answer, encode_arguments
 from ._trace import inject_trace
 
 if TYPE_CHECKING:
@@ -328,20 +327,9 @@ def _options(
             opts["l"] = options.limits
         if options.expires is not None and call.expires is None:
             opts["e"] = -_ms(options.expires, "expires")
-    if call.delay is not None:
-        opts["d"] = _ms(call.delay, "delay")
-    if call.at is not None:
-        opts["a"] = _at_ms(call.at, "at")
-    if call.expires is not None:
-        opts["e"] = (
-            _at_ms(call.expires, "expires")
-            if isinstance(call.expires, datetime)
-            else -_ms(call.expires, "expires")
-        )
-    if call.job_id is not None:
-        opts["w"] = 1
-        if node.job is not None:
-            opts["dw"] = node.job.options.dedupe_window
+    add_call_times(opts, call)
+    if call.job_id is not None and node.job is not None:
+        opts["dw"] = node.job.options.dedupe_window
     if deps:
         opts["after"] = deps
     if node.feed is not None:
