@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 import trio
 
 from ._errors import WrongPartition
@@ -44,6 +45,10 @@ class _Missing:
 
 
 MISSING: Any = _Missing()
+#: Value types the records' converter passes through as they are: a value of exactly
+#: one of them is stored as ``orjson.dumps(value)``, the converter skipped.
+PLAIN_TYPES = frozenset({int, float, str, bool})
+
 #: What :meth:`TableView.peek` returns for a key not known without Redis.
 UNKNOWN: Any = object()
 _ABSENT: Any = UNKNOWN
@@ -99,6 +104,7 @@ class TableView:
         "_dirty",
         "_partition_count",
         "_pinned",
+        "_plain",
         "_redis",
         "_seen_field",
         "_seen_key",
@@ -121,6 +127,10 @@ class TableView:
         self._dirty: dict[bytes, tuple[Any, bytes | None]] = {}
         self._cache: dict[bytes, Any] = {}
         self._pinned: dict[bytes, int] = {}
+        # The table's value type if the converter passes its values through as they
+        # are (see PLAIN_TYPES): such a value is encoded here, a call fewer per write.
+        value_type = getattr(table, "value", None)
+        self._plain: type | None = value_type if value_type in PLAIN_TYPES else None
         # The last str key peek found here, and its field: the set that follows a get
         # of the same key (the usual read-modify-write) needs neither again.
         self._seen_key: object = None
@@ -146,7 +156,8 @@ class TableView:
         call, not a coroutine."""
         field = canonical_key_bytes(key)
         # _known, inlined: this runs once per event of a stateful processor.
-        value = self._tentative.get(field, _ABSENT)
+        tentative = self._tentative
+        value = tentative.get(field, _ABSENT) if tentative else _ABSENT
         if value is _ABSENT:
             value = self._dirty.get(field, _ABSENT)
             if value is _ABSENT:
@@ -202,7 +213,10 @@ class TableView:
             known = field in self._tentative or field in self._dirty or field in self._cache
             if not known:
                 self._check(key)
-        self._tentative[field] = (value, self.table.encode(value))
+        if type(value) is self._plain:
+            self._tentative[field] = (value, orjson.dumps(value))
+        else:
+            self._tentative[field] = (value, self.table.encode(value))
 
     def delete(self, key: object) -> None:
         """Remove ``key`` (tentatively)."""
