@@ -333,6 +333,10 @@ class Delivery(Generic[R]):
             # or before it waits for new entries, whichever comes first.
             await self._hand_over()
             while True:
+                if wake and self.draining:
+                    # Draining began while the windows settled or ticked (awaits that
+                    # drain() could not cut short): stop rather than wait.
+                    raise Stop from None
                 # A partition with windows wakes when the wall clock would close one.
                 idle_at = state.idle_deadline() if state is not None else math.inf
                 with trio.CancelScope(deadline=min(deadline, idle_at)) as scope:
