@@ -3,6 +3,7 @@ retention, sessions."""
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,8 @@ import pytest
 import trio
 
 from streamkit import App, Events, Record, hopping, session, tumbling
+from streamkit._events_delivery import Delivery
+from streamkit._state import PartitionState
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 
@@ -222,3 +225,60 @@ async def test_sessions_and_hopping_windows(redis_url: str, redis: Redis) -> Non
         ((T0 - timedelta(minutes=1)).isoformat(), 3),
         (T0.isoformat(), 3),
     ]
+
+
+async def test_a_drain_that_lands_during_an_idle_tick_ends_the_iteration(
+    redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopping while a quiet partition's windows tick closed (the tick awaits
+    Redis) ends that partition's iteration then: the drain was missed, and the wait
+    that followed, with every window closed, had nothing left to wake it until the
+    grace cancelled the partition."""
+    app = App("win", redis_url=redis_url, **FAST)
+    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=1)
+    totals = app.stream("totals", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    revenue = app.window(
+        "revenue",
+        tumbling(timedelta(seconds=1)),
+        value=int,
+        initial=0,
+        time="at",
+        output=totals,
+        grace=timedelta(seconds=0.5),
+    )
+    returned = trio.Event()
+
+    @app.processor(sales, tables=[revenue])
+    async def add_up(events: Events[Sale]) -> None:
+        async for item in events.records():
+            await revenue.update(item.shop, item, operator.add, item.amount)
+        returned.set()  # the iteration ended (not cancelled by the grace)
+
+    real_tick = PartitionState.tick
+    real_drain = Delivery.drain
+    ticked = trio.Event()
+    drained = trio.Event()
+
+    def drain(self: Delivery[Any]) -> None:
+        real_drain(self)
+        drained.set()
+
+    async def tick_while_stopping(self: PartitionState) -> None:
+        await real_tick(self)
+        # The tick that closed the last window: no idle deadline is left to wake on.
+        if not ticked.is_set() and self.idle_deadline() == math.inf:
+            ticked.set()
+            # The stop is requested and reaches the partition while the tick is on.
+            with trio.fail_after(10):
+                await drained.wait()
+
+    monkeypatch.setattr(Delivery, "drain", drain)
+    monkeypatch.setattr(PartitionState, "tick", tick_while_stopping)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send(Sale(shop="a", amount=7, at=datetime.now(UTC)))
+        with trio.fail_after(10):
+            await ticked.wait()
+        await worker.stop()
+    assert returned.is_set()
+    assert [r["value"] for r in await results(redis, totals)] == [7]
