@@ -44,6 +44,12 @@ async def test_pause_and_resume_a_job_name_and_the_queue(app: App, redis_url: st
     again = await streamkit("jobs", "resume", APP, redis_url=redis_url)
     assert again.out.strip() == "resumed queue jobbing"
     assert await app.job_queue.paused() == []
+    typo = await streamkit("jobs", "pause", APP, "--job", "ad", redis_url=redis_url)
+    assert typo.code == 2, typo
+    assert typo.err.strip() == (
+        "Error: job: queue 'jobbing' has no job 'ad' (known: add, crawl, explode, flaky)"
+    )
+    assert await app.job_queue.paused() == []
 
 
 async def test_schedules_are_set_listed_and_removed(app: App, redis_url: str) -> None:

@@ -36,7 +36,10 @@ async def jobs_pause(
     `streamkit jobs resume`. Nothing fails: the jobs wait (a paused job name's as
     held), and the tries running go on to their end."""
     async with open_target(target) as queue:
-        await queue.pause(job_name)
+        try:
+            await queue.pause(job_name)
+        except ConfigError as exc:  # a job the app does not declare: a typo
+            fail(str(exc), 2)
         paused = await queue.paused()
     click.echo(f"paused {printable(_what(job_name, target.name))} (paused: {', '.join(paused)})")
 

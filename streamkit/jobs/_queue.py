@@ -383,12 +383,7 @@ class JobQueue:
         timezone(tz)
         positive_number.check("misfire_grace", misfire_grace)
         job_name = job if isinstance(job, str) else job.name
-        declared = self.jobs.get(job_name)
-        if declared is None and self.jobs:
-            known = ", ".join(sorted(self.jobs))
-            raise ConfigError(
-                "job", f"queue {self.name!r} has no job {job_name!r} (known: {known})"
-            )
+        declared = self._declared(job_name)
         kwargs = dict(kwargs or {})
         if declared is not None:
             declared.check_arguments(args, kwargs)
@@ -433,14 +428,34 @@ class JobQueue:
 
     # ------------------------------------------------------------------ pausing
 
+    def _declared(self, job_name: str) -> Job[Any, Any] | None:
+        """The job ``job_name`` of this queue; ``None`` if the queue knows no jobs (one
+        opened by name alone).
+
+        Error handling:
+            :class:`~streamkit.ConfigError` if the queue knows its jobs and not this one.
+        """
+        declared = self.jobs.get(job_name)
+        if declared is None and self.jobs:
+            known = ", ".join(sorted(self.jobs))
+            raise ConfigError(
+                "job", f"queue {self.name!r} has no job {job_name!r} (known: {known})"
+            )
+        return declared
+
     async def pause(self, job: Job[Any, Any] | str | None = None) -> None:
         """Pause the queue, or one job name: no new try of its jobs starts, on any
         worker, until :meth:`resume`. Nothing fails: jobs queued meanwhile wait (a
         paused job name's jobs as ``held``), and the tries running go on to their end.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a job name the queue does not declare
+            (when it knows its jobs: a typo would pause nothing).
         """
         name = "*" if job is None else job if isinstance(job, str) else job.name
         if name != "*":
             validate_name("job name", name)
+            self._declared(name)
         for keys in self.shard_keys:
             await retry_idempotent(
                 _CONTROL, self.redis, keys.keys, (keys.base, "pause", name, 0), what="pausing"
