@@ -24,7 +24,7 @@ import trio
 
 from .._errors import StreamkitError
 from ._exits import fail
-from ._options import progress_bar, stderr
+from ._options import progress_bar, stderr, yes_option
 
 __all__ = ["BulkAction", "OnProgress", "bulk_options", "confirm", "confirm_and_act"]
 
@@ -72,9 +72,7 @@ def bulk_options(verb: Literal["replay", "purge"]) -> Callable[[Any], Any]:
     """``--id`` and ``--yes``, the options of a bulk command (replay or purge)."""
 
     def decorate(function: Any) -> Any:
-        function = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(
-            function
-        )
+        function = yes_option(function)
         return click.option(
             "--id",
             "ids",

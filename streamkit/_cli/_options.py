@@ -14,7 +14,15 @@ from .._nurseries import leaves
 from .._settings import Settings
 from ._exits import fail
 
-__all__ = ["RootGroup", "WholeHelpGroup", "progress_bar", "redis_url_option", "stderr"]
+__all__ = [
+    "RootGroup",
+    "WholeHelpGroup",
+    "json_option",
+    "progress_bar",
+    "redis_url_option",
+    "stderr",
+    "yes_option",
+]
 
 
 stderr = Console(stderr=True)
@@ -49,6 +57,13 @@ def redis_url_option(function: Any) -> Any:
             "App(redis_url=...), else STREAMKIT_REDIS_URL, else redis://127.0.0.1:6379)."
         ),
     )(function)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+"""``--json`` (into ``as_json``), the same on every command that prints for scripts."""
+
+yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+"""``--yes`` / ``-y``, the same on every command that asks before it acts."""
 
 
 def _checked_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
