@@ -622,6 +622,23 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
   move(name, st, 'executing')
   table.insert(out, {id, name, f[3], tries, token, p - 1, f[14] or 0, f[15] or ''})
 end
+
+-- For each id in ARGV[2..] whose job is dead: take it off the dead-letter stream and
+-- call act(id, k, name). Returns those ids (replay and purge of dead jobs).
+local function each_dead(act)
+  local out = {}
+  for a = 2, #ARGV do
+    local id = ARGV[a]
+    local k = jkey(id)
+    local f = redis.call('HMGET', k, 'status', 'name', 'dead_entry')
+    if f[1] == 'dead' then
+      if f[3] then redis.call('XDEL', DEAD, f[3]) end
+      act(id, k, f[2])
+      table.insert(out, id)
+    end
+  end
+  return out
+end
 """
 )
 
@@ -1157,20 +1174,11 @@ return f
 REPLAY_LUA = (
     _COMMON
     + r"""
-local out = {}
-for a = 2, #ARGV do
-  local id = ARGV[a]
-  local k = jkey(id)
-  local f = redis.call('HMGET', k, 'status', 'name', 'dead_entry')
-  if f[1] == 'dead' then
-    if f[3] then redis.call('XDEL', DEAD, f[3]) end
-    redis.call('HSET', k, 'tries', 0, 'lost', 0, 'owner', '')
-    redis.call('HDEL', k, 'dead_entry', 'finished', 'abort', 'progress')
-    push(id, k, f[2], 'dead', 'sent')
-    table.insert(out, id)
-  end
-end
-return out
+return each_dead(function(id, k, name)
+  redis.call('HSET', k, 'tries', 0, 'lost', 0, 'owner', '')
+  redis.call('HDEL', k, 'dead_entry', 'finished', 'abort', 'progress')
+  push(id, k, name, 'dead', 'sent')
+end)
 """
 )
 
@@ -1178,19 +1186,10 @@ return out
 PURGE_LUA = (
     _COMMON
     + r"""
-local out = {}
-for a = 2, #ARGV do
-  local id = ARGV[a]
-  local k = jkey(id)
-  local f = redis.call('HMGET', k, 'status', 'name', 'dead_entry')
-  if f[1] == 'dead' then
-    if f[3] then redis.call('XDEL', DEAD, f[3]) end
-    redis.call('DEL', k)
-    move(f[2], 'dead', nil)
-    table.insert(out, id)
-  end
-end
-return out
+return each_dead(function(id, k, name)
+  redis.call('DEL', k)
+  move(name, 'dead', nil)
+end)
 """
 )
 
