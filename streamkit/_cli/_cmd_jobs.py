@@ -24,7 +24,7 @@ from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
 from ._loading import load_app
-from ._options import WholeHelpGroup, json_option, redis_url_option
+from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -342,13 +342,7 @@ def jobs_dlq() -> None:
 
 @jobs_dlq.command("list")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Show at most this many dead jobs; says how many more exist.",
-)
+@limit_option("Show at most this many dead jobs; says how many more exist.")
 @queue_command
 @json_option
 async def jobs_dlq_list(
