@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import attrs
 
@@ -58,6 +58,23 @@ def _required(options: Mapping[str, str], name: str) -> str:
     if not value:
         raise ConfigError(name, f"this option is required, e.g. .option({name!r}, ...)")
     return value
+
+
+class _StreamOptions(TypedDict):
+    url: str
+    app: str
+    stream: str
+    record: str | None
+
+
+def _stream_of(options: Mapping[str, str]) -> _StreamOptions:
+    """The options naming the stream, read and written alike: url, app, stream, record."""
+    return _StreamOptions(
+        url=_required(options, "url"),
+        app=_keys.validate_name("app", _required(options, "app")),
+        stream=_keys.validate_name("stream", _required(options, "stream")),
+        record=options.get("record") or None,
+    )
 
 
 @overload
@@ -213,10 +230,7 @@ class ReadOptions:
         page_size = _positive(options, "pageSize", DEFAULT_PAGE_SIZE)
         max_decoded_size = _positive(options, "maxDecodedSize", DEFAULT_MAX_DECODED_SIZE)
         return cls(
-            url=_required(options, "url"),
-            app=_keys.validate_name("app", _required(options, "app")),
-            stream=_keys.validate_name("stream", _required(options, "stream")),
-            record=options.get("record") or None,
+            **_stream_of(options),
             start=start,
             start_latest=start_latest,
             end=end,
@@ -280,10 +294,7 @@ class WriteOptions:
         partition_size = _positive(options, "partitionSize", DEFAULT_PARTITION_SIZE)
         max_record_size = _positive(options, "maxRecordSize", DEFAULT_MAX_RECORD_SIZE)
         return cls(
-            url=_required(options, "url"),
-            app=_keys.validate_name("app", _required(options, "app")),
-            stream=_keys.validate_name("stream", _required(options, "stream")),
-            record=options.get("record") or None,
+            **_stream_of(options),
             key=options.get("key") or None,
             partition_count=_positive(options, "partitionCount", None),
             compression=compression,
