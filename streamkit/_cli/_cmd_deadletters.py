@@ -33,7 +33,7 @@ def deadletters() -> None:
 @deadletters.command("list")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("processor_name", metavar="PROCESSOR")
-@limit_option("Show at most this many dead letters (the oldest); says how many more exist.")
+@limit_option(help="Show at most this many dead letters (the oldest); says how many more exist.")
 @redis_url_option
 async def deadletters_list(
     app_path: str, processor_name: str, limit: int, redis_url: str | None

@@ -342,7 +342,7 @@ def jobs_dlq() -> None:
 
 @jobs_dlq.command("list")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@limit_option("Show at most this many dead jobs; says how many more exist.")
+@limit_option(help="Show at most this many dead jobs; says how many more exist.")
 @queue_command
 @json_option
 async def jobs_dlq_list(

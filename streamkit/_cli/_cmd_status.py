@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from functools import partial
 
 import asyncclick as click
 import orjson
@@ -17,22 +17,18 @@ from ._fleet_view import status_view
 from ._loading import load_app
 from ._options import json_option, redis_url_option
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
 __all__ = ["dashboard", "status"]
 
 
-def _interval_option(text: str) -> Callable[[Any], Any]:
-    """``--interval SECONDS`` (at least 0.1, default 1), with ``text`` as its help."""
-    return click.option(
-        "--interval",
-        type=click.FloatRange(min=0.1),
-        default=1.0,
-        show_default=True,
-        metavar="SECONDS",
-        help=text,
-    )
+#: ``--interval SECONDS`` (at least 0.1, default 1): ``@_interval_option(help=...)``.
+_interval_option = partial(
+    click.option,
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+)
 
 
 @click.command()
@@ -46,7 +42,7 @@ def _interval_option(text: str) -> Callable[[Any], Any]:
     help="Refresh every --interval seconds until Ctrl-C: in place on a terminal, "
     "one snapshot after another otherwise (one JSON document per line with --json).",
 )
-@_interval_option("With --watch: seconds between refreshes.")
+@_interval_option(help="With --watch: seconds between refreshes.")
 async def status(
     app_path: str, redis_url: str | None, as_json: bool, watch: bool, interval: float
 ) -> None:
@@ -95,7 +91,7 @@ async def status(
     required=True,
     help="The port to listen on (0: any free port; the URL is printed).",
 )
-@_interval_option("Seconds between readings of Redis (however many pages are open).")
+@_interval_option(help="Seconds between readings of Redis (however many pages are open).")
 @click.option(
     "--allowed-host",
     "allowed_hosts",

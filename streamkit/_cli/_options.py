@@ -4,6 +4,7 @@ for any error of streamkit's), and the progress bar on standard error."""
 from __future__ import annotations
 
 import signal
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
@@ -84,15 +85,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, 
 """``--json`` (into ``as_json``), the same on every command that prints for scripts."""
 
 
-def limit_option(text: str) -> Callable[[Any], Any]:
-    """``--limit`` (at least 1, default 100) of a listing, with ``text`` as its help."""
-    return click.option(
-        "--limit",
-        type=click.IntRange(min=1),
-        default=100,
-        show_default=True,
-        help=text,
-    )
+limit_option = partial(
+    click.option, "--limit", type=click.IntRange(min=1), default=100, show_default=True
+)
+"""``--limit`` (at least 1, default 100) of a listing: ``@limit_option(help=...)``."""
 
 
 yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
