@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
 
@@ -424,14 +425,7 @@ class App:
         cancelled when leadership moves (and started on the new leader). Usable as
         ``@app.task`` or ``@app.task(on_leader=True)``.
         """
-
-        def register(fn: BackgroundFunction) -> BackgroundFunction:
-            _check_async("background task", fn)
-            self.background.append(
-                BackgroundTask(name=fn.__name__, fn=fn, kind="task", on_leader=on_leader)
-            )
-            return fn
-
+        register = self._background(partial(BackgroundTask, kind="task", on_leader=on_leader))
         return register if fn is None else register(fn)
 
     def timer(
@@ -442,17 +436,9 @@ class App:
         The schedule does not drift: runs start at ``interval`` multiples from the
         worker's start; a run that overruns skips the ticks it missed.
         """
-
-        def register(fn: BackgroundFunction) -> BackgroundFunction:
-            _check_async("background task", fn)
-            self.background.append(
-                BackgroundTask(
-                    name=fn.__name__, fn=fn, kind="timer", interval=interval, on_leader=on_leader
-                )
-            )
-            return fn
-
-        return register
+        return self._background(
+            partial(BackgroundTask, kind="timer", interval=interval, on_leader=on_leader)
+        )
 
     def crontab(
         self, expression: str, *, on_leader: bool = False
@@ -466,14 +452,20 @@ class App:
         missed while no worker runs is not made up. For work that must run once per
         tick across the fleet, with retries and a result, use :meth:`cron`.
         """
+        return self._background(
+            partial(BackgroundTask, kind="crontab", cron=expression, on_leader=on_leader)
+        )
+
+    def _background(
+        self, make: Callable[..., BackgroundTask]
+    ) -> Callable[[BackgroundFunction], BackgroundFunction]:
+        """The decorator of :meth:`task`, :meth:`timer` and :meth:`crontab`: it checks
+        ``fn`` and appends ``make(name=..., fn=fn)`` (validated then) to
+        :attr:`background`."""
 
         def register(fn: BackgroundFunction) -> BackgroundFunction:
             _check_async("background task", fn)
-            self.background.append(
-                BackgroundTask(
-                    name=fn.__name__, fn=fn, kind="crontab", cron=expression, on_leader=on_leader
-                )
-            )
+            self.background.append(make(name=fn.__name__, fn=fn))
             return fn
 
         return register

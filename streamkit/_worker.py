@@ -46,6 +46,7 @@ from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
 from ._redis import ride_out_refusals
+from ._signals import signal_handlers
 from ._validate import positive_finite_number
 from .jobs._layout import DEFAULT_QUEUE
 
@@ -436,12 +437,8 @@ def _stop_on_signals(worker: Worker, watchdog: _Watchdog | None = None) -> Itera
             with contextlib.suppress(OSError):
                 os.write(2, line_for_signal_handler(message, logger=log.name))
 
-    previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
-    try:
+    with signal_handlers(STOP_SIGNALS, handle):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _exit_at_once(signum: int) -> NoReturn:

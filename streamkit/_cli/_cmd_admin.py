@@ -10,7 +10,7 @@ from ._admin import delete_stream_keys, live_members, reset_positions, resume_pa
 from ._confirm import confirm
 from ._exits import fail
 from ._loading import load_app, load_processor, load_stream
-from ._options import redis_url_option
+from ._options import redis_url_option, yes_option
 
 __all__ = ["delete_stream", "reset", "resume"]
 
@@ -24,7 +24,7 @@ __all__ = ["delete_stream", "reset", "resume"]
     required=True,
     help="start: process every retained event again; end: skip all events sent so far.",
 )
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 @click.option("--force", is_flag=True, help="Reset even while workers run the processor.")
 @redis_url_option
 async def reset(
@@ -114,7 +114,7 @@ async def resume(
 
 @click.command("delete-stream")
 @click.argument("stream_path", metavar="MODULE:STREAM")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 @click.option("--force", is_flag=True, help="Delete even while workers run its processors.")
 @redis_url_option
 async def delete_stream(stream_path: str, yes: bool, force: bool, redis_url: str | None) -> None:

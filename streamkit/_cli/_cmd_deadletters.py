@@ -20,7 +20,7 @@ from ._deadletters import (
 )
 from ._exits import fail
 from ._loading import load_app, load_processor
-from ._options import WholeHelpGroup, redis_url_option
+from ._options import WholeHelpGroup, limit_option, redis_url_option
 
 __all__ = ["deadletters"]
 
@@ -33,13 +33,7 @@ def deadletters() -> None:
 @deadletters.command("list")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("processor_name", metavar="PROCESSOR")
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Show at most this many dead letters (the oldest); says how many more exist.",
-)
+@limit_option(help="Show at most this many dead letters (the oldest); says how many more exist.")
 @redis_url_option
 async def deadletters_list(
     app_path: str, processor_name: str, limit: int, redis_url: str | None

@@ -24,7 +24,7 @@ from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
 from ._loading import load_app
-from ._options import WholeHelpGroup, redis_url_option
+from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -214,7 +214,7 @@ def jobs() -> None:
 @jobs.command("info")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @queue_command
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@json_option
 async def jobs_info(
     target: QueueTarget,
     as_json: bool,
@@ -278,7 +278,7 @@ def holds_any(counts: QueueCounts) -> bool:
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @click.argument("job_id", metavar="ID", required=False)
 @job_command
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@json_option
 async def jobs_show(
     target: QueueTarget,
     job_id: str,
@@ -342,15 +342,9 @@ def jobs_dlq() -> None:
 
 @jobs_dlq.command("list")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Show at most this many dead jobs; says how many more exist.",
-)
+@limit_option(help="Show at most this many dead jobs; says how many more exist.")
 @queue_command
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@json_option
 async def jobs_dlq_list(
     target: QueueTarget,
     limit: int,

@@ -12,7 +12,7 @@ from .._errors import ConfigError, EncodeError
 from .._literal import printable
 from ._cmd_jobs import QueueTarget, jobs, open_target, queue_command, queue_options, queue_target
 from ._exits import fail
-from ._options import WholeHelpGroup
+from ._options import WholeHelpGroup, json_option
 
 if TYPE_CHECKING:
     from ..jobs import ScheduleInfo
@@ -84,7 +84,7 @@ def _schedule_json(info: ScheduleInfo) -> dict[str, Any]:
 @jobs_schedules.command("list")
 @click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @queue_command
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@json_option
 async def schedules_list(
     target: QueueTarget,
     as_json: bool,

@@ -12,7 +12,7 @@ from .._errors import EncodeError, StreamkitError
 from .._literal import printable
 from ._exits import fail
 from ._loading import load_stream, with_stream_path
-from ._options import progress_bar, redis_url_option
+from ._options import progress_bar, redis_url_option, stopping_notice
 from ._sendmany import SendOutcome, check_lines, parse_marks, resume_command, send_lines
 
 if TYPE_CHECKING:
@@ -119,13 +119,7 @@ async def sendmany(
         def on_sent(n: int) -> None:
             progress.update(task, advance=n)
 
-        def on_signal(signum: int) -> None:
-            progress.console.print(
-                f"{signal.Signals(signum).name}: stopping once the records in flight are "
-                f"sent (a second signal stops at once)",
-                highlight=False,
-                soft_wrap=True,
-            )
+        on_signal = stopping_notice(progress, "once the records in flight are sent")
 
         try:
             async with app:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 
 import asyncclick as click
 import orjson
@@ -14,15 +15,26 @@ from ._exits import fail
 from ._fleet import fleet_json, take_snapshot
 from ._fleet_view import status_view
 from ._loading import load_app
-from ._options import redis_url_option
+from ._options import json_option, redis_url_option
 
 __all__ = ["dashboard", "status"]
+
+
+#: ``--interval SECONDS`` (at least 0.1, default 1): ``@_interval_option(help=...)``.
+_interval_option = partial(
+    click.option,
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+)
 
 
 @click.command()
 @click.argument("app_path", metavar="MODULE:APP")
 @redis_url_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+@json_option
 @click.option(
     "--watch",
     "-w",
@@ -30,14 +42,7 @@ __all__ = ["dashboard", "status"]
     help="Refresh every --interval seconds until Ctrl-C: in place on a terminal, "
     "one snapshot after another otherwise (one JSON document per line with --json).",
 )
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="With --watch: seconds between refreshes.",
-)
+@_interval_option(help="With --watch: seconds between refreshes.")
 async def status(
     app_path: str, redis_url: str | None, as_json: bool, watch: bool, interval: float
 ) -> None:
@@ -86,14 +91,7 @@ async def status(
     required=True,
     help="The port to listen on (0: any free port; the URL is printed).",
 )
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Seconds between readings of Redis (however many pages are open).",
-)
+@_interval_option(help="Seconds between readings of Redis (however many pages are open).")
 @click.option(
     "--allowed-host",
     "allowed_hosts",

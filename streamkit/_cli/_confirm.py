@@ -24,7 +24,7 @@ import trio
 
 from .._errors import StreamkitError
 from ._exits import fail
-from ._options import progress_bar, stderr
+from ._options import progress_bar, stderr, stopping_notice, yes_option
 
 __all__ = ["BulkAction", "OnProgress", "bulk_options", "confirm", "confirm_and_act"]
 
@@ -72,9 +72,7 @@ def bulk_options(verb: Literal["replay", "purge"]) -> Callable[[Any], Any]:
     """``--id`` and ``--yes``, the options of a bulk command (replay or purge)."""
 
     def decorate(function: Any) -> Any:
-        function = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(
-            function
-        )
+        function = yes_option(function)
         return click.option(
             "--id",
             "ids",
@@ -140,14 +138,7 @@ async def confirm_and_act(
             if tally.signum is not None and tally.through < total:
                 raise _StopBetweenSteps
 
-        def on_first_signal(signum: int) -> None:
-            progress.console.print(
-                f"{signal.Signals(signum).name}: stopping after the step in flight "
-                f"(a second signal stops at once)",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+        on_first_signal = stopping_notice(progress, "after the step in flight")
 
         error = await _run_until_signal(act, on_progress, tally, on_first_signal)
     counted = f"{tally.done:,} of {total:,} {action.things} {action.owner}"

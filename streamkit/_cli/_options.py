@@ -3,7 +3,9 @@ for any error of streamkit's), and the progress bar on standard error."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import signal
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
 from rich.console import Console
@@ -14,7 +16,20 @@ from .._nurseries import leaves
 from .._settings import Settings
 from ._exits import fail
 
-__all__ = ["RootGroup", "WholeHelpGroup", "progress_bar", "redis_url_option", "stderr"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = [
+    "RootGroup",
+    "WholeHelpGroup",
+    "json_option",
+    "limit_option",
+    "progress_bar",
+    "redis_url_option",
+    "stderr",
+    "stopping_notice",
+    "yes_option",
+]
 
 
 stderr = Console(stderr=True)
@@ -34,6 +49,21 @@ def progress_bar(label: str) -> Progress:
     )
 
 
+def stopping_notice(progress: Progress, when: str) -> Callable[[int], None]:
+    """A first-signal callback that says on ``progress``'s console that the command
+    stops ``when`` (``SIGINT: stopping <when> (a second signal stops at once)``)."""
+
+    def notice(signum: int) -> None:
+        progress.console.print(
+            f"{signal.Signals(signum).name}: stopping {when} (a second signal stops at once)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    return notice
+
+
 def redis_url_option(function: Any) -> Any:
     """``--redis-url``, overriding the app's ``redis_url`` setting; checked as it is
     parsed, so that a bad URL is one line (exit code 2) before anything is imported."""
@@ -49,6 +79,20 @@ def redis_url_option(function: Any) -> Any:
             "App(redis_url=...), else STREAMKIT_REDIS_URL, else redis://127.0.0.1:6379)."
         ),
     )(function)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+"""``--json`` (into ``as_json``), the same on every command that prints for scripts."""
+
+
+limit_option = partial(
+    click.option, "--limit", type=click.IntRange(min=1), default=100, show_default=True
+)
+"""``--limit`` (at least 1, default 100) of a listing: ``@limit_option(help=...)``."""
+
+
+yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+"""``--yes`` / ``-y``, the same on every command that asks before it acts."""
 
 
 def _checked_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -33,6 +33,7 @@ import trio_util
 
 from .._backoff import Backoff
 from .._errors import ConfigError
+from .._signals import signal_handlers
 from .._validate import positive_number
 
 if TYPE_CHECKING:
@@ -533,9 +534,5 @@ def _forward_signals(supervisor: Supervisor) -> Iterator[None]:
     def handle(signum: int, frame: FrameType | None) -> None:
         token.run_sync_soon(supervisor._on_signal, signum)
 
-    previous = {signum: signal.signal(signum, handle) for signum in FORWARDED_SIGNALS}
-    try:
+    with signal_handlers(FORWARDED_SIGNALS, handle):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)

@@ -622,6 +622,54 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
   move(name, st, 'executing')
   table.insert(out, {id, name, f[3], tries, token, p - 1, f[14] or 0, f[15] or ''})
 end
+
+-- Read each priority's pending entries (a consumer's only, if given) in steps: from
+-- its cursor in ARGV[first + p] ('-' to start, the last entry id read, '' when done),
+-- at most budget entries in all, calling each(p, e, id) per entry (id nil for an
+-- entry gone from the stream). Returns the cursors to go on from.
+local function page_pending(first, budget, consumer, each)
+  local cursors = {}
+  for p = 1, 3 do
+    local cursor = ARGV[first + p]
+    cursors[p] = cursor
+    if cursor ~= '' and budget > 0 then
+      local start = '-'
+      if cursor ~= '-' then start = '(' .. cursor end
+      local pending
+      if consumer then
+        pending = redis.pcall('XPENDING', Q[p], GROUP, start, '+', budget, consumer)
+      else
+        pending = redis.pcall('XPENDING', Q[p], GROUP, start, '+', budget)
+      end
+      if type(pending) ~= 'table' or pending.err then pending = {} end
+      for _, item in ipairs(pending) do
+        local e = item[1]
+        local entry = redis.call('XRANGE', Q[p], e, e)[1]
+        each(p, e, entry and entry[2][2])
+      end
+      if #pending < budget then cursors[p] = '' else cursors[p] = pending[#pending][1] end
+      budget = budget - #pending
+    end
+  end
+  return cursors
+end
+
+-- For each id in ARGV[2..] whose job is dead: take it off the dead-letter stream and
+-- call act(id, k, name). Returns those ids (replay and purge of dead jobs).
+local function each_dead(act)
+  local out = {}
+  for a = 2, #ARGV do
+    local id = ARGV[a]
+    local k = jkey(id)
+    local f = redis.call('HMGET', k, 'status', 'name', 'dead_entry')
+    if f[1] == 'dead' then
+      if f[3] then redis.call('XDEL', DEAD, f[3]) end
+      act(id, k, f[2])
+      table.insert(out, id)
+    end
+  end
+  return out
+end
 """
 )
 
@@ -1157,20 +1205,11 @@ return f
 REPLAY_LUA = (
     _COMMON
     + r"""
-local out = {}
-for a = 2, #ARGV do
-  local id = ARGV[a]
-  local k = jkey(id)
-  local f = redis.call('HMGET', k, 'status', 'name', 'dead_entry')
-  if f[1] == 'dead' then
-    if f[3] then redis.call('XDEL', DEAD, f[3]) end
-    redis.call('HSET', k, 'tries', 0, 'lost', 0, 'owner', '')
-    redis.call('HDEL', k, 'dead_entry', 'finished', 'abort', 'progress')
-    push(id, k, f[2], 'dead', 'sent')
-    table.insert(out, id)
-  end
-end
-return out
+return each_dead(function(id, k, name)
+  redis.call('HSET', k, 'tries', 0, 'lost', 0, 'owner', '')
+  redis.call('HDEL', k, 'dead_entry', 'finished', 'abort', 'progress')
+  push(id, k, name, 'dead', 'sent')
+end)
 """
 )
 
@@ -1178,19 +1217,10 @@ return out
 PURGE_LUA = (
     _COMMON
     + r"""
-local out = {}
-for a = 2, #ARGV do
-  local id = ARGV[a]
-  local k = jkey(id)
-  local f = redis.call('HMGET', k, 'status', 'name', 'dead_entry')
-  if f[1] == 'dead' then
-    if f[3] then redis.call('XDEL', DEAD, f[3]) end
-    redis.call('DEL', k)
-    move(f[2], 'dead', nil)
-    table.insert(out, id)
-  end
-end
-return out
+return each_dead(function(id, k, name)
+  redis.call('DEL', k)
+  move(name, 'dead', nil)
+end)
 """
 )
 
@@ -1202,29 +1232,15 @@ return out
 COUNTS_LUA = (
     _COMMON
     + r"""
-local budget = tonumber(ARGV[2])
-local lengths, running, cursors = {}, {}, {}
-for p = 1, 3 do
-  local cursor = ARGV[2 + p]
-  lengths[p], running[p], cursors[p] = redis.call('XLEN', Q[p]), 0, cursor
-  if cursor ~= '' and budget > 0 then
-    local start = '-'
-    if cursor ~= '-' then start = '(' .. cursor end
-    -- entries of running jobs are pending in the group; a job put back by a graceful
-    -- stop is pending too, but queued
-    local pending = redis.pcall('XPENDING', Q[p], GROUP, start, '+', budget)
-    if type(pending) ~= 'table' or pending.err then pending = {} end
-    for _, item in ipairs(pending) do
-      local entry = redis.call('XRANGE', Q[p], item[1], item[1])[1]
-      local id = entry and entry[2][2]
-      if id and redis.call('HGET', jkey(id), 'status') == 'executing' then
-        running[p] = running[p] + 1
-      end
-    end
-    if #pending < budget then cursors[p] = '' else cursors[p] = pending[#pending][1] end
-    budget = budget - #pending
+local lengths, running = {}, {}
+for p = 1, 3 do lengths[p], running[p] = redis.call('XLEN', Q[p]), 0 end
+-- entries of running jobs are pending in the group; a job put back by a graceful
+-- stop is pending too, but queued
+local cursors = page_pending(2, tonumber(ARGV[2]), nil, function(p, e, id)
+  if id and redis.call('HGET', jkey(id), 'status') == 'executing' then
+    running[p] = running[p] + 1
   end
-end
+end)
 return {redis.call('HGETALL', COUNTS), lengths, running, cursors}
 """
 )
@@ -1242,37 +1258,21 @@ local consumer, lease, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local running = {}
 for a = 8, #ARGV do running[ARGV[a]] = true end
 local n = 0
-local cursors = {}
-for p = 1, 3 do
-  local cursor = ARGV[4 + p]
-  cursors[p] = cursor
-  if cursor ~= '' and budget > 0 then
-    local start = '-'
-    if cursor ~= '-' then start = '(' .. cursor end
-    local pending = redis.pcall('XPENDING', Q[p], GROUP, start, '+', budget, consumer)
-    if type(pending) ~= 'table' or pending.err then pending = {} end
-    for _, item in ipairs(pending) do
-      local e = item[1]
-      local entry = redis.call('XRANGE', Q[p], e, e)[1]
-      local id = entry and entry[2][2]
-      if id and not running[id] then
-        local k = jkey(id)
-        local f = redis.call('HMGET', k, 'status', 'owner', 'name', 'lim', 'lk')
-        local mine = f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':'
-        if f[1] == 'executing' and mine then
-          if f[4] then release_slots(id, f[3], f[4], f[5]) end
-          redis.call('HSET', k, 'status', 'sent', 'owner', '')
-          redis.call('HINCRBY', k, 'tries', -1)
-          move(f[3], 'executing', 'sent')
-        end
-        redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
-        n = n + 1
-      end
+local cursors = page_pending(4, budget, consumer, function(p, e, id)
+  if id and not running[id] then
+    local k = jkey(id)
+    local f = redis.call('HMGET', k, 'status', 'owner', 'name', 'lim', 'lk')
+    local mine = f[2] and string.sub(f[2], 1, #consumer + 1) == consumer .. ':'
+    if f[1] == 'executing' and mine then
+      if f[4] then release_slots(id, f[3], f[4], f[5]) end
+      redis.call('HSET', k, 'status', 'sent', 'owner', '')
+      redis.call('HINCRBY', k, 'tries', -1)
+      move(f[3], 'executing', 'sent')
     end
-    if #pending < budget then cursors[p] = '' else cursors[p] = pending[#pending][1] end
-    budget = budget - #pending
+    redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
+    n = n + 1
   end
-end
+end)
 return {n, cursors}
 """
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import attrs
 
@@ -60,6 +60,27 @@ def _required(options: Mapping[str, str], name: str) -> str:
     return value
 
 
+class _StreamOptions(TypedDict):
+    url: str
+    app: str
+    stream: str
+    record: str | None
+
+
+def _stream_of(options: Mapping[str, str]) -> _StreamOptions:
+    """The options naming the stream, read and written alike: url, app, stream, record."""
+    return _StreamOptions(
+        url=_required(options, "url"),
+        app=_keys.validate_name("app", _required(options, "app")),
+        stream=_keys.validate_name("stream", _required(options, "stream")),
+        record=options.get("record") or None,
+    )
+
+
+@overload
+def _positive(options: Mapping[str, str], name: str, default: int) -> int: ...
+@overload
+def _positive(options: Mapping[str, str], name: str, default: None) -> int | None: ...
 def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
     text = options.get(name.lower())
     if text is None or text == "":
@@ -207,14 +228,9 @@ class ReadOptions:
         if on_error not in ("fail", "skip"):
             raise ConfigError("onDecodeError", f"expected 'fail' or 'skip', got {on_error!r}")
         page_size = _positive(options, "pageSize", DEFAULT_PAGE_SIZE)
-        assert page_size is not None
         max_decoded_size = _positive(options, "maxDecodedSize", DEFAULT_MAX_DECODED_SIZE)
-        assert max_decoded_size is not None
         return cls(
-            url=_required(options, "url"),
-            app=_keys.validate_name("app", _required(options, "app")),
-            stream=_keys.validate_name("stream", _required(options, "stream")),
-            record=options.get("record") or None,
+            **_stream_of(options),
             start=start,
             start_latest=start_latest,
             end=end,
@@ -276,16 +292,9 @@ class WriteOptions:
         chunk_size = _positive(options, "chunkSize", DEFAULT_SEND_CHUNK_SIZE)
         marker_ttl = _positive(options, "markerTtl", DEFAULT_MARKER_TTL)
         partition_size = _positive(options, "partitionSize", DEFAULT_PARTITION_SIZE)
-        assert chunk_size is not None
-        assert marker_ttl is not None
-        assert partition_size is not None
         max_record_size = _positive(options, "maxRecordSize", DEFAULT_MAX_RECORD_SIZE)
-        assert max_record_size is not None
         return cls(
-            url=_required(options, "url"),
-            app=_keys.validate_name("app", _required(options, "app")),
-            stream=_keys.validate_name("stream", _required(options, "stream")),
-            record=options.get("record") or None,
+            **_stream_of(options),
             key=options.get("key") or None,
             partition_count=_positive(options, "partitionCount", None),
             compression=compression,

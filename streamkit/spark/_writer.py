@@ -127,7 +127,7 @@ class WriteResult(WriterCommitMessage):  # type: ignore[misc, unused-ignore]
 
 
 # A row -> (stream partition, [field count, name, value, ...], size in bytes).
-_RowEncoder: TypeAlias = "Callable[[Sequence[Any]], tuple[int, list[bytes | int], int]]"
+_RowEncoder: TypeAlias = "Callable[[Sequence[Any]], tuple[int, Sequence[bytes | int], int]]"
 
 
 def _check_size(size: int, plan: WritePlan) -> None:
@@ -174,24 +174,18 @@ def _row_encoder(plan: WritePlan) -> _RowEncoder:
     record = load_record(plan.record)
     schema = record_schema(record)
     build = schema.builder(plan.columns)
-    encode = codec_for(
+    encode_entry = codec_for(
         record, compression=plan.compression, max_record_size=plan.max_record_size
-    ).encode
+    ).entry_encoder()
     partitioner = (
         Partitioner(partition_by=plan.key, partition_count=count, record=record)
         if plan.key_is_field
         else None
     )
 
-    def encode_record(row: Sequence[Any]) -> tuple[int, list[bytes | int], int]:
+    def encode_record(row: Sequence[Any]) -> tuple[int, Sequence[bytes | int], int]:
         value = build(row)
-        fields = encode(value)
-        entry: list[bytes | int] = [len(fields)]
-        size = 0
-        for name, raw in fields.items():
-            entry.append(name)
-            entry.append(raw)
-            size += len(name) + len(raw)
+        entry, size = encode_entry(value)
         if size > plan.server_limit:
             _check_size(size, plan)
         if partitioner is not None:
