@@ -131,7 +131,11 @@ class Outbox:
         """
         batch = self._items[shard]
         self._items[shard] = []
-        self._ready[shard] = trio.Event()
+        if self._ready[shard].is_set():
+            # Set by the outcomes taken here. An event not set stays: the finisher
+            # may be waiting on it (this flush being a drain's), and the next outcome
+            # must wake it (a new event would leave it waiting for ever).
+            self._ready[shard] = trio.Event()
         if not batch:
             return
         sizes = [len(item[0]) + len(item[1]) + len(item[3]) for item in batch]
