@@ -48,7 +48,10 @@ async def results(redis: Redis, stream: Stream[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def revenue_app(redis_url: str, **window: Any) -> tuple[App, Any, Any, Any]:
+def revenue_app(
+    redis_url: str, *, returned: trio.Event | None = None, **window: Any
+) -> tuple[App, Any, Any, Any]:
+    """The app of these tests; ``returned`` is set when its processor's iteration ends."""
     app = App("win", redis_url=redis_url, **FAST)
     # One partition: one watermark for every shop, so the test knows what closes.
     sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=1)
@@ -68,6 +71,8 @@ def revenue_app(redis_url: str, **window: Any) -> tuple[App, Any, Any, Any]:
     async def add_up(events: Events[Sale]) -> None:
         async for item in events.records():
             await revenue.update(item.shop, item, operator.add, item.amount)
+        if returned is not None:
+            returned.set()  # the iteration ended (not cancelled)
 
     return app, sales, totals, revenue
 
@@ -234,26 +239,13 @@ async def test_a_drain_that_lands_during_an_idle_tick_ends_the_iteration(
     Redis) ends that partition's iteration then: the drain was missed, and the wait
     that followed, with every window closed, had nothing left to wake it until the
     grace cancelled the partition."""
-    app = App("win", redis_url=redis_url, **FAST)
-    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=1)
-    totals = app.stream("totals", record=dict, partition_by=lambda r: r["key"], partition_count=2)
-    revenue = app.window(
-        "revenue",
-        tumbling(timedelta(seconds=1)),
-        value=int,
-        initial=0,
-        time="at",
-        output=totals,
+    returned = trio.Event()
+    app, sales, totals, _ = revenue_app(
+        redis_url,
+        returned=returned,
+        kind=tumbling(timedelta(seconds=1)),
         grace=timedelta(seconds=0.5),
     )
-    returned = trio.Event()
-
-    @app.processor(sales, tables=[revenue])
-    async def add_up(events: Events[Sale]) -> None:
-        async for item in events.records():
-            await revenue.update(item.shop, item, operator.add, item.amount)
-        returned.set()  # the iteration ended (not cancelled by the grace)
-
     real_tick = PartitionState.tick
     real_drain = Delivery.drain
     ticked = trio.Event()
