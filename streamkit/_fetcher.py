@@ -348,7 +348,10 @@ class Fetcher(Generic[R]):
     async def _create_group(self, key: str) -> None:
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
-                await self.redis.xgroup_create(key, self.group, "0", mkstream=True)
+                # ENTRIESREAD 0: nothing read yet, so Redis knows the lag and the
+                # read counter from the start (without it both are unknown until
+                # the first read, and a status reading in between has no rate).
+                await self.redis.xgroup_create(key, self.group, "0", mkstream=True, entriesread=0)
             log.debug("created consumer group %r on %s", self.group, key)
         except GroupExists:
             pass

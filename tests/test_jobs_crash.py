@@ -129,9 +129,8 @@ async def test_kill_9_during_a_job_runs_it_once_more_on_another_worker(
     takeover = info.started_at.timestamp() - killed_at if info.started_at else float("inf")
     print(f"kill -9 to take-over: {takeover:.3f}s (lease_ttl {LEASE_TTL:g}s)")
     # The lost try's lease runs out lease_ttl after its last renewal (before the
-    # kill), and an idle worker looks for such jobs every RECLAIM_INTERVAL (0.5 s);
-    # the slack is for a loaded CI machine.
-    assert takeover < LEASE_TTL + 2
+    # kill), and an idle worker looks for such jobs every RECLAIM_INTERVAL (0.5 s):
+    # the result's timeout above is the bound, with slack for a loaded CI machine.
 
     assert [(kind, pid) for kind, pid, _ in await runs(redis, "killed")] == [
         ("start", victim.pid),
@@ -482,8 +481,8 @@ async def test_concurrent_enqueues_of_one_job_id_make_one_job(
 async def test_sigterm_puts_the_running_job_back_without_spending_a_try(
     redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    # The default lease (5 s): a take-over sooner than that is the job put back, not
-    # its lease running out.
+    # Put back, not left for its lease to run out: the take-over spends no try and
+    # counts no lost worker (an expired lease would count one).
     workers.extend(start_job_worker(redis_url, tmp_path) for _ in range(2))
     await wait_serving(*workers)
     async with open_job_queue(redis, "jobs") as queue:
@@ -498,9 +497,9 @@ async def test_sigterm_puts_the_running_job_back_without_spending_a_try(
 
     takeover = info.started_at.timestamp() - stopped_at if info.started_at else float("inf")
     print(f"SIGTERM to take-over: {takeover:.3f}s (lease_ttl {queue.lease_ttl:g}s)")
-    assert takeover < queue.lease_ttl / 2
     assert info.status is JobStatus.SUCCESS
     assert (info.tries, info.lost) == (1, 0)  # put back: no try spent, not lost
+    assert [t.outcome for t in info.history] == ["released", "success"]
     assert [(kind, pid) for kind, pid, _ in await runs(redis, "stopped")] == [
         ("start", stopped.pid),
         ("start", survivor.pid),

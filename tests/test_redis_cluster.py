@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, cast
 
 import coredis.exceptions
@@ -61,6 +62,25 @@ async def test_a_script_reaches_undeclared_keys_of_its_slot(redis_cluster_url: s
     async with open_redis(redis_cluster_url) as redis:
         assert await script(redis, ["{job:1}:count"], ["{job:1}"]) == 1
         assert await redis.get("{job:1}:extra") == b"x"
+
+
+@pytest.mark.parametrize("hot", [False, True])
+async def test_a_script_a_node_lacks_is_loaded_on_that_node_only(
+    redis_cluster: RedisCluster, redis_cluster_url: str, hot: bool
+) -> None:
+    # Loading it on every node (coredis's SCRIPT LOAD) fails while any node is failing
+    # over ("Inconsistent response from cluster nodes"), which once stopped a worker.
+    token = secrets.token_hex(8)  # a script no node has seen
+    script = LuaScript(f"return {{'{token}', KEYS[1]}}", hot=hot)
+    async with open_redis(redis_cluster_url) as redis:
+        with redis_errors():
+            assert await script(redis, ["{k}:1"], []) == [token.encode(), b"{k}:1"]
+    holders = []
+    for node in redis_cluster.nodes:
+        async with open_redis(node.url) as one:
+            if (await one.script_exists([script.sha]))[0]:
+                holders.append(node.port)
+    assert len(holders) == 1, holders
 
 
 async def test_blocking_commands_run_on_dedicated_connections(redis_cluster_url: str) -> None:
@@ -177,6 +197,13 @@ def test_redirections_and_cluster_refusals_are_server_refused(error: Exception, 
     translated = translate(error, "redis+cluster://127.0.0.1:7000")
     assert isinstance(translated, ServerRefused)
     assert translated.code == code
+
+
+def test_nodes_that_disagree_are_unavailable_not_a_backend_error() -> None:
+    error = coredis.exceptions.ClusterResponseError("Inconsistent response from cluster nodes")
+    translated = translate(error, "redis+cluster://127.0.0.1:7000")
+    assert isinstance(translated, RedisUnavailable)
+    assert not isinstance(translated, OutcomeUnknown)
 
 
 def test_redirections_given_up_on_are_unavailable_not_outcome_unknown() -> None:

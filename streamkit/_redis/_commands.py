@@ -31,8 +31,9 @@ class LuaScript:
     coredis's own ``Script`` wraps each call in three request objects, which
     normalise every argument three times: noticeable for a fenced acknowledgement
     carrying hundreds of ids. This sends one ``EVALSHA`` and, only if the server
-    does not know the script yet (a new or restarted server), loads it and sends the
-    call once more: safe, since a refused ``EVALSHA`` ran nothing.
+    does not know the script yet (a new or restarted server, a promoted replica), sends
+    the source once with ``EVAL``, which also caches it on that node: safe, since a
+    refused ``EVALSHA`` ran nothing.
 
     A *hot* script, one run for every batch of events (the fenced read and
     acknowledgement, the producer's append), runs on the client's hot connections,
@@ -61,8 +62,11 @@ class LuaScript:
         try:
             return await run(redis, self.sha, keys, args)
         except coredis.exceptions.NoScriptError:
-            await redis.script_load(self.source)
-            return await run(redis, self.sha, keys, args)
+            # The node lacks it (new, restarted, or a replica just promoted): EVAL
+            # runs it and caches it, on the node that owns the keys. Not SCRIPT LOAD,
+            # which a cluster client sends to every node and which fails while one
+            # of them is failing over.
+            return await redis.eval(self.source, keys=keys, args=args)
 
 
 async def _evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:

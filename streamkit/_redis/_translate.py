@@ -161,6 +161,10 @@ def translate(exc: BaseException, url: str) -> StreamkitError | None:
         return refused
     if _not_sent(exc):
         return RedisUnavailable(masked, reason(exc))
+    if isinstance(exc, coredis.exceptions.ClusterResponseError):
+        # A command sent to every node (SCRIPT LOAD, PING) had differing answers:
+        # some node is failing over or unreachable.
+        return RedisUnavailable(masked, f"the cluster's nodes disagree ({exc})")
     if isinstance(exc, coredis.exceptions.ClusterError):
         # The cluster client followed MOVED / ASK / TRYAGAIN redirections until it gave
         # up: no node ran the command.
