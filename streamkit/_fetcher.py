@@ -551,31 +551,26 @@ class Fetcher(Generic[R]):
     ) -> RedisUnavailable | None:
         """The fenced read of :meth:`_read`, committing ``changes`` and ``acks`` first."""
         held = feed.held
-        lease = held.lease
         began = time.perf_counter() if TIMING.on else 0.0
         try:
-            with redis_errors(), trio.fail_after(self.command_timeout):
-                reply: Any = await _READ_SCRIPT(
-                    self.redis,
-                    keys=[feed.key, lease.key, *change_keys],
-                    args=[
-                        lease.value,
-                        self.group,
-                        feed.consumer,
-                        self.batch_size,
-                        feed.start,
-                        self.trim_to,
-                        len(acks),
-                        *acks,
-                        *change_args,
-                    ],
-                )
-        except (trio.TooSlowError, RedisUnavailable) as exc:
-            error = (
-                OutcomeUnknown("redis", "a fenced read timed out")
-                if isinstance(exc, trio.TooSlowError)
-                else exc
+            reply: Any = await self._call_fenced(
+                _READ_SCRIPT,
+                feed,
+                change_keys,
+                [
+                    held.lease.value,
+                    self.group,
+                    feed.consumer,
+                    self.batch_size,
+                    feed.start,
+                    self.trim_to,
+                    len(acks),
+                    *acks,
+                    *change_args,
+                ],
+                "read",
             )
+        except RedisUnavailable as error:
             if changes:
                 # A commit that failed is never sent again (one whose outcome is
                 # unknown would repeat its appends): the partition starts over from
@@ -752,6 +747,27 @@ class Fetcher(Generic[R]):
             raise errors[0]
         return woken
 
+    async def _call_fenced(
+        self, script: LuaScript, feed: _Feed, change_keys: list[str], args: list[Any], what: str
+    ) -> Any:
+        """Run the fenced ``script`` (a read or an acknowledgement) for ``feed``.
+
+        Its keys are the partition's stream, its lease, then ``change_keys``; ``args``
+        are the script's whole argument list (the lease's value first).
+
+        Error handling:
+            :class:`~streamkit.OutcomeUnknown` when no reply came within
+            ``command_timeout`` (the fenced ``what`` may have run); Redis errors
+            translated (``redis_errors``).
+        """
+        try:
+            with redis_errors(), trio.fail_after(self.command_timeout):
+                return await script(
+                    self.redis, keys=[feed.key, feed.held.lease.key, *change_keys], args=args
+                )
+        except trio.TooSlowError as exc:
+            raise OutcomeUnknown("redis", f"a fenced {what} timed out") from exc
+
     def _fail(self, feed: _Feed, error: StreamkitError) -> None:
         if feed.failure is None:
             log.warning(
@@ -781,30 +797,17 @@ class Fetcher(Generic[R]):
             chunks = [ids[start : start + ACK_CHUNK] for start in range(0, len(ids), ACK_CHUNK)]
         for chunk in chunks:
             try:
-                with redis_errors(), trio.fail_after(self.command_timeout):
-                    acked: Any = await _ACK_SCRIPT(
-                        self.redis,
-                        keys=[feed.key, lease.key, *change_keys],
-                        args=[
-                            lease.value,
-                            self.group,
-                            self.trim_to,
-                            len(chunk),
-                            *chunk,
-                            *change_args,
-                        ],
-                    )
-            except (trio.TooSlowError, RedisUnavailable) as exc:
-                unavailable = (
-                    OutcomeUnknown("redis", "a fenced acknowledgement timed out")
-                    if isinstance(exc, trio.TooSlowError)
-                    else exc
+                acked: Any = await self._call_fenced(
+                    _ACK_SCRIPT,
+                    feed,
+                    change_keys,
+                    [lease.value, self.group, self.trim_to, len(chunk), *chunk, *change_args],
+                    "acknowledgement",
                 )
+            except RedisUnavailable as unavailable:
                 if changes:
                     self._fail(feed, unavailable)
-                if unavailable is exc:
-                    raise
-                raise unavailable from exc
+                raise
             if acked == -1:
                 self._meter.fenced_out += 1
                 error = LockLost(

@@ -8,8 +8,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import trio
+from coredis.tokens import PureToken
 
-from streamkit import ConfigError, LockLost, ServerRefused, open_events, open_fetcher
+from streamkit import (
+    ConfigError,
+    LockLost,
+    OutcomeUnknown,
+    ServerRefused,
+    open_events,
+    open_fetcher,
+)
 from streamkit.testing import wait_until
 from tests.consume import (
     GROUP,
@@ -24,7 +32,7 @@ from tests.consume import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from streamkit import App, Fetcher, LockManager, Redis, Stream
+    from streamkit import App, Fetcher, LockManager, PartitionFeed, Redis, Stream
     from tests.consume import Tick
 
 
@@ -212,6 +220,34 @@ async def test_fenced_out_worker_cannot_ack(
             got = [t.n async for t in _first(events.records(), 3)]
     assert got == [0, 1, 2]
     assert await pending_ids(redis, ticks, 1) == []
+
+
+async def test_an_acknowledgement_without_a_reply_is_outcome_unknown(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A fenced acknowledgement held back past the command timeout (``CLIENT PAUSE
+    WRITE``) is :class:`OutcomeUnknown`, raised from the block that commits it."""
+    await ticks.send_many(ticks_for(1, range(3)))
+    got: list[int] = []
+
+    async def process_then_pause(feed: PartitionFeed) -> None:
+        async with open_events(feed) as events:
+            got.extend([t.n async for t in _first(events.records(), 3)])
+            await redis.client_pause(5_000, PureToken.WRITE)
+
+    with trio.fail_after(10):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, command_timeout=0.2) as fetcher,
+            locks.hold(lock_name(1), ttl=30) as held,
+            fetcher.partition(1, held) as feed,
+        ):
+            try:
+                with pytest.raises(OutcomeUnknown) as caught:
+                    await process_then_pause(feed)
+            finally:
+                await redis.client_unpause()
+    assert got == [0, 1, 2]
+    assert caught.value.reason == "a fenced acknowledgement timed out"
 
 
 @pytest.mark.cluster
