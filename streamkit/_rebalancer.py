@@ -565,27 +565,36 @@ class Rebalancer:
 
     def _lease_lost(self, slot: _Slot, reason: str) -> bool:
         self._lost += 1
-        again = slot.leaving is None and not self._closing
         # Lost to an outage: the client's outage log says so, once for all partitions.
-        log.log(
+        return self._stopped(
+            slot,
             logging.DEBUG if lost_to_outage(reason) else logging.WARNING,
             "lease on partition %d lost (%s); %s",
-            slot.partition,
             reason,
-            "re-acquiring it" if again else "not re-acquiring, it is being handed back",
+            again="re-acquiring it",
+            otherwise="not re-acquiring, it is being handed back",
         )
-        return again
 
     def _unavailable(self, slot: _Slot, exc: RedisUnavailable) -> bool:
-        again = slot.leaving is None and not self._closing
         health_of(self.locks.redis).unavailable(exc, what=f"partition {slot.partition}")
-        log.debug(
+        return self._stopped(
+            slot,
+            logging.DEBUG,
             "run() for partition %d stopped: %s; %s",
-            slot.partition,
             exc,
-            "restarting it once Redis answers" if again else "it is being handed back",
+            again="restarting it once Redis answers",
+            otherwise="it is being handed back",
         )
-        return again
+
+    def _stopped(
+        self, slot: _Slot, level: int, message: str, cause: object, *, again: str, otherwise: str
+    ) -> bool:
+        """Whether ``slot``'s run(), stopped by ``cause``, runs again: only while the
+        partition stays ours and the rebalancer open. Logs ``message`` (partition,
+        cause, then ``again`` or ``otherwise``) at ``level``."""
+        runs_again = slot.leaving is None and not self._closing
+        log.log(level, message, slot.partition, cause, again if runs_again else otherwise)
+        return runs_again
 
     def _fail(self, partition: int, exc: BaseException) -> None:
         log.error("run() for partition %d failed: %r; stopping all partitions", partition, exc)

@@ -9,6 +9,7 @@ ever run by two members at once; every wait is on a condition under
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -397,7 +398,10 @@ async def test_run_ignoring_draining_is_cancelled_after_grace(redis: Redis) -> N
     assert "partition 4" in rec.of(4)[-1].reason
 
 
-async def test_lost_lease_restarts_the_partition(redis: Redis) -> None:
+async def test_lost_lease_restarts_the_partition(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="streamkit.rebalancer")
     rec = Recorder()
     assigned = trio_util.AsyncValue(frozenset({0, 1}))
     claims: list[Claim] = []
@@ -433,6 +437,10 @@ async def test_lost_lease_restarts_the_partition(redis: Redis) -> None:
             assert "lost" in stop.reason
             assert first.held.lost.value
             assert rebalancer.statistics().lost == 1
+            [said] = [r for r in caplog.records if r.name == "streamkit.rebalancer"]
+            assert said.levelno == logging.WARNING
+            assert said.getMessage().startswith("lease on partition 0 lost (")
+            assert said.getMessage().endswith("); re-acquiring it")
             assert 0 in rebalancer.statistics().acquiring  # waiting for the intruder
             assert rec.running(1) == "x"  # the other partition is unaffected
 
