@@ -92,12 +92,12 @@ class Delivery(Generic[R]):
         self,
         feed: PartitionFeed,
         *,
-        draining: trio_util.AsyncBool | None = None,
-        ack_batch: int = DEFAULT_ACK_BATCH,
-        max_deliveries: int | None = None,
-        divert: DivertHook | None = None,
-        middleware: Sequence[Middleware] = (),
-        state: PartitionState | None = None,
+        draining: trio_util.AsyncBool | None,
+        ack_batch: int,
+        max_deliveries: int | None,
+        divert: DivertHook | None,
+        middleware: Sequence[Middleware],
+        state: PartitionState | None,
     ) -> None:
         positive_int.check("ack_batch", ack_batch)
         if max_deliveries is not None and divert is None:
