@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import attrs
 import redis.asyncio
@@ -364,13 +364,19 @@ class AsyncioClient(ClientBase):
 
 
 @attrs.frozen
-class AsyncioJobHandle(JobHandleBase["AsyncioClient", JobResult]):
+class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
     """A job on the app's queue, by id, for asyncio code (see :class:`~streamkit.jobs.JobHandle`).
 
     Attributes:
         id: the job's id.
         shard: the queue shard it lives on.
     """
+
+    _client: AsyncioClient = attrs.field(repr=False)
+    id: str
+    shard: int
+    #: The name of the queue it is on (the app's, or one of its named queues).
+    queue: str | None = None
 
     async def status(self) -> JobStatus:
         """Where the job is now (:class:`~streamkit.jobs.JobNotFound` if unknown)."""

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import attrs
 import redis
@@ -380,13 +380,19 @@ class BlockingClient(ClientBase):
 
 
 @attrs.frozen
-class BlockingJobHandle(JobHandleBase["BlockingClient", JobResult]):
+class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
     """A job on the app's queue, by id, for blocking code (see :class:`~streamkit.jobs.JobHandle`).
 
     Attributes:
         id: the job's id.
         shard: the queue shard it lives on.
     """
+
+    _client: BlockingClient = attrs.field(repr=False)
+    id: str
+    shard: int
+    #: The name of the queue it is on (the app's, or one of its named queues).
+    queue: str | None = None
 
     def status(self) -> JobStatus:
         """Where the job is now.

@@ -9,16 +9,14 @@ and :class:`JobHandleBase` are the parts of each client and handle that do no I/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import attrs
 import redis.exceptions
 
 from .. import _redispy
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import BackendError, NotReplicated, StreamkitError
 from .._urls import mask_url
-from ..jobs._model import R as JobResult
 from . import _ops
 from ._ops import ClientState
 
@@ -121,18 +119,16 @@ class ClientBase:
         )
 
 
-C = TypeVar("C", bound=ClientBase)
+class JobHandleBase:
+    """The operations that the methods of a client's job handle run (the fields are
+    the handle's own)."""
 
+    __slots__ = ()
 
-@attrs.frozen
-class JobHandleBase(Generic[C, JobResult]):
-    """A job of a client's queue, by id: the operations its methods run."""
-
-    _client: C = attrs.field(repr=False)
+    _client: ClientBase
     id: str
     shard: int
-    #: The name of the queue it is on (the app's, or one of its named queues).
-    queue: str | None = None
+    queue: str | None
 
     def _status(self) -> Op[JobStatus]:
         return _ops.job_status(self._client._state, self.id, self.shard, self.queue)
