@@ -167,6 +167,7 @@ class BlockingClient(ClientBase):
         return self._batch(client, request.calls, request)
 
     def _call(self, client: _redispy.SyncClient, call: Call) -> Any:
+        # Not redis_errors(): a try costs less than a context manager, per command.
         try:
             try:
                 return untyped(client).execute_command(*call.args)
