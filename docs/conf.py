@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
@@ -36,3 +37,29 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
 nitpicky = False
+
+
+def _private(base: object) -> bool:
+    """Whether a base class is one of streamkit's private helpers (a private name, or
+    a module no public name is re-exported from)."""
+    name = getattr(base, "__name__", "")
+    module = getattr(base, "__module__", "")
+    return name.startswith("_") or any(part.startswith("_") for part in module.split("."))
+
+
+def _public_bases(app: object, name: str, obj: object, options: object, bases: list[Any]) -> None:
+    """ "Bases:" names public classes only: a private helper base (the clients' shared
+    part, say) gives way to its own bases, and ``object`` goes when another is left."""
+    shown: list[Any] = []
+    pending = list(bases)
+    while pending:
+        base = pending.pop(0)
+        if _private(base):
+            pending[:0] = [b for b in base.__bases__ if b is not object]
+        elif base not in shown:
+            shown.append(base)
+    bases[:] = shown or [object]
+
+
+def setup(app: Any) -> None:
+    app.connect("autodoc-process-bases", _public_bases)

@@ -130,32 +130,45 @@ async def _holds(condition: Callable[[], object]) -> bool:
     return bool(result)
 
 
-def _redis_cli_binary() -> str:
-    binary = shutil.which("redis-cli") or (
-        "/usr/bin/redis-cli" if os.path.exists("/usr/bin/redis-cli") else None
+def _binary(name: str, package: str) -> str:
+    """The path of the program ``name`` (Debian's ``package`` has it)."""
+    binary = shutil.which(name) or (
+        f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None
     )
     if binary is None:
         raise RedisServerError(
-            "redis-cli is not installed; install it (Debian: apt-get install redis-tools) "
+            f"{name} is not installed; install it (Debian: apt-get install {package}) "
             "or run ./dev, which installs it for you"
         )
     return binary
 
 
-def _redis_server_binary() -> str:
-    binary = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
-    )
-    if binary is None:
-        raise RedisServerError(
-            "redis-server is not installed; install it (Debian: apt-get install "
-            "redis-server) or run ./dev, which installs it for you"
-        )
-    return binary
+class _StartedInWith:
+    """``with thing:`` starts it (blocking) and closes it on the way out."""
+
+    __slots__ = ()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 @attrs.define(eq=False)
-class RedisServer:
+class RedisServer(_StartedInWith):
     """A private ``redis-server`` process on 127.0.0.1.
 
     Start it with ``await nursery.start(server.run)`` in Trio code, or as a context
@@ -217,7 +230,7 @@ class RedisServer:
         log = self._dir / "redis.log"
         self._log_offset = log.stat().st_size if log.exists() else 0
         args = [
-            _redis_server_binary(),
+            _binary("redis-server", "redis-server"),
             "--port", str(port),
             "--bind", "127.0.0.1",
             "--dir", str(self._dir),
@@ -402,21 +415,9 @@ class RedisServer:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 @attrs.define(eq=False)
-class RedisCluster:
+class RedisCluster(_StartedInWith):
     """A private Redis Cluster on 127.0.0.1: masters with replicas, each a ``redis-server``.
 
     ``masters`` nodes share the 16384 hash slots; each has ``replicas`` replicas
@@ -480,7 +481,7 @@ class RedisCluster:
 
     def _create_args(self) -> list[str]:
         return [
-            _redis_cli_binary(),
+            _binary("redis-cli", "redis-tools"),
             "--cluster", "create",
             *(f"127.0.0.1:{node.port}" for node in self._nodes),
             "--cluster-replicas", str(self.replicas),
@@ -586,18 +587,6 @@ class RedisCluster:
         """Stop every node and delete its directory."""
         for node in self._nodes:
             node.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _cluster_info(port: int, command: bytes = b"CLUSTER INFO") -> dict[str, str]:

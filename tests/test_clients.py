@@ -218,6 +218,39 @@ async def test_replica_waits_on_a_cluster_wait_for_the_partitions_replica(
     assert await in_asyncio(send_asyncio) == len(RECORDS)
 
 
+@pytest.mark.cluster
+async def test_a_batch_whose_scripts_the_server_forgot_loads_them_and_appends_once(
+    redis_url: str, redis: Redis
+) -> None:
+    """Every EVALSHA of a pipelined batch refused with NOSCRIPT (the script cache was
+    flushed): the client loads the script once and runs those calls again; each record
+    lands once, in order, on a server and on every node of a cluster."""
+    streams = {via: shop(redis_url, f"via-{via}") for via in ("trio", "blocking", "asyncio")}
+    app, orders = streams["trio"]
+    async with app:
+        await orders.send_many(RECORDS)
+
+    _, blocking_orders = streams["blocking"]
+    await redis.script_flush()
+
+    def send_blocking() -> list[str]:
+        with streams["blocking"][0].blocking() as client:
+            return client.send_many(blocking_orders, RECORDS)
+
+    assert len(await blocking(send_blocking)) == len(RECORDS)
+
+    _, asyncio_orders = streams["asyncio"]
+    await redis.script_flush()
+
+    async def send_asyncio() -> list[str]:
+        async with streams["asyncio"][0].asyncio() as client:
+            return await client.send_many(asyncio_orders, RECORDS)
+
+    assert len(await in_asyncio(send_asyncio)) == len(RECORDS)
+    written = {via: await entries_of(redis, orders) for via, (_, orders) in streams.items()}
+    assert written["blocking"] == written["asyncio"] == written["trio"]
+
+
 # ------------------------------------------------------------------------- jobs
 
 

@@ -21,20 +21,23 @@ import redis.asyncio.cluster
 import redis.exceptions
 
 from .. import _redispy
-from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
 from ._driving import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_POOL_TIMEOUT,
-    DEFAULT_SOCKET_TIMEOUT,
-    client_setup,
-    describe,
+    ClientBase,
+    JobHandleBase,
+    by_node,
+    failed_pipeline,
+    gathered,
+    load_failed,
     pair,
-    redirected,
-    translated,
+    pipeline,
+    raise_translated,
+    script_load,
+    settled,
+    to_load,
     untyped,
 )
 from ._ops import _NO_DEFAULT, Batch, Call, Sleep
@@ -56,7 +59,7 @@ __all__ = ["AsyncioClient", "AsyncioJobHandle"]
 T = TypeVar("T")
 
 
-class AsyncioClient:
+class AsyncioClient(ClientBase):
     """An asyncio client of an app's streams, job queue and tables.
 
     Get one from :meth:`App.asyncio <streamkit.App.asyncio>` and use it as an async
@@ -69,36 +72,11 @@ class AsyncioClient:
     on the Trio side, and writes the same bytes.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        queue: str,
-        jobs: Mapping[str, JobLike] | None = None,
-        shards: int = 1,
-        max_bytes: int = DEFAULT_JOB_MAX_BYTES,
-        connect_timeout: float = 2.0,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
-    ) -> None:
-        self.url = url
-        self._options, self._state = client_setup(
-            url,
-            queue=queue,
-            jobs=jobs,
-            shards=shards,
-            max_bytes=max_bytes,
-            connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
+    def _unconnected(self) -> None:
         self._redis: _redispy.AsyncClient | None = None
         # A cluster's nodes: a client of each, for batches (one pipeline per node).
         self._nodes: dict[str, redis.asyncio.Redis] = {}
         self._owner: tuple[int, asyncio.AbstractEventLoop] | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -178,20 +156,11 @@ class AsyncioClient:
                 await self._load(client, call)
                 return await untyped(client).execute_command(*call.args)
         except Exception as exc:
-            error = _redispy.translate(exc, self.url)
-            if error is None or error is exc:
-                raise
-            raise error from exc
+            raise_translated(exc, self.url)
 
     async def _load(self, client: _redispy.AsyncClient, call: Call) -> None:
-        assert call.script is not None
-        if isinstance(client, redis.asyncio.cluster.RedisCluster):
-            node = untyped(client).get_node_from_key(call.key)
-            await untyped(client).execute_command(
-                "SCRIPT LOAD", call.script.source, target_nodes=node
-            )
-        else:
-            await untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+        cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
+        await script_load(client, call, cluster=cluster)
 
     async def _batch(
         self, client: redis.asyncio.Redis, calls: Sequence[Call], batch: Batch
@@ -202,32 +171,22 @@ class AsyncioClient:
                 return [await self._call(client, calls[0])]
             except StreamkitError as exc:
                 return [exc]
-        wait = max(1, round(batch.replica_timeout * 1000))
-        pipe = client.pipeline(transaction=False)
-        for call in calls:
-            untyped(pipe).execute_command(*call.args)
-            if batch.replicas:
-                untyped(pipe).execute_command("WAIT", batch.replicas, wait)
         try:
-            raw = await pipe.execute(raise_on_error=False)
+            raw = await pipeline(client, calls, batch).execute(raise_on_error=False)
         except Exception as exc:
-            error = _redispy.translate(exc, self.url)
-            if error is None:
-                raise
-            return [error] * len(calls)
+            return failed_pipeline(exc, self.url, len(calls))
         replies, missing = pair(raw, calls, batch)
-        if missing:
-            # Refused EVALSHAs ran nothing: load their scripts, run them again.
-            for call in {calls[i].script: calls[i] for i in missing}.values():
-                try:
-                    with _redispy.redis_errors(self.url):
-                        await self._load(client, call)
-                except StreamkitError as exc:
-                    return [exc if i in missing else r for i, r in enumerate(replies)]
-            again = await self._batch(client, [calls[i] for i in missing], batch)
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        return [translated(r, self.url) for r in replies]
+        if not missing:
+            return settled(replies, self.url)
+        # Refused EVALSHAs ran nothing: load their scripts, run them again.
+        try:
+            with _redispy.redis_errors(self.url):
+                for call in to_load(calls, missing):
+                    await self._load(client, call)
+        except StreamkitError as exc:
+            return load_failed(replies, missing, exc)
+        again = await self._batch(client, [calls[i] for i in missing], batch)
+        return settled(replies, self.url, missing, again)
 
     def _node(self, node: Any) -> redis.asyncio.Redis:
         """A client of one node of the cluster, with the cluster client's options."""
@@ -245,29 +204,17 @@ class AsyncioClient:
         self, client: redis.asyncio.cluster.RedisCluster, batch: Batch
     ) -> list[Any]:
         """Run a batch on a cluster: one pipeline per node, the nodes at once."""
-        replies: list[Any] = [None] * len(batch.calls)
-        by_node: dict[str, tuple[Any, list[int]]] = {}
         try:
-            with _redispy.redis_errors(self.url):
-                for i, call in enumerate(batch.calls):
-                    node = untyped(client).get_node_from_key(call.key)
-                    if node is None:
-                        raise redis.exceptions.SlotNotCoveredError(f"no node serves {call.key}")
-                    by_node.setdefault(node.name, (node, []))[1].append(i)
+            groups = by_node(client, batch.calls, self.url)
         except StreamkitError as exc:
             return [exc] * len(batch.calls)
-        groups = list(by_node.values())
         results = await asyncio.gather(
             *(
-                self._batch(self._node(node), [batch.calls[i] for i in positions], batch)
-                for node, positions in groups
+                self._batch(self._node(node), [batch.calls[i] for i in at], batch)
+                for node, at in groups
             )
         )
-        moved = False
-        for (_, positions), got in zip(groups, results, strict=True):
-            for i, reply in zip(positions, got, strict=True):
-                replies[i] = reply
-                moved = moved or redirected(reply)
+        replies, moved = gathered(len(batch.calls), groups, results)
         if moved:
             # The slot map changed: read it again before the calls are retried.
             with _redispy.redis_errors(self.url):
@@ -369,10 +316,8 @@ class AsyncioClient:
     ) -> list[AsyncioJobHandle[Any]]:
         """Enqueue many jobs at once, pipelined (as :meth:`Job.enqueue_many
         <streamkit.jobs.Job.enqueue_many>`)."""
-        placed = await self.run(
-            _ops.enqueue(self._state, self._state.job(job), calls, priority=priority, delay=delay)
-        )
-        queue = self._state.queue_of(self._state.job(job))
+        op, queue = self._enqueue(job, calls, priority, delay)
+        placed = await self.run(op)
         return [AsyncioJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
 
     async def enqueue_workflow(self, workflow: Workflow) -> AsyncioJobHandle[Any]:
@@ -418,12 +363,9 @@ class AsyncioClient:
         """The number of keys in each partition of ``table``, in partition order."""
         return await self.run(_ops.table_sizes(table))
 
-    def __repr__(self) -> str:
-        return describe(self, self.url, self._state, closed=self._closed)
-
 
 @attrs.frozen
-class AsyncioJobHandle(Generic[JobResult]):
+class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
     """A job on the app's queue, by id, for asyncio code (see :class:`~streamkit.jobs.JobHandle`).
 
     Attributes:
@@ -439,25 +381,18 @@ class AsyncioJobHandle(Generic[JobResult]):
 
     async def status(self) -> JobStatus:
         """Where the job is now (:class:`~streamkit.jobs.JobNotFound` if unknown)."""
-        return await self._client.run(
-            _ops.job_status(self._client._state, self.id, self.shard, self.queue)
-        )
+        return await self._client.run(self._status())
 
     async def info(self) -> JobInfo:
         """Everything the queue records of the job."""
-        return await self._client.run(
-            _ops.job_info(self._client._state, self.id, self.shard, self.queue)
-        )
+        return await self._client.run(self._info())
 
     async def result(self, timeout: float | None = None) -> JobResult:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result (errors as
         :meth:`BlockingJobHandle.result <streamkit.clients.BlockingJobHandle.result>`)."""
-        return await self._client.run(
-            _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue)
-        )
+        result: JobResult = await self._client.run(self._result(timeout))
+        return result
 
     async def abort(self, reason: str = "aborted") -> JobStatus:
         """Abort the job; return its status after the call."""
-        return await self._client.run(
-            _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
-        )
+        return await self._client.run(self._abort(reason))

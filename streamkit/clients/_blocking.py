@@ -24,20 +24,23 @@ import redis.cluster
 import redis.exceptions
 
 from .. import _redispy
-from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import StreamkitError
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
 from ._driving import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_POOL_TIMEOUT,
-    DEFAULT_SOCKET_TIMEOUT,
-    client_setup,
-    describe,
+    ClientBase,
+    JobHandleBase,
+    by_node,
+    failed_pipeline,
+    gathered,
+    load_failed,
     pair,
-    redirected,
-    translated,
+    pipeline,
+    raise_translated,
+    script_load,
+    settled,
+    to_load,
     untyped,
 )
 from ._ops import _NO_DEFAULT, Batch, Call, Sleep
@@ -71,7 +74,7 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-class BlockingClient:
+class BlockingClient(ClientBase):
     """A blocking client of an app's streams, job queue and tables.
 
     Get one from :meth:`App.blocking <streamkit.App.blocking>`; use it as a context
@@ -90,34 +93,9 @@ class BlockingClient:
     there; the parent's stay the parent's.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        queue: str,
-        jobs: Mapping[str, JobLike] | None = None,
-        shards: int = 1,
-        max_bytes: int = DEFAULT_JOB_MAX_BYTES,
-        connect_timeout: float = 2.0,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
-    ) -> None:
-        self.url = url
-        self._options, self._state = client_setup(
-            url,
-            queue=queue,
-            jobs=jobs,
-            shards=shards,
-            max_bytes=max_bytes,
-            connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout,
-            max_connections=max_connections,
-            pool_timeout=pool_timeout,
-        )
+    def _unconnected(self) -> None:
         self._redis: _redispy.SyncClient | None = None
         self._pid = 0
-        self._closed = False
         self._lock = threading.Lock()
         _clients.add(self)
 
@@ -197,18 +175,10 @@ class BlockingClient:
                 self._load(client, call)
                 return untyped(client).execute_command(*call.args)
         except Exception as exc:
-            error = _redispy.translate(exc, self.url)
-            if error is None or error is exc:
-                raise
-            raise error from exc
+            raise_translated(exc, self.url)
 
     def _load(self, client: _redispy.SyncClient, call: Call) -> None:
-        assert call.script is not None
-        if isinstance(client, redis.cluster.RedisCluster):
-            node = untyped(client).get_node_from_key(call.key)
-            untyped(client).execute_command("SCRIPT LOAD", call.script.source, target_nodes=node)
-        else:
-            untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+        script_load(client, call, cluster=isinstance(client, redis.cluster.RedisCluster))
 
     def _batch(self, client: redis.Redis, calls: Sequence[Call], batch: Batch) -> list[Any]:
         """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""
@@ -217,51 +187,34 @@ class BlockingClient:
                 return [self._call(client, calls[0])]
             except StreamkitError as exc:
                 return [exc]
-        wait = max(1, round(batch.replica_timeout * 1000))
-        pipe = client.pipeline(transaction=False)
-        for call in calls:
-            untyped(pipe).execute_command(*call.args)
-            if batch.replicas:
-                untyped(pipe).execute_command("WAIT", batch.replicas, wait)
         try:
-            raw = pipe.execute(raise_on_error=False)
+            raw = pipeline(client, calls, batch).execute(raise_on_error=False)
         except Exception as exc:
-            error = _redispy.translate(exc, self.url)
-            if error is None:
-                raise
-            return [error] * len(calls)
+            return failed_pipeline(exc, self.url, len(calls))
         replies, missing = pair(raw, calls, batch)
-        if missing:
-            # Refused EVALSHAs ran nothing: load their scripts, run them again.
-            for call in {calls[i].script: calls[i] for i in missing}.values():
-                try:
-                    with _redispy.redis_errors(self.url):
-                        self._load(client, call)
-                except StreamkitError as exc:
-                    return [exc if i in missing else r for i, r in enumerate(replies)]
-            again = self._batch(client, [calls[i] for i in missing], batch)
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        return [translated(r, self.url) for r in replies]
+        if not missing:
+            return settled(replies, self.url)
+        # Refused EVALSHAs ran nothing: load their scripts, run them again.
+        try:
+            with _redispy.redis_errors(self.url):
+                for call in to_load(calls, missing):
+                    self._load(client, call)
+        except StreamkitError as exc:
+            return load_failed(replies, missing, exc)
+        again = self._batch(client, [calls[i] for i in missing], batch)
+        return settled(replies, self.url, missing, again)
 
     def _cluster_batch(self, client: redis.cluster.RedisCluster, batch: Batch) -> list[Any]:
         """Run a batch on a cluster: one pipeline per node, each on its node's client."""
-        replies: list[Any] = [None] * len(batch.calls)
-        by_node: dict[str, tuple[Any, list[int]]] = {}
         try:
-            with _redispy.redis_errors(self.url):
-                for i, call in enumerate(batch.calls):
-                    node = untyped(client).get_node_from_key(call.key)
-                    by_node.setdefault(node.name, (node, []))[1].append(i)
+            groups = by_node(client, batch.calls, self.url)
         except StreamkitError as exc:
             return [exc] * len(batch.calls)
-        moved = False
-        for node, positions in by_node.values():
-            node_client = client.get_redis_connection(node)
-            got = self._batch(node_client, [batch.calls[i] for i in positions], batch)
-            for i, reply in zip(positions, got, strict=True):
-                replies[i] = reply
-                moved = moved or redirected(reply)
+        results = [
+            self._batch(client.get_redis_connection(node), [batch.calls[i] for i in at], batch)
+            for node, at in groups
+        ]
+        replies, moved = gathered(len(batch.calls), groups, results)
         if moved:
             # The slot map changed: read it again before the calls are retried.
             with _redispy.redis_errors(self.url):
@@ -377,10 +330,8 @@ class BlockingClient:
     ) -> list[BlockingJobHandle[Any]]:
         """Enqueue many jobs at once, pipelined (as :meth:`Job.enqueue_many
         <streamkit.jobs.Job.enqueue_many>`)."""
-        placed = self.run(
-            _ops.enqueue(self._state, self._state.job(job), calls, priority=priority, delay=delay)
-        )
-        queue = self._state.queue_of(self._state.job(job))
+        op, queue = self._enqueue(job, calls, priority, delay)
+        placed = self.run(op)
         return [BlockingJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
 
     def enqueue_workflow(self, workflow: Workflow) -> BlockingJobHandle[Any]:
@@ -428,12 +379,9 @@ class BlockingClient:
         """The number of keys in each partition of ``table``, in partition order."""
         return self.run(_ops.table_sizes(table))
 
-    def __repr__(self) -> str:
-        return describe(self, self.url, self._state, closed=self._closed)
-
 
 @attrs.frozen
-class BlockingJobHandle(Generic[JobResult]):
+class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
     """A job on the app's queue, by id, for blocking code (see :class:`~streamkit.jobs.JobHandle`).
 
     Attributes:
@@ -453,14 +401,12 @@ class BlockingJobHandle(Generic[JobResult]):
         Error handling:
             :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
         """
-        return self._client.run(
-            _ops.job_status(self._client._state, self.id, self.shard, self.queue)
-        )
+        return self._client.run(self._status())
 
     def info(self) -> JobInfo:
         """Everything the queue records of the job (see :meth:`JobHandle.info
         <streamkit.jobs.JobHandle.info>`)."""
-        return self._client.run(_ops.job_info(self._client._state, self.id, self.shard, self.queue))
+        return self._client.run(self._info())
 
     def result(self, timeout: float | None = None) -> JobResult:
         """Wait until the job is over and return its result.
@@ -474,14 +420,10 @@ class BlockingJobHandle(Generic[JobResult]):
             :class:`~streamkit.jobs.ResultNotKept` if its job keeps no results;
             ``TimeoutError`` after ``timeout``.
         """
-        result: JobResult = self._client.run(
-            _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue)
-        )
+        result: JobResult = self._client.run(self._result(timeout))
         return result
 
     def abort(self, reason: str = "aborted") -> JobStatus:
         """Abort the job (see :meth:`JobHandle.abort <streamkit.jobs.JobHandle.abort>`);
         return its status after the call."""
-        return self._client.run(
-            _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
-        )
+        return self._client.run(self._abort(reason))
