@@ -8,7 +8,7 @@ import math
 from collections.abc import (
     Mapping,  # noqa: TC003 (isinstance)
 )
-from typing import TYPE_CHECKING, Any, Unpack, cast, overload
+from typing import TYPE_CHECKING, Any, Unpack, overload
 
 import attrs
 import trio
@@ -28,6 +28,7 @@ from . import _scripts
 from ._cron import (
     ScheduleInfo,
     check_expression,
+    cron_decorator,
     decode_schedule,
     read_schedules,
     remove_schedule as drop_schedule,
@@ -55,7 +56,6 @@ from ._model import (
     P,
     Priority,
     R,
-    Schedule,
     When,
 )
 from ._outcome import label
@@ -306,16 +306,12 @@ class JobQueue:
         Daylight-saving changes follow Debian's cron (see the jobs guide).
         ``options`` are those of :meth:`job`.
         """
-        check_expression(expression)
-        timezone(tz)
-        schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
-
-        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
-            job: Job[Any, Any] = self.job(name=name, **options)(fn)
-            job.schedule = schedule
-            return job
-
-        return cast("JobDecorator", declare)
+        return cron_decorator(
+            lambda fn: self.job(fn, name=name, **options),
+            expression,
+            misfire_grace=misfire_grace,
+            tz=tz,
+        )
 
     def add_middleware(self, middleware: Middleware) -> Middleware:
         """Run ``middleware`` around each try of the queue's jobs; usable as a decorator.
