@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from .._backoff import Backoff
+from .._defaults import DEFAULT_JOB_LEASE_TTL, DEFAULT_JOB_MAX_DELIVERIES
 from .._errors import ConfigError, JobNotFound, RedisUnavailable
 from .._keys import validate_name
 from .._nurseries import open_service_nursery
@@ -82,12 +83,6 @@ __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
 
 log = logging.getLogger("streamkit.jobs")
 
-#: A running job's lease: a worker that stops renewing it (killed, paused, cut off)
-#: loses its jobs to another worker after this many seconds.
-DEFAULT_LEASE_TTL = 5.0
-#: Times a job may lose its worker (the worker died while running it) before it is
-#: considered to be what kills the workers, and goes to the dead-letter queue.
-DEFAULT_MAX_DELIVERIES = 3
 _ABORT = LuaScript(_scripts.ABORT_LUA)
 _WATCH = LuaScript(_scripts.WATCH_LUA)
 _CONTROL = LuaScript(_scripts.CONTROL_LUA)
@@ -160,8 +155,8 @@ class JobQueue:
     redis: Redis
     name: str
     shards: int = attrs.field(default=1, validator=positive_int)
-    lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=positive_number)
-    max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
+    lease_ttl: float = attrs.field(default=DEFAULT_JOB_LEASE_TTL, validator=positive_number)
+    max_deliveries: int = attrs.field(default=DEFAULT_JOB_MAX_DELIVERIES, validator=positive_int)
     max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
     jobs: dict[str, Job[Any, Any]] = attrs.field(factory=dict)
     #: Run around each try of its jobs, outermost first (see :meth:`add_middleware`).
@@ -737,8 +732,8 @@ async def open_job_queue(
     name: str,
     *,
     shards: int = 1,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    lease_ttl: float = DEFAULT_JOB_LEASE_TTL,
+    max_deliveries: int = DEFAULT_JOB_MAX_DELIVERIES,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> AsyncIterator[JobQueue]:
     """Open the job queue ``name`` on ``redis``.
