@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import attrs
 
@@ -28,10 +28,10 @@ from ._streams import Stream
 from ._tables import Table
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
 from ._windows import Window, to_ms
-from .jobs._cron import check_expression, timezone
+from .jobs._cron import cron_decorator
 from .jobs._handle import Job, JobDecorator
 from .jobs._layout import DEFAULT_QUEUE, routed_queue
-from .jobs._model import JobOptions, P as JobParams, R as JobResult, Schedule
+from .jobs._model import JobOptions, P as JobParams, R as JobResult
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -531,15 +531,12 @@ class App:
         run, and runs with the job's retries and dead letters. For code that simply
         runs on a schedule in each worker (or on the leader), in local time, use
         :meth:`crontab`."""
-        check_expression(expression)
-        timezone(tz)
-
-        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
-            job: Job[Any, Any] = self.job(name=name, **options)(fn)
-            job.schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
-            return job
-
-        return cast("JobDecorator", declare)
+        return cron_decorator(
+            lambda fn: self.job(fn, name=name, **options),
+            expression,
+            misfire_grace=misfire_grace,
+            tz=tz,
+        )
 
     def blocking(
         self,

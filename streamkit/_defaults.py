@@ -14,7 +14,9 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_GRACE",
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_JOB_LEASE_TTL",
     "DEFAULT_JOB_MAX_BYTES",
+    "DEFAULT_JOB_MAX_DELIVERIES",
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_DECODED_SIZE",
     "DEFAULT_MAX_RECORD_SIZE",
@@ -87,6 +89,13 @@ DEFAULT_STATE_CACHE_SIZE = 10_000
 #: The most bytes a job's encoded arguments, or its result, may take: 1 MiB is the
 #: smallest ``proto-max-bulk-len`` Redis accepts, so the default fits any server.
 DEFAULT_JOB_MAX_BYTES = 2**20
+#: A running job's lease: a worker that stops renewing it (killed, paused, cut off)
+#: loses its jobs to another worker after this many seconds: the ``job_lease_ttl``
+#: setting.
+DEFAULT_JOB_LEASE_TTL = 5.0
+#: Times a job may lose its worker (the worker died while running it) before it is
+#: considered to be what kills the workers, and goes to the dead-letter queue.
+DEFAULT_JOB_MAX_DELIVERIES = 3
 
 # --- metrics --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from ._defaults import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GRACE,
     DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_JOB_LEASE_TTL,
     DEFAULT_JOB_MAX_BYTES,
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_DECODED_SIZE,
@@ -156,7 +157,7 @@ class Settings:
     job_concurrency: int = attrs.field(default=32, validator=positive_int)
     #: Seconds after which a job whose worker stopped renewing its lease (killed,
     #: paused, cut off) is taken over by another worker.
-    job_lease_ttl: float = attrs.field(default=5.0, validator=positive_number)
+    job_lease_ttl: float = attrs.field(default=DEFAULT_JOB_LEASE_TTL, validator=positive_number)
     #: Shards of the app's job queue; every producer and worker must agree on it.
     job_shards: int = attrs.field(default=1, validator=positive_int)
     #: Worker threads per process for jobs that are plain (not async) functions.

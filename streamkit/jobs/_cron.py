@@ -17,7 +17,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
@@ -31,14 +31,15 @@ from . import _scripts
 from ._crontime import next_tick
 from ._layout import shard_for
 from ._limits import limit_key_of, limit_shard
-from ._model import JobCall
+from ._model import JobCall, Schedule
 
 if TYPE_CHECKING:
-    from ._handle import Job, QueueLike
+    from ._handle import Job, JobDecorator, QueueLike
 
 __all__ = [
     "ScheduleInfo",
     "Ticking",
+    "cron_decorator",
     "remove_schedule",
     "run_schedules",
     "run_ticks",
@@ -87,6 +88,32 @@ def check_expression(expression: str) -> None:
 
     if not isinstance(expression, str) or not croniter.is_valid(expression):
         raise ConfigError("cron", f"{expression!r} is not a valid crontab expression")
+
+
+def cron_decorator(
+    declare: Callable[[Callable[..., Any]], Job[Any, Any]],
+    expression: str,
+    *,
+    misfire_grace: float,
+    tz: str | None,
+) -> JobDecorator:
+    """The decorator ``@queue.cron(...)`` and ``@app.cron(...)`` return: it declares
+    the function with ``declare`` (the queue's or the app's ``job``) and gives the job
+    its schedule. ``expression``, ``tz`` and ``misfire_grace`` are checked now.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` for a bad expression, timezone or grace.
+    """
+    check_expression(expression)
+    timezone(tz)
+    schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
+
+    def scheduled(fn: Callable[..., Any]) -> Job[Any, Any]:
+        job = declare(fn)
+        job.schedule = schedule
+        return job
+
+    return cast("JobDecorator", scheduled)
 
 
 @attrs.frozen(kw_only=True)

@@ -62,6 +62,11 @@ def _queue_name(_i: object, _a: object, value: str) -> None:
         validate_name("queue name", part)
 
 
+#: The parts of a shard's fixed keys, in the order every script takes them (KEYS[1]
+#: to KEYS[7]): the ready streams of priority high, normal and low, then the rest.
+_FIXED = ("q0", "q1", "q2", "sched", "dead", "done", "counts")
+
+
 @attrs.frozen
 class ShardKeys:
     """The keys of one shard of a job queue.
@@ -69,43 +74,34 @@ class ShardKeys:
     Attributes:
         queue: the queue's name.
         shard: the shard's number.
+        base: the prefix of all its keys.
+        keys: its fixed keys, as the scripts take them.
+        schedule: the delayed jobs and retries, scored by due time.
+        dead: the dead-letter stream.
+        done: the completions of awaited jobs.
+        counts: the jobs per status and name.
     """
 
     queue: str = attrs.field(validator=_queue_name)
     shard: int
     base: str = attrs.field(init=False)
     keys: tuple[str, ...] = attrs.field(init=False)
+    # The named fixed keys (after the three ready streams), set with ``keys``.
+    schedule: str = attrs.field(init=False, repr=False, eq=False)
+    dead: str = attrs.field(init=False, repr=False, eq=False)
+    done: str = attrs.field(init=False, repr=False, eq=False)
+    counts: str = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         base = f"__jobs:{{{self.queue}.{self.shard}}}"
-        object.__setattr__(self, "base", base)
-        object.__setattr__(
-            self,
-            "keys",
-            tuple(
-                f"{base}:{part}" for part in ("q0", "q1", "q2", "sched", "dead", "done", "counts")
-            ),
-        )
+        keys = tuple(f"{base}:{part}" for part in _FIXED)
+        named = zip(("schedule", "dead", "done", "counts"), keys[3:], strict=True)
+        for name, value in (("base", base), ("keys", keys), *named):
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     def ready(self, priority: int) -> str:
         """The ready stream of ``priority`` (0 high, 1 normal, 2 low)."""
         return self.keys[priority]
-
-    @property
-    def schedule(self) -> str:
-        return self.keys[3]
-
-    @property
-    def dead(self) -> str:
-        return self.keys[4]
-
-    @property
-    def done(self) -> str:
-        return self.keys[5]
-
-    @property
-    def counts(self) -> str:
-        return self.keys[6]
 
     @property
     def control(self) -> str:

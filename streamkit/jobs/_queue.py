@@ -8,12 +8,13 @@ import math
 from collections.abc import (
     Mapping,  # noqa: TC003 (isinstance)
 )
-from typing import TYPE_CHECKING, Any, Unpack, cast, overload
+from typing import TYPE_CHECKING, Any, Unpack, overload
 
 import attrs
 import trio
 
 from .._backoff import Backoff
+from .._defaults import DEFAULT_JOB_LEASE_TTL, DEFAULT_JOB_MAX_DELIVERIES
 from .._errors import ConfigError, JobNotFound, RedisUnavailable
 from .._keys import validate_name
 from .._nurseries import open_service_nursery
@@ -28,6 +29,7 @@ from . import _scripts
 from ._cron import (
     ScheduleInfo,
     check_expression,
+    cron_decorator,
     decode_schedule,
     read_schedules,
     remove_schedule as drop_schedule,
@@ -55,7 +57,6 @@ from ._model import (
     P,
     Priority,
     R,
-    Schedule,
     When,
 )
 from ._outcome import label
@@ -82,12 +83,6 @@ __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
 
 log = logging.getLogger("streamkit.jobs")
 
-#: A running job's lease: a worker that stops renewing it (killed, paused, cut off)
-#: loses its jobs to another worker after this many seconds.
-DEFAULT_LEASE_TTL = 5.0
-#: Times a job may lose its worker (the worker died while running it) before it is
-#: considered to be what kills the workers, and goes to the dead-letter queue.
-DEFAULT_MAX_DELIVERIES = 3
 _ABORT = LuaScript(_scripts.ABORT_LUA)
 _WATCH = LuaScript(_scripts.WATCH_LUA)
 _CONTROL = LuaScript(_scripts.CONTROL_LUA)
@@ -160,8 +155,8 @@ class JobQueue:
     redis: Redis
     name: str
     shards: int = attrs.field(default=1, validator=positive_int)
-    lease_ttl: float = attrs.field(default=DEFAULT_LEASE_TTL, validator=positive_number)
-    max_deliveries: int = attrs.field(default=DEFAULT_MAX_DELIVERIES, validator=positive_int)
+    lease_ttl: float = attrs.field(default=DEFAULT_JOB_LEASE_TTL, validator=positive_number)
+    max_deliveries: int = attrs.field(default=DEFAULT_JOB_MAX_DELIVERIES, validator=positive_int)
     max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
     jobs: dict[str, Job[Any, Any]] = attrs.field(factory=dict)
     #: Run around each try of its jobs, outermost first (see :meth:`add_middleware`).
@@ -306,16 +301,12 @@ class JobQueue:
         Daylight-saving changes follow Debian's cron (see the jobs guide).
         ``options`` are those of :meth:`job`.
         """
-        check_expression(expression)
-        timezone(tz)
-        schedule = Schedule(expression=expression, misfire_grace=misfire_grace, tz=tz)
-
-        def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
-            job: Job[Any, Any] = self.job(name=name, **options)(fn)
-            job.schedule = schedule
-            return job
-
-        return cast("JobDecorator", declare)
+        return cron_decorator(
+            lambda fn: self.job(fn, name=name, **options),
+            expression,
+            misfire_grace=misfire_grace,
+            tz=tz,
+        )
 
     def add_middleware(self, middleware: Middleware) -> Middleware:
         """Run ``middleware`` around each try of the queue's jobs; usable as a decorator.
@@ -741,8 +732,8 @@ async def open_job_queue(
     name: str,
     *,
     shards: int = 1,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    lease_ttl: float = DEFAULT_JOB_LEASE_TTL,
+    max_deliveries: int = DEFAULT_JOB_MAX_DELIVERIES,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> AsyncIterator[JobQueue]:
     """Open the job queue ``name`` on ``redis``.
