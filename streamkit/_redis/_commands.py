@@ -10,7 +10,7 @@ import trio
 
 from .._acl import remember_script
 from .._errors import RedisUnavailable
-from ._hot import evalsha
+from ._hot import evalsha, script_load
 from ._routing import own
 from ._translate import redis_errors
 
@@ -31,9 +31,9 @@ class LuaScript:
     coredis's own ``Script`` wraps each call in three request objects, which
     normalise every argument three times: noticeable for a fenced acknowledgement
     carrying hundreds of ids. This sends one ``EVALSHA`` and, only if the server
-    does not know the script yet (a new or restarted server, a promoted replica), sends
-    the source once with ``EVAL``, which also caches it on that node: safe, since a
-    refused ``EVALSHA`` ran nothing.
+    does not know the script yet (a new or restarted server, a promoted replica), loads
+    it on that node and sends the call once more: safe, since a refused ``EVALSHA``
+    ran nothing.
 
     A *hot* script, one run for every batch of events (the fenced read and
     acknowledgement, the producer's append), runs on the client's hot connections,
@@ -62,11 +62,11 @@ class LuaScript:
         try:
             return await run(redis, self.sha, keys, args)
         except coredis.exceptions.NoScriptError:
-            # The node lacks it (new, restarted, or a replica just promoted): EVAL
-            # runs it and caches it, on the node that owns the keys. Not SCRIPT LOAD,
-            # which a cluster client sends to every node and which fails while one
-            # of them is failing over.
-            return await redis.eval(self.source, keys=keys, args=args)
+            # The node lacks it (new, restarted, or a replica just promoted): loaded
+            # on that node only, not on every node of a cluster (which fails while
+            # one of them is failing over).
+            await script_load(redis, self.source, keys)
+            return await run(redis, self.sha, keys, args)
 
 
 async def _evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:

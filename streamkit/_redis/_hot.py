@@ -54,11 +54,11 @@ from ._pool import ClusterPool
 from ._slots import key_slot
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from ._routing import Redis
 
-__all__ = ["HotConnection", "evalsha", "hot_connection_class", "pack"]
+__all__ = ["HotConnection", "evalsha", "hot_connection_class", "pack", "script_load"]
 
 # Redis's error replies into coredis's exception classes, by coredis's own table.
 _ERRORS = Parser()
@@ -199,11 +199,35 @@ async def evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Seq
         return await request
     if not keys:
         return await redis.evalsha(sha, keys=keys, args=args)
+    return await _on_slot_owner(
+        pool, data, keys[0], functools.partial(redis.evalsha, sha, keys=keys, args=args)
+    )
+
+
+async def script_load(redis: Redis, source: str, keys: Sequence[str | bytes]) -> Any:
+    """``SCRIPT LOAD source`` where a script on ``keys`` runs: on a cluster, the node
+    that owns them only (coredis's own sends it to every node, and fails while one of
+    them is failing over); on a single server, that server.
+
+    Errors are coredis's, as from ``redis.script_load``.
+    """
+    pool = getattr(redis, "_hot_pool", None)
+    if not isinstance(pool, ClusterPool) or not keys:
+        return await redis.script_load(source)
+    data = pack((b"SCRIPT", b"LOAD", source))
+    return await _on_slot_owner(pool, data, keys[0], functools.partial(redis.script_load, source))
+
+
+async def _on_slot_owner(
+    pool: ClusterPool, data: bytes, key: str | bytes, fallback: Callable[[], Awaitable[Any]]
+) -> Any:
+    """Send the packed command ``data`` to the master of ``key``'s slot; where the
+    layout does not know it or the node redirects, ``fallback()`` (coredis's client)."""
     layout = pool.cluster_layout
     try:
-        node = layout.node_for_slot(key_slot(keys[0]))
+        node = layout.node_for_slot(key_slot(key))
     except coredis.exceptions.RedisClusterError:
-        return await redis.evalsha(sha, keys=keys, args=args)
+        return await fallback()
     node_connection = await pool.get_connection(node=node)
     try:
         request = cast("HotConnection", node_connection).send_packed(data)
@@ -214,7 +238,7 @@ async def evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Seq
     except _REDIRECTIONS as exc:
         # The node ran nothing: coredis's cluster client follows the redirection.
         layout.report_errors(node, exc)
-        return await redis.evalsha(sha, keys=keys, args=args)
+        return await fallback()
     except coredis.exceptions.RedisError as exc:
         # As coredis's cluster client does: its layout learns from the errors.
         layout.report_errors(node, exc)
