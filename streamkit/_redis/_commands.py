@@ -62,11 +62,20 @@ class LuaScript:
         try:
             return await run(redis, self.sha, keys, args)
         except coredis.exceptions.NoScriptError:
-            # The node lacks it (new, restarted, or a replica just promoted): loaded
-            # on that node only, not on every node of a cluster (which fails while
-            # one of them is failing over).
+            pass
+        # The node lacks it (new, restarted, or a replica just promoted). Loaded on
+        # the node that owns the keys as the client knows it, not on every node of a
+        # cluster (which fails while one of them fails over). A layout behind a
+        # failover learns the new owner from the call's redirection, so a second
+        # round reaches it; past that, every node.
+        for _ in range(2):
             await script_load(redis, self.source, keys)
-            return await run(redis, self.sha, keys, args)
+            try:
+                return await run(redis, self.sha, keys, args)
+            except coredis.exceptions.NoScriptError:
+                pass
+        await redis.script_load(self.source)
+        return await run(redis, self.sha, keys, args)
 
 
 async def _evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
