@@ -43,7 +43,7 @@ import redis.utils
 
 from ._acl import not_permitted
 from ._errors import BackendError, ConfigError, OutcomeUnknown, RedisUnavailable, StreamkitError
-from ._refusals import refusal_in, refused
+from ._refusals import code_types, refusal_in, refused
 from ._urls import (
     check_redis_url,
     credentials_refused,
@@ -89,17 +89,7 @@ _NOT_SENT = (
 )
 
 # redis-py strips the code from these refusals and says it by the exception's type.
-_REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
-    (redis.exceptions.OutOfMemoryError, "OOM"),
-    (redis.exceptions.BusyLoadingError, "LOADING"),
-    (redis.exceptions.ReadOnlyError, "READONLY"),
-    (redis.exceptions.MasterDownError, "MASTERDOWN"),
-    (redis.exceptions.TryAgainError, "TRYAGAIN"),
-    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
-    # MovedError is an AskError: MOVED first.
-    (redis.exceptions.MovedError, "MOVED"),
-    (redis.exceptions.AskError, "ASK"),
-)
+_REFUSAL_TYPES = code_types(redis.exceptions)
 
 
 # ------------------------------------------------------------------------- clients
