@@ -29,8 +29,9 @@ import os
 import socket
 import ssl
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, NotRequired, TypedDict, TypeVar, Unpack
 
+import attrs
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
@@ -43,7 +44,7 @@ import redis.utils
 
 from ._acl import not_permitted
 from ._errors import BackendError, ConfigError, OutcomeUnknown, RedisUnavailable, StreamkitError
-from ._refusals import refusal_in, refused
+from ._refusals import code_types, refusal_in, refused
 from ._urls import (
     check_redis_url,
     credentials_refused,
@@ -59,7 +60,7 @@ from ._urls import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
 __all__ = [
     "AsyncClient",
@@ -76,6 +77,8 @@ SyncClient = redis.Redis | redis.cluster.RedisCluster
 #: An asyncio client of a server or of a cluster.
 AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
+C = TypeVar("C", SyncClient, AsyncClient)
+
 # redis-py raises these (ConnectionError, TimeoutError) before a command was written:
 # the connection could not be opened, a pooled one was found broken before use, or no
 # pool slot came free in time.
@@ -89,17 +92,7 @@ _NOT_SENT = (
 )
 
 # redis-py strips the code from these refusals and says it by the exception's type.
-_REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
-    (redis.exceptions.OutOfMemoryError, "OOM"),
-    (redis.exceptions.BusyLoadingError, "LOADING"),
-    (redis.exceptions.ReadOnlyError, "READONLY"),
-    (redis.exceptions.MasterDownError, "MASTERDOWN"),
-    (redis.exceptions.TryAgainError, "TRYAGAIN"),
-    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
-    # MovedError is an AskError: MOVED first.
-    (redis.exceptions.MovedError, "MOVED"),
-    (redis.exceptions.AskError, "ASK"),
-)
+_REFUSAL_TYPES = code_types(redis.exceptions)
 
 
 # ------------------------------------------------------------------------- clients
@@ -177,100 +170,106 @@ def connection_options(
     }
 
 
-def _no_retries() -> redis.retry.Retry:
-    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
-def _no_async_retries() -> redis.asyncio.retry.Retry:
-    return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
 def _bad_url(url: str, setting: str, exc: ValueError) -> ConfigError:
     return ConfigError(setting, f"not a Redis URL: {mask_url(url)!r} ({exc})")
 
 
-def open_sync(
-    url: str,
-    *,
-    connect_timeout: float,
-    socket_timeout: float | None,
-    max_connections: int,
-    pool_timeout: float | None = None,
-    setting: str = "redis_url",
-) -> SyncClient:
+class _Options(TypedDict):
+    """The options of :func:`open_sync` and :func:`open_async`."""
+
+    connect_timeout: float
+    socket_timeout: float | None
+    max_connections: int
+    pool_timeout: NotRequired[float | None]
+    setting: NotRequired[str]
+
+
+def _pack_with_hiredis(pool: Any) -> None:
+    pool.connection_class = packing_with_hiredis(pool.connection_class)
+
+
+@attrs.frozen
+class _Family(Generic[C]):
+    """redis-py's blocking or asyncio clients: what :func:`_open` builds one of."""
+
+    cluster: Callable[..., C]  # the cluster client's from_url
+    pool: Callable[..., Any]  # the blocking pool's from_url
+    client: Callable[[Any], C]  # the server client's from_pool
+    retry: Callable[[], Any]  # a Retry that never retries
+    cluster_options: Mapping[str, Any] = attrs.field(factory=dict)
+    prepare_pool: Callable[[Any], None] = lambda pool: None
+
+
+_SYNC = _Family[SyncClient](
+    cluster=redis.cluster.RedisCluster.from_url,
+    pool=redis.BlockingConnectionPool.from_url,
+    client=redis.Redis.from_pool,
+    retry=lambda: redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+    cluster_options={"connection_pool_class": redis.BlockingConnectionPool},
+)
+_ASYNC = _Family[AsyncClient](
+    cluster=redis.asyncio.cluster.RedisCluster.from_url,
+    pool=redis.asyncio.BlockingConnectionPool.from_url,
+    client=redis.asyncio.Redis.from_pool,
+    retry=lambda: redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+    prepare_pool=_pack_with_hiredis,
+)
+
+
+def open_sync(url: str, **options: Unpack[_Options]) -> SyncClient:
     """A blocking redis-py client for ``url``: a server's, or a cluster's for a
     ``redis+cluster://`` URL, which connects (and reads the slot map) as it is built.
 
     Connections are opened lazily and pooled, at most ``max_connections`` (per node of
     a cluster); a thread that finds none free waits up to ``pool_timeout`` seconds
-    (``None``: as long as it takes). Safe to share between threads.
+    (``None``, the default: as long as it takes). Safe to share between threads.
+    ``setting`` (default ``"redis_url"``) is the name errors give the URL.
 
     Error handling:
         :class:`~streamkit.ConfigError` for a bad URL; errors of a cluster client that
         cannot reach any node, as by :func:`translate`.
     """
-    options = connection_options(
-        url, connect_timeout=connect_timeout, socket_timeout=socket_timeout, setting=setting
-    )
-    # The TLS arguments are given as options; redis-py would read the URL's its own way.
-    plain = without_tls_arguments(url)
-    try:
-        if is_cluster_url(url):
-            return redis.cluster.RedisCluster.from_url(
-                seed_url(plain),
-                retry=_no_retries(),
-                max_connections=max_connections,
-                connection_pool_class=redis.BlockingConnectionPool,
-                **options,
-            )
-        pool = redis.BlockingConnectionPool.from_url(
-            plain,
-            max_connections=max_connections,
-            timeout=pool_timeout,
-            retry=_no_retries(),
-            **options,
-        )
-        return redis.Redis.from_pool(pool)  # the client owns (and closes) its pool
-    except ValueError as exc:
-        raise _bad_url(url, setting, exc) from exc
+    return _open(_SYNC, url, options)
 
 
-def open_async(
-    url: str,
-    *,
-    connect_timeout: float,
-    socket_timeout: float | None,
-    max_connections: int,
-    pool_timeout: float | None = None,
-    setting: str = "redis_url",
-) -> AsyncClient:
+def open_async(url: str, **options: Unpack[_Options]) -> AsyncClient:
     """An asyncio redis-py client for ``url`` (see :func:`open_sync`); a cluster's
     connects on its first command. Safe to share between the tasks of one event loop.
 
     Error handling:
         :class:`~streamkit.ConfigError` for a bad URL.
     """
-    options = connection_options(
-        url, connect_timeout=connect_timeout, socket_timeout=socket_timeout, setting=setting
+    return _open(_ASYNC, url, options)
+
+
+def _open(family: _Family[C], url: str, options: _Options) -> C:
+    setting = options.get("setting", "redis_url")
+    connection = connection_options(
+        url,
+        connect_timeout=options["connect_timeout"],
+        socket_timeout=options["socket_timeout"],
+        setting=setting,
     )
+    # The TLS arguments are given as options; redis-py would read the URL's its own way.
     plain = without_tls_arguments(url)
     try:
         if is_cluster_url(url):
-            return redis.asyncio.cluster.RedisCluster.from_url(
+            return family.cluster(
                 seed_url(plain),
-                retry=_no_async_retries(),
-                max_connections=max_connections,
-                **options,
+                retry=family.retry(),
+                max_connections=options["max_connections"],
+                **family.cluster_options,
+                **connection,
             )
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
+        pool = family.pool(
             plain,
-            max_connections=max_connections,
-            timeout=pool_timeout,
-            retry=_no_async_retries(),
-            **options,
+            max_connections=options["max_connections"],
+            timeout=options.get("pool_timeout"),
+            retry=family.retry(),
+            **connection,
         )
-        pool.connection_class = packing_with_hiredis(pool.connection_class)
-        return redis.asyncio.Redis.from_pool(pool)  # the client owns (and closes) its pool
+        family.prepare_pool(pool)
+        return family.client(pool)  # the client owns (and closes) its pool
     except ValueError as exc:
         raise _bad_url(url, setting, exc) from exc
 

@@ -7,10 +7,15 @@ a refusal into the same :class:`~streamkit.ServerRefused`, with the same words.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._errors import ServerRefused
 from ._urls import mask_url
 
-__all__ = ["REFUSALS", "refusal_in", "refused"]
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = ["REFUSALS", "code_types", "refusal_in", "refused"]
 
 # Replies by which Redis refuses a command for a passing reason of its own: the command
 # did not run (a script stopped at the refused command), and it may succeed later. Each
@@ -51,6 +56,34 @@ REFUSALS: dict[str, tuple[str, str]] = {
         "raise the server's maxclients, or run fewer clients (max_connections)",
     ),
 }
+
+
+# Codes that a client library (coredis, redis-py) strips from the reply and says by an
+# exception type instead, by the type's name in its ``exceptions`` module (both libraries
+# name them alike; each has some of them). MovedError is an AskError: MOVED first.
+_CODE_TYPE_NAMES = (
+    ("OutOfMemoryError", "OOM"),
+    ("BusyLoadingError", "LOADING"),
+    ("ReadOnlyError", "READONLY"),
+    ("MasterDownError", "MASTERDOWN"),
+    ("TryAgainError", "TRYAGAIN"),
+    ("ClusterDownError", "CLUSTERDOWN"),
+    ("UnblockedError", "UNBLOCKED"),
+    ("MovedError", "MOVED"),
+    ("AskError", "ASK"),
+)
+
+
+def code_types(exceptions: ModuleType) -> tuple[tuple[type[BaseException], str], ...]:
+    """The exception types of a client library's ``exceptions`` module that stand for a
+    refusal code, each with its code, subclasses first: the first that an error is an
+    instance of names its code."""
+    found = ((getattr(exceptions, name, None), code) for name, code in _CODE_TYPE_NAMES)
+    return tuple(
+        (kind, code)
+        for kind, code in found
+        if isinstance(kind, type) and issubclass(kind, BaseException)
+    )
 
 
 def refused(code: str, text: str, url: str) -> ServerRefused:

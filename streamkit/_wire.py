@@ -339,23 +339,19 @@ local function apply_changes(at)
   if at > #ARGV then return at end
   local n = tonumber(ARGV[at])
   at = at + 1
+  -- The command of each op but 't'; `c` counts values (HDEL's fields, ZREM's members),
+  -- or pairs of them for HSET, XADD and ZADD (as streamkit._commit lays them out).
+  local commands = {h = 'HSET', d = 'HDEL', x = 'XADD', z = 'ZADD', r = 'ZREM'}
   for _ = 1, n do
     local op, k, c = ARGV[at], KEYS[tonumber(ARGV[at + 1])], tonumber(ARGV[at + 2])
-    if op == 'h' then
-      redis.call('HSET', k, unpack(ARGV, at + 3, at + 2 + 2 * c))
-      at = at + 3 + 2 * c
-    elseif op == 'd' then
-      redis.call('HDEL', k, unpack(ARGV, at + 3, at + 2 + c))
-      at = at + 3 + c
-    elseif op == 'x' then
-      redis.call('XADD', k, '*', unpack(ARGV, at + 3, at + 2 + 2 * c))
-      at = at + 3 + 2 * c
-    elseif op == 'z' then
-      redis.call('ZADD', k, unpack(ARGV, at + 3, at + 2 + 2 * c))
-      at = at + 3 + 2 * c
-    elseif op == 'r' then
-      redis.call('ZREM', k, unpack(ARGV, at + 3, at + 2 + c))
-      at = at + 3 + c
+    if commands[op] then
+      local last = at + 2 + ((op == 'd' or op == 'r') and c or 2 * c)
+      if op == 'x' then
+        redis.call('XADD', k, '*', unpack(ARGV, at + 3, last))
+      else
+        redis.call(commands[op], k, unpack(ARGV, at + 3, last))
+      end
+      at = last + 1
     elseif op == 't' then
       -- Trim an output stream the changes appended `c` entries to, keeping
       -- ARGV[at + 3] entries (processed ones only, bounded like every trim).

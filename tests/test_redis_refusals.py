@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import coredis.exceptions
 import pytest
+import redis.exceptions
 import trio
 
 from streamkit import (
@@ -25,6 +26,7 @@ from streamkit import (
 )
 from streamkit._membership_state import membership_keys
 from streamkit._redis import LuaScript, as_unavailable
+from streamkit._refusals import code_types
 from streamkit.testing import RedisServer, wait_until
 
 if TYPE_CHECKING:
@@ -214,3 +216,27 @@ async def test_send_under_out_of_memory_fails_at_once_and_appends_nothing(
         with trio.fail_after(5):
             await orders.send_many([Order(key=f"k{i}", n=i) for i in range(20)])
         assert await client.xlen(orders.key(0)) == 22
+
+
+def test_each_client_library_says_its_refusal_codes_by_the_types_it_has() -> None:
+    # One table of type names serves coredis and redis-py: a type a library renames
+    # would drop out of it silently, so the tables are pinned here (subclasses first).
+    assert code_types(coredis.exceptions) == (
+        (coredis.exceptions.BusyLoadingError, "LOADING"),
+        (coredis.exceptions.ReadOnlyError, "READONLY"),
+        (coredis.exceptions.TryAgainError, "TRYAGAIN"),
+        (coredis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+        (coredis.exceptions.UnblockedError, "UNBLOCKED"),
+        (coredis.exceptions.MovedError, "MOVED"),
+        (coredis.exceptions.AskError, "ASK"),
+    )
+    assert code_types(redis.exceptions) == (
+        (redis.exceptions.OutOfMemoryError, "OOM"),
+        (redis.exceptions.BusyLoadingError, "LOADING"),
+        (redis.exceptions.ReadOnlyError, "READONLY"),
+        (redis.exceptions.MasterDownError, "MASTERDOWN"),
+        (redis.exceptions.TryAgainError, "TRYAGAIN"),
+        (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+        (redis.exceptions.MovedError, "MOVED"),
+        (redis.exceptions.AskError, "ASK"),
+    )

@@ -25,6 +25,9 @@ from streamkit import (
     open_events,
     open_fetcher,
 )
+from streamkit._commit import MAX_VALUES_PER_OP, Changes, change_arguments
+from streamkit._redis import LuaScript
+from streamkit._wire import ACK_LUA
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, ticks_for
@@ -348,3 +351,34 @@ async def test_outputs_are_trimmed_like_any_append(redis_url: str, redis: Redis)
         await wait_until(trimmed, what="the output trimmed", within=20)
         await worker.stop()
     assert await redis.xlen(out.key(0)) >= 10
+
+
+async def test_the_commit_script_applies_each_kind_of_change_in_order(redis: Redis) -> None:
+    # The fenced commit (ACK_LUA) on its own, with every op streamkit._commit lays out:
+    # each op's values counted as its command takes them (pairs or single values), a
+    # hash write long enough to be split into two ops, a trim between the writes.
+    await redis.set("{s}lock", "me")
+    changes = Changes()
+    fields = [str(i) for i in range(MAX_VALUES_PER_OP)]
+    changes.hset("{s}h", [value for field in fields for value in (field, f"v{field}")])
+    changes.trim("{s}out", 2, 1)
+    changes.hdel("{s}h", ["0", "1"])
+    changes.xadd("{s}out", ["a", "1", "b", "2"])
+    changes.xadd("{s}out", ["a", "3"])
+    changes.zadd("{s}z", [1, "m1", 2, "m2", 3, "m3"])
+    changes.zrem("{s}z", ["m2"])
+    keys, args = change_arguments([changes], 3)
+    assert args[0] == 8  # the hash write split in two
+    script = LuaScript(ACK_LUA)
+    acked = await script(redis, keys=["{s}stream", "{s}lock", *keys], args=["me", "g", 0, 0, *args])
+    assert acked == 0
+    stored = await redis.hgetall("{s}h")
+    assert len(stored) == MAX_VALUES_PER_OP - 2
+    assert stored[b"2"] == b"v2"
+    assert b"0" not in stored
+    assert b"1" not in stored
+    assert [dict(entry.field_values) for entry in await redis.xrange("{s}out")] == [
+        {b"a": b"1", b"b": b"2"},
+        {b"a": b"3"},
+    ]
+    assert await redis.zrange("{s}z", 0, -1, withscores=True) == ((b"m1", 1.0), (b"m3", 3.0))

@@ -15,19 +15,33 @@ from ._exits import fail
 from ._options import WholeHelpGroup, json_option
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..jobs import ScheduleInfo
 
 __all__ = ["jobs_pause", "jobs_resume", "jobs_schedules"]
+
+
+def _queue_or_job_command(name: str, verb: str) -> Callable[[Any], Any]:
+    """``streamkit jobs NAME [MODULE:APP] [--job NAME]``: a :func:`queue_command` on a
+    queue, or on one job name on it, called with ``job_name`` (``None``: the queue)."""
+
+    def register(function: Any) -> Any:
+        function = queue_command(function)
+        function = click.option(
+            "--job", "job_name", metavar="NAME", help=f"{verb} this job name only."
+        )(function)
+        function = click.argument("app_path", metavar="[MODULE:APP]", required=False)(function)
+        return jobs.command(name)(function)
+
+    return register
 
 
 def _what(job: str | None, queue: str) -> str:
     return f"job {job} of queue {queue}" if job else f"queue {queue}"
 
 
-@jobs.command("pause")
-@click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@click.option("--job", "job_name", metavar="NAME", help="Pause this job name only.")
-@queue_command
+@_queue_or_job_command("pause", "Pause")
 async def jobs_pause(
     target: QueueTarget,
     job_name: str | None,
@@ -44,10 +58,7 @@ async def jobs_pause(
     click.echo(f"paused {printable(_what(job_name, target.name))} (paused: {', '.join(paused)})")
 
 
-@jobs.command("resume")
-@click.argument("app_path", metavar="[MODULE:APP]", required=False)
-@click.option("--job", "job_name", metavar="NAME", help="Resume this job name only.")
-@queue_command
+@_queue_or_job_command("resume", "Resume")
 async def jobs_resume(
     target: QueueTarget,
     job_name: str | None,

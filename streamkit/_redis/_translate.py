@@ -32,7 +32,7 @@ from .._errors import (
     current_url,
 )
 from .._nurseries import leaves
-from .._refusals import refusal_in, refused
+from .._refusals import code_types, refusal_in, refused
 from .._urls import (
     credentials_refused,
     mask_url,
@@ -114,16 +114,7 @@ def _group_error(exc: coredis.exceptions.RedisError) -> BackendError | None:
 
 
 # coredis strips these codes from the message and says them by the exception's type.
-_REFUSAL_TYPES: tuple[tuple[type[BaseException], str], ...] = (
-    (coredis.exceptions.BusyLoadingError, "LOADING"),
-    (coredis.exceptions.ReadOnlyError, "READONLY"),
-    (coredis.exceptions.TryAgainError, "TRYAGAIN"),
-    (coredis.exceptions.ClusterDownError, "CLUSTERDOWN"),
-    (coredis.exceptions.UnblockedError, "UNBLOCKED"),
-    # MovedError is an AskError: MOVED first.
-    (coredis.exceptions.MovedError, "MOVED"),
-    (coredis.exceptions.AskError, "ASK"),
-)
+_REFUSAL_TYPES = code_types(coredis.exceptions)
 
 # coredis prefixes an error of a pipeline's command with the command.
 _PIPELINE_PREFIX = re.compile(r"^Command # \d+ \(.*?\) of pipeline caused error: ", re.DOTALL)

@@ -51,75 +51,78 @@ class MetricSpec:
 P = ("processor",)
 PP = ("processor", "partition")
 
-#: Every metric a worker exports. The docs (observability page) describe each one.
-METRICS: tuple[MetricSpec, ...] = (
+# Every metric a worker exports, a row each: name, kind, labels, help.
+_ROWS: tuple[tuple[str, Kind, tuple[str, ...], str], ...] = (
     # -- events
-    MetricSpec("streamkit_events_processed_total", "counter", PP,
-               "Events acknowledged in Redis after the processor moved past them "
-               "(dead-lettered and ignored ones included)."),
-    MetricSpec("streamkit_events_failed_total", "counter", PP,
-               "Events in flight when the processor raised (each failed attempt, retries "
-               "included)."),
-    MetricSpec("streamkit_dead_letters_total", "counter", (*PP, "reason"),
-               "Events written to the processor's dead-letter stream, by reason."),
-    MetricSpec("streamkit_event_duration_seconds", "histogram", P,
-               "Processing time per event of records() and raw(), timed per fetched batch."),
-    MetricSpec("streamkit_batch_duration_seconds", "histogram", P,
-               "Processing time per batch of take()."),
-    MetricSpec("streamkit_end_to_end_latency_seconds", "histogram", P,
-               "From the time in an event's entry id (when Redis added it) to the "
-               "processor moving past it."),
-    MetricSpec("streamkit_fetch_duration_seconds", "histogram", P,
-               "Round trip of each fenced read of a partition (XREADGROUP and the "
-               "acknowledgements riding with it)."),
+    ("streamkit_events_processed_total", "counter", PP,
+     ("Events acknowledged in Redis after the processor moved past them "
+      "(dead-lettered and ignored ones included).")),
+    ("streamkit_events_failed_total", "counter", PP,
+     ("Events in flight when the processor raised (each failed attempt, retries "
+      "included).")),
+    ("streamkit_dead_letters_total", "counter", (*PP, "reason"),
+     "Events written to the processor's dead-letter stream, by reason."),
+    ("streamkit_event_duration_seconds", "histogram", P,
+     "Processing time per event of records() and raw(), timed per fetched batch."),
+    ("streamkit_batch_duration_seconds", "histogram", P,
+     "Processing time per batch of take()."),
+    ("streamkit_end_to_end_latency_seconds", "histogram", P,
+     ("From the time in an event's entry id (when Redis added it) to the "
+      "processor moving past it.")),
+    ("streamkit_fetch_duration_seconds", "histogram", P,
+     ("Round trip of each fenced read of a partition (XREADGROUP and the "
+      "acknowledgements riding with it).")),
     # -- partitions
-    MetricSpec("streamkit_partition_lag", "gauge", PP,
-               "Entries of an owned partition not yet delivered to the processor."),
-    MetricSpec("streamkit_partition_pending", "gauge", PP,
-               "Entries of an owned partition delivered and not yet acknowledged."),
-    MetricSpec("streamkit_partitions_owned", "gauge", P,
-               "Partitions this worker processes now."),
-    MetricSpec("streamkit_partitions_halted", "gauge", P,
-               "Owned partitions halted by the exception policy, waiting for `streamkit resume`."),
-    MetricSpec("streamkit_dead_letter_stream_length", "gauge", P,
-               "Dead letters waiting in the processor's dead-letter stream."),
-    MetricSpec("streamkit_group_members", "gauge", P,
-               "Members of the processor's group (workers running it), as this worker knows."),
+    ("streamkit_partition_lag", "gauge", PP,
+     "Entries of an owned partition not yet delivered to the processor."),
+    ("streamkit_partition_pending", "gauge", PP,
+     "Entries of an owned partition delivered and not yet acknowledged."),
+    ("streamkit_partitions_owned", "gauge", P,
+     "Partitions this worker processes now."),
+    ("streamkit_partitions_halted", "gauge", P,
+     "Owned partitions halted by the exception policy, waiting for `streamkit resume`."),
+    ("streamkit_dead_letter_stream_length", "gauge", P,
+     "Dead letters waiting in the processor's dead-letter stream."),
+    ("streamkit_group_members", "gauge", P,
+     "Members of the processor's group (workers running it), as this worker knows."),
     # -- rebalancing and fencing
-    MetricSpec("streamkit_rebalance_duration_seconds", "summary", P,
-               "Rebalances of this worker (assignment changes) and how long each took "
-               "until every assigned partition ran."),
-    MetricSpec("streamkit_rebalance_in_progress", "gauge", P,
-               "1 while a rebalance of this worker is under way."),
-    MetricSpec("streamkit_lease_losses_total", "counter", P,
-               "Partition leases lost while processing (expired or taken over)."),
-    MetricSpec("streamkit_fenced_out_total", "counter", P,
-               "Fenced reads and acknowledgements refused: the lease was no longer this worker's."),
+    ("streamkit_rebalance_duration_seconds", "summary", P,
+     ("Rebalances of this worker (assignment changes) and how long each took "
+      "until every assigned partition ran.")),
+    ("streamkit_rebalance_in_progress", "gauge", P,
+     "1 while a rebalance of this worker is under way."),
+    ("streamkit_lease_losses_total", "counter", P,
+     "Partition leases lost while processing (expired or taken over)."),
+    ("streamkit_fenced_out_total", "counter", P,
+     "Fenced reads and acknowledgements refused: the lease was no longer this worker's."),
     # -- redis
-    MetricSpec("streamkit_redis_connections", "gauge", ("pool",),
-               "Open connections to Redis, shared (multiplexed) or dedicated (blocking commands)."),
-    MetricSpec("streamkit_redis_connections_lost_total", "counter", (),
-               "Connections to Redis lost unexpectedly."),
-    MetricSpec("streamkit_redis_reconnects_total", "counter", (),
-               "Connections to Redis opened again after one was lost."),
+    ("streamkit_redis_connections", "gauge", ("pool",),
+     "Open connections to Redis, shared (multiplexed) or dedicated (blocking commands)."),
+    ("streamkit_redis_connections_lost_total", "counter", (),
+     "Connections to Redis lost unexpectedly."),
+    ("streamkit_redis_reconnects_total", "counter", (),
+     "Connections to Redis opened again after one was lost."),
     # -- jobs
-    MetricSpec("streamkit_jobs_queued", "gauge", ("queue", "priority"),
-               "Jobs ready to run, not running, by priority (the whole queue)."),
-    MetricSpec("streamkit_jobs_scheduled", "gauge", ("queue",),
-               "Jobs waiting for their time (the whole queue)."),
-    MetricSpec("streamkit_jobs_running", "gauge", ("queue",),
-               "Jobs running now, on any worker."),
-    MetricSpec("streamkit_jobs_retrying", "gauge", ("queue",),
-               "Jobs whose last try failed, waiting for their next try."),
-    MetricSpec("streamkit_jobs_dead", "gauge", ("queue",),
-               "Jobs in the dead-letter queue."),
-    MetricSpec("streamkit_jobs_in_progress", "gauge", ("queue",),
-               "Jobs this worker has claimed and not finished."),
-    MetricSpec("streamkit_jobs_finished_total", "counter", ("queue", "job", "outcome"),
-               "Tries this worker ended, by outcome: succeeded, retried, dead, aborted."),
-    MetricSpec("streamkit_job_duration_seconds", "histogram", ("queue", "job"),
-               "Duration of the tries this worker ran."),
+    ("streamkit_jobs_queued", "gauge", ("queue", "priority"),
+     "Jobs ready to run, not running, by priority (the whole queue)."),
+    ("streamkit_jobs_scheduled", "gauge", ("queue",),
+     "Jobs waiting for their time (the whole queue)."),
+    ("streamkit_jobs_running", "gauge", ("queue",),
+     "Jobs running now, on any worker."),
+    ("streamkit_jobs_retrying", "gauge", ("queue",),
+     "Jobs whose last try failed, waiting for their next try."),
+    ("streamkit_jobs_dead", "gauge", ("queue",),
+     "Jobs in the dead-letter queue."),
+    ("streamkit_jobs_in_progress", "gauge", ("queue",),
+     "Jobs this worker has claimed and not finished."),
+    ("streamkit_jobs_finished_total", "counter", ("queue", "job", "outcome"),
+     "Tries this worker ended, by outcome: succeeded, retried, dead, aborted."),
+    ("streamkit_job_duration_seconds", "histogram", ("queue", "job"),
+     "Duration of the tries this worker ran."),
 )  # fmt: skip
+
+#: Every metric a worker exports. The docs (observability page) describe each one.
+METRICS: tuple[MetricSpec, ...] = tuple(MetricSpec(*row) for row in _ROWS)
 
 _SPECS = {spec.name: spec for spec in METRICS}
 
