@@ -29,7 +29,7 @@ import attrs
 import cattrs
 import orjson
 
-from ._codec_fast import entry_encoder, flat_builder, payload_decoder
+from ._codec_fast import entry_encoder, flat_builder, payload_decoder, payloads_encoder
 from ._compression import (
     COMPRESSIONS,
     Compression,
@@ -65,6 +65,11 @@ _DATA_FIELD_NAMES = (
 
 # ---------------------------------------------------------------------------------------
 # Primitive mode: one stream field per record field, in a canonical text form.
+
+
+def _no_payloads(values: Sequence[Any]) -> list[bytes | None]:
+    """A codec with no fast path: every record goes to its entry encoder."""
+    return [None] * len(values)
 
 
 def _encode_bool(value: bool) -> bytes:
@@ -428,6 +433,31 @@ class Codec(Generic[R]):
         limit = min(self.max_decoded_size, self.max_record_size - len(data_field))
         fast = entry_encoder(record, data_field, limit, encode_entry)
         return encode_entry if fast is None else fast
+
+    def payloads_encoder(self) -> tuple[Callable[[Sequence[R]], list[bytes | None]], bytes, int]:
+        """A function encoding many records at once as the entry encoder's fast path
+        does, with the entry's field name and the largest payload it may carry:
+        ``(encode_payloads, data_field, limit)``.
+
+        ``encode_payloads(records)`` gives each record's JSON payload, or ``None``
+        where the entry encoder must encode it (anything unusual, or a codec with no
+        fast path: then every one is ``None``). A payload over ``limit`` bytes also
+        goes to the entry encoder, which raises its error.
+        """
+        made = self._generated.get("payloads encoder")
+        if made is None:
+            made = self._generated["payloads encoder"] = self._payloads_encoder()
+        return cast("tuple[Callable[[Sequence[R]], list[bytes | None]], bytes, int]", made)
+
+    def _payloads_encoder(self) -> tuple[Callable[[Sequence[R]], list[bytes | None]], bytes, int]:
+        data_field = _DATA_FIELDS[None]
+        fast = None
+        if self.compression is None and not is_primitive(self.record):
+            fast = payloads_encoder(self.record)
+        if fast is None:
+            return _no_payloads, data_field, -1
+        limit = min(self.max_decoded_size, self.max_record_size - len(data_field))
+        return fast, data_field, limit
 
     def from_dict(self, data: Mapping[str, Any]) -> R:
         """Build a record from a JSON-like mapping (as parsed from JSON text).

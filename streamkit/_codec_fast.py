@@ -22,7 +22,7 @@ import orjson
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["entry_encoder", "flat_builder", "flat_fields", "payload_decoder"]
+__all__ = ["entry_encoder", "flat_builder", "flat_fields", "payload_decoder", "payloads_encoder"]
 
 # The JSON types a flat record's fields may have, and the check each needs: exactly the
 # checks of the converter's _structure_* hooks (bools are not ints; ints are floats).
@@ -162,6 +162,51 @@ def payload_decoder(
         source, f"payload decoder {record.__qualname__}", "decode_payloads", namespace
     )
     return decode
+
+
+def payloads_encoder(record: type[Any]) -> Callable[[Sequence[Any]], list[bytes | None]] | None:
+    """An encoder of many flat records at once, each to the JSON payload
+    :func:`entry_encoder` would write, or ``None`` for any other record.
+
+    One list comprehension, no call per record: a producer encoding thousands of
+    records saves a call and a tuple on each. A record it does not encode as the
+    entry encoder's fast path would (another type, a float that is not finite) is
+    ``None`` in the result, and so is every record of a batch where encoding raised:
+    the caller hands those to the entry encoder, which gives its result or raises its
+    error. Payload size limits are the caller's.
+    """
+    fields = flat_fields(record)
+    if fields is None:
+        return None
+    names = {f.name: f"x{i}" for i, f in enumerate(fields)}
+    # A float field is read once, by an assignment expression in the check, and that
+    # name is what the payload holds: a property-like value is read exactly once, as
+    # the entry encoder reads it.
+    checks = " and ".join(
+        [
+            f"((type({names[f.name]} := value.{f.name}) is float and isfinite({names[f.name]}))"
+            f" or type({names[f.name]}) is int)"
+            for f in fields
+            if f.type is float
+        ]
+        or ["True"]
+    )
+    items = ", ".join(
+        f"{f.name!r}: {names[f.name] if f.type is float else 'value.' + f.name}" for f in fields
+    )
+    source = (
+        "def encode_payloads(values):\n"
+        "    try:\n"
+        f"        return [dumps({{{items}}}) if type(value) is record and {checks} else None"
+        " for value in values]\n"
+        "    except Exception:\n"
+        "        return [None] * len(values)\n"
+    )
+    namespace = {"record": record, "dumps": orjson.dumps, "isfinite": math.isfinite}
+    encode: Callable[[Sequence[Any]], list[bytes | None]] = _compiled(
+        source, f"payloads encoder {record.__qualname__}", "encode_payloads", namespace
+    )
+    return encode
 
 
 def entry_encoder(

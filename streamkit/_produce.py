@@ -41,7 +41,7 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from ._spec import StreamSpec
 
@@ -151,9 +151,10 @@ class Window:
 
     def landed(self, partition: int, start: int, ids: Sequence[str]) -> None:
         """Records ``start``, ``start + 1``, ... of ``partition`` were appended as ``ids``."""
-        where = self.positions[partition]
-        for offset, entry_id in enumerate(ids):
-            self.ids[where[start + offset]] = entry_id
+        out = self.ids
+        where = self.positions[partition][start : start + len(ids)]
+        for position, entry_id in zip(where, ids, strict=True):
+            out[position] = entry_id
 
 
 def encode_window(
@@ -192,26 +193,59 @@ def encode_into(
         As :func:`encode_window`.
     """
     encode_entry = spec.codec.entry_encoder()
-    positions = window.positions
-    flats = window.flat
-    ends = window.ends
-    sizes = window.sizes
-    partitions = spec.partitioner.partitions_of(records[start:end])
-    for position, partition in enumerate(partitions, start):
-        record = records[position]
-        entry, size = encode_entry(record)
+    encode_payloads, data_field, limit = spec.codec.payloads_encoder()
+    field_size = len(data_field)
+    chunk = records[start:end]
+    partitions = spec.partitioner.partitions_of(chunk)
+    # Most records are encoded by one comprehension, the rest one by one.
+    payloads = encode_payloads(chunk)
+    # Per partition: its flat arguments and the appends of its four lists.
+    slots: dict[int, _Slot] = {}
+    position = start
+    for partition, payload in zip(partitions, payloads, strict=True):
+        if payload is not None and len(payload) <= limit:
+            entry: Sequence[bytes | int] = (1, data_field, payload)
+            size = field_size + len(payload)
+        else:
+            entry, size = encode_entry(records[position])
         if size > server_limit:
-            _check_server_limit(spec, spec.codec.encode(record), server_limit)
-        flat = flats.get(partition)
-        if flat is None:
-            flat = flats[partition] = []
-            positions[partition] = []
-            ends[partition] = []
-            sizes[partition] = []
-        flat.extend(entry)
-        ends[partition].append(len(flat))
-        positions[partition].append(position)
-        sizes[partition].append(size)
+            _check_server_limit(spec, spec.codec.encode(records[position]), server_limit)
+        slot = slots.get(partition)
+        if slot is None:
+            slot = slots[partition] = _slot(window, partition)
+        flat, extend, end_at, at, sized = slot
+        extend(entry)
+        end_at(len(flat))
+        at(position)
+        sized(size)
+        position += 1
+
+
+#: A partition's place in a window being encoded: its flat arguments, and the appends
+#: of its flat arguments, ends, positions and sizes.
+_Slot = tuple[
+    list[bytes | int],
+    "Callable[[Iterable[bytes | int]], None]",
+    "Callable[[int], None]",
+    "Callable[[int], None]",
+    "Callable[[int], None]",
+]
+
+
+def _slot(window: Window, partition: int) -> _Slot:
+    flat = window.flat.get(partition)
+    if flat is None:
+        flat = window.flat[partition] = []
+        window.positions[partition] = []
+        window.ends[partition] = []
+        window.sizes[partition] = []
+    return (
+        flat,
+        flat.extend,
+        window.ends[partition].append,
+        window.positions[partition].append,
+        window.sizes[partition].append,
+    )
 
 
 def _check_server_limit(spec: StreamSpec[Any], fields: dict[bytes, bytes], limit: int) -> None:
@@ -454,5 +488,5 @@ def append_reply(reply: Any) -> tuple[list[str], int, bool]:
     the call was applied before, by an attempt whose reply was lost)."""
     ids = reply[0]
     if ids and type(ids[0]) is bytes:
-        return [i.decode() for i in ids], int(reply[1]), bool(reply[2])
+        return list(map(bytes.decode, ids)), int(reply[1]), bool(reply[2])
     return [text(i) for i in ids], int(reply[1]), bool(reply[2])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from streamkit import DecodeError, Record, codec_for
+from streamkit import App, DecodeError, Record, codec_for
+from streamkit._produce import Window, encode_window
 
 
 class Flat(Record):
@@ -198,3 +200,33 @@ def test_an_entry_encodes_as_encode_says(name: Any, count: Any, price: Any, ok: 
         assert (list(got[0]), got[1]) == want
     else:
         assert got == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(FIELD_VALUES, FIELD_VALUES, FIELD_VALUES, FIELD_VALUES), max_size=6))
+def test_a_window_of_records_encodes_as_each_one_does(fields: list[tuple[Any, ...]]) -> None:
+    """A producer's window (the batch payload encoder, the entry encoder for what it
+    leaves) gives each record exactly its own entry, and refuses the first record that
+    encode() refuses, with encode()'s error."""
+    stream = App("flat").stream("flat", record=Flat, partition_by="name", partition_count=3)
+    codec = stream.spec.codec
+    records = [Flat(name=str(n), count=c, price=p, ok=o) for n, c, p, o in fields]
+    refused = [encoded(r, codec.encode) for r in records]
+    refused = [error for error in refused if isinstance(error, tuple)]
+    window = encoded(records, functools.partial(encode_window, stream.spec))
+    if refused:
+        assert window == refused[0]
+        return
+    assert isinstance(window, Window)
+    entry = codec.entry_encoder()
+    for partition, positions in window.positions.items():
+        for index, position in enumerate(positions):
+            want, size = entry(records[position])
+            assert window.arguments(partition, index, index + 1) == list(want)
+            assert window.sizes[partition][index] == size
+
+
+def test_the_window_encoder_is_made_once_per_codec() -> None:
+    codec = codec_for(Flat)
+    assert codec.payloads_encoder() is codec.payloads_encoder()
+    assert codec_for(dict).payloads_encoder()[2] == -1  # no fast path: every one by one
