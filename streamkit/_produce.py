@@ -23,7 +23,7 @@ import os
 import threading
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
@@ -116,17 +116,20 @@ class Window:
     """A window of records, encoded and grouped by partition, and the ids they got.
 
     Attributes:
+        data_field: the field name of a record encoded as its one payload.
         positions: per partition, the positions of its records in the window, in order.
-        flat: per partition, its records' script arguments (each: field count, then
-            field names and values), laid end to end in the same order.
-        ends: per partition, where each record's arguments end in ``flat``.
+        items: per partition, its records encoded, in the same order: a record of one
+            field named ``data_field`` as its value alone, any other as its entry (field
+            count, then field names and values).
+        mixed: the partitions some record of which is not a value alone.
         sizes: per partition, each record's size in bytes (names and values).
         ids: the entry id of each record of the window, once appended ("" before).
     """
 
+    data_field: bytes = b""
     positions: dict[int, list[int]] = attrs.field(factory=dict)
-    flat: dict[int, list[bytes | int]] = attrs.field(factory=dict)
-    ends: dict[int, list[int]] = attrs.field(factory=dict)
+    items: dict[int, list[bytes | Sequence[bytes | int]]] = attrs.field(factory=dict)
+    mixed: set[int] = attrs.field(factory=set)
     sizes: dict[int, list[int]] = attrs.field(factory=dict)
     ids: list[str] = attrs.field(factory=list)
 
@@ -145,9 +148,28 @@ class Window:
         return list(chunk_bounds(self.sizes[partition], chunk_size, DEFAULT_SEND_CHUNK_BYTES))
 
     def arguments(self, partition: int, start: int, end: int) -> list[bytes | int]:
-        """The flat entry arguments of records ``start:end`` of ``partition``."""
-        ends = self.ends[partition]
-        return self.flat[partition][ends[start - 1] if start else 0 : ends[end - 1]]
+        """The append script's entry arguments of records ``start:end`` of ``partition``.
+
+        Consecutive records of one value each go as a run (minus their number, the
+        field name once, then the values): a third of the arguments a record would take
+        as an entry of its own, and packing a script call costs per argument.
+        """
+        items = self.items[partition][start:end]
+        if partition not in self.mixed:  # values alone, all of them
+            return [-len(items), self.data_field, *cast("list[bytes]", items)]
+        flat: list[bytes | int] = []
+        run: list[bytes] = []
+        for item in items:
+            if type(item) is bytes:
+                run.append(item)
+                continue
+            if run:
+                flat += (-len(run), self.data_field, *run)
+                run = []
+            flat += item
+        if run:
+            flat += (-len(run), self.data_field, *run)
+        return flat
 
     def landed(self, partition: int, start: int, ids: Sequence[str]) -> None:
         """Records ``start``, ``start + 1``, ... of ``partition`` were appended as ``ids``."""
@@ -173,7 +195,7 @@ def encode_window(
         than ``max_record_size`` or has a field longer than the server accepts, and the
         partitioner's errors for a bad key: raised before anything is sent.
     """
-    window = Window(ids=[""] * len(records))
+    window = Window(spec.codec.payloads_encoder()[1], ids=[""] * len(records))
     encode_into(window, spec, records, 0, len(records), server_limit)
     return window
 
@@ -199,53 +221,44 @@ def encode_into(
     partitions = spec.partitioner.partitions_of(chunk)
     # Most records are encoded by one comprehension, the rest one by one.
     payloads = encode_payloads(chunk)
-    # Per partition: its flat arguments and the appends of its four lists.
+    # Per partition: the appends of its items, positions and sizes.
     slots: dict[int, _Slot] = {}
     position = start
     for partition, payload in zip(partitions, payloads, strict=True):
-        if payload is not None and len(payload) <= limit:
-            entry: Sequence[bytes | int] = (1, data_field, payload)
-            size = field_size + len(payload)
-        else:
-            entry, size = encode_entry(records[position])
-        if size > server_limit:
-            _check_server_limit(spec, spec.codec.encode(records[position]), server_limit)
         slot = slots.get(partition)
         if slot is None:
             slot = slots[partition] = _slot(window, partition)
-        flat, extend, end_at, at, sized = slot
-        extend(entry)
-        end_at(len(flat))
+        add, at, sized = slot
+        if payload and len(payload) <= limit:
+            item: bytes | Sequence[bytes | int] = payload
+            size = field_size + len(payload)
+        else:
+            item, size = encode_entry(records[position])
+            window.mixed.add(partition)
+        if size > server_limit:
+            _check_server_limit(spec, spec.codec.encode(records[position]), server_limit)
+        add(item)
         at(position)
         sized(size)
         position += 1
 
 
-#: A partition's place in a window being encoded: its flat arguments, and the appends
-#: of its flat arguments, ends, positions and sizes.
+#: A partition's place in a window being encoded: the appends of its items, positions
+#: and sizes.
 _Slot = tuple[
-    list[bytes | int],
-    "Callable[[Iterable[bytes | int]], None]",
-    "Callable[[int], None]",
+    "Callable[[bytes | Sequence[bytes | int]], None]",
     "Callable[[int], None]",
     "Callable[[int], None]",
 ]
 
 
 def _slot(window: Window, partition: int) -> _Slot:
-    flat = window.flat.get(partition)
-    if flat is None:
-        flat = window.flat[partition] = []
+    items = window.items.get(partition)
+    if items is None:
+        items = window.items[partition] = []
         window.positions[partition] = []
-        window.ends[partition] = []
         window.sizes[partition] = []
-    return (
-        flat,
-        flat.extend,
-        window.ends[partition].append,
-        window.positions[partition].append,
-        window.sizes[partition].append,
-    )
+    return items.append, window.positions[partition].append, window.sizes[partition].append
 
 
 def _check_server_limit(spec: StreamSpec[Any], fields: dict[bytes, bytes], limit: int) -> None:
@@ -458,7 +471,7 @@ class AppendCall:
             key: the partition's stream key.
             keep: the partition size trimming keeps (``partition_size``).
             cap: the hard cap, ``max_len`` (0 for none).
-            entries: per entry, its field count then names and values, flat.
+            entries: the entries, flat (see :meth:`Window.arguments`).
         """
         done = markers.take(key)
         marker = marker_key(key, new_marker_token())

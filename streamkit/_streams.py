@@ -356,7 +356,7 @@ class Stream(Generic[R]):
 
     async def _encode(self, records: Sequence[R], server_limit: int) -> Window:
         """:func:`encode_window` a slice at a time, letting the sends go on between."""
-        window = Window(ids=[""] * len(records))
+        window = Window(self.spec.codec.payloads_encoder()[1], ids=[""] * len(records))
         for start in range(0, len(records), ENCODE_SLICE):
             end = min(start + ENCODE_SLICE, len(records))
             encode_into(window, self.spec, records, start, end, server_limit)

@@ -286,7 +286,8 @@ end
 """.replace("STEP", str(TRIM_PROCESSED_STEP))
 
 # Appends the entries given in ARGV from index `first` on (each: field count, then
-# names and values) to the stream `key`, then trims it: never below the oldest entry
+# names and values; or a run of single-field entries: minus their number, the field's
+# name, then each one's value) to the stream `key`, then trims it: never below the oldest entry
 # a consumer group still needs, unless the hard cap `cap` (0 = none) says otherwise.
 # Leaves the new ids in `ids` and the number of unprocessed entries the cap dropped in
 # `dropped`. Shared by the producer and the Spark writer, so both append exactly alike.
@@ -297,8 +298,17 @@ local ids = {}
 local i = first
 while i <= #ARGV do
   local count = tonumber(ARGV[i])
-  ids[#ids + 1] = redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
-  i = i + 1 + 2 * count
+  if count > 0 then
+    ids[#ids + 1] = redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
+    i = i + 1 + 2 * count
+  else
+    -- A run: -count entries of one field, its name once, then each one's value.
+    local field = ARGV[i + 1]
+    for j = i + 2, i + 1 - count do
+      ids[#ids + 1] = redis.call('XADD', key, '*', field, ARGV[j])
+    end
+    i = i + 2 - count
+  end
 end
 
 local dropped = 0

@@ -222,11 +222,47 @@ def test_a_window_of_records_encodes_as_each_one_does(fields: list[tuple[Any, ..
     for partition, positions in window.positions.items():
         for index, position in enumerate(positions):
             want, size = entry(records[position])
-            assert window.arguments(partition, index, index + 1) == list(want)
+            assert entries_of(window.arguments(partition, index, index + 1)) == [list(want)]
             assert window.sizes[partition][index] == size
+        # A partition's records in one call are its records' entries, in order.
+        whole = window.arguments(partition, 0, len(positions))
+        assert entries_of(whole) == [list(entry(records[p])[0]) for p in positions]
+
+
+def entries_of(arguments: list[bytes | int]) -> list[list[bytes | int]]:
+    """The entries the append script makes of ``arguments``, as field count, then
+    field names and values (as the script reads them: see APPEND_AND_TRIM_LUA)."""
+    entries, i = [], 0
+    while i < len(arguments):
+        count = int(arguments[i])
+        if count > 0:
+            entries.append([count, *arguments[i + 1 : i + 1 + 2 * count]])
+            i += 1 + 2 * count
+        else:
+            field = arguments[i + 1]
+            entries += [[1, field, value] for value in arguments[i + 2 : i + 2 - count]]
+            i += 2 - count
+    return entries
 
 
 def test_the_window_encoder_is_made_once_per_codec() -> None:
     codec = codec_for(Flat)
     assert codec.payloads_encoder() is codec.payloads_encoder()
     assert codec_for(dict).payloads_encoder()[2] == -1  # no fast path: every one by one
+
+
+def test_a_partition_mixing_plain_records_and_others_keeps_their_order() -> None:
+    """Records the batch encoder leaves (here a bool where a float is declared, which
+    the converter writes as is) go as entries of their own between the runs of the
+    others, each record where it was."""
+    stream = App("flat").stream("flat", record=Flat, partition_by="name", partition_count=1)
+    records = [
+        Flat(name="a", count=i, price=True if i in (0, 3, 4, 7) else 0.5, ok=True) for i in range(8)
+    ]
+    window = encode_window(stream.spec, records)
+    assert window.mixed == {0}
+    entry = stream.spec.codec.entry_encoder()
+    arguments = window.arguments(0, 0, 8)
+    assert entries_of(arguments) == [list(entry(r)[0]) for r in records]
+    assert arguments.count(b"data") == 6  # entries 0, 3, 4, 7; runs 1-2 and 5-6
+    assert entries_of(window.arguments(0, 2, 6)) == [list(entry(r)[0]) for r in records[2:6]]
