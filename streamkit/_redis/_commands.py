@@ -35,10 +35,10 @@ class LuaScript:
     it on that node and sends the call once more: safe, since a refused ``EVALSHA``
     ran nothing.
 
-    A *hot* script, one run for every batch of events (the fenced read and
-    acknowledgement, the producer's append), runs on the client's hot connections,
-    packed and parsed by hiredis (see :mod:`._hot`), with the same guarantees and
-    errors.
+    A *hot* script, one run for every batch of events or jobs (the fenced read and
+    acknowledgement, the producer's append, the job claim, finish and enqueue), runs
+    on the client's hot connections, packed and parsed by hiredis (see :mod:`._hot`),
+    with the same guarantees and errors.
 
     Attributes:
         source: the script's Lua source.

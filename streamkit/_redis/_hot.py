@@ -1,11 +1,11 @@
-"""The hot path: the scripts run for every batch of events, packed and parsed by hiredis.
+"""The hot path: the scripts run per batch of events or jobs, packed and parsed by hiredis.
 
 A consumed event costs its share of a fenced read script call, which also carries the
 acknowledgement of the event before it; a sent record its share of an append script
-call. Through coredis, packing such a call (its packer copies the command's buffer again
-for every argument) and parsing its reply (its parser builds a node object for every
-array, and a read's reply holds two per entry) cost more per event than everything
-else a worker does. The scripts marked ``hot`` (:class:`~._commands.LuaScript`) run on
+call; a job its share of a claim and a finish script call. Through coredis, packing
+such a call (its packer copies the command's buffer again for every argument) and
+parsing its reply (its parser builds a node object for every array, and a read's reply
+holds two per entry) cost more per event than everything else a worker does. The scripts marked ``hot`` (:class:`~._commands.LuaScript`) run on
 connections of their own, *hot* connections, from a third pool of the client:
 
 * a hot connection is a coredis connection in every other respect: connecting, TLS,

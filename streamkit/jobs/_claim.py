@@ -39,7 +39,7 @@ __all__ = ["RECLAIM_INTERVAL", "Claimed", "Claimer", "hand_back", "new_consumer"
 
 log = logging.getLogger("streamkit.jobs")
 
-_CLAIM = LuaScript(_scripts.CLAIM_LUA)
+_CLAIM = LuaScript(_scripts.CLAIM_LUA, hot=True)
 _RECOVER = LuaScript(_scripts.RECOVER_LUA)
 
 #: How often an idle worker looks for jobs of dead workers (seconds): a job whose

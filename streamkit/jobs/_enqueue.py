@@ -28,7 +28,7 @@ __all__ = ["send_plan", "send_workflow"]
 #: Enqueue script calls in flight at once: the server runs one while the next arrives.
 CALLS_IN_FLIGHT = 4
 
-_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA)
+_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA, hot=True)
 _LINK = LuaScript(_scripts.LINK_LUA)
 
 

@@ -38,7 +38,7 @@ __all__ = ["UNKNOWN_JOB", "Outbox", "Settler", "renew_leases", "settle_all"]
 
 log = logging.getLogger("streamkit.jobs")
 
-_FINISH = LuaScript(_scripts.FINISH_LUA)
+_FINISH = LuaScript(_scripts.FINISH_LUA, hot=True)
 _RENEW = LuaScript(_scripts.RENEW_LUA)
 _SETTLE = LuaScript(_scripts.SETTLE_LUA)
 _DELIVER = LuaScript(_scripts.DELIVER_LUA)
