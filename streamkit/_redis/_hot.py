@@ -5,8 +5,9 @@ acknowledgement of the event before it; a sent record its share of an append scr
 call; a job its share of a claim and a finish script call. Through coredis, packing
 such a call (its packer copies the command's buffer again for every argument) and
 parsing its reply (its parser builds a node object for every array, and a read's reply
-holds two per entry) cost more per event than everything else a worker does. The scripts marked ``hot`` (:class:`~._commands.LuaScript`) run on
-connections of their own, *hot* connections, from a third pool of the client:
+holds two per entry) cost more per event than everything else a worker does. The
+scripts marked ``hot`` (:class:`~._commands.LuaScript`) run on connections of their
+own, *hot* connections, from a third pool of the client:
 
 * a hot connection is a coredis connection in every other respect: connecting, TLS,
   authentication, the handshake, the pool and its slot accounting (:mod:`._pool`),
