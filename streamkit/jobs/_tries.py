@@ -100,10 +100,10 @@ class Tries:
     async def wait_free(self) -> None:
         """Wait until a slot is free."""
         if self.free.value <= 0:
+            # Woken the moment after tries end: the slots of all that ended together
+            # are free by then, and the claim goes out before their outcomes are
+            # recorded (see Outbox.finisher), so Redis runs it first.
             await self.free.wait_value(lambda free: free > 0)
-            # Let the other tries that end in this same moment free their slots too,
-            # so that one claim fetches them all.
-            await trio.lowlevel.checkpoint()
 
     async def wait_all_free(self) -> None:
         """Wait until every claimed job's try has ended."""
