@@ -531,6 +531,38 @@ async def test_sigterm_stops_every_worker_and_exits_0(
     assert await member_pids(redis) == set()  # they left their group
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (exited, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+async def test_workers_of_a_killed_supervisor_stop_gracefully(
+    redis_url: str, redis: Redis, tmp_path: Path, supervisors: list[WorkerProcess]
+) -> None:
+    """A supervisor killed with no chance to pass a signal on (kill -9, the OOM
+    killer) leaves no worker running: each stops gracefully, leaving its group."""
+    supervisor = start_supervisor(redis_url, tmp_path, supervisors, processes=2)
+    pids = await wait_started(supervisor, 2)
+    await wait_member_pids(redis, set(pids.values()))
+
+    supervisor.kill()
+    await supervisor.wait_exit()
+    await wait_until(
+        lambda: all(gone(pid) for pid in pids.values()),
+        what=f"the workers {sorted(pids.values())} to end\n{supervisor.log()}",
+        within=15,
+    )
+    log = supervisor.log()
+    assert log.count(f"the supervisor (pid {supervisor.pid}) is gone") == 2, log
+    assert log.count("SIGTERM: stopping gracefully") == 2, log
+    assert "Traceback" not in log
+    assert await member_pids(redis) == set()  # they left their group
+
+
 async def test_ctrl_c_reaches_each_worker_once(
     redis_url: str, redis: Redis, tmp_path: Path, supervisors: list[WorkerProcess]
 ) -> None:

@@ -21,7 +21,12 @@ from ._exits import BadInput, fail
 from ._loading import load_app, with_stream_path
 from ._logging import configure_logging, logging_options
 from ._options import redis_url_option
-from ._supervisor import WORKER_INDEX_VARIABLE, check_member_ids, run_supervisor
+from ._supervisor import (
+    WORKER_INDEX_VARIABLE,
+    check_member_ids,
+    run_supervisor,
+    watch_lifeline,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -124,7 +129,9 @@ async def worker(
     """
     configure_logging(log_level, log_format)
     if os.environ.get(WORKER_INDEX_VARIABLE) is not None:
-        # A worker process of `--processes N`: its supervisor's secret options.
+        # A worker process of `--processes N`: it stops if its supervisor dies, and
+        # takes its supervisor's secret options.
+        watch_lifeline(os.environ)
         redis_url = redis_url or os.environ.get(SECRET_OPTIONS["redis_url"])
         metrics_token = metrics_token or os.environ.get(SECRET_OPTIONS["metrics_token"])
     app = load_app(app_path, redis_url)

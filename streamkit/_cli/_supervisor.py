@@ -15,6 +15,11 @@ Signals: the first SIGINT / SIGTERM is passed on to every worker, which stops
 gracefully, and nothing is restarted any more; a later one is passed on as well, so
 the workers exit at once. The workers run in sessions of their own, so a Ctrl-C in a
 terminal reaches them once, through the supervisor, rather than twice.
+
+A supervisor that dies without passing a signal on (``kill -9``, the OOM killer)
+leaves no worker behind: each worker holds the read end of a pipe whose write end only
+the supervisor holds (its *lifeline*); the kernel closes it when the supervisor dies,
+and the worker then stops gracefully, as on SIGTERM (see :func:`watch_lifeline`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -47,6 +53,7 @@ __all__ = [
     "SupervisorExit",
     "check_member_ids",
     "run_supervisor",
+    "watch_lifeline",
     "worker_environment",
 ]
 
@@ -56,6 +63,8 @@ log = logging.getLogger("streamkit.supervisor")
 WORKER_INDEX_VARIABLE = "STREAMKIT_WORKER_INDEX"
 #: The variable of the member id setting, suffixed with the index for each worker.
 MEMBER_ID_VARIABLE = "STREAMKIT_MEMBER_ID"
+#: The variable that tells a worker process the descriptor of its lifeline.
+LIFELINE_VARIABLE = "STREAMKIT_SUPERVISOR_FD"
 
 #: A worker that dies within this many seconds of its start counts as failing at start.
 DEFAULT_START_WINDOW = 5.0
@@ -256,6 +265,8 @@ class Supervisor:
     _environ: Mapping[str, str]
     _start_window: float
     _backoff: Backoff
+    #: The read end of the lifeline, passed to every worker (-1: none).
+    _lifeline: int = -1
     _stopping: trio_util.AsyncBool = attrs.field(init=False, factory=trio_util.AsyncBool)
     # The signals passed on so far, in order: a worker started meanwhile gets them too.
     _signals: list[int] = attrs.field(init=False, factory=list)
@@ -419,10 +430,14 @@ class Supervisor:
         Error handling:
             ``OSError`` if the process cannot be started.
         """
+        env = worker_environment(slot.index, self._environ)
+        if self._lifeline >= 0:
+            env[LIFELINE_VARIABLE] = str(self._lifeline)
         process = await trio.lowlevel.open_process(
             self.command,
             stdin=subprocess.DEVNULL,
-            env=worker_environment(slot.index, self._environ),
+            env=env,
+            pass_fds=(self._lifeline,) if self._lifeline >= 0 else (),
             # Out of the terminal's process group: a Ctrl-C reaches the workers once,
             # through the supervisor, not a second time directly (which would stop
             # them at once rather than gracefully).
@@ -502,6 +517,8 @@ async def run_supervisor(
     if processes < 1:
         raise ConfigError("processes", f"must be at least 1, got {processes}")
     positive_number.check("start_window", start_window)
+    # The lifeline: its write end stays here, unwritten, until this process ends.
+    lifeline, keep = os.pipe()
     supervisor = Supervisor(
         tuple(command),
         [WorkerSlot(index) for index in range(processes)],
@@ -509,12 +526,17 @@ async def run_supervisor(
         os.environ if environ is None else environ,
         start_window,
         backoff,
+        lifeline,
     )
-    with _forward_signals(supervisor) if handle_signals else contextlib.nullcontext():
-        async with trio.open_nursery() as nursery:
-            for slot in supervisor.slots:
-                await nursery.start(supervisor._run_slot, slot)
-            task_status.started(supervisor)
+    try:
+        with _forward_signals(supervisor) if handle_signals else contextlib.nullcontext():
+            async with trio.open_nursery() as nursery:
+                for slot in supervisor.slots:
+                    await nursery.start(supervisor._run_slot, slot)
+                task_status.started(supervisor)
+    finally:
+        os.close(lifeline)
+        os.close(keep)
     outcome = supervisor.outcome()
     if outcome.code == 0:
         log.info("%s", outcome.reason)
@@ -536,3 +558,33 @@ def _forward_signals(supervisor: Supervisor) -> Iterator[None]:
 
     with signal_handlers(FORWARDED_SIGNALS, handle):
         yield
+
+
+def watch_lifeline(environ: Mapping[str, str]) -> None:
+    """In a worker process of a supervisor, stop gracefully when the supervisor dies.
+
+    A daemon thread waits for the end of the lifeline named by ``environ``
+    (:data:`LIFELINE_VARIABLE`) and then sends this process SIGTERM, which stops the
+    worker as a signal passed on by the supervisor would (or ends it at once while it
+    still starts). Nothing happens outside a supervisor.
+    """
+    text = environ.get(LIFELINE_VARIABLE)
+    if text is None or not text.isdigit():
+        return
+    fd = int(text)
+    threading.Thread(
+        target=_wait_for_the_end, args=(fd, os.getppid()), name="lifeline", daemon=True
+    ).start()
+
+
+def _wait_for_the_end(fd: int, supervisor: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass  # nothing is ever written; read on until the end
+    except OSError:
+        return  # not a pipe of ours: no lifeline
+    log.warning(
+        "the supervisor (pid %d) is gone: stopping this worker as if it had passed on SIGTERM",
+        supervisor,
+    )
+    os.kill(os.getpid(), signal.SIGTERM)
