@@ -85,6 +85,12 @@ async def test_a_halt_stops_one_partition_and_resume_continues_it(
         ]
         for worker in workers:
             assert worker.process.poll() is None, worker.log()
+        # The halt is written to Redis before it is logged: wait for the line.
+        await wait_until(
+            lambda: "streamkit resume" in "".join(w.log() for w in workers),
+            what="the halt's log line",
+            within=10,
+        )
         logs = "".join(w.log() for w in workers)
         # The processor's own traceback, file and line, once.
         assert logs.count("Traceback (most recent call last)") == 1, logs
