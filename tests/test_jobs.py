@@ -28,6 +28,7 @@ from streamkit.jobs import (
     JobNotFound,
     JobQueue,
     JobStatus,
+    Priority,
     ResultNotKept,
     open_job_queue,
     progress,
@@ -1131,8 +1132,8 @@ async def test_counts_and_streams_are_exact_when_one_call_claims_and_ends_many_j
             raise Bounce("first try")
         return n
 
-    prios = ("high", "normal", "low")
-    handles = [
+    prios: tuple[Priority, ...] = ("high", "normal", "low")
+    handles: list[JobHandle[Any]] = [
         *await ok.enqueue_many([JobCall(args=(n,), priority=prios[n % 3]) for n in range(40)]),
         *await boom.enqueue_many([JobCall(args=(n,), priority=prios[n % 3]) for n in range(20)]),
         *await flaky.enqueue_many([JobCall(args=(n,), priority=prios[n % 3]) for n in range(20)]),
