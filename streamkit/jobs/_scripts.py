@@ -175,6 +175,18 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- Whole numbers as text, each formatted once per call: Redis formats a number given
+-- to redis.call with printf, and so does Lua one joined to a string; the hot path
+-- passes the same few numbers (now, a try's number) for every job.
+local NUMS = {}
+local function num(n)
+  local s = NUMS[n]
+  if not s then
+    s = string.format('%d', n)
+    NUMS[n] = s
+  end
+  return s
+end
 local function jkey(id) return B .. ':job:' .. id end
 
 -- The counters (COUNTS, a field per status|name). A script that moves many jobs sets
@@ -325,8 +337,8 @@ local function limits_take(id, tries, name, lim, lk, up, now)
   for _, c in ipairs(concs) do redis.call('SADD', B .. ':cc:' .. c[1], id) end
   for _, r in ipairs(rates) do
     local rk = B .. ':rl:' .. r[1]
-    redis.call('ZADD', rk, now, id .. ':' .. tries .. ':' .. now)
-    redis.call('PEXPIRE', rk, r[3])
+    redis.call('ZADD', rk, num(now), id .. ':' .. num(tries) .. ':' .. num(now))
+    redis.call('PEXPIRE', rk, num(r[3]))
   end
   return nil
 end
@@ -656,10 +668,11 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
     if f[13] then redis.call('HDEL', k, 'up') end
   end
   tries = tries + 1
-  local token = consumer .. ':' .. tries
+  local try, at = num(tries), num(now)
+  local token = consumer .. ':' .. try
   redis.call('HSET', k, 'status', 'executing', 'owner', token, 'worker', consumer,
-    'started', now, 'tries', tries, 'entry', eid,
-    'hist', hist_add(hist, 's,' .. tries .. ',' .. now .. ',' .. consumer))
+    'started', at, 'tries', try, 'entry', eid,
+    'hist', hist_add(hist, 's,' .. try .. ',' .. at .. ',' .. consumer))
   if tries > 1 then redis.call('HDEL', k, 'progress') end
   move(name, st, 'executing')
   table.insert(out, {id, name, f[3], tries, token, p - 1, f[14] or 0, f[15] or ''})
@@ -1072,7 +1085,7 @@ for a = 3, #ARGV, 5 do
     end
     local ended = (outcome == 'release' and 'released') or (outcome == 'ok' and 'success')
       or outcome
-    local hist = hist_add(f[12], hist_end(f[10], now, ended, outcome ~= 'ok' and data or nil))
+    local hist = hist_add(f[12], hist_end(f[10], num(now), ended, outcome ~= 'ok' and data or nil))
     if f[13] then release_slots(id, name, f[13], f[14]) end
     if outcome == 'release' then
       local consumer = string.match(token, '^(.*):%d+$')
@@ -1087,17 +1100,18 @@ for a = 3, #ARGV, 5 do
       if outcome == 'ok' then
         -- the hot path, inlined: mark_final and settle with the fields read above
         if number == 1 then
-          redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '', 'result', data,
-            'hist', hist)
+          redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
+            'result', data, 'hist', hist)
         else
-          redis.call('HSET', k, 'status', 'success', 'finished', now, 'owner', '', 'hist', hist)
+          redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
+            'hist', hist)
         end
         move(name, 'executing', 'success')
         if f[6] then
           redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success')
         end
         local ttl = tonumber(f[7] or '0')
-        if ttl and ttl > 0 then redis.call('EXPIRE', k, ttl) end
+        if ttl and ttl > 0 then redis.call('EXPIRE', k, f[7]) end
         if f[8] then settle(id, true, now) end
       elseif outcome == 'retry' then
         redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
