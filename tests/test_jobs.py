@@ -4,6 +4,7 @@ and leases. (Workers killed mid-job: tests/reliability.)"""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from streamkit.jobs import (
     JobNotFound,
     JobQueue,
     JobStatus,
+    Priority,
     ResultNotKept,
     open_job_queue,
     progress,
@@ -1105,6 +1107,51 @@ async def test_counts_per_status_and_name_after_a_mixed_run(redis: Redis, queue:
         "boom": {"dead": 1},
         "later": {"scheduled": 1, "waiting": 1},
     }
+
+
+async def test_counts_and_streams_are_exact_when_one_call_claims_and_ends_many_jobs(
+    redis: Redis, queue: JobQueue
+) -> None:
+    # Queued before the worker starts, so that a claim starts up to its concurrency of
+    # them at once and a finish ends many: the scripts sum their counter moves per call
+    # and acknowledge the ended entries per priority once per call.
+    tried: Counter[int] = Counter()
+
+    @queue.job
+    async def ok(n: int) -> int:
+        return n
+
+    @queue.job(retries=0)
+    async def boom(n: int) -> None:
+        raise Bounce(str(n))
+
+    @queue.job(retries=1, backoff=FAST)
+    async def flaky(n: int) -> int:
+        tried[n] += 1
+        if tried[n] == 1:
+            raise Bounce("first try")
+        return n
+
+    prios: tuple[Priority, ...] = ("high", "normal", "low")
+    handles: list[JobHandle[Any]] = [
+        *await ok.enqueue_many([JobCall(args=(n,), priority=prios[n % 3]) for n in range(40)]),
+        *await boom.enqueue_many([JobCall(args=(n,), priority=prios[n % 3]) for n in range(20)]),
+        *await flaky.enqueue_many([JobCall(args=(n,), priority=prios[n % 3]) for n in range(20)]),
+    ]
+    async with serving(queue):
+        for handle in handles:
+            with contextlib.suppress(JobFailed):
+                await handle.result(timeout=10)
+    counts = await queue.counts()
+    assert {name: {s: n for s, n in per.items() if n} for name, per in counts.by_name.items()} == {
+        "ok": {"success": 40},
+        "boom": {"dead": 20},
+        "flaky": {"success": 20},
+    }
+    assert (counts.running, counts.retrying, counts.pending) == (0, 0, 0)
+    assert all(n >= 0 for per in counts.by_name.values() for n in per.values()), counts
+    assert sorted(tried.values()) == [2] * 20
+    await assert_drained(redis, queue)
 
 
 @pytest.mark.cluster

@@ -73,6 +73,7 @@ peer's; a killed worker's jobs taken over within the lease TTL + 1 s.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -558,7 +559,9 @@ async def by_hand_loop(redis: Any, url: str, n: int) -> Lifecycle:
     usual path, as of this writing), sent by hand from Python with hiredis on a Trio
     socket, pipelined: per 32 jobs, one round trip reads them (XREADGROUP), one reads
     their hashes, one starts them, one reads them again and one ends them; no Lua, no
-    atomicity. The limit of one Python process doing the scripts' work."""
+    atomicity. The counters move once per status and name per batch, and the batch's
+    entries are acknowledged and deleted at once, as the scripts do. The limit of one
+    Python process doing the scripts' work."""
     import hiredis
 
     from streamkit.jobs._claim import ensure_groups
@@ -618,14 +621,18 @@ async def by_hand_loop(redis: Any, url: str, n: int) -> Lifecycle:
                 start: list[tuple[Any, ...]] = []
                 for (e, k), f in zip(keyed, fields, strict=True):
                     tries = b"%d" % (int(f[3] or 0) + 1)
-                    name = f[1]
-                    start += [
+                    start.append(
                         ("HSET", k, "status", "executing", "owner", b"bare:" + tries,
                          "worker", "bare", "started", ms, "tries", tries, "entry", e,
-                         "hist", (f[9] or b"") + b"s," + tries + b"," + ms + b",bare\n"),
-                        ("HINCRBY", counts, b"sent|" + name, -1),
-                        ("HINCRBY", counts, b"executing|" + name, 1),
-                    ]  # fmt: skip
+                         "hist", (f[9] or b"") + b"s," + tries + b"," + ms + b",bare\n")
+                    )  # fmt: skip
+                # the counters: one move per status and name for the whole batch
+                names = collections.Counter(f[1] for f in fields)
+                for name, moved in names.items():
+                    start += [
+                        ("HINCRBY", counts, b"sent|" + name, -moved),
+                        ("HINCRBY", counts, b"executing|" + name, moved),
+                    ]
                 start += [("ZRANGE", sched, 0, 0, "WITHSCORES"), ("LINDEX", settle, 0)]
                 await pipeline(start)
                 # (the job runs here)
@@ -639,17 +646,25 @@ async def by_hand_loop(redis: Any, url: str, n: int) -> Lifecycle:
                 )  # fmt: skip
                 now, fields = fields[0], fields[1:]
                 ms = b"%d" % (int(now[0]) * 1000 + int(now[1]) // 1000)
-                end: list[tuple[Any, ...]] = []
-                for (e, k), f in zip(keyed, fields, strict=True):
+                # the batch's entries acknowledged and deleted at once, as the script does
+                ids = [e for e, _ in keyed]
+                end: list[tuple[Any, ...]] = [
+                    ("XACK", q[1], "workers", *ids),
+                    ("XDEL", q[1], *ids),
+                ]
+                for (_, k), f in zip(keyed, fields, strict=True):
                     end += [
-                        ("XACK", q[1], "workers", e),
-                        ("XDEL", q[1], e),
                         ("HDEL", k, "entry"),
                         ("HSET", k, "status", "success", "finished", ms, "owner", "",
                          "hist", (f[11] or b"") + b"e," + f[9] + b"," + ms + b",success\n"),
-                        ("HINCRBY", counts, b"executing|" + f[1], -1),
-                        ("HINCRBY", counts, b"success|" + f[1], 1),
                     ]  # fmt: skip
+                    if int(f[6] or 0) > 0:
+                        end.append(("EXPIRE", k, f[6]))  # the result's time to live
+                for name, moved in collections.Counter(f[1] for f in fields).items():
+                    end += [
+                        ("HINCRBY", counts, b"executing|" + name, -moved),
+                        ("HINCRBY", counts, b"success|" + name, moved),
+                    ]
                 end.append(("LINDEX", settle, 0))
                 await pipeline(end)
                 done += len(jobs)
