@@ -42,6 +42,7 @@ import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
+import coredis.exceptions
 import trio
 
 from ._backoff import Backoff
@@ -61,10 +62,20 @@ from ._errors import (
 from ._feed import Batch, FeedEnded
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
 from ._nurseries import open_service_nursery
-from ._redis import LuaScript, Redis, by_slot, health_of, redis_errors, run_blocking
+from ._redis import (
+    LuaScript,
+    Redis,
+    ScriptCall,
+    by_slot,
+    can_run_blocking_between,
+    health_of,
+    redis_errors,
+    run_blocking,
+    run_blocking_between,
+)
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
-from ._wire import ACK_LUA, READ_LUA, text
+from ._wire import ACK_LUA, READ_LUA, WOKEN_READ_LUA, text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -86,6 +97,7 @@ ACK_CHUNK = 2000
 
 _READ_SCRIPT = LuaScript(READ_LUA, hot=True)
 _ACK_SCRIPT = LuaScript(ACK_LUA, hot=True)
+_WOKEN_READ_SCRIPT = LuaScript(WOKEN_READ_LUA)
 
 
 @attrs.define(eq=False, repr=False)
@@ -424,6 +436,10 @@ class Fetcher(Generic[R]):
                         await self._changed.wait()
                     elif reading or self._looking:
                         await self._changed.wait()
+                    elif idle and len(has_room) == len(active) and self._commits_due(active):
+                        # Commit before waiting (the wait carries acknowledgements
+                        # only); the next round sees what changed meanwhile.
+                        await self._send_due_acks(self._commits_due(active))
                     elif idle and len(has_room) == len(active):
                         if not await self._wait_for_entries(idle, block=self.idle_block):
                             # Quiet for a while: acknowledge what the consumers
@@ -474,6 +490,11 @@ class Fetcher(Generic[R]):
         finally:
             self._looking = False
             self._changed.set()
+
+    @staticmethod
+    def _commits_due(feeds: list[_Feed]) -> list[_Feed]:
+        """The ``feeds`` with changes to commit now (not in flight elsewhere)."""
+        return [f for f in feeds if f.changes_due and not f.commit_lock.locked()]
 
     async def _send_due_acks(self, feeds: list[_Feed]) -> None:
         """Send the acknowledgements the ``feeds`` hold for a read that is not coming."""
@@ -643,6 +664,8 @@ class Fetcher(Generic[R]):
         if len(groups) > 1:
             # On a Redis Cluster one XREAD may name the streams of one slot only.
             return await self._wait_per_slot(idle, groups, block=block)
+        if block is not None and can_run_blocking_between(self.redis):
+            return await self._wait_and_read(idle, block)
         streams = {f.key: f.last_id for f in idle}
         by_key = {f.key.encode(): f for f in idle}
         with trio.CancelScope() as scope:
@@ -677,10 +700,160 @@ class Fetcher(Generic[R]):
             return True
         return self._woken_by(reply, by_key)
 
+    async def _wait_and_read(self, idle: list[_Feed], block: float) -> bool:
+        """:meth:`_wait_for_entries` with a block, on one server: the fenced reads of the
+        idle partitions go right behind the ``XREAD BLOCK``, on its connection, so that
+        Redis runs them the moment it returns. A quiet partition's new entries then
+        cost no round trip more than the wait itself (a blocking command cannot run
+        inside the fenced script). They acknowledge nothing, as they run when the wait
+        ends, however long after they were sent (a worker frozen past its lease would
+        acknowledge late): the acknowledgements due go in front of the wait instead,
+        which Redis runs at once.
+
+        Where the reads' outcome is unknown (the wait was cancelled, the connection
+        lost), each of those partitions reads its history after the last entry it
+        saw next, so that entries delivered to it unseen are found, in order.
+        """
+        behind = [f for f in idle if f.held.lost_reason is None]
+        keys: list[str] = []
+        args: list[bytes | str | int] = [self.group, self.batch_size]
+        for feed in behind:
+            keys += [feed.key, feed.held.lease.key]
+            args += [feed.held.lease.value, feed.consumer]
+        # Acknowledgements due go in front (Redis runs them at once), each partition's
+        # in a fenced call of its own; not those of changes to commit, which
+        # :meth:`_run` sends on their own.
+        acking: list[tuple[_Feed, list[bytes]]] = []
+        for feed in behind:
+            if feed.acks_due and not feed.changes_due:
+                acking.append((feed, feed.acks_due[:ACK_CHUNK]))
+                del feed.acks_due[:ACK_CHUNK]
+        before: list[ScriptCall] = [
+            (
+                _ACK_SCRIPT,
+                [feed.key, feed.held.lease.key],
+                [feed.held.lease.value, self.group, self.trim_to, len(ids), *ids],
+            )
+            for feed, ids in acking
+        ]
+        acked: list[Any] = []
+        xread: list[bytes | str | int] = [
+            b"XREAD",
+            b"COUNT",
+            1,
+            b"BLOCK",
+            max(1, round(block * 1000)),
+            b"STREAMS",
+            *(f.key for f in idle),
+            *(f.last_id for f in idle),
+        ]
+        reply: Any = None
+        replies: Any = None
+        with trio.CancelScope() as scope:
+            self._blocks += 1
+            self._block_scope = scope
+            try:
+                reply, replies = await run_blocking_between(
+                    self.redis,
+                    xread,
+                    before=before,
+                    after=(_WOKEN_READ_SCRIPT, keys, args),
+                    replies_before=acked,
+                    within=block + self.command_timeout,
+                    what="a blocking read",
+                )
+            except BaseException:
+                self._read_unknown(behind)
+                raise
+            finally:
+                self._block_scope = None
+                self._acked_in_front(acking, acked)
+        if scope.cancelled_caught:
+            self._read_unknown(behind)
+            return True
+        woken = self._woken_by(reply, {f.key.encode(): f for f in idle})
+        if isinstance(replies, coredis.exceptions.NoScriptError):
+            # Nothing ran: the woken partitions are read the usual way.
+            return woken
+        if not isinstance(replies, list):
+            self._read_unknown(behind)
+            return True
+        delivered = False
+        for feed, one in zip(behind, replies, strict=True):
+            delivered |= self._took_woken(feed, one)
+        if delivered:
+            # The consumers first: sending the next wait can follow them.
+            await trio.lowlevel.checkpoint()
+        return woken or delivered
+
+    def _acked_in_front(self, acking: list[tuple[_Feed, list[bytes]]], acked: list[Any]) -> None:
+        """Take the replies of the acknowledgements sent in front of a wait; those
+        unknown or failed are due again (acknowledging twice is harmless)."""
+        for i, (feed, ids) in enumerate(acking):
+            answer = acked[i] if i < len(acked) else None
+            if answer == -1:
+                self._meter.fenced_out += 1
+                if feed.active:
+                    self._fail(
+                        feed,
+                        LockLost(
+                            feed.held.name,
+                            "a fenced acknowledgement was refused: the lock is no longer ours",
+                        ),
+                    )
+            elif isinstance(answer, int):
+                feed.meter.acknowledged += answer
+            elif feed.active:
+                feed.acks_due[:0] = ids
+
+    def _read_unknown(self, feeds: list[_Feed]) -> None:
+        """The fenced reads of ``feeds`` behind a wait may or may not have run: each
+        reads its history after the last entry it saw next, for entries delivered to
+        it unseen."""
+        for feed in feeds:
+            if feed.start == ">":
+                feed.start = feed.last_seen
+            feed.idle = feed.caught_up = False
+
+    def _took_woken(self, feed: _Feed, reply: Any) -> bool:
+        """Take ``feed``'s reply of the reads behind a wait; return whether it delivered."""
+        if reply == -1:
+            # The read failed (nothing read): the usual read reports why.
+            feed.idle = feed.caught_up = False
+            return False
+        self._reads += 1
+        feed.reads += 1
+        if reply == 0:
+            self._meter.fenced_out += 1
+            if feed.active:
+                self._fail(
+                    feed,
+                    LockLost(
+                        feed.held.name, "a fenced read was refused: the lock is no longer ours"
+                    ),
+                )
+            return False
+        ids, flat, widths = reply
+        if not ids or not feed.active:
+            # Nothing new; or unregistered meanwhile, and what was read stays pending
+            # for the next owner.
+            return False
+        feed._put(Batch.from_flat(ids, flat, widths, None))
+        feed.last_seen = text(ids[-1])
+        feed.woken = False
+        feed.idle = len(ids) < self.batch_size
+        if feed.idle:
+            feed.last_id = feed.last_seen
+        feed.caught_up = feed.idle
+        return True
+
     @staticmethod
     def _woken_by(reply: Any, by_key: dict[bytes, _Feed]) -> bool:
         if not reply:
             return False
+        if isinstance(reply, list):
+            # RESP2: [[key, entries], ...]
+            reply = [item[0] for item in reply]
         for key in reply:
             feed = by_key.get(key if isinstance(key, bytes) else key.encode())
             if feed is not None:

@@ -49,6 +49,7 @@ __all__ = [
     "TRIM_FUNCTIONS_LUA",
     "TRIM_PROCESSED_STEP",
     "TRIM_STEP",
+    "WOKEN_READ_LUA",
     "chunk_bounds",
     "compare_metadata",
     "compare_schemas",
@@ -375,6 +376,26 @@ local function apply_changes(at)
 end
 """
 
+# A read's entries as {ids, flat fields, widths}: the entries' field lists one after
+# the other, and the length of each (a number when every entry has the same).
+FLAT_LUA = """
+local function flat(entries)
+  local ids, fields, widths = {}, {}, {}
+  local n, same = 0, nil
+  for i, entry in ipairs(entries) do
+    ids[i] = entry[1]
+    local f = entry[2]
+    local w = #f
+    for j = 1, w do fields[n + j] = f[j] end
+    n = n + w
+    widths[i] = w
+    if same == nil then same = w elseif same ~= w then same = -1 end
+  end
+  if same ~= nil and same >= 0 then widths = same end
+  return ids, fields, widths
+end
+"""
+
 # The fenced read, which commits first. KEYS: stream, lock, then the keys the changes
 # write. ARGV: lease value, group, consumer, count, start id, entries to keep when
 # trimming (0: do not trim), the number of ids to acknowledge, those ids (the
@@ -391,6 +412,7 @@ local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
 """
     + TRIM_FUNCTIONS_LUA
     + CHANGES_LUA
+    + FLAT_LUA
     + """
 local acks = tonumber(ARGV[7])
 apply_changes(8 + acks)
@@ -406,22 +428,6 @@ local function read(id)
   return {}
 end
 
--- The entries as {ids, flat fields, widths}.
-local function flat(entries)
-  local ids, fields, widths = {}, {}, {}
-  local n, same = 0, nil
-  for i, entry in ipairs(entries) do
-    ids[i] = entry[1]
-    local f = entry[2]
-    local w = #f
-    for j = 1, w do fields[n + j] = f[j] end
-    n = n + w
-    widths[i] = w
-    if same == nil then same = w elseif same ~= w then same = -1 end
-  end
-  if same ~= nil and same >= 0 then widths = same end
-  return ids, fields, widths
-end
 
 if ARGV[5] ~= '>' then
   local raw = read(ARGV[5])
@@ -454,6 +460,39 @@ local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
 local last_id = '0-0'
 if last[1] then last_id = last[1][1] end
 return {{}, {}, 0, {}, '>', last_id}
+"""
+)
+
+# The fenced reads of quiet partitions, sent right behind the blocking XREAD that
+# waits for them (on its connection, so Redis runs it the moment the XREAD returns).
+# KEYS: stream, lock, for each partition. ARGV: group, count, then for each partition:
+# lease value, consumer. Reads new entries only (``>``) and acknowledges nothing (the
+# call may run long after it was sent: a frozen worker's would acknowledge late).
+# Returns for each partition: 0 if the lease is not ours (nothing read), -1 if the read
+# failed (the caller reads the partition the usual way, which reports the error), else
+# {ids, fields, widths} as READ_LUA's, empty when nothing new came.
+WOKEN_READ_LUA = (
+    FLAT_LUA
+    + """
+local group, count = ARGV[1], ARGV[2]
+local function read(key, consumer)
+  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                           'STREAMS', key, '>')
+  if not reply then return {{}, {}, 0} end
+  local ids, fields, widths = flat(reply[1][2])
+  return {ids, fields, widths}
+end
+
+local replies = {}
+for p = 1, #KEYS / 2 do
+  if redis.call('GET', KEYS[2 * p]) ~= ARGV[1 + 2 * p] then
+    replies[p] = 0
+  else
+    local ok, reply = pcall(read, KEYS[2 * p - 1], ARGV[2 + 2 * p])
+    replies[p] = ok and reply or -1
+  end
+end
+return replies
 """
 )
 

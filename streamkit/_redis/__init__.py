@@ -49,7 +49,13 @@ from .._urls import (
     is_cluster_url as is_cluster_url,
     mask_url as mask_url,
 )
-from ._commands import LuaScript as LuaScript, run_blocking as run_blocking
+from ._commands import (
+    LuaScript as LuaScript,
+    ScriptCall as ScriptCall,
+    can_run_blocking_between as can_run_blocking_between,
+    run_blocking as run_blocking,
+    run_blocking_between as run_blocking_between,
+)
 from ._factory import (
     DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS,
@@ -84,9 +90,11 @@ __all__ = [
     "LuaScript",
     "Redis",
     "RedisStatistics",
+    "ScriptCall",
     "as_unavailable",
     "by_slot",
     "call_once",
+    "can_run_blocking_between",
     "check_redis_url",
     "health_of",
     "is_cluster",
@@ -100,4 +108,5 @@ __all__ = [
     "retry_idempotent",
     "ride_out_refusals",
     "run_blocking",
+    "run_blocking_between",
 ]

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import coredis.exceptions
 import trio
 
 from .._acl import remember_script
-from .._errors import RedisUnavailable
-from ._hot import evalsha, script_load
+from .._errors import ConfigError, RedisUnavailable
+from ._hot import HotConnection, evalsha, pack, script_load
+from ._pool import Pool
 from ._routing import own
 from ._translate import redis_errors
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from coredis.connection._request import Request
+
     from ._routing import Redis
 
-__all__ = ["LuaScript", "run_blocking"]
+__all__ = [
+    "LuaScript",
+    "ScriptCall",
+    "can_run_blocking_between",
+    "run_blocking",
+    "run_blocking_between",
+]
 
 T = TypeVar("T")
 
@@ -117,3 +126,104 @@ async def run_blocking(
             return await fn(redis)
     except trio.TooSlowError as exc:
         raise RedisUnavailable(url, f"{what} got no answer within {within:g}s") from exc
+
+
+#: A script call: the script, its keys, its arguments.
+ScriptCall = tuple[LuaScript, "Sequence[str | bytes]", "Sequence[bytes | str | int]"]
+
+
+async def run_blocking_between(
+    redis: Redis,
+    blocking: Sequence[bytes | str | int],
+    *,
+    before: Sequence[ScriptCall] = (),
+    after: ScriptCall,
+    replies_before: list[Any],
+    within: float,
+    what: str,
+) -> tuple[Any, Any]:
+    """Send script calls, one blocking command and one more script call, in one write
+    on a dedicated hot connection (packed and parsed by hiredis, see :mod:`._hot`):
+    Redis runs the ``before`` calls at once, then blocks, and runs ``after`` the moment
+    the blocking command returns, so that its reply follows with no round trip in
+    between.
+
+    ``blocking`` is the whole command (``[b"XREAD", b"COUNT", 1, b"BLOCK", ...]``).
+    Returns its reply (as hiredis parses it: a RESP3 map is a ``dict``) and
+    ``after``'s.
+    ``replies_before`` receives the reply of each ``before`` call, in order, as it
+    comes (before the blocking command returns); where the call is cancelled or fails,
+    those missing are unknown. A script call's reply may be the exception it ended
+    with: ``NoScriptError`` when the server did not know the script (it ran nothing,
+    and is loaded for the next call). Only for a client of one server from
+    :func:`open_redis` (see :func:`can_run_blocking_between`).
+
+    Cancellation:
+        As :func:`run_blocking`: the dedicated connection is discarded. ``after`` may
+        have run (the blocking command may have returned as the connection closed).
+
+    Error handling:
+        As :func:`run_blocking`; if the blocking command fails, ``after`` may have run.
+        :class:`ConfigError` for a cluster's client or one not from :func:`open_redis`.
+    """
+    pool = _blocking_pool(redis)
+    if pool is None:
+        raise ConfigError(
+            "redis",
+            "script calls around a blocking command need a client of one server from open_redis",
+        )
+    url = own(redis, "blocking commands")._health.url
+
+    def call(connection: HotConnection, script_call: ScriptCall) -> Request:
+        script, keys, args = script_call
+        return connection.send_packed(
+            pack((b"EVALSHA", script.sha, len(keys), *keys, *args)),
+            blocking=True,
+            raise_exceptions=False,
+        )
+
+    try:
+        with redis_errors(url), trio.fail_after(within):
+            connection = cast("HotConnection", await pool.get_connection())
+            try:
+                firsts = [call(connection, c) for c in before]
+                request = connection.send_packed(
+                    pack(blocking), command=cast("bytes", blocking[0]), blocking=True
+                )
+                then = call(connection, after)
+                try:
+                    for first in firsts:
+                        replies_before.append(await first)  # noqa: PERF401 (as each comes)
+                    reply = await request
+                finally:
+                    # Read the last reply in any case: the connection goes back to the
+                    # pool with nothing in flight on it.
+                    last = await then
+            finally:
+                pool.release(connection)
+    except trio.TooSlowError as exc:
+        raise RedisUnavailable(url, f"{what} got no answer within {within:g}s") from exc
+    unknown = {
+        script
+        for (script, _, _), answer in zip([*before, after], [*replies_before, last], strict=True)
+        if isinstance(answer, coredis.exceptions.NoScriptError)
+    }
+    with redis_errors(url):
+        for script in unknown:
+            await script_load(redis, script.source, ())
+    return reply, last
+
+
+def can_run_blocking_between(redis: Redis) -> bool:
+    """Whether :func:`run_blocking_between` can send scripts around a blocking command on
+    ``redis``: a client of one server from :func:`open_redis`, outside
+    :func:`replicated` (a Redis Cluster's blocking commands name one slot's keys)."""
+    return _blocking_pool(redis) is not None
+
+
+def _blocking_pool(redis: Redis) -> Pool | None:
+    dedicated = getattr(redis, "_dedicated", None)
+    pool = getattr(redis, "_hot_dedicated_pool", None)
+    if dedicated is None or dedicated.requires_wait or not isinstance(pool, Pool):
+        return None
+    return pool

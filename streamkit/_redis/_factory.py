@@ -145,9 +145,10 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
     context = None if tls is None else tls.context()
     pools = []
     try:
-        # Shared, dedicated, and hot (see ._hot): the hot pool's connections are
-        # multiplexed like the shared pool's.
-        for dedicated in (False, True, False):
+        # Shared, dedicated, hot and hot dedicated (see ._hot): the hot pool's
+        # connections are multiplexed like the shared pool's; the hot dedicated pool's
+        # carry a fetcher's waits with the fenced reads around them.
+        for dedicated in (False, True, False, True):
             pool = _pool(
                 url,
                 cluster=cluster,
@@ -159,7 +160,8 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
             pools.append(pool)
     except ValueError as exc:
         raise ConfigError("redis_url", f"{mask_url(url)!r}: {exc}") from exc
-    pools[2].connection_class = hot_connection_class(pools[2].connection_class)
+    for hot in pools[2:]:
+        hot.connection_class = hot_connection_class(hot.connection_class)
     # No retries in coredis (its default re-sends a command whose connection was lost,
     # although Redis may have run it).
     options: dict[str, Any] = {"decode_responses": False, "retry_policy": NoRetryPolicy()}
@@ -171,6 +173,7 @@ def _client(url: str, *, cluster: bool, connect_timeout: float, max_connections:
     client: Routing = kinds[0](connection_pool=pools[0], **options)
     client._dedicated = kinds[1](connection_pool=pools[1], **options)
     client._hot_pool = pools[2]
+    client._hot_dedicated_pool = pools[3]
     client._health = health
     return client
 
@@ -235,7 +238,7 @@ async def open_redis(
             raise translated from exc
 
     with using_url(masked), redis_errors(url), unwrapped_group():
-        async with client, client._dedicated, client._hot_pool:
+        async with client, client._dedicated, client._hot_pool, client._hot_dedicated_pool:
             await retry_unavailable(
                 ping,
                 backoff=backoff,
@@ -254,7 +257,7 @@ async def open_redis(
             url, cluster=True, connect_timeout=connect_timeout, max_connections=max_connections
         )
         nodes._health.connecting = False
-        async with nodes, nodes._dedicated, nodes._hot_pool:
+        async with nodes, nodes._dedicated, nodes._hot_pool, nodes._hot_dedicated_pool:
             log.debug("connected to the Redis Cluster at %s", masked)
             # Typed as a standalone client: streamkit and its users call the commands
             # both have (see docs/redis.md, "Redis Cluster").

@@ -115,8 +115,20 @@ class HotConnection(BaseConnection):
             protocolError=coredis.exceptions.InvalidResponse,
         )
 
-    def send_packed(self, data: bytes) -> Request:
-        """Queue ``data``, one command packed by :func:`pack`; return its request.
+    def send_packed(
+        self,
+        data: bytes,
+        *,
+        command: bytes = b"EVALSHA",
+        blocking: bool = False,
+        raise_exceptions: bool = True,
+    ) -> Request:
+        """Queue ``data``, one ``command`` packed by :func:`pack`; return its request.
+
+        A ``blocking`` request's connection is discarded when awaiting it is cancelled
+        (as coredis does for its blocking commands): it is a dedicated connection.
+        Without ``raise_exceptions``, awaiting the request returns Redis's error reply
+        as an exception instead of raising it.
 
         Error handling:
             coredis's ``ConnectionError`` ("Connection not usable", which the error
@@ -126,9 +138,11 @@ class HotConnection(BaseConnection):
             raise coredis.exceptions.ConnectionError("Connection not usable") from self._last_error
         request = Request(
             connection=self,
-            command=b"EVALSHA",
+            command=command,
             decode=False,
             response_timeout=self._stream_timeout,
+            raise_exceptions=raise_exceptions,
+            disconnect_on_cancellation=blocking,
         )
         self._write_buffer_in.send_nowait([(_PACKED, (data,))])
         self._requests.append(request)

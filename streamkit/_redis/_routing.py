@@ -48,6 +48,8 @@ class Routing(Client[bytes]):
     _dedicated: coredis.Redis[bytes] | coredis.RedisCluster[bytes]
     # The pool of the hot scripts' connections (see ._hot).
     _hot_pool: SlotAccounting[Any]
+    # The pool of the hot connections that carry a fetcher's blocking waits.
+    _hot_dedicated_pool: SlotAccounting[Any]
     _health: Health
 
     async def execute_command(self, command: CommandRequest[R]) -> R:
@@ -102,8 +104,9 @@ def redis_statistics(redis: object) -> RedisStatistics:
         # The hot scripts' connections are multiplexed too.
         shared_connections=len(shared._online_connections)
         + len(client._hot_pool._online_connections),
-        dedicated_connections=len(dedicated._online_connections),
-        dedicated_in_use=dedicated.in_use(),
+        dedicated_connections=len(dedicated._online_connections)
+        + len(client._hot_dedicated_pool._online_connections),
+        dedicated_in_use=dedicated.in_use() + client._hot_dedicated_pool.in_use(),
         discarded=health.discarded,
         lost=health.lost,
         reconnects=health.reconnects,
