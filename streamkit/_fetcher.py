@@ -395,6 +395,16 @@ class Fetcher(Generic[R]):
         # across rounds, so that frequent wake-ups cannot postpone it forever).
         poll_at = math.inf
         health = health_of(self.redis)
+        if can_run_blocking_between(self.redis):
+            # The read behind a wait loads its script only once a wait ends; waits
+            # cancelled again and again (partitions coming and going) would never. Not
+            # loaded (Redis away, an ACL refusal), the usual reads take over.
+            with (
+                contextlib.suppress(StreamkitError),
+                trio.move_on_after(self.command_timeout),
+                redis_errors(),
+            ):
+                await _WOKEN_READ_SCRIPT.load(self.redis)
         # Each read runs as a task of its own: a partition is read again as soon as
         # its consumer made room, whatever the others' reads, so that Redis works on
         # the next batches while the consumers work on theirs.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+import redis as redis_py
 import trio
 from coredis.tokens import PureToken
 
@@ -44,6 +46,27 @@ async def blocked_clients(redis: Redis) -> bool:
 async def delivered(redis: Redis, ticks: Stream[Tick], count: int) -> bool:
     """Whether ``count`` entries of partition 0 are delivered and unacknowledged."""
     return await pending_count(redis, ticks, 0) >= count
+
+
+def blocked_ids(plain: redis_py.Redis) -> set[int]:
+    """The ids of the clients waiting in a blocking command (a blocking call)."""
+    return {int(c["id"]) for c in plain.client_list() if "b" in c["flags"]}
+
+
+def waits_anew(plain: redis_py.Redis, before: set[int]) -> bool:
+    """Whether a client not among ``before`` waits in a blocking command."""
+    return bool(blocked_ids(plain) - before)
+
+
+def has_more_than(got: list[int], n: int) -> bool:
+    return len(got) > n
+
+
+def delivered_last(plain: redis_py.Redis, key: str) -> bool:
+    """Whether the group delivered the last entry of stream ``key`` (a blocking call)."""
+    last = plain.xinfo_stream(key)["last-generated-id"]
+    groups = plain.xinfo_groups(key)
+    return any(g["last-delivered-id"] == last for g in groups)
 
 
 @pytest.mark.cluster
@@ -103,6 +126,99 @@ async def test_new_events_wake_an_idle_fetcher(
                     break
     # Well before idle_block ran out: the blocking XREAD woke up.
     assert got == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.cluster
+async def test_a_lease_lost_while_waiting_fences_the_read_behind_the_wait(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A quiet partition's fenced read goes behind the blocking XREAD and runs when it
+    returns: it checks the lease then, not when it was sent."""
+
+    async def reader_taken_over_while_waiting(fetcher: Fetcher[Tick]) -> None:
+        async with (
+            locks.hold(lock_name(2), ttl=30) as held,
+            fetcher.partition(2, held) as feed,
+            open_events(feed) as events,
+        ):
+            await wait_until(
+                functools.partial(blocked_clients, redis),
+                what="the fetcher waiting in a blocking XREAD",
+                within=5,
+                interval=0.005,
+            )
+            # Taken over while the fetcher waits (its lease lapsed in a pause).
+            await redis.set(held.lease.key, b"someone-else:999")
+            await ticks.send_many(ticks_for(2, range(5)))
+            async for _ in events.records():
+                raise AssertionError("a fenced-out reader got an event")
+
+    with trio.fail_after(10):
+        async with open_fetcher(redis, ticks, group=GROUP, idle_block=5) as fetcher:
+            with pytest.raises(LockLost) as info:
+                await reader_taken_over_while_waiting(fetcher)
+    assert "refused" in str(info.value)
+    # Nothing was delivered to anyone: it all waits for the rightful owner.
+    assert await pending_ids(redis, ticks, 2) == []
+
+
+async def test_entries_read_as_a_wait_is_cancelled_are_delivered_in_order(
+    app: App, redis_url: str, redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """The fenced read behind a wait may run in Redis just as the wait is cancelled
+    (here by a partition leaving, which cancels it at once): what it read is pending,
+    delivered to no one, and the partition finds it in its history."""
+    rounds = 10
+    got: list[int] = []
+    raced: list[int] = []
+    key = ticks.key(0)
+    # Blocking clients: they wait without a trip through Trio, so the fetcher cannot
+    # take the read's reply before the wait is cancelled.
+    with (
+        trio.fail_after(60),
+        app.blocking() as client,
+        redis_py.Redis.from_url(redis_url) as plain,
+    ):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, idle_block=5) as fetcher,
+            serving(fetcher, locks, 0) as events,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def send_and_leave() -> None:
+                for n in range(rounds):
+                    async with locks.hold(lock_name(1), ttl=30) as held:
+                        before = blocked_ids(plain)
+                        async with fetcher.partition(1, held):
+                            # The new wait (the one before is cancelled, its
+                            # connection discarded).
+                            await wait_until(
+                                functools.partial(waits_anew, plain, before),
+                                what="the fetcher waiting in a new blocking XREAD",
+                                within=5,
+                                interval=0.002,
+                            )
+                            client.send(ticks, *ticks_for(0, [n]))
+                            # Read by the fenced read behind the wait?
+                            deadline = time.monotonic() + 0.5
+                            while time.monotonic() < deadline:
+                                if delivered_last(plain, key):
+                                    raced.append(n)
+                                    break
+                            # Leaving now cancels the wait before the fetcher took
+                            # the read's reply.
+                    await wait_until(
+                        functools.partial(has_more_than, got, n), what=f"tick {n}", within=10
+                    )
+
+            nursery.start_soon(send_and_leave)
+            async for tick in events.records():
+                got.append(tick.n)
+                if len(got) == rounds:
+                    break
+    assert raced, "no round cancelled a wait whose read had run"
+    assert got == list(range(rounds))
+    assert await pending_ids(redis, ticks, 0) == []
 
 
 async def test_backlog_sent_before_any_worker_is_processed(

@@ -86,6 +86,14 @@ class LuaScript:
         await redis.script_load(self.source)
         return await run(redis, self.sha, keys, args)
 
+    async def load(self, redis: Redis, keys: Sequence[str | bytes] = ()) -> None:
+        """Load the script where a call on ``keys`` runs (ahead of a call that cannot
+        load it itself, as one behind a blocking command that is often cancelled).
+
+        Error handling: coredis's errors (wrap in :func:`redis_errors`).
+        """
+        await script_load(redis, self.source, keys)
+
 
 async def _evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
     return await redis.evalsha(sha, keys=keys, args=args)

@@ -7,7 +7,9 @@ such a call (its packer copies the command's buffer again for every argument) an
 parsing its reply (its parser builds a node object for every array, and a read's reply
 holds two per entry) cost more per event than everything else a worker does. The
 scripts marked ``hot`` (:class:`~._commands.LuaScript`) run on connections of their
-own, *hot* connections, from a third pool of the client:
+own, *hot* connections, from a third pool of the client (and a fourth, of dedicated
+hot connections, carries the fetcher's blocking waits with the fenced reads around them,
+see :func:`~._commands.run_blocking_between`):
 
 * a hot connection is a coredis connection in every other respect: connecting, TLS,
   authentication, the handshake, the pool and its slot accounting (:mod:`._pool`),
