@@ -757,6 +757,7 @@ class Fetcher(Generic[R]):
             *(f.key for f in idle),
             *(f.last_id for f in idle),
         ]
+        by_key = {f.key.encode(): f for f in idle}
         reply: Any = None
         replies: Any = None
         with trio.CancelScope() as scope:
@@ -781,7 +782,7 @@ class Fetcher(Generic[R]):
         if scope.cancelled_caught:
             self._read_unknown(behind)
             return True
-        woken = self._woken_by(reply, {f.key.encode(): f for f in idle})
+        woken = self._woken_by(reply, by_key)
         if isinstance(replies, coredis.exceptions.NoScriptError):
             # Nothing ran: the woken partitions are read the usual way.
             return woken

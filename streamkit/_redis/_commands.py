@@ -211,14 +211,12 @@ async def run_blocking_between(
                 pool.release(connection)
     except trio.TooSlowError as exc:
         raise RedisUnavailable(url, f"{what} got no answer within {within:g}s") from exc
-    unknown = {
-        script
-        for (script, _, _), answer in zip([*before, after], [*replies_before, last], strict=True)
-        if isinstance(answer, coredis.exceptions.NoScriptError)
-    }
-    with redis_errors(url):
-        for script in unknown:
-            await script_load(redis, script.source, ())
+    no_script = coredis.exceptions.NoScriptError
+    if isinstance(last, no_script) or any(isinstance(a, no_script) for a in replies_before):
+        answers = zip([*before, after], [*replies_before, last], strict=True)
+        with redis_errors(url):
+            for script in {script for (script, _, _), a in answers if isinstance(a, no_script)}:
+                await script_load(redis, script.source, ())
     return reply, last
 
 
