@@ -139,6 +139,8 @@ class _Feed:
     # Held while a commit (changes) is in flight: commits land one at a time, in the
     # order they were handed over, whichever path (a read, ack()) carries them.
     commit_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Whether the consumer took the batch put last (when it was waiting for one).
+    taken: bool = True
 
     @property
     def stream(self) -> StreamSpec[Any]:
@@ -163,9 +165,11 @@ class _Feed:
         if self.failure is not None:
             raise self.failure
         try:
-            return await self._receive.receive()
+            batch = await self._receive.receive()
         except trio.EndOfChannel:
             raise self._ended() from None
+        self.taken = True
+        return batch
 
     def done(self, batch: Batch) -> None:
         self.batches_out -= 1
@@ -789,13 +793,16 @@ class Fetcher(Generic[R]):
         if not isinstance(replies, list):
             self._read_unknown(behind)
             return True
-        delivered = False
-        for feed, one in zip(behind, replies, strict=True):
-            delivered |= self._took_woken(feed, one)
-        if delivered:
-            # The consumers first: sending the next wait can follow them.
+        delivered = [f for f, one in zip(behind, replies, strict=True) if self._took_woken(f, one)]
+        # The consumers first, sending the next wait after them: Trio runs the tasks
+        # made runnable together in either order, so this task may go first once.
+        waiting = delivered
+        for _ in range(2):
+            if not waiting:
+                break
             await trio.lowlevel.checkpoint()
-        return woken or delivered
+            waiting = [f for f in waiting if not f.taken]
+        return woken or bool(delivered)
 
     def _acked_in_front(self, acking: list[tuple[_Feed, list[bytes]]], acked: list[Any]) -> None:
         """Take the replies of the acknowledgements sent in front of a wait; those
@@ -850,6 +857,7 @@ class Fetcher(Generic[R]):
             # for the next owner.
             return False
         feed._put(Batch.from_flat(ids, flat, widths, None))
+        feed.taken = False
         feed.last_seen = text(ids[-1])
         feed.woken = False
         feed.idle = len(ids) < self.batch_size
