@@ -1,9 +1,10 @@
-"""Running a try of a claimed job: decode its arguments, call its function in a cancel
-scope (an ``async def`` on the event loop, a plain ``def`` in a thread), and turn how it
-ended into an outcome for the outbox.
+"""Running a try of a claimed job: decode its arguments, call its function in the
+runner's lane (an ``async def`` on the event loop, a plain ``def`` in a thread), and
+turn how it ended into an outcome for the outbox.
 
 The try runners, ``concurrency`` tasks, share the channel of claimed jobs; each runs
-one try at a time. :func:`progress` is what a running job calls to report.
+one try at a time, in a cancel scope its tries share until one is cancelled
+(:class:`~._tries.Lane`). :func:`progress` is what a running job calls to report.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ._context import JobContext, running
 from ._model import dumps
 from ._outcome import MAX_MESSAGE, Failure, Retry, decide, describe, label
 from ._trace import job_span, tracing
-from ._tries import Try
+from ._tries import Lane, Try
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -90,16 +91,48 @@ class TryRunner:
 
     async def run(self, receive: trio.MemoryReceiveChannel[Claimed]) -> None:
         """Run the tries of the jobs received, one at a time, until cancelled."""
-        async for shard, claimed in receive:
-            try:
-                # claimed: [job id, name, ...]; the job is in the log context of its try.
-                with log_context(job=label(claimed[1]), job_id=label(claimed[0])):
+        while True:
+            lane = Lane()
+            with lane.scope:
+                async for shard, claimed in receive:
                     try:
-                        await self.run_try(shard, claimed)
-                    except Exception as exc:
-                        self._crashed(claimed, exc)
-            finally:
-                self.tries.give_slot()
+                        # claimed: [job id, name, ...]; the job is in the log context
+                        # of its try.
+                        with log_context(job=label(claimed[1]), job_id=label(claimed[0])):
+                            try:
+                                await self.run_try(lane, shard, claimed)
+                            except Exception as exc:
+                                self._crashed(claimed, exc)
+                    finally:
+                        self.tries.give_slot()
+                return
+            # The lane was cancelled, for the try it ran (or for one that had just
+            # ended: then for nothing); the next tries run in a new one.
+            interrupted = lane.interrupted
+            if interrupted is not None and interrupted.job is not None:
+                with log_context(job=interrupted.job.name, job_id=interrupted.id):
+                    self._interrupted(interrupted, interrupted.job)
+
+    def _interrupted(self, current: Try, job: Job[Any, Any]) -> None:
+        """Record how a try cancelled while it ran ended: aborted, back to the queue (its
+        grace ran out at a stop), timed out, or nothing (taken over)."""
+        if current.taken_over:
+            log.warning(
+                "job %s (%s): taken over by another worker; its try here ended",
+                current.id,
+                job.name,
+            )
+            current.finished = True
+            self.tries.forget(current.id, current.token)
+        elif current.abort_reason is not None:
+            failure = Failure("Aborted", current.abort_reason)
+            self.outbox.put(current, "aborted", failure.encode(), 0)
+        elif current.stopping:
+            # its grace ran out at a graceful stop: back to the queue, not spent
+            self.outbox.put(current, "release", b"", 0)
+        else:
+            why = f"timed out after {job.options.timeout:g}s"
+            self._failed(current, job, current.try_number, Failure("Timeout", why))
 
     def _crashed(self, claimed: list[Any], exc: Exception) -> None:
         """Running a try raised past the job's own function (a value nothing foresaw,
@@ -114,8 +147,9 @@ class TryRunner:
         else:
             self._failed(current, current.job, int(claimed[3]), Failure.of(exc))
 
-    async def run_try(self, shard: int, claimed: list[Any]) -> None:
-        """Run one try of a claimed job, and put its outcome in the outbox."""
+    async def run_try(self, lane: Lane, shard: int, claimed: list[Any]) -> None:
+        """Run one try of a claimed job in ``lane``, and put its outcome in the outbox
+        (the runner does, if the lane is cancelled while it runs)."""
         raw_args, tries, token = claimed[2], int(claimed[3]), text(claimed[4])
         try:
             job_id, name = text(claimed[0]), text(claimed[1])
@@ -126,7 +160,7 @@ class TryRunner:
             self.outbox.put_unheld(shard, claimed[0], token, "dead", failure.encode())
             return
         job = self.jobs.get(name)
-        current = Try(job_id, shard, token, job)
+        current = Try(job_id, shard, token, job, tries)
         self.tries.start(current)
         if job is None:
             known = ", ".join(sorted(self.jobs)) or "none"
@@ -152,42 +186,36 @@ class TryRunner:
 
         reset = running.set((self.queue, current, context))
         try:
-            if options.timeout is not None:
-                current.scope.relative_deadline = options.timeout
-            with current.scope:
-                try:
-                    if self.middleware or tracing(claimed[7]):
-                        with job_span(name, job_id, self.queue.name, tries, context().headers):
-                            result = await self._call(job, context(), args, kwargs)
-                    elif job.is_async:
-                        result = await job.fn(*args, **kwargs)
-                    else:
-                        result = await self._in_thread(job, args, kwargs)
-                except Exception as exc:
-                    if current.taken_over:
-                        current.finished = True
-                        self.tries.forget(current.id, current.token)
-                        return
-                    unretried = None if isinstance(exc, job.options.retry_on) else "not in retry_on"
-                    self._failed(current, job, tries, Failure.of(exc, unretried=unretried), exc)
+            lane.begin(current, options.timeout)
+            try:
+                if self.middleware or tracing(claimed[7]):
+                    with job_span(name, job_id, self.queue.name, tries, context().headers):
+                        result = await self._call(job, context(), args, kwargs)
+                elif job.is_async:
+                    result = await job.fn(*args, **kwargs)
+                else:
+                    result = await self._in_thread(job, args, kwargs)
+            except trio.Cancelled:
+                # The lane's, or the worker's: the runner records the outcome if the
+                # lane catches it.
+                lane.interrupted = current
+                raise
+            except Exception as exc:
+                if current.taken_over:
+                    current.finished = True
+                    self.tries.forget(current.id, current.token)
                     return
+                unretried = None if isinstance(exc, job.options.retry_on) else "not in retry_on"
+                self._failed(current, job, tries, Failure.of(exc, unretried=unretried), exc)
+                return
+            finally:
+                lane.end()
             if current.taken_over:
                 log.warning(
                     "job %s (%s): taken over by another worker; its try here ended", job_id, name
                 )
                 current.finished = True
                 self.tries.forget(job_id, token)
-                return
-            if current.scope.cancelled_caught:
-                if current.abort_reason is not None:
-                    failure = Failure("Aborted", current.abort_reason)
-                    self.outbox.put(current, "aborted", failure.encode(), 0)
-                elif current.stopping:
-                    # its grace ran out at a graceful stop: back to the queue, not spent
-                    self.outbox.put(current, "release", b"", 0)
-                else:
-                    why = f"timed out after {options.timeout:g}s"
-                    self._failed(current, job, tries, Failure("Timeout", why))
                 return
             if options.keep_result:
                 try:
