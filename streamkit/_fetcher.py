@@ -185,7 +185,10 @@ class _Feed:
                 self.changes_due.append(changes)
 
     async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
-        if not (changes or self.changes_due):
+        # With a commit in flight (the fetcher sending changes handed over earlier),
+        # wait for it: it has landed (or failed) when this returns, as the consumer
+        # relies on before it lets the partition go.
+        if not (changes or self.changes_due or self.commit_lock.locked()):
             await self._ack(ids, [])
             return
         async with self.commit_lock:

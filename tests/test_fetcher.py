@@ -20,6 +20,7 @@ from streamkit import (
     open_events,
     open_fetcher,
 )
+from streamkit._commit import Changes
 from streamkit.testing import wait_until
 from tests.consume import (
     GROUP,
@@ -219,6 +220,34 @@ async def test_entries_read_as_a_wait_is_cancelled_are_delivered_in_order(
     assert raced, "no round cancelled a wait whose read had run"
     assert got == list(range(rounds))
     assert await pending_ids(redis, ticks, 0) == []
+
+
+async def test_an_acknowledgement_waits_for_the_commit_in_flight(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A consumer's last acknowledgement, before it lets its partition go, returns only
+    once a commit in flight (sent by the fetcher, or by another task) has landed: one
+    landing after the lock's release would be refused, and its changes lost."""
+    await ticks.send_many(ticks_for(1, range(3)))
+    landed: list[bool] = []
+    with trio.fail_after(10):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, idle_block=5) as fetcher,
+            locks.hold(lock_name(1), ttl=30) as held,
+            fetcher.partition(1, held) as feed,
+            trio.open_nursery() as nursery,
+        ):
+            batch = await feed.receive()
+            changes = Changes(on_landed=lambda: landed.append(True))
+            changes.hset(f"{ticks.key(1)}:counts", [b"k1", b"3"])
+            # Held up in Redis for a while: the commit stays in flight.
+            await redis.client_pause(300, PureToken.WRITE)
+            nursery.start_soon(feed.ack, batch.ids, changes)
+            await wait_until(feed.commit_lock.locked, what="a commit in flight", within=5)
+            await feed.ack([])
+            assert landed == [True]
+            feed.done(batch)
+    assert await pending_ids(redis, ticks, 1) == []
 
 
 async def test_backlog_sent_before_any_worker_is_processed(

@@ -130,6 +130,44 @@ async def test_a_table_and_outputs_reflect_every_event_once(redis_url: str, redi
         assert [r.total for r in mine] == [sum(range(1, n + 2)) for n in range(30)]
 
 
+async def test_a_worker_stopped_as_its_events_are_processed_commits_them_all(
+    redis_url: str,
+) -> None:
+    """The fetcher commits a quiet partition's changes on its own; a graceful stop that
+    comes just then waits for that commit before it lets the partition go (a commit
+    landing after the lock's release is refused, and its changes lost)."""
+    for round_ in range(12):
+        committed, sent = await stop_as_processed(App(f"stop{round_}", redis_url=redis_url, **FAST))
+        assert committed == sent, f"round {round_}: {committed} of {sent} committed"
+
+
+async def stop_as_processed(app: App) -> tuple[int, int]:
+    """Count a backlog in a table, stop the worker the moment the last event is
+    processed; return the count committed and the events sent."""
+    sales = app.stream("sales", record=Order, partition_by="customer", partition_count=8)
+    counts = app.table("counts", value=int, default=0)
+    sent = orders_for(customers=40, per_customer=50)
+    processed = 0
+    all_processed = trio.Event()
+
+    @app.processor(sales, tables=[counts])
+    async def counting(events: Events[Order]) -> None:
+        nonlocal processed
+        async for order in events.records():
+            counts.set(order.customer, await counts.get(order.customer) + 1)
+            processed += 1
+            if processed == len(sent):
+                all_processed.set()
+
+    async with app:
+        await sales.send_many(sent)
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(run_worker, app)
+            await all_processed.wait()
+            await worker.stop()
+        return sum(await counts.read_many([f"c{c}" for c in range(40)])), len(sent)
+
+
 async def test_a_retried_event_writes_once(redis_url: str, redis: Redis) -> None:
     app = App("retry", redis_url=redis_url, **FAST)
     words = app.stream("words", record=Order, partition_by="customer", partition_count=2)
