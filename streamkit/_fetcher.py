@@ -739,19 +739,22 @@ class Fetcher(Generic[R]):
             args += [feed.held.lease.value, feed.consumer]
         # Acknowledgements due go in front (Redis runs them at once), each partition's
         # in a fenced call of its own; not those of changes to commit, which
-        # :meth:`_run` sends on their own.
-        acking: list[tuple[_Feed, list[bytes]]] = []
-        for feed in behind:
-            if feed.acks_due and not feed.changes_due:
-                acking.append((feed, feed.acks_due[:ACK_CHUNK]))
-                del feed.acks_due[:ACK_CHUNK]
+        # :meth:`_run` sends on their own. They stay due until their reply says they
+        # landed: a consumer acknowledging meanwhile (its last, as it lets the
+        # partition go) sends them too, rather than miss ones whose call the wait's
+        # cancellation cut short (acknowledging twice is harmless).
+        acking: list[tuple[_Feed, list[bytes], list[bytes]]] = [
+            (feed, feed.acks_due, feed.acks_due[:ACK_CHUNK])
+            for feed in behind
+            if feed.acks_due and not feed.changes_due
+        ]
         before: list[ScriptCall] = [
             (
                 _ACK_SCRIPT,
                 [feed.key, feed.held.lease.key],
                 [feed.held.lease.value, self.group, self.trim_to, len(ids), *ids],
             )
-            for feed, ids in acking
+            for feed, _, ids in acking
         ]
         acked: list[Any] = []
         xread: list[bytes | str | int] = [
@@ -807,10 +810,13 @@ class Fetcher(Generic[R]):
             waiting = [f for f in waiting if not f.taken]
         return woken or bool(delivered)
 
-    def _acked_in_front(self, acking: list[tuple[_Feed, list[bytes]]], acked: list[Any]) -> None:
-        """Take the replies of the acknowledgements sent in front of a wait; those
-        unknown or failed are due again (acknowledging twice is harmless)."""
-        for i, (feed, ids) in enumerate(acking):
+    def _acked_in_front(
+        self, acking: list[tuple[_Feed, list[bytes], list[bytes]]], acked: list[Any]
+    ) -> None:
+        """Take the replies of the acknowledgements sent in front of a wait: those that
+        landed are no longer due (unless the consumer took them meanwhile, to send them
+        itself); the others stay due."""
+        for i, (feed, due, ids) in enumerate(acking):
             answer = acked[i] if i < len(acked) else None
             if answer == -1:
                 self._meter.fenced_out += 1
@@ -824,8 +830,8 @@ class Fetcher(Generic[R]):
                     )
             elif isinstance(answer, int):
                 feed.meter.acknowledged += answer
-            elif feed.active:
-                feed.acks_due[:0] = ids
+                if feed.acks_due is due and due[: len(ids)] == ids:
+                    del due[: len(ids)]
 
     def _read_unknown(self, feeds: list[_Feed]) -> None:
         """The fenced reads of ``feeds`` behind a wait may or may not have run: each
