@@ -164,8 +164,8 @@ class Claimer:
             if shard in self._orphans:
                 # Not the jobs of this reply: this worker is about to run them.
                 await self._recover(shard, [label(job[0]) for job in claimed])
+            self.tries.take_slots(len(claimed))
             for job in claimed:
-                self.tries.take_slot()
                 self.send.send_nowait((shard, job))
             if claimed or self.tries.free.value <= 0:
                 continue

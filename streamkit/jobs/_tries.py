@@ -143,9 +143,11 @@ class Tries:
         """Jobs claimed and not over."""
         return self.concurrency - int(self.free.value)
 
-    def take_slot(self) -> None:
-        """A job was claimed: it holds a slot until its try ends."""
-        self.free.value -= 1
+    def take_slots(self, jobs: int) -> None:
+        """``jobs`` were claimed (at once: one change of :attr:`free` for them all);
+        each holds a slot until its try ends."""
+        if jobs:
+            self.free.value -= jobs
 
     def give_slot(self) -> None:
         """A try ended: its slot is free again."""
