@@ -27,7 +27,7 @@ Key facts (Redis 7.0, checked by the tests):
 * an entry deleted (``XDEL``, trimming) while pending comes back from a history read
   as ``[id, nil]``; the read script acknowledges it, as there is nothing to process.
 
-Why one room (about 900 lines): the read loop, each partition's feed and the fenced
+Why one room (about 1,100 lines): the read loop, each partition's feed and the fenced
 read and commit calls share the feeds' state (what is due to acknowledge and commit,
 the commit lock, whether a partition is caught up); split, each half would reach into
 the other's. The feed's protocol is the seam (:mod:`streamkit._feed`).
@@ -638,20 +638,14 @@ class Fetcher(Generic[R]):
         if began:
             self._meter.fetch_seconds.observe(time.perf_counter() - began)
         if reply == 0:
-            self._meter.fenced_out += 1
-        else:
-            if acks:
-                feed.meter.acknowledged += len(acks)
-            for change in changes:
-                change.landed()
+            self._fenced_out(feed, "read")
+            return None
+        if acks:
+            feed.meter.acknowledged += len(acks)
+        for change in changes:
+            change.landed()
         if not feed.active:
             # Unregistered meanwhile: what was read stays pending for the next owner.
-            return None
-        if reply == 0:
-            self._fail(
-                feed,
-                LockLost(held.name, "a fenced read was refused: the lock is no longer ours"),
-            )
             return None
         ids, flat, widths, counts, next_start, last_id = reply
         feed.start = text(next_start)
@@ -790,8 +784,7 @@ class Fetcher(Generic[R]):
                 self._block_scope = None
                 self._acked_in_front(acking, acked)
         if scope.cancelled_caught:
-            self._read_unknown(behind)
-            return True
+            return True  # (its partitions read their history: see the except above)
         woken = self._woken_by(reply, by_key)
         if isinstance(replies, coredis.exceptions.NoScriptError):
             # Nothing ran: the woken partitions are read the usual way.
@@ -819,15 +812,7 @@ class Fetcher(Generic[R]):
         for i, (feed, due, ids) in enumerate(acking):
             answer = acked[i] if i < len(acked) else None
             if answer == -1:
-                self._meter.fenced_out += 1
-                if feed.active:
-                    self._fail(
-                        feed,
-                        LockLost(
-                            feed.held.name,
-                            "a fenced acknowledgement was refused: the lock is no longer ours",
-                        ),
-                    )
+                self._fenced_out(feed, "acknowledgement")
             elif isinstance(answer, int):
                 feed.meter.acknowledged += answer
                 if feed.acks_due is due and due[: len(ids)] == ids:
@@ -851,14 +836,7 @@ class Fetcher(Generic[R]):
         self._reads += 1
         feed.reads += 1
         if reply == 0:
-            self._meter.fenced_out += 1
-            if feed.active:
-                self._fail(
-                    feed,
-                    LockLost(
-                        feed.held.name, "a fenced read was refused: the lock is no longer ours"
-                    ),
-                )
+            self._fenced_out(feed, "read")
             return False
         ids, flat, widths = reply
         if not ids or not feed.active:
@@ -969,6 +947,15 @@ class Fetcher(Generic[R]):
         except trio.TooSlowError as exc:
             raise OutcomeUnknown("redis", f"a fenced {what} timed out") from exc
 
+    def _fenced_out(self, feed: _Feed, what: str) -> LockLost:
+        """A fenced ``what`` of ``feed`` was refused, the lease no longer ours: count it,
+        fail the feed (if still registered), and return the error."""
+        self._meter.fenced_out += 1
+        error = LockLost(feed.held.name, f"a fenced {what} was refused: the lock is no longer ours")
+        if feed.active:
+            self._fail(feed, error)
+        return error
+
     def _fail(self, feed: _Feed, error: StreamkitError) -> None:
         if feed.failure is None:
             log.warning(
@@ -1010,13 +997,7 @@ class Fetcher(Generic[R]):
                     self._fail(feed, unavailable)
                 raise
             if acked == -1:
-                self._meter.fenced_out += 1
-                error = LockLost(
-                    feed.held.name,
-                    "a fenced acknowledgement was refused: the lock is no longer ours",
-                )
-                self._fail(feed, error)
-                raise error
+                raise self._fenced_out(feed, "acknowledgement")
             feed.meter.acknowledged += int(acked)
             for change in changes:
                 change.landed()

@@ -216,7 +216,7 @@ async def run_blocking_between(
         answers = zip([*before, after], [*replies_before, last], strict=True)
         with redis_errors(url):
             for script in {script for (script, _, _), a in answers if isinstance(a, no_script)}:
-                await script_load(redis, script.source, ())
+                await script.load(redis)
     return reply, last
 
 
