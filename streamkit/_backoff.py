@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ._outage import OutageLog
 
-__all__ = ["Backoff", "retry_unavailable"]
+__all__ = ["Backoff", "jitter_draw", "retry_unavailable"]
 
 T = TypeVar("T")
 
@@ -24,6 +24,11 @@ DEFAULT_INITIAL = 0.05
 DEFAULT_MAXIMUM = 2.0
 DEFAULT_FACTOR = 2.0
 DEFAULT_JITTER = 0.2
+
+# streamkit's own generator: its jitter never advances (or depends on) the state of the
+# global ``random`` module, which belongs to the application (seeded for reproducible
+# runs, or checked by hypothesis while a worker runs in another thread).
+jitter_draw = random.Random().random
 
 
 @attrs.frozen(kw_only=True)
@@ -44,7 +49,7 @@ class Backoff:
         """Yield the delay before each successive retry, forever."""
         delay = self.initial
         while True:
-            yield delay * (1 - self.jitter * random.random())
+            yield delay * (1 - self.jitter * jitter_draw())
             delay = min(delay * self.factor, self.maximum)
 
 

@@ -5,6 +5,7 @@ and leases. (Workers killed mid-job: tests/reliability.)"""
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 from collections import Counter
@@ -123,6 +124,27 @@ async def test_a_job_goes_sent_then_executing_then_success(redis: Redis, queue: 
         counts = await queue.counts()
         assert (counts.succeeded, counts.running, counts.pending) == (1, 0, 0)
     await assert_drained(redis, queue)
+
+
+async def test_retries_leave_the_applications_random_generator_alone(queue: JobQueue) -> None:
+    # The jitter of a retry's delay comes from streamkit's own generator: an application
+    # seeding ``random`` for a reproducible run (or hypothesis, checking its draws from
+    # another thread) sees its global state untouched by a worker.
+    tries: list[int] = []
+
+    @queue.job(retries=3, backoff=Backoff(initial=0.01, jitter=0.5))
+    async def flaky() -> int:
+        tries.append(1)
+        if len(tries) < 3:
+            raise Bounce("fails")
+        return len(tries)
+
+    random.seed(1234)
+    before = random.getstate()
+    async with serving(queue):
+        handle = await flaky.delay()
+        assert await handle.result(timeout=10) == 3
+    assert random.getstate() == before
 
 
 @pytest.mark.cluster

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ import attrs
 import orjson
 import trio
 
+from .._backoff import jitter_draw
 from .._errors import ConfigError, EncodeError
 from .._logs import log_context
 from .._redis import LuaScript, retry_idempotent
@@ -304,7 +304,7 @@ class TryRunner:
         """Record a failed try, retried or dead by :func:`decide`, and log it once: a
         warning if it is retried, an error if the job is dead; with the traceback of
         ``exc``."""
-        verdict = decide(job.options, tries, failure, random.random())
+        verdict = decide(job.options, tries, failure, jitter_draw())
         max_tries = job.options.retries + 1
         if verdict.outcome == "retry" and isinstance(exc, Retry):
             log.info(
