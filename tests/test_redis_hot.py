@@ -155,6 +155,41 @@ async def test_cancelled_hot_calls_leave_every_other_call_its_own_reply(redis: R
     assert stats.discarded == 0
 
 
+async def test_a_call_the_socket_takes_in_part_keeps_its_place(redis: Redis) -> None:
+    """A call is written by its caller when nothing waits to be written: one too big
+    for the socket at once (16 MiB) leaves the rest to the writer task, and the calls
+    made meanwhile go after it, each with its own reply, in order."""
+    script = LuaScript("return {ARGV[1], string.len(ARGV[2])}", hot=True)
+    big = b"x" * (16 << 20)
+    with redis_errors():
+        await script(redis, keys=[], args=["warm", ""])
+    replies: dict[int, Any] = {}
+
+    async def call(n: int, payload: bytes) -> None:
+        with redis_errors():
+            replies[n] = await script(redis, keys=[], args=[str(n), payload])
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for n in range(50):
+                nursery.start_soon(call, n, big if n % 10 == 0 else b"ab")
+    assert replies == {n: [str(n).encode(), len(big) if n % 10 == 0 else 2] for n in range(50)}
+    assert redis_statistics(redis).lost == 0
+
+
+async def test_a_cancelled_caller_sends_nothing(redis: Redis) -> None:
+    script = LuaScript("return redis.call('INCR', KEYS[1])", hot=True)
+    with redis_errors():
+        assert await script(redis, keys=["sent"], args=[]) == 1
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with redis_errors():
+            await script(redis, keys=["sent"], args=[])
+    assert scope.cancelled_caught
+    with redis_errors():
+        assert await script(redis, keys=["sent"], args=[]) == 2
+
+
 async def _hot_client_id(redis: Redis, command: str) -> int:
     found: list[int] = []
 

@@ -10,15 +10,13 @@ import trio
 
 from .._acl import remember_script
 from .._errors import ConfigError, RedisUnavailable
-from ._hot import HotConnection, evalsha, pack, script_load
+from ._hot import HotConnection, HotRequest, evalsha, pack, script_load
 from ._pool import Pool
 from ._routing import own
 from ._translate import redis_errors
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
-
-    from coredis.connection._request import Request
 
     from ._routing import Redis
 
@@ -182,7 +180,7 @@ async def run_blocking_between(
         )
     url = own(redis, "blocking commands")._health.url
 
-    def call(connection: HotConnection, script_call: ScriptCall) -> Request:
+    def call(connection: HotConnection, script_call: ScriptCall) -> HotRequest:
         script, keys, args = script_call
         return connection.send_packed(
             pack((b"EVALSHA", script.sha, len(keys), *keys, *args)),

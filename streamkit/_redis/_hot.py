@@ -15,11 +15,19 @@ see :func:`~._commands.run_blocking_between`):
   authentication, the handshake, the pool and its slot accounting (:mod:`._pool`),
   the end of the connection and the failing of the requests in flight on it;
 * its requests are packed by ``hiredis.pack_command`` (with the same bytes as coredis
-  would send: floats as ``%.15g``, bools as integers), written by the connection's
-  own writer task, several requests per write;
+  would send: floats as ``%.15g``, bools as integers), and written by the calling
+  task at once when the connection's writer task has nothing to write (a plain
+  socket: no TLS), else by the writer task, several requests per write;
 * its replies are parsed by ``hiredis.Reader`` into the Python objects coredis gives
   for the hot scripts' replies (lists, bytes, integers, ``None``), Redis's errors into
-  coredis's own exception classes, chosen by coredis's own table.
+  coredis's own exception classes, chosen by coredis's own table;
+* a call takes a free connection of the hot pool without waiting on the pool's lock
+  (:meth:`~._pool.Pool.take_ready`), and waits for its reply on a Trio event
+  (:class:`HotRequest`), not through anyio's.
+
+Before these last three, a call cost its caller about 200 µs of CPU alone on a
+connection (waking the writer task, the pool's lock, anyio's event and deadline);
+after them about 100 µs, and a no-op job 26 µs instead of 35.
 
 Only the hot scripts use it: hiredis gives RESP3 sets as lists and big numbers as
 bytes, where coredis's callbacks of other commands expect sets and integers; a script
@@ -47,21 +55,33 @@ from typing import TYPE_CHECKING, Any, cast
 
 import coredis.exceptions
 import hiredis
-from anyio import BrokenResourceError, ClosedResourceError
+import trio
+from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
+from anyio.abc import SocketAttribute, SocketStream
 from anyio.lowlevel import checkpoint
 from coredis.connection import BaseConnection
-from coredis.connection._request import Request
 from coredis.parser import Parser
 
 from ._pool import ClusterPool
 from ._slots import key_slot
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    import socket
+    from collections.abc import Awaitable, Callable, Generator, Sequence
+
+    from coredis.connection._request import BaseRequest
+    from coredis.connection._statistics import ConnectionStatistics
 
     from ._routing import Redis
 
-__all__ = ["HotConnection", "evalsha", "hot_connection_class", "pack", "script_load"]
+__all__ = [
+    "HotConnection",
+    "HotRequest",
+    "evalsha",
+    "hot_connection_class",
+    "pack",
+    "script_load",
+]
 
 # Redis's error replies into coredis's exception classes, by coredis's own table.
 _ERRORS = Parser()
@@ -103,10 +123,109 @@ def pack(command: Sequence[object]) -> bytes:
     return packed
 
 
+class HotRequest:
+    """A request in flight on a hot connection: coredis's ``Request`` as the hot path
+    needs it, on a Trio event (coredis's goes through anyio's, and opens a tracing
+    span per request).
+
+    Awaiting it returns the reply; as coredis's: a reply later than the connection's
+    response timeout raises ``TimeoutError`` (the reply, when it comes, is dropped),
+    and cancelling the wait for a ``blocking`` request discards its connection.
+    """
+
+    __slots__ = (
+        "_connection",
+        "_event",
+        "_exc",
+        "_result",
+        "blocking",
+        "command",
+        "raise_exceptions",
+        "response_timeout",
+        "statistics",
+    )
+
+    def __init__(
+        self,
+        connection: BaseConnection,
+        *,
+        command: bytes,
+        response_timeout: float | None,
+        raise_exceptions: bool,
+        blocking: bool,
+    ) -> None:
+        self._connection = connection
+        self._event = trio.Event()
+        self._exc: BaseException | None = None
+        self._result: Any = None
+        self.command = command
+        self.response_timeout = response_timeout
+        self.raise_exceptions = raise_exceptions
+        self.blocking = blocking
+        self.statistics: ConnectionStatistics = connection.statistics
+        self.statistics.request_created()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the reply (or the failure) came."""
+        return self._event.is_set()
+
+    def consume(self, reply: Any) -> None:
+        """The reply came (an exception for an error reply)."""
+        self.statistics.request_resolved()
+        if isinstance(reply, BaseException):
+            self.fail(reply)
+        else:
+            self._result = reply
+            self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        """No reply will come: ``error`` says why (the connection ended)."""
+        if not self._event.is_set():
+            self._exc = error
+            self._event.set()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._reply().__await__()
+
+    async def _reply(self) -> Any:
+        if not self._event.is_set():
+            try:
+                if self.response_timeout is None:
+                    await self._event.wait()
+                else:
+                    with trio.move_on_after(self.response_timeout):
+                        await self._event.wait()
+                    if not self._event.is_set():
+                        reason = f"{self._name()} timed out after {self.response_timeout} seconds"
+                        self._exc = TimeoutError(reason)
+                        self._cancelled(reason)
+            except trio.Cancelled:
+                self._cancelled(f"{self._name()} was cancelled")
+                raise
+        if self._exc is None:
+            return self._result
+        if self.raise_exceptions:
+            raise self._exc
+        return self._exc
+
+    def _name(self) -> str:
+        return self.command.decode(errors="replace")
+
+    def _cancelled(self, reason: str) -> None:
+        if self.blocking:
+            self._connection.invalidate(reason)
+
+
 class HotConnection(BaseConnection):
     """A coredis connection whose replies hiredis parses and which sends packed requests.
 
     Mixed into coredis's own connection classes by :func:`hot_connection_class`.
+
+    A request packed already is written by the task that sends it, at once, when the
+    connection's writer task has nothing to write and the transport is a plain socket
+    (no TLS): a request costs no wake of the writer task. Otherwise, or for what the
+    socket does not take at once, the writer task writes it, after what it has.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -116,6 +235,9 @@ class HotConnection(BaseConnection):
             replyError=_reply_error,
             protocolError=coredis.exceptions.InvalidResponse,
         )
+        # The plain socket under self.stream (None for TLS), for the stream it is of.
+        self._hot_socket: socket.socket | None = None
+        self._hot_socket_of: object = None
 
     def send_packed(
         self,
@@ -124,8 +246,8 @@ class HotConnection(BaseConnection):
         command: bytes = b"EVALSHA",
         blocking: bool = False,
         raise_exceptions: bool = True,
-    ) -> Request:
-        """Queue ``data``, one ``command`` packed by :func:`pack`; return its request.
+    ) -> HotRequest:
+        """Send ``data``, one ``command`` packed by :func:`pack`; return its request.
 
         A ``blocking`` request's connection is discarded when awaiting it is cancelled
         (as coredis does for its blocking commands): it is a dedicated connection.
@@ -138,17 +260,47 @@ class HotConnection(BaseConnection):
         """
         if not self.usable:
             raise coredis.exceptions.ConnectionError("Connection not usable") from self._last_error
-        request = Request(
-            connection=self,
+        request = HotRequest(
+            self,
             command=command,
-            decode=False,
             response_timeout=self._stream_timeout,
             raise_exceptions=raise_exceptions,
-            disconnect_on_cancellation=blocking,
+            blocking=blocking,
         )
-        self._write_buffer_in.send_nowait([(_PACKED, (data,))])
-        self._requests.append(request)
+        # coredis's connection completes and fails its requests through the methods
+        # HotRequest has (consume, complete, fail).
+        self._requests.append(cast("BaseRequest", request))
+        if not self._write_now(data):
+            self._write_buffer_in.send_nowait([(_PACKED, (data,))])
         return request
+
+    def _write_now(self, data: bytes) -> bool:
+        """Write ``data`` from this task if nothing else waits to be written, handing
+        what the socket does not take to the writer task; whether it did."""
+        stream = self.stream
+        if stream is not self._hot_socket_of:
+            self._hot_socket_of = stream
+            self._hot_socket = (
+                stream.extra(SocketAttribute.raw_socket)
+                if isinstance(stream, SocketStream)
+                else None
+            )
+        sock = self._hot_socket
+        if sock is None:
+            return False
+        writer = self._write_buffer_out.statistics()
+        if writer.tasks_waiting_receive != 1 or writer.current_buffer_used:
+            return False  # the writer task is writing, or has something to write
+        try:
+            sent = sock.send(data)
+        except OSError:
+            # Full (the writer task waits until it is not), or broken (the writer task
+            # meets the same error and ends the connection, as for any request).
+            return False
+        self.statistics.data_sent(sent)
+        if sent < len(data):
+            self._write_buffer_in.send_nowait([(_PACKED, (data[sent:],))])
+        return True
 
     def _data_received(self, data: bytes) -> None:
         reader = self._hot_reader
@@ -164,6 +316,31 @@ class HotConnection(BaseConnection):
                     requests.popleft()
             else:
                 self._streamed_message_buffer_in.send_nowait(reply)
+
+    async def _reader_task(self) -> None:
+        # coredis's reader task, without its idle deadline when there is none (the
+        # default): a deadline costs a cancel scope per read.
+        if self._max_idle_time is not None:
+            await super()._reader_task()
+            return
+        while (stream := self.stream) is not None:
+            try:
+                data = await stream.receive()
+            except (EndOfStream, ClosedResourceError, BrokenResourceError) as err:
+                self._transport_failed = True
+                raise coredis.exceptions.ConnectionError(
+                    "Connection lost while receiving response"
+                ) from err
+            except Exception:
+                self._transport_failed = True
+                raise
+            self.statistics.data_received(len(data))
+            if not self._requests:
+                # push messages with nothing in flight: coredis's budget limits them
+                async with self._processing_budget:
+                    self._data_received(data)
+            else:
+                self._data_received(data)
 
     async def _writer_task(self) -> None:
         # coredis's writer task, for requests packed already as well as commands.
@@ -208,7 +385,9 @@ async def evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Seq
         return await redis.evalsha(sha, keys=keys, args=args)
     data = pack((b"EVALSHA", sha, len(keys), *keys, *args))
     if not isinstance(pool, ClusterPool):
-        connection = await pool.get_connection()
+        # As waiting for a slot would: a cancelled caller sends nothing.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        connection = pool.take_ready() or await pool.get_connection()
         try:
             request = cast("HotConnection", connection).send_packed(data)
         finally:
