@@ -232,10 +232,10 @@ class AsyncioClient(ClientBase):
     ) -> list[str]:
         """Append ``records`` to their partitions of ``stream``; return their entry ids
         (as :meth:`Stream.send <streamkit.Stream.send>`, with the same errors)."""
-        if len(records) == 1 and not replicas:
-            return await self.run(_ops.send_one(self._state, stream, records[0]))
-        return await self.send_many(
-            stream, records, replicas=replicas, replica_timeout=replica_timeout
+        return await self.run(
+            _ops.send(
+                self._state, stream, records, replicas=replicas, replica_timeout=replica_timeout
+            )
         )
 
     async def send_many(

@@ -237,9 +237,11 @@ class BlockingClient(ClientBase):
         :class:`~streamkit.OutcomeUnknown`, :class:`~streamkit.MetadataMismatch`,
         :class:`~streamkit.NotReplicated`.
         """
-        if len(records) == 1 and not replicas:
-            return self.run(_ops.send_one(self._state, stream, records[0]))
-        return self.send_many(stream, records, replicas=replicas, replica_timeout=replica_timeout)
+        return self.run(
+            _ops.send(
+                self._state, stream, records, replicas=replicas, replica_timeout=replica_timeout
+            )
+        )
 
     def send_many(
         self,

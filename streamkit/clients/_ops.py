@@ -52,7 +52,7 @@ from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
 from ..jobs._workflow import plan_workflow
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from .._settings import Settings
     from .._spec import StreamSpec
@@ -303,6 +303,29 @@ def send_many(
         if on_sent is not None:
             on_sent(len(records_window))
     return ids
+
+
+def send(
+    state: ClientState,
+    stream: SendsRecords,
+    records: Sequence[Any],
+    *,
+    replicas: int,
+    replica_timeout: float,
+) -> Op[list[str]]:
+    """Append ``records`` (a client's ``send(stream, *records)``): one record without
+    ``replicas`` by :func:`send_one`, for its latency, else by :func:`send_many`."""
+    if len(records) == 1 and not replicas:
+        return send_one(state, stream, records[0])
+    return send_many(
+        state,
+        stream,
+        records,
+        chunk_size=None,
+        on_sent=None,
+        replicas=replicas,
+        replica_timeout=replica_timeout,
+    )
 
 
 def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[str]]:
