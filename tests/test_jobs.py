@@ -126,6 +126,28 @@ async def test_a_job_goes_sent_then_executing_then_success(redis: Redis, queue: 
     await assert_drained(redis, queue)
 
 
+async def test_jobs_that_wait_for_each_other_all_start(queue: JobQueue) -> None:
+    # Claimed together, run by a worker whose runners take a claim's jobs back to back
+    # while they never await (jobs/_handoff.py): each of these awaits the others, so
+    # they end only if each started on a runner of its own.
+    started = 0
+    everyone = trio.Event()
+
+    @queue.job()
+    async def meet() -> int:
+        nonlocal started
+        started += 1
+        if started == 12:
+            everyone.set()
+        await everyone.wait()
+        return started
+
+    handles = await meet.enqueue_many([() for _ in range(12)])
+    async with serving(queue, concurrency=12):
+        for handle in handles:
+            assert await handle.result(timeout=10) == 12
+
+
 async def test_retries_leave_the_applications_random_generator_alone(queue: JobQueue) -> None:
     # The jitter of a retry's delay comes from streamkit's own generator: an application
     # seeding ``random`` for a reproducible run (or hypothesis, checking its draws from

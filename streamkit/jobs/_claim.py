@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ._handle import QueueLike
+    from ._handoff import Handoff
     from ._tries import Tries
 
 __all__ = ["RECLAIM_INTERVAL", "Claimed", "Claimer", "hand_back", "new_consumer"]
@@ -99,7 +100,7 @@ async def ensure_groups(queue: QueueLike, shard: int) -> None:
 
 @attrs.define(eq=False)
 class Claimer:
-    """Claims jobs of ``queue`` for the worker ``consumer``, into ``send``.
+    """Claims jobs of ``queue`` for the worker ``consumer``, into ``handoff``.
 
     :meth:`run` is one shard's loop; :meth:`stop` ends every loop (a drain).
     """
@@ -107,7 +108,7 @@ class Claimer:
     queue: QueueLike
     consumer: str
     tries: Tries
-    send: trio.MemorySendChannel[Claimed]
+    handoff: Handoff
     #: Called with a shard on which dependents of ended jobs are left to settle.
     unsettled: Callable[[int], object]
     backoff: Backoff = attrs.field(factory=Backoff)
@@ -165,8 +166,7 @@ class Claimer:
                 # Not the jobs of this reply: this worker is about to run them.
                 await self._recover(shard, [label(job[0]) for job in claimed])
             self.tries.take_slots(len(claimed))
-            for job in claimed:
-                self.send.send_nowait((shard, job))
+            self.handoff.put([(shard, job) for job in claimed])
             if claimed or self.tries.free.value <= 0:
                 continue
             # Nothing to do: wait on the ready streams until something arrives, the

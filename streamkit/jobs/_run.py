@@ -34,10 +34,10 @@ from ._tries import Lane, Try
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from ._claim import Claimed
     from ._context import Middleware
     from ._finish import Outbox
     from ._handle import Job, QueueLike
+    from ._handoff import Handoff
     from ._tries import Tries
 
 __all__ = ["TryRunner", "progress"]
@@ -89,12 +89,14 @@ class TryRunner:
     #: What the worker's lifespan yielded (:attr:`JobContext.state`).
     state: Any = None
 
-    async def run(self, receive: trio.MemoryReceiveChannel[Claimed]) -> None:
-        """Run the tries of the jobs received, one at a time, until cancelled."""
+    async def run(self, handoff: Handoff) -> None:
+        """Run the tries of the jobs handed over, one at a time, until cancelled."""
         while True:
             lane = Lane()
             with lane.scope:
-                async for shard, claimed in receive:
+                taker = handoff.taker()
+                while True:
+                    shard, claimed = await taker.next()
                     try:
                         # claimed: [job id, name, ...]; the job is in the log context
                         # of its try.
@@ -105,7 +107,6 @@ class TryRunner:
                                 self._crashed(claimed, exc)
                     finally:
                         self.tries.give_slot()
-                return
             # The lane was cancelled, for the try it ran (or for one that had just
             # ended: then for nothing); the next tries run in a new one.
             interrupted = lane.interrupted

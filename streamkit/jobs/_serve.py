@@ -3,7 +3,9 @@
 Task tree of ``serve_jobs`` (one nursery)::
 
     serve
-    ├── claimer (one per shard)      claim script / blocking read -> the runners' channel
+    ├── claimer (one per shard)      claim script / blocking read -> the handoff
+    ├── dispatcher                   wakes idle runners for jobs left waiting in the
+    │                                handoff (see jobs/_handoff.py)
     ├── finisher (one per shard)     fenced finish script for the outcomes of ended tries
     ├── settler (one per shard)      settles the dependents of ended jobs left over by the
     │                                scripts that ended them, a bounded number per call
@@ -21,7 +23,6 @@ queue without spending a try, in a shielded clean-up.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +33,12 @@ from .._errors import ConfigError, RedisUnavailable
 from .._logs import log_context
 from .._meter import JobMeter
 from .._nurseries import open_service_nursery
-from ._claim import Claimed, Claimer, ensure_groups, new_consumer
+from ._claim import Claimer, ensure_groups, new_consumer
 from ._cron import run_schedules
 from ._drain import drain, put_back
 from ._finish import Outbox, Settler, renew_leases
 from ._handle import Job
+from ._handoff import Handoff
 from ._model import JobOptions
 from ._run import TryRunner
 from ._tries import Tries
@@ -90,14 +92,15 @@ class JobWorker:
     _settler: Settler = attrs.field(init=False)
     _claimer: Claimer = attrs.field(init=False)
     _runner: TryRunner = attrs.field(init=False)
-    _claimed: trio.MemoryReceiveChannel[Claimed] = attrs.field(init=False)
+    _handoff: Handoff = attrs.field(init=False, factory=Handoff)
 
     def __attrs_post_init__(self) -> None:
         self._tries = Tries(self.concurrency)
         self._settler = Settler(self.queue)
         self._outbox = Outbox(self.queue, self._tries, self._meter, self._settler)
-        send, self._claimed = trio.open_memory_channel[Claimed](math.inf)
-        self._claimer = Claimer(self.queue, self.consumer, self._tries, send, self._settler.wake)
+        self._claimer = Claimer(
+            self.queue, self.consumer, self._tries, self._handoff, self._settler.wake
+        )
         self._runner = TryRunner(
             self.queue,
             self.jobs,
@@ -142,7 +145,8 @@ class JobWorker:
                 )
                 async with open_service_nursery(reason="job worker stopping") as nursery:
                     for _ in range(self.concurrency):
-                        nursery.start_soon(self._runner.run, self._claimed)
+                        nursery.start_soon(self._runner.run, self._handoff)
+                    nursery.start_soon(self._handoff.dispatch)
                     nursery.start_soon(renew_leases, self.queue, self.consumer, self._tries)
                     for shard in range(self.queue.shards):
                         nursery.start_soon(self._outbox.finisher, shard)
