@@ -19,7 +19,7 @@ import trio
 
 from ._errors import WrongPartition
 from ._partitioner import canonical_key_bytes, partition_for
-from ._redis import redis_errors
+from ._redis import hot_hget, redis_errors
 from ._windows import Slot, apply, next_action, settle
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class TableView:
             field = canonical_key_bytes(key)
             self._check(key)
             with redis_errors():
-                raw = await self._redis.hget(self.key, field)
+                raw = await hot_hget(self._redis, self.key, field)
             value = MISSING if raw is None else self.table.decode(raw)
             self._remember(field, value)
         return default if value is MISSING else value

@@ -24,7 +24,7 @@ from streamkit import (
     redis_errors,
     redis_statistics,
 )
-from streamkit._redis import LuaScript, replicated
+from streamkit._redis import LuaScript, hot_hget, replicated
 from streamkit._redis._hot import pack
 from streamkit.testing import wait_until
 
@@ -110,6 +110,27 @@ async def test_hot_script_errors_are_the_shared_pools(redis: Redis, name: str) -
     else:
         assert hot_outcome == shared_outcome
         assert hot_outcome[0] is BackendError
+
+
+@pytest.mark.cluster
+async def test_a_hot_hget_replies_and_fails_as_coredis(redis: Redis) -> None:
+    await redis.hset("h", {b"f\x00\xff": b"v\r\n\x00", b"empty": b""})
+    await redis.set("not-a-hash", "x")
+    cases: list[tuple[str, bytes]] = [
+        ("h", b"f\x00\xff"),
+        ("h", b"empty"),
+        ("h", b"absent"),
+        ("nokey", b"f"),
+    ]
+    for key, field in cases:
+        with redis_errors():
+            assert await hot_hget(redis, key, field) == await redis.hget(key, field)
+    outcomes = []
+    for get in (hot_hget, lambda r, k, f: r.hget(k, f)):
+        with pytest.raises(BackendError) as caught, redis_errors():
+            await get(redis, "not-a-hash", "f")
+        outcomes.append(str(caught.value))
+    assert outcomes[0] == outcomes[1]
 
 
 async def test_a_flushed_script_cache_is_loaded_again(redis: Redis) -> None:

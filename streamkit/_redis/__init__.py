@@ -62,6 +62,7 @@ from ._factory import (
     open_redis as open_redis,
 )
 from ._health import RedisStatistics as RedisStatistics
+from ._hot import hget as hot_hget
 from ._replicas import replicated as replicated
 from ._retries import (
     DEFAULT_RETRY_FOR as DEFAULT_RETRY_FOR,
@@ -97,6 +98,7 @@ __all__ = [
     "can_run_blocking_between",
     "check_redis_url",
     "health_of",
+    "hot_hget",
     "is_cluster",
     "is_cluster_url",
     "key_slot",

@@ -29,9 +29,10 @@ Before these last three, a call cost its caller about 200 µs of CPU alone on a
 connection (waking the writer task, the pool's lock, anyio's event and deadline);
 after them about 100 µs, and a no-op job 26 µs instead of 35.
 
-Only the hot scripts use it: hiredis gives RESP3 sets as lists and big numbers as
-bytes, where coredis's callbacks of other commands expect sets and integers; a script
-returns neither.
+Only the hot scripts use it, and a table's ``HGET`` of a key its worker has not cached
+(:func:`hget`): hiredis gives RESP3 sets as lists and big numbers as bytes, where
+coredis's callbacks of other commands expect sets and integers; a script returns
+neither, and an ``HGET`` a bulk string or nil, as from coredis.
 
 The guarantees of the layer hold as for any simple command on the shared pool:
 
@@ -78,6 +79,7 @@ __all__ = [
     "HotConnection",
     "HotRequest",
     "evalsha",
+    "hget",
     "hot_connection_class",
     "pack",
     "script_load",
@@ -379,25 +381,52 @@ async def evalsha(redis: Redis, sha: str, keys: Sequence[str | bytes], args: Seq
 
     Errors are coredis's, as from ``redis.evalsha`` (wrap in :func:`redis_errors`).
     """
+    return await _hot_call(
+        redis,
+        (b"EVALSHA", sha, len(keys), *keys, *args),
+        keys[0] if keys else None,
+        functools.partial(redis.evalsha, sha, keys=keys, args=args),
+    )
+
+
+async def hget(redis: Redis, key: str | bytes, field: str | bytes) -> bytes | None:
+    """``HGET key field`` on the hot path of ``redis`` if it has one (its reply, a bulk
+    string or nil, is the same from hiredis), else through coredis: a table's read of
+    a key its worker has not cached.
+
+    Errors are coredis's, as from ``redis.hget`` (wrap in :func:`redis_errors`).
+    """
+    reply: bytes | None = await _hot_call(
+        redis, (b"HGET", key, field), key, functools.partial(redis.hget, key, field)
+    )
+    return reply
+
+
+async def _hot_call(
+    redis: Redis,
+    command: tuple[Any, ...],
+    key: str | bytes | None,
+    fallback: Callable[[], Awaitable[Any]],
+) -> Any:
+    """``command`` on a hot connection where ``key`` lives, or ``fallback()`` (coredis's
+    usual path) for a client without hot connections or inside ``replicated()``."""
     pool = getattr(redis, "_hot_pool", None)
     dedicated = getattr(redis, "_dedicated", None)
     if pool is None or dedicated is None or dedicated.requires_wait:
-        return await redis.evalsha(sha, keys=keys, args=args)
-    data = pack((b"EVALSHA", sha, len(keys), *keys, *args))
+        return await fallback()
+    data = pack(command)
     if not isinstance(pool, ClusterPool):
         # As waiting for a slot would: a cancelled caller sends nothing.
         await trio.lowlevel.checkpoint_if_cancelled()
         connection = pool.take_ready() or await pool.get_connection()
         try:
-            request = cast("HotConnection", connection).send_packed(data)
+            request = cast("HotConnection", connection).send_packed(data, command=command[0])
         finally:
             pool.release(connection)
         return await request
-    if not keys:
-        return await redis.evalsha(sha, keys=keys, args=args)
-    return await _on_slot_owner(
-        pool, data, keys[0], functools.partial(redis.evalsha, sha, keys=keys, args=args)
-    )
+    if key is None:
+        return await fallback()
+    return await _on_slot_owner(pool, data, key, fallback)
 
 
 async def script_load(redis: Redis, source: str, keys: Sequence[str | bytes]) -> Any:
