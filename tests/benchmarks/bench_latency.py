@@ -25,7 +25,13 @@ during the warm-up (worker start-up, first reads) are not counted. The producer 
 in its own process so that its pacing and the consumer do not share an event loop; the
 two clocks are one (``time.time()`` on one machine).
 
-Target: streamkit's p50 and p99 within 1.5x of the bare loop's at each rate.
+Each rate runs ``--rounds`` rounds (3 by default), the two loops alternating, and each
+round's ratios are printed: a moment of load from other work on the machine (the
+bare loop's own p99 moves by half from one 3 s run to the next) falls on one round of
+one loop, and the median of the per-round ratios is what the target is judged on.
+
+Target: streamkit's p50 and p99 within 1.5x of the bare loop's at each rate (the
+median of the per-round ratios).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import importlib.util
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 import urllib.parse
@@ -306,22 +313,27 @@ LABELS: dict[Loop, str] = {
 }
 
 
-async def run(plans: Sequence[Plan], by_partition: float | None = None) -> None:
+async def run(plans: Sequence[Plan], rounds: int, by_partition: float | None = None) -> None:
     loops: tuple[Loop, ...] = ("bare", "streamkit")
     results: list[Result] = []
     with RedisServer() as server:
         for plan in plans:
-            for loop in loops:
-                results.append(await measure(server.url, loop, plan))  # noqa: PERF401
+            # Alternating, so that a moment of load from other work on the machine falls
+            # on one round of one loop, not on the whole of it.
+            for _ in range(rounds):
+                for loop in loops:
+                    results.append(await measure(server.url, loop, plan))  # noqa: PERF401
     plan = plans[0]
     print(
         f"end-to-end latency, send to processor, 1 worker, {plan.partitions} partitions, "
-        f"{plan.seconds:g} s per rate after a {plan.warmup:g} s warm-up; producer: "
-        f"{plan.producer}, one group every {plan.tick * 1000:g} ms"
+        f"{plan.seconds:g} s per rate and round after a {plan.warmup:g} s warm-up, "
+        f"{rounds} rounds alternating; producer: {plan.producer}, one group every "
+        f"{plan.tick * 1000:g} ms"
     )
     header = f"  {'rate':>8}  {'loop':<34}{'events':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
     print(f"{header}{'p50, p99 vs bare':>18}")
     bare: dict[int, tuple[float, float]] = {}
+    ratios: dict[int, list[tuple[float, float]]] = {}
     for result in results:
         p50, p99 = result.percentile(0.50), result.percentile(0.99)
         worst = max(result.latencies)
@@ -333,8 +345,18 @@ async def run(plans: Sequence[Plan], by_partition: float | None = None) -> None:
             bare[result.rate] = (p50, p99)
         else:
             bare_p50, bare_p99 = bare[result.rate]
-            line += f"{p50 / bare_p50:>11.2f}x{p99 / bare_p99:>6.2f}x  target <= {TARGET:g}x both"
+            ratios.setdefault(result.rate, []).append((p50 / bare_p50, p99 / bare_p99))
+            line += f"{p50 / bare_p50:>11.2f}x{p99 / bare_p99:>6.2f}x"
         print(line)
+    print("  median of the per-round ratios, worker / bare loop:")
+    for rate, pairs in ratios.items():
+        p50_ratio = statistics.median(p for p, _ in pairs)
+        p99_ratio = statistics.median(p for _, p in pairs)
+        verdict = "met" if max(p50_ratio, p99_ratio) <= TARGET else "NOT met"
+        print(
+            f"  {rate:>6,}/s  p50 {p50_ratio:.2f}x, p99 {p99_ratio:.2f}x  "
+            f"target <= {TARGET:g}x both: {verdict}"
+        )
     print(
         "  load while the counted records flowed: the producer's achieved rate and latest "
         "tick, CPU used (1.00 = one core)"
@@ -383,6 +405,9 @@ def main() -> None:
     parser.add_argument("--rates", type=int, nargs="+", default=[1_000, 10_000], metavar="N")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of each loop per rate, alternating"
+    )
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not counted")
     parser.add_argument("--tick-ms", type=float, default=1.0, help="producer tick")
     parser.add_argument(
@@ -413,7 +438,7 @@ def main() -> None:
         )
         for rate in args.rates
     ]
-    trio.run(run, plans, args.by_partition)
+    trio.run(run, plans, args.rounds, args.by_partition)
 
 
 if __name__ == "__main__":
