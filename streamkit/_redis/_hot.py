@@ -52,7 +52,7 @@ The guarantees of the layer hold as for any simple command on the shared pool:
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import coredis.exceptions
 import hiredis
@@ -328,14 +328,8 @@ class HotConnection(BaseConnection):
         while (stream := self.stream) is not None:
             try:
                 data = await stream.receive()
-            except (EndOfStream, ClosedResourceError, BrokenResourceError) as err:
-                self._transport_failed = True
-                raise coredis.exceptions.ConnectionError(
-                    "Connection lost while receiving response"
-                ) from err
-            except Exception:
-                self._transport_failed = True
-                raise
+            except Exception as err:
+                self._transport_broke(err, "Connection lost while receiving response")
             self.statistics.data_received(len(data))
             if not self._requests:
                 # push messages with nothing in flight: coredis's budget limits them
@@ -359,15 +353,17 @@ class HotConnection(BaseConnection):
             )
             try:
                 await self.stream.send(data)
-                self.statistics.data_sent(len(data))
-            except (ClosedResourceError, BrokenResourceError) as err:
-                self._transport_failed = True
-                raise coredis.exceptions.ConnectionError(
-                    "Connection lost while sending request"
-                ) from err
-            except Exception:
-                self._transport_failed = True
-                raise
+            except Exception as err:
+                self._transport_broke(err, "Connection lost while sending request")
+            self.statistics.data_sent(len(data))
+
+    def _transport_broke(self, err: Exception, what: str) -> NoReturn:
+        """Mark the transport failed and raise: coredis's ``ConnectionError(what)`` for a
+        stream lost or closed (as coredis's reader and writer tasks do), else ``err``."""
+        self._transport_failed = True
+        if isinstance(err, EndOfStream | ClosedResourceError | BrokenResourceError):
+            raise coredis.exceptions.ConnectionError(what) from err
+        raise err
 
 
 @functools.cache
