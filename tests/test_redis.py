@@ -8,6 +8,7 @@ import urllib.parse
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import coredis.exceptions
 import pytest
 import trio
@@ -26,6 +27,7 @@ from streamkit import (
 )
 from streamkit._backoff import Backoff
 from streamkit._redis import Redis, mask_url, open_redis, redis_errors
+from streamkit._redis._translate import translate
 from streamkit.testing import RedisServer, free_port, wait_until
 
 if TYPE_CHECKING:
@@ -518,3 +520,13 @@ async def test_connecting_gives_up_after_the_configured_time_not_before(
         )
     assert attempts[-1] - began == pytest.approx(3.0)
     assert len(attempts) >= 3
+
+
+@pytest.mark.parametrize(
+    "error",
+    [anyio.ClosedResourceError(), anyio.BrokenResourceError(), trio.ClosedResourceError()],
+)
+def test_a_connection_closed_under_a_command_is_outcome_unknown(error: Exception) -> None:
+    # coredis queues a command on a connection whose streams closed as it ended (it
+    # still counted it usable): the caller gets a streamkit error, never anyio's.
+    assert isinstance(translate(error, "redis://127.0.0.1:6379"), OutcomeUnknown)

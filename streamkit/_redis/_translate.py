@@ -14,6 +14,7 @@ import socket
 import ssl
 from typing import TYPE_CHECKING
 
+import anyio
 import coredis
 import coredis.exceptions
 import trio
@@ -67,12 +68,16 @@ _NOT_SENT_MESSAGES = (
 )
 
 #: Errors meaning the connection was lost (or never answered) with the command in flight.
+#: anyio's own come from coredis's connection streams: a command queued on a connection
+#: whose streams closed as it ended (coredis still counted it usable).
 LOST = (
     coredis.exceptions.ConnectionError,
     ConnectionError,
     TimeoutError,
     trio.BrokenResourceError,
     trio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
 )
 
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._handoff import Handoff
     from ._tries import Tries
 
-__all__ = ["RECLAIM_INTERVAL", "Claimed", "Claimer", "hand_back", "new_consumer"]
+__all__ = ["RECLAIM_INTERVAL", "Claimer", "hand_back", "new_consumer"]
 
 log = logging.getLogger("streamkit.jobs")
 
@@ -50,10 +50,6 @@ RECLAIM_INTERVAL = 0.5
 _BLOCK = 2.0
 #: Jobs one claim starts, at most (a claim is one script call).
 _MAX_CLAIM = 200
-
-#: A claimed job, as the claim script returns it, with its shard:
-#: ``(shard, [id, name, args, tries, token, priority, enqueued_ms, headers])``.
-Claimed = tuple[int, list[Any]]
 
 
 def new_consumer() -> str:

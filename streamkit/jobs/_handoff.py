@@ -14,7 +14,7 @@ jobs that await start on runners of their own a scheduling round later.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -22,9 +22,11 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ._claim import Claimed
+__all__ = ["STREAK", "Claimed", "Handoff", "Taker"]
 
-__all__ = ["STREAK", "Handoff", "Taker"]
+#: A claimed job, as the claim script returns it, with its shard:
+#: ``(shard, [id, name, args, tries, token, priority, enqueued_ms, headers])``.
+Claimed = tuple[int, list[Any]]
 
 #: Tries a runner starts back to back, without letting other tasks run, at most.
 STREAK = 32
