@@ -88,29 +88,11 @@ class Events(Generic[R]):
         keys: the processor's keys (consumer group, dead-letter stream, lock names).
     """
 
-    def __init__(
-        self,
-        feed: PartitionFeed,
-        *,
-        draining: trio_util.AsyncBool | None = None,
-        ack_batch: int = DEFAULT_ACK_BATCH,
-        max_deliveries: int | None = None,
-        divert: DivertHook | None = None,
-        middleware: Sequence[Middleware] = (),
-        state: PartitionState | None = None,
-    ) -> None:
-        self.partition: int = feed.partition
-        self.stream: StreamSpec[R] = feed.stream
-        self.keys: ProcessorKeys = feed.keys
-        self._delivery: Delivery[R] = Delivery(
-            feed,
-            draining=draining,
-            ack_batch=ack_batch,
-            max_deliveries=max_deliveries,
-            divert=divert,
-            middleware=middleware,
-            state=state,
-        )
+    def __init__(self, delivery: Delivery[R]) -> None:
+        self.partition: int = delivery.feed.partition
+        self.stream: StreamSpec[R] = delivery.feed.stream
+        self.keys: ProcessorKeys = delivery.feed.keys
+        self._delivery = delivery
 
     # -- public iterators --
 
@@ -330,7 +312,7 @@ async def open_events(
             replicas=state_replicas,
         )
         await state.open()
-    events: Events[Any] = Events(
+    delivery: Delivery[Any] = Delivery(
         feed,
         draining=draining,
         ack_batch=ack_batch,
@@ -339,7 +321,7 @@ async def open_events(
         middleware=middleware,
         state=state,
     )
-    delivery = events._delivery
+    events: Events[Any] = Events(delivery)
     ended_normally = False
     token = state.activate() if state is not None else None
     try:

@@ -44,7 +44,6 @@ from ._errors import StreamkitError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-    from types import TracebackType
 
 __all__ = ["RedisCluster", "RedisServer", "RedisServerError", "free_port", "wait_until"]
 
@@ -158,12 +157,7 @@ class _StartedInWith:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

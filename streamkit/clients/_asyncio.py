@@ -45,7 +45,6 @@ from ._ops import _NO_DEFAULT, Batch, Call, Sleep
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
     from datetime import datetime
-    from types import TracebackType
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
@@ -83,12 +82,7 @@ class AsyncioClient(ClientBase):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:

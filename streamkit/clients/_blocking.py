@@ -48,7 +48,6 @@ from ._ops import _NO_DEFAULT, Batch, Call, Sleep
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from datetime import datetime
-    from types import TracebackType
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
@@ -104,12 +103,7 @@ class BlockingClient(ClientBase):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -44,11 +44,7 @@ from ._handle import Job, JobDecorator, JobHandle, WorkflowHandle
 from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
 from ._layout import ShardKeys, shard_for
 from ._model import (
-    DEFAULT_DEDUPE_WINDOW,
     DEFAULT_MAX_BYTES,
-    DEFAULT_RESULT_TTL,
-    DEFAULT_RETRIES,
-    DEFAULT_RETRY_BACKOFF,
     JobCall,
     JobInfo,
     JobOptions,
@@ -77,7 +73,6 @@ if TYPE_CHECKING:
 
     from ._context import Middleware
     from ._handle import QueueLike
-    from ._limits import RateLimit
 
 __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
 
@@ -175,8 +170,6 @@ class JobQueue:
 
     # ------------------------------------------------------------------ declaring
 
-    # The overloads type the options with JobOptionsArgs; the definition spells them
-    # out, with their defaults, for the reader and the docs.
     @overload
     def job(  # an async def matches the next one too: this one comes first
         self,
@@ -209,21 +202,7 @@ class JobQueue:
         fn: Callable[..., Any] | None = None,
         *,
         name: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-        timeout: float | None = None,
-        retry_on: tuple[type[BaseException], ...] = (Exception,),
-        backoff: Backoff = DEFAULT_RETRY_BACKOFF,
-        priority: Priority = "normal",
-        result_ttl: float = DEFAULT_RESULT_TTL,
-        keep_result: bool = True,
-        expires: float | None = None,
-        dedupe_window: float = DEFAULT_DEDUPE_WINDOW,
-        rate_limit: RateLimit | str | None = None,
-        concurrency: int | None = None,
-        limit_key: str | Callable[..., Any] | None = None,
-        key_rate_limit: RateLimit | str | None = None,
-        key_concurrency: int | None = None,
-        grace: float | None = None,
+        **options: Unpack[JobOptionsArgs],
     ) -> Job[Any, Any] | Callable[[Callable[..., Any]], Job[Any, Any]]:
         """Declare ``fn`` (``async def`` or plain ``def``) as a job of this queue.
 
@@ -232,18 +211,23 @@ class JobQueue:
 
         Args:
             name: the job's name; the function's name by default.
-            retries: tries after the first when a try fails.
+            retries: tries after the first when a try fails (3).
             timeout: seconds a try may run; a try that runs longer is cancelled and
-                counts as failed (and is retried if tries are left).
-            retry_on: the exception types that are retried; others go dead at once.
-            backoff: delays between tries (exponential, with jitter).
-            priority: the default priority: ``"high"``, ``"normal"`` or ``"low"``.
-            result_ttl: seconds a finished job's record and result are kept.
+                counts as failed (and is retried if tries are left). No limit by
+                default.
+            retry_on: the exception types that are retried; others go dead at once
+                (``(Exception,)``).
+            backoff: delays between tries (exponential, with jitter; by default 1 s
+                doubling up to 300 s, jittered by half).
+            priority: the default priority: ``"high"``, ``"normal"`` (the default) or
+                ``"low"``.
+            result_ttl: seconds a finished job's record and result are kept (a day).
             keep_result: whether its return value is stored (it must be
-                JSON-serialisable).
+                JSON-serialisable); ``True`` by default.
             expires: seconds after enqueueing after which it ends ``expired``
                 unless it started.
-            dedupe_window: seconds during which ``job_id=`` dedupes enqueues.
+            dedupe_window: seconds during which ``job_id=`` dedupes enqueues (a day;
+                rounded up to whole seconds).
             rate_limit: at most this many tries of the job start in any window, across
                 every worker: a :class:`RateLimit` or a string such as ``"10/s"``.
             concurrency: at most this many of its jobs run at once, across every worker.
@@ -258,27 +242,17 @@ class JobQueue:
 
         Returns:
             the :class:`Job`, which is still callable as the plain function.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for an invalid option; ``TypeError`` for
+            an unknown one.
         """
-        options = JobOptions(
-            retries=retries,
-            timeout=timeout,
-            retry_on=retry_on,
-            backoff=backoff,
-            priority=priority,
-            result_ttl=result_ttl,
-            keep_result=keep_result,
-            expires=expires,
-            dedupe_window=math.ceil(dedupe_window),
-            rate_limit=rate_limit,
-            concurrency=concurrency,
-            limit_key=limit_key,
-            key_rate_limit=key_rate_limit,
-            key_concurrency=key_concurrency,
-            grace=grace,
-        )
+        if "queue" in options:  # an App's routing option, not a queue's
+            raise TypeError("JobQueue.job() got an unexpected keyword argument 'queue'")
+        job_options = JobOptions(**options)
 
         def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
-            return self.add(Job(name or fn.__name__, fn, options, None, lambda: self))
+            return self.add(Job(name or fn.__name__, fn, job_options, None, lambda: self))
 
         return declare if fn is None else declare(fn)
 
