@@ -8,15 +8,15 @@ marks stops being an error. At run time the same calls are made against a real R
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, assert_type
 
+import attrs
 import pytest
 
 from streamkit import App
 from streamkit.clients import AsyncioJobHandle, BlockingJobHandle
 from streamkit.jobs import Job, JobHandle, JobQueue, open_job_queue
-from streamkit.jobs._model import JobOptionsArgs
+from streamkit.jobs._model import JobOptions, JobOptionsArgs
 from tests.jobs_serving import serving
 
 if TYPE_CHECKING:
@@ -83,12 +83,12 @@ def test_an_app_job_and_the_clients_are_typed_too() -> None:
     assert callable(asyncio_use)
 
 
-def test_queue_job_options_are_typed_as_the_definition_spells_them() -> None:
-    # The overloads of JobQueue.job type its options with JobOptionsArgs: the two
-    # must name the same options, or the type checker and the code disagree.
-    defined = inspect.signature(JobQueue.job).parameters.values()
-    keywords = {p.name for p in defined if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert set(JobOptionsArgs.__annotations__) == keywords - {"name"}
+def test_queue_job_options_are_typed_as_job_options_takes_them() -> None:
+    # JobQueue.job types its options with JobOptionsArgs and hands them to
+    # JobOptions: the two must name the same options (but an App's ``queue``), or
+    # the type checker and the code disagree.
+    taken = {a.name for a in attrs.fields(JobOptions) if a.init}
+    assert set(JobOptionsArgs.__annotations__) == taken - {"queue"}
 
     async def declare(queue: JobQueue) -> None:
         @queue.job(retries=2, timeout=1.5, rate_limit="10/s", priority="low")
@@ -100,3 +100,13 @@ def test_queue_job_options_are_typed_as_the_definition_spells_them() -> None:
         queue.job(priority="urgent")  # type: ignore[call-overload]
 
     assert callable(declare)
+
+
+@pytest.mark.parametrize("option", ["queue", "retry"])
+async def test_a_queue_job_refuses_an_option_it_does_not_take(redis: Redis, option: str) -> None:
+    # ``queue`` routes an App's jobs; a queue has no use for it. ``retry`` is a typo.
+    async with open_job_queue(redis, "typing-refuses") as queue:
+        declare: Any = queue.job  # the type checker would refuse both too
+        with pytest.raises(TypeError, match=option):
+            declare(**{option: 2})
+        assert queue.jobs == {}
