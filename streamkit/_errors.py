@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -47,7 +47,27 @@ __all__ = [
 
 
 class StreamkitError(Exception):
-    """Root of every error streamkit raises on purpose."""
+    """Root of every error streamkit raises on purpose.
+
+    Every streamkit error pickles (to cross a process pool, say): it is rebuilt from
+    the arguments it was made with, whatever its constructor takes.
+    """
+
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        error = super().__new__(cls, *args)
+        error._made_with = (args, kwargs)
+        return error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args, kwargs = self._made_with
+        return (_rebuild, (type(self), args, kwargs), self.__dict__)
+
+
+def _rebuild(cls: type[StreamkitError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Unpickle an error: make it again with its arguments."""
+    return cls(*args, **kwargs)
 
 
 class ConfigError(StreamkitError, ValueError):
