@@ -47,7 +47,7 @@ from .._windows import Window
 from .._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
 from ..jobs import _scripts
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
-from ..jobs._plan import JobIds, link_answers, plan_enqueue
+from ..jobs._plan import JobIds, Placement, link_answers, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
 from ..jobs._workflow import plan_workflow
 
@@ -199,6 +199,7 @@ class ClientState:
         checked: the streams whose metadata this client checked.
         max_bytes: the most bytes a job's encoded arguments may take (the queue's
             ``job_max_bytes``).
+        placement: ``shards``, ``new_id`` and ``max_bytes``, for planning enqueues.
     """
 
     queue: str
@@ -208,6 +209,10 @@ class ClientState:
     markers: FinishedMarkers = attrs.field(factory=FinishedMarkers)
     new_id: JobIds = attrs.field(factory=JobIds)
     checked: set[str] = attrs.field(factory=set)
+    placement: Placement = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.placement = Placement(self.shards, self.new_id, self.max_bytes)
 
     def job(self, job: JobLike | str) -> JobLike:
         """The app's job ``job`` (given, or by name).
@@ -457,15 +462,7 @@ def enqueue(
     An enqueue is not idempotent (without ``job_id``): like the Trio queue's, a call
     is sent again only while it surely never reached Redis.
     """
-    plan = plan_enqueue(
-        job,
-        calls,
-        shards=state.shards,
-        new_id=state.new_id,
-        priority=priority,
-        delay=delay,
-        max_bytes=state.max_bytes,
-    )
+    plan = plan_enqueue(job, calls, state.placement, priority=priority, delay=delay)
     queue = state.queue_of(job)
     linked: dict[tuple[str, str], Any] | None = None
     if plan.remote:
@@ -514,9 +511,7 @@ def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, st
     plan = plan_workflow(
         workflow,
         queue_of=lambda job: state.queue_of(state.job(job)),
-        shards=state.shards,
-        new_id=state.new_id,
-        max_bytes=state.max_bytes,
+        placement=state.placement,
     )
     for stage in plan.stages:
         linked = yield from _links(plan.link_calls(stage))

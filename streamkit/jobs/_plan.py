@@ -34,6 +34,7 @@ __all__ = [
     "EnqueuePlan",
     "JobIds",
     "JobLike",
+    "Placement",
     "add_call_times",
     "answer",
     "encode_arguments",
@@ -279,15 +280,30 @@ class EnqueuePlan:
                 yield keys, (keys.base, *self.defaults, *fields[3 * jobs.start : 3 * jobs.stop])
 
 
+@attrs.frozen
+class Placement:
+    """What planning an enqueue needs of a queue (a :class:`JobQueue`, a client):
+    where its jobs go and how large their arguments may be.
+
+    Attributes:
+        shards: the queue's shard count.
+        new_id: makes a job id (a :class:`JobIds`).
+        max_bytes: the most bytes a job's encoded arguments may take (the queue's
+            limit), if any.
+    """
+
+    shards: int
+    new_id: Callable[[], str]
+    max_bytes: int | None = None
+
+
 def plan_enqueue(
     job: JobLike,
     calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
+    placement: Placement,
     *,
-    shards: int,
-    new_id: Callable[[], str],
     priority: Priority | None = None,
     delay: When | None = None,
-    max_bytes: int | None = None,
 ) -> EnqueuePlan:
     """Check and encode one enqueue of ``job`` per call (see :meth:`Job.enqueue_many
     <streamkit.jobs.Job.enqueue_many>`).
@@ -296,12 +312,9 @@ def plan_enqueue(
         job: the declared job.
         calls: a tuple (positional arguments), a mapping (keyword arguments) or a
             :class:`~streamkit.jobs.JobCall` per job.
-        shards: the queue's shard count.
-        new_id: makes a job id (a :class:`JobIds`).
+        placement: the queue's shards and limit on arguments.
         priority: the priority of the calls that name none.
         delay: the delay of the calls that name none.
-        max_bytes: the most bytes a job's encoded arguments may take (the queue's
-            limit), if any.
 
     Error handling:
         ``TypeError`` if the function does not accept a call's arguments;
@@ -311,6 +324,7 @@ def plan_enqueue(
     """
     if priority is not None and priority not in PRIORITIES:
         raise ConfigError("priority", f"must be 'high', 'normal' or 'low', got {priority!r}")
+    shards, new_id, max_bytes = placement.shards, placement.new_id, placement.max_bytes
     options = job.options
     placed: list[tuple[str, int]] = []
     per_shard: dict[int, list[Any]] = {}

@@ -56,7 +56,7 @@ from ._model import (
     When,
 )
 from ._outcome import label
-from ._plan import JobIds, encode_arguments, plan_enqueue
+from ._plan import JobIds, Placement, encode_arguments, plan_enqueue
 from ._replies import abort_reply, watch_reply
 from ._serve import Handlers, JobWorker, serve_jobs
 from ._workflow import Workflow, compile_workflow, plan_workflow
@@ -163,8 +163,10 @@ class JobQueue:
     _waiters: list[_Waiters] = attrs.field(init=False)
     # New job ids: a random prefix and a counter (a new prefix after fork).
     _new_id: JobIds = attrs.field(init=False, factory=JobIds)
+    _placement: Placement = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self._placement = Placement(self.shards, self._new_id, self.max_bytes)
         self.shard_keys = [ShardKeys(self.name, s) for s in range(self.shards)]
         self._waiters = [_Waiters(keys) for keys in self.shard_keys]
 
@@ -484,15 +486,7 @@ class JobQueue:
         """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
         # Checked and encoded as every client does (jobs._plan), then sent in bounded
         # calls, a few at a time.
-        plan = plan_enqueue(
-            job,
-            calls,
-            shards=self.shards,
-            new_id=self._new_id,
-            priority=priority,
-            delay=delay,
-            max_bytes=self.max_bytes,
-        )
+        plan = plan_enqueue(job, calls, self._placement, priority=priority, delay=delay)
         await send_plan(self, plan)
         return [JobHandle(self, job_id, shard) for job_id, shard in plan.placed]
 
@@ -520,9 +514,7 @@ class JobQueue:
         plan = plan_workflow(
             workflow,
             queue_of=lambda job: job.queue.name if isinstance(job, Job) else self.name,
-            shards=self.shards,
-            new_id=self._new_id,
-            max_bytes=self.max_bytes,
+            placement=self._placement,
         )
         await send_workflow(self.redis, plan)
         handles: tuple[JobHandle[Any], ...] = tuple(

@@ -31,6 +31,8 @@ from ._trace import inject_trace
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 
+    from ._plan import Placement
+
 __all__ = [
     "GATHER",
     "Chain",
@@ -346,18 +348,14 @@ def plan_workflow(
     workflow: Workflow,
     *,
     queue_of: Callable[[JobLike], str],
-    shards: int,
-    new_id: Callable[[], str],
-    max_bytes: int | None = None,
+    placement: Placement,
 ) -> WorkflowPlan:
     """Check, place and cut ``workflow`` into the calls that enqueue it.
 
     Args:
         workflow: a step, a chain, a group or a chord.
         queue_of: the name of the queue each job is routed to.
-        shards: the queues' shard count.
-        new_id: makes a job id.
-        max_bytes: the most bytes a job's encoded arguments may take, if any.
+        placement: the queues' shards and limit on arguments.
 
     Jobs without an id of their own, and without limits binding them to a shard, go
     on one shard per queue (so that a workflow on one queue is one call per stage);
@@ -368,6 +366,7 @@ def plan_workflow(
         is sent. A step that is fed (a chain's later step, a callback) is checked with
         a placeholder for its first argument.
     """
+    shards, new_id, max_bytes = placement.shards, placement.new_id, placement.max_bytes
     nodes, final = compile_workflow(workflow)
     trace = inject_trace()
     placed: list[Placed] = []
