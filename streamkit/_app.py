@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack, overload
 
 import attrs
 
@@ -31,7 +31,7 @@ from ._windows import Window, to_ms
 from .jobs._cron import cron_decorator
 from .jobs._handle import Job, JobDecorator
 from .jobs._layout import DEFAULT_QUEUE, routed_queue
-from .jobs._model import JobOptions, P as JobParams, R as JobResult
+from .jobs._model import AppJobOptionsArgs, JobOptions, P as JobParams, R as JobResult
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -476,19 +476,29 @@ class App:
         fn: Callable[JobParams, Coroutine[Any, Any, JobResult]],
         *,
         name: str | None = None,
-        **options: Any,
+        **options: Unpack[AppJobOptionsArgs],
     ) -> Job[JobParams, JobResult]: ...
 
     @overload
     def job(
-        self, fn: Callable[JobParams, JobResult], *, name: str | None = None, **options: Any
+        self,
+        fn: Callable[JobParams, JobResult],
+        *,
+        name: str | None = None,
+        **options: Unpack[AppJobOptionsArgs],
     ) -> Job[JobParams, JobResult]: ...
 
     @overload
-    def job(self, fn: None = None, *, name: str | None = None, **options: Any) -> JobDecorator: ...
+    def job(
+        self, fn: None = None, *, name: str | None = None, **options: Unpack[AppJobOptionsArgs]
+    ) -> JobDecorator: ...
 
     def job(
-        self, fn: Callable[..., Any] | None = None, *, name: str | None = None, **options: Any
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        **options: Unpack[AppJobOptionsArgs],
     ) -> Any:
         """Declare ``fn`` (``async def`` or plain ``def``) as a job of the app's queue.
 
@@ -521,7 +531,7 @@ class App:
         misfire_grace: float = 60.0,
         tz: str | None = None,
         name: str | None = None,
-        **options: Any,
+        **options: Unpack[AppJobOptionsArgs],
     ) -> JobDecorator:
         """Declare a job run at the times of a crontab ``expression`` in the timezone
         ``tz`` (UTC by default), each tick once across all workers. See

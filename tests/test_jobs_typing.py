@@ -77,10 +77,15 @@ def test_an_app_job_and_the_clients_are_typed_too() -> None:
             assert_type(handle, AsyncioJobHandle[float])
             return await handle.result()
 
+    def misuse(app: App) -> None:  # the type checker refuses a misspelt or bad option
+        app.job(queue="gpu", retry=2)  # type: ignore[call-overload]
+        app.cron("* * * * *", priority="urgent")  # type: ignore[arg-type]
+
     assert isinstance(square, Job)
     assert callable(trio_use)
     assert callable(blocking_use)
     assert callable(asyncio_use)
+    assert callable(misuse)
 
 
 def test_queue_job_options_are_typed_as_job_options_takes_them() -> None:

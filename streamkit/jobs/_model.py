@@ -323,6 +323,13 @@ class JobOptionsArgs(TypedDict, total=False):
     grace: float | None
 
 
+class AppJobOptionsArgs(JobOptionsArgs, total=False):
+    """The options of :meth:`App.job <streamkit.App.job>`: a queue's, and the app's
+    queue the job is routed to."""
+
+    queue: str | None
+
+
 @attrs.frozen(kw_only=True)
 class JobOptions:
     """How a job runs. See :meth:`JobQueue.job` for each option."""

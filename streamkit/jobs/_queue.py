@@ -265,7 +265,7 @@ class JobQueue:
         misfire_grace: float = 60.0,
         tz: str | None = None,
         name: str | None = None,
-        **options: Any,
+        **options: Unpack[JobOptionsArgs],
     ) -> JobDecorator:
         """Declare a job that runs at the times of a crontab ``expression``, in the
         timezone ``tz`` (an IANA name such as ``"Europe/Paris"``; UTC by default).
