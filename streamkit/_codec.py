@@ -19,17 +19,14 @@ Encoding refuses what consumers would refuse, and records over ``max_record_size
 
 from __future__ import annotations
 
-from datetime import date, datetime
-from decimal import Decimal
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
-from uuid import UUID
 
 import attrs
 import cattrs
 import orjson
 
 from ._codec_fast import entry_encoder, flat_builder, payload_decoder, payloads_encoder
+from ._codec_primitive import primitive_slots
 from ._compression import (
     COMPRESSIONS,
     Compression,
@@ -40,7 +37,7 @@ from ._compression import (
 )
 from ._errors import ConfigError, DecodeError, EncodeError
 from ._json_converter import converter
-from ._records import PrimitiveField, is_primitive, primitive_fields
+from ._records import is_primitive
 from ._validate import positive_int
 from ._wire import DEFAULT_MAX_DECODED_SIZE, DEFAULT_MAX_RECORD_SIZE, field_pairs, format_size
 
@@ -64,89 +61,12 @@ _DATA_FIELD_NAMES = (
 
 
 # ---------------------------------------------------------------------------------------
-# Primitive mode: one stream field per record field, in a canonical text form.
+# The codec (primitive mode's field forms are in _codec_primitive)
 
 
 def _no_payloads(values: Sequence[Any]) -> list[bytes | None]:
     """A codec with no fast path: every record goes to its entry encoder."""
     return [None] * len(values)
-
-
-def _encode_bool(value: bool) -> bytes:
-    if value is True:
-        return b"true"
-    if value is False:
-        return b"false"
-    raise TypeError(f"expected a bool, got {type(value).__name__}")
-
-
-def _decode_bool(raw: bytes) -> bool:
-    if raw == b"true":
-        return True
-    if raw == b"false":
-        return False
-    raise ValueError("expected b'true' or b'false'")
-
-
-def _encode_text(value: object) -> bytes:
-    return str(value).encode("ascii")
-
-
-_SCALAR_ENCODERS: dict[type, Callable[[Any], bytes]] = {
-    int: lambda value: b"%d" % value,
-    float: lambda value: repr(float(value)).encode("ascii"),
-    str: str.encode,  # UTF-8
-    bool: _encode_bool,
-    bytes: bytes,
-    datetime: lambda value: value.isoformat().encode("ascii"),
-    date: lambda value: value.isoformat().encode("ascii"),
-    Decimal: _encode_text,
-    UUID: _encode_text,
-}
-
-_SCALAR_DECODERS: dict[type, Callable[[bytes], Any]] = {
-    int: int,
-    float: float,
-    str: lambda raw: raw.decode("utf-8"),
-    bool: _decode_bool,
-    bytes: bytes,
-    datetime: lambda raw: datetime.fromisoformat(raw.decode("ascii")),
-    date: lambda raw: date.fromisoformat(raw.decode("ascii")),
-    Decimal: lambda raw: Decimal(raw.decode("ascii")),
-    UUID: lambda raw: UUID(raw.decode("ascii")),
-}
-
-
-def _scalar_codec(scalar: type) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
-    if issubclass(scalar, Enum):
-        # An enum member is stored as its value's canonical form; both directions are
-        # a dict lookup, which also rejects values that are not members.
-        by_member = {
-            member: _SCALAR_ENCODERS[type(member.value)](member.value) for member in scalar
-        }
-        by_bytes = {raw: member for member, raw in by_member.items()}
-        return by_member.__getitem__, by_bytes.__getitem__
-    return _SCALAR_ENCODERS[scalar], _SCALAR_DECODERS[scalar]
-
-
-@attrs.frozen
-class _PrimitiveSlot:
-    field: PrimitiveField
-    key: bytes
-    encode: Callable[[Any], bytes]
-    decode: Callable[[bytes], Any]
-
-
-def _primitive_slots(record: type[Any]) -> list[_PrimitiveSlot]:
-    slots = []
-    for field in primitive_fields(record):
-        encode, decode = _scalar_codec(field.scalar)
-        slots.append(_PrimitiveSlot(field, field.name.encode("utf-8"), encode, decode))
-    return slots
-
-
-# ---------------------------------------------------------------------------------------
-# The codec
 
 
 class _BadEntry(Exception):
@@ -542,7 +462,7 @@ class Codec(Generic[R]):
     ) -> tuple[Callable[[R], dict[bytes, bytes]], Callable[[Mapping[bytes, bytes]], R]]:
         record = self.record
         type_name = record.__qualname__
-        slots = _primitive_slots(record)
+        slots = primitive_slots(record)
         max_size = self.max_record_size
 
         def encode(value: R) -> dict[bytes, bytes]:

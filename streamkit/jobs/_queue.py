@@ -1,4 +1,10 @@
-"""The job queue: declare jobs, enqueue them, follow them, manage the dead letters."""
+"""The job queue: declare jobs, enqueue them, follow them, manage the dead letters.
+
+Why one room (about 740 lines, a third of them docstrings): :class:`JobQueue` is the
+queue's public face, and each of its methods is a few lines that hand over to the
+module doing the work (``_plan`` and ``_enqueue``, ``_cron``, ``_inspect``,
+``_finish``, ``_serve``); only the waiting for results lives here.
+"""
 
 from __future__ import annotations
 
