@@ -219,34 +219,34 @@ class JobQueue:
 
         Args:
             name: the job's name; the function's name by default.
-            retries: tries after the first when a try fails (3).
-            timeout: seconds a try may run; a try that runs longer is cancelled and
-                counts as failed (and is retried if tries are left). No limit by
-                default.
-            retry_on: the exception types that are retried; others go dead at once
-                (``(Exception,)``).
-            backoff: delays between tries (exponential, with jitter; by default 1 s
+            retries (int): tries after the first when a try fails (3).
+            timeout (float | None): seconds a try may run; a try that runs longer is cancelled and
+                counts as failed (and is retried if tries are left). No limit by default.
+            retry_on (tuple[type[BaseException], ...]): the exception types that are retried; others
+                go dead at once (``(Exception,)``).
+            backoff (Backoff): delays between tries (exponential, with jitter; by default 1 s
                 doubling up to 300 s, jittered by half).
-            priority: the default priority: ``"high"``, ``"normal"`` (the default) or
+            priority (str): the default priority: ``"high"``, ``"normal"`` (the default) or
                 ``"low"``.
-            result_ttl: seconds a finished job's record and result are kept (a day).
-            keep_result: whether its return value is stored (it must be
-                JSON-serialisable); ``True`` by default.
-            expires: seconds after enqueueing after which it ends ``expired``
-                unless it started.
-            dedupe_window: seconds during which ``job_id=`` dedupes enqueues (a day;
-                rounded up to whole seconds).
-            rate_limit: at most this many tries of the job start in any window, across
-                every worker: a :class:`RateLimit` or a string such as ``"10/s"``.
-            concurrency: at most this many of its jobs run at once, across every worker.
-            limit_key: the key of per-key limits: the name of one of its parameters
-                (the argument's value is the key), or a function called with its
+            result_ttl (float): seconds a finished job's record and result are kept (a day).
+            keep_result (bool): whether its return value is stored (it must be JSON-serialisable);
+                ``True`` by default.
+            expires (float | None): seconds after enqueueing after which it ends ``expired`` unless
+                it started.
+            dedupe_window (float): seconds during which ``job_id=`` dedupes enqueues (a day; rounded
+                up to whole seconds).
+            rate_limit (RateLimit | str | None): at most this many tries of the job start in any
+                window, across every worker: a :class:`RateLimit` or a string such as ``"10/s"``.
+            concurrency (int | None): at most this many of its jobs run at once, across every
+                worker.
+            limit_key (str | Callable | None): the key of per-key limits: the name of one of its
+                parameters (the argument's value is the key), or a function called with its
                 arguments that returns the key (a string or an integer).
-            key_rate_limit: as ``rate_limit``, per limit key.
-            key_concurrency: as ``concurrency``, per limit key.
-            grace: seconds a running job of this kind may take to end when its worker
-                stops gracefully, instead of the worker's grace period (longer, say,
-                for a job that should finish during a deploy).
+            key_rate_limit (RateLimit | str | None): as ``rate_limit``, per limit key.
+            key_concurrency (int | None): as ``concurrency``, per limit key.
+            grace (float | None): seconds a running job of this kind may take to end when its worker
+                stops gracefully, instead of the worker's grace period (longer, say, for a job that
+                should finish during a deploy).
 
         Returns:
             the :class:`Job`, which is still callable as the plain function.
