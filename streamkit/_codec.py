@@ -19,6 +19,7 @@ Encoding refuses what consumers would refuse, and records over ``max_record_size
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
@@ -404,6 +405,8 @@ class Codec(Generic[R]):
         # A plain dict goes through the converter too, so that its datetimes, bytes and
         # Decimals are written exactly as a record's would be.
         unstructure = converter.get_unstructure_hook(record)
+        if record is dict:
+            unstructure = _plain_first(unstructure)
         structure = None if record is dict else converter.get_structure_hook(record)
         data_field = _DATA_FIELDS[self.compression]
         compress = None if self.compression is None else compressor(self.compression)
@@ -508,6 +511,27 @@ class Codec(Generic[R]):
             return record(**kwargs)
 
         return encode, decode
+
+
+#: The JSON scalars the converter hands to orjson unchanged (floats: when finite).
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _plain_first(unstructure: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``unstructure`` for dicts, except that a dict of text keys and JSON scalars (the
+    common output of a table or a window) goes to orjson as it is: the converter would
+    return it unchanged, one hook call per item later."""
+
+    def to_json(mapping: dict[Any, Any]) -> Any:
+        for key, value in mapping.items():
+            kind = type(value)
+            if type(key) is not str or (
+                kind not in _JSON_SCALARS and (kind is not float or not math.isfinite(value))
+            ):
+                return unstructure(mapping)
+        return mapping
+
+    return to_json
 
 
 def _too_large(type_name: str, size: int, limit: int) -> EncodeError:

@@ -15,10 +15,11 @@ import lz4.frame
 import orjson
 import pytest
 import zstandard
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from streamkit._codec import Codec, Compression, codec_for
 from streamkit._errors import ConfigError, DecodeError, EncodeError
+from streamkit._json_converter import converter
 from streamkit._records import Record
 
 COMPRESSIONS: list[Compression | None] = [None, "lz4", "zstd"]
@@ -556,3 +557,43 @@ def test_codecs_can_be_shared_between_threads() -> None:
             pool.map(lambda _: codec.decode(codec.encode(basket), stream="b"), range(64))
         )
     assert results == [basket] * 64
+
+
+_JSONISH = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=5)
+    | st.binary(max_size=5)
+    | st.datetimes(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+_SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text()
+
+
+@given(
+    st.dictionaries(st.text(max_size=4), _SCALARS, max_size=5)
+    | st.dictionaries(st.text(max_size=4) | st.integers(), _JSONISH, max_size=5)
+)
+@example({"finite": 1.5, "not": math.nan})
+@example({"big": 2**64})
+def test_a_dict_is_written_as_the_converter_writes_it(value: dict[Any, Any]) -> None:
+    # Dicts of text keys and JSON scalars skip the converter: the bytes, and the
+    # refusals (a NaN, an int beyond 64 bits), must be those of the converter's path.
+    codec = codec_for(dict)
+    try:
+        expected: bytes | str = orjson.dumps(converter.unstructure(value))
+    except Exception as exc:
+        expected = f"refused: {exc}"
+    try:
+        written: bytes | str = codec.encode(value)[b"data"]
+    except EncodeError as exc:
+        written = f"refused: {str(exc).removeprefix('cannot encode dict as JSON: ')}"
+    assert written == expected
