@@ -510,7 +510,7 @@ class App:
         by the workers that serve it (``streamkit worker --queues``).
         """
 
-        job_options = JobOptions(**options)
+        job_options = JobOptions.taken(options, by="App.job", routing=True)
         queue = job_options.queue or DEFAULT_QUEUE
 
         def declare(fn: Callable[..., Any]) -> Job[Any, Any]:

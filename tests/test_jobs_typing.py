@@ -107,11 +107,29 @@ def test_queue_job_options_are_typed_as_job_options_takes_them() -> None:
     assert callable(declare)
 
 
-@pytest.mark.parametrize("option", ["queue", "retry"])
-async def test_a_queue_job_refuses_an_option_it_does_not_take(redis: Redis, option: str) -> None:
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("queue", r"JobQueue\.job\(\) got an unexpected keyword argument 'queue'$"),
+        ("retry", r"JobQueue\.job\(\) got .* 'retry'; did you mean 'retry_on' or 'retries'\?"),
+    ],
+)
+async def test_a_queue_job_refuses_an_option_it_does_not_take(
+    redis: Redis, option: str, message: str
+) -> None:
     # ``queue`` routes an App's jobs; a queue has no use for it. ``retry`` is a typo.
     async with open_job_queue(redis, "typing-refuses") as queue:
         declare: Any = queue.job  # the type checker would refuse both too
-        with pytest.raises(TypeError, match=option):
+        with pytest.raises(TypeError, match=message):
             declare(**{option: 2})
         assert queue.jobs == {}
+
+
+def test_an_app_job_names_itself_and_the_option_meant() -> None:
+    app = App("typo")
+    declare: Any = app.job
+    with pytest.raises(TypeError, match=r"App.job\(\) got .* 'timout'; did you mean 'timeout'"):
+        declare(lambda: None, timout=3)
+    with pytest.raises(TypeError, match=r"App.job\(\) got .* 'colour'$"):
+        declare(colour="red")
+    assert app.jobs == {}

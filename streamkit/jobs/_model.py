@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import math
 from datetime import datetime, timedelta
@@ -378,6 +379,19 @@ class JobOptions:
                 self.rate_limit, self.concurrency, self.key_rate_limit, self.key_concurrency
             ),
         )
+
+    @classmethod
+    def taken(cls, options: Mapping[str, Any], *, by: str, routing: bool) -> JobOptions:
+        """The options a user gave ``by`` (``"App.job"``, say), checked: an unknown
+        one is a ``TypeError`` naming ``by`` and the options meant, if some are close;
+        ``queue`` is known where ``routing`` (an App's jobs, not a queue's)."""
+        known = [a.name for a in attrs.fields(cls) if a.init and (routing or a.name != "queue")]
+        for name in options:
+            if name not in known:
+                close = " or ".join(map(repr, difflib.get_close_matches(name, known, n=2)))
+                hint = f"; did you mean {close}?" if close else ""
+                raise TypeError(f"{by}() got an unexpected keyword argument {name!r}{hint}")
+        return cls(**options)
 
     @property
     def limited_by_name(self) -> bool:

@@ -255,9 +255,7 @@ class JobQueue:
             :class:`~streamkit.ConfigError` for an invalid option; ``TypeError`` for
             an unknown one.
         """
-        if "queue" in options:  # an App's routing option, not a queue's
-            raise TypeError("JobQueue.job() got an unexpected keyword argument 'queue'")
-        job_options = JobOptions(**options)
+        job_options = JobOptions.taken(options, by="JobQueue.job", routing=False)
 
         def declare(fn: Callable[..., Any]) -> Job[Any, Any]:
             return self.add(Job(name or fn.__name__, fn, job_options, None, lambda: self))
