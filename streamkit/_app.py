@@ -271,7 +271,8 @@ class App:
             default: what reading a missing key returns.
 
         Error handling:
-            :class:`ConfigError` for a bad name or a name declared twice.
+            :class:`ConfigError` for a bad name, a name declared twice, or a
+            ``default`` that is not a valid ``value``.
         """
         if name in self.tables:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
@@ -323,7 +324,8 @@ class App:
                 the wall clock); ``False``: only events close windows.
 
         Error handling:
-            :class:`ConfigError` for a bad name, option, or a name declared twice.
+            :class:`ConfigError` for a bad name, option (an ``initial`` that is not a
+            valid ``value``, say), or a name declared twice.
         """
         if name in self.tables:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")

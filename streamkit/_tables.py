@@ -27,7 +27,7 @@ from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import _current, current_view, writing_view
 from ._state_views import MISSING, PLAIN_TYPES, UNKNOWN
-from ._tables_base import KeyedState
+from ._tables_base import KeyedState, check_storable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -73,6 +73,9 @@ class Table(KeyedState, Generic[V]):
 
     value: Any
     default: V | None = None
+
+    def __attrs_post_init__(self) -> None:
+        check_storable(f"table {self.name!r}", "default", self.default, self.value)
 
     # -- encoding --
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 
 from . import _keys
 from ._errors import ConfigError
+from ._json_converter import converter
 from ._partitioner import partition_for
 from ._redis import redis_errors
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from ._redis import Redis
     from ._spec import StreamSpec
 
-__all__ = ["SCAN_COUNT", "KeyedState"]
+__all__ = ["SCAN_COUNT", "KeyedState", "check_storable"]
 
 #: Keys read per ``HSCAN`` call when a table is scanned.
 SCAN_COUNT = 1000
@@ -30,6 +32,18 @@ SCAN_COUNT = 1000
 
 def _check_name(_: object, __: attrs.Attribute[str], name: str) -> None:
     _keys.validate_name("table name", name)
+
+
+def check_storable(what: str, setting: str, given: object, value: Any) -> None:
+    """Refuse at declaration a ``default`` or ``initial`` that the table ``what`` could
+    not store as its ``value`` type and read back (``None`` passes: it means none)."""
+    if given is None:
+        return
+    try:
+        converter.structure(orjson.loads(orjson.dumps(converter.unstructure(given, value))), value)
+    except Exception as exc:
+        kind = getattr(value, "__name__", repr(value))
+        raise ConfigError(setting, f"{what}: {given!r} is not a valid {kind} ({exc})") from None
 
 
 @attrs.define(eq=False, repr=False)

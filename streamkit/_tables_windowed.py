@@ -23,7 +23,7 @@ from ._json_converter import converter
 from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import current_window_view
-from ._tables_base import KeyedState
+from ._tables_base import KeyedState, check_storable
 from ._windows import Slot, Window, to_ms
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ class WindowedTable(KeyedState, Generic[V]):
     idle: bool = True
 
     kind_name = "windowed table"
+
+    def __attrs_post_init__(self) -> None:
+        check_storable(f"windowed table {self.name!r}", "initial", self.initial, self.value)
 
     # -- encoding --
 

@@ -7,6 +7,7 @@ and a processor cannot write another partition's keys.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -24,6 +25,7 @@ from streamkit import (
     WrongPartition,
     open_events,
     open_fetcher,
+    tumbling,
 )
 from streamkit._commit import MAX_VALUES_PER_OP, Changes, change_arguments
 from streamkit._redis import LuaScript
@@ -269,6 +271,19 @@ async def test_writing_outside_the_processor_is_refused(redis_url: str) -> None:
     stream = other.stream("s", record=Order, partition_by="customer")
     with pytest.raises(ConfigError, match="not a table of app"):
         other.processor(stream, tables=[totals])
+
+
+def test_a_default_or_initial_the_table_cannot_store_is_refused_at_declaration() -> None:
+    # Else a missing key would read back as a value of the wrong type, in the middle
+    # of processing.
+    app = App("declared")
+    with pytest.raises(ConfigError, match=r"default: table 'n': 'x' is not a valid int"):
+        app.table("n", value=int, default="x")
+    with pytest.raises(ConfigError, match=r"initial: windowed table 'w': 'zero' is not"):
+        app.window("w", tumbling(timedelta(seconds=1)), value=int, initial="zero")
+    assert app.tables == {}
+    assert app.table("m", value=float, default=0).default == 0
+    assert app.window("v", tumbling(timedelta(seconds=1)), value=list[int], initial=[])
 
 
 async def test_a_zombie_commit_changes_nothing(
