@@ -147,27 +147,107 @@ local ARMED = false
 -- Jobs held back by this call.
 local HELD = 0
 
--- The rate limits {scope, count, window_ms} and concurrency limits {scope, count} of
--- a job. Its 'lim' text is parsed once per call (a call claims or finishes many jobs,
--- mostly of a few kinds; parsing was a tenth of a limited job's script time).
+-- A job's limits: its 'lim' text, parsed once per call into {rate, window_ms, conc,
+-- key_rate, key_window_ms, key_conc} (0: none), and the keys they keep their state
+-- in, B .. ':rl:' .. SCOPE (a rate window) and B .. ':cc:' .. SCOPE (a concurrency
+-- set), a scope being 'n:NAME' or 'k:NAME:KEY'. A call claims or finishes many jobs,
+-- mostly of a few kinds: a name's keys are joined once per call, a limit key's once
+-- per job, and nothing else is made on the usual path (parsing, the tables and the
+-- strings made per job were a good part of a limited job's script time). The park
+-- list, wake-up and reason of a scope, needed only when a job is held back, are worked
+-- out from its key then (see park_of, armed_as).
 local PARSED = {}
-local function scopes(name, lim, lk)
+local function parsed(lim)
   local v = PARSED[lim]
   if not v then
     v = {}
     for x in string.gmatch(lim, '[^,]+') do v[#v + 1] = tonumber(x) end
+    for i = 1, 6 do v[i] = v[i] or 0 end
     PARSED[lim] = v
   end
-  local rates, concs = {}, {}
-  local ns = 'n:' .. name
-  if v[1] and v[1] > 0 then rates[#rates + 1] = {ns, v[1], v[2]} end
-  if v[3] and v[3] > 0 then concs[#concs + 1] = {ns, v[3]} end
-  if lk then
-    local ks = 'k:' .. name .. ':' .. lk
-    if v[4] and v[4] > 0 then rates[#rates + 1] = {ks, v[4], v[5]} end
-    if v[6] and v[6] > 0 then concs[#concs + 1] = {ks, v[6]} end
+  return v
+end
+local NAMED = {[':rl:'] = {}, [':cc:'] = {}}
+local function name_key(kind, name)
+  local keys = NAMED[kind]
+  local k = keys[name]
+  if not k then
+    k = B .. kind .. 'n:' .. name
+    keys[name] = k
   end
-  return rates, concs
+  return k
+end
+-- The limits of a job: its parsed 'lim', then the keys of its concurrency sets (the
+-- name's, the limit key's; nil where it has none).
+local function conc_keys(name, lim, lk)
+  local v = parsed(lim)
+  local nc, kc
+  if v[3] > 0 then nc = name_key(':cc:', name) end
+  if lk and v[6] > 0 then kc = B .. ':cc:k:' .. name .. ':' .. lk end
+  return v, nc, kc
+end
+-- The keys of its rate windows (the name's, the limit key's; nil where it has none).
+local function rate_keys(v, name, lk)
+  local nr, kr
+  if v[1] > 0 then nr = name_key(':rl:', name) end
+  if lk and v[4] > 0 then kr = B .. ':rl:k:' .. name .. ':' .. lk end
+  return nr, kr
+end
+-- Of the key of a limit's state: its wake-up and LIMS name ('cc:SCOPE', 'rl:SCOPE'),
+-- and its park list.
+local function armed_as(key) return string.sub(key, #B + 2) end
+local function park_of(key) return B .. ':park:' .. string.sub(key, #B + 2) end
+-- What a reason says of it: NAME or NAME:KEY.
+local function limited_as(key) return string.sub(key, #B + 7) end
+
+-- Whether a limit's park list may exist on this shard. A job held back by a limit
+-- arms its scope's wake-up in WAKE, and a scope stays armed while its park list has
+-- jobs (see wake_some): without WAKE, no limit holds a job back, and the checks of
+-- park lists are skipped. Known once per call (the claim knows it from its first
+-- EXISTS); a hold of this call arms WAKE (ARMED).
+local PARKS = nil
+local function parks_possible()
+  if PARKS == nil then PARKS = redis.call('EXISTS', WAKE) == 1 end
+  return PARKS or ARMED
+end
+
+-- What this call knows of the limits' keys, kept up to date by its own writes (a
+-- script runs alone): CONC[slots key], the size of a concurrency set (its SCARD, read
+-- once); RATE[window key], {size, longest window, places to add} of a rate window
+-- (its ZCARD, read once, plus the places this call took). The places a call takes
+-- are added in one ZADD (and one PEXPIRE) per window: before the window is read
+-- again (rate_flush), and when the claim ends (flush_limits).
+local CONC, RATE, RATED = {}, {}, {}
+local function conc_size(ck)
+  local n = CONC[ck]
+  if not n then
+    n = redis.call('SCARD', ck)
+    CONC[ck] = n
+  end
+  return n
+end
+local function rate_window(rk)
+  local w = RATE[rk]
+  if not w then
+    w = {redis.call('ZCARD', rk), 0, {}}
+    RATE[rk] = w
+    RATED[#RATED + 1] = rk
+  end
+  return w
+end
+local function rate_flush(rk)
+  local w = RATE[rk]
+  if w and #w[3] > 0 then
+    local places = w[3]
+    for i = 1, #places, 1000 do
+      redis.call('ZADD', rk, unpack(places, i, math.min(i + 999, #places)))
+    end
+    redis.call('PEXPIRE', rk, w[2])
+    w[3] = {}
+  end
+end
+local function flush_limits()
+  for _, rk in ipairs(RATED) do rate_flush(rk) end
 end
 """
     + r"""
@@ -260,18 +340,32 @@ end
 
 -- Give back the concurrency slots a job held (it ended, failed, was put back or its
 -- worker died), letting out as many jobs waiting for them as there are free slots.
-local function release_slots(id, name, lim, lk)
-  local _, concs = scopes(name, lim, lk)
-  for _, c in ipairs(concs) do
-    local ck = B .. ':cc:' .. c[1]
-    if redis.call('SREM', ck, id) == 1 then
-      local pk = B .. ':park:cc:' .. c[1]
+-- A park list let out to its last job disarms its scope's wake-up at once, as the
+-- wake-up would (nothing waits there), so that the calls after it find no WAKE (and
+-- skip the checks of park lists) as soon as no limit holds a job back.
+local function release_slot(id, ck, count)
+  if ck and redis.call('SREM', ck, id) == 1 then
+    if CONC[ck] then CONC[ck] = CONC[ck] - 1 end
+    if parks_possible() then
+      local pk = park_of(ck)
       if redis.call('EXISTS', pk) == 1 then
-        local free = c[2] - redis.call('SCARD', ck)
-        if free > 0 then unpark(pk, math.min(free, UNPARK_BUDGET)) end
+        local free = count - conc_size(ck)
+        if free > 0 then
+          unpark(pk, math.min(free, UNPARK_BUDGET))
+          if redis.call('EXISTS', pk) == 0 then
+            local as = armed_as(ck)
+            redis.call('ZREM', WAKE, as)
+            redis.call('HDEL', LIMS, as)
+          end
+        end
       end
     end
   end
+end
+local function release_slots(id, name, lim, lk)
+  local v, nc, kc = conc_keys(name, lim, lk)
+  release_slot(id, nc, v[3])
+  release_slot(id, kc, v[6])
 end
 
 -- Hold a job back: off ready stream p (entry eid), into park list pk, waiting with
@@ -293,52 +387,84 @@ end
 -- otherwise nothing is taken and {park list, reason} is returned, the wake-up of
 -- that scope armed. Jobs already waiting in a park list go first: a job not let out
 -- of one ('up') waits behind them even if the limit has room.
+local function conc_held(id, ck, count, waiting, now)
+  if not ck then return nil end
+  local pk = waiting and park_of(ck)
+  -- (a job holding a slot already, a try put back, keeps it)
+  if ((pk and redis.call('EXISTS', pk) == 1) or conc_size(ck) >= count)
+      and redis.call('SISMEMBER', ck, id) == 0 then
+    local as = armed_as(ck)
+    redis.call('ZADD', WAKE, 'NX', now + CONC_RECHECK, as)
+    ARMED = true
+    redis.call('HSET', LIMS, as, count .. ',0')
+    return {park_of(ck), 'concurrency ' .. count .. ' of ' .. limited_as(ck)}
+  end
+  return nil
+end
+local function rate_held(rk, count, window, waiting, now)
+  if not rk then return nil end
+  local w = rate_window(rk)
+  local full = w[1] >= count
+  if full then
+    -- Starts out of the window are dropped only when they could matter: a window
+    -- under its limit with them is under it without them (and holds at most the
+    -- limit's count either way).
+    rate_flush(rk)
+    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - window)
+    w[1] = redis.call('ZCARD', rk)
+    full = w[1] >= count
+  end
+  if full or (waiting and redis.call('EXISTS', park_of(rk)) == 1) then
+    local at = now
+    if full then at = tonumber(redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')[2]) + window end
+    local as = armed_as(rk)
+    redis.call('ZADD', WAKE, 'LT', at, as)
+    ARMED = true
+    redis.call('HSET', LIMS, as, count .. ',' .. window)
+    return {park_of(rk), 'rate limit ' .. count .. ' per ' .. window .. ' ms of ' ..
+      limited_as(rk)}
+  end
+  return nil
+end
+local function conc_take(id, ck)
+  if ck and redis.call('SADD', ck, id) == 1 and CONC[ck] then CONC[ck] = CONC[ck] + 1 end
+end
+local function rate_take(rk, window, place, now)
+  -- its place in the window, added when the claim ends (see flush_limits); a place
+  -- taken twice (the same try in the same millisecond) counts once in Redis and
+  -- twice here, which errs on the safe side until the window is read again
+  if not rk then return end
+  local w = RATE[rk]
+  local places = w[3]
+  places[#places + 1] = now
+  places[#places + 1] = place
+  w[1] = w[1] + 1
+  if window > w[2] then w[2] = window end
+end
 local function limits_take(id, tries, name, lim, lk, up, now)
-  local rates, concs = scopes(name, lim, lk)
-  -- Whether any of its scopes has jobs waiting, in one call (mostly none). Every
-  -- call of a job's limits costs it: they are counted, not spent by the way.
+  local v, nc, kc = conc_keys(name, lim, lk)
+  local nr, kr = rate_keys(v, name, lk)
+  -- Whether any of its scopes has jobs waiting, in one call (mostly none, and none to
+  -- look for without WAKE). Every call of a job's limits costs it: they are counted,
+  -- not spent by the way.
   local waiting = false
-  if not up then
+  if not up and parks_possible() then
     local parks = {}
-    for _, c in ipairs(concs) do parks[#parks + 1] = B .. ':park:cc:' .. c[1] end
-    for _, r in ipairs(rates) do parks[#parks + 1] = B .. ':park:rl:' .. r[1] end
+    for _, k in ipairs({nc or false, kc or false, nr or false, kr or false}) do
+      if k then parks[#parks + 1] = park_of(k) end
+    end
     waiting = #parks > 0 and redis.call('EXISTS', unpack(parks)) > 0
   end
-  for _, c in ipairs(concs) do
-    local ck, pk = B .. ':cc:' .. c[1], B .. ':park:cc:' .. c[1]
-    -- (a job holding a slot already, a try put back, keeps it)
-    if ((waiting and redis.call('EXISTS', pk) == 1) or redis.call('SCARD', ck) >= c[2])
-        and redis.call('SISMEMBER', ck, id) == 0 then
-      redis.call('ZADD', WAKE, 'NX', now + CONC_RECHECK, 'cc:' .. c[1])
-      ARMED = true
-      redis.call('HSET', LIMS, 'cc:' .. c[1], c[2] .. ',0')
-      return {pk, 'concurrency ' .. c[2] .. ' of ' .. string.sub(c[1], 3)}
-    end
-  end
-  for _, r in ipairs(rates) do
-    local rk, pk = B .. ':rl:' .. r[1], B .. ':park:rl:' .. r[1]
-    local full = redis.call('ZCARD', rk) >= r[2]
-    if full then
-      -- Starts out of the window are dropped only when they could matter: a window
-      -- under its limit with them is under it without them (and holds at most the
-      -- limit's count either way).
-      redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - r[3])
-      full = redis.call('ZCARD', rk) >= r[2]
-    end
-    if full or (waiting and redis.call('EXISTS', pk) == 1) then
-      local at = now
-      if full then at = tonumber(redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')[2]) + r[3] end
-      redis.call('ZADD', WAKE, 'LT', at, 'rl:' .. r[1])
-      ARMED = true
-      redis.call('HSET', LIMS, 'rl:' .. r[1], r[2] .. ',' .. r[3])
-      return {pk, 'rate limit ' .. r[2] .. ' per ' .. r[3] .. ' ms of ' .. string.sub(r[1], 3)}
-    end
-  end
-  for _, c in ipairs(concs) do redis.call('SADD', B .. ':cc:' .. c[1], id) end
-  for _, r in ipairs(rates) do
-    local rk = B .. ':rl:' .. r[1]
-    redis.call('ZADD', rk, num(now), id .. ':' .. num(tries) .. ':' .. num(now))
-    redis.call('PEXPIRE', rk, num(r[3]))
+  local held = conc_held(id, nc, v[3], waiting, now) or conc_held(id, kc, v[6], waiting, now)
+    or rate_held(nr, v[1], v[2], waiting, now) or rate_held(kr, v[4], v[5], waiting, now)
+  if held then return held end
+  conc_take(id, nc)
+  conc_take(id, kc)
+  if nr or kr then
+    local at = num(now)
+    local place = id .. ':' .. num(tries) .. ':' .. at
+    rate_take(nr, v[2], place, at)
+    rate_take(kr, v[5], place, at)
   end
   return nil
 end
@@ -359,8 +485,11 @@ local function wake_some(now, budget)
       local sk = B .. ':' .. scope
       local free, at
       if string.sub(scope, 1, 2) == 'rl' then
+        rate_flush(sk)
         redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - per)
-        free = n - redis.call('ZCARD', sk)
+        local size = redis.call('ZCARD', sk)
+        if RATE[sk] then RATE[sk][1] = size end
+        free = n - size
         local oldest = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')[2]
         at = now + per
         if oldest then at = tonumber(oldest) + per end
@@ -370,7 +499,8 @@ local function wake_some(now, budget)
             redis.call('SREM', sk, m)
           end
         end
-        free = n - redis.call('SCARD', sk)
+        CONC[sk] = redis.call('SCARD', sk)
+        free = n - CONC[sk]
         at = now + CONC_RECHECK
       end
       if free > 0 then unpark(pk, math.min(free, UNPARK_BUDGET)) end
@@ -965,12 +1095,16 @@ for _, id in ipairs(due) do
 end
 -- Pauses and limits: one call when there are none (the fast path).
 local waking = false
-if redis.call('EXISTS', CTL, WAKE) > 0 then
+local marked = redis.call('EXISTS', CTL, WAKE)
+PARKS = false
+if marked > 0 then
   local c = redis.call('HGETALL', CTL)
   if #c > 0 then
     PAUSED = {}
     for i = 1, #c, 2 do PAUSED[c[i]] = true end
+    marked = marked - 1
   end
+  PARKS = marked > 0
   wake_some(now, """
     + str(WAKE_BUDGET)
     + r""")
@@ -1041,6 +1175,7 @@ if waking or ARMED then
   local w = redis.call('ZRANGE', WAKE, 0, 0, 'WITHSCORES')
   if w[2] and (next_due < 0 or tonumber(w[2]) < next_due) then next_due = tonumber(w[2]) end
 end
+flush_limits()
 local settling = settle_some(now, SETTLE_BUDGET)
 flush_moves()
 return {out, next_due, now, settling, paused}
