@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 
 from . import _keys
-from ._errors import EncodeError, MetadataMismatch
+from ._errors import ConfigError, EncodeError, MetadataMismatch
 from ._validate import non_negative_int, positive_finite_number, positive_int
 from ._wire import (
     DEFAULT_SEND_CHUNK_BYTES,
@@ -218,7 +218,12 @@ def encode_into(
     encode_payloads, data_field, limit = spec.codec.payloads_encoder()
     field_size = len(data_field)
     chunk = records[start:end]
-    partitions = spec.partitioner.partitions_of(chunk)
+    try:
+        partitions = spec.partitioner.partitions_of(chunk)
+    except ConfigError:
+        # A record of another type has no key field either: say what it is.
+        _check_types(spec, chunk)
+        raise
     # Most records are encoded by one comprehension, the rest one by one.
     payloads = encode_payloads(chunk)
     # Per partition: the appends of its items, positions and sizes.
@@ -250,6 +255,17 @@ _Slot = tuple[
     "Callable[[int], None]",
     "Callable[[int], None]",
 ]
+
+
+def _check_types(spec: StreamSpec[Any], records: Sequence[Any]) -> None:
+    """Refuse the first of ``records`` that is not of the stream's record type, as its
+    codec would (:class:`~streamkit.EncodeError`)."""
+    record = spec.record
+    for value in records:
+        if type(value) is not record and not (record is dict and isinstance(value, dict)):
+            raise EncodeError(
+                f"{spec.name}: expected a {record.__qualname__}, got {type(value).__qualname__}"
+            )
 
 
 def _slot(window: Window, partition: int) -> _Slot:

@@ -3,6 +3,8 @@ keys (the retry decision is in test_jobs_outcome.py)."""
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from streamkit import ConfigError
 from streamkit.jobs import Job, JobCall, JobOptions, JobStatus
 from streamkit.jobs._layout import ShardKeys, shard_for
+from streamkit.jobs._plan import MAX_WAIT, Placement, plan_enqueue
 
 
 def _job(fn: Any, name: str = "work") -> Job[Any, Any]:
@@ -87,6 +90,29 @@ def test_a_job_call_refuses_an_unknown_priority() -> None:
         JobCall(priority="urgent")  # type: ignore[arg-type]
     assert JobCall(priority="low").priority == "low"
     assert JobCall().kwargs == {}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("delay", 1e300, r"^delay: must be at most a century"),
+        ("delay", math.inf, r"^delay: must be at most a century"),
+        ("expires", timedelta(days=365 * 101), r"^expires: must be at most a century"),
+        ("delay", -1, r"^delay: must be a number > 0"),
+        ("at", datetime(2030, 1, 1), r"^at: must be a timezone-aware datetime"),
+    ],
+)
+def test_a_call_the_queue_cannot_schedule_is_refused_before_anything_is_sent(
+    option: str, value: object, message: str
+) -> None:
+    # Refused while planning (no Redis), as a ConfigError naming the option.
+    call = JobCall(args=(1,), **{option: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=message):
+        plan_enqueue(_job(lambda n: n), [call], Placement(1, lambda: "id"))
+    plan = plan_enqueue(
+        _job(lambda n: n), [JobCall(args=(1,), delay=MAX_WAIT)], Placement(1, lambda: "id")
+    )
+    assert len(plan.placed) == 1
 
 
 # ---------------------------------------------------------------------- declarations

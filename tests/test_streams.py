@@ -370,6 +370,16 @@ async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redi
         await events.send({"name": "bob"})
 
 
+async def test_a_record_of_another_type_is_named_as_such(app: App, redis: Redis) -> None:
+    # Not "no key field to partition by": the record is not an Order at all.
+    orders = app.stream("typed", record=Order, partition_by="customer", partition_count=4)
+    not_orders: list[Any] = [{"customer": "ann"}, ("ann",), None]
+    for sent in not_orders:
+        with pytest.raises(EncodeError, match=r"^typed: expected a Order, got "):
+            await orders.send_many([make_orders(1)[0], sent])
+    assert await redis.exists(orders.spec.partition_keys()) == 0
+
+
 @pytest.mark.cluster
 async def test_a_failure_across_partitions_is_one_error_not_a_group(app: App, redis: Redis) -> None:
     """send_many over several partitions raises the failure itself, as for one."""

@@ -112,11 +112,18 @@ def encode_arguments(
     return encoded
 
 
+#: The longest delay or expiry a job may be given: a century (its time, in ms since
+#: the epoch, must stay a whole number Redis stores exactly).
+MAX_WAIT = 100 * 365 * 86_400
+
+
 def _ms(value: When | None, name: str) -> int:
     if value is None:
         return 0
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     positive_number.check(name, seconds) if seconds != 0 else None
+    if seconds > MAX_WAIT:
+        raise ConfigError(name, f"must be at most a century ({MAX_WAIT:,} s), got {seconds!r}")
     return math.ceil(seconds * 1000)
 
 
