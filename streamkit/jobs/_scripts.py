@@ -219,11 +219,8 @@ end
 -- again (rate_flush), and when the claim ends (flush_limits).
 local CONC, RATE, RATED = {}, {}, {}
 local function conc_size(ck)
-  local n = CONC[ck]
-  if not n then
-    n = redis.call('SCARD', ck)
-    CONC[ck] = n
-  end
+  local n = CONC[ck] or redis.call('SCARD', ck)
+  CONC[ck] = n
   return n
 end
 local function rate_window(rk)
