@@ -202,6 +202,8 @@ class SeenMonitor:
 
     redis: Redis
     partition_of: dict[str, int]
+    #: The stream watched, to find missing events in it when a wait fails.
+    stream: Stream[Numbered] | None = None
     observations: list[Observation] = attrs.field(factory=list)
     distinct: set[tuple[str, int]] = attrs.field(factory=set)
     #: len(observations), as a watchable: waits on the observations wait on it.
@@ -213,7 +215,7 @@ class SeenMonitor:
         partition_of = {
             f"k{k}": stream.partition_of(Numbered(key=f"k{k}", seq=0)) for k in range(keys)
         }
-        return cls(redis, partition_of)
+        return cls(redis, partition_of, stream)
 
     def partitions(self) -> frozenset[int]:
         """The partitions some key of this monitor lives in."""
@@ -294,8 +296,62 @@ class SeenMonitor:
     async def wait_processed(self, sent: Iterable[Numbered], *, within: float = 60) -> float:
         """Wait until every event of ``sent`` was processed; return the time it was seen."""
         expected = {(e.key, e.seq) for e in sent}
-        await self.wait_observed(lambda: expected <= self.distinct, within=within)
+        try:
+            await self.wait_observed(lambda: expected <= self.distinct, within=within)
+        except trio.TooSlowError:
+            raise AssertionError(await self.explain_missing(expected)) from None
         return trio.current_time()
+
+    async def explain_missing(self, expected: set[tuple[str, int]]) -> str:
+        """What of ``expected`` was never observed, per partition: who processed the
+        partition last and when, who holds its lease, and where in Redis the missing
+        events are (pending with a consumer, or not yet delivered). The message of a
+        failed wait, so that a failure in CI can be read without running it again."""
+        missing: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for key, seq in sorted(expected - self.distinct):
+            missing[self.partition_of[key]].append((key, seq))
+        last: dict[int, Observation] = {}
+        for obs in self.observations:
+            last[self.partition_of[obs.key]] = obs
+        now = trio.current_time()
+        holders = await lock_holders(self.redis, max(self.partition_of.values()) + 1)
+        lines = [f"{sum(map(len, missing.values()))} of {len(expected)} events unprocessed"]
+        for p, events in sorted(missing.items()):
+            seen_last = last.get(p)
+            by = (
+                f"last processed by {seen_last.worker} {now - seen_last.at:.1f}s ago"
+                if seen_last
+                else "never processed"
+            )
+            lines.append(
+                f"  partition {p} (lease held by pid {holders.get(p)}): {len(events)} "
+                f"missing, {events[:6]}; {by}"
+            )
+            lines.extend(f"    {line}" for line in await self._where(p, set(events)))
+        return "\n".join(lines)
+
+    async def _where(self, partition: int, events: set[tuple[str, int]]) -> list[str]:
+        key = f"__strm:{{scenario.numbered.{partition}}}"
+        groups: Any = await self.redis.xinfo_groups(key)
+        said = [f"group {g[b'name']!r}: last delivered {g[b'last-delivered-id']!r}" for g in groups]
+        pending: Any = await self.redis.xpending(key, SCENARIO_GROUP, "-", "+", 100_000)
+        pel = {entry.identifier: entry for entry in pending}
+        entries: Any = await self.redis.xrange(key, "-", "+")
+        for entry in entries:
+            if self.stream is None:
+                break
+            fields = cast("dict[bytes, bytes]", entry.field_values)
+            record = self.stream.codec.decode(fields, stream=self.stream.name)
+            found = (record.key, record.seq)
+            if found in events:
+                held = pel.get(entry.identifier)
+                where = (
+                    f"pending with {held.consumer} (delivered {held.delivered}x, idle {held.idle} ms)"
+                    if held
+                    else "not pending"
+                )
+                said.append(f"{found} is entry {entry.identifier}, {where}")
+        return said
 
     def progress_gaps(self, *, after: float = -float("inf")) -> dict[int, float]:
         """Per partition, the longest time between two observed first processings."""
