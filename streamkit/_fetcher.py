@@ -17,7 +17,11 @@ trip for both), else go alone.
 
 Consumer names inside the group are fixed per partition (``p<N>``), so a new owner
 finds the previous owner's pending entries under its own consumer name and reads them
-first, in order, simply by reading the group's history from id ``0``.
+first, in order, simply by reading the group's history from id ``0``. Every read of
+new entries first looks for entries delivered to its consumer after the last one the
+reader saw: a read of its own whose reply was lost, or that Redis ran after it was
+given up, leaves such entries, which are then read from the history, in order, before
+anything new (never skipped, as they would be by reading on past them).
 
 Key facts (Redis 7.0, checked by the tests):
 
@@ -117,7 +121,8 @@ class _Feed:
     start: str = "0"
     # The stream's last id when a read found nothing new: XREAD blocks on it.
     last_id: str = "0-0"
-    # The id of the last entry read: a lost reply is looked for in the history after it.
+    # The id of the last entry read: a read of new entries first reads any entry
+    # delivered to the consumer after it, unseen (a lost reply; see UNSEEN_LUA).
     last_seen: str = "0"
     # Made ready by an XREAD that saw new entries (not busy since).
     woken: bool = False
@@ -600,7 +605,7 @@ class Fetcher(Generic[R]):
                     self.group,
                     feed.consumer,
                     self.batch_size,
-                    feed.start,
+                    f">{feed.last_seen}" if feed.start == ">" else feed.start,
                     self.trim_to,
                     len(acks),
                     *acks,
@@ -615,11 +620,9 @@ class Fetcher(Generic[R]):
                 # what Redis holds, and the events behind it are delivered again.
                 self._fail(feed, error)
                 return None
+            # (A lost reply may have delivered entries to us: the next read of new
+            # entries finds them first, see UNSEEN_LUA.)
             feed.acks_due[:0] = acks
-            if isinstance(error, OutcomeUnknown) and feed.start == ">":
-                # The lost reply may have delivered entries to us: pending now, never
-                # seen. Read the history after the last entry we did see to find them.
-                feed.start = feed.last_seen
             return error
         except NoSuchGroup:
             log.warning("consumer group %r on %s vanished; recreating it", self.group, feed.key)
@@ -722,15 +725,17 @@ class Fetcher(Generic[R]):
         which Redis runs at once.
 
         Where the reads' outcome is unknown (the wait was cancelled, the connection
-        lost), each of those partitions reads its history after the last entry it
-        saw next, so that entries delivered to it unseen are found, in order.
+        lost), each of those partitions is read again at once. The reads may even run
+        later than that, as Redis may run a discarded connection's commands after
+        ones sent since on another: every read of new entries therefore first reads
+        any entry delivered to its consumer after the last one it saw, in order.
         """
         behind = [f for f in idle if f.held.lost_reason is None]
         keys: list[str] = []
         args: list[bytes | str | int] = [self.group, self.batch_size]
         for feed in behind:
             keys += [feed.key, feed.held.lease.key]
-            args += [feed.held.lease.value, feed.consumer]
+            args += [feed.held.lease.value, feed.consumer, feed.last_seen]
         # Acknowledgements due go in front (Redis runs them at once), each partition's
         # in a fenced call of its own; not those of changes to commit, which
         # :meth:`_run` sends on their own. They stay due until their reply says they
@@ -784,7 +789,7 @@ class Fetcher(Generic[R]):
                 self._block_scope = None
                 self._acked_in_front(acking, acked)
         if scope.cancelled_caught:
-            return True  # (its partitions read their history: see the except above)
+            return True  # (its partitions are read again: see the except above)
         woken = self._woken_by(reply, by_key)
         if isinstance(replies, coredis.exceptions.NoScriptError):
             # Nothing ran: the woken partitions are read the usual way.
@@ -819,18 +824,17 @@ class Fetcher(Generic[R]):
                     del due[: len(ids)]
 
     def _read_unknown(self, feeds: list[_Feed]) -> None:
-        """The fenced reads of ``feeds`` behind a wait may or may not have run: each
-        reads its history after the last entry it saw next, for entries delivered to
-        it unseen."""
+        """The fenced reads of ``feeds`` behind a wait may or may not have run, or may
+        run later: each is read again now, and a read of new entries first finds any
+        delivered to it unseen (see ``UNSEEN_LUA``)."""
         for feed in feeds:
-            if feed.start == ">":
-                feed.start = feed.last_seen
             feed.idle = feed.caught_up = False
 
     def _took_woken(self, feed: _Feed, reply: Any) -> bool:
         """Take ``feed``'s reply of the reads behind a wait; return whether it delivered."""
         if reply == -1:
-            # The read failed (nothing read): the usual read reports why.
+            # Nothing read: the usual read reports why the read failed, or finds the
+            # entries delivered to this feed unseen.
             feed.idle = feed.caught_up = False
             return False
         self._reads += 1

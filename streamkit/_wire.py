@@ -396,10 +396,28 @@ local function flat(entries)
 end
 """
 
+# What a read of new entries looks for first: entries delivered to this consumer after
+# the last one its reader saw. Only a read of the reader's own can have delivered them,
+# one whose reply never reached it: a reply lost with its connection, or the read
+# behind a wait that Redis ran after the wait was given up (a discarded connection's
+# commands may run after the reader's next command, sent on another connection). They
+# are read from the history, in order, before anything new. Returns the id to read
+# from: `seen` if there are such entries, else '>'.
+UNSEEN_LUA = """
+local function unseen_from(key, group, consumer, seen)
+  if #redis.call('XPENDING', key, group, '(' .. seen, '+', 1, consumer) > 0 then
+    return seen
+  end
+  return '>'
+end
+"""
+
 # The fenced read, which commits first. KEYS: stream, lock, then the keys the changes
-# write. ARGV: lease value, group, consumer, count, start id, entries to keep when
-# trimming (0: do not trim), the number of ids to acknowledge, those ids (the
-# consumer's finished events), then the changes to apply with them, if any.
+# write. ARGV: lease value, group, consumer, count, start (a history id to read the
+# pending entries after, or '>' followed by the id of the last entry the reader saw,
+# for new entries: see UNSEEN_LUA), entries to keep when trimming (0: do not trim),
+# the number of ids to acknowledge, those ids (the consumer's finished events), then
+# the changes to apply with them, if any.
 # Returns 0 if the lease is not ours (nothing read, written or acknowledged); else
 # {ids, fields, widths, delivery counts (history only), next start id, last stream id
 # (if idle)}: the entries' field lists flat, one after the other, in `fields`, and in
@@ -413,6 +431,7 @@ local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
     + TRIM_FUNCTIONS_LUA
     + CHANGES_LUA
     + FLAT_LUA
+    + UNSEEN_LUA
     + """
 local acks = tonumber(ARGV[7])
 apply_changes(8 + acks)
@@ -428,9 +447,12 @@ local function read(id)
   return {}
 end
 
-
-if ARGV[5] ~= '>' then
-  local raw = read(ARGV[5])
+local start = ARGV[5]
+if string.sub(start, 1, 1) == '>' then
+  start = unseen_from(key, group, consumer, string.sub(start, 2))
+end
+if start ~= '>' then
+  local raw = read(start)
   if #raw > 0 then
     local live, gone = {}, {}
     for _, entry in ipairs(raw) do
@@ -466,16 +488,20 @@ return {{}, {}, 0, {}, '>', last_id}
 # The fenced reads of quiet partitions, sent right behind the blocking XREAD that
 # waits for them (on its connection, so Redis runs it the moment the XREAD returns).
 # KEYS: stream, lock, for each partition. ARGV: group, count, then for each partition:
-# lease value, consumer. Reads new entries only (``>``) and acknowledges nothing (the
-# call may run long after it was sent: a frozen worker's would acknowledge late).
-# Returns for each partition: 0 if the lease is not ours (nothing read), -1 if the read
-# failed (the caller reads the partition the usual way, which reports the error), else
+# lease value, consumer, the id of the last entry its reader saw. Reads new entries
+# only (``>``) and acknowledges nothing (the call may run long after it was sent: a
+# frozen worker's would acknowledge late). Returns for each partition: 0 if the lease
+# is not ours (nothing read), -1 if it read nothing and the caller is to read the
+# partition the usual way (the read failed, which that read reports, or entries were
+# delivered to the reader unseen, which that read finds: see UNSEEN_LUA), else
 # {ids, fields, widths} as READ_LUA's, empty when nothing new came.
 WOKEN_READ_LUA = (
     FLAT_LUA
+    + UNSEEN_LUA
     + """
 local group, count = ARGV[1], ARGV[2]
-local function read(key, consumer)
+local function read(key, consumer, seen)
+  if unseen_from(key, group, consumer, seen) ~= '>' then return -1 end
   local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                            'STREAMS', key, '>')
   if not reply then return {{}, {}, 0} end
@@ -485,10 +511,10 @@ end
 
 local replies = {}
 for p = 1, #KEYS / 2 do
-  if redis.call('GET', KEYS[2 * p]) ~= ARGV[1 + 2 * p] then
+  if redis.call('GET', KEYS[2 * p]) ~= ARGV[3 * p] then
     replies[p] = 0
   else
-    local ok, reply = pcall(read, KEYS[2 * p - 1], ARGV[2 + 2 * p])
+    local ok, reply = pcall(read, KEYS[2 * p - 1], ARGV[3 * p + 1], ARGV[3 * p + 2])
     replies[p] = ok and reply or -1
   end
 end

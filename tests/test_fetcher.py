@@ -222,6 +222,63 @@ async def test_entries_read_as_a_wait_is_cancelled_are_delivered_in_order(
     assert await pending_ids(redis, ticks, 0) == []
 
 
+async def test_entries_delivered_unseen_are_read_before_newer_ones(
+    app: App, redis_url: str, redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A read of the fetcher's own can deliver entries to its consumer that it never
+    sees: one whose reply was lost, or the read behind a wait that Redis runs after
+    the wait was given up, later than the reads sent since on another connection.
+    They are read from the history, in order, before anything newer: never skipped.
+
+    Here each such delivery is made by hand, an entry sent and delivered to the
+    partition's consumer in one transaction while the fetcher waits for new entries,
+    in the middle of entries the fetcher reads itself."""
+    rounds = 5
+    got: list[int] = []
+    key = ticks.key(0)
+    consumer = "p0"
+    with trio.fail_after(60), redis_py.Redis.from_url(redis_url) as plain:
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, idle_block=5) as fetcher,
+            serving(fetcher, locks, 0) as events,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def send() -> None:
+                for n in range(0, 3 * rounds, 3):
+                    await ticks.send_many(ticks_for(0, [n]))
+                    await wait_until(
+                        functools.partial(has_more_than, got, n), what=f"tick {n}", within=10
+                    )
+                    # Sent and delivered to the consumer at once, by no read of the
+                    # fetcher's: as a read whose reply never came.
+                    stolen = ticks.codec.encode(ticks_for(0, [n + 1])[0])
+                    with plain.pipeline(transaction=True) as both:
+                        both.xadd(key, cast("Any", stolen))
+                        both.xreadgroup(GROUP, consumer, {key: ">"}, count=1)
+                        both.execute()
+                    await ticks.send_many(ticks_for(0, [n + 2]))
+                    await wait_until(
+                        functools.partial(has_more_than, got, n + 2),
+                        what=f"tick {n + 2}",
+                        within=10,
+                    )
+
+            nursery.start_soon(send)
+            async for tick in events.records():
+                got.append(tick.n)
+                if len(got) == 3 * rounds:
+                    break
+    assert got == list(range(3 * rounds))
+    await wait_until(
+        functools.partial(nothing_pending, redis, ticks), what="every tick acknowledged", within=10
+    )
+
+
+async def nothing_pending(redis: Redis, ticks: Stream[Tick]) -> bool:
+    return await pending_ids(redis, ticks, 0) == []
+
+
 async def test_an_acknowledgement_waits_for_the_commit_in_flight(
     redis: Redis, ticks: Stream[Tick], locks: LockManager
 ) -> None:
