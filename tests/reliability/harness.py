@@ -346,7 +346,8 @@ class SeenMonitor:
             if found in events:
                 held = pel.get(entry.identifier)
                 where = (
-                    f"pending with {held.consumer} (delivered {held.delivered}x, idle {held.idle} ms)"
+                    f"pending with {held.consumer} (delivered {held.delivered}x, "
+                    f"idle {held.idle} ms)"
                     if held
                     else "not pending"
                 )
