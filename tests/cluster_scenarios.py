@@ -70,6 +70,16 @@ async def replica_of(master: RedisServer) -> int:
     return ports[0]
 
 
+async def caught_up(master: RedisServer, replica: int) -> bool:
+    """Whether the replica on port ``replica`` has every write ``master`` took so far
+    (its replication offset reached the master's): killing the master loses nothing."""
+    async with open_redis(master.url) as redis:
+        wanted = int(cast("int", (await redis.info("replication"))["master_repl_offset"]))
+    async with open_redis(f"redis://127.0.0.1:{replica}") as redis:
+        info = await redis.info("replication")
+    return int(cast("int", info.get("slave_repl_offset", -1))) >= wanted
+
+
 async def role(port: int) -> str:
     async with open_redis(f"redis://127.0.0.1:{port}") as redis:
         return (await redis.role()).role

@@ -45,6 +45,7 @@ result once with the sum of its events.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ from tests.apps.stateful import Number, make_app as stateful_app
 from tests.cluster_scenarios import (
     PARTITIONS,
     Producer,
+    caught_up,
     cluster_ok,
     count_processed,
     has_role,
@@ -243,6 +245,13 @@ async def test_the_client_follows_the_replica_promoted_for_a_killed_master(
         async with open_redis(cluster.url) as redis:
             await redis.set(key, "1")
             successor = await replica_of(nodes[2])
+            # The replica has the key before its master dies (replication is
+            # asynchronous: killed sooner, the promoted replica would not have it).
+            await wait_until(
+                functools.partial(caught_up, nodes[2], successor),
+                what="the replica caught up",
+                within=10,
+            )
             nodes[2].stop()
             await wait_until(
                 lambda: has_role(successor, "master"), what="replica promoted", within=30
