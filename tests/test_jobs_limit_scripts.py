@@ -12,12 +12,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import trio
 
 from streamkit._redis import LuaScript
 from streamkit.jobs import JobStatus, RateLimit, open_job_queue
 from streamkit.jobs._claim import ensure_groups
 from streamkit.jobs._scripts import CLAIM_LUA, FINISH_LUA, GROUP
+from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,6 +29,25 @@ _CLAIM = LuaScript(CLAIM_LUA)
 _FINISH = LuaScript(FINISH_LUA)
 #: Jobs run under this name; its limits' keys are named after it.
 NAME = "limited"
+
+
+_NOW_MS = LuaScript("local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)")
+
+
+async def redis_ms(redis: Redis) -> int:
+    """Redis's clock, in milliseconds, as the scripts read it (their leases and windows
+    run on it; ``redis.time()`` keeps whole seconds only)."""
+    return int(await _NOW_MS(redis, keys=[], args=[]))
+
+
+async def wait_redis_past(redis: Redis, seconds: float) -> None:
+    """Wait until ``seconds`` have passed on Redis's clock from now."""
+    until = await redis_ms(redis) + math.ceil(seconds * 1000) + 1
+
+    async def past() -> bool:
+        return await redis_ms(redis) >= until
+
+    await wait_until(past, what=f"{seconds}s passed on Redis's clock", within=10)
 
 
 @pytest.fixture
@@ -127,8 +146,8 @@ async def test_a_claim_that_fills_a_window_of_old_starts_drops_them_and_counts_i
     first = await claim(queue, 3)
     assert len(first) == 3
     await finish(queue, first)
-    await trio.sleep(0.35)  # the window's 3 places are out of it now
-    before_ms = math.floor((await redis.time()).timestamp() * 1000)
+    await wait_redis_past(redis, 0.3)  # the window's 3 places are out of it now
+    before_ms = await redis_ms(redis)
     # In one call: the 3 old places are dropped when the window looks full, 3 places
     # taken, and the 4th job finds the window full of this call's own places.
     second = await claim(queue, 10)
@@ -181,7 +200,7 @@ async def test_jobs_taken_over_keep_their_slots_in_the_claim_that_takes_them(
     handles = await job.enqueue_many([(n,) for n in range(2)])
     assert len(await claim(queue, 2, "w1")) == 2
     later = await job.enqueue_many([(n,) for n in range(2, 4)])
-    await trio.sleep(0.3)  # w1's leases ran out
+    await wait_redis_past(redis, queue.lease_ttl)  # w1's leases ran out
     # w2 takes both over (they keep their slots, counted once), then reads the new
     # jobs: no slot for them
     started = await claim(queue, 4, "w2", reclaim=True)
@@ -204,7 +223,7 @@ async def test_a_slot_given_back_in_the_middle_of_a_claim_lets_the_job_waiting_f
     read = await redis.xreadgroup(GROUP, "w2", streams={ready: ">"}, count=1)
     assert read
     (entry,) = next(iter(read.values()))
-    await trio.sleep(0.3)
+    await wait_redis_past(redis, queue.lease_ttl)  # w1's lease ran out
     # In one call: the second job is held (the first holds the slot), the first is
     # taken over and ends dead (its worker died on its last try), giving its slot back,
     # which lets the second out; read again, it starts.
