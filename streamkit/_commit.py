@@ -122,8 +122,15 @@ def change_arguments(changes: Sequence[Changes], first_key: int) -> tuple[list[s
                 ops.extend((code, position, values[0], values[1]))
                 count += 1
                 continue
+            if code == "x":  # one entry, never split
+                ops.append(code)
+                ops.append(position)
+                ops.append(len(values) // 2)
+                ops.extend(values)
+                count += 1
+                continue
             width = 2 if code in _PAIRED else 1
-            step = len(values) if code == "x" else MAX_VALUES_PER_OP - MAX_VALUES_PER_OP % width
+            step = MAX_VALUES_PER_OP - MAX_VALUES_PER_OP % width
             for start in range(0, len(values), step):
                 part = values[start : start + step]
                 ops.append(code)

@@ -28,6 +28,11 @@ key                                what it holds
                                    its windows)
 ``__wndx:{app.stream.N}.table``    its keys by when their windows are next due (a
                                    sorted set)
+``__wins:{app.stream.N}.table``    the windows of a tumbling or hopping windowed
+                                   table (a sorted set of starts, by when due)
+``__wval:{app.stream.N}.table:S``  the keys' values in its window starting at ``S``
+                                   (ms), open (a hash: canonical key -> value)
+``__wcls:{app.stream.N}.table:S``  the same once closed, kept for the retention
 ``__stat:{app.stream.N}.proc``     processor ``proc``'s state of partition N: its
                                    watermark and late-event counts (a hash)
 ``__obox:{app.stream.N}.proc``     records processor ``proc`` emitted on partition N,
@@ -47,6 +52,7 @@ import re
 from ._errors import ConfigError
 
 __all__ = [
+    "closed_window_member",
     "control_key",
     "dead_letter_key",
     "fence_key",
@@ -58,7 +64,9 @@ __all__ = [
     "membership_key",
     "meta_key",
     "once_marker_prefix",
+    "open_window_member",
     "outbox_key",
+    "parse_window_member",
     "partition_lock_name",
     "processor_group",
     "relay_key",
@@ -68,8 +76,11 @@ __all__ = [
     "table_key",
     "tagged",
     "validate_name",
+    "window_closed_key",
     "window_index_key",
     "window_key",
+    "window_values_key",
+    "windows_key",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9_\-]+\Z")
@@ -135,6 +146,43 @@ def window_key(app: str, stream: str, table: str, partition: int) -> str:
 def window_index_key(app: str, stream: str, table: str, partition: int) -> str:
     """The sorted set of the windows of ``partition`` of ``table``, by end time."""
     return f"__wndx:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def windows_key(app: str, stream: str, table: str, partition: int) -> str:
+    """The sorted set of the windows of ``partition`` of a tumbling or hopping table."""
+    return f"__wins:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def window_values_key(app: str, stream: str, table: str, partition: int, start: int) -> str:
+    """The hash of every key's value in the window starting at ``start`` (ms)."""
+    return f"__wval:{{{app}.{stream}.{partition}}}.{table}:{start}"
+
+
+def window_closed_key(app: str, stream: str, table: str, partition: int, start: int) -> str:
+    """The hash of every key's final value in the closed window starting at ``start``."""
+    return f"__wcls:{{{app}.{stream}.{partition}}}.{table}:{start}"
+
+
+#: The suffix of a closed window's member in a windows index.
+_CLOSED_WINDOW = b":c"
+
+
+def open_window_member(start: int, end: int) -> bytes:
+    """The index member of the open window from ``start`` to ``end`` (ms)."""
+    return b"%d:%d" % (start, end)
+
+
+def closed_window_member(start: int, end: int) -> bytes:
+    """The index member of that window once closed (and kept for the retention)."""
+    return b"%d:%d:c" % (start, end)
+
+
+def parse_window_member(member: bytes | str) -> tuple[int, int, bool]:
+    """An index member as ``(start, end, closed)``."""
+    raw = member.encode() if isinstance(member, str) else member
+    closed = raw.endswith(_CLOSED_WINDOW)
+    start, _, end = (raw[:-2] if closed else raw).partition(b":")
+    return int(start), int(end), closed
 
 
 def state_key(app: str, stream: str, processor: str, partition: int) -> str:

@@ -35,6 +35,7 @@ from . import _keys
 from ._commit import Changes
 from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, EncodeError
+from ._json_converter import converter
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_relay import OutboxRelay
@@ -44,6 +45,7 @@ from ._state_views import (
     WindowLike,
     WindowView,
 )
+from ._state_windows import FixedWindowView
 from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
 
@@ -96,11 +98,25 @@ def writing_view(table: TableLike) -> TableView:
     return view
 
 
-def current_window_view(table: WindowLike) -> WindowView:
+def current_window_view(table: WindowLike) -> WindowView | FixedWindowView:
     """The view of the windowed ``table`` of the partition being processed here."""
+    state = _current.get()
+    fixed = None if state is None else state.fixed_views.get(table)
+    if fixed is not None:
+        return fixed
     view = writing_view(table)
     assert isinstance(view, WindowView)
     return view
+
+
+def default_result(key: str, window: Window, value: Any) -> dict[str, Any]:
+    """A closed window as a ``dict`` record: key, start, end (ISO 8601) and value."""
+    return {
+        "key": key,
+        "start": window.start.isoformat(),
+        "end": window.end.isoformat(),
+        "value": converter.unstructure(value),
+    }
 
 
 def _is_windowed(table: TableLike) -> bool:
@@ -134,23 +150,32 @@ class PartitionState:
         self.partition = partition
         self._redis = redis
         self._stream = stream
+        # Tables' (and sessions') views, and the views of tumbling and hopping windows.
         self.views: dict[TableLike, TableView] = {}
-        self.windows: list[WindowView] = []
-        view: TableView
+        self.fixed_views: dict[TableLike, FixedWindowView] = {}
+        self.windows: list[WindowView | FixedWindowView] = []
+        count = stream.partition_count
         for table in tables:
             if _is_windowed(table):
-                window = WindowView(table, partition, stream.partition_count, redis, cache_size)  # type: ignore[arg-type]
+                window: WindowView | FixedWindowView
+                if getattr(table, "fixed", False):
+                    window = FixedWindowView(table, partition, count, redis, cache_size)  # type: ignore[arg-type]
+                    self.fixed_views[table] = window
+                else:
+                    window = WindowView(table, partition, count, redis, cache_size)  # type: ignore[arg-type]
+                    self.views[table] = window
                 window.on_time = self.observe
                 self.windows.append(window)
-                view = window
                 output = getattr(table, "output", None)
                 if output is not None:
                     outputs = [*outputs, output]
             else:
-                view = TableView(table, partition, stream.partition_count, redis, cache_size)
-            self.views[table] = view
-        # The views, for the per-event calls.
-        self._view_list = list(self.views.values())
+                self.views[table] = TableView(table, partition, count, redis, cache_size)
+        # Every view, for the per-event calls.
+        self._view_list: list[TableView | FixedWindowView] = [
+            *self.views.values(),
+            *self.fixed_views.values(),
+        ]
         self._state_key = _keys.state_key(stream.app, stream.name, keys.processor, partition)
         # The partition's watermark (ms): done (of events moved past, and idle ticks),
         # tentative (of the events in flight), and as last handed to a commit.
@@ -170,6 +195,10 @@ class PartitionState:
             for o in outputs
         }
         self._keep_of_key: dict[str, int] = {}
+        # What emitting to each output needs, by the id of the object given (kept).
+        self._emitters: dict[
+            int, tuple[object, StreamSpec[Any], list[str], list[bytes] | None]
+        ] = {}
         self._outbox = (
             _keys.outbox_key(stream.app, stream.name, keys.processor, partition)
             if is_cluster(redis) and self.outputs
@@ -249,12 +278,34 @@ class PartitionState:
             closed = await view.settle(int(self.watermark))
             table = view.window
             output = getattr(table, "output", None)
-            if output is None:
+            if output is None or not closed:
                 continue
-            result = table.result  # type: ignore[attr-defined]
-            for field, slot in closed:
-                record = result(field.decode(), Window.from_ms(slot.start, slot.end), slot.value)
-                self._done_out.append(self._encode_output(output, record))
+            result = getattr(table, "result", default_result)
+            done = self._done_out
+            encode = self._encode_output
+            if result is default_result:
+                # The keys of one window share its bounds: written once per window.
+                unstructure = converter.unstructure
+                bounds: dict[tuple[int, int], tuple[str, str]] = {}
+                for field, start, end, value in closed:
+                    iso = bounds.get((start, end))
+                    if iso is None:
+                        window = Window.from_ms(start, end)
+                        iso = bounds[start, end] = (
+                            window.start.isoformat(),
+                            window.end.isoformat(),
+                        )
+                    record = {
+                        "key": field.decode(),
+                        "start": iso[0],
+                        "end": iso[1],
+                        "value": unstructure(value),
+                    }
+                    done.append(encode(output, record))
+                continue
+            for field, start, end, value in closed:
+                record = result(field.decode(), Window.from_ms(start, end), value)
+                done.append(encode(output, record))
 
     # -- emitting --
 
@@ -265,30 +316,45 @@ class PartitionState:
     def _encode_output(
         self, stream: StreamSpec[Any] | HasSpec[Any], record: Any
     ) -> tuple[str, list[bytes | str | int | float]]:
-        spec = spec_of(stream)
-        if self.outputs.get(spec.name) != spec:
-            raise ConfigError(
-                "outputs",
-                f"{spec.name!r} is not an output of this processor: name it in "
-                f"@app.processor(..., outputs=[...])",
-            )
+        emitter = self._emitters.get(id(stream))
+        if emitter is None or emitter[0] is not stream:
+            emitter = self._emitter(stream)
+        _, spec, keys, targets = emitter
         try:
             fields = spec.codec.encode(record)
         except EncodeError:
             raise
         except Exception as exc:
             raise EncodeError(f"cannot encode {record!r} for {spec.name}: {exc}") from exc
-        target = spec.key(spec.partition_of(record))
-        if target not in self._keep_of_key:
-            self._keep_of_key[target] = self._keep[spec.name]
-        pairs: list[bytes | str | int | float] = []
-        if self._outbox is not None:
-            pairs.append(b"__to")
-            pairs.append(target.encode())
+        partition = spec.partitioner.partition_of(record)
+        pairs: list[bytes | str | int | float] = (
+            [] if targets is None else [b"__to", targets[partition]]
+        )
         for name, value in fields.items():
             pairs.append(name)
             pairs.append(value)
-        return target, pairs
+        return keys[partition], pairs
+
+    def _emitter(
+        self, stream: StreamSpec[Any] | HasSpec[Any]
+    ) -> tuple[object, StreamSpec[Any], list[str], list[bytes] | None]:
+        """What emitting to ``stream`` needs, worked out once: the stream as given, its
+        spec, its partitions' keys and, with an outbox, those keys as relay targets."""
+        spec = spec_of(stream)
+        known = self.outputs.get(spec.name)
+        if known is not spec and known != spec:
+            raise ConfigError(
+                "outputs",
+                f"{spec.name!r} is not an output of this processor: name it in "
+                f"@app.processor(..., outputs=[...])",
+            )
+        keys = spec.partition_keys()
+        for key in keys:
+            self._keep_of_key[key] = self._keep[spec.name]
+        targets = None if self._outbox is None else [key.encode() for key in keys]
+        emitter = (stream, spec, keys, targets)
+        self._emitters[id(stream)] = emitter
+        return emitter
 
     # -- the layers --
 
@@ -305,7 +371,7 @@ class PartitionState:
 
     def discard(self) -> None:
         """The events in flight failed: forget their effects."""
-        for view in self.views.values():
+        for view in self._view_list:
             view.discard()
         self._tentative_out = []
         if self._watermark_tentative > self.watermark:
@@ -316,10 +382,10 @@ class PartitionState:
 
     def take_changes(self) -> Changes | None:
         """The done effects, as changes for the next commit; ``None`` if there are none."""
-        pins: list[tuple[TableView, list[bytes]]] = []
+        pins: list[tuple[TableView | FixedWindowView, list[Any]]] = []
         changes = Changes()
-        for view in self.views.values():
-            pinned: list[bytes] = []
+        for view in self._view_list:
+            pinned: list[Any] = []
             view.contribute(changes, pinned)
             if pinned:
                 pins.append((view, pinned))
@@ -396,5 +462,5 @@ class PartitionState:
     def __repr__(self) -> str:
         return (
             f"<PartitionState {self._stream.name} partition {self.partition}: "
-            f"{len(self.views)} tables, {len(self.outputs)} outputs>"
+            f"{len(self._view_list)} tables, {len(self.outputs)} outputs>"
         )

@@ -408,7 +408,7 @@ class WindowView(TableView):
         if score is not None:
             self.next_due = min(self.next_due, score)
 
-    async def settle(self, watermark: int) -> list[tuple[bytes, Slot]]:
+    async def settle(self, watermark: int) -> list[tuple[bytes, int, int, Any]]:
         """Close the windows ``watermark`` has passed and drop expired ones (as done
         writes); return the windows closed now, to emit once.
 
@@ -436,7 +436,7 @@ class WindowView(TableView):
                 value = MISSING if raw is None else self.table.decode(raw)
                 self._remember(field, value)
                 known[field] = value
-        closed: list[tuple[bytes, Slot]] = []
+        closed: list[tuple[bytes, int, int, Any]] = []
         window = self.window
         for field, slots in known.items():
             if slots is MISSING:
@@ -446,7 +446,7 @@ class WindowView(TableView):
             )
             if len(kept) == len(slots) and not now_closed:
                 continue
-            closed.extend((field, slot) for slot in now_closed)
+            closed.extend((field, slot.start, slot.end, slot.value) for slot in now_closed)
             self._dirty[field] = (kept, self.table.encode(kept)) if kept else (MISSING, None)
         # Keys with writes not yet handed over count by those; then the handed over
         # and not landed; then what Redis's index says.

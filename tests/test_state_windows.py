@@ -274,3 +274,68 @@ async def test_a_drain_that_lands_during_an_idle_tick_ends_the_iteration(
         await worker.stop()
     assert returned.is_set()
     assert [r["value"] for r in await results(redis, totals)] == [7]
+
+
+async def test_a_window_of_many_keys_closes_in_pages_each_key_once(
+    redis_url: str, redis: Redis
+) -> None:
+    """More keys in one window than a settling round closes (CLOSE_BATCH): the window
+    closes over several commits, every key's result emitted once, and nothing of the
+    window stays in Redis."""
+    from streamkit._state_windows import CLOSE_BATCH
+
+    keys = 2 * CLOSE_BATCH + 37
+    app, sales, totals, revenue = revenue_app(redis_url, grace=timedelta(0))
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many([sale(f"k{i}", i % 5 + 1, 10) for i in range(keys)])
+        await sales.send(sale("k0", 1, 70))  # the watermark passes the first minute
+
+        async def closed() -> bool:
+            return len(await results(redis, totals)) >= keys
+
+        await wait_until(closed, what="every key's first minute emitted", within=30)
+        await worker.stop()
+    got = [(r["key"], r["value"]) for r in await results(redis, totals)]
+    assert sorted(got) == sorted((f"k{i}", i % 5 + 1) for i in range(keys))
+    async with app:
+        assert await revenue.read("k5") == []
+        # Only the second minute is left (one key), its first window gone from Redis.
+        assert sum(await revenue.sizes()) == 1
+    first = revenue.values_key(0, int(T0.timestamp() * 1000))
+    assert not await redis.exists([first])
+
+
+async def test_a_window_carries_over_to_the_next_owner(redis_url: str, redis: Redis) -> None:
+    """A window opened by one worker and closed by the next: the values committed by
+    the first are read back from Redis (in pages: more keys than a round closes), and
+    the results count both workers' events."""
+    from streamkit._state_windows import CLOSE_BATCH
+
+    others = [f"o{i}" for i in range(CLOSE_BATCH + 40)]
+    app, sales, totals, revenue = revenue_app(redis_url)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many([sale("a", 1, 10), sale("b", 2, 20)])
+        await sales.send_many([sale(key, 3, 25) for key in others])
+
+        async def committed() -> bool:
+            return sum(await revenue.sizes()) == 2 + len(others)
+
+        await wait_until(committed, what="the first window committed", within=20)
+        await worker.stop()
+    assert await results(redis, totals) == []
+    app2, sales2, totals2, _ = revenue_app(redis_url)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app2)
+        await sales2.send_many([sale("a", 4, 30), sale("a", 8, 130)])
+
+        async def closed() -> bool:
+            return len(await results(redis, totals2)) >= 2 + len(others)
+
+        await wait_until(closed, what="the carried-over window emitted", within=20)
+        await worker.stop()
+    got = sorted((r["key"], r["start"], r["value"]) for r in await results(redis, totals2))
+    expected = [("a", T0.isoformat(), 5), ("b", T0.isoformat(), 2)]
+    expected += [(key, T0.isoformat(), 3) for key in others]
+    assert got == sorted(expected)

@@ -141,6 +141,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             size_requests = {
                 table.name: [pipe.hlen(table.key(p)) for p in range(len(keys))]
                 for table in processor.tables
+                if not getattr(table, "fixed", False)
             }
         exists = [await request for request in exists_requests]
         lengths = [await request for request in length_requests]
@@ -151,6 +152,9 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             name: [int(await request) for request in requests]
             for name, requests in size_requests.items()
         }
+        for table in processor.tables:
+            if getattr(table, "fixed", False):  # a hash per window: counted per window
+                sizes[table.name] = await table.sizes(redis=redis)
         # A processor with no worker yet has no group: all of a partition is lag.
         existing = [key for key, found in zip(keys, exists, strict=True) if found]
         async with redis.pipeline(transaction=False) as pipe:

@@ -29,6 +29,7 @@ import attrs
 
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, RedisUnavailable, StreamkitError
+from .._keys import parse_window_member as parse_member
 from .._partitioner import canonical_key_bytes
 from .._produce import (
     AppendCall,
@@ -634,11 +635,53 @@ _NO_DEFAULT: Any = object()
 def table_read(table: Table[Any] | WindowedTable[Any], key: object, default: Any) -> Op[Any]:
     """The committed value of ``key`` (see :meth:`Table.read <streamkit.Table.read>`,
     :meth:`WindowedTable.read <streamkit.WindowedTable.read>`)."""
+    partition = table.partition_of(key)
+    field = canonical_key_bytes(key)
+    if isinstance(table, WindowedTable) and table.fixed:
+        hashes = yield from _window_hashes(table, partition)
+        raws = yield from batched(
+            [Call.command("HGET", key, field) for _, _, key in hashes],
+            what=f"reading table {table.name}",
+        )
+        found = sorted(
+            (start, end, table.decode_value(raw))
+            for (start, end, _), raw in zip(hashes, raws, strict=True)
+            if raw is not None
+        )
+        return [(Window.from_ms(start, end), value) for start, end, value in found]
     raw = yield from retried(
-        Call.command("HGET", table.key(table.partition_of(key)), canonical_key_bytes(key)),
-        what=f"reading table {table.name}",
+        Call.command("HGET", table.key(partition), field), what=f"reading table {table.name}"
     )
     return _missing(table, default) if raw is None else _decoded(table, raw)
+
+
+def _window_hashes(table: WindowedTable[Any], partition: int) -> Op[list[tuple[int, int, str]]]:
+    """The hashes of ``partition``'s windows (tumbling, hopping): ``(start, end, key)``."""
+    members = yield from retried(
+        Call.command("ZRANGE", table.windows_key(partition), 0, -1),
+        what=f"reading table {table.name}",
+    )
+    hashes = []
+    for member in members:
+        start, end, closed = parse_member(member)
+        make = table.closed_key if closed else table.values_key
+        hashes.append((start, end, make(partition, start)))
+    return hashes
+
+
+def batched(calls: Sequence[Call], *, what: str) -> Op[list[Any]]:
+    """Run idempotent ``calls`` together, all of them again while Redis is unavailable."""
+    if not calls:
+        return []
+    rule = RetryRule(what, idempotent=True, started=time.monotonic())
+    while True:
+        replies = yield Batch(tuple(calls))
+        failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
+        if failed is None:
+            return list(replies)
+        if not isinstance(failed, RedisUnavailable):
+            raise failed
+        yield Sleep(rule.next_delay(failed, time.monotonic()))
 
 
 def table_read_many(
@@ -649,22 +692,17 @@ def table_read_many(
     by_partition: dict[int, list[int]] = {}
     for i, key in enumerate(keys):
         by_partition.setdefault(table.partition_of(key), []).append(i)
-    calls = tuple(
+    if isinstance(table, WindowedTable) and table.fixed:
+        windows = []
+        for key in keys:
+            windows.append((yield from table_read(table, key, _NO_DEFAULT)))  # noqa: PERF401
+        return windows
+    calls = [
         Call.command("HMGET", table.key(p), *(canonical_key_bytes(keys[i]) for i in positions))
         for p, positions in by_partition.items()
-    )
+    ]
     out = [_missing(table, _NO_DEFAULT)] * len(keys)
-    if not calls:
-        return out
-    rule = RetryRule(f"reading table {table.name}", idempotent=True, started=time.monotonic())
-    while True:
-        replies = yield Batch(calls)
-        failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
-        if failed is None:
-            break
-        if not isinstance(failed, RedisUnavailable):
-            raise failed
-        yield Sleep(rule.next_delay(failed, time.monotonic()))
+    replies = yield from batched(calls, what=f"reading table {table.name}")
     for positions, raws in zip(by_partition.values(), replies, strict=True):
         for i, raw in zip(positions, raws, strict=True):
             if raw is not None:
@@ -675,7 +713,26 @@ def table_read_many(
 def table_page(
     table: Table[Any] | WindowedTable[Any], partition: int, cursor: int
 ) -> Op[tuple[int, list[tuple[str, Any]]]]:
-    """One ``HSCAN`` page of a partition: the next cursor (0: done) and its items."""
+    """One ``HSCAN`` page of a partition: the next cursor (0: done) and its items (for
+    tumbling and hopping windows, the whole partition: its keys' windows span hashes)."""
+    if isinstance(table, WindowedTable) and table.fixed:
+        by_key: dict[bytes, list[tuple[int, int, Any]]] = {}
+        for start, end, key in (yield from _window_hashes(table, partition)):
+            window_cursor = 0
+            while True:
+                window_cursor, window_page = yield from retried(
+                    Call.command("HSCAN", key, window_cursor, "COUNT", SCAN_COUNT),
+                    what=f"reading table {table.name}",
+                )
+                for field, raw in window_page.items():
+                    value = table.decode_value(raw)
+                    by_key.setdefault(field, []).append((start, end, value))
+                if int(window_cursor) == 0:
+                    break
+        return 0, [
+            (field.decode(), [(Window.from_ms(s, e), v) for s, e, v in sorted(found)])
+            for field, found in by_key.items()
+        ]
     reply = yield from retried(
         Call.command("HSCAN", table.key(partition), cursor, "COUNT", SCAN_COUNT),
         what=f"reading table {table.name}",
@@ -696,14 +753,16 @@ def table_partitions(
 
 
 def table_sizes(table: Table[Any] | WindowedTable[Any]) -> Op[list[int]]:
-    """The number of keys in each partition, in partition order."""
-    calls = tuple(Call.command("HLEN", table.key(p)) for p in table_partitions(table, None))
-    rule = RetryRule(f"reading table {table.name}", idempotent=True, started=time.monotonic())
-    while True:
-        replies = yield Batch(calls)
-        failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
-        if failed is None:
-            return [int(r) for r in replies]
-        if not isinstance(failed, RedisUnavailable):
-            raise failed
-        yield Sleep(rule.next_delay(failed, time.monotonic()))
+    """The number of keys in each partition, in partition order (as
+    :meth:`WindowedTable.sizes <streamkit.WindowedTable.sizes>` for windows)."""
+    what = f"reading table {table.name}"
+    if isinstance(table, WindowedTable) and table.fixed:
+        sizes = []
+        for p in table_partitions(table, None):
+            hashes = yield from _window_hashes(table, p)
+            calls = [Call.command("HLEN", k) for _, _, k in hashes]
+            lengths = yield from batched(calls, what=what)
+            sizes.append(sum(int(n) for n in lengths))
+        return sizes
+    calls = [Call.command("HLEN", table.key(p)) for p in table_partitions(table, None)]
+    return [int(r) for r in (yield from batched(calls, what=what))]

@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 )
 
 from .. import _keys
+from .._keys import parse_window_member as parse_member
 from ._client import Client, connect, redis_errors
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ def _key(options: ReadOptions, partition: int, windowed: bool) -> str:
     return make(options.app, options.stream, options.table, partition)
 
 
+def _windows_key(options: ReadOptions, partition: int) -> str:
+    assert options.table is not None
+    return _keys.windows_key(options.app, options.stream, options.table, partition)
+
+
 def table_kind(client: Client, options: ReadOptions, partition_count: int) -> bool | None:
     """Whether the table is windowed; ``None`` when no partition of it exists."""
     for partition in range(partition_count):
@@ -68,6 +74,8 @@ def table_kind(client: Client, options: ReadOptions, partition_count: int) -> bo
             if client.exists(_key(options, partition, windowed=False)):
                 return False
             if client.exists(_key(options, partition, windowed=True)):
+                return True
+            if client.exists(_windows_key(options, partition)):
                 return True
     return None
 
@@ -100,6 +108,8 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
         options = self.options
         key = _key(options, partition.partition, self.windowed)
         with connect(options.url) as client:
+            if self.windowed:
+                yield from self._fixed_windows(client, partition.partition)
             cursor = 0
             while True:
                 with redis_errors(options.url):
@@ -121,3 +131,22 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
                         )
                 if cursor == 0:
                     return
+
+    def _fixed_windows(self, client: Client, partition: int) -> Iterator[tuple[Any, ...]]:
+        """The rows of a tumbling or hopping table's windows: a hash per window."""
+        options = self.options
+        assert options.table is not None
+        with redis_errors(options.url):
+            members: Any = client.zrange(_windows_key(options, partition), 0, -1)
+        for start, end, closed in (parse_member(m) for m in members):
+            make = _keys.window_closed_key if closed else _keys.window_values_key
+            key = make(options.app, options.stream, options.table, partition, start)
+            cursor = 0
+            while True:
+                with redis_errors(options.url):
+                    reply: Any = client.hscan(key, cursor, count=options.page_size)
+                cursor, page = reply
+                for field, raw in page.items():
+                    yield (partition, field.decode(), _ms(start), _ms(end), closed, raw.decode())
+                if cursor == 0:
+                    break
