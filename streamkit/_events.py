@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import trio
 
 from ._defaults import DEFAULT_STATE_CACHE_SIZE
-from ._errors import ConfigError, RedisUnavailable, StreamkitError
+from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
 from ._events_iterators import Batches, OneByOne
@@ -366,9 +366,10 @@ async def _leave(delivery: Delivery[Any], *, commit: bool) -> None:
             if commit:
                 raise
             # Redis unreachable: the client's outage log (its pools saw the
-            # connection go) says it once for every partition.
+            # connection go) says it once for every partition; a lost lease, whoever
+            # runs the partition (the rebalancer) says.
             log.log(
-                logging.DEBUG if isinstance(exc, RedisUnavailable) else logging.WARNING,
+                logging.DEBUG if isinstance(exc, RedisUnavailable | LockLost) else logging.WARNING,
                 "acknowledging events of %s partition %d failed: %s",
                 feed.stream.name,
                 feed.partition,

@@ -282,6 +282,8 @@ class Fetcher(Generic[R]):
     trim_to: int
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _feeds: dict[int, _Feed] = attrs.field(factory=dict, init=False)
+    # The partitions served here since the fetcher opened (their groups existed).
+    _served: set[int] = attrs.field(factory=set, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     _block_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     # The partitions with a read in flight (one at a time per partition), whether a
@@ -347,7 +349,13 @@ class Fetcher(Generic[R]):
                 f"hold {expected!r} (keys.lock_name({partition}))",
             )
         key = self.stream.key(partition)
-        await self._create_group(key)
+        if await self._create_group(key) and partition in self._served:
+            # Served here before, so its group existed: it vanished meanwhile.
+            level = health_of(self.redis).vanished.report(
+                self.group, "group", partition=partition, detail=f"on {key}"
+            )
+            log.log(level, "consumer group %r on %s had vanished; recreated it", self.group, key)
+        self._served.add(partition)
         send, receive = trio.open_memory_channel[Batch](self.prefetch)
         feed = _Feed(
             self,
@@ -369,7 +377,8 @@ class Fetcher(Generic[R]):
             feed._close()
             self._wake()
 
-    async def _create_group(self, key: str) -> None:
+    async def _create_group(self, key: str) -> bool:
+        """Create the consumer group on ``key`` unless it exists; whether it was created."""
         try:
             with redis_errors(), trio.fail_after(self.command_timeout):
                 # ENTRIESREAD 0: nothing read yet, so Redis knows the lag and the
@@ -378,14 +387,16 @@ class Fetcher(Generic[R]):
                 await self.redis.xgroup_create(key, self.group, "0", mkstream=True, entriesread=0)
             log.debug("created consumer group %r on %s", self.group, key)
         except GroupExists:
-            pass
+            return False
         except ServerRefused:
             # A full Redis refuses XGROUP CREATE even for a group that exists; reading
             # is allowed, and consuming what is there is what frees memory.
             if not await self._group_exists(key):
                 raise
+            return False
         except trio.TooSlowError as exc:
             raise RedisUnavailable("redis", "creating the consumer group timed out") from exc
+        return True
 
     async def _group_exists(self, key: str) -> bool:
         with redis_errors(), trio.fail_after(self.command_timeout):
@@ -625,7 +636,10 @@ class Fetcher(Generic[R]):
             feed.acks_due[:0] = acks
             return error
         except NoSuchGroup:
-            log.warning("consumer group %r on %s vanished; recreating it", self.group, feed.key)
+            level = health_of(self.redis).vanished.report(
+                self.group, "group", partition=feed.partition, detail=f"on {feed.key}"
+            )
+            log.log(level, "consumer group %r on %s vanished; recreating it", self.group, feed.key)
             try:
                 await self._create_group(feed.key)
             except RedisUnavailable as unavailable:
@@ -962,8 +976,14 @@ class Fetcher(Generic[R]):
 
     def _fail(self, feed: _Feed, error: StreamkitError) -> None:
         if feed.failure is None:
-            log.warning(
-                "stopped fetching %s partition %d: %s", self.stream.name, feed.partition, error
+            log.log(
+                # A lost lease is said by the partition's owner (the rebalancer), which
+                # gets it from the feed: not twice.
+                logging.DEBUG if isinstance(error, LockLost) else logging.WARNING,
+                "stopped fetching %s partition %d: %s",
+                self.stream.name,
+                feed.partition,
+                error,
             )
             feed.failure = error
         # Wakes a consumer waiting for a batch: it raises the failure.

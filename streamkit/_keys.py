@@ -15,6 +15,8 @@ key                                what it holds
 ``__memb:{app.stream.proc}``       the processor's members and assignment
 ``__ctrl:{app.stream.proc}``       the processor's control stream
 ``__beat:{app.stream.proc}:ID``    member ID's heartbeat
+``__loss:{app.stream.proc}``       the last data loss a worker found for the processor
+                                   (JSON, for ``streamkit status``; expires)
 ``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
 ``__lock:{app}.leader``            the app's leader lease
 ``__lock:{name}:fence``            a lock's fencing-token counter (no TTL)
@@ -54,6 +56,7 @@ from ._errors import ConfigError
 __all__ = [
     "closed_window_member",
     "control_key",
+    "data_loss_key",
     "dead_letter_key",
     "fence_key",
     "halt_key",
@@ -66,6 +69,7 @@ __all__ = [
     "once_marker_prefix",
     "open_window_member",
     "outbox_key",
+    "parse_partition_lock_name",
     "parse_window_member",
     "partition_lock_name",
     "processor_group",
@@ -110,6 +114,18 @@ def meta_key(app: str, stream: str) -> str:
 def partition_lock_name(app: str, stream: str, processor: str, partition: int) -> str:
     """The lock name (for the lock manager) of a processor's lease on a partition."""
     return f"{{{app}.{stream}.{partition}}}.{processor}"
+
+
+_PARTITION_LOCK = re.compile(r"\{(.+)\.(\d+)\}\.([^.{}]+)\Z")
+
+
+def parse_partition_lock_name(name: str) -> tuple[str, int] | None:
+    """The processor group and partition of a partition lock's name (see
+    :func:`partition_lock_name`), or ``None`` for another lock's."""
+    match = _PARTITION_LOCK.match(name)
+    if match is None:
+        return None
+    return f"{match[1]}.{match[3]}", int(match[2])
 
 
 def processor_group(app: str, stream: str, processor: str) -> str:
@@ -242,6 +258,11 @@ def membership_key(group: str) -> str:
 def control_key(group: str) -> str:
     """The membership group's control stream."""
     return f"__ctrl:{{{group}}}"
+
+
+def data_loss_key(group: str) -> str:
+    """The last data loss a worker found for processor group ``group`` (for status)."""
+    return f"__loss:{{{group}}}"
 
 
 def heartbeat_key(group: str, member_id: str) -> str:

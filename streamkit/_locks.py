@@ -51,6 +51,7 @@ from ._nurseries import open_service_nursery
 from ._periodic import next_tick
 from ._redis import LuaScript, Redis, health_of, redis_errors
 from ._validate import non_negative_number, valid_ttl
+from ._vanished import VANISHED, lost_to_vanishing
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -170,9 +171,13 @@ def _parse_value(value: bytes) -> tuple[str, int]:
         return value.decode("utf-8", "replace"), 0
 
 
+#: What a refusal says when the lock is gone (expired or deleted).
+_NO_HOLDER = "the lock expired or was deleted"
+
+
 def _describe_holder(value: bytes | None) -> str:
     if value is None:
-        return "the lock expired or was deleted"
+        return _NO_HOLDER
     owner, token = _parse_value(value)
     return f"the lock is now held by {owner!r} (token {token})"
 
@@ -385,6 +390,10 @@ async def _extend_before(
                     return await extend(lease)
                 except NotLockOwner as exc:
                     detail = "; ".join(getattr(exc, "__notes__", ()))
+                    if detail == _NO_HOLDER and trio.current_time() < lease.valid_until:
+                        # Redis started the TTL after we sent the last extension, so
+                        # the lock cannot have expired yet: it was deleted, or lost.
+                        return f"{VANISHED}: extension refused: {detail}"
                     return "extension refused" + (f": {detail}" if detail else "")
                 except RedisUnavailable as exc:
                     failure = exc
@@ -721,8 +730,11 @@ class LockManager:
             log.exception("keeping the lease on %r alive failed", held.name)
             reason = f"keeping the lease alive failed: {exc}"
         self._lost += 1
+        level = logging.DEBUG if lost_to_outage(reason) else logging.WARNING
+        if lost_to_vanishing(reason):
+            level = health.vanished.report(held.name, "lease", detail=reason)
         log.log(
-            logging.DEBUG if lost_to_outage(reason) else logging.WARNING,
+            level,
             "lease on %r (token %d) lost: %s",
             held.name,
             held.token,

@@ -169,6 +169,7 @@ class Membership:
     partitions: trio_util.AsyncValue[frozenset[int]] = attrs.field(init=False, repr=False)
     _info: MemberInfo = attrs.field(init=False, repr=False)
     _control_id: str | bytes = attrs.field(default=b"0-0", init=False)
+    _highest: int = attrs.field(default=0, init=False)
     connected: trio_util.AsyncBool = attrs.field(
         init=False, repr=False, factory=lambda: trio_util.AsyncBool(True)
     )
@@ -229,6 +230,8 @@ class Membership:
     def _publish(self, state: GroupState) -> None:
         # Only the watch task (and join, before it starts) publishes, in the order
         # Redis answered, so values never go back in time.
+        # The highest generation seen: one lower later means the state was made anew.
+        self._highest = max(self._highest, state.generation)
         if state.assignment != self.assignment.value:
             self.assignment.value = state.assignment
         mine = frozenset(state.assignment.of(self.id))
@@ -459,10 +462,16 @@ class Membership:
         """Re-read the state and publish it; rejoin if we are no longer a member."""
         state = GroupState.decode(await self._get_state_raw())
         self._refreshes += 1
-        if state is None or self.id not in state.members:
+        if state is None or (self.id not in state.members and state.generation < self._highest):
+            # The group's state is gone while we were in it (deleted, or Redis lost
+            # it), or was made again from nothing by a member back sooner than us.
+            level = health_of(self.redis).vanished.report(self.group, "membership")
+            log.log(level, "the state of %s vanished; member %s rejoins", self.group, self.id)
+            state = await self._join()
+        elif self.id not in state.members:
             log.warning(
-                "member %s is no longer in %s (reaped while paused or unreachable, "
-                "or the state was lost); rejoining",
+                "member %s is no longer in %s (reaped while paused or unreachable); "
+                "rejoining",
                 self.id, self.group,
             )  # fmt: skip
             state = await self._join()

@@ -46,6 +46,7 @@ from ._logs import log_context, partitions_text
 from ._nurseries import open_service_nursery
 from ._redis import health_of
 from ._validate import non_negative_number, valid_ttl
+from ._vanished import VANISHED, lost_to_vanishing
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
@@ -541,7 +542,7 @@ class Rebalancer:
                 # LockLost from the hold, or a fenced write refused after the lease was
                 # lost, say. (A LockLost about some other lock run() holds is fatal.)
                 reason = exc.reason if isinstance(exc, LockLost) else f"{exc}"
-                return self._lease_lost(slot, reason)
+                return self._lease_lost(slot, await self._why_lost(claim.held, reason))
             if isinstance(exc, RedisUnavailable):
                 # Redis restarting or failing over: not fatal. Start the partition
                 # again (after a backoff) once Redis answers; what run() had not
@@ -563,12 +564,33 @@ class Rebalancer:
             slot.state = "idle"
         return False
 
+    async def _why_lost(self, held: HeldLease, reason: str) -> str:
+        """``reason``, or, if the lock is gone while the lease cannot have run out yet
+        (a fenced read found it so), that it vanished: reported, said once."""
+        if lost_to_vanishing(reason) or trio.current_time() >= held.lease.valid_until:
+            return reason
+        try:
+            holder = await self.locks.holder(held.name)
+        except StreamkitError:
+            return reason
+        # Taken by someone with a token no greater than ours: the fencing counter
+        # (kept without a TTL) vanished too, so the lock did before it was taken.
+        if holder is not None and holder.token > held.token:
+            return reason
+        reason = f"{VANISHED} ({reason})"
+        health_of(self.locks.redis).vanished.report(held.name, "lease", detail=reason)
+        return reason
+
     def _lease_lost(self, slot: _Slot, reason: str) -> bool:
         self._lost += 1
-        # Lost to an outage: the client's outage log says so, once for all partitions.
+        # Lost to an outage: the client's outage log says so, once for all partitions;
+        # lost to its lock vanishing: the worker's data loss watch says it, once.
+        quiet = lost_to_outage(reason) or (
+            lost_to_vanishing(reason) and health_of(self.locks.redis).vanished.watched
+        )
         return self._stopped(
             slot,
-            logging.DEBUG if lost_to_outage(reason) else logging.WARNING,
+            logging.DEBUG if quiet else logging.WARNING,
             "lease on partition %d lost (%s); %s",
             reason,
             again="re-acquiring it",

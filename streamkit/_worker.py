@@ -35,6 +35,7 @@ import trio_util
 
 from . import _keys
 from ._background import run_background_task
+from ._data_loss import DataLossWatch, watch_data_loss
 from ._errors import ConfigError, ProcessorHalted
 from ._fetcher import open_fetcher
 from ._halts import HaltRecord, read_halt, wait_resumed, write_halt
@@ -117,6 +118,8 @@ class Worker:
     #: named after the app).
     job_workers: dict[str, JobWorker] = attrs.field(factory=dict)
     metrics_url: str | None = None
+    #: What the worker found vanished under it (data losses per processor).
+    data_loss: DataLossWatch | None = None
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _stopping: bool = attrs.field(default=False)
     # Connecting to Redis; cancelled by a signal that arrives before the worker runs.
@@ -263,6 +266,9 @@ async def run_worker(
                     async with trio.open_nursery() as nursery:
                         worker._nursery = nursery
                         worker._phase = "running"
+                        worker.data_loss = await nursery.start(
+                            watch_data_loss, app, selected, worker_name()
+                        )
                         if app.settings.metrics_port is not None:
                             worker.metrics_url = await nursery.start(_serve_metrics, worker)
                         for processor in selected:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from .._data_loss import DataLossRecord, read_data_loss
 from .._errors import ConfigError, StreamkitError
 from .._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
 from .._locks import _parse_value, lock_key
@@ -89,11 +90,14 @@ class ProcessorReading:
         partitions: its partitions, in order.
         ever_run: whether a worker ever joined its group (its state exists): with no
             member, the last worker left (or was reaped), rather than none ran yet.
+        data_loss: the last data loss a worker found (Redis lost the processor's
+            consumer groups or stream metadata while it ran), kept for a week.
     """
 
     members: list[MemberStatus]
     partitions: list[PartitionStatus]
     ever_run: bool
+    data_loss: DataLossRecord | None = None
 
 
 def _entry_time(entry_id: bytes | str) -> datetime | None:
@@ -188,7 +192,10 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             )
         )
     return ProcessorReading(
-        members=_members(snapshot), partitions=statuses, ever_run=snapshot is not None
+        members=_members(snapshot),
+        partitions=statuses,
+        ever_run=snapshot is not None,
+        data_loss=await read_data_loss(redis, processor.group),
     )
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Iterable
 
     from .._app import App, Processor
+    from .._data_loss import DataLossRecord
 
 __all__ = [
     "COUNT_NAMES",
@@ -74,6 +75,7 @@ class ProcessorSnapshot:
         ever_run: whether a worker ever joined its group (with no member now, the
             last one left), rather than none ran it yet.
         tables: the names of the tables it writes (their sizes are per partition).
+        data_loss: the last data loss a worker found for it, if any.
     """
 
     name: str
@@ -82,6 +84,7 @@ class ProcessorSnapshot:
     partitions: tuple[PartitionStatus, ...]
     ever_run: bool = True
     tables: tuple[str, ...] = ()
+    data_loss: DataLossRecord | None = None
 
     @property
     def lag(self) -> int | None:
@@ -212,6 +215,7 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
             partitions=tuple(reading.partitions),
             ever_run=reading.ever_run,
             tables=tuple(table.name for table in processor.tables),
+            data_loss=reading.data_loss,
         )
 
     async def count() -> None:
@@ -423,6 +427,13 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                 "lag": processor.lag,
                 "pending": processor.pending,
                 "rate": _rate(rates.processors.get(processor.name)),
+                "data_loss": None
+                if processor.data_loss is None
+                else {
+                    "at": iso(processor.data_loss.at),
+                    "what": processor.data_loss.what,
+                    "worker": processor.data_loss.by,
+                },
                 "workers": [
                     {**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in processor.members
                 ],

@@ -430,6 +430,7 @@ def status_view(snapshot: FleetSnapshot, *, app_path: str, width: int, now: date
         lines.append(_line(f"app {printable(snapshot.app)} has no processors"))
     for processor in snapshot.processors:
         lines += [Text(""), processor_title(processor, NO_RATES, width)]
+        lines += data_loss_lines(processor, now)
         lines.append(members_table(processor, now, width))
         lines.append(partitions_table(processor, processor.partitions, None, now, width))
         lines += halted_lines(processor, app_path, width, now)
@@ -467,6 +468,22 @@ def members_table(processor: ProcessorSnapshot, now: datetime, width: int = 80) 
         # Names come from Redis: a Text, never read as markup.
         table.add_row(Text(name), state, joined, style=None if state == "alive" else "dim")
     return table
+
+
+def data_loss_lines(processor: ProcessorSnapshot, now: datetime) -> list[Text]:
+    """The last data loss a worker found for the processor, in red (wrapped: it is the
+    one thing the operator must read)."""
+    loss = processor.data_loss
+    if loss is None:
+        return []
+    tables = ", ".join(processor.tables)
+    consequence = f" Tables ({tables}) may have lost updates." if tables else ""
+    line = Text(
+        f"DATA LOSS {ago(loss.at, now)} ({loss.at:%Y-%m-%d %H:%M:%S} UTC, found by "
+        f"{printable(loss.by)}): Redis lost {printable(loss.what)}.{consequence}",
+        style="bold red",
+    )
+    return [line]
 
 
 def halted_lines(

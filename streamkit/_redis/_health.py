@@ -18,6 +18,7 @@ import trio
 
 from .._errors import RedisUnavailable, ServerRefused
 from .._outage import OutageLog
+from .._vanished import Vanished
 from ._translate import reason
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class Health:
     reconnects: int = 0
     #: The client's outages, said once each.
     outage: OutageLog = attrs.field(init=False)
+    #: Keys that vanished under the client's users (see :mod:`streamkit._vanished`).
+    vanished: Vanished = attrs.field(init=False, factory=Vanished)
     #: Still connecting (open_redis's first ping): its retry loop reports failures.
     connecting: bool = True
     _lost_since_reconnect: bool = False

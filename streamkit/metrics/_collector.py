@@ -95,6 +95,9 @@ _ROWS: tuple[tuple[str, Kind, tuple[str, ...], str], ...] = (
      "Partition leases lost while processing (expired or taken over)."),
     ("streamkit_fenced_out_total", "counter", P,
      "Fenced reads and acknowledgements refused: the lease was no longer this worker's."),
+    ("streamkit_data_loss_total", "counter", P,
+     ("Times this worker found Redis had lost the processor's data (its consumer groups "
+      "or stream metadata vanished): its tables may have lost updates.")),
     # -- redis
     ("streamkit_redis_connections", "gauge", ("pool",),
      "Open connections to Redis, shared (multiplexed) or dedicated (blocking commands)."),
@@ -185,6 +188,9 @@ class WorkerCollector(Collector):
                 ):
                     f[family].add_metric([name], _buckets(histogram), histogram.sum)
                 f["streamkit_fenced_out_total"].add_metric([name], meter.fenced_out)
+            losses = self.worker.data_loss
+            if losses is not None:
+                f["streamkit_data_loss_total"].add_metric([name], losses.losses.get(name, 0))
             for partition, reading in sorted(readings.groups.get(name, {}).items()):
                 if partition not in owned:
                     continue  # moved away since the last refresh

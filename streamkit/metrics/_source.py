@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import trio_util
 
     from .._app import App
+    from .._data_loss import DataLossWatch
     from .._fetcher import Fetcher
     from .._halts import HaltRecord
     from .._membership import Membership
@@ -46,3 +47,5 @@ class Worker(Protocol):
     def executors(self) -> Sequence[Executor]: ...
     @property
     def jobs(self) -> JobWorker | None: ...
+    @property
+    def data_loss(self) -> DataLossWatch | None: ...
