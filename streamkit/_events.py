@@ -273,7 +273,7 @@ async def open_events(
             go to ``divert`` instead of the processor (``None``: no limit; a limit
             needs a ``divert`` hook).
         divert: the hook for poison and undecodable events (see
-            :data:`~streamkit.DivertHook`); without one an undecodable record raises
+            :data:`~streamkit.lowlevel.DivertHook`); without one an undecodable record raises
             :class:`~streamkit.DecodeError` from the iterator.
         tables: the tables the processor writes (see :class:`~streamkit.Table`):
             inside the block, their ``get``, ``set`` and ``delete`` work on this

@@ -24,10 +24,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamkit import (
     Backoff,
-    Batch,
     DecodeError,
     ExceptionPolicy,
-    FeedEnded,
     HeldLease,
     Lease,
     LockLost,
@@ -35,6 +33,7 @@ from streamkit import (
     open_events,
     run_processor,
 )
+from streamkit.lowlevel import Batch, FeedEnded
 from tests.canned import KEYS, CannedFeed, batches, entry_id, number_of
 
 if TYPE_CHECKING:
