@@ -38,9 +38,9 @@ from streamkit import (
     open_fetcher,
     open_lock_manager,
     open_redis,
-    redis_errors,
     run_processor,
 )
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:

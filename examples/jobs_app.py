@@ -23,8 +23,9 @@ import attrs
 import orjson
 import trio
 
-from streamkit import App, redis_errors
+from streamkit import App
 from streamkit.jobs import JobFailed
+from streamkit.lowlevel import redis_errors
 
 REPORT_KEY = "jobs_demo:report"  # where the cron job leaves the latest counts
 

@@ -23,14 +23,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from streamkit import (
-    LeaderElection,
-    Redis,
-    open_leader_election,
-    open_lock_manager,
-    open_redis,
-    redis_errors,
-)
+from streamkit import LeaderElection, Redis, open_leader_election, open_lock_manager, open_redis
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:

@@ -31,15 +31,14 @@ import trio
 import trio_util
 
 from streamkit import (
-    Claim,
     Rebalancer,
     Redis,
     open_lock_manager,
     open_membership,
     open_rebalancer,
     open_redis,
-    redis_errors,
 )
+from streamkit.lowlevel import Claim, redis_errors
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:

@@ -30,7 +30,8 @@ import sys
 
 import trio
 
-from streamkit import Assignment, Membership, diff, open_membership, open_redis
+from streamkit import Membership, open_membership, open_redis
+from streamkit.lowlevel import Assignment, diff
 
 
 def emit(**fields: object) -> None:

@@ -3,7 +3,7 @@
 Redis refuses a command the connection's user may not run, or a key or channel it may
 not touch, with a ``NOPERM`` error; inside a Lua script, Redis 7.0 names neither the
 command nor the key, only the script's digest and line. This module turns each form
-into :class:`~streamkit.NotPermitted`, naming the command (looked up in the script's
+into :class:`~streamkit.lowlevel.NotPermitted`, naming the command (looked up in the script's
 source for a refusal inside a script) and the ACL rule that would allow it. It is
 pure: :mod:`streamkit._redis` hands it the error's text, and every script streamkit
 runs is remembered here (:func:`remember_script`) by its digest.

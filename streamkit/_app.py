@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ._windows import WindowKind
     from .clients import AsyncioClient, BlockingClient
     from .jobs import JobQueue
-    from .jobs._context import Middleware as JobMiddleware
+    from .jobs._context import JobMiddleware
 
 __all__ = ["App", "NotConnected", "Processor"]
 

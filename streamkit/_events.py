@@ -227,7 +227,7 @@ class Events(Generic[R]):
         ledger = delivery.ledger
         return (
             f"<Events {self.stream.name} partition {self.partition} "
-            f"in flight {ledger.inflight_count()}, unacknowledged {len(ledger.done)}, "
+            f"in flight {ledger.inflight_count()}, unacknowledged {ledger.done_count()}, "
             f"acknowledged {delivery.acknowledged}{', draining' if delivery.draining else ''}>"
         )
 
@@ -273,7 +273,7 @@ async def open_events(
             go to ``divert`` instead of the processor (``None``: no limit; a limit
             needs a ``divert`` hook).
         divert: the hook for poison and undecodable events (see
-            :data:`~streamkit.DivertHook`); without one an undecodable record raises
+            :data:`~streamkit.lowlevel.DivertHook`); without one an undecodable record raises
             :class:`~streamkit.DecodeError` from the iterator.
         tables: the tables the processor writes (see :class:`~streamkit.Table`):
             inside the block, their ``get``, ``set`` and ``delete`` work on this
@@ -326,7 +326,7 @@ async def open_events(
     token = state.activate() if state is not None else None
     try:
         async with open_service_nursery(reason="events closed") as nursery:
-            delivery.pump_factory = lambda: MiddlewarePump(delivery, nursery)
+            delivery.set_pump_factory(lambda: MiddlewarePump(delivery, nursery))
             if draining is not None:
                 nursery.start_soon(_watch_draining, draining, delivery)
             relay = state.start_relay(feed.held) if state is not None else None
@@ -337,7 +337,7 @@ async def open_events(
     finally:
         if token is not None:
             PartitionState.deactivate(token)
-        delivery.pump_factory = None
+        delivery.set_pump_factory(None)
         delivery.stop_pump()
         await _leave(delivery, commit=ended_normally)
 

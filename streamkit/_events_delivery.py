@@ -18,6 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+import attrs
 import trio
 
 from ._errors import ConfigError, LockLost, StreamkitError
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from ._feed import Batch, PartitionFeed
     from ._meter import PartitionMeter
     from ._state import PartitionState
+
+    BatchDecoder = Callable[[list[Any]], tuple[list[Any], int]]
 
 __all__ = ["Delivery", "Stop"]
 
@@ -67,89 +70,126 @@ class Stop(Exception):
     """The iterators are to stop (draining began, or the middleware chain ended)."""
 
 
+def _no_limit(max_deliveries: int | None) -> int:
+    return sys.maxsize if max_deliveries is None else max_deliveries
+
+
+def _stages(middleware: Sequence[Middleware]) -> tuple[Middleware, ...]:
+    return tuple(middleware)
+
+
+@attrs.define(eq=False)
 class Delivery(Generic[R]):
     """Hands one partition's events out in order and commits what is done.
 
+    Its state is private: the iterators, the middleware pump and
+    :class:`~streamkit.Events` drive it through its verbs.
+
     Attributes:
         feed: the partition's feed.
-        ledger: the bookkeeping of buffered, in-flight, replayed and done events.
+        drain_source: what tells that the partition is being moved away, if anything
+            (``draining=`` to the constructor).
         ack_batch: hand the done events over once this many accumulate.
-        max_deliveries: events delivered more often than this are poison.
+        max_deliveries: events delivered more often than this are poison (``None`` to
+            the constructor: no limit).
         divert: the hook poison and undecodable events go to, if any.
         middleware: the middleware chain's stages, outermost last.
-        meter: the partition's meter, when the feed has one (streamkit.metrics).
         state: the processor's tables and outputs of the partition, if it keeps state.
-        by_batch: whether ``take()`` times its batches itself.
-        acknowledged: events handed over as done so far.
-        failure: the machinery's failure that stopped the iterators, if any.
-        lease_deadline: the lease's local deadline, as last looked up.
-        pump_factory: starts the middleware pump (set by ``open_events``).
-        pump: the middleware pump, once started.
-        drain_source: what tells that the partition is being moved away, if anything.
+        ledger: the bookkeeping of buffered, in-flight, replayed and done events.
+        meter: the partition's meter, when the feed has one (streamkit.metrics).
+        decode: decodes one entry (its flat fields and id) into its record.
     """
 
-    def __init__(
-        self,
-        feed: PartitionFeed,
-        *,
-        draining: trio_util.AsyncBool | None,
-        ack_batch: int,
-        max_deliveries: int | None,
-        divert: DivertHook | None,
-        middleware: Sequence[Middleware],
-        state: PartitionState | None,
-    ) -> None:
-        positive_int.check("ack_batch", ack_batch)
-        if max_deliveries is not None and divert is None:
+    feed: PartitionFeed
+    drain_source: trio_util.AsyncBool | None = attrs.field(kw_only=True, alias="draining")
+    ack_batch: int = attrs.field(kw_only=True, validator=positive_int)
+    max_deliveries: int = attrs.field(kw_only=True, converter=_no_limit)
+    divert: DivertHook | None = attrs.field(kw_only=True)
+    middleware: tuple[Middleware, ...] = attrs.field(kw_only=True, converter=_stages)
+    state: PartitionState | None = attrs.field(kw_only=True)
+    ledger: Ledger[R] = attrs.field(init=False)
+    meter: PartitionMeter | None = attrs.field(init=False)
+    decode: Decoder = attrs.field(init=False)
+    _decode_batch: BatchDecoder = attrs.field(init=False)
+    _decode_payloads: BatchDecoder | None = attrs.field(init=False)
+    # Whether each batch is decoded as it is loaded (an iterator of records runs).
+    _decoding: bool = attrs.field(init=False, default=False)
+    # Whether take() times its batches itself (else the batches' events are timed).
+    _by_batch: bool = attrs.field(init=False, default=False)
+    _acknowledged: int = attrs.field(init=False, default=0)
+    _failure: BaseException | None = attrs.field(init=False, default=None)
+    # Starts the middleware pump, while open_events' nursery runs.
+    _pump_factory: Callable[[], Pump] | None = attrs.field(init=False, default=None)
+    _pump: Pump | None = attrs.field(init=False, default=None)
+    _draining: bool = attrs.field(init=False, default=False)
+    # When the current batch was loaded, if latencies are timed (else 0).
+    _loaded_at: float = attrs.field(init=False, default=0.0)
+    # The lease's local deadline, as last looked up.
+    _lease_deadline: float = attrs.field(init=False, default=-math.inf)
+    _wait_scope: trio.CancelScope | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_deliveries != sys.maxsize and self.divert is None:
             # Poison events would otherwise be skipped without a word, left pending.
             raise ConfigError("max_deliveries", "needs a divert hook to hand the poison events to")
-        self.feed = feed
-        self.state = state
-        self.ledger: Ledger[R] = Ledger(state, self._make_events)
-        self.ack_batch = ack_batch
-        self.max_deliveries = sys.maxsize if max_deliveries is None else max_deliveries
-        self.divert = divert
-        self.middleware = tuple(middleware)
-        self.meter: PartitionMeter | None = feed.meter
+        self.ledger = Ledger(self.state, self._make_events)
+        feed = self.feed
+        self.meter = feed.meter
         codec = feed.stream.codec
-        self.decode: Decoder = codec.entry_decoder(
-            stream=feed.stream.name, partition=feed.partition
-        )
+        self.decode = codec.entry_decoder(stream=feed.stream.name, partition=feed.partition)
         self._decode_batch = codec.batch_decoder(UNDECODED)
         self._decode_payloads = codec.payload_decoder(UNDECODED)
-        #: Whether each batch is decoded as it is loaded (an iterator of records runs).
-        self.decoding = False
-        self.by_batch = False
-        self.acknowledged = 0
-        self.failure: BaseException | None = None
-        self.pump_factory: Callable[[], Pump] | None = None
-        self.pump: Pump | None = None
-        self.draining = False
-        self.drain_source = draining
-        # When the current batch was loaded, if latencies are timed (else 0).
-        self._loaded_at = 0.0
-        self.lease_deadline = -math.inf
-        self._wait_scope: trio.CancelScope | None = None
+
+    # -- what it is doing --
+
+    @property
+    def acknowledged(self) -> int:
+        """Events handed over as done so far."""
+        return self._acknowledged
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The machinery's failure that stopped the iterators, if any."""
+        return self._failure
+
+    @property
+    def draining(self) -> bool:
+        """Whether draining began (:meth:`drain`, or noticed by :meth:`is_draining`)."""
+        return self._draining
+
+    def start_iterator(self, *, decode: bool, by_batch: bool) -> None:
+        """An iterator starts handing out the events: of records (``decode``: each batch
+        is decoded as it is loaded) or event objects, one at a time or ``by_batch``
+        (``take()``, which times its batches itself)."""
+        self._decoding = decode
+        self._by_batch = by_batch
+
+    def set_pump_factory(self, factory: Callable[[], Pump] | None) -> None:
+        """How to start the middleware pump (``open_events``, while its nursery runs);
+        ``None``: no pump can start any more."""
+        self._pump_factory = factory
 
     # -- draining --
 
     def is_draining(self) -> bool:
         """Whether the partition is being moved away (the iterators stop)."""
-        if not self.draining:
+        if not self._draining:
             source = self.drain_source
             if source is not None and source.value:
-                self.draining = True
-        return self.draining
+                self._draining = True
+        return self._draining
 
     def drain(self) -> None:
         """Stop the iterators after the current event or batch; wakes a waiting one."""
-        self.draining = True
+        self._draining = True
+        # records() takes its general path next, which stops.
+        self.ledger.end_run()
         if self._wait_scope is not None:
             self._wait_scope.cancel()
 
     # -- the lease --
 
-    def check_lease(self) -> None:
+    def check_lease(self) -> float:
         """Refuse to hand out another event once the lease is gone.
 
         Reads and acknowledgements are fenced in Redis, but events already fetched
@@ -158,6 +198,10 @@ class Delivery(Generic[R]):
         notices, although a new owner may be processing the same events. The lease's
         local deadline tells without a round trip; it is looked up again only once
         the cached one has passed (the keeper extends the lease meanwhile).
+
+        Returns:
+            The lease's local deadline: no need to look again before it (unless the
+            lease is lost or the feed fails).
 
         Raises:
             LockLost: the lease was lost, or its local deadline has passed.
@@ -169,12 +213,12 @@ class Delivery(Generic[R]):
             # A refused read or acknowledgement: the lease is not ours any more,
             # whatever the local clock says.
             raise self.failed(failure)
-        if held.lost_reason is None and now < self.lease_deadline:
-            return
+        if held.lost_reason is None and now < self._lease_deadline:
+            return self._lease_deadline
         if held.lost_reason is None:
-            self.lease_deadline = local_deadline(held.lease)
-            if now < self.lease_deadline:
-                return
+            self._lease_deadline = local_deadline(held.lease)
+            if now < self._lease_deadline:
+                return self._lease_deadline
             log.warning(
                 "lease on %r ran out unnoticed (was the process paused?); handing out no "
                 "more events of %s partition %d",
@@ -187,7 +231,7 @@ class Delivery(Generic[R]):
 
     def failed(self, error: BaseException) -> BaseException:
         """Record ``error`` as the machinery's failure; return it, to raise."""
-        self.failure = error
+        self._failure = error
         return error
 
     # -- committing what is done --
@@ -201,11 +245,11 @@ class Delivery(Generic[R]):
             self.feed.ack_later(ids)
         else:
             self.feed.ack_later(ids, state.take_changes())
-        self.acknowledged += len(ids)
+        self._acknowledged += len(ids)
 
     def commit_if_due(self) -> None:
         """:meth:`commit_soon` once :attr:`ack_batch` done events have accumulated."""
-        if len(self.ledger.done) >= self.ack_batch:
+        if self.ledger.done_count() >= self.ack_batch:
             self.commit_soon()
 
     async def commit_now(self) -> None:
@@ -230,10 +274,10 @@ class Delivery(Generic[R]):
                 await self.feed.ack(ids, state.take_changes())
         except BaseException as exc:
             self.ledger.restore_done(ids)
-            if isinstance(exc, StreamkitError) and self.failure is None:
-                self.failure = exc
+            if isinstance(exc, StreamkitError) and self._failure is None:
+                self._failure = exc
             raise
-        self.acknowledged += len(ids)
+        self._acknowledged += len(ids)
 
     async def stop(self) -> None:
         """Commit what is done and end the iteration."""
@@ -244,23 +288,22 @@ class Delivery(Generic[R]):
 
     def finish_batch(self) -> None:
         """Report the batch handed out to the feed (room to read ahead); time it."""
-        batch = self.ledger.finish_batch()
-        if batch is not None:
+        finished = self.ledger.finish_batch()
+        if finished is not None:
+            batch, handed_on = finished
             self.feed.done(batch)
             if self._loaded_at:
-                self._time_events()
+                self._time_events(batch.ids, handed_on)
 
-    def _time_events(self) -> None:
-        """Time the events of the batch just finished (``records()``, ``raw()``)."""
+    def _time_events(self, ids: list[bytes], done: int) -> None:
+        """Time the first ``done`` events of the batch just finished (``records()``,
+        ``raw()``), of ids ``ids``."""
         began, self._loaded_at = self._loaded_at, 0.0
         meter = self.meter
-        ledger = self.ledger
-        done = ledger.pos
-        if meter is None or done == 0 or self.by_batch:
+        if meter is None or done == 0 or self._by_batch:
             return
         processor = meter.processor
         processor.event_seconds.observe((time.perf_counter() - began) / done, done)
-        ids = ledger.ids
         processor.observe_end_to_end(ids[0], ids[done - 1], done, time.time())
 
     def time_batch(self, ids: list[bytes], began: float) -> None:
@@ -291,7 +334,7 @@ class Delivery(Generic[R]):
     def _load(self, batch: Batch) -> None:
         records = None
         clean = False
-        if self.decoding:
+        if self._decoding:
             # The whole batch at once; what the batch decoding misses is decoded (and
             # refused) one by one, when handed out.
             payloads = batch.payloads() if self._decode_payloads is not None else None
@@ -321,8 +364,8 @@ class Delivery(Generic[R]):
         feed = self.feed
         ledger = self.ledger
         state = self.state
-        if wake and self.draining:
-            if ledger.done or state is not None:
+        if wake and self._draining:
+            if ledger.done_count() or state is not None:
                 self.commit_soon()
             self.finish_batch()
             raise Stop
@@ -333,7 +376,7 @@ class Delivery(Generic[R]):
             # or before it waits for new entries, whichever comes first.
             await self._hand_over()
             while True:
-                if wake and self.draining:
+                if wake and self._draining:
                     # Draining began while the windows settled or ticked (awaits that
                     # drain() could not cut short): stop rather than wait.
                     raise Stop from None
@@ -351,7 +394,7 @@ class Delivery(Generic[R]):
                             self._wait_scope = None
                 if not scope.cancelled_caught:
                     break
-                if wake and self.draining:
+                if wake and self._draining:
                     raise Stop from None
                 if state is None or trio.current_time() >= deadline:
                     return False
@@ -380,7 +423,7 @@ class Delivery(Generic[R]):
             if state.windows:
                 await state.settle()
             self.commit_soon()
-        elif self.ledger.done:
+        elif self.ledger.done_count():
             self.commit_soon()
         self.finish_batch()
 
@@ -438,20 +481,20 @@ class Delivery(Generic[R]):
         if not self.middleware:
             await trio.lowlevel.checkpoint_if_cancelled()
             return await self.next_fetched(deadline, wake=True)
-        if self.pump is None:
-            self.pump = self._start_pump()
-        return await self.pump.next(deadline)
+        if self._pump is None:
+            self._pump = self._start_pump()
+        return await self._pump.next(deadline)
 
     def _start_pump(self) -> Pump:
-        if self.pump_factory is None:
+        if self._pump_factory is None:
             raise RuntimeError("middleware needs the events opened by `open_events()`")
-        return self.pump_factory()
+        return self._pump_factory()
 
     def stop_pump(self) -> None:
         """Stop the middleware pump, if it runs."""
-        if self.pump is not None:
-            self.pump.stop()
-            self.pump = None
+        if self._pump is not None:
+            self._pump.stop()
+            self._pump = None
 
     def take_ready(self, n: int) -> list[Event[R]]:
         """Up to ``n`` events available without waiting (not screened)."""
@@ -471,6 +514,6 @@ class Delivery(Generic[R]):
         ledger = self.ledger
         return (
             f"<Delivery {self.feed.stream.name} partition {self.feed.partition} "
-            f"in flight {ledger.inflight_count()}, unacknowledged {len(ledger.done)}, "
-            f"acknowledged {self.acknowledged}{', draining' if self.draining else ''}>"
+            f"in flight {ledger.inflight_count()}, unacknowledged {ledger.done_count()}, "
+            f"acknowledged {self._acknowledged}{', draining' if self._draining else ''}>"
         )

@@ -5,8 +5,9 @@ their verbs. Asking for the next event (or batch) moves past the previous one: i
 done, and committed with the partition's next read once ``ack_batch`` are done (and
 before every wait). Both hand out records straight from a buffer that is all decoded
 and free of poison (see :class:`~streamkit._events_ledger.Ledger`): no event object is
-made for them, and the one-by-one iterator keeps its hot path to a few attribute
-reads per event.
+made for them. The one-by-one iterator hands them out along the ledger's run: per
+event, one verb (:meth:`~streamkit._events_ledger.Ledger.next_record`), the draining
+flag, the cancellation check and the lease against its cached local deadline.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from ._errors import DecodeError
-from ._event import UNDECODED
 from ._events_delivery import Stop
+from ._events_ledger import NO_RECORD
 from ._meter import TIMING
 from ._validate import non_negative_number
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ._event import Event
     from ._events_delivery import Delivery
 
@@ -45,6 +44,7 @@ class OneByOne(AsyncIterator[T]):
         "_draining",
         "_feed",
         "_held",
+        "_lease_until",
         "_ledger",
         "_now",
     )
@@ -58,71 +58,73 @@ class OneByOne(AsyncIterator[T]):
         # Without middleware, events come straight from the buffer.
         self._direct = not delivery.middleware
         self._draining = delivery.drain_source
-        # The clock's own current_time(), once known: a few calls fewer per event.
-        self._now: Callable[[], float] | None = None
-        delivery.by_batch = False
-        delivery.decoding = decode
+        # The clock's own current_time() once running (a few calls fewer per event),
+        # and the lease's local deadline as last checked (Delivery.check_lease).
+        self._now = trio.current_time
+        self._lease_until = -math.inf
+        delivery.start_iterator(decode=decode, by_batch=False)
 
     async def __anext__(self) -> T:
+        # The fast path: the next record of the ledger's run (handing it out moves
+        # past the one before), unless the partition is draining.
+        source = self._draining
+        if source is None or not source.value:
+            ledger = self._ledger
+            record = ledger.next_record()
+            if record is not NO_RECORD:
+                try:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    if not (
+                        self._held.lost_reason is None
+                        and self._now() < self._lease_until
+                        and self._feed.failure is None
+                    ):
+                        self._lease_until = self._delivery.check_lease()
+                except BaseException:
+                    ledger.take_back()
+                    raise
+                return record  # type: ignore[no-any-return]
+        return await self._next()
+
+    async def _next(self) -> T:
+        """The general path: between runs, with draining, middleware, replayed events,
+        a buffer that is not clean, and for ``raw()``."""
         delivery = self._delivery
         ledger = self._ledger
-        now = self._now
-        if now is None:
-            now = self._now = trio.lowlevel.current_clock().current_time
+        self._now = trio.lowlevel.current_clock().current_time
         while True:
             # Move past the previous event.
-            lo = ledger.span_lo
-            if ledger.span_hi > lo:
-                # Handed out straight from the buffer (no middleware).
-                done = ledger.done
-                if ledger.span_hi == lo + 1:
-                    done.append(ledger.ids[lo])
-                else:
-                    done.extend(ledger.ids[lo : ledger.span_hi])
-                ledger.span_hi = lo
-                if ledger.effects is not None:
-                    ledger.effects.promote()
-                if len(done) >= delivery.ack_batch:
-                    delivery.commit_soon()
-            elif ledger.handed:
+            if ledger.has_inflight():
                 ledger.move_past()
-                if len(ledger.done) >= delivery.ack_batch:
-                    delivery.commit_soon()
-            source = self._draining
-            if delivery.draining or (source is not None and source.value):
+                delivery.commit_if_due()
+            if delivery.is_draining():
                 delivery.drain()
                 await delivery.stop()
-            # The next event: straight from the buffer when nothing else comes first.
-            pos = ledger.pos
-            if pos >= ledger.size and self._direct and not ledger.replay:
-                # The buffer is used up: load the next batch, for the path below.
+            direct = self._direct and not ledger.has_replay()
+            if direct and not ledger.has_buffered():
+                # The buffer is used up: load the next batch.
                 try:
                     await delivery.next_batch(math.inf, wake=True)
                 except Stop:
                     await delivery.stop()
                 continue
-            if pos < ledger.size and self._direct and not ledger.replay:
+            if direct and self._decode and ledger.start_run(delivery.ack_batch):
+                # Decoded with its batch, and no poison: the records, no events.
+                record = ledger.next_record()
+                try:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    self._check_lease()
+                except BaseException:
+                    ledger.take_back()
+                    raise
+                return record  # type: ignore[no-any-return]
+            if direct:
                 await trio.lowlevel.checkpoint_if_cancelled()
-                if self._decode and ledger.clean:
-                    # Decoded with its batch, and no poison: the record, no event.
-                    ledger.pos = pos + 1
-                    # The lease, against its cached local deadline.
-                    if not (
-                        self._held.lost_reason is None
-                        and now() < delivery.lease_deadline
-                        and self._feed.failure is None
-                    ):
-                        delivery.check_lease()
-                    ledger.span_lo = pos
-                    ledger.span_hi = pos + 1
-                    return ledger.records[pos]  # type: ignore[index, no-any-return]
-                event = ledger.event_at(pos)
-                ledger.pos = pos + 1
+                buffered = ledger.next_buffered()
+                assert buffered is not None
+                event = buffered
                 if event.delivery_count > delivery.max_deliveries and await delivery.screen(event):
                     continue
-                self._check_lease(now)
-                ledger.span_lo = pos
-                ledger.span_hi = pos + 1
             else:
                 try:
                     next_event = await delivery.next_event()
@@ -130,30 +132,26 @@ class OneByOne(AsyncIterator[T]):
                     await delivery.stop()
                 assert next_event is not None
                 event = next_event
-                self._check_lease(now)
-                ledger.handed = [event]
+            self._check_lease()
+            ledger.hand_out([event])
             if not self._decode:
                 return event  # type: ignore[return-value]
-            record = event._record
-            if record is not UNDECODED:
-                return record  # type: ignore[no-any-return]
             try:
-                return event._decode(event._flat, event._id)  # type: ignore[no-any-return]
+                return event.record  # type: ignore[no-any-return]
             except DecodeError as exc:
                 if delivery.divert is None:
                     raise
                 ledger.hand_out([])
                 await delivery.divert_event(event, exc, "undecodable")
 
-    def _check_lease(self, now: Callable[[], float]) -> None:
+    def _check_lease(self) -> None:
         # The lease, against its cached local deadline (Delivery.check_lease).
-        delivery = self._delivery
         if not (
             self._held.lost_reason is None
-            and now() < delivery.lease_deadline
+            and self._now() < self._lease_until
             and self._feed.failure is None
         ):
-            delivery.check_lease()
+            self._lease_until = self._delivery.check_lease()
 
 
 class Batches(AsyncIterator[list[T]]):
@@ -175,8 +173,7 @@ class Batches(AsyncIterator[list[T]]):
         self._stopped = False
         # When the batch in flight was handed out, if latencies are timed (else 0).
         self._handed_at = 0.0
-        delivery.by_batch = True
-        delivery.decoding = decode
+        delivery.start_iterator(decode=decode, by_batch=True)
 
     async def __anext__(self) -> list[T]:
         delivery = self._delivery
@@ -192,7 +189,7 @@ class Batches(AsyncIterator[list[T]]):
         while True:
             if self._stopped or delivery.is_draining():
                 await delivery.stop()
-            if self._decode and self._direct and not ledger.replay:
+            if self._decode and self._direct and not ledger.has_replay():
                 # A whole batch of records straight from a clean buffer: no events.
                 await trio.lowlevel.checkpoint_if_cancelled()
                 if not ledger.has_buffered():
@@ -204,10 +201,10 @@ class Batches(AsyncIterator[list[T]]):
                 lo, hi = ledger.take_span(self._n)
                 if hi > lo:
                     delivery.check_lease()
-                    ledger.hand_out_span(lo, hi)
+                    records = ledger.hand_out_span(lo, hi)
                     if TIMING.on:
                         self._handed_at = time.perf_counter()
-                    return ledger.records[lo:hi]  # type: ignore[index]
+                    return records
             batch, out = await self._gather()
             if batch:
                 delivery.check_lease()
@@ -240,21 +237,22 @@ class Batches(AsyncIterator[list[T]]):
             if deadline == math.inf:
                 deadline = trio.current_time() + self._within
             for i, event in enumerate(ready):
+                handed_out = False
                 try:
                     if event.delivery_count > max_deliveries and await delivery.screen(event):
                         continue
                     if decode:
                         try:
-                            record = event._record
-                            out.append(record if record is not UNDECODED else event.record)
+                            out.append(event.record)
                         except DecodeError as exc:
                             if delivery.divert is None:
                                 ledger.hand_out([*batch, event])
+                                handed_out = True
                                 raise
                             await delivery.divert_event(event, exc, "undecodable")
                             continue
                 except BaseException:
-                    if ledger.handed and ledger.handed[-1] is event:
+                    if handed_out:
                         # An undecodable record with no hook: the batch so far and
                         # the event are in flight, for the caller to settle.
                         ledger.put_back(ready[i + 1 :])

@@ -62,7 +62,7 @@ class MiddlewarePump(Generic[R]):
         delivery = self._delivery
         if delivery.draining:
             raise Stop
-        if delivery.ledger.done:
+        if delivery.ledger.done_count():
             # The pump may be waiting for new events already: what the processor
             # moved past since must not wait with it.
             delivery.commit_soon()

@@ -178,7 +178,7 @@ class PartitionFeed(Protocol):
         Raises:
             trio.WouldBlock: none is ready.
             StreamkitError: the feed stopped (:attr:`failure`, else
-                :class:`FeedEnded`).
+                :class:`~streamkit.lowlevel.FeedEnded`).
         """
         ...
 
@@ -187,7 +187,7 @@ class PartitionFeed(Protocol):
 
         Raises:
             StreamkitError: the feed stopped (:attr:`failure`, else
-                :class:`FeedEnded`).
+                :class:`~streamkit.lowlevel.FeedEnded`).
         """
         ...
 

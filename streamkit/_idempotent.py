@@ -78,7 +78,7 @@ async def append_once(
         key: the partition's stream key.
         keep: the partition size trimming keeps (``partition_size``).
         cap: the hard cap, ``max_len`` (0 for none).
-        entries: the entries, flat (see :meth:`streamkit._produce.Window.arguments`).
+        entries: the entries, flat (see :meth:`streamkit._produce.SendWindow.arguments`).
         body: the append-and-trim Lua (``streamkit._wire.APPEND_AND_TRIM_LUA``).
         give_up_after: seconds to keep retrying while Redis is unavailable.
         backoff: delays between retries.

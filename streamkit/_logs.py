@@ -133,7 +133,7 @@ class LogContextFilter(logging.Filter):
     Put it on a handler, not a logger (a logger's filters skip the records its
     children propagate)::
 
-        handler.addFilter(streamkit.LogContextFilter())
+        handler.addFilter(streamkit.lowlevel.LogContextFilter())
 
     Args:
         worker: the ``worker`` field; this process's ``host:pid`` by default.
@@ -269,10 +269,12 @@ def configure_logging(
     """Log to standard error in ``format``, with the context fields, as the worker does.
 
     Installs one handler on the root logger (replacing the one an earlier call
-    installed; other handlers are left alone), with a :class:`LogContextFilter`
-    and a :class:`JsonLogFormatter` (``"json"``) or :class:`ConsoleLogFormatter`
-    (``"console"``), and sets the root logger's level. coredis's own records are
-    silenced: streamkit reports what matters about connections itself.
+    installed; other handlers are left alone), with a
+    :class:`~streamkit.lowlevel.LogContextFilter` and a
+    :class:`~streamkit.lowlevel.JsonLogFormatter` (``"json"``) or
+    :class:`~streamkit.lowlevel.ConsoleLogFormatter` (``"console"``), and sets the
+    root logger's level. coredis's own records are silenced: streamkit reports what
+    matters about connections itself.
 
     Args:
         level: the least severe records shown: ``"debug"``, ``"info"``,

@@ -561,12 +561,12 @@ async def open_membership(
         static: on a graceful exit, keep this member's place and partitions for
             ``static_grace`` seconds instead of leaving, so a quick restart with the
             same ``member_id`` moves nothing.
-        heartbeat_interval: see :class:`MembershipSettings`.
-        session_timeout: see :class:`MembershipSettings`.
-        static_grace: see :class:`MembershipSettings`.
-        refresh_interval: see :class:`MembershipSettings`.
-        leave_timeout: see :class:`MembershipSettings`.
-        assignor: computes assignments; :func:`streamkit.assign` by default. All
+        heartbeat_interval: see :class:`~streamkit.lowlevel.MembershipSettings`.
+        session_timeout: see :class:`~streamkit.lowlevel.MembershipSettings`.
+        static_grace: see :class:`~streamkit.lowlevel.MembershipSettings`.
+        refresh_interval: see :class:`~streamkit.lowlevel.MembershipSettings`.
+        leave_timeout: see :class:`~streamkit.lowlevel.MembershipSettings`.
+        assignor: computes assignments; :func:`streamkit.lowlevel.assign` by default. All
             members of a group must use the same one.
 
     Cancellation:

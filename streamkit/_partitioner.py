@@ -105,7 +105,7 @@ def partition_for(key: object, partition_count: int) -> int:
 
     Raises:
         ConfigError: ``partition_count`` is not an int of at least 1, or the key is not
-            of a partitionable type (see :func:`canonical_key_bytes`).
+            of a partitionable type (see :func:`~streamkit.lowlevel.canonical_key_bytes`).
     """
     _check_partition_count(partition_count)
     return xxhash.xxh64_intdigest(canonical_key_bytes(key), _HASH_SEED) % partition_count
@@ -134,7 +134,8 @@ class Partitioner(Generic[R]):
     Error handling:
         An unknown field name, a float field or a bad partition count raises
         :class:`~streamkit.ConfigError` at construction; :meth:`partition_of` raises
-        it for a key of a type :func:`canonical_key_bytes` refuses.
+        it for a key of a type :func:`~streamkit.lowlevel.canonical_key_bytes`
+        refuses.
     """
 
     partition_by: str | Callable[[R], object]
@@ -166,8 +167,8 @@ class Partitioner(Generic[R]):
 
         Error handling:
             :class:`~streamkit.ConfigError` for a key of a type
-            :func:`canonical_key_bytes` refuses, or a record without the key field
-            (a ``dict`` record without that key).
+            :func:`~streamkit.lowlevel.canonical_key_bytes` refuses, or a record without
+            the key field (a ``dict`` record without that key).
         """
         try:
             key = canonical_key_bytes(self._key_of(record))

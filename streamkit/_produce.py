@@ -7,7 +7,7 @@ I/O is written here once, with no import of trio or of a Redis client:
 * the send options' checks and the window a ``send_many`` encodes at a time;
 * records routed by the partitioner, encoded by the codec and laid out as script
   arguments, per partition, in order (:func:`encode_window`), and cut into chunks,
-  one script call each (:meth:`Window.chunks`);
+  one script call each (:meth:`SendWindow.chunks`);
 * the stream metadata check: the script's arguments and what its reply means
   (:func:`check_metadata_reply`, :class:`~streamkit.MetadataMismatch`);
 * the idempotent append (see :mod:`streamkit._idempotent` for why): its Lua, its
@@ -52,7 +52,7 @@ __all__ = [
     "WINDOW_PER_PARTITION",
     "AppendCall",
     "FinishedMarkers",
-    "Window",
+    "SendWindow",
     "append_once_source",
     "append_reply",
     "check_metadata_reply",
@@ -112,7 +112,7 @@ def windows(
 
 
 @attrs.define(eq=False)
-class Window:
+class SendWindow:
     """A window of records, encoded and grouped by partition, and the ids they got.
 
     Attributes:
@@ -181,7 +181,7 @@ class Window:
 
 def encode_window(
     spec: StreamSpec[Any], records: Sequence[Any], server_limit: int = REDIS_MAX_BULK
-) -> Window:
+) -> SendWindow:
     """Route and encode ``records``: per partition, each one's script arguments, in order.
 
     Args:
@@ -195,13 +195,13 @@ def encode_window(
         than ``max_record_size`` or has a field longer than the server accepts, and the
         partitioner's errors for a bad key: raised before anything is sent.
     """
-    window = Window(spec.codec.payloads_encoder()[1], ids=[""] * len(records))
+    window = SendWindow(spec.codec.payloads_encoder()[1], ids=[""] * len(records))
     encode_into(window, spec, records, 0, len(records), server_limit)
     return window
 
 
 def encode_into(
-    window: Window,
+    window: SendWindow,
     spec: StreamSpec[Any],
     records: Sequence[Any],
     start: int,
@@ -268,7 +268,7 @@ def _check_types(spec: StreamSpec[Any], records: Sequence[Any]) -> None:
             )
 
 
-def _slot(window: Window, partition: int) -> _Slot:
+def _slot(window: SendWindow, partition: int) -> _Slot:
     items = window.items.get(partition)
     if items is None:
         items = window.items[partition] = []
@@ -487,7 +487,7 @@ class AppendCall:
             key: the partition's stream key.
             keep: the partition size trimming keeps (``partition_size``).
             cap: the hard cap, ``max_len`` (0 for none).
-            entries: the entries, flat (see :meth:`Window.arguments`).
+            entries: the entries, flat (see :meth:`SendWindow.arguments`).
         """
         done = markers.take(key)
         marker = marker_key(key, new_marker_token())

@@ -1,12 +1,18 @@
-"""Public names report their public module, as trio's do (see :func:`fix_module_metadata`)."""
+"""Public names report their public module, as trio's do (see :func:`fix_module_metadata`);
+names that moved still resolve, with a warning (:func:`moved`)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import typing
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["fix_module_metadata"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["fix_module_metadata", "moved"]
 
 
 def _private(module: str) -> bool:
@@ -45,3 +51,26 @@ def fix_module_metadata(module: str, namespace: dict[str, Any]) -> None:
     for name, value in list(namespace.items()):
         if not name.startswith("_") and (isinstance(value, type) or callable(value)):
             fix(getattr(value, "__qualname__", name), value)
+
+
+def moved(module: str, to: str, renamed: dict[str, str] | None = None) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for names of ``module`` that moved to the module ``to``
+    (every name of its ``__all__``) or were renamed there (``renamed``: old name to new
+    name): each still resolves, with a :class:`DeprecationWarning` naming its new place.
+    """
+    renamed = renamed or {}
+
+    def __getattr__(name: str) -> Any:
+        target = importlib.import_module(to)
+        new = renamed.get(name, name if name in getattr(target, "__all__", ()) else None)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is now {to}.{new}: import it from there "
+            f"({module}.{name} goes away in a later release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(target, new)
+
+    return __getattr__

@@ -157,7 +157,7 @@ class Claim:
         started_at: Trio-clock time when ``run()`` was started.
         previous_runs: how many times this rebalancer has started ``run()`` for this
             partition before (0 the first time; more after a lost lease or a
-            re-assignment). Not to be confused with an :class:`~streamkit.Assignment`'s
+            re-assignment). Not to be confused with an :class:`~streamkit.lowlevel.Assignment`'s
             ``generation``, which counts membership changes.
     """
 
@@ -721,10 +721,10 @@ async def open_rebalancer(
         assigned: the partitions to own, e.g. :attr:`Membership.partitions`.
         locks: the lock manager holding the partition leases.
         lock_name: the lock name of a partition.
-        run: the work of one partition; see :class:`Claim`.
-        lease_ttl: see :class:`RebalancerSettings`.
-        grace: see :class:`RebalancerSettings`.
-        acquire_backoff: see :class:`RebalancerSettings`.
+        run: the work of one partition; see :class:`~streamkit.lowlevel.Claim`.
+        lease_ttl: see :class:`~streamkit.lowlevel.RebalancerSettings`.
+        grace: see :class:`~streamkit.lowlevel.RebalancerSettings`.
+        acquire_backoff: see :class:`~streamkit.lowlevel.RebalancerSettings`.
 
     Cancellation:
         Cancelling the block cancels every ``run()``; leases are still released

@@ -7,7 +7,7 @@ mirror the delivery's bookkeeping (:mod:`streamkit._events_ledger`):
   them they are promoted; when it fails on them (a retry, a dead letter, a halt, a
   cancellation) they are discarded with them;
 * *done*: the effects of events the processor moved past, waiting for the commit;
-* *committed*: handed to the feed as :class:`~streamkit.Changes` with the
+* *committed*: handed to the feed as :class:`~streamkit.lowlevel.Changes` with the
   acknowledgement of the events behind them, and applied by the same fenced script
   call, or not at all. A per-partition cache remembers committed values, so a hot key
   costs one round trip per partition, not one per event.

@@ -29,7 +29,7 @@ from ._nurseries import meaningful_leaf
 from ._produce import (
     DEFAULT_REPLICA_TIMEOUT,
     WINDOW_PER_PARTITION,
-    Window,
+    SendWindow,
     bulk_limit_reply,
     check_metadata_reply,
     check_send_options,
@@ -328,7 +328,7 @@ class Stream(Generic[R]):
             while True:
                 # While Redis appends a window, the next one is read and encoded.
                 following: list[R] | None = None
-                ahead: Window | None = None
+                ahead: SendWindow | None = None
                 failure: Exception | None = None
                 try:
                     async with trio.open_nursery() as nursery:
@@ -354,16 +354,16 @@ class Stream(Generic[R]):
                     return ids
                 window, window_records = ahead, following
 
-    async def _encode(self, records: Sequence[R], server_limit: int) -> Window:
+    async def _encode(self, records: Sequence[R], server_limit: int) -> SendWindow:
         """:func:`encode_window` a slice at a time, letting the sends go on between."""
-        window = Window(self.spec.codec.payloads_encoder()[1], ids=[""] * len(records))
+        window = SendWindow(self.spec.codec.payloads_encoder()[1], ids=[""] * len(records))
         for start in range(0, len(records), ENCODE_SLICE):
             end = min(start + ENCODE_SLICE, len(records))
             encode_into(window, self.spec, records, start, end, server_limit)
             await trio.lowlevel.checkpoint()
         return window
 
-    async def _send_partition(self, window: Window, partition: int, chunk: int) -> None:
+    async def _send_partition(self, window: SendWindow, partition: int, chunk: int) -> None:
         for start, end in window.chunks(partition, chunk):
             sent = await self._append(partition, window.arguments(partition, start, end))
             window.landed(partition, start, sent)

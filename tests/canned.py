@@ -1,11 +1,11 @@
 """A canned partition feed: :class:`~streamkit.Events` fed from a list, no Redis.
 
 :class:`CannedFeed` implements :class:`~streamkit.PartitionFeed` over a list of
-:class:`~streamkit.Batch` es and records what the consumer did with them: every
+:class:`~streamkit.lowlevel.Batch` es and records what the consumer did with them: every
 acknowledgement handed over (``ack_later(ids)`` and ``ack(ids)``), what of it was
 sent, and every ``done(batch)`` call, in order. It can refuse acknowledgements
 (:class:`~streamkit.LockLost`, as a real feed does once the lease is gone), lose its
-lease, and, when its batches run out, either end (:class:`~streamkit.FeedEnded`) or
+lease, and, when its batches run out, either end (:class:`~streamkit.lowlevel.FeedEnded`) or
 wait for more (:meth:`CannedFeed.push`, :meth:`CannedFeed.end`).
 
 This is a stand-in for the fetcher, not for Redis: :class:`~streamkit.Events` talks to
@@ -19,21 +19,14 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from streamkit import (
-    Batch,
-    FeedEnded,
-    HeldLease,
-    Lease,
-    LockLost,
-    Record,
-    StreamkitError,
-    StreamSpec,
-)
+from streamkit import HeldLease, Lease, LockLost, Record, StreamkitError, StreamSpec
+from streamkit.lowlevel import Batch, FeedEnded
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from streamkit import Changes, ProcessorKeys
+    from streamkit import ProcessorKeys
+    from streamkit.lowlevel import Changes
 
 __all__ = [
     "KEYS",

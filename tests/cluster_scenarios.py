@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import trio
 
-from streamkit import RedisUnavailable, StreamkitError, open_redis, redis_errors
+from streamkit import RedisUnavailable, StreamkitError, open_redis
+from streamkit.lowlevel import redis_errors
 from tests.apps.scenario import SEEN, Numbered
 
 if TYPE_CHECKING:

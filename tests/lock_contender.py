@@ -15,7 +15,8 @@ import sys
 
 import trio
 
-from streamkit import open_lock_manager, open_redis, redis_errors
+from streamkit import open_lock_manager, open_redis
+from streamkit.lowlevel import redis_errors
 
 LOCK = "contended"
 LOG = "{contended}:log"  # same hash slot as the lock, so one script can touch both

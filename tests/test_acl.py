@@ -23,15 +23,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import (
-    App,
-    NotPermitted,
-    NotReplicated,
-    ProcessorKeys,
-    open_redis,
-    redis_errors,
-)
+from streamkit import App, NotReplicated, ProcessorKeys, open_redis
 from streamkit.jobs import JobFailed, chain, chord
+from streamkit.lowlevel import NotPermitted, redis_errors
 from streamkit.testing import RedisServer, free_port, wait_until
 from tests.apps.acl import Order, make_jobs_app, make_streams_app, orders
 from tests.test_cli import streamkit

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import App, RedisUnavailable, StreamkitError, open_redis, redis_errors
+from streamkit import App, RedisUnavailable, StreamkitError, open_redis
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisCluster, wait_until
 from tests.apps.scenario import Numbered
 from tests.apps.stateful import Number, make_app as stateful_app

@@ -9,8 +9,9 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from streamkit import App, DecodeError, Record, codec_for
-from streamkit._produce import Window, encode_window
+from streamkit import App, DecodeError, Record
+from streamkit._produce import SendWindow, encode_window
+from streamkit.lowlevel import codec_for
 
 
 class Flat(Record):
@@ -217,7 +218,7 @@ def test_a_window_of_records_encodes_as_each_one_does(fields: list[tuple[Any, ..
     if refused:
         assert window == refused[0]
         return
-    assert isinstance(window, Window)
+    assert isinstance(window, SendWindow)
     entry = codec.entry_encoder()
     for partition, positions in window.positions.items():
         for index, position in enumerate(positions):

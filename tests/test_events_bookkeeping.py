@@ -24,10 +24,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamkit import (
     Backoff,
-    Batch,
     DecodeError,
     ExceptionPolicy,
-    FeedEnded,
     HeldLease,
     Lease,
     LockLost,
@@ -35,6 +33,7 @@ from streamkit import (
     open_events,
     run_processor,
 )
+from streamkit.lowlevel import Batch, FeedEnded
 from tests.canned import KEYS, CannedFeed, batches, entry_id, number_of
 
 if TYPE_CHECKING:
@@ -158,6 +157,23 @@ async def test_records_last_one_stays_pending_when_cancelled() -> None:
                         await trio.sleep_forever()
         assert scope.cancelled_caught
     assert feed.acked == ids([1, 2])
+
+
+async def test_records_cancelled_in_the_ask_for_the_next_hands_nothing_out() -> None:
+    """Cancelled while asking for the next record: the record moved past is done, the
+    next one was never handed out (not in flight) and comes with the next ask."""
+    feed = CannedFeed(batches([5]), then="wait")
+    with trio.fail_after(5):
+        async with open_events(feed) as events:
+            records = events.records()
+            with trio.CancelScope() as scope:
+                async for rec in records:
+                    if rec.n == 3:
+                        scope.cancel()
+            assert scope.cancelled_caught
+            assert events.in_flight == ()
+            assert (await anext(records)).n == 4
+    assert feed.acked == ids([1, 2, 3, 4])
 
 
 async def test_raw_hands_out_events_with_ids_and_delivery_counts() -> None:

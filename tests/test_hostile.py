@@ -30,16 +30,7 @@ import trio
 import xxhash
 import zstandard
 
-from streamkit import (
-    App,
-    ConfigError,
-    DecodeError,
-    EncodeError,
-    ProcessorKeys,
-    Record,
-    Settings,
-    codec_for,
-)
+from streamkit import App, ConfigError, DecodeError, EncodeError, ProcessorKeys, Record, Settings
 from streamkit._wire import (
     ACK_LUA,
     DEFAULT_SEND_CHUNK_BYTES,
@@ -48,6 +39,7 @@ from streamkit._wire import (
     chunk_bounds,
     text,
 )
+from streamkit.lowlevel import codec_for
 from streamkit.testing import RedisServer, wait_until
 from tests.apps.scenario import SEEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally

@@ -15,14 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from streamkit import (
-    App,
-    Backoff,
-    EncodeError,
-    NotConnected,
-    open_redis,
-    redis_statistics,
-)
+from streamkit import App, Backoff, EncodeError, NotConnected, open_redis
 from streamkit.jobs import (
     JobCall,
     JobFailed,
@@ -35,6 +28,7 @@ from streamkit.jobs import (
     progress,
 )
 from streamkit.jobs._layout import shard_for
+from streamkit.lowlevel import redis_statistics
 from streamkit.testing import wait_until
 from tests.jobs_serving import assert_drained, serving, start_worker
 

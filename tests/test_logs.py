@@ -17,17 +17,10 @@ import orjson
 import pytest
 import trio
 
-from streamkit import (
-    Backoff,
-    ConfigError,
-    ProcessorKeys,
-    _logs,
-    configure_logging,
-    log_context,
-    read_membership,
-)
+from streamkit import Backoff, ConfigError, ProcessorKeys, _logs, configure_logging, log_context
 from streamkit._logs import line_for_signal_handler
 from streamkit.jobs import JobFailed, open_job_queue
+from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
 from tests.apps import logged
 from tests.jobs_serving import serving

@@ -1,8 +1,10 @@
-"""The public namespaces, ``streamkit`` and ``streamkit.jobs``: explicit re-exports,
-each documented."""
+"""The public namespaces (``streamkit``, ``streamkit.lowlevel`` and the subpackages):
+explicit re-exports, each documented, a lean top level, no name in two of them."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
@@ -13,13 +15,19 @@ import pytest
 import streamkit
 import streamkit.clients
 import streamkit.jobs
+import streamkit.lowlevel
 import streamkit.metrics
+import streamkit.testing
 
 if TYPE_CHECKING:
     import types
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-NAMESPACES = [streamkit, streamkit.jobs, streamkit.metrics, streamkit.clients]
+NAMESPACES = [streamkit, streamkit.lowlevel, streamkit.jobs, streamkit.metrics, streamkit.clients]
+SUBMODULES = [streamkit.lowlevel, streamkit.jobs, streamkit.metrics, streamkit.clients]
+#: The most names ``streamkit`` itself exports: what an app author and a service author
+#: use (docs/api.md, "What is where, and why"); the rest is in streamkit.lowlevel.
+TOP_LEVEL_AT_MOST = 60
 
 
 def public_names(module: types.ModuleType = streamkit) -> list[str]:
@@ -41,9 +49,7 @@ def test_public_names_report_their_namespace_as_their_module(module: types.Modul
     assert repr(streamkit.jobs.JobFailed) == "<class 'streamkit.jobs.JobFailed'>"
 
 
-@pytest.mark.parametrize(
-    "module", [streamkit.jobs, streamkit.metrics, streamkit.clients], ids=lambda m: m.__name__
-)
+@pytest.mark.parametrize("module", SUBMODULES, ids=lambda m: m.__name__)
 def test_subpackages_export_exactly_their_all(module: types.ModuleType) -> None:
     assert sorted(public_names(module)) == sorted(module.__all__)
 
@@ -67,3 +73,55 @@ def test_docs_and_examples_name_only_public_modules() -> None:
         for match in re.findall(r"streamkit\.(?:\w+\.)?_\w+", path.read_text())
     ]
     assert not offenders, offenders
+
+
+def test_the_top_level_is_lean() -> None:
+    names = public_names(streamkit)
+    assert len(names) <= TOP_LEVEL_AT_MOST, (
+        f"streamkit exports {len(names)} names, at most {TOP_LEVEL_AT_MOST}: what is not "
+        "for app and service authors goes to streamkit.lowlevel"
+    )
+
+
+def test_no_two_public_modules_share_a_name() -> None:
+    """``streamkit.Middleware`` and ``streamkit.jobs.Middleware`` were two things: no
+    public name (class, alias or function) means one thing here and another there."""
+    modules = [*NAMESPACES, streamkit.testing]
+    with_spark = importlib.util.find_spec("pyspark") is not None
+    if with_spark:
+        modules.append(importlib.import_module("streamkit.spark"))
+    homes: dict[str, list[str]] = {}
+    for module in modules:
+        for name in getattr(module, "__all__", None) or public_names(module):
+            homes.setdefault(name, []).append(module.__name__)
+    shared = {name: where for name, where in homes.items() if len(where) > 1}
+    assert not shared, shared
+
+
+def test_lowlevel_holds_the_helpers_under_the_pieces() -> None:
+    top = set(public_names(streamkit))
+    low = set(streamkit.lowlevel.__all__)
+    assert {"redis_errors", "call_once", "run_blocking", "diff", "assign"} <= low
+    assert not top & low, sorted(top & low)
+    # What every app and service author needs stays on top.
+    assert {"App", "Record", "Stream", "Events", "open_redis", "StreamkitError"} <= top
+
+
+@pytest.mark.parametrize("name", sorted(streamkit.lowlevel.__all__))
+def test_a_name_that_moved_to_lowlevel_resolves_with_a_warning(name: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"streamkit\.{name} is now streamkit\.lowlevel"):
+        value = getattr(streamkit, name)
+    assert value is getattr(streamkit.lowlevel, name)
+
+
+def test_the_renamed_job_middleware_resolves_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"streamkit\.jobs\.JobMiddleware"):
+        value = streamkit.jobs.Middleware  # type: ignore[attr-defined]
+    assert value is streamkit.jobs.JobMiddleware
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        _ = streamkit.no_such_thing  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        _ = streamkit.jobs.no_such_thing  # type: ignore[attr-defined]

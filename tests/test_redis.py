@@ -13,21 +13,18 @@ import coredis.exceptions
 import pytest
 import trio
 
-from streamkit import (
-    BackendError,
-    ConfigError,
+from streamkit import BackendError, ConfigError, OutcomeUnknown, RedisUnavailable
+from streamkit._backoff import Backoff
+from streamkit._redis import Redis, mask_url, open_redis, redis_errors
+from streamkit._redis._translate import translate
+from streamkit.lowlevel import (
     GroupExists,
     NoSuchGroup,
-    OutcomeUnknown,
-    RedisUnavailable,
     call_once,
     redis_statistics,
     retry_idempotent,
     run_blocking,
 )
-from streamkit._backoff import Backoff
-from streamkit._redis import Redis, mask_url, open_redis, redis_errors
-from streamkit._redis._translate import translate
 from streamkit.testing import RedisServer, free_port, wait_until
 
 if TYPE_CHECKING:

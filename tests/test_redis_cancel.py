@@ -18,7 +18,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from streamkit import redis_errors, redis_statistics
+from streamkit.lowlevel import redis_errors, redis_statistics
 from streamkit.testing import wait_until
 
 if TYPE_CHECKING:

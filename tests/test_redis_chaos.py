@@ -13,16 +13,8 @@ from typing import TYPE_CHECKING, cast
 import pytest
 import trio
 
-from streamkit import (
-    App,
-    OutcomeUnknown,
-    Record,
-    RedisUnavailable,
-    call_once,
-    open_redis,
-    redis_errors,
-    redis_statistics,
-)
+from streamkit import App, OutcomeUnknown, Record, RedisUnavailable, open_redis
+from streamkit.lowlevel import call_once, redis_errors, redis_statistics
 
 if TYPE_CHECKING:
     from streamkit import Redis, Stream

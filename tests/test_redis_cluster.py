@@ -12,19 +12,11 @@ from coredis._utils import hash_slot
 from coredis.response._callbacks import NoopCallback
 from coredis.typing import Key
 
-from streamkit import (
-    BackendError,
-    ConfigError,
-    OutcomeUnknown,
-    RedisUnavailable,
-    ServerRefused,
-    call_once,
-    redis_statistics,
-    run_blocking,
-)
+from streamkit import BackendError, ConfigError, OutcomeUnknown, RedisUnavailable, ServerRefused
 from streamkit._redis import LuaScript, check_redis_url, open_redis, redis_errors
 from streamkit._redis._translate import translate
 from streamkit._settings import Settings
+from streamkit.lowlevel import call_once, redis_statistics, run_blocking
 from streamkit.testing import RedisCluster, RedisServer, free_port, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]

@@ -17,15 +17,10 @@ import trio
 from coredis._packer import Packer
 from coredis.tokens import PureToken
 
-from streamkit import (
-    BackendError,
-    NotReplicated,
-    OutcomeUnknown,
-    redis_errors,
-    redis_statistics,
-)
+from streamkit import BackendError, NotReplicated, OutcomeUnknown
 from streamkit._redis import LuaScript, hot_hget, replicated
 from streamkit._redis._hot import pack
+from streamkit.lowlevel import redis_errors, redis_statistics
 from streamkit.testing import wait_until
 
 if TYPE_CHECKING:

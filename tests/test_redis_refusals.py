@@ -22,11 +22,11 @@ from streamkit import (
     open_lock_manager,
     open_membership,
     open_redis,
-    redis_errors,
 )
 from streamkit._membership_state import membership_keys
 from streamkit._redis import LuaScript, as_unavailable
 from streamkit._refusals import code_types
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisServer, wait_until
 
 if TYPE_CHECKING:

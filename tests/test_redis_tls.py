@@ -18,8 +18,9 @@ import pytest
 import trio
 import trustme
 
-from streamkit import ConfigError, RedisUnavailable, _urls as urls, open_redis, redis_errors
+from streamkit import ConfigError, RedisUnavailable, _urls as urls, open_redis
 from streamkit._redis import LuaScript
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisServer, free_port
 
 if TYPE_CHECKING:

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import App, ConfigError, NotReplicated, open_redis, redis_errors
+from streamkit import App, ConfigError, NotReplicated, open_redis
 from streamkit._idempotent import MARKER_TTL, _script, marker_key
 from streamkit._keys import stream_key
 from streamkit._redis import replicated
 from streamkit._wire import APPEND_AND_TRIM_LUA
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisServer, wait_until
 from tests.consume import PARTITIONS, Tick, ticks_for
 

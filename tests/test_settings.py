@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from streamkit import App, ConfigError, MembershipSettings, RebalancerSettings, Settings
+from streamkit import App, ConfigError, Settings
+from streamkit.lowlevel import MembershipSettings, RebalancerSettings
 
 
 def test_defaults() -> None:

@@ -23,8 +23,9 @@ redis_py = pytest.importorskip("redis")
 
 import trio  # noqa: E402
 
-from streamkit import App, EncodeError, codec_for, partition_for  # noqa: E402
+from streamkit import App, EncodeError, partition_for  # noqa: E402
 from streamkit._worker import run_worker  # noqa: E402
+from streamkit.lowlevel import codec_for  # noqa: E402
 from streamkit.testing import wait_until  # noqa: E402
 from tests.apps.scenario import SEEN, Numbered, make_app  # noqa: E402
 from tests.spark.records import Line, Order, Reading, Status  # noqa: E402

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from streamkit import ConfigError, open_redis, read_membership
+from streamkit import ConfigError, open_redis
 from streamkit._backoff import Backoff
 from streamkit._cli._supervisor import (
     DEFAULT_CONFIG_ERROR_CODE,
@@ -34,6 +34,7 @@ from streamkit._cli._supervisor import (
     run_supervisor,
     worker_environment,
 )
+from streamkit.lowlevel import read_membership
 from streamkit.testing import RedisServer, free_port, wait_until
 from tests.apps.scenario import TAKEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally

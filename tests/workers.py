@@ -12,8 +12,9 @@ from typing import IO, TYPE_CHECKING
 import attrs
 import trio
 
-from streamkit import ProcessorKeys, read_membership
+from streamkit import ProcessorKeys
 from streamkit._locks import lock_key
+from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from streamkit import read_membership
+from streamkit.lowlevel import read_membership
 from streamkit.testing import RedisServer, wait_until
 
 console = Console()

@@ -40,7 +40,7 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Batch, Call, Sleep
+from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -157,7 +157,7 @@ class AsyncioClient(ClientBase):
         await script_load(client, call, cluster=cluster)
 
     async def _batch(
-        self, client: redis.asyncio.Redis, calls: Sequence[Call], batch: Batch
+        self, client: redis.asyncio.Redis, calls: Sequence[Call], batch: CallBatch
     ) -> list[Any]:
         """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""
         if len(calls) == 1 and not batch.replicas:
@@ -195,7 +195,7 @@ class AsyncioClient(ClientBase):
         return client
 
     async def _cluster_batch(
-        self, client: redis.asyncio.cluster.RedisCluster, batch: Batch
+        self, client: redis.asyncio.cluster.RedisCluster, batch: CallBatch
     ) -> list[Any]:
         """Run a batch on a cluster: one pipeline per node, the nodes at once."""
         try:

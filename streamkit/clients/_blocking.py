@@ -43,7 +43,7 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Batch, Call, Sleep
+from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -174,7 +174,7 @@ class BlockingClient(ClientBase):
     def _load(self, client: _redispy.SyncClient, call: Call) -> None:
         script_load(client, call, cluster=isinstance(client, redis.cluster.RedisCluster))
 
-    def _batch(self, client: redis.Redis, calls: Sequence[Call], batch: Batch) -> list[Any]:
+    def _batch(self, client: redis.Redis, calls: Sequence[Call], batch: CallBatch) -> list[Any]:
         """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""
         if len(calls) == 1 and not batch.replicas:
             try:
@@ -198,7 +198,7 @@ class BlockingClient(ClientBase):
         again = self._batch(client, [calls[i] for i in missing], batch)
         return settled(replies, self.url, missing, again)
 
-    def _cluster_batch(self, client: redis.cluster.RedisCluster, batch: Batch) -> list[Any]:
+    def _cluster_batch(self, client: redis.cluster.RedisCluster, batch: CallBatch) -> list[Any]:
         """Run a batch on a cluster: one pipeline per node, each on its node's client."""
         try:
             groups = by_node(client, batch.calls, self.url)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
     from ..jobs._plan import JobLike
-    from ._ops import Batch, Call, Op
+    from ._ops import Call, CallBatch, Op
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -163,7 +163,7 @@ def script_load(client: Any, call: Call, *, cluster: bool) -> Any:
     return untyped(client).execute_command("SCRIPT LOAD", call.script.source)
 
 
-def pipeline(client: Any, calls: Sequence[Call], batch: Batch) -> Any:
+def pipeline(client: Any, calls: Sequence[Call], batch: CallBatch) -> Any:
     """A pipeline of ``client`` (a server, or a cluster's node) with ``calls`` queued,
     each followed by its ``WAIT`` when the batch asks for replicas."""
     wait = max(1, round(batch.replica_timeout * 1000))
@@ -236,7 +236,7 @@ def gathered(
     return replies, moved
 
 
-def pair(raw: list[Any], calls: Sequence[Call], batch: Batch) -> tuple[list[Any], list[int]]:
+def pair(raw: list[Any], calls: Sequence[Call], batch: CallBatch) -> tuple[list[Any], list[int]]:
     """A pipeline's raw replies as one reply per call (its ``WAIT`` folded in), and the
     calls whose script the node lacked."""
     step = 2 if batch.replicas else 1

@@ -1,7 +1,7 @@
 """What the blocking and asyncio clients do, written once, without I/O: operations as generators.
 
 Each operation (send records, enqueue jobs, follow a job, read a table) is a generator
-that yields the Redis work it needs (a :class:`Call`, a :class:`Batch` of calls sent
+that yields the Redis work it needs (a :class:`Call`, a :class:`CallBatch` of calls sent
 together, or a :class:`Sleep` before trying again) and is sent back the replies. The
 blocking client runs it with blocking sockets and ``time.sleep``; the asyncio client
 with awaits (:mod:`._blocking`, :mod:`._asyncio`): one definition, two thin drivers,
@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from ..jobs._workflow import Workflow
 
 __all__ = [
-    "Batch",
     "Call",
+    "CallBatch",
     "ClientState",
     "Op",
     "Script",
@@ -127,7 +127,7 @@ class Call:
 
 
 @attrs.frozen
-class Batch:
+class CallBatch:
     """Calls sent together, one connection per node, in order per node.
 
     The reply is a list: per call its reply, or the :class:`~streamkit.StreamkitError`
@@ -148,7 +148,7 @@ class Sleep:
     seconds: float
 
 
-Request = Call | Batch | Sleep
+Request = Call | CallBatch | Sleep
 #: An operation: yields requests, is sent their replies, returns its result.
 Op = Generator[Request, Any, T]
 
@@ -418,7 +418,7 @@ def _append_all(
     todo = list(range(len(appends)))
     try:
         while todo:
-            replies = yield Batch(
+            replies = yield CallBatch(
                 tuple(Call.run(_APPEND, appends[i].keys, appends[i].args) for i in todo),
                 replicas=replicas,
                 replica_timeout=replica_timeout,
@@ -477,7 +477,7 @@ def enqueue(
             f"enqueueing jobs on {state.queue}", idempotent=False, started=time.monotonic()
         )
         while todo:
-            replies = yield Batch(tuple(todo))
+            replies = yield CallBatch(tuple(todo))
             again: list[Call] = []
             delay_for = 0.0
             for call, reply in zip(todo, replies, strict=True):
@@ -675,7 +675,7 @@ def batched(calls: Sequence[Call], *, what: str) -> Op[list[Any]]:
         return []
     rule = RetryRule(what, idempotent=True, started=time.monotonic())
     while True:
-        replies = yield Batch(tuple(calls))
+        replies = yield CallBatch(tuple(calls))
         failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
         if failed is None:
             return list(replies)

@@ -5,14 +5,20 @@ renewed while a job runs, fenced completion, dead letters, abort, dedupe, priori
 and dependencies. See the jobs guide in the documentation.
 """
 
+from typing import TYPE_CHECKING
+
 from .._errors import (
     JobError as JobError,
     JobFailed as JobFailed,
     JobNotFound as JobNotFound,
     ResultNotKept as ResultNotKept,
 )
-from .._public import fix_module_metadata as _fix_module_metadata
-from ._context import JobContext as JobContext, Middleware as Middleware, current_job as current_job
+from .._public import fix_module_metadata as _fix_module_metadata, moved as _moved
+from ._context import (
+    JobContext as JobContext,
+    JobMiddleware as JobMiddleware,
+    current_job as current_job,
+)
 from ._cron import ScheduleInfo as ScheduleInfo
 from ._handle import Job as Job, JobHandle as JobHandle, WorkflowHandle as WorkflowHandle
 from ._inspect import QueueCounts as QueueCounts
@@ -53,13 +59,13 @@ __all__ = [
     "JobFailed",
     "JobHandle",
     "JobInfo",
+    "JobMiddleware",
     "JobNotFound",
     "JobOptions",
     "JobQueue",
     "JobStatus",
     "JobTry",
     "JobWorker",
-    "Middleware",
     "Priority",
     "QueueCounts",
     "RateLimit",
@@ -78,4 +84,10 @@ __all__ = [
 ]
 
 _fix_module_metadata(__name__, globals())
-del _fix_module_metadata
+
+if not TYPE_CHECKING:
+    # Renamed (streamkit.Middleware is the events' middleware): the old name resolves,
+    # with a DeprecationWarning, for a while.
+    __getattr__ = _moved(__name__, __name__, {"Middleware": "JobMiddleware"})
+
+del TYPE_CHECKING, _fix_module_metadata, _moved

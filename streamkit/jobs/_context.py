@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["JobContext", "Middleware", "current_job"]
+__all__ = ["JobContext", "JobMiddleware", "current_job"]
 
 
 @attrs.frozen(kw_only=True)
@@ -43,7 +43,7 @@ class JobContext:
 
 #: A middleware: ``async def middleware(context, call_next)``, which runs the try (the
 #: next middleware, or the job) by awaiting ``call_next()`` and returns its result.
-Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+JobMiddleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 #: The queue, the try and (made when first asked for) the context of the job running
 #: in this task (the first two typed loosely: this module sits below the queue and the

@@ -36,7 +36,7 @@ async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:
     """Send ``plan``'s enqueue script calls, a few at a time.
 
     Error handling:
-        As :func:`~streamkit.call_once`: nothing is sent again blindly.
+        As :func:`~streamkit.lowlevel.call_once`: nothing is sent again blindly.
     """
     linked = await send_links(queue.redis, plan.link_calls(queue.name)) if plan.remote else None
     calls = list(plan.script_calls(queue.name, linked))
@@ -65,7 +65,7 @@ async def send_workflow(redis: Redis, plan: WorkflowPlan) -> None:
     enqueues, one after the other.
 
     Error handling:
-        As :func:`~streamkit.call_once` for the enqueues: nothing is sent again blindly.
+        As :func:`~streamkit.lowlevel.call_once` for the enqueues: nothing is sent again blindly.
     """
     for stage in plan.stages:
         linked = await send_links(redis, plan.link_calls(stage))

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from .._redis import Redis
-    from ._context import Middleware
+    from ._context import JobMiddleware
     from ._layout import ShardKeys
 
 __all__ = [
@@ -59,7 +59,7 @@ class QueueLike(Protocol):
     max_bytes: int
     shard_keys: list[ShardKeys]
     jobs: dict[str, Job[Any, Any]]
-    middleware: list[Middleware]
+    middleware: list[JobMiddleware]
     lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None
 
     def handle(self, job_id: str, *, shard: int | None = None) -> JobHandle[Any]: ...

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     )
     from contextlib import AbstractAsyncContextManager
 
-    from ._context import Middleware
+    from ._context import JobMiddleware
     from ._handle import QueueLike
 
 __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
@@ -161,7 +161,7 @@ class JobQueue:
     max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=positive_int)
     jobs: dict[str, Job[Any, Any]] = attrs.field(factory=dict)
     #: Run around each try of its jobs, outermost first (see :meth:`add_middleware`).
-    middleware: list[Middleware] = attrs.field(factory=list)
+    middleware: list[JobMiddleware] = attrs.field(factory=list)
     #: Entered by each worker around its serving (see :meth:`set_lifespan`).
     lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None = None
     shard_keys: list[ShardKeys] = attrs.field(init=False)
@@ -288,7 +288,7 @@ class JobQueue:
             tz=tz,
         )
 
-    def add_middleware(self, middleware: Middleware) -> Middleware:
+    def add_middleware(self, middleware: JobMiddleware) -> JobMiddleware:
         """Run ``middleware`` around each try of the queue's jobs; usable as a decorator.
 
         A middleware is ``async def middleware(context, call_next)``: it gets the

@@ -34,7 +34,7 @@ from ._tries import Lane, Try
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from ._context import Middleware
+    from ._context import JobMiddleware
     from ._finish import Outbox
     from ._handle import Job, QueueLike
     from ._handoff import Handoff
@@ -85,7 +85,7 @@ class TryRunner:
     limiter: trio.CapacityLimiter
     consumer: str = ""
     #: Run around each try, outermost first.
-    middleware: Sequence[Middleware] = ()
+    middleware: Sequence[JobMiddleware] = ()
     #: What the worker's lifespan yielded (:attr:`JobContext.state`).
     state: Any = None
 

@@ -36,7 +36,8 @@ class Tick(Record):
 def bare_write(url: str, n: int, partitions: int) -> float:
     import redis
 
-    from streamkit import codec_for, partition_for
+    from streamkit import partition_for
+    from streamkit.lowlevel import codec_for
 
     encode = codec_for(Tick).encode
     entries = [

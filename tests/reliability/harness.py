@@ -27,7 +27,8 @@ import attrs
 import trio
 import trio_util
 
-from streamkit import RedisUnavailable, redis_errors
+from streamkit import RedisUnavailable
+from streamkit.lowlevel import redis_errors
 from tests.apps.scenario import SEEN, Numbered
 from tests.scenarios import Tally, numbered_events
 from tests.workers import SCENARIO_GROUP, lock_holders

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from streamkit import ProcessorKeys, redis_errors
+from streamkit import ProcessorKeys
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
 from tests.apps.counting import COUNTS, DELIVERIES, Number, make_app
 from tests.workers import start_worker, wait_members

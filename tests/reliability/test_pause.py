@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from streamkit import read_membership
+from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
 from tests.apps.scenario import make_app
 from tests.reliability.harness import (

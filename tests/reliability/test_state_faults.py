@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import ProcessorKeys, open_redis, redis_errors
+from streamkit import ProcessorKeys, open_redis
+from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
 from tests.apps.stateful import GRACE, WINDOW, Echo, Number, Stateful, make_app
 from tests.workers import start_worker, wait_members
