@@ -27,7 +27,7 @@ from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
 from ._tables import Table
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
-from ._windows import Window, to_ms
+from ._windows import Window, positive_ms, to_ms
 from .jobs._cron import cron_decorator
 from .jobs._handle import Job, JobDecorator
 from .jobs._layout import DEFAULT_QUEUE, routed_queue
@@ -258,7 +258,14 @@ class App:
         self.streams[name] = stream
         return stream
 
-    def table(self, name: str, *, value: type[V] | Any, default: V | None = None) -> Table[V]:
+    def table(
+        self,
+        name: str,
+        *,
+        value: type[V] | Any,
+        default: V | None = None,
+        ttl: timedelta | float | None = None,
+    ) -> Table[V]:
         """Declare a table: keyed state that one processor writes, exactly once.
 
         Name it in the processor that writes it (``@app.processor(orders,
@@ -269,14 +276,23 @@ class App:
             name: the table's name (letters, digits, ``_``, ``-``), unique in the app.
             value: the type of its values: any type a record field may have.
             default: what reading a missing key returns.
+            ttl: how long a key lives after its last write (a timedelta, or seconds):
+                then it is gone, as if deleted (see :doc:`state`, "Expiry"). ``None``
+                (the default): keys live until deleted.
 
         Error handling:
-            :class:`ConfigError` for a bad name, a name declared twice, or a
-            ``default`` that is not a valid ``value``.
+            :class:`ConfigError` for a bad name, a name declared twice, a ``default``
+            that is not a valid ``value``, or a ``ttl`` that is not positive.
         """
         if name in self.tables:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
-        table: Table[V] = Table(name, value, default, connection=lambda: self.redis)
+        table: Table[V] = Table(
+            name,
+            value,
+            default,
+            ttl=None if ttl is None else positive_ms("ttl", ttl),
+            connection=lambda: self.redis,
+        )
         self.tables[name] = table
         return table
 

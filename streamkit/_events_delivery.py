@@ -133,6 +133,9 @@ class Delivery(Generic[R]):
             # Poison events would otherwise be skipped without a word, left pending.
             raise ConfigError("max_deliveries", "needs a divert hook to hand the poison events to")
         self.ledger = Ledger(self.state, self._make_events)
+        if self.state is not None and self.state.expiring:
+            # Expiry's clock: the time of the event the processor holds.
+            self.state.event_id = self.ledger.newest_inflight_id
         feed = self.feed
         self.meter = feed.meter
         codec = feed.stream.codec
@@ -244,6 +247,8 @@ class Delivery(Generic[R]):
         if state is None:
             self.feed.ack_later(ids)
         else:
+            if ids and state.expiring:
+                state.note_done(ids[-1])
             self.feed.ack_later(ids, state.take_changes())
         self._acknowledged += len(ids)
 
@@ -264,13 +269,15 @@ class Delivery(Generic[R]):
         # Even with nothing new: the feed may hold acknowledgements handed over
         # earlier for its next read, and sends them now.
         state = self.state
-        if state is not None and state.windows:
+        if state is not None and state.settles:
             await state.settle()
         ids = self.ledger.take_done()
         try:
             if state is None:
                 await self.feed.ack(ids)
             else:
+                if ids and state.expiring:
+                    state.note_done(ids[-1])
                 await self.feed.ack(ids, state.take_changes())
         except BaseException as exc:
             self.ledger.restore_done(ids)
@@ -420,7 +427,7 @@ class Delivery(Generic[R]):
         its next read) and report the batch finished (room to read ahead)."""
         state = self.state
         if state is not None:
-            if state.windows:
+            if state.settles:
                 await state.settle()
             self.commit_soon()
         elif self.ledger.done_count():

@@ -335,6 +335,17 @@ class Ledger(Generic[R]):
         self._span_hi = hi
         return self._records[lo:hi]
 
+    def newest_inflight_id(self) -> bytes | None:
+        """The id of the newest event the processor holds and has not moved past, if
+        any (without settling a run: cheap enough for every table read)."""
+        if self._run_end:
+            return self._ids[self._pos - 1] if self._pos > self._run_lo else None
+        if self._span_hi > self._span_lo:
+            return self._ids[self._span_hi - 1]
+        if self._handed:
+            return self._handed[-1]._id
+        return None
+
     def inflight_ids(self) -> list[bytes]:
         """The ids of the events in flight."""
         self._settle()

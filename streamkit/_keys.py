@@ -26,8 +26,10 @@ key                                what it holds
 ``__once:{app.stream.N}:...``      a producer append's idempotency marker (expires)
 ``__tabl:{app.stream.N}.table``    partition N of a table written by a processor of
                                    the stream (a hash: canonical key -> value)
-``__wind:{app.stream.N}.table``    partition N of a windowed table (a hash: key ->
-                                   its windows)
+``__texp:{app.stream.N}.table``    its keys by when they expire, for a table with a
+                                   ``ttl`` (a sorted set: key -> ms)
+``__wind:{app.stream.N}.table``    partition N of a session table (a hash: key ->
+                                   its sessions)
 ``__wndx:{app.stream.N}.table``    its keys by when their windows are next due (a
                                    sorted set)
 ``__wins:{app.stream.N}.table``    the windows of a tumbling or hopping windowed
@@ -77,6 +79,7 @@ __all__ = [
     "spark_marker_key",
     "state_key",
     "stream_key",
+    "table_expiry_key",
     "table_key",
     "tagged",
     "validate_name",
@@ -152,6 +155,11 @@ def leader_lock_name(app: str) -> str:
 def table_key(app: str, stream: str, table: str, partition: int) -> str:
     """The hash holding ``partition`` of ``table``, beside the stream's partition."""
     return f"__tabl:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def table_expiry_key(app: str, stream: str, table: str, partition: int) -> str:
+    """The sorted set of ``partition``'s keys of ``table`` by when they expire (ms)."""
+    return f"__texp:{{{app}.{stream}.{partition}}}.{table}"
 
 
 def window_key(app: str, stream: str, table: str, partition: int) -> str:

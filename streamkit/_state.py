@@ -38,6 +38,7 @@ from ._errors import ConfigError, EncodeError
 from ._json_converter import converter
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
+from ._state_expiry import ExpiringTableView
 from ._state_relay import OutboxRelay
 from ._state_views import (
     TableLike,
@@ -50,7 +51,7 @@ from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from ._locks import HeldLease
     from ._redis import Redis
@@ -154,6 +155,13 @@ class PartitionState:
         self.views: dict[TableLike, TableView] = {}
         self.fixed_views: dict[TableLike, FixedWindowView] = {}
         self.windows: list[WindowView | FixedWindowView] = []
+        self.expiring: list[ExpiringTableView] = []
+        # The partition's clock for expiry: the time (ms) of the newest event processed
+        # (its entry id's), and when (Trio time) it last moved; the id of the newest
+        # event in flight, as the delivery's ledger tells.
+        self._clock: float = -math.inf
+        self._clock_at = trio.current_time()
+        self.event_id: Callable[[], bytes | None] = lambda: None
         count = stream.partition_count
         for table in tables:
             if _is_windowed(table):
@@ -169,6 +177,11 @@ class PartitionState:
                 output = getattr(table, "output", None)
                 if output is not None:
                     outputs = [*outputs, output]
+            elif getattr(table, "ttl", None) is not None:
+                expiring = ExpiringTableView(table, partition, count, redis, cache_size)
+                expiring.now = self.event_time
+                self.expiring.append(expiring)
+                self.views[table] = expiring
             else:
                 self.views[table] = TableView(table, partition, count, redis, cache_size)
         # Every view, for the per-event calls.
@@ -215,6 +228,8 @@ class PartitionState:
         load the watermark and the windows' index."""
         for spec in self.outputs.values():
             await check_metadata(self._redis, spec)
+        for expiring in self.expiring:
+            await expiring.open()
         if self.windows:
             with redis_errors():
                 stored: Any = await self._redis.hgetall(self._state_key)
@@ -237,20 +252,54 @@ class PartitionState:
             for view in self.windows:
                 view.watermark = at
 
+    @property
+    def settles(self) -> bool:
+        """Whether the partition has windows to close or keys to expire before commits."""
+        return bool(self.windows or self.expiring)
+
+    def event_time(self) -> int:
+        """The time (ms) of the newest event in flight (its entry id's): the partition's
+        clock for expiry; with none in flight, the clock moved on by the time idle."""
+        event_id = self.event_id()
+        if event_id is None:
+            return self._idle_clock()
+        ms = int(event_id[: event_id.index(b"-")])
+        if ms > self._clock:
+            self._clock = ms
+            self._clock_at = trio.current_time()
+        return ms
+
+    def note_done(self, newest: bytes) -> None:
+        """The events up to entry ``newest`` are done: the clock is at least its time."""
+        ms = int(newest[: newest.index(b"-")])
+        if ms > self._clock:
+            self._clock = ms
+            self._clock_at = trio.current_time()
+
+    def _idle_clock(self) -> int:
+        if self._clock == -math.inf:
+            return 0
+        return int(self._clock) + math.floor((trio.current_time() - self._clock_at) * 1000)
+
     def idle_deadline(self) -> float:
-        """The Trio time at which idleness would close a window of this partition
-        (``inf`` if none is open): see :func:`~streamkit._windows.idle_watermark`."""
+        """The Trio time at which idleness would close a window or expire a key of this
+        partition (``inf`` if none): see :func:`~streamkit._windows.idle_watermark`."""
+        deadline = math.inf
         idle = [view for view in self.windows if view.window.idle]
-        if not idle or self.watermark == -math.inf:
-            return math.inf
-        due = min(view.next_due for view in idle)
-        if due == math.inf:
-            return math.inf
-        return self._moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+        if idle and self.watermark != -math.inf:
+            due = min(view.next_due for view in idle)
+            if due != math.inf:
+                deadline = self._moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+        if self.expiring and self._clock != -math.inf:
+            due = min(view.next_due for view in self.expiring)
+            if due != math.inf:
+                at = self._clock_at + max(0.0, (due - self._clock) / 1000) + 0.001
+                deadline = min(deadline, at)
+        return deadline
 
     def restart_idle(self) -> None:
         """The partition was not idle after all: count idle time from now."""
-        self._moved_at = trio.current_time()
+        self._moved_at = self._clock_at = trio.current_time()
 
     async def tick(self) -> None:
         """The partition is idle: move the watermark on by the time it has been idle,
@@ -258,7 +307,7 @@ class PartitionState:
         if self.watermark != -math.inf:
             idle_for = math.floor((trio.current_time() - self._moved_at) * 1000)
             self._advance(idle_watermark(int(self.watermark), idle_for))
-        await self.settle()
+        await self.settle(clock=self._idle_clock())
 
     def _advance(self, watermark: float) -> None:
         if watermark > self.watermark:
@@ -269,9 +318,15 @@ class PartitionState:
         for view in self.windows:
             view.watermark = self._watermark_tentative
 
-    async def settle(self) -> None:
-        """Close the windows the watermark has passed: their final values become done
-        outputs, written with the next commit."""
+    async def settle(self, *, clock: int | None = None) -> None:
+        """Close the windows the watermark has passed (their final values become done
+        outputs, written with the next commit) and delete the keys expired by
+        ``clock`` (the partition's clock by default)."""
+        if self.expiring:
+            at = int(self._clock) if clock is None and self._clock != -math.inf else clock
+            if at is not None:
+                for expiring in self.expiring:
+                    await expiring.sweep(at)
         if self.watermark == -math.inf:
             return
         for view in self.windows:

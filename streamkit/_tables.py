@@ -21,7 +21,7 @@ import attrs
 import orjson
 
 from . import _keys
-from ._errors import DecodeError, EncodeError
+from ._errors import ConfigError, DecodeError, EncodeError
 from ._json_converter import converter
 from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
@@ -65,6 +65,7 @@ class Table(KeyedState, Generic[V]):
     Attributes:
         name: the table's name (unique in its app).
         value: the type of its values.
+        ttl: milliseconds a key lives after its last write, or ``None`` (for ever).
         default: what :meth:`get` and :meth:`read` return for a missing key
             (``None`` unless given).
         stream: the stream the table is kept beside, once bound.
@@ -73,9 +74,14 @@ class Table(KeyedState, Generic[V]):
 
     value: Any
     default: V | None = None
+    ttl: int | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         check_storable(f"table {self.name!r}", "default", self.default, self.value)
+        if self.ttl is not None and (
+            isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or self.ttl <= 0
+        ):
+            raise ConfigError("ttl", f"must be a positive number of milliseconds, got {self.ttl!r}")
 
     # -- encoding --
 
@@ -109,6 +115,11 @@ class Table(KeyedState, Generic[V]):
         """The Redis hash holding ``partition`` of the table."""
         home = self._home()
         return _keys.table_key(home.app, home.name, self.name, partition)
+
+    def expiry_key(self, partition: int) -> str:
+        """The sorted set of ``partition``'s keys by when they expire (with a ``ttl``)."""
+        home = self._home()
+        return _keys.table_expiry_key(home.app, home.name, self.name, partition)
 
     # -- inside the processor --
 

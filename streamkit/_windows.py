@@ -43,6 +43,7 @@ __all__ = [
     "hopping",
     "idle_watermark",
     "next_action",
+    "positive_ms",
     "session",
     "settle",
     "to_ms",
@@ -66,7 +67,8 @@ def to_ms(value: datetime | timedelta | float) -> int:
     return math.floor(value * 1000)
 
 
-def _positive_ms(name: str, value: timedelta | float) -> int:
+def positive_ms(name: str, value: timedelta | float) -> int:
+    """A positive duration (a timedelta, or seconds) in ms; :class:`ConfigError` if not."""
     ms = to_ms(value)
     if ms <= 0:
         raise ConfigError(name, f"must be positive, got {value!r}")
@@ -151,7 +153,7 @@ WindowKind = Tumbling | Hopping | Session
 
 def tumbling(size: timedelta | float) -> Tumbling:
     """Back-to-back windows of ``size`` (a timedelta, or seconds), aligned to the epoch."""
-    return Tumbling(_positive_ms("size", size))
+    return Tumbling(positive_ms("size", size))
 
 
 def hopping(size: timedelta | float, every: timedelta | float) -> Hopping:
@@ -161,8 +163,8 @@ def hopping(size: timedelta | float, every: timedelta | float) -> Hopping:
     Error handling:
         :class:`~streamkit.ConfigError` unless ``every`` divides ``size``.
     """
-    size_ms = _positive_ms("size", size)
-    every_ms = _positive_ms("every", every)
+    size_ms = positive_ms("size", size)
+    every_ms = positive_ms("every", every)
     if size_ms % every_ms:
         raise ConfigError("every", f"must divide the size ({size!r}), got {every!r}")
     return Hopping(size_ms, every_ms)
@@ -171,7 +173,7 @@ def hopping(size: timedelta | float, every: timedelta | float) -> Hopping:
 def session(gap: timedelta | float) -> Session:
     """Session windows: events less than ``gap`` apart share one; it ends ``gap``
     after its last event."""
-    return Session(_positive_ms("gap", gap))
+    return Session(positive_ms("gap", gap))
 
 
 def apply(

@@ -1,0 +1,140 @@
+"""Tables whose keys expire: exact by the events' own times, swept by the commits,
+never returned once expired, on a server and on a cluster."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from streamkit import App, Events, Record
+from streamkit._worker import run_worker
+from streamkit.testing import wait_until
+
+if TYPE_CHECKING:
+    from streamkit import Redis
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 1.0,
+    "heartbeat_interval": 0.1,
+    "session_timeout": 1.0,
+    "grace_period": 1.0,
+}
+TTL = 1.5  # seconds
+
+
+class Visit(Record):
+    user: str
+    n: int
+
+
+def visits_app(redis_url: str, seen: list[tuple[str, int, int]]) -> tuple[App, Any, Any]:
+    """Counts visits per user in a table whose keys expire TTL after their last write;
+    ``seen`` gets (user, n, count after the visit) per processed visit."""
+    app = App("exp", redis_url=redis_url, **FAST)
+    visits = app.stream("visits", record=Visit, partition_by="user", partition_count=2)
+    counts = app.table("counts", value=int, default=0, ttl=timedelta(seconds=TTL))
+
+    @app.processor(visits, tables=[counts])
+    async def count(events: Events[Visit]) -> None:
+        async for visit in events.records():
+            n = await counts.get(visit.user) + 1
+            counts.set(visit.user, n)
+            seen.append((visit.user, visit.n, n))
+
+    return app, visits, counts
+
+
+def ms(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
+
+
+def model(sent: list[tuple[str, int, str]]) -> dict[int, int]:
+    """The count each visit must see, by the visits' own append times: a key expires
+    TTL after its last write."""
+    last: dict[str, tuple[int, int]] = {}
+    out = {}
+    for user, n, entry_id in sent:
+        at = ms(entry_id)
+        count, written = last.get(user, (0, -math.inf))
+        count = count + 1 if at < written + TTL * 1000 else 1
+        last[user] = (count, at)
+        out[n] = count
+    return out
+
+
+@pytest.mark.cluster
+async def test_a_key_expires_ttl_after_its_last_write_by_the_events_times(
+    redis_url: str, redis: Redis
+) -> None:
+    seen: list[tuple[str, int, int]] = []
+    app, visits, _ = visits_app(redis_url, seen)
+    sent: list[tuple[str, int, str]] = []
+
+    async def visit(user: str, n: int) -> None:
+        (entry_id,) = await visits.send(Visit(user=user, n=n))
+        sent.append((user, n, entry_id))
+
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await visit("ada", 1)
+        await visit("bob", 2)
+        await trio.sleep(TTL / 3)  # the scenario: ada comes back within the ttl
+        await visit("ada", 3)
+        await trio.sleep(TTL * 1.5)  # bob's key expires; ada's first write too
+        await visit("bob", 4)
+        await visit("ada", 5)
+
+        async def all_seen() -> bool:
+            return len(seen) == 5
+
+        await wait_until(all_seen, what="every visit processed", within=20)
+        await worker.stop()
+    expected = model(sent)
+    assert {n: count for _, n, count in seen} == expected
+    # ada's count restarted only if her second write had expired too (by the times).
+    assert expected[4] == 1
+
+
+async def test_expired_keys_are_never_read_and_are_swept_on_a_quiet_partition(
+    redis_url: str, redis: Redis
+) -> None:
+    seen: list[tuple[str, int, int]] = []
+    app, visits, counts = visits_app(redis_url, seen)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        (entry_id,) = await visits.send(Visit(user="ada", n=1))
+        deadline = ms(entry_id) + TTL * 1000
+        partition = counts.partition_of("ada")
+        key = counts.key(partition)
+
+        async def committed() -> bool:
+            return await redis.hexists(key, "ada")
+
+        await wait_until(committed, what="ada's count committed", within=10)
+        # Read until it reads as gone: never before its deadline (Redis's clock).
+        async with app:
+            while True:
+                value = await counts.read("ada")
+                now = await server_ms(redis)
+                if value == 0:
+                    assert now >= deadline, (now, deadline)
+                    break
+                assert value == 1
+                await trio.sleep(0.05)
+
+        # The quiet partition's commits give the space back, with nothing else sent.
+        async def swept() -> bool:
+            return not await redis.hexists(key, "ada") and not await redis.zcard(
+                counts.expiry_key(partition)
+            )
+
+        await wait_until(swept, what="ada's key swept", within=TTL + 5)
+        await worker.stop()
+
+
+async def server_ms(redis: Redis) -> int:
+    return math.floor((await redis.time()).timestamp() * 1000)
