@@ -8,7 +8,7 @@ import attrs
 import coredis.exceptions
 import trio
 
-from .._acl import remember_script
+from .. import _lua
 from .._errors import ConfigError, RedisUnavailable
 from ._hot import HotConnection, HotRequest, evalsha, pack, script_load
 from ._pool import Pool
@@ -31,9 +31,14 @@ __all__ = [
 T = TypeVar("T")
 
 
+def _as_script(script: _lua.Script | str) -> _lua.Script:
+    return script if isinstance(script, _lua.Script) else _lua.inline(script)
+
+
 @attrs.frozen
 class LuaScript:
-    """A Lua script, run by its SHA1 digest (``EVALSHA``), loaded on first need.
+    """A script of :mod:`streamkit._lua`, run by its SHA1 digest (``EVALSHA``), loaded
+    on first need.
 
     coredis's own ``Script`` wraps each call in three request objects, which
     normalise every argument three times: noticeable for a fenced acknowledgement
@@ -48,20 +53,23 @@ class LuaScript:
     with the same guarantees and errors.
 
     Attributes:
-        source: the script's Lua source.
+        script: the script (its text alone makes an inline one, as a test's).
         hot: whether it runs on the hot path.
         sha: its SHA1 digest.
     """
 
-    source: str
+    script: _lua.Script = attrs.field(converter=_as_script)
     hot: bool = attrs.field(default=False, kw_only=True)
     sha: str = attrs.field(init=False)
 
     @sha.default
     def _sha(self) -> str:
-        # The same SHA1, remembering the source so that an ACL refusal inside the
-        # script can name its command.
-        return remember_script(self.source)
+        return self.script.sha
+
+    @property
+    def source(self) -> str:
+        """The script's text, as sent to Redis."""
+        return self.script.text
 
     async def __call__(self, redis: Redis, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """Run the script on ``redis``; errors are coredis's (wrap in :func:`redis_errors`)."""

@@ -159,8 +159,8 @@ def script_load(client: Any, call: Call, *, cluster: bool) -> Any:
     assert call.script is not None
     if cluster:
         node = untyped(client).get_node_from_key(call.key)
-        return untyped(client).execute_command("SCRIPT LOAD", call.script.source, target_nodes=node)
-    return untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+        return untyped(client).execute_command("SCRIPT LOAD", call.script.text, target_nodes=node)
+    return untyped(client).execute_command("SCRIPT LOAD", call.script.text)
 
 
 def pipeline(client: Any, calls: Sequence[Call], batch: Batch) -> Any:

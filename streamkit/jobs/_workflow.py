@@ -312,7 +312,7 @@ def _defaults(node: Node) -> tuple[Any, ...]:
 def _options(
     node: Node, deps: list[str], all_deps: list[str], key: str | None, headers: bytes | None
 ) -> dict[str, Any]:
-    """A workflow job's options for the enqueue script, complete (see ENQUEUE_LUA)."""
+    """A workflow job's options for the enqueue script, complete (see jobs/enqueue.lua)."""
     call = node.call
     opts: dict[str, Any] = {}
     if node.job is None:

@@ -9,8 +9,9 @@ from pyspark.sql.datasource import DataSource
 
 from .. import _keys
 from .._errors import ConfigError, MetadataMismatch, StreamkitError
+from .._lua import script
 from .._spec import record_metadata
-from .._wire import METADATA_LUA, METADATA_VERSION
+from .._wire import METADATA_VERSION
 from ._client import connect, read_metadata, redis_errors, server_bulk_limit
 from ._options import (
     ReadOptions,
@@ -187,9 +188,9 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
             **record_metadata(record),
             "partition_by": options.key,
         }
-        script = client.register_script(METADATA_LUA)
+        metadata = client.register_script(script("streams/metadata").text)
         with redis_errors(options.url):
-            script(
+            metadata(
                 keys=[_keys.meta_key(options.app, options.stream)],
                 args=list(itertools.chain.from_iterable(mine.items())),
             )

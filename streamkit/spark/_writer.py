@@ -25,14 +25,12 @@ import attrs
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from .. import _keys
-from .._acl import remember_script
+from .. import _keys, _lua
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
 from .._urls import masked_repr
 from .._wire import (
-    APPEND_AND_TRIM_LUA,
     DEFAULT_MAX_RECORD_SIZE,
     DEFAULT_SEND_CHUNK_BYTES,
     REDIS_MAX_BULK,
@@ -55,24 +53,8 @@ log = logging.getLogger("streamkit.spark")
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
-# KEYS: stream, marker. ARGV: partition_size, max_len (0 = no cap), marker ttl, then per
-# entry: field count, fields... Returns {number appended, unacknowledged entries the hard
-# cap dropped}; {-1, 0} when the marker was there (the chunk was written before).
-# The appending and trimming part is the producer's send script, unchanged.
-_WRITE_SCRIPT = (
-    """
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 4
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[3])) then
-  return {-1, 0}
-end
-"""
-    + APPEND_AND_TRIM_LUA
-    + "return {#ids, dropped}\n"
-)
-remember_script(_WRITE_SCRIPT)
+# The append of one chunk, once per marker (see its file).
+_WRITE_SCRIPT = _lua.script("spark/write")
 
 
 def marker_key(
@@ -212,7 +194,7 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
     chunks = [0] * plan.partition_count
     appended = skipped = 0
     with connect(plan.url) as client:
-        script = client.register_script(_WRITE_SCRIPT)
+        script = client.register_script(_WRITE_SCRIPT.text)
         head: list[bytes | int] = [plan.partition_size, plan.max_len or 0, plan.marker_ttl]
 
         def flush(partition: int) -> None:
