@@ -23,6 +23,7 @@ from ._defaults import (
     DEFAULT_PARTITION_SIZE,
     DEFAULT_SEND_CHUNK_SIZE,
 )
+from ._lua import CONSTANTS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -66,11 +67,12 @@ REDIS_MAX_BULK = 512 * 2**20
 #: calls, each of bounded work, instead of one call holding Redis up for seconds. The
 #: cap reads each entry it removes (to count the unprocessed ones), about a microsecond
 #: each. See docs/streams.md, "Trimming".
-TRIM_STEP = 1_000  # (written in lib/append.lua too)
+#: (Set in :data:`streamkit._lua.CONSTANTS`, where the scripts read it too.)
+TRIM_STEP = int(CONSTANTS["TRIM_STEP"])
 #: Entries one script call removes when it trims processed entries (``partition_size``),
 #: beyond as many as it appended or acknowledged: approximate trimming frees whole
 #: nodes of about 100 entries, about 10 ns an entry.
-TRIM_PROCESSED_STEP = 50_000  # (written in lib/trim.lua too)
+TRIM_PROCESSED_STEP = int(CONSTANTS["TRIM_PROCESSED_STEP"])
 
 #: The metadata fields compared between a stream's record and a producer or consumer.
 #: An empty ``partition_by`` means "a callable", which cannot be compared.

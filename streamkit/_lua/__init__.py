@@ -2,44 +2,68 @@
 
 Pure: no trio, no Redis client, nothing but the standard library, so that the Trio side
 (:class:`streamkit._redis.LuaScript`), the blocking and asyncio clients and the Spark
-executors all run the same :class:`Script` objects, made once per process.
+executors all run the same :class:`Script` objects, made once per process
+(:func:`script`).
 
-Layout: a script is ``<piece>/<name>.lua`` (``commit/read.lua`` is the script
-``commit/read``), grouped by the piece it serves (``streams``, ``commit``, ``locks``,
-``membership``, ``jobs``, ``admin``, ``spark``); the shared pieces scripts include are
-under ``lib/`` and are never scripts themselves.
+**Layout.** A script is ``<piece>/<name>.lua`` (``commit/read.lua`` is the script
+``commit/read``), grouped by the piece it serves: ``streams`` (append, metadata, relay,
+outbox), ``commit`` (the fenced read, the woken read, the fenced commit), ``locks``,
+``membership``, ``jobs``, ``admin``, ``spark``. The shared pieces scripts include are
+under ``lib/`` (``lib/jobs/`` for the job scripts'), and are never scripts themselves.
 
-A file opens with its header: the comment lines (``--``) before its first other line.
-The header is documentation, not sent to Redis. A script's header names its contract
-in fields, ``-- NAME: text`` (continued on following lines indented by two spaces or
-more), after any prose::
+**Header.** A file opens with its header: the comment lines (``--``) before its first
+other line. The header is documentation, not sent to Redis. A script's header says its
+contract in fields, ``-- NAME: text`` (continued on the lines after it, indented by two
+spaces or more), after its prose::
 
-    -- The fenced commit: changes and acknowledgements.
+    -- The fenced commit: applies the changes and acknowledges the consumer's events.
     --
-    -- KEYS: stream, lock, written...
+    -- KEYS: stream, lock, written... (the keys the changes write)
     -- TAG: {partition}
     -- ARGV: lease, group, keep (0: do not trim), acks, id..., change...
-    -- REPLY: -1 (the lease is not ours) | int (acknowledged)
+    -- REPLY: -1 (the lease is not ours) | int (the number acknowledged)
 
-* ``KEYS`` and ``ARGV``: names, comma-separated, each with an optional note in
-  parentheses; a last name ending in ``...`` stands for any number of them (zero or
-  more), a group in parentheses ending in ``...`` for any number of such groups
-  (``(stream, lock)...``); ``none`` for none. The number of keys is fixed unless one
-  ends in ``...`` (:attr:`Script.numkeys`).
-* ``TAG``: the hash tag every key shares (``{partition}``, ``{shard}``, ...; what it
-  means per key is checked by ``tests/test_lua.py``), or ``none (why)`` for a script
-  whose keys need not share one (it runs on one server only).
-* ``REPLY``: the shape of the reply (:class:`Shape`): ``int``, ``str``, ``nil``,
-  ``ok`` (a status reply), ``any``, a literal number (``-1``), ``[shape]`` (an array of
-  any length), ``{shape, shape}`` (an array of exactly these; each may be named,
+* ``KEYS`` and ``ARGV``: names (lower case), comma-separated, each with an optional
+  note in parentheses; ``name...`` stands for any number of them (zero or more), and
+  ``(a, b)...`` for any number of such groups; ``none`` for none. In ``KEYS`` only the
+  last may repeat: the number of keys is fixed unless it does (:attr:`Script.numkeys`).
+  A key's name says what key it is (``stream``, ``lock``, ``ready_high``, ...):
+  ``tests/test_lua.py`` builds each with streamkit's key layout and checks that a
+  script's keys share one hash slot.
+* ``TAG``: the hash tag every key shares (``{partition}``, ``{shard}``, ``{lock}``,
+  ...), or ``none (why)`` for a script whose keys need not share one (it runs on one
+  server only).
+* ``REPLY``: the shape of the reply (:class:`Shape`): ``int``, ``str``, ``nil``, ``ok``
+  (a status reply), ``any``, a literal number (``-1``), ``[shape]`` (an array of any
+  length), ``{shape, shape}`` (an array of exactly these, each may be named:
   ``{ids: [str], last: str}``), alternatives separated by ``|``; notes in parentheses.
+  ``tests/test_lua_replies.py`` runs every script and checks its reply has this shape.
 * ``FLAGS`` (optional): the script's flags (``allow-oom``), rendered as its first line,
   ``#!lua flags=...``.
 
-A lib piece's header is prose only. A line ``--#include lib/<name>`` (alone on its line)
-is replaced by that piece's text: each piece once per script, however many includes ask
-for it (the first wins); a piece may include others; a cycle or an unknown name is a
-:class:`LuaSourceError`.
+A lib piece's header is prose only: what the piece gives (its functions and what they
+take), and what it shares with the pieces it works with.
+
+**Includes.** A line ``--#include lib/<name>`` (alone on its line) is replaced by that
+piece's text: each piece once per script, however many includes ask for it (the first
+one places it); a piece may include others (what its functions call); a cycle or an
+unknown name is a :class:`LuaSourceError` naming the file and line. A script includes
+only what it uses: ``luacheck`` (``./dev nox -s lint``) reports an unused function or
+lower-case local of any assembled script (a piece's upper-case declarations, its keys
+and tables, may go unused).
+
+**Constants.** A number (or text) that Python code knows too reaches a script as an
+argument, or as ``K.NAME``: the loader declares ``local K = {...}`` at the top of each
+script that reads one, with the names it reads, from :data:`CONSTANTS`, the one Python
+mapping (the Python side reads it there, through the module of its piece). No script
+text is spliced from Python, and no script steers a piece by assigning its variables:
+a piece's state changes through its functions.
+
+**API.** :func:`script` (the :class:`Script` of a name: ``name``, ``text``, ``sha``,
+``numkeys``, ``header``, ``origins``), :func:`names` (every script), :func:`by_sha` (a
+script by its digest, for error messages), :func:`inline` (a script of a test's or a
+user's, from its text alone), :class:`Library` (the scripts of another folder, as the
+tests make).
 """
 
 from __future__ import annotations
@@ -49,13 +73,15 @@ import hashlib
 import importlib.resources
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
     from importlib.resources.abc import Traversable
 
 __all__ = [
+    "CONSTANTS",
     "Header",
     "Library",
     "LuaSourceError",
@@ -77,6 +103,7 @@ _FIELD = re.compile(r"--\s([A-Z]+):\s?(.*)\Z")
 _CONTINUED = re.compile(r"--\s\s+(\S.*)\Z")
 _FIELDS = ("KEYS", "TAG", "ARGV", "REPLY", "FLAGS")
 _NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+_CONSTANT = re.compile(r"\bK\.([A-Za-z_][A-Za-z0-9_]*)")
 _TAG = re.compile(r"\{([a-z_][a-z0-9_]*)\}\Z")
 _ITEM = re.compile(r"([a-z_][a-z0-9_]*)(\.\.\.)?(?:\s*\(.*\))?")
 _GROUP = re.compile(r"\(([^()]*)\)\.\.\.(?:\s*\(.*\))?")
@@ -124,7 +151,7 @@ class Shape:
         if kind == "nil":
             return reply is None
         if kind == "ok":
-            return reply in (b"OK", "OK", True)
+            return reply is True or reply in (b"OK", "OK")
         if not isinstance(reply, list | tuple):
             return False
         if kind == "list":
@@ -393,10 +420,13 @@ class Library:
 
     Args:
         root: the folder.
+        constants: what ``K.NAME`` reads in its scripts (the package's:
+            :data:`CONSTANTS`).
     """
 
-    def __init__(self, root: Traversable) -> None:
+    def __init__(self, root: Traversable, constants: Mapping[str, int | str]) -> None:
         self._root = root
+        self._constants = constants
         self._cache: dict[str, Script] = {}
 
     def script(self, name: str) -> Script:
@@ -443,7 +473,32 @@ class Library:
             out.append(f"#!lua flags={','.join(header.flags)}\n")
             origins.append((name + SUFFIX, 0))
         self._body(name, lines, size, out, origins, done=set(), stack=[name])
+        table = self._table(out, origins)
+        at = 1 if header.flags else 0
+        out[at:at] = table
+        origins[at:at] = [(CONSTANTS_ORIGIN, 0)] * len(table)
         return Script(name, "".join(out), header, tuple(origins))
+
+    def _table(self, out: list[str], origins: list[tuple[str, int]]) -> list[str]:
+        """The lines that declare ``K``, with the constants the script reads (none if it
+        reads none).
+
+        Error handling:
+            :class:`LuaSourceError` for a name that is not a constant.
+        """
+        used: dict[str, int | str] = {}
+        for line, (file, number) in zip(out, origins, strict=True):
+            for name in _CONSTANT.findall(line):
+                if name not in self._constants:
+                    raise LuaSourceError(f"{file}:{number}: K.{name} is not a constant")
+                used[name] = self._constants[name]
+        if not used:
+            return []
+        return [
+            "local K = {\n",
+            *(f"  {name} = {_lua_value(used[name])},\n" for name in sorted(used)),
+            "}\n",
+        ]
 
     def _body(
         self,
@@ -484,6 +539,16 @@ class Library:
             stack.pop()
 
 
+def _lua_value(value: int | str) -> str:
+    """``value`` as a Lua literal."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"a constant is a whole number or text, got {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    return f"'{escaped}'"
+
+
 def _header_size(lines: list[str]) -> int:
     """How many of ``lines`` are the header: the comment lines before the first other
     line (an include line ends it too)."""
@@ -493,7 +558,38 @@ def _header_size(lines: list[str]) -> int:
     return len(lines)
 
 
-_LIBRARY = Library(importlib.resources.files(__name__))
+#: What scripts read as ``K.NAME``: the one place each of these numbers is set, for
+#: the scripts and for the Python code (which reads it here, through the module of its
+#: piece). The loader declares ``K`` on a script's first line with the names it reads.
+CONSTANTS: Mapping[str, int | str] = MappingProxyType(
+    {
+        # Entries one append removes under the hard cap, beyond as many as it appended
+        # (lib/append; streamkit._wire.TRIM_STEP).
+        "TRIM_STEP": 1_000,
+        # Entries one call removes when it trims processed entries, beyond as many as
+        # it appended or acknowledged (lib/trim; streamkit._wire.TRIM_PROCESSED_STEP).
+        "TRIM_PROCESSED_STEP": 50_000,
+        # The consumer group of every ready stream of a job queue.
+        "JOB_GROUP": "workers",
+        # Dependents a job script settles per call, beside its own work.
+        "SETTLE_BUDGET": 100,
+        # Scheduled jobs a claim moves to their ready streams per call, at most.
+        "DUE_BUDGET": 100,
+        # Limit scopes a claim looks at again per call, at most.
+        "WAKE_BUDGET": 20,
+        # Held jobs let out of one park list per call, at most.
+        "UNPARK_BUDGET": 100,
+        # Ready entries a claim holds back per call before it stops reading.
+        "READ_BUDGET": 100,
+        # How often a scope with jobs waiting for a concurrency slot is looked at
+        # again (ms), beside the slot's release.
+        "CONC_RECHECK_MS": 2000,
+    }
+)
+#: The origin (see :attr:`Script.origins`) of the line that declares ``K``.
+CONSTANTS_ORIGIN = "<constants>"
+
+_LIBRARY = Library(importlib.resources.files(__name__), CONSTANTS)
 
 
 @functools.cache

@@ -50,6 +50,8 @@ limit) or ``k:NAME:KEY`` (a limit key's).
 
 from __future__ import annotations
 
+from .._lua import CONSTANTS
+
 __all__ = [
     "CONC_RECHECK_MS",
     "DUE_BUDGET",
@@ -62,26 +64,26 @@ __all__ = [
     "WAKE_BUDGET",
 ]
 
-# (All but PENDING_BUDGET and HAND_BACK_BUDGET are written in lib/jobs/common.lua or
-# jobs/claim.lua too, as they were spliced in before the scripts moved there.)
+# The numbers the scripts read too are set in streamkit._lua.CONSTANTS (K.NAME there).
 
 #: The consumer group of every ready stream.
-GROUP = "workers"
+GROUP = str(CONSTANTS["JOB_GROUP"])
 #: Dependents a script settles per call, beside its own work (see ``settle_some``).
-SETTLE_BUDGET = 100
+SETTLE_BUDGET = int(CONSTANTS["SETTLE_BUDGET"])
 #: Scheduled jobs a claim moves to their ready streams per call, at most.
-DUE_BUDGET = 100
-#: Pending entries a count reads per call, at most.
+DUE_BUDGET = int(CONSTANTS["DUE_BUDGET"])
+#: Pending entries a count reads per call, at most (an argument of jobs/counts).
 PENDING_BUDGET = 250
-#: Pending entries a hand-back reads per call, at most (it writes for each).
+#: Pending entries a hand-back reads per call, at most (it writes for each; an argument
+#: of jobs/recover).
 HAND_BACK_BUDGET = 100
 #: Limit scopes a claim looks at again per call, at most (see ``wake_some``).
-WAKE_BUDGET = 20
+WAKE_BUDGET = int(CONSTANTS["WAKE_BUDGET"])
 #: Held jobs let out of one park list per call, at most.
-UNPARK_BUDGET = 100
+UNPARK_BUDGET = int(CONSTANTS["UNPARK_BUDGET"])
 #: Ready entries a claim holds back per call before it stops reading (it may hold back
 #: up to the jobs it was asked for, if every one it read is held back).
-READ_BUDGET = 100
+READ_BUDGET = int(CONSTANTS["READ_BUDGET"])
 #: How often a scope with jobs waiting for a concurrency slot is looked at again
 #: (ms), beside the slot's release: a safety net for a release that let no one out.
-CONC_RECHECK_MS = 2000
+CONC_RECHECK_MS = int(CONSTANTS["CONC_RECHECK_MS"])

@@ -31,4 +31,4 @@ local function abort()
   return 'aborted'
 end
 local outcome = abort()
-return {outcome, settle_some(now, SETTLE_BUDGET)}
+return {outcome, settle_some(now, K.SETTLE_BUDGET)}

@@ -2,10 +2,10 @@
 -- out the held jobs whose limits have room again, then starts up to `count` jobs, higher
 -- priorities first, holding back those over a limit or of a paused job name; delivered
 -- entries beyond that are handed back (left pending, reclaimable at once). While the
--- whole queue is paused it starts nothing. Moves at most DUE_BUDGET scheduled jobs, looks
--- at WAKE_BUDGET limit scopes and holds back at most max(count, READ_BUDGET) ready
--- entries per call (the next call does the rest: next_due is then in the past), and
--- settles dependents on the way. `mine`: the tries the worker runs (JSON object: job id
+-- whole queue is paused it starts nothing. Moves at most K.DUE_BUDGET scheduled jobs,
+-- looks at K.WAKE_BUDGET limit scopes and holds back at most max(count, K.READ_BUDGET)
+-- ready entries per call (the next call does the rest: next_due is then in the past),
+-- and settles dependents on the way. `mine`: the tries the worker runs (JSON object: job id
 -- -> token; a worker never takes a job over from itself); then the entries a blocking
 -- read delivered already.
 --
@@ -24,7 +24,7 @@ local consumer, want = ARGV[2], tonumber(ARGV[3])
 local lease, reclaim, max_lost = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6])
 local mine = cjson.decode(ARGV[7])
 local now = now_ms()
-local due = redis.call('ZRANGEBYSCORE', SCHED, '-inf', now, 'LIMIT', 0, 100)
+local due = redis.call('ZRANGEBYSCORE', SCHED, '-inf', now, 'LIMIT', 0, K.DUE_BUDGET)
 for _, id in ipairs(due) do
   redis.call('ZREM', SCHED, id)
   local k = jkey(id)
@@ -47,7 +47,7 @@ if marked > 0 then
     marked = marked - 1
   end
   PARKS = marked > 0
-  wake_some(now, 20)
+  wake_some(now, K.WAKE_BUDGET)
   waking = true
 end
 local delivered = {{}, {}, {}}
@@ -65,7 +65,6 @@ end
 -- (reclaim), then new entries. XREADGROUP's COUNT is per stream, so the read may have
 -- delivered more than this worker has room for, and a read woken by one stream misses
 -- the others: entries that do not fit are handed back at once, as a graceful stop does.
-local READ_BUDGET = 100
 for p = 1, 3 do
   for _, d in ipairs(delivered[p]) do
     if #out < want then
@@ -91,10 +90,10 @@ for p = 1, 3 do
         end
       end
     end
-    -- Entries held back start nothing: read on, until READ_BUDGET were held back.
-    while #out < want and HELD < READ_BUDGET do
+    -- Entries held back start nothing: read on, until K.READ_BUDGET were held back.
+    while #out < want and HELD < K.READ_BUDGET do
       local count = want - #out
-      if HELD > 0 then count = math.min(count, READ_BUDGET - HELD) end
+      if HELD > 0 then count = math.min(count, K.READ_BUDGET - HELD) end
       local r = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
         'STREAMS', Q[p], '>')
       if not r then break end
@@ -114,6 +113,6 @@ if waking or ARMED then
   if w[2] and (next_due < 0 or tonumber(w[2]) < next_due) then next_due = tonumber(w[2]) end
 end
 flush_limits()
-local settling = settle_some(now, SETTLE_BUDGET)
+local settling = settle_some(now, K.SETTLE_BUDGET)
 flush_moves()
 return {out, next_due, now, settling, paused}

@@ -25,4 +25,4 @@ for a = 2, #ARGV do
     hand_to(d, x, it[5] == 1, it[6], detail, cause, it[9], now)
   end
 end
-return settle_some(now, SETTLE_BUDGET)
+return settle_some(now, K.SETTLE_BUDGET)

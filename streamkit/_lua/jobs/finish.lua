@@ -90,6 +90,6 @@ for p = 1, 3 do
     redis.call('XDEL', Q[p], unpack(ENDED[p]))
   end
 end
-local settling = settle_some(now, SETTLE_BUDGET)
+local settling = settle_some(now, K.SETTLE_BUDGET)
 flush_moves()
 return {out, settling}

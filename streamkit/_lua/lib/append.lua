@@ -30,7 +30,7 @@ if cap > 0 and length > cap then
   -- The oldest entries over the cap go, at most as many as were appended plus the
   -- trim step (a partition far over its cap comes down over several calls); each
   -- that some consumer group still needs is counted as dropped.
-  local excess = math.min(length - cap, #ids + 1000)
+  local excess = math.min(length - cap, #ids + K.TRIM_STEP)
   local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', excess + 1)
   local needed = oldest_needed(key)
   for i = 1, excess do

@@ -44,7 +44,7 @@ local function trim_processed(stream, length, keep, done)
     local needed = oldest_needed(stream)
     if needed ~= nil then
       redis.call('XTRIM', stream, 'MINID', '~', needed, 'LIMIT',
-                 math.min(length - keep, done + 50000))
+                 math.min(length - keep, done + K.TRIM_PROCESSED_STEP))
     end
   end
 end

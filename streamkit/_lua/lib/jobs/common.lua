@@ -6,8 +6,7 @@
 local B = ARGV[1]
 local Q = {KEYS[1], KEYS[2], KEYS[3]}
 local SCHED, DEAD, DONE, COUNTS = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local GROUP = 'workers'
-local SETTLE_BUDGET = 100
+local GROUP = K.JOB_GROUP
 local FINAL = {success = true, dead = true, aborted = true, expired = true}
 
 -- A job's history (field 'hist'): one line per try's start or end, the newest
@@ -37,7 +36,6 @@ end
 -- 'up', which lets it past the jobs still waiting) when the limit allows, by the
 -- release of a slot or by a wake-up of its scope (the WAKE sorted set), or at resume.
 local CTL, WAKE, LIMS = B .. ':ctl', B .. ':wake', B .. ':lims'
-local UNPARK_BUDGET, CONC_RECHECK = 100, 2000
 -- The paused job names ('*': the whole queue) while a claim runs; nil when none.
 local PAUSED = nil
 -- Set when a script armed a wake-up (a job was held back by a limit).
@@ -245,7 +243,7 @@ local function release_slot(id, ck, count)
       if redis.call('EXISTS', pk) == 1 then
         local free = count - conc_size(ck)
         if free > 0 then
-          unpark(pk, math.min(free, UNPARK_BUDGET))
+          unpark(pk, math.min(free, K.UNPARK_BUDGET))
           if redis.call('EXISTS', pk) == 0 then
             local as = armed_as(ck)
             redis.call('ZREM', WAKE, as)
@@ -288,7 +286,7 @@ local function conc_held(id, ck, count, waiting, now)
   if ((pk and redis.call('EXISTS', pk) == 1) or conc_size(ck) >= count)
       and redis.call('SISMEMBER', ck, id) == 0 then
     local as = armed_as(ck)
-    redis.call('ZADD', WAKE, 'NX', now + CONC_RECHECK, as)
+    redis.call('ZADD', WAKE, 'NX', now + K.CONC_RECHECK_MS, as)
     ARMED = true
     redis.call('HSET', LIMS, as, count .. ',0')
     return {park_of(ck), 'concurrency ' .. count .. ' of ' .. limited_as(ck)}
@@ -395,9 +393,9 @@ local function wake_some(now, budget)
         end
         CONC[sk] = redis.call('SCARD', sk)
         free = n - CONC[sk]
-        at = now + CONC_RECHECK
+        at = now + K.CONC_RECHECK_MS
       end
-      if free > 0 then unpark(pk, math.min(free, UNPARK_BUDGET)) end
+      if free > 0 then unpark(pk, math.min(free, K.UNPARK_BUDGET)) end
       if redis.call('EXISTS', pk) == 1 then
         redis.call('ZADD', WAKE, at, scope)
       else
