@@ -4,51 +4,54 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from streamkit import _lua
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from streamkit import _keys, _lua
+from streamkit._produce import marker_key
+from streamkit._redis._slots import key_slot
+from streamkit.jobs._layout import ShardKeys
+from streamkit.jobs._plan import OPTION_KEYS
+from tests import luacheck
 
 #: Each script's SHA1 as assembled: a change to a script's text (or to what it includes)
 #: shows here, and is made on purpose by updating its pin.
 PINS = {
     "admin/reset": "65b897ce193adbd93cc47bb6fdb91616067737f6",
-    "commit/ack": "010ff87c25ebede2ef2355e71abb156be209c6f4",
-    "commit/read": "3a069caef6bbf33df90a79d028af536972562af9",
+    "commit/ack": "4a3ba00b9baa966933aa8921525e4fa31ede71b7",
+    "commit/read": "77a2a880fc8cd749b8f244cff86fe2ef4628f653",
     "commit/woken_read": "5b77dcbdf8aba02a59061c49ec713326a59642d6",
-    "jobs/abort": "b00e0d87ca81ecef636d25405c1e5a5441ec709d",
-    "jobs/claim": "ce1fa9e268af8ef9b21fe12b8e1537f72f211200",
-    "jobs/control": "ebb3ed901cd1ad124ea82ee44021a6a1885cb00f",
-    "jobs/counts": "56ba7336841609e60dc8610f315f17f502234995",
-    "jobs/deliver": "7fc1d4623531c65611a54e36085869d59e9a42a5",
-    "jobs/delivered": "91f6ea0289ceec2c9656d3f3e042ab2424931243",
-    "jobs/enqueue": "59c68f633251701849e569a5af4c928bfe902fea",
-    "jobs/finish": "c3d4bff21d9c8941cea429a6c96e59e14b439acf",
-    "jobs/link": "874b9a02c1753048a5ad46ebaedd46ce635104ac",
-    "jobs/progress": "ce8d709b606bd347fceb100453d7f983643704ca",
-    "jobs/purge": "661bbd57edcdd235323d3b3c2a16b2c2011e58a9",
-    "jobs/recover": "53f49e9cd2edca20e220ae8cfbcac3e151bdc9a4",
-    "jobs/renew": "c5ed479a13f86f5e8c38a9ad6c4dace55b34d1a5",
-    "jobs/replay": "d568b59d2e0d2dbf741865428875cd980844a5e7",
-    "jobs/schedule": "2c0989aa11b6b7bd71842a78d4b4747337f7499a",
-    "jobs/settle": "0450f06580d7f11a6d53009df7ddd210981f1a99",
-    "jobs/watch": "a5e315128ac18b7ffaca200ebe5856fbd347b5bb",
+    "jobs/abort": "63285099433db3ffdff612ac4ad4d205f89f8163",
+    "jobs/claim": "12343a5b0b322c903a12fd357d26e80ede21479c",
+    "jobs/control": "c03b873fe78e53bd391b636f1f2d0a733023f005",
+    "jobs/counts": "d1a349e1c16ebfa21a44e0bddbc0706c3b5c1972",
+    "jobs/deliver": "9d539e88659a12c113d7c9162c9cbc10717e9e0f",
+    "jobs/delivered": "5097b575ac3133876ca797e3c93bd232666c4466",
+    "jobs/enqueue": "e3eb9c39830d9c580f009c700651f177f166c35c",
+    "jobs/finish": "8ff0421ac06ac5c68e7751b02bacf1e76867bc7e",
+    "jobs/link": "1e8856aed2d54d3a14520295ab7fdb01951323ca",
+    "jobs/progress": "8c6e6a42f674f287cd37f30a0961cfc48ab5f505",
+    "jobs/purge": "83db6065520e5ca7ee311b3ffebcea94c4e3280d",
+    "jobs/recover": "991283f5adc65acf671ae496999c713f44c0bbee",
+    "jobs/renew": "7e97595746bcb24cd3f54236904a0b07e95f109b",
+    "jobs/replay": "2d822e2cc2881498fdbf1f1a52b6d4c2bb47ff5a",
+    "jobs/schedule": "d50484ee229c2ca9e9c0258e44aca52ab55713f1",
+    "jobs/settle": "b1d4670d89887472cf29064e553cf0461f1d427d",
+    "jobs/watch": "3eadd0c22ed3e93b74b58ff0e67beefe101f6f7e",
     "locks/acquire": "1ffa1b69f709ecc31c7d7fbcbc9ad81dbe1a34fc",
     "locks/extend": "1451f7dd00c1bb52a8b42d200dbe2dfb239e3029",
     "locks/inspect": "4c1c5320cc80a8bc64d2a333841f5eefa0b0c808",
     "locks/release": "916f618acf6cc07353371188389edef2796f4a02",
     "membership/heartbeat": "0c4d497e72c96b1df1d0aae4845e1ed4fd19491a",
     "spark/ids": "dae4979cfcf0d38a89abfa0926ba365690e5ec0a",
-    "spark/write": "08e545622e7ace14b90237e737c9099453136833",
-    "streams/append": "242516d6417b24a806069084d93b8024106f1124",
+    "spark/write": "6d29426a1d4c002325ce48fb2fa457d23dea9347",
+    "streams/append": "9fb83ee5deaddf8fe1d61c63281f67613d35e847",
     "streams/metadata": "a28ef5fd0daf55e4dccd016c7f7e13eb9f8aaaee",
     "streams/outbox_delete": "ee8b96c3e8d3401f066cbfa875e8ab9594e90906",
     "streams/outbox_read": "440b0aa9a46c302270ff24407d12e9e467be0c35",
-    "streams/relay": "c9211140661dd0bde0f1a47afab7cccbe63cf730",
+    "streams/relay": "af22d3d4e459b535d8c115d16db4d374f41096c4",
 }
 
 
@@ -240,3 +243,148 @@ def test_an_inline_script_is_one_object_per_text() -> None:
     assert one.numkeys is None
     assert one.origin(1) == ("<inline>", 1)
     assert _lua.by_sha(one.sha) is one
+
+
+# ------------------------------------------------------------------ the scripts' headers
+
+_APP, _STREAM, _PROC, _N = "shop", "orders", "printer", 3
+_PARTITION = _keys.stream_key(_APP, _STREAM, _N)
+_PARTITION_LOCK = _keys.partition_lock_name(_APP, _STREAM, _PROC, _N)
+_OUTBOX = _keys.outbox_key(_APP, _STREAM, _PROC, _N)
+_SHARD = ShardKeys("shop.mail", 2)
+
+#: Per hash tag a header names: the tag, and what each key a header names is, built by
+#: streamkit's own key layout (a key that may be any of several, all of them).
+KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
+    "partition": (
+        "{shop.orders.3}",
+        {
+            "stream": [_PARTITION],
+            "lock": [_keys.lock_key(_PARTITION_LOCK)],
+            # the producer's append marker, and a Spark write's chunk marker
+            "marker": [
+                marker_key(_PARTITION, "t1"),
+                _keys.spark_marker_key(_APP, _STREAM, _N, "w", "b", 0, 1),
+            ],
+            "finished": [marker_key(_PARTITION, "t0")],
+            "written": [
+                _keys.table_key(_APP, _STREAM, "counts", _N),
+                _keys.window_key(_APP, _STREAM, "sums", _N),
+                _keys.window_index_key(_APP, _STREAM, "sums", _N),
+                _keys.state_key(_APP, _STREAM, _PROC, _N),
+                _OUTBOX,
+            ],
+            "outbox": [_OUTBOX],
+            "progress": [_OUTBOX + ":relayed"],  # as streamkit._state_relay names it
+            "relayed": [_keys.relay_key(_PARTITION, "shop.in.1")],
+        },
+    ),
+    "stream": ("{shop.orders}", {"meta": [_keys.meta_key(_APP, _STREAM)]}),
+    "lock": (
+        "{jobs-leader}",
+        {"lock": [_keys.lock_key("jobs-leader")], "fence": [_keys.fence_key("jobs-leader")]},
+    ),
+    "group": (
+        "{shop.orders.printer}",
+        {"beat": [_keys.heartbeat_key(_keys.processor_group(_APP, _STREAM, _PROC), "m1")]},
+    ),
+    "shard": (
+        "{shop.mail.2}",
+        {
+            "ready_high": [_SHARD.ready(0)],
+            "ready_normal": [_SHARD.ready(1)],
+            "ready_low": [_SHARD.ready(2)],
+            "schedule": [_SHARD.schedule],
+            "dead": [_SHARD.dead],
+            "done": [_SHARD.done],
+            "counts": [_SHARD.counts],
+        },
+    ),
+}
+#: The scripts whose keys need not share a slot (their header's TAG says why).
+UNTAGGED = {"commit/woken_read"}
+
+
+def tag_problems(script: _lua.Script) -> list[str]:
+    """What is wrong with the keys ``script``'s header names: a tag or a key of no known
+    kind, or a key not in the tag's slot."""
+    header = script.header
+    assert header is not None
+    if header.tag not in KEY_EXAMPLES:
+        return [f"{script.name}: no examples of the tag {{{header.tag}}}"]
+    tag, examples = KEY_EXAMPLES[header.tag]
+    problems = []
+    for key_name in (*header.keys, *header.more_keys):
+        if key_name not in examples:
+            problems.append(f"{script.name}: what is a {key_name!r} key of {tag}?")
+        problems.extend(
+            f"{script.name}: {key_name} {key} is not in {tag}'s slot"
+            for key in examples.get(key_name, [])
+            if _keys.hash_tag_of(key) != tag or key_slot(key) != key_slot(tag)
+        )
+    return problems
+
+
+def test_every_scripts_keys_share_the_hash_tag_its_header_names() -> None:
+    scripts = [_lua.script(name) for name in _lua.names()]
+    assert {s.name for s in scripts if s.header and s.header.tag is None} == UNTAGGED
+    problems = [
+        p for s in scripts if s.header and s.header.tag is not None for p in tag_problems(s)
+    ]
+    assert problems == []
+
+
+def test_keys_of_other_slots_or_unknown_kinds_are_found(tmp_path: Path) -> None:
+    lib = library(
+        tmp_path,
+        {
+            "x/meta": HEADER.replace("stream, lock", "stream, meta") + "return 1\n",
+            "x/what": HEADER.replace("stream, lock", "stream, mystery") + "return 1\n",
+            "x/tag": HEADER.replace("{partition}", "{nowhere}") + "return 1\n",
+        },
+    )
+    # The stream's metadata is in the stream's slot, not the partition's.
+    KEY_EXAMPLES["partition"][1]["meta"] = KEY_EXAMPLES["stream"][1]["meta"]
+    try:
+        assert tag_problems(lib.script("x/meta")) == [
+            "x/meta: meta __meta:{shop.orders} is not in {shop.orders.3}'s slot"
+        ]
+    finally:
+        del KEY_EXAMPLES["partition"][1]["meta"]
+    assert tag_problems(lib.script("x/what")) == [
+        "x/what: what is a 'mystery' key of {shop.orders.3}?"
+    ]
+    assert tag_problems(lib.script("x/tag")) == ["x/tag: no examples of the tag {nowhere}"]
+
+
+def test_the_job_options_keys_agree_between_python_and_lua() -> None:
+    text = (Path(_lua.__file__).parent / "lib/jobs/options.lua").read_text()
+    table = dict(re.findall(r"^  (\w+) = '(\w+)',", text, re.MULTILINE))
+    assert table == dict(OPTION_KEYS)
+    assert len(set(table.values())) == len(table)
+    # The enqueue script reads an option only through the table.
+    enqueue = _lua.script("jobs/enqueue").text
+    assert not re.findall(r"\bo\.\w+", enqueue)
+    assert set(re.findall(r"\bOPT\.(\w+)", enqueue)) == set(table)
+
+
+# ------------------------------------------------------------------ luacheck
+
+
+def test_luacheck_finds_nothing_in_any_assembled_script() -> None:
+    assert luacheck.reports() == []
+
+
+def test_luacheck_reports_name_the_file_and_line_they_came_from(tmp_path: Path) -> None:
+    lib = library(
+        tmp_path,
+        {
+            "lib/p": "-- p\nlocal function unused() return 1 end\nlocal function used() end\n",
+            "x/one": HEADER + "--#include lib/p\nused()\nreturn nope\n",
+            "x/two": HEADER + "--#include lib/p\nused()\nreturn 2\n",
+        },
+    )
+    assert sorted(luacheck.reports(lib)) == [
+        "streamkit/_lua/lib/p.lua:2:16: (W211) unused function 'unused' (in x/one, x/two)",
+        "streamkit/_lua/x/one.lua:9:8: (W113) accessing undefined variable 'nope' (in x/one)",
+    ]

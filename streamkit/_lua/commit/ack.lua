@@ -7,11 +7,11 @@
 --   number of ids to acknowledge), id..., change... (see streamkit._commit)
 -- REPLY: -1 (the lease is not ours: nothing written or acknowledged)
 --   | int (the number acknowledged)
+--#include lib/trim
+--#include lib/changes
 
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 local key = KEYS[1]
---#include lib/trim
---#include lib/changes
 
 local acks = tonumber(ARGV[4])
 apply_changes(5 + acks)

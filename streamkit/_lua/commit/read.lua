@@ -16,13 +16,13 @@
 --   | {ids: [str], fields: [str], widths: int | [int], counts: [int] (delivery counts,
 --   history only), next: str (the start id to read from next), last: str (the stream's
 --   last id, if idle; else "")}
-
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
 --#include lib/trim
 --#include lib/changes
 --#include lib/flat
 --#include lib/unseen
+
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local key, group, consumer, count = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
 
 local acks = tonumber(ARGV[7])
 apply_changes(8 + acks)

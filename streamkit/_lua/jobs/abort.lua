@@ -6,7 +6,17 @@
 -- TAG: {shard}
 -- ARGV: base, id, reason
 -- REPLY: {outcome: str, settling: int (jobs with dependents left to settle)}
---#include lib/jobs/common
+--#include lib/jobs/clock
+--#include lib/jobs/settling
+
+local function unqueue(k)
+  local prio = tonumber(redis.call('HGET', k, 'prio') or '1')
+  local e = redis.call('HGET', k, 'entry')
+  if e then
+    redis.call('XACK', Q[prio + 1], GROUP, e)
+    redis.call('XDEL', Q[prio + 1], e)
+  end
+end
 
 local id, reason = ARGV[2], ARGV[3]
 local now = now_ms()
@@ -27,7 +37,7 @@ local function abort()
   end
   redis.call('HSET', k, 'error', cjson.encode({type = 'Aborted', message = reason}))
   mark_final(id, k, name, st, 'aborted', now)
-  settle(id, false, now)
+  settle(id, false)
   return 'aborted'
 end
 local outcome = abort()

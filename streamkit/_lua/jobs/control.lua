@@ -9,7 +9,7 @@
 --   budget
 -- REPLY: {held: int (how many it holds back still: call again until 0), moved: int (how
 --   many it let out)}
---#include lib/jobs/common
+--#include lib/jobs/unpark
 
 local action, name, budget = ARGV[2], ARGV[3], tonumber(ARGV[4])
 if action == 'pause' then

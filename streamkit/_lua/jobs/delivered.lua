@@ -4,7 +4,7 @@
 -- TAG: {shard}
 -- ARGV: base, message... (as read)
 -- REPLY: int (how many are left to deliver)
---#include lib/jobs/common
+--#include lib/jobs/shard
 
 for a = 2, #ARGV do redis.call('LREM', XOUT, 1, ARGV[a]) end
 return redis.call('LLEN', XOUT)

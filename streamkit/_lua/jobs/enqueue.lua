@@ -1,11 +1,6 @@
 -- Adds jobs, in order (a job may depend on one before it in the same call). Per job:
 -- its id, its arguments (JSON), its options ("" for the batch's defaults, else a JSON
--- object with any of p (priority), d (delay_ms), a (at_ms, absolute), e (expires_ms), w
--- (1: dedupe by id), after (ids of jobs on this shard that must succeed first), x (jobs
--- on other shards or queues it depends on: id -> what jobs/link answered for it), k
--- (limit key), h (headers, JSON text), and, for a workflow's jobs, n (name), m
--- (max_tries), t (result_ttl_s), l (limits), dw (dedupe_window_s), f (feed: c, n, f or
--- g; see hand_to), o (every dependency's id, in order)).
+-- object with any of the options lib/jobs/options names).
 --
 -- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
 -- TAG: {shard}
@@ -14,7 +9,17 @@
 --   negative: relative to now; 0: none), limits (the lim field; "" for none),
 --   (id, args, options)...
 -- REPLY: [int] (per job: 1 new, 0 a duplicate)
---#include lib/jobs/common
+--#include lib/jobs/clock
+--#include lib/jobs/options
+--#include lib/jobs/record
+--#include lib/jobs/queue
+--#include lib/jobs/handed
+--#include lib/jobs/dependents
+
+-- The failure a failure callback gets for a job that is unknown.
+local function unknown_job(id)
+  return '{"id":' .. cjson.encode(id) .. ',"name":"","status":"unknown","error":null}'
+end
 
 local now = now_ms()
 local d_name = ARGV[2]
@@ -28,19 +33,20 @@ for i = 10, #ARGV, 3 do
   local o = {}
   if opts ~= '' then
     o = cjson.decode(opts)
-    if o.n then name = o.n end
-    if o.m then max_tries = o.m end
-    if o.t then ttl = o.t end
-    if o.l then lim = o.l end
-    if o.dw then win = o.dw end
-    if o.p then prio = tostring(o.p) end
-    if o.d then delay = o.d end
-    if o.a then
-      at = o.a
-      if not o.d then delay = 0 end  -- its own time, not the batch's default delay
+    if o[OPT.name] then name = o[OPT.name] end
+    if o[OPT.max_tries] then max_tries = o[OPT.max_tries] end
+    if o[OPT.result_ttl_s] then ttl = o[OPT.result_ttl_s] end
+    if o[OPT.limits] then lim = o[OPT.limits] end
+    if o[OPT.dedupe_window_s] then win = o[OPT.dedupe_window_s] end
+    if o[OPT.priority] then prio = tostring(o[OPT.priority]) end
+    if o[OPT.delay_ms] then delay = o[OPT.delay_ms] end
+    if o[OPT.at_ms] then
+      at = o[OPT.at_ms]
+      -- its own time, not the batch's default delay
+      if not o[OPT.delay_ms] then delay = 0 end
     end
-    if o.e then expires = o.e end
-    dedupe = o.w == 1
+    if o[OPT.expires_ms] then expires = o[OPT.expires_ms] end
+    dedupe = o[OPT.dedupe] == 1
   end
   local k = jkey(id)
   local fresh = true
@@ -64,23 +70,26 @@ for i = 10, #ARGV, 3 do
     redis.call('HSET', k, 'name', name, 'args', args, 'prio', prio, 'max_tries', max_tries,
       'ttl', ttl, 'enqueued', now)
     if lim ~= '' then redis.call('HSET', k, 'lim', lim) end
-    if o.k then redis.call('HSET', k, 'lk', o.k) end
-    if o.h then redis.call('HSET', k, 'hdr', o.h) end
+    if o[OPT.limit_key] then redis.call('HSET', k, 'lk', o[OPT.limit_key]) end
+    if o[OPT.headers] then redis.call('HSET', k, 'hdr', o[OPT.headers]) end
     if expires ~= 0 then
       if expires < 0 then expires = now - expires end
       redis.call('HSET', k, 'expires', expires)
     end
     if due > 0 then redis.call('HSET', k, 'due', due) end
-    local remote = o.x or {}
-    local deps = #(o.after or {})
+    local remote = o[OPT.remote] or {}
+    local deps = #(o[OPT.after] or {})
     for _ in pairs(remote) do deps = deps + 1 end
     if deps > 0 then
       -- Waiting first, for every dependency; each one already over is handed to it at
       -- once (the last one releases it), the others hand it their end when they end.
       redis.call('HSET', k, 'status', 'waiting', 'pending', deps)
-      if o.f then redis.call('HSET', k, 'feed', o.f, 'order', cjson.encode(o.o or o.after)) end
+      if o[OPT.feed] then
+        redis.call('HSET', k, 'feed', o[OPT.feed], 'order',
+          cjson.encode(o[OPT.order] or o[OPT.after]))
+      end
       move(name, nil, 'waiting')
-      for _, dep in ipairs(o.after or {}) do
+      for _, dep in ipairs(o[OPT.after] or {}) do
         local ds = redis.call('HGET', jkey(dep), 'status')
         if ds and not FINAL[ds] then
           redis.call('SADD', B .. ':deps:' .. dep, id)

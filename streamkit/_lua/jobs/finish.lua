@@ -9,9 +9,14 @@
 -- TAG: {shard}
 -- ARGV: base, lease_ms, (id, token, outcome, data, number)...
 -- REPLY: {replies: [int], settling: int (jobs with dependents left to settle)}
---#include lib/jobs/common
+--#include lib/jobs/batched
+--#include lib/jobs/clock
+--#include lib/jobs/history
+--#include lib/jobs/numbers
+--#include lib/jobs/slots
+--#include lib/jobs/settling
 
-BATCH = true
+batch_moves()
 local lease = tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
@@ -66,7 +71,7 @@ for a = 3, #ARGV, 5 do
         end
         local ttl = tonumber(f[7] or '0')
         if ttl and ttl > 0 then redis.call('EXPIRE', k, f[7]) end
-        if f[8] then settle(id, true, now) end
+        if f[8] then settle(id, true) end
       elseif outcome == 'retry' then
         redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
         redis.call('ZADD', SCHED, now + number, id)
@@ -74,11 +79,11 @@ for a = 3, #ARGV, 5 do
       elseif outcome == 'aborted' then
         redis.call('HSET', k, 'error', data, 'hist', hist)
         mark_final(id, k, name, 'executing', 'aborted', now)
-        settle(id, false, now)
+        settle(id, false)
       else
         redis.call('HSET', k, 'hist', hist)
         mark_dead(id, k, name, 'executing', data, now)
-        settle(id, false, now)
+        settle(id, false)
       end
     end
     table.insert(out, 1)

@@ -7,7 +7,7 @@
 -- TAG: {shard}
 -- ARGV: base, (dependency, dependent)... (the dependent: JSON [queue, shard, id])
 -- REPLY: [{str} | {status: str, data: str, detail: str, cause: str}]
---#include lib/jobs/common
+--#include lib/jobs/handed
 
 local out = {}
 for a = 2, #ARGV, 2 do

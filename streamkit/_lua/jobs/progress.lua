@@ -4,7 +4,7 @@
 -- TAG: {shard}
 -- ARGV: base, id, token, progress (JSON)
 -- REPLY: 1 | 0 (fenced out)
---#include lib/jobs/common
+--#include lib/jobs/record
 
 local k = jkey(ARGV[2])
 if redis.call('HGET', k, 'owner') ~= ARGV[3] then return 0 end

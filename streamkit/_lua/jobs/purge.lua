@@ -4,9 +4,10 @@
 -- TAG: {shard}
 -- ARGV: base, id...
 -- REPLY: [str] (the ids deleted)
---#include lib/jobs/common
+--#include lib/jobs/dead
+--#include lib/jobs/counters
 
-return each_dead(function(id, k, name)
+return each_dead(function(_, k, name)
   redis.call('DEL', k)
   move(name, 'dead', nil)
 end)

@@ -8,7 +8,9 @@
 -- ARGV: base, consumer, lease_ms, budget, cursor_high, cursor_normal, cursor_low,
 --   running... (the ids of the jobs it runs)
 -- REPLY: {handed_back: int, cursors: [str]}
---#include lib/jobs/common
+--#include lib/jobs/record
+--#include lib/jobs/pending
+--#include lib/jobs/slots
 
 local consumer, lease, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local running = {}

@@ -4,7 +4,7 @@
 -- TAG: {shard}
 -- ARGV: base, consumer, (id, token)...
 -- REPLY: {lost: [str] (ids), aborts: [{id: str, reason: str}]}
---#include lib/jobs/common
+--#include lib/jobs/record
 
 local consumer = ARGV[2]
 local lost, aborts = {}, {}

@@ -4,7 +4,8 @@
 -- TAG: {shard}
 -- ARGV: base, id...
 -- REPLY: [str] (the ids that were dead and are queued again)
---#include lib/jobs/common
+--#include lib/jobs/dead
+--#include lib/jobs/queue
 
 return each_dead(function(id, k, name)
   redis.call('HSET', k, 'tries', 0, 'lost', 0, 'owner', '')

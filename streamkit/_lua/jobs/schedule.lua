@@ -5,7 +5,7 @@
 -- TAG: {shard}
 -- ARGV: base, op ('set' or 'del'), name, spec... (its JSON, for 'set')
 -- REPLY: int (1, or for 'del' whether there was such a schedule)
---#include lib/jobs/common
+--#include lib/jobs/shard
 
 local op, name = ARGV[2], ARGV[3]
 local n = 1

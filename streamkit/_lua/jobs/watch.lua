@@ -5,7 +5,7 @@
 -- TAG: {shard}
 -- ARGV: base, id
 -- REPLY: nil (an unknown job) | {status: str, result: str | nil, error: str | nil}
---#include lib/jobs/common
+--#include lib/jobs/record
 
 local k = jkey(ARGV[2])
 local f = redis.call('HMGET', k, 'status', 'result', 'error')

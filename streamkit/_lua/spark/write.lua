@@ -8,13 +8,10 @@
 --   entry... (see lib/append)
 -- REPLY: {appended: int (-1: the marker was there), dropped: int (unprocessed entries
 --   the hard cap dropped)}
+--#include lib/append
 
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 4
 if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[3])) then
   return {-1, 0}
 end
---#include lib/append
+local ids, dropped = append_and_trim(KEYS[1], 4, tonumber(ARGV[1]), tonumber(ARGV[2]))
 return {#ids, dropped}

@@ -9,11 +9,8 @@
 --   retry (1 on a retry: the marker may exist already), entry... (see lib/append)
 -- REPLY: {ids: [str], dropped: int (unprocessed entries the hard cap dropped),
 --   before: int (1: the marker was there, appended by an earlier try; else 0)}
+--#include lib/append
 
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 5
 -- Finished markers are deleted after the append, never before: Redis at maxmemory
 -- lets a script that has written once write on (DEL would let XADD past the limit),
 -- so the append is refused exactly when Redis is full.
@@ -33,8 +30,7 @@ if ARGV[4] == '1' then
     return {done, tonumber(string.sub(seen, 1, bar - 1)), 1}
   end
 end
---#include lib/append
-
+local ids, dropped = append_and_trim(KEYS[1], 5, tonumber(ARGV[1]), tonumber(ARGV[2]))
 redis.call('SET', KEYS[2], dropped .. '|' .. table.concat(ids, ','), 'EX', ARGV[3])
 forget_finished()
 return {ids, dropped, 0}
