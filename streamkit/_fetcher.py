@@ -46,7 +46,6 @@ import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
-import coredis.exceptions
 import trio
 
 from ._backoff import Backoff
@@ -68,6 +67,7 @@ from ._lua import script
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
 from ._nurseries import open_service_nursery
 from ._redis import (
+    NOT_LOADED,
     LuaScript,
     Redis,
     ScriptCall,
@@ -792,7 +792,7 @@ class Fetcher(Generic[R]):
         if scope.cancelled_caught:
             return True  # (its partitions are read again: see the except above)
         woken = self._woken_by(reply, by_key)
-        if isinstance(replies, coredis.exceptions.NoScriptError):
+        if replies is NOT_LOADED:
             # Nothing ran: the woken partitions are read the usual way.
             return woken
         if not isinstance(replies, list):

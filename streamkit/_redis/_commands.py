@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._routing import Redis
 
 __all__ = [
+    "NOT_LOADED",
     "LuaScript",
     "ScriptCall",
     "can_run_blocking_between",
@@ -29,6 +30,21 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class _NotLoaded:
+    def __repr__(self) -> str:
+        return "NOT_LOADED"
+
+
+#: The reply of a script call that the server refused because it lacked the script (it
+#: ran nothing; the script is loaded for the next call): see :func:`run_blocking_between`.
+NOT_LOADED: Any = _NotLoaded()
+
+
+def _missing(reply: object) -> bool:
+    """Whether a reply says the server lacked the script an ``EVALSHA`` named."""
+    return isinstance(reply, coredis.exceptions.NoScriptError)
 
 
 def _as_script(script: _lua.Script | str) -> _lua.Script:
@@ -84,7 +100,7 @@ class LuaScript:
         # failover learns the new owner from the call's redirection, so a second
         # round reaches it; past that, every node.
         for _ in range(2):
-            await script_load(redis, self.source, keys)
+            await self.load(redis, keys)
             try:
                 return await run(redis, self.sha, keys, args)
             except coredis.exceptions.NoScriptError:
@@ -168,7 +184,7 @@ async def run_blocking_between(
     ``replies_before`` receives the reply of each ``before`` call, in order, as it
     comes (before the blocking command returns); where the call is cancelled or fails,
     those missing are unknown. A script call's reply may be the exception it ended
-    with: ``NoScriptError`` when the server did not know the script (it ran nothing,
+    with: :data:`NOT_LOADED` when the server did not know the script (it ran nothing,
     and is loaded for the next call). Only for a client of one server from
     :func:`open_redis` (see :func:`can_run_blocking_between`).
 
@@ -217,11 +233,16 @@ async def run_blocking_between(
                 pool.release(connection)
     except trio.TooSlowError as exc:
         raise RedisUnavailable(url, f"{what} got no answer within {within:g}s") from exc
-    no_script = coredis.exceptions.NoScriptError
-    if isinstance(last, no_script) or any(isinstance(a, no_script) for a in replies_before):
-        answers = zip([*before, after], [*replies_before, last], strict=True)
+    missing = {
+        script
+        for (script, _, _), answer in zip([*before, after], [*replies_before, last], strict=True)
+        if _missing(answer)
+    }
+    if missing:
+        replies_before[:] = [NOT_LOADED if _missing(a) else a for a in replies_before]
+        last = NOT_LOADED if _missing(last) else last
         with redis_errors(url):
-            for script in {script for (script, _, _), a in answers if isinstance(a, no_script)}:
+            for script in missing:
                 await script.load(redis)
     return reply, last
 

@@ -29,6 +29,7 @@ from .. import _keys, _lua
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
+from .._redispy import run_script
 from .._urls import masked_repr
 from .._wire import (
     DEFAULT_MAX_RECORD_SIZE,
@@ -194,7 +195,6 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
     chunks = [0] * plan.partition_count
     appended = skipped = 0
     with connect(plan.url) as client:
-        script = client.register_script(_WRITE_SCRIPT.text)
         head: list[bytes | int] = [plan.partition_size, plan.max_len or 0, plan.marker_ttl]
 
         def flush(partition: int) -> None:
@@ -203,9 +203,11 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
                 plan.app, plan.stream, partition, write_id, batch, task, chunks[partition]
             )
             with redis_errors(plan.url):
-                done, dropped = script(
-                    keys=[_keys.stream_key(plan.app, plan.stream, partition), marker],
-                    args=head + buffers[partition],
+                done, dropped = run_script(
+                    client,
+                    _WRITE_SCRIPT,
+                    [_keys.stream_key(plan.app, plan.stream, partition), marker],
+                    head + buffers[partition],
                 )
             if done < 0:
                 skipped += 1

@@ -1,4 +1,4 @@
--- Settles the dependents of ended jobs (see settle in lib/jobs/common).
+-- Settles the dependents of ended jobs (see settle in lib/jobs/dependents).
 --
 -- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
 -- TAG: {shard}
