@@ -237,7 +237,16 @@ async def test_a_script_behind_a_blocking_command_is_loaded_for_the_next_call(
 ) -> None:
     behind = LuaScript(_lua.inline("return 'behind a wait'"))
     await redis.script_flush()
-    blocking = [b"XREAD", b"COUNT", 1, b"BLOCK", 1, b"STREAMS", STREAM, b"0-0"]
+    blocking: list[bytes | str | int] = [
+        b"XREAD",
+        b"COUNT",
+        1,
+        b"BLOCK",
+        1,
+        b"STREAMS",
+        STREAM,
+        b"0-0",
+    ]
     for expected in (NOT_LOADED, b"behind a wait"):
         _, last = await run_blocking_between(
             redis, blocking, after=(behind, [STREAM], []), replies_before=[], within=5, what="x"
