@@ -15,7 +15,8 @@ and the median of the per-round ratios current / baseline.
 The scripts: the idempotent append (``streams/append``, 100 records a call, trimming
 on), the fenced read (``commit/read``, 100 entries a call, acknowledging the 100
 before) and commit (``commit/ack``, 100 ids), the job enqueue (250 jobs a call), claim
-and finish (32 jobs a call).
+and finish (32 jobs a call). Then Redis's script cache with every script of each
+version loaded (``INFO memory``, ``used_memory_scripts``).
 """
 
 from __future__ import annotations
@@ -47,16 +48,31 @@ try:
     from streamkit import _lua
     texts = {name: _lua.script(name).text for name in _lua.names()}
 except ImportError:  # before the scripts moved to streamkit/_lua
-    from streamkit import _produce, _wire
+    from streamkit import _locks, _membership, _produce, _wire
+    from streamkit._cli import _admin
     from streamkit.jobs import _scripts
+    from streamkit.spark import _reader, _writer
     texts = {
         "streams/append": _produce.append_once_source(_wire.APPEND_AND_TRIM_LUA),
+        "streams/metadata": _wire.METADATA_LUA,
+        "streams/relay": _wire.RELAY_LUA,
+        "streams/outbox_read": _wire.OUTBOX_READ_LUA,
+        "streams/outbox_delete": _wire.OUTBOX_DELETE_LUA,
         "commit/read": _wire.READ_LUA,
+        "commit/woken_read": _wire.WOKEN_READ_LUA,
         "commit/ack": _wire.ACK_LUA,
-        "jobs/enqueue": _scripts.ENQUEUE_LUA,
-        "jobs/claim": _scripts.CLAIM_LUA,
-        "jobs/finish": _scripts.FINISH_LUA,
+        "locks/acquire": _locks._ACQUIRE.source,
+        "locks/extend": _locks._EXTEND.source,
+        "locks/release": _locks._RELEASE.source,
+        "locks/inspect": _locks._INSPECT.source,
+        "membership/heartbeat": _membership._HEARTBEAT.source,
+        "admin/reset": _admin._RESET_LUA,
+        "spark/write": _writer._WRITE_SCRIPT,
+        "spark/ids": _reader._IDS_SCRIPT,
     }
+    for name in _scripts.__all__:
+        if name.endswith("_LUA"):
+            texts["jobs/" + name[:-4].lower()] = getattr(_scripts, name)
 json.dump(texts, sys.stdout)
 """
 
@@ -246,7 +262,7 @@ def main() -> None:
     args = parser.parse_args()
     versions = {
         "baseline": baseline_texts(args.baseline),
-        "current": {name: _lua.script(name).text for name in SCRIPTS},
+        "current": {name: _lua.script(name).text for name in _lua.names()},
     }
     results: dict[str, dict[str, list[float]]] = {
         "baseline": {n: [] for n in SCRIPTS},
@@ -270,6 +286,7 @@ def main() -> None:
                 for n in SCRIPTS
             )
             print(f"  round {round_ + 1} baseline/current: {shown}", file=sys.stderr)
+        cache = {version: _cache(client, texts) for version, texts in versions.items()}
         client.close()
     print(
         f"Redis time per script call (us; best of {args.rounds} rounds of {args.calls} calls), "
@@ -286,11 +303,23 @@ def main() -> None:
             f"  {name:<16}{min(base):>10.1f}{min(cur):>10.1f}{min(cur) / min(base):>7.2f}x"
             f"{statistics.median(ratios):>7.2f}x  {' '.join(f'{r:.2f}' for r in ratios)}"
         )
-    loaded = {v: sum(len(t.encode()) for t in texts.values()) for v, texts in versions.items()}
-    print(
-        f"  (text of these {len(SCRIPTS)} scripts: baseline {loaded['baseline']:,} bytes, "
-        f"current {loaded['current']:,})"
-    )
+    for version, (used, count, largest, lines) in cache.items():
+        print(
+            f"  script cache with every script loaded, {version}: used_memory_scripts "
+            f"{used:,} bytes ({count} scripts; the largest, {largest}, {lines} lines)"
+        )
+
+
+def _cache(client: redis.Redis, texts: dict[str, str]) -> tuple[int, int, str, int]:
+    """Redis's script cache with every script of a version loaded, on a flushed cache:
+    ``used_memory_scripts``, the number of scripts, the largest and its lines."""
+    client.script_flush()
+    for text in texts.values():
+        client.script_load(text)
+    used = int(client.info("memory")["used_memory_scripts"])
+    lines = {name: len(text.splitlines()) for name, text in texts.items()}
+    largest = max(lines, key=lambda name: lines[name])
+    return used, len(texts), largest, lines[largest]
 
 
 if __name__ == "__main__":
