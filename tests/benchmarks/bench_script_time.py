@@ -115,6 +115,12 @@ def baseline_texts(ref: str) -> dict[str, str]:
     return texts
 
 
+def per_call(client: redis.Redis) -> float:
+    """Redis's microseconds per ``EVALSHA`` since its statistics were reset."""
+    stats: Any = client.info("commandstats")["cmdstat_evalsha"]
+    return float(stats["usec"]) / float(stats["calls"])
+
+
 class Run:
     """One version's calls of one script, on a flushed server."""
 
@@ -132,8 +138,7 @@ class Run:
         self.client.config_resetstat()
         for i in range(self.calls):
             self.run(name, *each(i))
-        stats = self.client.info("commandstats")["cmdstat_evalsha"]
-        return float(stats["usec"]) / stats["calls"]
+        return per_call(self.client)
 
 
 def append(run: Run) -> float:
@@ -173,13 +178,13 @@ def read(run: Run) -> float:
     run.client.config_resetstat()
     for i in range(run.calls):
         reply_of.append(run.run("commit/read", *each(i)))  # noqa: PERF401 (each reads it)
-    stats = run.client.info("commandstats")["cmdstat_evalsha"]
-    return float(stats["usec"]) / stats["calls"]
+    return per_call(run.client)
 
 
 def ack(run: Run) -> float:
     stream, lock = _filled(run, BATCH * run.calls)
-    entries = run.client.xreadgroup("g", "c", {stream: ">"}, count=BATCH * run.calls)[0][1]
+    client: Any = run.client
+    entries = client.xreadgroup("g", "c", {stream: ">"}, count=BATCH * run.calls)[0][1]
     ids = [entry_id for entry_id, _ in entries]
     return run.timed(
         "commit/ack",
@@ -223,8 +228,7 @@ def claim_and_finish(run: Run) -> tuple[float, float]:
             "jobs/claim", list(keys.keys), [keys.base, "w", JOB_BATCH, 30_000, 0, 5, "{}"]
         )
         claimed.append(reply[0])
-    stats = run.client.info("commandstats")["cmdstat_evalsha"]
-    claim = float(stats["usec"]) / stats["calls"]
+    claim = per_call(run.client)
 
     def each(i: int) -> tuple[list[Any], list[Any]]:
         args: list[Any] = [keys.base, 30_000]
