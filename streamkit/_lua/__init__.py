@@ -59,6 +59,9 @@ mapping (the Python side reads it there, through the module of its piece). No sc
 text is spliced from Python, and no script steers a piece by assigning its variables:
 a piece's state changes through its functions.
 
+One room (about 600 lines): the grammar of headers, includes and constants is read
+in one place, and described beside the code that reads it.
+
 **API.** :func:`script` (the :class:`Script` of a name: ``name``, ``text``, ``sha``,
 ``numkeys``, ``header``, ``origins``), :func:`names` (every script), :func:`by_sha` (a
 script by its digest, for error messages), :func:`inline` (a script of a test's or a
