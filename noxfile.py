@@ -214,9 +214,10 @@ the end, [where the time goes](#where-the-time-goes).
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint rules and formatting."""
+    """ruff: lint rules and formatting; luacheck over every Redis script, assembled."""
     session.run("ruff", "check", *SOURCES)
     session.run("ruff", "format", "--check", *SOURCES)
+    session.run("python", "tests/luacheck.py")
 
 
 @nox.session

@@ -6,7 +6,7 @@ command nor the key, only the script's digest and line. This module turns each f
 into :class:`~streamkit.lowlevel.NotPermitted`, naming the command (looked up in the script's
 source for a refusal inside a script) and the ACL rule that would allow it. It is
 pure: :mod:`streamkit._redis` hands it the error's text, and every script streamkit
-runs is remembered here (:func:`remember_script`) by its digest.
+runs is known to :mod:`streamkit._lua` by its digest.
 
 The commands each role needs are listed as ``ACL SETUSER`` lines in
 ``docs/security.md``.
@@ -14,12 +14,12 @@ The commands each role needs are listed as ``ACL SETUSER`` lines in
 
 from __future__ import annotations
 
-import hashlib
 import re
 
+from . import _lua
 from ._errors import NotPermitted
 
-__all__ = ["not_permitted", "remember_script"]
+__all__ = ["not_permitted"]
 
 # Commands whose first argument is a subcommand: ACL rules name both (+xinfo|groups).
 _CONTAINERS = frozenset(
@@ -41,20 +41,6 @@ _SCRIPT_KEY = "can't access at least one of the keys"
 _SCRIPT_CHANNEL = "can't publish to the channel"
 _SCRIPT_WHERE = re.compile(r"script: ([0-9a-f]{40}), on @user_script:(\d+)")
 _CALL = re.compile(r"""redis\.p?call\(\s*(['"])(\w+)\1(?:\s*,\s*(['"])(\w+)\3)?""")
-
-# The sources of the scripts streamkit runs, by SHA1 digest.
-_scripts: dict[str, str] = {}
-
-
-def remember_script(source: str) -> str:
-    """Keep a script's source, so that a refusal inside it can name the command.
-
-    Returns:
-        the script's SHA1 digest, as ``EVALSHA`` names it.
-    """
-    sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
-    _scripts[sha] = source
-    return sha
 
 
 def not_permitted(text: str, url: str) -> NotPermitted | None:
@@ -81,10 +67,10 @@ def _script_command(text: str) -> str | None:
     where = _SCRIPT_WHERE.search(text)
     if where is None:
         return None
-    source = _scripts.get(where[1])
-    if source is None:
+    script = _lua.by_sha(where[1])
+    if script is None:
         return None
-    lines = source.splitlines()
+    lines = script.text.splitlines()
     number = int(where[2])
     if not 1 <= number <= len(lines):
         return None

@@ -46,7 +46,6 @@ import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import attrs
-import coredis.exceptions
 import trio
 
 from ._backoff import Backoff
@@ -64,9 +63,11 @@ from ._errors import (
     StreamkitError,
 )
 from ._feed import Batch, FeedEnded
+from ._lua import script
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
 from ._nurseries import open_service_nursery
 from ._redis import (
+    NOT_LOADED,
     LuaScript,
     Redis,
     ScriptCall,
@@ -79,7 +80,7 @@ from ._redis import (
 )
 from ._spec import HasSpec, ProcessorKeys, StreamSpec, processor_keys, spec_of
 from ._validate import positive_finite_number, positive_int
-from ._wire import ACK_LUA, READ_LUA, WOKEN_READ_LUA, text
+from ._wire import text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -99,9 +100,9 @@ DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
 ACK_CHUNK = 2000
 
-_READ_SCRIPT = LuaScript(READ_LUA, hot=True)
-_ACK_SCRIPT = LuaScript(ACK_LUA, hot=True)
-_WOKEN_READ_SCRIPT = LuaScript(WOKEN_READ_LUA)
+_READ_SCRIPT = LuaScript(script("commit/read"), hot=True)
+_ACK_SCRIPT = LuaScript(script("commit/ack"), hot=True)
+_WOKEN_READ_SCRIPT = LuaScript(script("commit/woken_read"))
 
 
 @attrs.define(eq=False, repr=False)
@@ -122,7 +123,7 @@ class _Feed:
     # The stream's last id when a read found nothing new: XREAD blocks on it.
     last_id: str = "0-0"
     # The id of the last entry read: a read of new entries first reads any entry
-    # delivered to the consumer after it, unseen (a lost reply; see UNSEEN_LUA).
+    # delivered to the consumer after it, unseen (a lost reply; see lib/unseen.lua).
     last_seen: str = "0"
     # Made ready by an XREAD that saw new entries (not busy since).
     woken: bool = False
@@ -632,7 +633,7 @@ class Fetcher(Generic[R]):
                 self._fail(feed, error)
                 return None
             # (A lost reply may have delivered entries to us: the next read of new
-            # entries finds them first, see UNSEEN_LUA.)
+            # entries finds them first, see lib/unseen.lua.)
             feed.acks_due[:0] = acks
             return error
         except NoSuchGroup:
@@ -805,7 +806,7 @@ class Fetcher(Generic[R]):
         if scope.cancelled_caught:
             return True  # (its partitions are read again: see the except above)
         woken = self._woken_by(reply, by_key)
-        if isinstance(replies, coredis.exceptions.NoScriptError):
+        if replies is NOT_LOADED:
             # Nothing ran: the woken partitions are read the usual way.
             return woken
         if not isinstance(replies, list):
@@ -840,7 +841,7 @@ class Fetcher(Generic[R]):
     def _read_unknown(self, feeds: list[_Feed]) -> None:
         """The fenced reads of ``feeds`` behind a wait may or may not have run, or may
         run later: each is read again now, and a read of new entries first finds any
-        delivered to it unseen (see ``UNSEEN_LUA``)."""
+        delivered to it unseen (see ``lib/unseen.lua``)."""
         for feed in feeds:
             feed.idle = feed.caught_up = False
 

@@ -17,14 +17,14 @@ Markers of calls whose reply arrived are deleted by the next append to the same
 partition through the same client (no extra round trip), so a busy producer keeps
 about one marker per partition; the TTL removes the rest.
 
-Everything but the sending and the waiting (the Lua, the markers, the call's
-arguments, the reply, whether to try again) is :mod:`streamkit._produce` and
-:mod:`streamkit._retrying`, which the blocking and asyncio clients use alike.
+Everything but the sending and the waiting (the markers, the call's arguments, the
+reply, whether to try again) is :mod:`streamkit._produce` and
+:mod:`streamkit._retrying`, which the blocking and asyncio clients use alike; the
+script, ``streams/append``, is a file of :mod:`streamkit._lua`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -32,14 +32,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import RedisUnavailable
-from ._produce import (
-    MARKER_TTL,
-    AppendCall,
-    FinishedMarkers,
-    append_once_source,
-    append_reply,
-    marker_key,
-)
+from ._lua import script
+from ._produce import MARKER_TTL, AppendCall, FinishedMarkers, append_reply, marker_key
 from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, LuaScript, redis_errors
 from ._retrying import RetryRule
 
@@ -54,10 +48,7 @@ log = logging.getLogger("streamkit.redis")
 # Per client: the markers of appends whose replies arrived (safe to delete).
 _finished: weakref.WeakKeyDictionary[Any, FinishedMarkers] = weakref.WeakKeyDictionary()
 
-
-@functools.cache
-def _script(body: str) -> LuaScript:
-    return LuaScript(append_once_source(body), hot=True)
+_APPEND = LuaScript(script("streams/append"), hot=True)
 
 
 async def append_once(
@@ -67,7 +58,6 @@ async def append_once(
     keep: int,
     cap: int,
     entries: list[bytes | int],
-    body: str,
     give_up_after: float = DEFAULT_RETRY_FOR,
     backoff: Backoff = RETRY_BACKOFF,
 ) -> tuple[list[str], int]:
@@ -79,7 +69,6 @@ async def append_once(
         keep: the partition size trimming keeps (``partition_size``).
         cap: the hard cap, ``max_len`` (0 for none).
         entries: the entries, flat (see :meth:`streamkit._produce.SendWindow.arguments`).
-        body: the append-and-trim Lua (``streamkit._wire.APPEND_AND_TRIM_LUA``).
         give_up_after: seconds to keep retrying while Redis is unavailable.
         backoff: delays between retries.
 
@@ -98,7 +87,6 @@ async def append_once(
     if markers is None:
         markers = _finished[redis] = FinishedMarkers()
     call = AppendCall.make(markers, key, keep=keep, cap=cap, entries=entries)
-    script = _script(body)
     rule = RetryRule(
         f"appending to {key}",
         idempotent=True,
@@ -112,7 +100,7 @@ async def append_once(
         while True:
             try:
                 with redis_errors():
-                    reply = await script(redis, keys=call.keys, args=call.args)
+                    reply = await _APPEND(redis, keys=call.keys, args=call.args)
                 break
             except RedisUnavailable as exc:
                 delay = rule.next_delay(exc, trio.current_time())

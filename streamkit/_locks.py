@@ -47,6 +47,7 @@ from ._errors import (
     StreamkitError,
 )
 from ._keys import FENCE_KEY_SUFFIX, fence_key, lock_key, tagged
+from ._lua import script
 from ._nurseries import open_service_nursery
 from ._periodic import next_tick
 from ._redis import LuaScript, Redis, health_of, redis_errors
@@ -96,46 +97,11 @@ _valid_wait = non_negative_number.or_none()
 #: Polling schedule while waiting for a lock someone else holds.
 DEFAULT_POLL_BACKOFF = Backoff(initial=0.02, maximum=0.5)
 
-# KEYS: lock, fence. ARGV: owner, ttl in ms.
-# Returns {1, token} when acquired, else {0, remaining ttl in ms (-1: no TTL)}.
-# allow-oom: Redis at maxmemory (noeviction) refuses INCR and SET, and a partition
-# nobody can lock is a backlog nobody can drain (draining is what frees memory). A lock
-# is two small keys per partition, so taking one is allowed past maxmemory. (Extending
-# uses PEXPIRE and releasing DEL, which Redis never refuses for memory.)
-_ACQUIRE = LuaScript("""#!lua flags=allow-oom
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then
-  return {0, pttl}
-end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
-return {1, token}
-""")
-
-# KEYS: lock. ARGV: expected value, ttl in ms. Returns {1} or {0, current value}.
-_EXTEND = LuaScript("""
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1}
-end
-return {0, current}
-""")
-
-# KEYS: lock. ARGV: expected value. Returns {1} or {0, current value}.
-_RELEASE = LuaScript("""
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return {1}
-end
-return {0, current}
-""")
-
-# KEYS: lock. Returns {value or nil, remaining ttl in ms}.
-_INSPECT = LuaScript("""
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-""")
+# The scripts (see their files for what each takes and answers).
+_ACQUIRE = LuaScript(script("locks/acquire"))
+_EXTEND = LuaScript(script("locks/extend"))
+_RELEASE = LuaScript(script("locks/release"))
+_INSPECT = LuaScript(script("locks/inspect"))
 
 
 # --- key layout: in streamkit._keys, re-exported for the lock's users --------------

@@ -30,6 +30,7 @@ import trio_util
 from ._assignment import Assignment, Assignor, assign
 from ._backoff import Backoff, retry_unavailable
 from ._errors import RedisUnavailable, ServerRefused, StreamkitError
+from ._lua import script
 from ._membership_settings import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_LEAVE_TIMEOUT,
@@ -66,13 +67,7 @@ __all__ = ["Membership", "MembershipStatistics", "open_membership"]
 
 _CONTROL_READ_COUNT = 100
 
-# KEYS: heartbeat key. ARGV: value, ttl in ms. allow-oom: Redis at maxmemory
-# (noeviction) refuses SET, even on an existing key; a member whose heartbeats are
-# refused looks dead to the others. A heartbeat overwrites one small key, so it is
-# allowed past maxmemory.
-_HEARTBEAT = LuaScript("""#!lua flags=allow-oom
-return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-""")
+_HEARTBEAT = LuaScript(script("membership/heartbeat"))
 
 log = logging.getLogger("streamkit.membership")
 

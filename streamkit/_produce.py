@@ -10,14 +10,14 @@ I/O is written here once, with no import of trio or of a Redis client:
   one script call each (:meth:`SendWindow.chunks`);
 * the stream metadata check: the script's arguments and what its reply means
   (:func:`check_metadata_reply`, :class:`~streamkit.MetadataMismatch`);
-* the idempotent append (see :mod:`streamkit._idempotent` for why): its Lua, its
-  markers, unique per process also after ``fork``, the bookkeeping of markers that
-  may be deleted, each call's keys and arguments, and its reply.
+* the idempotent append (see :mod:`streamkit._idempotent` for why; its script is
+  ``streams/append`` of :mod:`streamkit._lua`): its markers, unique per process also
+  after ``fork``, the bookkeeping of markers that may be deleted, each call's keys and
+  arguments, and its reply.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import threading
@@ -53,7 +53,6 @@ __all__ = [
     "AppendCall",
     "FinishedMarkers",
     "SendWindow",
-    "append_once_source",
     "append_reply",
     "check_metadata_reply",
     "check_send_options",
@@ -358,50 +357,6 @@ def marker_key(stream_key: str, token: str) -> str:
 
 def _marker_prefix(stream_key: str) -> str:
     return _keys.once_marker_prefix(stream_key)
-
-
-@functools.cache
-def append_once_source(body: str) -> str:
-    """The idempotent append's Lua around an append-and-trim ``body``.
-
-    KEYS: stream, marker, markers of finished appends to delete. ARGV: partition_size,
-    max_len (0 = no cap), marker ttl, whether the marker may exist already (1 on a
-    retry), then the entries. Returns {entry ids, dropped, 1 if the marker was there
-    (appended before) else 0}.
-    """
-    return (
-        """
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 5
--- Finished markers are deleted after the append, never before: Redis at maxmemory
--- lets a script that has written once write on (DEL would let XADD past the limit),
--- so the append is refused exactly when Redis is full.
-local function forget_finished()
-  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
-end
-if ARGV[4] == '1' then
-  local seen = redis.call('GET', KEYS[2])
-  if seen then
-    -- A write, so that a WAIT after this call (send(..., replicas=N)) waits for the
-    -- replication stream to pass it, and so the earlier append too.
-    redis.call('EXPIRE', KEYS[2], ARGV[3])
-    forget_finished()
-    local bar = string.find(seen, '|', 1, true)
-    local done = {}
-    for id in string.gmatch(string.sub(seen, bar + 1), '[^,]+') do done[#done + 1] = id end
-    return {done, tonumber(string.sub(seen, 1, bar - 1)), 1}
-  end
-end
-"""
-        + body
-        + """
-redis.call('SET', KEYS[2], dropped .. '|' .. table.concat(ids, ','), 'EX', ARGV[3])
-forget_finished()
-return {ids, dropped, 0}
-"""
-    )
 
 
 # Every FinishedMarkers, to give each a fresh lock in a forked child (a lock another

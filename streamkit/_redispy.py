@@ -7,6 +7,10 @@ hiredis parsing replies where it is installed. This is the one place where a
 streamkit URL becomes a redis-py client, blocking or asyncio, of a server or of a
 Redis Cluster, and where redis-py's exceptions become streamkit's:
 
+* scripts (:mod:`streamkit._lua`) run by digest; a server that lacks one answers
+  ``NOSCRIPT`` to an ``EVALSHA`` that ran nothing (:func:`script_missing`), and it is
+  loaded where the call runs (:func:`script_load`) and the call sent again: for the
+  Spark executors by :func:`run_script`, for the clients by their drivers;
 * URLs are checked and read by :mod:`streamkit._urls`, as on the Trio side: the same
   forms (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``), the same TLS
   checks and options, passwords masked in every message;
@@ -62,13 +66,19 @@ from ._urls import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
 
+    from . import _lua
+
 __all__ = [
     "AsyncClient",
     "SyncClient",
     "connection_options",
+    "no_node_for",
     "open_async",
     "open_sync",
     "redis_errors",
+    "run_script",
+    "script_load",
+    "script_missing",
     "translate",
 ]
 
@@ -381,3 +391,44 @@ def redis_errors(url: str, *, setting: str = "redis_url") -> Iterator[None]:
         if translated is None or translated is exc:
             raise
         raise translated from exc
+
+
+# ------------------------------------------------------------------ scripts
+
+
+def script_missing(reply: object) -> bool:
+    """Whether ``reply`` (a reply, or an error raised) says that the server lacks the
+    script an ``EVALSHA`` named: the call ran nothing, and may be sent again once the
+    script is loaded."""
+    return isinstance(reply, redis.exceptions.NoScriptError)
+
+
+def script_load(client: Any, script: _lua.Script, key: str) -> Any:
+    """``SCRIPT LOAD`` of ``script`` on ``client``, on a cluster on the node of ``key``:
+    the reply, or for an asyncio client the coroutine that gives it.
+
+    Error handling: redis-py's (wrap in :func:`redis_errors`)."""
+    if isinstance(client, redis.cluster.RedisCluster | redis.asyncio.cluster.RedisCluster):
+        node = client.get_node_from_key(key)
+        return client.execute_command("SCRIPT LOAD", script.text, target_nodes=node)
+    return client.execute_command("SCRIPT LOAD", script.text)
+
+
+def run_script(client: SyncClient, script: _lua.Script, keys: list[str], args: list[Any]) -> Any:
+    """Run ``script`` on a blocking client by its digest; load it where the call runs
+    and send the call again if the server lacked it.
+
+    Error handling: redis-py's (wrap in :func:`redis_errors`)."""
+    untyped: Any = client
+    try:
+        return untyped.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        script_load(client, script, keys[0])
+    return untyped.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def no_node_for(key: str, url: str) -> StreamkitError:
+    """The error of a cluster's call on ``key`` when the slot map says no node serves it."""
+    error = translate(redis.exceptions.SlotNotCoveredError(f"no node serves {key}"), url)
+    assert error is not None
+    return error

@@ -35,8 +35,8 @@ import trio
 from . import _keys
 from ._backoff import Backoff
 from ._errors import NotReplicated, RedisUnavailable
+from ._lua import script
 from ._redis import LuaScript, health_of, redis_errors, replicated
-from ._wire import OUTBOX_DELETE_LUA, OUTBOX_READ_LUA, RELAY_LUA
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,9 +53,9 @@ RELAY_BATCH = 500
 #: The outbox field naming an entry's target stream key.
 TARGET_FIELD = b"__to"
 
-_RELAY_SCRIPT = LuaScript(RELAY_LUA)
-_READ_SCRIPT = LuaScript(OUTBOX_READ_LUA)
-_DELETE_SCRIPT = LuaScript(OUTBOX_DELETE_LUA)
+_RELAY_SCRIPT = LuaScript(script("streams/relay"))
+_READ_SCRIPT = LuaScript(script("streams/outbox_read"))
+_DELETE_SCRIPT = LuaScript(script("streams/outbox_delete"))
 #: Seconds each step of a relay waits for its replicas (with ``replicas``).
 REPLICA_TIMEOUT = 2.0
 

@@ -25,6 +25,7 @@ import trio
 
 from ._errors import BackendError
 from ._idempotent import append_once
+from ._lua import script
 from ._nurseries import meaningful_leaf
 from ._produce import (
     DEFAULT_REPLICA_TIMEOUT,
@@ -39,7 +40,7 @@ from ._produce import (
     windows,
 )
 from ._redis import LuaScript, redis_errors, replicated
-from ._wire import APPEND_AND_TRIM_LUA, METADATA_LUA, REDIS_MAX_BULK
+from ._wire import REDIS_MAX_BULK
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -68,7 +69,7 @@ ENCODE_SLICE = 500
 
 log = logging.getLogger("streamkit.streams")
 
-_METADATA_SCRIPT = LuaScript(METADATA_LUA)
+_METADATA_SCRIPT = LuaScript(script("streams/metadata"))
 
 # Per client: the longest string its server accepts in a command.
 _bulk_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -159,7 +160,6 @@ async def append_flat(
         keep=partition_size,
         cap=max_len or 0,
         entries=flat,
-        body=APPEND_AND_TRIM_LUA,
     )
     if dropped:
         log.warning(

@@ -232,7 +232,7 @@ def test_a_window_of_records_encodes_as_each_one_does(fields: list[tuple[Any, ..
 
 def entries_of(arguments: list[bytes | int]) -> list[list[bytes | int]]:
     """The entries the append script makes of ``arguments``, as field count, then
-    field names and values (as the script reads them: see APPEND_AND_TRIM_LUA)."""
+    field names and values (as the script reads them: see lib/append.lua)."""
     entries, i = [], 0
     while i < len(arguments):
         count = int(arguments[i])

@@ -31,8 +31,8 @@ import xxhash
 import zstandard
 
 from streamkit import App, ConfigError, DecodeError, EncodeError, ProcessorKeys, Record, Settings
+from streamkit._lua import script
 from streamkit._wire import (
-    ACK_LUA,
     DEFAULT_SEND_CHUNK_BYTES,
     TRIM_PROCESSED_STEP,
     TRIM_STEP,
@@ -495,7 +495,7 @@ async def test_trimming_a_processed_backlog_is_bounded_per_call(
         # The fenced acknowledgement trims the same way.
         lock = "__lock:{shop.blobs.0}.reader"
         await redis.set(lock, "me")
-        ack = app.redis.register_script(ACK_LUA)
+        ack = app.redis.register_script(script("commit/ack").text)
         await ack(keys=[key, lock], args=["me", "shop.blobs.reader", 100, 1, "0-1"])
         after_ack = await redis.xlen(key)
         assert length - (1 + TRIM_PROCESSED_STEP) <= after_ack <= length - TRIM_PROCESSED_STEP // 2

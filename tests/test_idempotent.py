@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from streamkit import App, Record
-from streamkit._idempotent import MARKER_TTL, _script, append_once, marker_key
+from streamkit._idempotent import _APPEND, MARKER_TTL, append_once, marker_key
 from streamkit._keys import stream_key
-from streamkit._wire import APPEND_AND_TRIM_LUA
 
 if TYPE_CHECKING:
     from streamkit import Redis
@@ -26,7 +25,7 @@ def test_marker_shares_the_hash_slot_of_the_stream() -> None:
 
 
 async def test_a_resent_append_returns_the_first_ids_and_appends_nothing(redis: Redis) -> None:
-    script = _script(APPEND_AND_TRIM_LUA)
+    script = _APPEND
     key = stream_key("app", "s", 0)
     marker = marker_key(key, "resent")
     args: list[Any] = [1000, 0, MARKER_TTL, 1, 1, b"f", b"v", 1, b"f", b"w"]
@@ -52,7 +51,6 @@ async def test_markers_of_finished_appends_are_deleted_by_the_next_append(
             keep=1000,
             cap=0,
             entries=[1, b"n", str(n).encode()],
-            body=APPEND_AND_TRIM_LUA,
         )
         assert len(ids) == 1
         assert dropped == 0

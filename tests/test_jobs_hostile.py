@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from streamkit import App, Backoff, Record
+from streamkit._lua import script
 from streamkit._redis import LuaScript, call_once
 from streamkit.jobs import JobFailed, JobQueue, JobStatus, open_job_queue
-from streamkit.jobs._scripts import ENQUEUE_LUA
 from streamkit.testing import wait_until
 from tests.apps.jobs_hostile import SEEN, Note
 from tests.jobs_serving import serving
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tests.workers import WorkerProcess
 
 HOSTILE = "tests.apps.jobs_hostile:app"
-_ENQUEUE = LuaScript(ENQUEUE_LUA)
+_ENQUEUE = LuaScript(script("jobs/enqueue"))
 
 
 async def failure(handle: JobHandle[Any], within: float = 15) -> JobFailed:

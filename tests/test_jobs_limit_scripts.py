@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from streamkit._lua import script
 from streamkit._redis import LuaScript
 from streamkit.jobs import JobStatus, RateLimit, open_job_queue
 from streamkit.jobs._claim import ensure_groups
-from streamkit.jobs._scripts import CLAIM_LUA, FINISH_LUA, GROUP
+from streamkit.jobs._scripts import GROUP
 from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from streamkit import Redis
     from streamkit.jobs import JobHandle, JobQueue
 
-_CLAIM = LuaScript(CLAIM_LUA)
-_FINISH = LuaScript(FINISH_LUA)
+_CLAIM = LuaScript(script("jobs/claim"))
+_FINISH = LuaScript(script("jobs/finish"))
 #: Jobs run under this name; its limits' keys are named after it.
 NAME = "limited"
 

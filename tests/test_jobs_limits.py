@@ -13,11 +13,12 @@ import pytest
 import trio
 
 from streamkit import App, ConfigError, EncodeError, Settings, open_redis
+from streamkit._lua import script
 from streamkit._redis import LuaScript, call_once
 from streamkit.jobs import JobCall, JobFailed, JobStatus, open_job_queue
 from streamkit.jobs._claim import ensure_groups, hand_back
 from streamkit.jobs._finish import settle_all
-from streamkit.jobs._scripts import ABORT_LUA, CLAIM_LUA, FINISH_LUA, SETTLE_BUDGET, SETTLE_LUA
+from streamkit.jobs._scripts import SETTLE_BUDGET
 from streamkit.testing import RedisServer
 from tests.jobs_serving import serving
 from tests.test_jobs_crash import assert_clean, start_job_worker, wait_serving
@@ -32,10 +33,10 @@ if TYPE_CHECKING:
 
 HOSTILE = "tests.apps.jobs_hostile:app"
 MB = 1024 * 1024
-_ABORT = LuaScript(ABORT_LUA)
-_CLAIM = LuaScript(CLAIM_LUA)
-_FINISH = LuaScript(FINISH_LUA)
-_SETTLE = LuaScript(SETTLE_LUA)
+_ABORT = LuaScript(script("jobs/abort"))
+_CLAIM = LuaScript(script("jobs/claim"))
+_FINISH = LuaScript(script("jobs/finish"))
+_SETTLE = LuaScript(script("jobs/settle"))
 
 
 @pytest.fixture(scope="module")

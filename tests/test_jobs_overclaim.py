@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from streamkit._lua import script
 from streamkit._redis import LuaScript, call_once
 from streamkit.jobs import JobCall, open_job_queue
-from streamkit.jobs._scripts import CLAIM_LUA, GROUP
+from streamkit.jobs._scripts import GROUP
 
 if TYPE_CHECKING:
     from streamkit import Redis
     from streamkit.jobs import JobQueue
 
-CLAIM = LuaScript(CLAIM_LUA)
+CLAIM = LuaScript(script("jobs/claim"))
 LEASE_MS = 5000
 MAX_DELIVERIES = 3
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 import streamkit
@@ -166,3 +168,35 @@ def test_the_clients_are_a_surface_over_the_pure_layer() -> None:
     ]:
         path = (PACKAGE.parent / Path(*trio_module.split("."))).with_suffix(".py")
         assert pure in imports_of(path), (trio_module, pure)
+
+
+def test_only_the_redis_layers_name_a_client_librarys_exceptions() -> None:
+    """coredis's exceptions are translated in streamkit._redis, redis-py's in
+    streamkit._redispy (which also tells a script the server lacked): no other module
+    names one."""
+    layers = ("streamkit._redis", "streamkit._redispy")
+    naming = re.compile(
+        r"\b(?:coredis|redis)\.exceptions\b|from (?:coredis|redis)[\w.]* import [^\n]*Error"
+    )
+    found = [
+        module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if not module_name(path).startswith(layers) and naming.search(path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_script_loader_needs_only_the_standard_library() -> None:
+    """Every driver, the Spark executors' too, imports it: no trio, no Redis client."""
+    tree = ast.parse((PACKAGE / "_lua" / "__init__.py").read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        (node.module or "").split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert imported <= set(sys.stdlib_module_names)

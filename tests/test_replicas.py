@@ -9,10 +9,9 @@ import pytest
 import trio
 
 from streamkit import App, ConfigError, NotReplicated, open_redis
-from streamkit._idempotent import MARKER_TTL, _script, marker_key
+from streamkit._idempotent import _APPEND, MARKER_TTL, marker_key
 from streamkit._keys import stream_key
 from streamkit._redis import replicated
-from streamkit._wire import APPEND_AND_TRIM_LUA
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisServer, wait_until
 from tests.consume import PARTITIONS, Tick, ticks_for
@@ -151,7 +150,7 @@ async def test_a_resent_append_waits_for_the_replicas_too(
     a connection of its own; with replicas=1 it still waits for the replica (the script
     refreshes the marker, a write, so the connection has a write to wait for)."""
     main, replica = primary
-    script = _script(APPEND_AND_TRIM_LUA)
+    script = _APPEND
     key = stream_key("app", "s", 0)
     keys = [key, marker_key(key, "lost-reply")]
     args: list[Any] = [1000, 0, MARKER_TTL, 0, 1, b"f", b"v"]

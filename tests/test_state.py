@@ -28,8 +28,8 @@ from streamkit import (
     tumbling,
 )
 from streamkit._commit import MAX_VALUES_PER_OP, Changes, change_arguments
+from streamkit._lua import script
 from streamkit._redis import LuaScript
-from streamkit._wire import ACK_LUA
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, ticks_for
@@ -407,7 +407,7 @@ async def test_outputs_are_trimmed_like_any_append(redis_url: str, redis: Redis)
 
 
 async def test_the_commit_script_applies_each_kind_of_change_in_order(redis: Redis) -> None:
-    # The fenced commit (ACK_LUA) on its own, with every op streamkit._commit lays out:
+    # The fenced commit (commit/ack) on its own, with every op streamkit._commit lays out:
     # each op's values counted as its command takes them (pairs or single values), a
     # hash write long enough to be split into two ops, a trim between the writes.
     await redis.set("{s}lock", "me")
@@ -422,8 +422,8 @@ async def test_the_commit_script_applies_each_kind_of_change_in_order(redis: Red
     changes.zrem("{s}z", ["m2"])
     keys, args = change_arguments([changes], 3)
     assert args[0] == 8  # the hash write split in two
-    script = LuaScript(ACK_LUA)
-    acked = await script(redis, keys=["{s}stream", "{s}lock", *keys], args=["me", "g", 0, 0, *args])
+    ack = LuaScript(script("commit/ack"))
+    acked = await ack(redis, keys=["{s}stream", "{s}lock", *keys], args=["me", "g", 0, 0, *args])
     assert acked == 0
     stored = await redis.hgetall("{s}h")
     assert len(stored) == MAX_VALUES_PER_OP - 2

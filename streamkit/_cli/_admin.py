@@ -14,6 +14,7 @@ from .._data_loss import DataLossRecord, read_data_loss
 from .._errors import ConfigError, StreamkitError
 from .._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
 from .._locks import _parse_value, lock_key
+from .._lua import script
 from .._membership_admin import read_membership, reset_membership
 from .._redis import LuaScript, redis_errors
 from .._wire import text
@@ -274,18 +275,7 @@ async def live_members(app: App, processor: Processor) -> list[str]:
     return [m.id for m in snapshot.members if m.heartbeat_ttl is not None and m.heartbeat_ttl > 0]
 
 
-# KEYS: the partition's stream. ARGV: group, position ("0" or "$").
-# Forgets the group (and its pending entries) and creates it again at the position,
-# creating the stream if it does not exist yet: one atomic step per partition, and
-# running it twice leaves the same state.
-_RESET_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
-end
-redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], ARGV[2], 'MKSTREAM')
-return 1
-"""
-_RESET_SCRIPT = LuaScript(_RESET_LUA)
+_RESET_SCRIPT = LuaScript(script("admin/reset"))
 
 
 class ResetRefused(StreamkitError):

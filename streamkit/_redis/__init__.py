@@ -50,6 +50,7 @@ from .._urls import (
     mask_url as mask_url,
 )
 from ._commands import (
+    NOT_LOADED as NOT_LOADED,
     LuaScript as LuaScript,
     ScriptCall as ScriptCall,
     can_run_blocking_between as can_run_blocking_between,
@@ -85,6 +86,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_RETRY_FOR",
+    "NOT_LOADED",
     "REFUSAL_BACKOFF",
     "REPORT_EVERY",
     "RETRY_BACKOFF",

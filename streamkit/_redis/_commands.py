@@ -8,7 +8,7 @@ import attrs
 import coredis.exceptions
 import trio
 
-from .._acl import remember_script
+from .. import _lua
 from .._errors import ConfigError, RedisUnavailable
 from ._hot import HotConnection, HotRequest, evalsha, pack, script_load
 from ._pool import Pool
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._routing import Redis
 
 __all__ = [
+    "NOT_LOADED",
     "LuaScript",
     "ScriptCall",
     "can_run_blocking_between",
@@ -31,9 +32,29 @@ __all__ = [
 T = TypeVar("T")
 
 
+class _NotLoaded:
+    def __repr__(self) -> str:
+        return "NOT_LOADED"
+
+
+#: The reply of a script call that the server refused because it lacked the script (it
+#: ran nothing; the script is loaded for the next call): see :func:`run_blocking_between`.
+NOT_LOADED: Any = _NotLoaded()
+
+
+def _missing(reply: object) -> bool:
+    """Whether a reply says the server lacked the script an ``EVALSHA`` named."""
+    return isinstance(reply, coredis.exceptions.NoScriptError)
+
+
+def _as_script(script: _lua.Script | str) -> _lua.Script:
+    return script if isinstance(script, _lua.Script) else _lua.inline(script)
+
+
 @attrs.frozen
 class LuaScript:
-    """A Lua script, run by its SHA1 digest (``EVALSHA``), loaded on first need.
+    """A script of :mod:`streamkit._lua`, run by its SHA1 digest (``EVALSHA``), loaded
+    on first need.
 
     coredis's own ``Script`` wraps each call in three request objects, which
     normalise every argument three times: noticeable for a fenced acknowledgement
@@ -48,20 +69,23 @@ class LuaScript:
     with the same guarantees and errors.
 
     Attributes:
-        source: the script's Lua source.
+        script: the script (its text alone makes an inline one, as a test's).
         hot: whether it runs on the hot path.
         sha: its SHA1 digest.
     """
 
-    source: str
+    script: _lua.Script = attrs.field(converter=_as_script)
     hot: bool = attrs.field(default=False, kw_only=True)
     sha: str = attrs.field(init=False)
 
     @sha.default
     def _sha(self) -> str:
-        # The same SHA1, remembering the source so that an ACL refusal inside the
-        # script can name its command.
-        return remember_script(self.source)
+        return self.script.sha
+
+    @property
+    def source(self) -> str:
+        """The script's text, as sent to Redis."""
+        return self.script.text
 
     async def __call__(self, redis: Redis, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """Run the script on ``redis``; errors are coredis's (wrap in :func:`redis_errors`)."""
@@ -76,7 +100,7 @@ class LuaScript:
         # failover learns the new owner from the call's redirection, so a second
         # round reaches it; past that, every node.
         for _ in range(2):
-            await script_load(redis, self.source, keys)
+            await self.load(redis, keys)
             try:
                 return await run(redis, self.sha, keys, args)
             except coredis.exceptions.NoScriptError:
@@ -160,7 +184,7 @@ async def run_blocking_between(
     ``replies_before`` receives the reply of each ``before`` call, in order, as it
     comes (before the blocking command returns); where the call is cancelled or fails,
     those missing are unknown. A script call's reply may be the exception it ended
-    with: ``NoScriptError`` when the server did not know the script (it ran nothing,
+    with: :data:`NOT_LOADED` when the server did not know the script (it ran nothing,
     and is loaded for the next call). Only for a client of one server from
     :func:`open_redis` (see :func:`can_run_blocking_between`).
 
@@ -209,11 +233,16 @@ async def run_blocking_between(
                 pool.release(connection)
     except trio.TooSlowError as exc:
         raise RedisUnavailable(url, f"{what} got no answer within {within:g}s") from exc
-    no_script = coredis.exceptions.NoScriptError
-    if isinstance(last, no_script) or any(isinstance(a, no_script) for a in replies_before):
-        answers = zip([*before, after], [*replies_before, last], strict=True)
+    missing = {
+        script
+        for (script, _, _), answer in zip([*before, after], [*replies_before, last], strict=True)
+        if _missing(answer)
+    }
+    if missing:
+        replies_before[:] = [NOT_LOADED if _missing(a) else a for a in replies_before]
+        last = NOT_LOADED if _missing(last) else last
         with redis_errors(url):
-            for script in {script for (script, _, _), a in answers if isinstance(a, no_script)}:
+            for script in missing:
                 await script.load(redis)
     return reply, last
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 import attrs
 import redis.asyncio
 import redis.asyncio.cluster
-import redis.exceptions
 
 from .. import _redispy
 from .._errors import StreamkitError
@@ -144,17 +143,20 @@ class AsyncioClient(ClientBase):
     async def _call(self, client: _redispy.AsyncClient, call: Call) -> Any:
         # Not redis_errors(): a try costs less than a context manager, per command.
         try:
-            try:
-                return await untyped(client).execute_command(*call.args)
-            except redis.exceptions.NoScriptError:
-                await self._load(client, call)
-                return await untyped(client).execute_command(*call.args)
+            return await untyped(client).execute_command(*call.args)
+        except Exception as exc:
+            if not _redispy.script_missing(exc):
+                raise_translated(exc, self.url)
+        try:
+            await self._load(client, call)
+            return await untyped(client).execute_command(*call.args)
         except Exception as exc:
             raise_translated(exc, self.url)
 
     async def _load(self, client: _redispy.AsyncClient, call: Call) -> None:
-        cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
-        await script_load(client, call, cluster=cluster)
+        """Load the script of ``call``, which the server lacked (its ``EVALSHA`` ran
+        nothing), where the call runs: each refused call comes here."""
+        await script_load(client, call)
 
     async def _batch(
         self, client: redis.asyncio.Redis, calls: Sequence[Call], batch: CallBatch

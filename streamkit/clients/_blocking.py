@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 import attrs
 import redis
 import redis.cluster
-import redis.exceptions
 
 from .. import _redispy
 from .._errors import StreamkitError
@@ -163,16 +162,20 @@ class BlockingClient(ClientBase):
     def _call(self, client: _redispy.SyncClient, call: Call) -> Any:
         # Not redis_errors(): a try costs less than a context manager, per command.
         try:
-            try:
-                return untyped(client).execute_command(*call.args)
-            except redis.exceptions.NoScriptError:
-                self._load(client, call)
-                return untyped(client).execute_command(*call.args)
+            return untyped(client).execute_command(*call.args)
+        except Exception as exc:
+            if not _redispy.script_missing(exc):
+                raise_translated(exc, self.url)
+        try:
+            self._load(client, call)
+            return untyped(client).execute_command(*call.args)
         except Exception as exc:
             raise_translated(exc, self.url)
 
     def _load(self, client: _redispy.SyncClient, call: Call) -> None:
-        script_load(client, call, cluster=isinstance(client, redis.cluster.RedisCluster))
+        """Load the script of ``call``, which the server lacked (its ``EVALSHA`` ran
+        nothing), where the call runs: each refused call comes here."""
+        script_load(client, call)
 
     def _batch(self, client: redis.Redis, calls: Sequence[Call], batch: CallBatch) -> list[Any]:
         """Run ``calls`` in one pipeline on ``client`` (a server, or a cluster's node)."""

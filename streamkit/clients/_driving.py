@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import redis.exceptions
-
 from .. import _redispy
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import BackendError, NotReplicated, StreamkitError
@@ -153,14 +151,11 @@ def raise_translated(exc: Exception, url: str) -> NoReturn:
     raise error from exc
 
 
-def script_load(client: Any, call: Call, *, cluster: bool) -> Any:
+def script_load(client: Any, call: Call) -> Any:
     """``SCRIPT LOAD`` of ``call``'s script on ``client`` (on a cluster, on the node of
     its key): the reply, or for an asyncio client the coroutine that gives it."""
     assert call.script is not None
-    if cluster:
-        node = untyped(client).get_node_from_key(call.key)
-        return untyped(client).execute_command("SCRIPT LOAD", call.script.source, target_nodes=node)
-    return untyped(client).execute_command("SCRIPT LOAD", call.script.source)
+    return _redispy.script_load(client, call.script, call.key)
 
 
 def pipeline(client: Any, calls: Sequence[Call], batch: CallBatch) -> Any:
@@ -217,7 +212,7 @@ def by_node(client: Any, calls: Sequence[Call], url: str) -> list[tuple[Any, lis
         for i, call in enumerate(calls):
             node = untyped(client).get_node_from_key(call.key)
             if node is None:
-                raise redis.exceptions.SlotNotCoveredError(f"no node serves {call.key}")
+                raise _redispy.no_node_for(call.key, url)
             groups.setdefault(node.name, (node, []))[1].append(i)
     return list(groups.values())
 
@@ -244,7 +239,7 @@ def pair(raw: list[Any], calls: Sequence[Call], batch: CallBatch) -> tuple[list[
     missing: list[int] = []
     for i in range(len(calls)):
         reply = raw[i * step]
-        if isinstance(reply, redis.exceptions.NoScriptError):
+        if _redispy.script_missing(reply):
             missing.append(i)
         elif batch.replicas and not isinstance(reply, Exception):
             acknowledged = raw[i * step + 1]

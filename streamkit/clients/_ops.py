@@ -11,7 +11,7 @@ Below the operations, every decision is the Trio side's own, from the same pure
 modules: records into append calls and the metadata check (:mod:`streamkit._produce`),
 the retry rule (:mod:`streamkit._retrying`), job enqueue plans
 (:mod:`streamkit.jobs._plan`), the queue's replies (:mod:`streamkit.jobs._replies`),
-and the Lua sources (:mod:`streamkit._wire`, :mod:`streamkit.jobs._scripts`).
+and the scripts (:mod:`streamkit._lua`).
 
 Why one room (about 650 lines): every client operation, so that both drivers read one
 list and none can drift from the other.
@@ -19,7 +19,6 @@ list and none can drift from the other.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Generator
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
+from .. import _lua
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, RedisUnavailable, StreamkitError
 from .._keys import parse_window_member as parse_member
@@ -34,7 +34,6 @@ from .._partitioner import canonical_key_bytes
 from .._produce import (
     AppendCall,
     FinishedMarkers,
-    append_once_source,
     append_reply,
     check_metadata_reply,
     check_send_options,
@@ -45,8 +44,6 @@ from .._produce import (
 from .._retrying import RetryRule
 from .._tables_windowed import WindowedTable
 from .._windows import Window
-from .._wire import APPEND_AND_TRIM_LUA, METADATA_LUA
-from ..jobs import _scripts
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
 from ..jobs._plan import JobIds, Placement, link_answers, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
@@ -67,7 +64,6 @@ __all__ = [
     "CallBatch",
     "ClientState",
     "Op",
-    "Script",
     "SendsRecords",
     "Sleep",
 ]
@@ -89,18 +85,6 @@ SCAN_COUNT = 1000
 
 
 @attrs.frozen
-class Script:
-    """A Lua script, run by its SHA1 digest; the driver loads it when a server lacks it."""
-
-    source: str
-    sha: str = attrs.field(init=False)
-
-    @sha.default
-    def _sha(self) -> str:
-        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
-
-
-@attrs.frozen
 class Call:
     """One command for the driver to run.
 
@@ -113,10 +97,10 @@ class Call:
 
     args: tuple[Any, ...]
     key: str
-    script: Script | None = None
+    script: _lua.Script | None = None
 
     @classmethod
-    def run(cls, script: Script, keys: list[str], args: Iterable[Any]) -> Call:
+    def run(cls, script: _lua.Script, keys: list[str], args: Iterable[Any]) -> Call:
         """Run ``script`` with ``keys`` and ``args``."""
         return cls(("EVALSHA", script.sha, len(keys), *keys, *args), keys[0], script)
 
@@ -152,12 +136,12 @@ Request = Call | CallBatch | Sleep
 #: An operation: yields requests, is sent their replies, returns its result.
 Op = Generator[Request, Any, T]
 
-_APPEND = Script(append_once_source(APPEND_AND_TRIM_LUA))
-_METADATA = Script(METADATA_LUA)
-_ENQUEUE = Script(_scripts.ENQUEUE_LUA)
-_WATCH = Script(_scripts.WATCH_LUA)
-_ABORT = Script(_scripts.ABORT_LUA)
-_LINK = Script(_scripts.LINK_LUA)
+_APPEND = _lua.script("streams/append")
+_METADATA = _lua.script("streams/metadata")
+_ENQUEUE = _lua.script("jobs/enqueue")
+_WATCH = _lua.script("jobs/watch")
+_ABORT = _lua.script("jobs/abort")
+_LINK = _lua.script("jobs/link")
 
 
 def retried(call: Call, *, what: str, idempotent: bool = True) -> Op[Any]:

@@ -24,6 +24,7 @@ import trio
 
 from .._backoff import Backoff, retry_unavailable
 from .._errors import GroupExists, NoSuchGroup, OutcomeUnknown, RedisUnavailable
+from .._lua import script
 from .._redis import LuaScript, call_once, health_of, retry_idempotent, run_blocking
 from .._wire import text
 from . import _scripts
@@ -40,8 +41,8 @@ __all__ = ["RECLAIM_INTERVAL", "Claimer", "hand_back", "new_consumer"]
 
 log = logging.getLogger("streamkit.jobs")
 
-_CLAIM = LuaScript(_scripts.CLAIM_LUA, hot=True)
-_RECOVER = LuaScript(_scripts.RECOVER_LUA)
+_CLAIM = LuaScript(script("jobs/claim"), hot=True)
+_RECOVER = LuaScript(script("jobs/recover"))
 
 #: How often an idle worker looks for jobs of dead workers (seconds): a job whose
 #: worker died is taken over within ``lease_ttl`` plus this.

@@ -25,9 +25,9 @@ import orjson
 import trio
 
 from .._errors import ConfigError, RedisUnavailable
+from .._lua import script
 from .._redis import LuaScript, retry_idempotent
 from .._wire import text
-from . import _scripts
 from ._crontime import next_tick
 from ._layout import shard_for
 from ._limits import limit_key_of, limit_shard
@@ -55,7 +55,7 @@ SCHEDULES_POLL = 1.0
 #: Longest sleep between two looks at the wall clock while waiting for a tick (s).
 _NAP = 60.0
 
-_SCHEDULE = LuaScript(_scripts.SCHEDULE_LUA)
+_SCHEDULE = LuaScript(script("jobs/schedule"))
 
 Clock = Callable[[], datetime]
 

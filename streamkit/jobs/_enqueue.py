@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._lua import script
 from .._redis import LuaScript, call_once, retry_idempotent
-from . import _scripts
 from ._plan import link_answers
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ __all__ = ["send_plan", "send_workflow"]
 #: Enqueue script calls in flight at once: the server runs one while the next arrives.
 CALLS_IN_FLIGHT = 4
 
-_ENQUEUE = LuaScript(_scripts.ENQUEUE_LUA, hot=True)
-_LINK = LuaScript(_scripts.LINK_LUA)
+_ENQUEUE = LuaScript(script("jobs/enqueue"), hot=True)
+_LINK = LuaScript(script("jobs/link"))
 
 
 async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:

@@ -20,11 +20,11 @@ from trio_util import AsyncValue
 
 from .._backoff import Backoff, retry_unavailable
 from .._errors import RedisUnavailable
+from .._lua import script
 from .._meter import TIMING, JobMeter
 from .._periodic import next_tick
 from .._redis import LuaScript, health_of, retry_idempotent
 from .._wire import text
-from . import _scripts
 from ._batches import chunks
 from ._layout import ShardKeys
 from ._outcome import Failure, describe, label
@@ -38,11 +38,11 @@ __all__ = ["UNKNOWN_JOB", "Outbox", "Settler", "renew_leases", "settle_all"]
 
 log = logging.getLogger("streamkit.jobs")
 
-_FINISH = LuaScript(_scripts.FINISH_LUA, hot=True)
-_RENEW = LuaScript(_scripts.RENEW_LUA)
-_SETTLE = LuaScript(_scripts.SETTLE_LUA)
-_DELIVER = LuaScript(_scripts.DELIVER_LUA)
-_DELIVERED = LuaScript(_scripts.DELIVERED_LUA)
+_FINISH = LuaScript(script("jobs/finish"), hot=True)
+_RENEW = LuaScript(script("jobs/renew"))
+_SETTLE = LuaScript(script("jobs/settle"))
+_DELIVER = LuaScript(script("jobs/deliver"))
+_DELIVERED = LuaScript(script("jobs/delivered"))
 
 #: The outcomes of tries counted for streamkit.metrics, by the finish script's name
 #: for them (a try put back at a stop, "release", is not counted).

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._lua import script
 from .._redis import LuaScript, retry_idempotent
 from .._wire import text
 from . import _scripts
@@ -29,9 +30,9 @@ _DEAD_CHUNK = 200
 #: Entries per read of a dead-letter stream.
 _PAGE = 1000
 
-_COUNTS = LuaScript(_scripts.COUNTS_LUA)
-REPLAY = LuaScript(_scripts.REPLAY_LUA)
-PURGE = LuaScript(_scripts.PURGE_LUA)
+_COUNTS = LuaScript(script("jobs/counts"))
+REPLAY = LuaScript(script("jobs/replay"))
+PURGE = LuaScript(script("jobs/purge"))
 
 
 @attrs.frozen(kw_only=True)

@@ -2,7 +2,7 @@
 
 A job may declare limits on its name (``rate_limit=``, ``concurrency=``) and on a key
 computed from its arguments (``limit_key=`` with ``key_rate_limit=``,
-``key_concurrency=``). The claim script enforces them (see ``_scripts``): this module
+``key_concurrency=``). The claim script enforces them (``jobs/claim.lua``): this module
 turns the declaration into what the script reads, the job record's ``lim`` field, and
 says on which queue shard a limited job lives (all the jobs sharing a limit live on one
 shard, so that one single-slot script sees them all).

@@ -13,6 +13,7 @@ import math
 import os
 import secrets
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENQUEUE_CHUNK",
+    "OPTION_KEYS",
     "EnqueuePlan",
     "JobIds",
     "JobLike",
@@ -44,6 +46,32 @@ __all__ = [
 
 #: Jobs per enqueue script call.
 ENQUEUE_CHUNK = 250
+
+#: The enqueue script's per-job options, by the short key each travels under in the
+#: job's options JSON: the one place the keys are named here (the script names them in
+#: its table ``OPT``, ``streamkit/_lua/lib/jobs/options.lua``; ``tests/test_lua.py``
+#: checks that the two agree).
+OPTION_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "priority": "p",
+        "delay_ms": "d",
+        "at_ms": "a",
+        "expires_ms": "e",
+        "dedupe": "w",
+        "after": "after",
+        "remote": "x",
+        "limit_key": "k",
+        "headers": "h",
+        "name": "n",
+        "max_tries": "m",
+        "result_ttl_s": "t",
+        "limits": "l",
+        "dedupe_window_s": "dw",
+        "feed": "f",
+        "order": "o",
+    }
+)
+_O = OPTION_KEYS
 
 
 class JobLike(Protocol):
@@ -153,17 +181,17 @@ def add_call_times(opts: dict[str, Any], call: JobCall) -> None:
     """Add to the enqueue script's options what ``call`` says of when it runs (``delay``,
     ``at``, ``expires``) and whether it has an id of its own (to dedupe by)."""
     if call.delay is not None:
-        opts["d"] = _ms(call.delay, "delay")
+        opts[_O["delay_ms"]] = _ms(call.delay, "delay")
     if call.at is not None:
-        opts["a"] = _at_ms(call.at, "at")
+        opts[_O["at_ms"]] = _at_ms(call.at, "at")
     if call.expires is not None:
-        opts["e"] = (
+        opts[_O["expires_ms"]] = (
             _at_ms(call.expires, "expires")
             if isinstance(call.expires, datetime)
             else -_ms(call.expires, "expires")
         )
     if call.job_id is not None:
-        opts["w"] = 1
+        opts[_O["dedupe"]] = 1
 
 
 def _options(
@@ -172,14 +200,14 @@ def _options(
     """The per-job options field of the enqueue script: "" when there are none."""
     opts: dict[str, Any] = {}
     if key is not None:
-        opts["k"] = key
+        opts[_O["limit_key"]] = key
     if headers is not None:
-        opts["h"] = headers.decode()
+        opts[_O["headers"]] = headers.decode()
     if call.priority is not None:
-        opts["p"] = PRIORITIES[call.priority]
+        opts[_O["priority"]] = PRIORITIES[call.priority]
     add_call_times(opts, call)
     if after:
-        opts["after"] = after
+        opts[_O["after"]] = after
     return orjson.dumps(opts) if opts else b""
 
 
@@ -273,7 +301,7 @@ class EnqueuePlan:
                     deps = self.remote.get(fields[i])
                     if deps:
                         opts = orjson.loads(fields[i + 2] or b"{}")
-                        opts["x"] = {
+                        opts[_O["remote"]] = {
                             dep: answer(linked[(dep, fields[i])]) if linked else ["unknown"]
                             for dep, _ in deps
                         }

@@ -23,6 +23,7 @@ from .._backoff import Backoff
 from .._defaults import DEFAULT_JOB_LEASE_TTL, DEFAULT_JOB_MAX_DELIVERIES
 from .._errors import ConfigError, JobNotFound, RedisUnavailable
 from .._keys import validate_name
+from .._lua import script
 from .._nurseries import open_service_nursery
 from .._redis import (
     LuaScript,
@@ -84,9 +85,9 @@ __all__ = ["JobQueue", "QueueCounts", "open_job_queue"]
 
 log = logging.getLogger("streamkit.jobs")
 
-_ABORT = LuaScript(_scripts.ABORT_LUA)
-_WATCH = LuaScript(_scripts.WATCH_LUA)
-_CONTROL = LuaScript(_scripts.CONTROL_LUA)
+_ABORT = LuaScript(script("jobs/abort"))
+_WATCH = LuaScript(script("jobs/watch"))
+_CONTROL = LuaScript(script("jobs/control"))
 
 
 @attrs.define(eq=False)

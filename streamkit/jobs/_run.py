@@ -21,9 +21,9 @@ import trio
 from .._backoff import jitter_draw
 from .._errors import ConfigError, EncodeError
 from .._logs import log_context
+from .._lua import script
 from .._redis import LuaScript, retry_idempotent
 from .._wire import text
-from . import _scripts
 from ._arguments import BadArguments, decode_arguments
 from ._context import JobContext, running
 from ._model import dumps
@@ -44,7 +44,7 @@ __all__ = ["TryRunner", "progress"]
 
 log = logging.getLogger("streamkit.jobs")
 
-_PROGRESS = LuaScript(_scripts.PROGRESS_LUA)
+_PROGRESS = LuaScript(script("jobs/progress"))
 
 
 async def progress(fraction: float, message: str = "") -> None:

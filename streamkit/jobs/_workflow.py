@@ -25,7 +25,16 @@ from ._batches import chunks
 from ._layout import ShardKeys, shard_for
 from ._limits import limit_key_of, limit_shard
 from ._model import PRIORITIES, JobCall
-from ._plan import ENQUEUE_CHUNK, JobLike, _headers, _ms, add_call_times, answer, encode_arguments
+from ._plan import (
+    ENQUEUE_CHUNK,
+    OPTION_KEYS,
+    JobLike,
+    _headers,
+    _ms,
+    add_call_times,
+    answer,
+    encode_arguments,
+)
 from ._trace import inject_trace
 
 if TYPE_CHECKING:
@@ -50,6 +59,8 @@ __all__ = [
 
 #: The job name of a group's gather node (in counts; no worker runs it).
 GATHER = "(group)"
+
+_O = OPTION_KEYS
 
 
 @attrs.frozen
@@ -312,35 +323,34 @@ def _defaults(node: Node) -> tuple[Any, ...]:
 def _options(
     node: Node, deps: list[str], all_deps: list[str], key: str | None, headers: bytes | None
 ) -> dict[str, Any]:
-    """A workflow job's options for the enqueue script, complete (see ENQUEUE_LUA)."""
+    """A workflow job's options for the enqueue script, complete (see jobs/enqueue.lua)."""
     call = node.call
     opts: dict[str, Any] = {}
     if node.job is None:
-        opts.update(n=GATHER, m=1, t=86400, p=1)
+        opts.update({_O["name"]: GATHER, _O["max_tries"]: 1, _O["result_ttl_s"]: 86400})
+        opts[_O["priority"]] = 1
     else:
         options = node.job.options
-        opts.update(
-            n=node.job.name,
-            m=options.retries + 1,
-            t=math.ceil(options.result_ttl),
-            p=PRIORITIES[call.priority or options.priority],
-        )
+        opts[_O["name"]] = node.job.name
+        opts[_O["max_tries"]] = options.retries + 1
+        opts[_O["result_ttl_s"]] = math.ceil(options.result_ttl)
+        opts[_O["priority"]] = PRIORITIES[call.priority or options.priority]
         if options.limits:
-            opts["l"] = options.limits
+            opts[_O["limits"]] = options.limits
         if options.expires is not None and call.expires is None:
-            opts["e"] = -_ms(options.expires, "expires")
+            opts[_O["expires_ms"]] = -_ms(options.expires, "expires")
     add_call_times(opts, call)
     if call.job_id is not None and node.job is not None:
-        opts["dw"] = node.job.options.dedupe_window
+        opts[_O["dedupe_window_s"]] = node.job.options.dedupe_window
     if deps:
-        opts["after"] = deps
+        opts[_O["after"]] = deps
     if node.feed is not None:
-        opts["f"] = node.feed
-        opts["o"] = all_deps
+        opts[_O["feed"]] = node.feed
+        opts[_O["order"]] = all_deps
     if key is not None:
-        opts["k"] = key
+        opts[_O["limit_key"]] = key
     if headers is not None:
-        opts["h"] = headers.decode()
+        opts[_O["headers"]] = headers.decode()
     return opts
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, cast
 import redis
 
 from .. import _keys, _redispy
+from .._errors import StreamkitError
 from .._wire import REDIS_MAX_BULK, text
 
 if TYPE_CHECKING:
@@ -87,9 +88,8 @@ def server_bulk_limit(client: Client) -> int:
     without ``+config|get``), renamed (managed services), or a cluster's nodes.
     """
     try:
-        reply = cast("dict[str | bytes, str | bytes]", client.config_get("proto-max-bulk-len"))
+        with _redispy.redis_errors("redis"):
+            reply = cast("dict[str | bytes, str | bytes]", client.config_get("proto-max-bulk-len"))
         return int(next(iter(reply.values())))
-    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-        return REDIS_MAX_BULK
-    except (StopIteration, AttributeError, TypeError, ValueError):
+    except (StreamkitError, StopIteration, AttributeError, TypeError, ValueError):
         return REDIS_MAX_BULK

@@ -27,7 +27,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from .. import _keys
+from .. import _keys, _lua
 from .._codec import Codec, codec_for
 from .._errors import DecodeError
 from ._client import Client, connect, redis_errors
@@ -45,12 +45,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # as a plain EVAL command: redis-py's cluster pipelines refuse EVALSHA and have an
 # eval() of their own that takes no script; the script is short, and its one key routes
 # it to the partition's node.
-_IDS_SCRIPT = """
-local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
-local ids = {}
-for i, entry in ipairs(entries) do ids[i] = entry[1] end
-return ids
-"""
+_IDS_SCRIPT = _lua.script("spark/ids")
 
 
 class PartitionRange(InputPartition):  # type: ignore[misc, unused-ignore]
@@ -277,8 +272,8 @@ def _limited(
         for partition, (low, high) in enumerate(zip(begin, latest, strict=True)):
             pipe.execute_command(
                 "EVAL",
-                _IDS_SCRIPT,
-                1,
+                _IDS_SCRIPT.text,
+                _IDS_SCRIPT.numkeys,
                 _keys.stream_key(options.app, options.stream, partition),
                 "(" + format_position(low),
                 format_position(high),

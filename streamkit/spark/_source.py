@@ -9,8 +9,10 @@ from pyspark.sql.datasource import DataSource
 
 from .. import _keys
 from .._errors import ConfigError, MetadataMismatch, StreamkitError
+from .._lua import script
+from .._redispy import run_script
 from .._spec import record_metadata
-from .._wire import METADATA_LUA, METADATA_VERSION
+from .._wire import METADATA_VERSION
 from ._client import connect, read_metadata, redis_errors, server_bulk_limit
 from ._options import (
     ReadOptions,
@@ -187,11 +189,12 @@ class StreamkitDataSource(DataSource):  # type: ignore[misc, unused-ignore]
             **record_metadata(record),
             "partition_by": options.key,
         }
-        script = client.register_script(METADATA_LUA)
         with redis_errors(options.url):
-            script(
-                keys=[_keys.meta_key(options.app, options.stream)],
-                args=list(itertools.chain.from_iterable(mine.items())),
+            run_script(
+                client,
+                script("streams/metadata"),
+                [_keys.meta_key(options.app, options.stream)],
+                list(itertools.chain.from_iterable(mine.items())),
             )
         return read_metadata(client, options.url, options.app, options.stream)
 

@@ -25,14 +25,13 @@ import attrs
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from .. import _keys
-from .._acl import remember_script
+from .. import _keys, _lua
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
+from .._redispy import run_script
 from .._urls import masked_repr
 from .._wire import (
-    APPEND_AND_TRIM_LUA,
     DEFAULT_MAX_RECORD_SIZE,
     DEFAULT_SEND_CHUNK_BYTES,
     REDIS_MAX_BULK,
@@ -55,24 +54,8 @@ log = logging.getLogger("streamkit.spark")
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
-# KEYS: stream, marker. ARGV: partition_size, max_len (0 = no cap), marker ttl, then per
-# entry: field count, fields... Returns {number appended, unacknowledged entries the hard
-# cap dropped}; {-1, 0} when the marker was there (the chunk was written before).
-# The appending and trimming part is the producer's send script, unchanged.
-_WRITE_SCRIPT = (
-    """
-local key = KEYS[1]
-local keep = tonumber(ARGV[1])
-local cap = tonumber(ARGV[2])
-local first = 4
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', tonumber(ARGV[3])) then
-  return {-1, 0}
-end
-"""
-    + APPEND_AND_TRIM_LUA
-    + "return {#ids, dropped}\n"
-)
-remember_script(_WRITE_SCRIPT)
+# The append of one chunk, once per marker (see its file).
+_WRITE_SCRIPT = _lua.script("spark/write")
 
 
 def marker_key(
@@ -212,7 +195,6 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
     chunks = [0] * plan.partition_count
     appended = skipped = 0
     with connect(plan.url) as client:
-        script = client.register_script(_WRITE_SCRIPT)
         head: list[bytes | int] = [plan.partition_size, plan.max_len or 0, plan.marker_ttl]
 
         def flush(partition: int) -> None:
@@ -221,9 +203,11 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
                 plan.app, plan.stream, partition, write_id, batch, task, chunks[partition]
             )
             with redis_errors(plan.url):
-                done, dropped = script(
-                    keys=[_keys.stream_key(plan.app, plan.stream, partition), marker],
-                    args=head + buffers[partition],
+                done, dropped = run_script(
+                    client,
+                    _WRITE_SCRIPT,
+                    [_keys.stream_key(plan.app, plan.stream, partition), marker],
+                    head + buffers[partition],
                 )
             if done < 0:
                 skipped += 1

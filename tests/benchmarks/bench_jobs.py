@@ -520,14 +520,14 @@ async def _enqueued(redis: Any, n: int) -> JobQueue:
 
 
 async def bare_claim_loop(redis: Any, n: int) -> Lifecycle:
-    """The queue's own claim and finish scripts (streamkit.jobs._scripts) called back to
+    """The queue's own claim and finish scripts (jobs/claim, jobs/finish) called back to
     back, 32 jobs per claim, with no worker around them: what taking a job and letting
     it go costs in Redis, and the most one process gets from the scripts."""
+    from streamkit._lua import script
     from streamkit._redis import LuaScript
-    from streamkit.jobs import _scripts
     from streamkit.jobs._claim import ensure_groups
 
-    claim, finish = LuaScript(_scripts.CLAIM_LUA), LuaScript(_scripts.FINISH_LUA)
+    claim, finish = LuaScript(script("jobs/claim")), LuaScript(script("jobs/finish"))
     queue = await _enqueued(redis, n)
     lease_ms = math.ceil(queue.lease_ttl * 1000)
     for shard in range(len(queue.shard_keys)):

@@ -43,17 +43,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from streamkit import open_redis
+from streamkit._lua import script
 from streamkit._redis import LuaScript, call_once
 from streamkit.jobs import JobCall, open_job_queue
 from streamkit.jobs._claim import ensure_groups, hand_back
 from streamkit.jobs._finish import settle_all
-from streamkit.jobs._scripts import (
-    ABORT_LUA,
-    CLAIM_LUA,
-    COUNTS_LUA,
-    FINISH_LUA,
-    SETTLE_LUA,
-)
 from streamkit.testing import RedisServer
 
 if TYPE_CHECKING:
@@ -62,11 +56,11 @@ if TYPE_CHECKING:
     from streamkit import Redis
     from streamkit.jobs import JobQueue
 
-_ABORT = LuaScript(ABORT_LUA)
-_CLAIM = LuaScript(CLAIM_LUA)
-_COUNTS = LuaScript(COUNTS_LUA)
-_FINISH = LuaScript(FINISH_LUA)
-_SETTLE = LuaScript(SETTLE_LUA)
+_ABORT = LuaScript(script("jobs/abort"))
+_CLAIM = LuaScript(script("jobs/claim"))
+_COUNTS = LuaScript(script("jobs/counts"))
+_FINISH = LuaScript(script("jobs/finish"))
+_SETTLE = LuaScript(script("jobs/settle"))
 
 ROWS: list[tuple[str, str, str, str, str, str]] = []
 #: Calls slower than this (microseconds) are logged, and the longest one shown: a log

@@ -28,8 +28,8 @@ import time
 import trio
 
 from streamkit import App, Record
+from streamkit._lua import script
 from streamkit._redis import LuaScript
-from streamkit._wire import ACK_LUA
 from streamkit.testing import RedisServer
 
 
@@ -101,11 +101,11 @@ async def case_acknowledgement(app: App, entries: int) -> str:
     await fill(app, key, entries)
     await app.redis.xgroup_create(key, GROUP, "$")
     await app.redis.set(LOCK, "me")
-    script = LuaScript(ACK_LUA)
+    ack = LuaScript(script("commit/ack"))
     await app.redis.slowlog_reset()
     acks = 0
     while await app.redis.xlen(key) > 1100:
-        await script(app.redis, keys=[key, LOCK], args=["me", GROUP, 1000, 1, "0-1"])
+        await ack(app.redis, keys=[key, LOCK], args=["me", GROUP, 1000, 1, "0-1"])
         acks += 1
     slowest, _ = await slowest_calls(app)
     return f"acknowledgement   {slowest}   ({acks} acknowledgements to trim it)"

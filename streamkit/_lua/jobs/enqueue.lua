@@ -1,0 +1,143 @@
+-- Adds jobs, in order (a job may depend on one before it in the same call). Per job:
+-- its id, its arguments (JSON), its options ("" for the batch's defaults, else a JSON
+-- object with any of the options lib/jobs/options names).
+--
+-- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
+-- TAG: {shard}
+-- ARGV: base, name, priority, delay_ms (relative; 0: none), max_tries, result_ttl_s,
+--   dedupe_window_s (for jobs with an id of the caller's), expires_ms (absolute;
+--   negative: relative to now; 0: none), limits (the lim field; "" for none),
+--   (id, args, options)...
+-- REPLY: [int] (per job: 1 new, 0 a duplicate)
+--#include lib/jobs/clock
+--#include lib/jobs/options
+--#include lib/jobs/record
+--#include lib/jobs/queue
+--#include lib/jobs/handed
+--#include lib/jobs/dependents
+
+-- The failure a failure callback gets for a job that is unknown.
+local function unknown_job(id)
+  return '{"id":' .. cjson.encode(id) .. ',"name":"","status":"unknown","error":null}'
+end
+
+local now = now_ms()
+local d_name = ARGV[2]
+local d_prio, d_delay, d_tries, d_ttl = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local window, d_expires, d_lim = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local out = {}
+for i = 10, #ARGV, 3 do
+  local id, args, opts = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local name, prio, delay, at, expires, dedupe = d_name, d_prio, d_delay, 0, d_expires, false
+  local max_tries, ttl, lim, win = d_tries, d_ttl, d_lim, window
+  local o = {}
+  if opts ~= '' then
+    o = cjson.decode(opts)
+    if o[OPT.name] then name = o[OPT.name] end
+    if o[OPT.max_tries] then max_tries = o[OPT.max_tries] end
+    if o[OPT.result_ttl_s] then ttl = o[OPT.result_ttl_s] end
+    if o[OPT.limits] then lim = o[OPT.limits] end
+    if o[OPT.dedupe_window_s] then win = o[OPT.dedupe_window_s] end
+    if o[OPT.priority] then prio = tostring(o[OPT.priority]) end
+    if o[OPT.delay_ms] then delay = o[OPT.delay_ms] end
+    if o[OPT.at_ms] then
+      at = o[OPT.at_ms]
+      -- its own time, not the batch's default delay
+      if not o[OPT.delay_ms] then delay = 0 end
+    end
+    if o[OPT.expires_ms] then expires = o[OPT.expires_ms] end
+    dedupe = o[OPT.dedupe] == 1
+  end
+  local k = jkey(id)
+  local fresh = true
+  if dedupe then
+    local st = redis.call('HGET', k, 'status')
+    local marked = redis.call('SET', B .. ':once:' .. id, '1', 'NX', 'EX', win)
+    if not marked or (st and not FINAL[st]) then fresh = false end
+    if fresh and st then
+      -- an earlier run's record, outside the window: the new run replaces it
+      if st == 'dead' then
+        local d = redis.call('HGET', k, 'dead_entry')
+        if d then redis.call('XDEL', DEAD, d) end
+        move(redis.call('HGET', k, 'name'), 'dead', nil)
+      end
+      redis.call('DEL', k)
+    end
+  end
+  if fresh then
+    local due = 0
+    if delay > 0 then due = now + delay elseif at > 0 then due = at end
+    redis.call('HSET', k, 'name', name, 'args', args, 'prio', prio, 'max_tries', max_tries,
+      'ttl', ttl, 'enqueued', now)
+    if lim ~= '' then redis.call('HSET', k, 'lim', lim) end
+    if o[OPT.limit_key] then redis.call('HSET', k, 'lk', o[OPT.limit_key]) end
+    if o[OPT.headers] then redis.call('HSET', k, 'hdr', o[OPT.headers]) end
+    if expires ~= 0 then
+      if expires < 0 then expires = now - expires end
+      redis.call('HSET', k, 'expires', expires)
+    end
+    if due > 0 then redis.call('HSET', k, 'due', due) end
+    local remote = o[OPT.remote] or {}
+    local deps = #(o[OPT.after] or {})
+    for _ in pairs(remote) do deps = deps + 1 end
+    if deps > 0 then
+      -- Waiting first, for every dependency; each one already over is handed to it at
+      -- once (the last one releases it), the others hand it their end when they end.
+      redis.call('HSET', k, 'status', 'waiting', 'pending', deps)
+      if o[OPT.feed] then
+        redis.call('HSET', k, 'feed', o[OPT.feed], 'order',
+          cjson.encode(o[OPT.order] or o[OPT.after]))
+      end
+      move(name, nil, 'waiting')
+      for _, dep in ipairs(o[OPT.after] or {}) do
+        local ds = redis.call('HGET', jkey(dep), 'status')
+        if ds and not FINAL[ds] then
+          redis.call('SADD', B .. ':deps:' .. dep, id)
+          redis.call('HSET', jkey(dep), 'dependents', 1)
+        else
+          local data, detail, cause = unknown_job(dep), nil, nil
+          if ds then data, detail, cause = handed(dep, ds == 'success', ds) end
+          hand_to(id, dep, ds == 'success', data, detail, cause, ds or 'unknown', now)
+        end
+      end
+      local linked = false
+      for dep, r in pairs(remote) do
+        if r[1] == 'linked' then
+          redis.call('SADD', B .. ':xpend:' .. id, dep)
+          linked = true
+        else
+          local detail, cause = r[3], r[4]
+          if detail == '' then detail = nil end
+          if cause == '' then cause = nil end
+          hand_to(id, dep, r[1] == 'success', r[2] or unknown_job(dep), detail, cause, r[1], now)
+        end
+      end
+      if linked then
+        redis.call('HSET', k, 'xp', 1)
+        -- ends delivered before this job existed (the link came first)
+        local ek = B .. ':early:' .. id
+        local early = redis.call('HGETALL', ek)
+        for e = 1, #early, 2 do
+          if redis.call('SREM', B .. ':xpend:' .. id, early[e]) == 1 then
+            local it = cjson.decode(early[e + 1])
+            local detail, cause = it[5], it[6]
+            if detail == false then detail = nil end
+            if cause == false then cause = nil end
+            hand_to(id, early[e], it[3] == 1, it[4], detail, cause, it[7], now)
+          end
+        end
+        redis.call('DEL', ek)
+      end
+    elseif due > now then
+      redis.call('ZADD', SCHED, due, id)
+      redis.call('HSET', k, 'status', 'scheduled')
+      move(name, nil, 'scheduled')
+    else
+      push(id, k, name, nil, 'sent')
+    end
+    table.insert(out, 1)
+  else
+    table.insert(out, 0)
+  end
+end
+return out

@@ -1,0 +1,100 @@
+-- Finishes jobs, fenced. Per job: id, token, outcome (ok, retry, dead, aborted,
+-- release), data (result or error JSON), number (retry delay ms; for ok, 1 to keep the
+-- result). A retry or release of a job whose abort was requested while it ran ends it
+-- aborted. Per job the reply says 1 if committed, 0 if this claim no longer owns it
+-- (nothing was written for it), 2 if this claim finished it already (sent again after a
+-- reply was lost: nothing more is written).
+--
+-- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
+-- TAG: {shard}
+-- ARGV: base, lease_ms, (id, token, outcome, data, number)...
+-- REPLY: {replies: [int], settling: int (jobs with dependents left to settle)}
+--#include lib/jobs/batched
+--#include lib/jobs/clock
+--#include lib/jobs/history
+--#include lib/jobs/numbers
+--#include lib/jobs/slots
+--#include lib/jobs/settling
+
+batch_moves()
+local lease = tonumber(ARGV[2])
+local now = now_ms()
+local out = {}
+-- Per priority, the entries of the jobs that ended: acknowledged and deleted at the
+-- end of the call, two commands for them all (XACK and XDEL each take many ids).
+local ENDED = {{}, {}, {}}
+for a = 3, #ARGV, 5 do
+  local id, token, outcome, data, number = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    tonumber(ARGV[a + 4])
+  local k = jkey(id)
+  local f = redis.call('HMGET', k, 'owner', 'name', 'prio', 'entry', 'status', 'w', 'ttl',
+    'dependents', 'worker', 'tries', 'abort', 'hist', 'lim', 'lk')
+  if f[1] ~= token or f[5] ~= 'executing' then
+    -- the token is worker:tries: its try was the last one started, and it is over
+    if f[9] and f[10] and f[9] .. ':' .. f[10] == token then
+      table.insert(out, 2)
+    else
+      table.insert(out, 0)
+    end
+  else
+    local name, p, e = f[2], tonumber(f[3]) + 1, f[4]
+    if f[11] and (outcome == 'retry' or outcome == 'release') then
+      -- aborted while this try ran: no other try
+      outcome, data = 'aborted', cjson.encode({type = 'Aborted', message = f[11]})
+    end
+    local ended = (outcome == 'release' and 'released') or (outcome == 'ok' and 'success')
+      or outcome
+    local hist = hist_add(f[12], hist_end(f[10], num(now), ended, outcome ~= 'ok' and data or nil))
+    if f[13] then release_slots(id, name, f[13], f[14]) end
+    if outcome == 'release' then
+      local consumer = string.match(token, '^(.*):%d+$')
+      redis.call('XCLAIM', Q[p], GROUP, consumer, 0, e, 'IDLE', lease + 1, 'JUSTID')
+      redis.call('HSET', k, 'owner', '', 'status', 'sent', 'hist', hist)
+      redis.call('HINCRBY', k, 'tries', -1)
+      move(name, 'executing', 'sent')
+    else
+      local ended_here = ENDED[p]
+      ended_here[#ended_here + 1] = e
+      redis.call('HDEL', k, 'entry')
+      if outcome == 'ok' then
+        -- the hot path, inlined: mark_final and settle with the fields read above
+        if number == 1 then
+          redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
+            'result', data, 'hist', hist)
+        else
+          redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
+            'hist', hist)
+        end
+        move(name, 'executing', 'success')
+        if f[6] then
+          redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success')
+        end
+        local ttl = tonumber(f[7] or '0')
+        if ttl and ttl > 0 then redis.call('EXPIRE', k, f[7]) end
+        if f[8] then settle(id, true) end
+      elseif outcome == 'retry' then
+        redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
+        redis.call('ZADD', SCHED, now + number, id)
+        move(name, 'executing', 'retry')
+      elseif outcome == 'aborted' then
+        redis.call('HSET', k, 'error', data, 'hist', hist)
+        mark_final(id, k, name, 'executing', 'aborted', now)
+        settle(id, false)
+      else
+        redis.call('HSET', k, 'hist', hist)
+        mark_dead(id, k, name, 'executing', data, now)
+        settle(id, false)
+      end
+    end
+    table.insert(out, 1)
+  end
+end
+for p = 1, 3 do
+  if #ENDED[p] > 0 then
+    redis.call('XACK', Q[p], GROUP, unpack(ENDED[p]))
+    redis.call('XDEL', Q[p], unpack(ENDED[p]))
+  end
+end
+local settling = settle_some(now, K.SETTLE_BUDGET)
+flush_moves()
+return {out, settling}

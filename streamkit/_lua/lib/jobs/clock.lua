@@ -1,0 +1,6 @@
+-- now_ms(): the server's clock, in milliseconds (never a client's).
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
