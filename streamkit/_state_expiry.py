@@ -24,10 +24,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import trio
-from coredis.tokens import PureToken
 
+from ._lua import script
 from ._partitioner import canonical_key_bytes
-from ._redis import redis_errors
+from ._redis import LuaScript, redis_errors
 from ._state_views import MISSING, UNKNOWN, TableView
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ __all__ = ["SWEEP_BATCH", "ExpiringTableView"]
 SWEEP_BATCH = 500
 
 _ABSENT: Any = UNKNOWN
+
+_DUE = LuaScript(script("tables/due"))
 
 
 class ExpiringTableView(TableView):
@@ -202,18 +204,10 @@ class ExpiringTableView(TableView):
         if clock < self.next_due and not self._unknown_head:
             return
         with redis_errors():
-            due: Any = await self._redis.zrange(
-                self._expiry_key,
-                "-inf",
-                clock,
-                sortby=PureToken.BYSCORE,
-                offset=0,
-                count=SWEEP_BATCH,
-                withscores=True,
-            )
+            reply: Any = await _DUE(self._redis, keys=[self._expiry_key], args=[clock, SWEEP_BATCH])
+        due, after = reply
         expired: list[bytes] = []
-        for member, _ in due:
-            field = member if isinstance(member, bytes) else member.encode()
+        for field in due[::2]:
             known = self._done_deadlines.get(field) or self._deadlines.get(field)
             if known is not None and known > clock:
                 continue  # written again since: a later deadline
@@ -222,24 +216,9 @@ class ExpiringTableView(TableView):
             expired.append(field)
         for field in expired:
             self._dirty[field] = (MISSING, None)
-        self._unknown_head = len(due) >= SWEEP_BATCH
-        if self._unknown_head:
-            self.next_due = clock
-        else:
-            later = [d for d in self._deadlines.values() if d > clock]
-            first: Any = None
-            with redis_errors():
-                first = await self._redis.zrange(
-                    self._expiry_key,
-                    clock + 1,
-                    "+inf",
-                    sortby=PureToken.BYSCORE,
-                    offset=0,
-                    count=1,
-                    withscores=True,
-                )
-            known_next = float(first[0][1]) if first else math.inf
-            self.next_due = min([known_next, *later])
+        self._unknown_head = False
+        later = [d for d in self._deadlines.values() if d > clock]
+        self.next_due = min([math.inf if after is None else float(after), *later])
 
     def __repr__(self) -> str:
         return (

@@ -23,11 +23,12 @@ import orjson
 from . import _keys
 from ._errors import ConfigError, DecodeError, EncodeError
 from ._json_converter import converter
+from ._lua import script
 from ._partitioner import canonical_key_bytes
-from ._redis import redis_errors
+from ._redis import LuaScript, redis_errors
 from ._state import _current, current_view, writing_view
 from ._state_views import MISSING, PLAIN_TYPES, UNKNOWN
-from ._tables_base import KeyedState, check_storable
+from ._tables_base import SCAN_COUNT, KeyedState, check_storable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -41,6 +42,10 @@ V = TypeVar("V")
 log = logging.getLogger("streamkit.tables")
 
 _NO_DEFAULT: Any = object()
+
+#: Reads a table whose keys expire, never returning an expired key (by Redis's clock).
+_READ = LuaScript(script("tables/read"))
+_SCAN = LuaScript(script("tables/scan"))
 
 
 @attrs.define(eq=False, repr=False)
@@ -179,11 +184,20 @@ class Table(KeyedState, Generic[V]):
         last, without its uncommitted writes.
         """
         client = self._redis(redis)
+        partition = self.partition_of(key)
+        field = canonical_key_bytes(key)
         with redis_errors():
-            raw = await client.hget(self.key(self.partition_of(key)), canonical_key_bytes(key))
+            if self.ttl is None:
+                raw = await client.hget(self.key(partition), field)
+            else:
+                (raw,) = await _READ(client, keys=self._expiring_keys(partition), args=[field])
         if raw is None:
             return self.default if default is _NO_DEFAULT else default  # type: ignore[return-value]
         return self.decode(raw)
+
+    def _expiring_keys(self, partition: int) -> list[str]:
+        """The keys the readers of a table with a ``ttl`` name: its hash, its index."""
+        return [self.key(partition), self.expiry_key(partition)]
 
     async def read_many(self, keys: Iterable[object], *, redis: Redis | None = None) -> list[V]:
         """The committed values of ``keys``, in order (``default`` where missing)."""
@@ -196,7 +210,10 @@ class Table(KeyedState, Generic[V]):
         with redis_errors():
             for partition, positions in by_partition.items():
                 fields = [canonical_key_bytes(keys[i]) for i in positions]
-                raws = await client.hmget(self.key(partition), fields)
+                if self.ttl is None:
+                    raws = await client.hmget(self.key(partition), fields)
+                else:
+                    raws = await _READ(client, keys=self._expiring_keys(partition), args=fields)
                 for i, raw in zip(positions, raws, strict=True):
                     if raw is not None:
                         out[i] = self.decode(raw)
@@ -211,8 +228,23 @@ class Table(KeyedState, Generic[V]):
         incremental (``HSCAN``): a table changing meanwhile may show a key twice or
         miss one written during the scan, never a value that was not committed.
         """
-        async for field, raw in self._scan(partition, redis):
-            yield field.decode(), self.decode(raw)
+        if self.ttl is None:
+            async for field, raw in self._scan(partition, redis):
+                yield field.decode(), self.decode(raw)
+            return
+        client = self._redis(redis)
+        partitions = range(self._home().partition_count) if partition is None else [partition]
+        for p in partitions:
+            cursor: Any = 0
+            while True:
+                with redis_errors():
+                    cursor, flat = await _SCAN(
+                        client, keys=self._expiring_keys(p), args=[cursor, SCAN_COUNT]
+                    )
+                for i in range(0, len(flat), 2):
+                    yield flat[i].decode(), self.decode(flat[i + 1])
+                if int(cursor) == 0:
+                    break
 
     def __repr__(self) -> str:
         where = f" of {self.stream.name!r} by {self.processor!r}" if self.stream is not None else ""

@@ -52,6 +52,9 @@ PINS = {
     "streams/outbox_delete": "ee8b96c3e8d3401f066cbfa875e8ab9594e90906",
     "streams/outbox_read": "440b0aa9a46c302270ff24407d12e9e467be0c35",
     "streams/relay": "af22d3d4e459b535d8c115d16db4d374f41096c4",
+    "tables/due": "00fcef705595790f0dc93879fa437bbd1b3949fe",
+    "tables/read": "68f4f57f1bf8bfcd5e1498c0b99b5fac41379561",
+    "tables/scan": "cbaeeecf49183416c908998be86910b4c71d9d1d",
 }
 
 
@@ -267,8 +270,14 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
                 _keys.spark_marker_key(_APP, _STREAM, _N, "w", "b", 0, 1),
             ],
             "finished": [marker_key(_PARTITION, "t0")],
+            "table": [_keys.table_key(_APP, _STREAM, "counts", _N)],
+            "expiry": [_keys.table_expiry_key(_APP, _STREAM, "counts", _N)],
             "written": [
                 _keys.table_key(_APP, _STREAM, "counts", _N),
+                _keys.table_expiry_key(_APP, _STREAM, "counts", _N),
+                _keys.windows_key(_APP, _STREAM, "tens", _N),
+                _keys.window_values_key(_APP, _STREAM, "tens", _N, 60_000),
+                _keys.window_closed_key(_APP, _STREAM, "tens", _N, 60_000),
                 _keys.window_key(_APP, _STREAM, "sums", _N),
                 _keys.window_index_key(_APP, _STREAM, "sums", _N),
                 _keys.state_key(_APP, _STREAM, _PROC, _N),

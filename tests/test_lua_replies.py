@@ -182,8 +182,30 @@ async def jobs(call: Calls) -> None:
     assert await call("jobs/purge", JOB_KEYS, [BASE, "j4"]) == [b"j4"]
 
 
+async def tables(call: Calls) -> None:
+    """A table whose keys expire: reads and pages never show an expired key."""
+    redis = call.redis
+    table = _keys.table_key("shop", "orders", "counts", 3)
+    expiry = _keys.table_expiry_key("shop", "orders", "counts", 3)
+    await redis.hset(table, {b"a": b"1", b"b": b"2", b"c": b"3"})
+    await redis.zadd(expiry, {b"a": 1, b"b": 2**52})  # a expired long ago; c has none
+    assert await call("tables/read", [table, expiry], [b"a", b"b", b"c", b"d"]) == [
+        None,
+        b"2",
+        b"3",
+        None,
+    ]
+    cursor, items = await call("tables/scan", [table, expiry], [0, 100])
+    assert cursor == b"0"
+    assert dict(zip(items[::2], items[1::2], strict=True)) == {b"b": b"2", b"c": b"3"}
+    due, after = await call("tables/due", [expiry], [2**53, 10])
+    assert due[::2] == [b"a"], "a key's deadline beyond Redis's clock is not due yet"
+    assert int(after) == 2**52
+
+
 SCENARIOS: dict[str, Callable[[Calls], Awaitable[None]]] = {
     "streams": streams,
+    "tables": tables,
     "commit": commit,
     "locks": locks,
     "jobs": jobs,

@@ -137,4 +137,40 @@ async def test_expired_keys_are_never_read_and_are_swept_on_a_quiet_partition(
 
 
 async def server_ms(redis: Redis) -> int:
-    return math.floor((await redis.time()).timestamp() * 1000)
+    """Redis's clock, in ms (as the scripts read it)."""
+    now = await redis.eval(
+        "local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)", [], []
+    )
+    return int(now)
+
+
+async def test_no_reader_returns_an_expired_key_swept_or_not(redis_url: str, redis: Redis) -> None:
+    """Keys past their deadline and not swept yet (no worker runs): every reader, in any
+    process, leaves them out."""
+    app, _, counts = visits_app(redis_url, [])
+    users = [f"u{i}" for i in range(20)]
+    now = await server_ms(redis)
+    for i, user in enumerate(users):
+        partition = counts.partition_of(user)
+        await redis.hset(counts.key(partition), {user: str(i)})
+        # The even ones expired a second ago; the odd ones expire in an hour.
+        deadline = now - 1000 if i % 2 == 0 else now + 3_600_000
+        await redis.zadd(counts.expiry_key(partition), {user: deadline})
+    alive = {user: i for i, user in enumerate(users) if i % 2}
+    expected_many = [alive.get(user, 0) for user in users]
+    async with app:
+        assert [await counts.read(user) for user in users] == expected_many
+        assert await counts.read_many(users) == expected_many
+        assert dict([item async for item in counts.items()]) == alive
+    client = app.blocking()
+    try:
+        got = await trio.to_thread.run_sync(
+            lambda: (
+                [client.read(counts, user) for user in users],
+                client.read_many(counts, users),
+                dict(client.items(counts)),
+            )
+        )
+    finally:
+        client.close()
+    assert got == (expected_many, expected_many, alive)

@@ -138,6 +138,8 @@ Op = Generator[Request, Any, T]
 
 _APPEND = _lua.script("streams/append")
 _METADATA = _lua.script("streams/metadata")
+_TABLE_READ = _lua.script("tables/read")
+_TABLE_SCAN = _lua.script("tables/scan")
 _ENQUEUE = _lua.script("jobs/enqueue")
 _WATCH = _lua.script("jobs/watch")
 _ABORT = _lua.script("jobs/abort")
@@ -633,10 +635,25 @@ def table_read(table: Table[Any] | WindowedTable[Any], key: object, default: Any
             if raw is not None
         )
         return [(Window.from_ms(start, end), value) for start, end, value in found]
-    raw = yield from retried(
-        Call.command("HGET", table.key(partition), field), what=f"reading table {table.name}"
-    )
+    call = _table_get(table, partition, [field], one=True)
+    raw = yield from retried(call, what=f"reading table {table.name}")
+    if isinstance(raw, list):  # read through tables/read (a table whose keys expire)
+        raw = raw[0]
     return _missing(table, default) if raw is None else _decoded(table, raw)
+
+
+def _table_get(
+    table: Table[Any] | WindowedTable[Any], partition: int, fields: list[bytes], *, one: bool
+) -> Call:
+    """The call reading ``fields`` of a table's partition: ``HGET`` (``one``) or
+    ``HMGET``, or, for a table whose keys expire, ``tables/read`` (a list, never an
+    expired key)."""
+    if getattr(table, "ttl", None) is not None:
+        keys = [table.key(partition), table.expiry_key(partition)]  # type: ignore[union-attr]
+        return Call.run(_TABLE_READ, keys, fields)
+    if one:
+        return Call.command("HGET", table.key(partition), fields[0])
+    return Call.command("HMGET", table.key(partition), *fields)
 
 
 def _window_hashes(table: WindowedTable[Any], partition: int) -> Op[list[tuple[int, int, str]]]:
@@ -682,7 +699,7 @@ def table_read_many(
             windows.append((yield from table_read(table, key, _NO_DEFAULT)))  # noqa: PERF401
         return windows
     calls = [
-        Call.command("HMGET", table.key(p), *(canonical_key_bytes(keys[i]) for i in positions))
+        _table_get(table, p, [canonical_key_bytes(keys[i]) for i in positions], one=False)
         for p, positions in by_partition.items()
     ]
     out = [_missing(table, _NO_DEFAULT)] * len(keys)
@@ -717,6 +734,13 @@ def table_page(
             (field.decode(), [(Window.from_ms(s, e), v) for s, e, v in sorted(found)])
             for field, found in by_key.items()
         ]
+    if getattr(table, "ttl", None) is not None:
+        keys = [table.key(partition), table.expiry_key(partition)]  # type: ignore[union-attr]
+        next_cursor, flat = yield from retried(
+            Call.run(_TABLE_SCAN, keys, [cursor, SCAN_COUNT]), what=f"reading table {table.name}"
+        )
+        items = [(flat[i].decode(), _decoded(table, flat[i + 1])) for i in range(0, len(flat), 2)]
+        return int(next_cursor), items
     reply = yield from retried(
         Call.command("HSCAN", table.key(partition), cursor, "COUNT", SCAN_COUNT),
         what=f"reading table {table.name}",

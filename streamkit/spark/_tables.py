@@ -26,8 +26,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .. import _keys
+from .. import _keys, _lua
 from .._keys import parse_window_member as parse_member
+from .._redispy import run_script
 from ._client import Client, connect, redis_errors
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from ._options import ReadOptions
 
 __all__ = ["TABLE_SCHEMA", "WINDOWED_SCHEMA", "TableReader", "table_kind"]
+
+#: A page of a table, without its expired keys (see streamkit._state_expiry).
+_SCAN = _lua.script("tables/scan")
 
 TABLE_SCHEMA = StructType(
     [
@@ -110,6 +114,9 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
         with connect(options.url) as client:
             if self.windowed:
                 yield from self._fixed_windows(client, partition.partition)
+            if not self.windowed:
+                yield from self._table(client, partition.partition, key)
+                return
             cursor = 0
             while True:
                 with redis_errors(options.url):
@@ -117,9 +124,6 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
                 cursor, page = reply
                 for field, raw in page.items():
                     name = field.decode()
-                    if not self.windowed:
-                        yield (partition.partition, name, raw.decode())
-                        continue
                     for start, end, value, emitted in orjson.loads(raw):
                         yield (
                             partition.partition,
@@ -131,6 +135,21 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
                         )
                 if cursor == 0:
                     return
+
+    def _table(self, client: Client, partition: int, key: str) -> Iterator[tuple[Any, ...]]:
+        """The rows of a table's partition, a page at a time, through ``tables/scan``: a
+        key whose ``ttl`` ran out (by Redis's clock) is not there, swept yet or not."""
+        options = self.options
+        assert options.table is not None
+        expiry = _keys.table_expiry_key(options.app, options.stream, options.table, partition)
+        cursor: Any = 0
+        while True:
+            with redis_errors(options.url):
+                cursor, flat = run_script(client, _SCAN, [key, expiry], [cursor, options.page_size])
+            for i in range(0, len(flat), 2):
+                yield (partition, flat[i].decode(), flat[i + 1].decode())
+            if int(cursor) == 0:
+                return
 
     def _fixed_windows(self, client: Client, partition: int) -> Iterator[tuple[Any, ...]]:
         """The rows of a tumbling or hopping table's windows: a hash per window."""

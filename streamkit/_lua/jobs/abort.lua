@@ -6,7 +6,7 @@
 -- TAG: {shard}
 -- ARGV: base, id, reason
 -- REPLY: {outcome: str, settling: int (jobs with dependents left to settle)}
---#include lib/jobs/clock
+--#include lib/clock
 --#include lib/jobs/settling
 
 local function unqueue(k)

@@ -18,7 +18,7 @@
 --   settling: int (jobs with dependents left to settle), paused: int (1: the queue is
 --   paused)}
 --#include lib/jobs/batched
---#include lib/jobs/clock
+--#include lib/clock
 --#include lib/jobs/history
 --#include lib/jobs/limits
 --#include lib/jobs/settling

@@ -8,7 +8,7 @@
 -- ARGV: base, message...
 -- REPLY: int (jobs with dependents left to settle, plus messages to other shards
 --   waiting to be delivered)
---#include lib/jobs/clock
+--#include lib/clock
 --#include lib/jobs/settling
 
 local now = now_ms()

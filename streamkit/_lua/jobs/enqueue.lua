@@ -9,7 +9,7 @@
 --   negative: relative to now; 0: none), limits (the lim field; "" for none),
 --   (id, args, options)...
 -- REPLY: [int] (per job: 1 new, 0 a duplicate)
---#include lib/jobs/clock
+--#include lib/clock
 --#include lib/jobs/options
 --#include lib/jobs/record
 --#include lib/jobs/queue

@@ -10,7 +10,7 @@
 -- ARGV: base, lease_ms, (id, token, outcome, data, number)...
 -- REPLY: {replies: [int], settling: int (jobs with dependents left to settle)}
 --#include lib/jobs/batched
---#include lib/jobs/clock
+--#include lib/clock
 --#include lib/jobs/history
 --#include lib/jobs/numbers
 --#include lib/jobs/slots

@@ -4,7 +4,7 @@
 -- TAG: {shard}
 -- ARGV: base, budget (the most dependents settled in this call)
 -- REPLY: int (the jobs with dependents left to settle)
---#include lib/jobs/clock
+--#include lib/clock
 --#include lib/jobs/settling
 
 settle_some(now_ms(), tonumber(ARGV[2]))
