@@ -22,6 +22,7 @@ from ._background import BackgroundTask
 from ._errors import ConfigError, NotConnected
 from ._policies import ExceptionPolicy
 from ._redis import Redis, open_redis
+from ._replay import ResetPlan, StateChoice, apply_reset, plan_reset
 from ._settings import Settings, check_setting_names
 from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
@@ -36,7 +37,7 @@ from .jobs._model import AppJobOptionsArgs, JobOptions, P as JobParams, R as Job
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
-    from datetime import timedelta
+    from datetime import datetime, timedelta
     from types import TracebackType
 
     from ._events import Events, Middleware
@@ -717,6 +718,67 @@ class App:
         if self._redis is None:
             raise NotConnected(self.name)
         return self._redis
+
+    async def plan_reset(
+        self,
+        processor: str,
+        *,
+        to: str | datetime,
+        state: StateChoice | None = None,
+        partitions: Sequence[int] | None = None,
+    ) -> ResetPlan:
+        """Work out where ``processor`` would read from after a reset, and how many
+        events it would process, changing nothing (what ``streamkit reset`` shows before
+        it asks). Inside ``async with app:``.
+
+        Args:
+            processor: the processor's name.
+            to: ``"start"``, ``"end"``, an entry id (``"1700000000000-0"``: from that
+                entry on), or an aware datetime (the events sent at or after it).
+            state: for a processor with tables, windows or outputs: ``"clear"`` (with
+                ``"start"``: rebuild its state from the retained events) or ``"keep"``
+                (process the events again against the state as it stands).
+            partitions: the partitions to reset (default: all).
+
+        Error handling:
+            :class:`~streamkit.lowlevel.ResetRefused` (one line, nothing changed) when
+            the state's fate is missing or cannot be exact; :class:`ConfigError` for an
+            unknown processor or partition.
+        """
+        return await plan_reset(
+            self, self._processor(processor), to=to, state=state, partitions=partitions
+        )
+
+    async def reset(
+        self,
+        processor: str,
+        *,
+        to: str | datetime,
+        state: StateChoice | None = None,
+        partitions: Sequence[int] | None = None,
+    ) -> ResetPlan:
+        """Reset where ``processor`` reads its stream from, as ``streamkit reset`` does
+        (see :meth:`plan_reset` for the arguments): one atomic step per partition,
+        moving its consumer group and, with ``state="clear"``, deleting its state of
+        the partition. Run it while no worker runs the processor. Returns the plan
+        applied.
+
+        Error handling:
+            As :meth:`plan_reset`; :class:`~streamkit.lowlevel.ResetIncomplete` if Redis
+            failed part-way (running it again finishes it).
+        """
+        found = self._processor(processor)
+        plan = await plan_reset(self, found, to=to, state=state, partitions=partitions)
+        if not plan.nothing_to_do:
+            await apply_reset(self, found, plan)
+        return plan
+
+    def _processor(self, name: str) -> Processor:
+        found = self.processors.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.processors)) or "none"
+            raise ConfigError("processor", f"unknown processor {name!r} (known: {known})")
+        return found
 
     async def __aenter__(self) -> Self:
         if self._entered == 0:

@@ -15,6 +15,8 @@ key                                what it holds
 ``__memb:{app.stream.proc}``       the processor's members and assignment
 ``__ctrl:{app.stream.proc}``       the processor's control stream
 ``__beat:{app.stream.proc}:ID``    member ID's heartbeat
+``__rset:{app.stream.proc}``       the last reset of the processor (JSON, for
+                                   ``streamkit status``; expires)
 ``__loss:{app.stream.proc}``       the last data loss a worker found for the processor
                                    (JSON, for ``streamkit status``; expires)
 ``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
@@ -76,6 +78,7 @@ __all__ = [
     "partition_lock_name",
     "processor_group",
     "relay_key",
+    "reset_key",
     "spark_marker_key",
     "state_key",
     "stream_key",
@@ -271,6 +274,11 @@ def control_key(group: str) -> str:
 def data_loss_key(group: str) -> str:
     """The last data loss a worker found for processor group ``group`` (for status)."""
     return f"__loss:{{{group}}}"
+
+
+def reset_key(group: str) -> str:
+    """The last reset of processor group ``group`` (``streamkit reset``, for status)."""
+    return f"__rset:{{{group}}}"
 
 
 def heartbeat_key(group: str, member_id: str) -> str:

@@ -266,9 +266,10 @@ async def run_worker(
                     async with trio.open_nursery() as nursery:
                         worker._nursery = nursery
                         worker._phase = "running"
-                        worker.data_loss = await nursery.start(
-                            watch_data_loss, app, selected, worker_name()
-                        )
+                        if selected:  # (it watches processors, and lives as long)
+                            worker.data_loss = await nursery.start(
+                                watch_data_loss, app, selected, worker_name()
+                            )
                         if app.settings.metrics_port is not None:
                             worker.metrics_url = await nursery.start(_serve_metrics, worker)
                         for processor in selected:

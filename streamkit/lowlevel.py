@@ -65,6 +65,12 @@ from ._redis import (
     retry_idempotent as retry_idempotent,
     run_blocking as run_blocking,
 )
+from ._replay import (
+    PartitionReplay as PartitionReplay,
+    ResetIncomplete as ResetIncomplete,
+    ResetPlan as ResetPlan,
+    ResetRefused as ResetRefused,
+)
 
 __all__ = [
     "Assignment",
@@ -90,10 +96,14 @@ __all__ = [
     "MembershipStatistics",
     "NoSuchGroup",
     "NotPermitted",
+    "PartitionReplay",
     "RebalancePlan",
     "RebalancerSettings",
     "RebalancerStatistics",
     "RedisStatistics",
+    "ResetIncomplete",
+    "ResetPlan",
+    "ResetRefused",
     "assign",
     "call_once",
     "canonical_key_bytes",

@@ -19,7 +19,7 @@ from tests import luacheck
 #: Each script's SHA1 as assembled: a change to a script's text (or to what it includes)
 #: shows here, and is made on purpose by updating its pin.
 PINS = {
-    "admin/reset": "65b897ce193adbd93cc47bb6fdb91616067737f6",
+    "admin/reset": "808af7075deba9a0fd5d69610c6709e57af97787",
     "commit/ack": "4a3ba00b9baa966933aa8921525e4fa31ede71b7",
     "commit/read": "77a2a880fc8cd749b8f244cff86fe2ef4628f653",
     "commit/woken_read": "5b77dcbdf8aba02a59061c49ec713326a59642d6",
@@ -270,6 +270,15 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
                 _keys.spark_marker_key(_APP, _STREAM, _N, "w", "b", 0, 1),
             ],
             "finished": [marker_key(_PARTITION, "t0")],
+            "state": [
+                _keys.state_key(_APP, _STREAM, _PROC, _N),
+                _OUTBOX,
+                _keys.table_key(_APP, _STREAM, "counts", _N),
+                _keys.table_expiry_key(_APP, _STREAM, "counts", _N),
+                _keys.windows_key(_APP, _STREAM, "tens", _N),
+                _keys.window_key(_APP, _STREAM, "sums", _N),
+                _keys.window_index_key(_APP, _STREAM, "sums", _N),
+            ],
             "table": [_keys.table_key(_APP, _STREAM, "counts", _N)],
             "expiry": [_keys.table_expiry_key(_APP, _STREAM, "counts", _N)],
             "written": [

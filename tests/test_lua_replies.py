@@ -48,7 +48,7 @@ class Calls:
 
 async def streams(call: Calls) -> None:
     redis = call.redis
-    assert await call("admin/reset", [STREAM], ["g", "0"]) == 1
+    assert await call("admin/reset", [STREAM], ["g", "0", -1, 0]) == 0
     meta = _keys.meta_key("shop", "orders")
     assert await call("streams/metadata", [meta], ["partition_count", "4"]) == []
     assert len(await call("streams/metadata", [meta], ["partition_count", "8"])) == 2

@@ -11,12 +11,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from .._data_loss import DataLossRecord, read_data_loss
-from .._errors import ConfigError, StreamkitError
+from .._errors import ConfigError
 from .._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
 from .._locks import _parse_value, lock_key
-from .._lua import script
 from .._membership_admin import read_membership, reset_membership
-from .._redis import LuaScript, redis_errors
+from .._redis import redis_errors
+from .._replay import (
+    ResetIncomplete,
+    ResetRecord,
+    ResetRefused,
+    apply_reset,
+    plan_reset,
+    read_reset,
+)
 from .._wire import text
 
 if TYPE_CHECKING:
@@ -68,6 +75,8 @@ class PartitionStatus:
             ``None`` if unknown): two readings give the processing rate.
         tables: the keys in the partition of each table the processor writes, by
             table name.
+        reads_after: the id of the last entry delivered to the processor's group
+            (where it reads from: after it), or ``None`` before a worker ran it.
     """
 
     partition: int
@@ -80,6 +89,7 @@ class PartitionStatus:
     halted: HaltRecord | None = None
     entries_read: int | None = None
     tables: Mapping[str, int] = attrs.field(factory=dict)
+    reads_after: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -93,12 +103,14 @@ class ProcessorReading:
             member, the last worker left (or was reaped), rather than none ran yet.
         data_loss: the last data loss a worker found (Redis lost the processor's
             consumer groups or stream metadata while it ran), kept for a week.
+        last_reset: the processor's last reset (``streamkit reset``), kept for a week.
     """
 
     members: list[MemberStatus]
     partitions: list[PartitionStatus]
     ever_run: bool
     data_loss: DataLossRecord | None = None
+    last_reset: ResetRecord | None = None
 
 
 def _entry_time(entry_id: bytes | str) -> datetime | None:
@@ -190,6 +202,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 halted=decode_halt(partition, halt_fields[partition]),
                 entries_read=None if read is None else int(read),
                 tables={name: counts[partition] for name, counts in sizes.items()},
+                reads_after=text(info["last-delivered-id"]) if info else None,
             )
         )
     return ProcessorReading(
@@ -197,6 +210,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
         partitions=statuses,
         ever_run=snapshot is not None,
         data_loss=await read_data_loss(redis, processor.group),
+        last_reset=await read_reset(redis, processor.group),
     )
 
 
@@ -275,71 +289,16 @@ async def live_members(app: App, processor: Processor) -> list[str]:
     return [m.id for m in snapshot.members if m.heartbeat_ttl is not None and m.heartbeat_ttl > 0]
 
 
-_RESET_SCRIPT = LuaScript(script("admin/reset"))
-
-
-class ResetRefused(StreamkitError):
-    """A reset was refused before anything changed (a partition key is not a stream)."""
-
-
-class ResetIncomplete(StreamkitError):
-    """A reset stopped part-way (Redis failed); running it again finishes it.
-
-    Attributes:
-        done: the partitions that were reset.
-        total: the number of partitions.
-    """
-
-    def __init__(self, cause: StreamkitError, done: int, total: int) -> None:
-        super().__init__(
-            f"{cause}\nreset {done} of {total} partitions before that; the reset can be "
-            f"run again safely, and finishes the rest"
-        )
-        self.done = done
-        self.total = total
-
-
 async def reset_positions(app: App, processor: Processor, *, to: Literal["start", "end"]) -> None:
-    """Move ``processor`` to the start or the end of every partition.
-
-    ``"start"`` processes every retained event again; ``"end"`` skips everything sent
-    so far. Pending (delivered, unacknowledged) entries are forgotten either way. Run
-    it while no worker runs the processor. Partitions that do not exist yet (a new
-    app) are created.
-
-    Every partition is checked first, and nothing changes if one cannot be reset.
-    Then each partition is reset in one atomic step. The partitions live in different
-    Redis Cluster slots, so no transaction spans them: if Redis fails part-way, some
-    partitions are reset and the others not yet, and running the reset again
-    finishes it (each step is idempotent).
+    """Move a stateless ``processor`` to the start or the end of every partition (see
+    :func:`streamkit._replay.plan_reset` for the general case, with state).
 
     Error handling:
-        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached;
-        :class:`ResetRefused` (nothing changed) if a partition's key holds something
-        other than a stream; :class:`ResetIncomplete` if Redis failed part-way.
+        As :func:`~streamkit._replay.plan_reset` and
+        :func:`~streamkit._replay.apply_reset`.
     """
-    redis = app.redis
-    position = "0" if to == "start" else "$"
-    keys = processor.stream.partition_keys()
-    with redis_errors():
-        async with redis.pipeline(transaction=False) as pipe:
-            requests = [pipe.type(key) for key in keys]
-        types = [text(await request) for request in requests]
-    wrong = [
-        (key, kind) for key, kind in zip(keys, types, strict=True) if kind not in ("stream", "none")
-    ]
-    if wrong:
-        key, kind = wrong[0]
-        raise ResetRefused(
-            f"{key} holds a {kind}, not a stream: {processor.stream.name} cannot be reset "
-            f"there; nothing was reset"
-        )
-    for done, key in enumerate(keys):
-        try:
-            with redis_errors():
-                await _RESET_SCRIPT(redis, keys=[key], args=[processor.group, position])
-        except StreamkitError as exc:
-            raise ResetIncomplete(exc, done, len(keys)) from exc
+    plan = await plan_reset(app, processor, to=to, state="keep" if to == "start" else None)
+    await apply_reset(app, processor, plan)
 
 
 async def halted_partitions(app: App, processor: Processor) -> dict[int, HaltRecord]:

@@ -6,7 +6,8 @@ import asyncclick as click
 
 from .._errors import ConfigError, StreamkitError
 from .._literal import printable
-from ._admin import delete_stream_keys, live_members, reset_positions, resume_partitions
+from .._replay import StateChoice, apply_reset, parse_position, plan_reset
+from ._admin import delete_stream_keys, live_members, resume_partitions
 from ._confirm import confirm
 from ._exits import fail
 from ._loading import load_app, load_processor, load_stream
@@ -20,21 +21,51 @@ __all__ = ["delete_stream", "reset", "resume"]
 @click.argument("processor_name", metavar="PROCESSOR")
 @click.option(
     "--to",
-    type=click.Choice(["start", "end"]),
+    "where",
     required=True,
-    help="start: process every retained event again; end: skip all events sent so far.",
+    metavar="WHERE",
+    help="start: process every retained event again; end: skip every event sent so far; "
+    "a time: process the events sent since (ISO 8601, UTC unless it says otherwise, or "
+    "relative: -2h, -30m, -1d); an entry id (1700000000000-0): process from that entry on.",
+)
+@click.option(
+    "--state",
+    type=click.Choice(["clear", "keep"]),
+    help="For a processor with tables, windows or outputs: clear (with --to start) rebuilds "
+    "its state from the retained events; keep processes them again against the state "
+    "as it stands. Required with --to start or a time for such a processor.",
+)
+@click.option(
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Reset only this partition (repeatable; default: every partition).",
 )
 @yes_option
 @click.option("--force", is_flag=True, help="Reset even while workers run the processor.")
 @redis_url_option
 async def reset(
-    app_path: str, processor_name: str, to: str, yes: bool, force: bool, redis_url: str | None
+    app_path: str,
+    processor_name: str,
+    where: str,
+    state: StateChoice | None,
+    partitions: tuple[int, ...],
+    yes: bool,
+    force: bool,
+    redis_url: str | None,
 ) -> None:
-    """Move a processor to the start or the end of its stream.
+    """Move where a processor reads its stream from: the start, the end, a time, an id.
 
     Pending (delivered, unacknowledged) entries are forgotten. Stop the processor's
-    workers first: a reset under running workers is refused unless --force.
+    workers first: a reset under running workers is refused unless --force. For a
+    processor with state, say what becomes of it (--state): see docs/state.md,
+    "Replays".
     """
+    try:
+        to = parse_position(where)
+    except ConfigError as exc:
+        fail(str(exc), 2)
     app = load_app(app_path, redis_url)
     processor = load_processor(app, processor_name)
     try:
@@ -45,16 +76,33 @@ async def reset(
                     f"{len(alive)} worker(s) run {processor.name} right now "
                     f"({', '.join(alive)}); stop them first, or pass --force"
                 )
-            question = (
-                f"Reset {processor.name} of {app.name} to the {to} of "
-                f"{processor.stream.name} ({processor.stream.partition_count} partitions)?"
+            plan = await plan_reset(
+                app, processor, to=to, state=state, partitions=list(partitions) or None
             )
+            if plan.nothing_to_do:
+                newest = max((p.last for p in plan.partitions if p.last), default=None)
+                click.echo(
+                    f"nothing to replay: {processor.stream.name} has no event "
+                    f"{plan.where()}"
+                    + (f" (its newest is {newest})" if newest else "")
+                    + "; nothing was reset"
+                )
+                return
             if not yes:
-                confirm(question, refused="nothing was reset")
-            await reset_positions(app, processor, to="start" if to == "start" else "end")
+                confirm("\n".join(plan.describe()) + "\nGo ahead?", refused="nothing was reset")
+            await apply_reset(app, processor, plan)
+    except ConfigError as exc:
+        fail(str(exc), 2)
     except StreamkitError as exc:
         fail(str(exc))
-    click.echo(f"{processor.name} now reads {processor.stream.name} from the {to}")
+    scope = (
+        f" (partition{'s' if len(plan.partitions) > 1 else ''} "
+        f"{', '.join(str(p.partition) for p in plan.partitions)})"
+        if partitions
+        else ""
+    )
+    cleared = ", its state cleared" if plan.state == "clear" else ""
+    click.echo(f"{processor.name} now reads {processor.stream.name} {plan.where()}{scope}{cleared}")
 
 
 @click.command()

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from .._app import App, Processor
     from .._data_loss import DataLossRecord
+    from .._replay import ResetRecord
 
 __all__ = [
     "COUNT_NAMES",
@@ -76,6 +77,7 @@ class ProcessorSnapshot:
             last one left), rather than none ran it yet.
         tables: the names of the tables it writes (their sizes are per partition).
         data_loss: the last data loss a worker found for it, if any.
+        last_reset: its last reset, if any (kept a week).
     """
 
     name: str
@@ -85,6 +87,7 @@ class ProcessorSnapshot:
     ever_run: bool = True
     tables: tuple[str, ...] = ()
     data_loss: DataLossRecord | None = None
+    last_reset: ResetRecord | None = None
 
     @property
     def lag(self) -> int | None:
@@ -216,6 +219,7 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
             ever_run=reading.ever_run,
             tables=tuple(table.name for table in processor.tables),
             data_loss=reading.data_loss,
+            last_reset=reading.last_reset,
         )
 
     async def count() -> None:
@@ -434,6 +438,14 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                     "what": processor.data_loss.what,
                     "worker": processor.data_loss.by,
                 },
+                "last_reset": None
+                if processor.last_reset is None
+                else {
+                    "at": iso(processor.last_reset.at),
+                    "where": processor.last_reset.where,
+                    "partitions": processor.last_reset.partitions,
+                    "state": processor.last_reset.state,
+                },
                 "workers": [
                     {**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in processor.members
                 ],
@@ -449,6 +461,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                         "lag": row.lag,
                         "pending": row.pending,
                         "entries_read": row.entries_read,
+                        "reads_after": row.reads_after,
                         "tables": dict(row.tables),
                         "rate": _rate(rates.partitions.get((processor.name, row.partition))),
                         "last_event_at": iso(row.last_event_at),

@@ -431,6 +431,7 @@ def status_view(snapshot: FleetSnapshot, *, app_path: str, width: int, now: date
     for processor in snapshot.processors:
         lines += [Text(""), processor_title(processor, NO_RATES, width)]
         lines += data_loss_lines(processor, now)
+        lines += reset_lines(processor, now)
         lines.append(members_table(processor, now, width))
         lines.append(partitions_table(processor, processor.partitions, None, now, width))
         lines += halted_lines(processor, app_path, width, now)
@@ -468,6 +469,18 @@ def members_table(processor: ProcessorSnapshot, now: datetime, width: int = 80) 
         # Names come from Redis: a Text, never read as markup.
         table.add_row(Text(name), state, joined, style=None if state == "alive" else "dim")
     return table
+
+
+def reset_lines(processor: ProcessorSnapshot, now: datetime) -> list[Text]:
+    """The last reset of the processor (``streamkit reset``), for a week: where its
+    partitions read from since."""
+    reset = processor.last_reset
+    if reset is None:
+        return []
+    where = printable(reset.where)
+    scope = "" if reset.partitions is None else f" (partitions {reset.partitions})"
+    state = {"clear": " · state rebuilt", "keep": " · state kept"}.get(reset.state or "", "")
+    return [_line(f"reset {ago(reset.at, now)}: reads {where}{scope}{state}", style="dim")]
 
 
 def data_loss_lines(processor: ProcessorSnapshot, now: datetime) -> list[Text]:

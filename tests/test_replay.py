@@ -1,0 +1,158 @@
+"""``streamkit reset`` beyond start and end: from a time, from an entry id, one
+partition, what is gone, nothing to do, and what ``status`` says afterwards; the same
+from code."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pytest
+import trio
+
+from streamkit import App, Events, Record
+from streamkit._replay import before, parse_position
+from streamkit._worker import run_worker
+from streamkit.lowlevel import ResetRefused
+from streamkit.testing import wait_until
+from tests.test_cli import streamkit
+
+if TYPE_CHECKING:
+    from streamkit import Redis
+
+APP = "tests.apps.lossy:app"  # count (a table) and watch (stateless), 4 partitions
+
+
+async def group_of(redis: Redis, key: str, group: str) -> dict[str, Any]:
+    for info in await redis.xinfo_groups(key):
+        fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in info.items()}
+        name = fields["name"]
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            return fields
+    raise AssertionError(f"no group {group} on {key}")
+
+
+async def sent_orders(redis_url: str, n: int, start: int = 0) -> list[str]:
+    from tests.apps.lossy import Order, make_app
+
+    app, orders, _ = make_app(redis_url=redis_url)
+    async with app:
+        return await orders.send_many(
+            [Order(order_id=start + i, customer=f"c{i % 4}") for i in range(n)]
+        )
+
+
+def test_positions_are_read_as_times_ids_and_words() -> None:
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    assert parse_position("start") == "start"
+    assert parse_position("1764583200000-3") == "1764583200000-3"
+    assert parse_position("-2h", now=now) == now - timedelta(hours=2)
+    assert parse_position("-90s", now=now) == now - timedelta(seconds=90)
+    assert parse_position("2026-12-01T10:00:00") == datetime(2026, 12, 1, 10, tzinfo=UTC)
+    offset = parse_position("2026-12-01T10:00:00+01:00")
+    assert isinstance(offset, datetime)
+    assert offset == datetime(2026, 12, 1, 9, tzinfo=UTC)
+
+
+@pytest.mark.cluster
+async def test_a_replay_from_a_time_and_from_an_id(redis_url: str, redis: Redis) -> None:
+    first = await sent_orders(redis_url, 8)
+    await trio.sleep(0.05)  # the scenario: two batches sent apart, told apart by time
+    second = await sent_orders(redis_url, 8, start=100)
+    between = min(int(entry_id.partition("-")[0]) for entry_id in second)
+    at = datetime.fromtimestamp(between / 1000, UTC).isoformat(timespec="milliseconds")
+    assert max(int(entry_id.partition("-")[0]) for entry_id in first) < between
+    # The stateless processor; the one with a table needs --state keep.
+    done = await streamkit("reset", APP, "watch", "--to", at, "-y", redis_url=redis_url)
+    assert done.code == 0, done.err
+    assert f"watch now reads orders from {at[:19]}" in done.out
+    lag = 0
+    for p in range(4):
+        lag += (await group_of(redis, f"__strm:{{lossy.orders.{p}}}", "lossy.orders.watch"))["lag"]
+    assert lag == len(second)  # exactly the second batch is left to process
+
+    refused = await streamkit("reset", APP, "count", "--to", at, "-y", redis_url=redis_url)
+    assert refused.code == 1
+    assert "--state keep" in refused.err
+    assert "cannot be exact" in refused.err
+    clear = await streamkit(
+        "reset", APP, "count", "--to", at, "--state", "clear", "-y", redis_url=redis_url
+    )
+    assert clear.code == 1
+    assert "cannot be exact" in clear.err
+
+    # From an id on, in one partition only.
+    partition = 1
+    key = f"__strm:{{lossy.orders.{partition}}}"
+    entries = await redis.xrange(key)
+    third = entries[2].identifier.decode()
+    done = await streamkit(
+        "reset", APP, "watch", "--to", third, "--partition", str(partition), "-y",
+        redis_url=redis_url,
+    )  # fmt: skip
+    assert done.code == 0, done.err
+    assert f"(partition {partition})" in done.out
+    assert (await group_of(redis, key, "lossy.orders.watch"))["lag"] == len(entries) - 2
+    status = orjson.loads((await streamkit("status", APP, "--json", redis_url=redis_url)).out)
+    watch = next(p for p in status["processors"] if p["processor"] == "watch")
+    assert watch["last_reset"]["partitions"] == str(partition)
+    row = watch["partitions"][partition]
+    assert row["reads_after"] == before(third)  # the last id before the third entry
+    text = await streamkit("status", APP, redis_url=redis_url)
+    assert f"ago: reads orders from entry {third} (partitions {partition})" in text.out, text.out
+
+
+async def test_what_is_gone_and_nothing_to_do(redis_url: str, redis: Redis) -> None:
+    await sent_orders(redis_url, 40)
+    for p in range(4):
+        await redis.xtrim(f"__strm:{{lossy.orders.{p}}}", "MAXLEN", 4)
+    kept = sum([await redis.xlen(f"__strm:{{lossy.orders.{p}}}") for p in range(4)])
+    yesterday = await streamkit(
+        "reset", APP, "watch", "--to", "-1d", redis_url=redis_url, stdin=b"n\n"
+    )
+    assert yesterday.code == 1  # refused at the prompt: nothing changed
+    assert f"{kept} event(s) will be processed again" in yesterday.err
+    assert f"{40 - kept} event(s) sent before" in yesterday.err
+    assert "no longer retained" in yesterday.err
+
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    nothing = await streamkit("reset", APP, "watch", "--to", later, "-y", redis_url=redis_url)
+    assert nothing.code == 0, nothing.err
+    assert "nothing to replay" in nothing.out
+    assert "nothing was reset" in nothing.out
+
+
+class Tick(Record):
+    key: str
+    n: int
+
+
+async def test_the_same_from_code(redis_url: str, redis: Redis) -> None:
+    app = App("codereset", redis_url=redis_url)
+    ticks = app.stream("ticks", record=Tick, partition_by="key", partition_count=2)
+    totals = app.table("totals", value=int, default=0)
+
+    @app.processor(ticks, tables=[totals])
+    async def add(events: Events[Tick]) -> None:
+        async for tick in events.records():
+            totals.set(tick.key, await totals.get(tick.key) + tick.n)
+
+    async with app:
+        await ticks.send_many([Tick(key=f"k{i % 3}", n=i) for i in range(30)])
+
+        async def processed() -> bool:
+            return sum(await totals.read_many(["k0", "k1", "k2"])) == sum(range(30))
+
+        for _ in range(2):  # the first run, then the rebuild: the same totals
+            async with trio.open_nursery() as nursery:
+                worker = await nursery.start(run_worker, app)
+                await wait_until(processed, what="every tick added", within=20)
+                await worker.stop()
+            with pytest.raises(ResetRefused, match="--state clear"):
+                await app.plan_reset("add", to="start")
+            plan = await app.plan_reset("add", to="start", state="clear")
+            assert plan.events == 30
+            assert "rebuilt from the retained events" in "\n".join(plan.describe())
+            await app.reset("add", to="start", state="clear")
+            assert await totals.read_many(["k0", "k1", "k2"]) == [0, 0, 0]
