@@ -16,6 +16,9 @@ ops, each ``code, key index, count, values...``:
 * ``x``: ``XADD key * name value ...`` (``count`` pairs: one entry);
 * ``z``: ``ZADD key score member ...`` (``count`` pairs);
 * ``r``: ``ZREM key member ...`` (``count`` members);
+* ``X``: ``count`` entries of one field appended to the stream ``key``: the field's
+  name, then each entry's value (``XADD key * name value`` each);
+* ``k``: ``UNLINK key`` (``count`` 0);
 * ``t``: trim the stream ``key`` that ``count`` entries were appended to, keeping
   the one value's number of entries (processed ones only, as every trim).
 """
@@ -69,6 +72,15 @@ class Changes:
         """Append one entry, ``pairs`` being its ``[name, value, ...]``."""
         self.ops.append(("x", key, pairs))
 
+    def xadd_run(self, key: str, field: Value, values: list[Value]) -> None:
+        """Append one entry per value, each with the one field ``field``."""
+        if values:
+            self.ops.append(("X", key, [field, *values]))
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``."""
+        self.ops.append(("k", key, []))
+
     def zadd(self, key: str, pairs: list[Value]) -> None:
         """Add sorted-set members: ``pairs`` is ``[score, member, ...]``."""
         if pairs:
@@ -121,6 +133,22 @@ def change_arguments(changes: Sequence[Changes], first_key: int) -> tuple[list[s
             if code == "t":
                 ops.extend((code, position, values[0], values[1]))
                 count += 1
+                continue
+            if code == "k":
+                ops.extend((code, position, 0))
+                count += 1
+                continue
+            if code == "X":
+                field = values[0]
+                step = MAX_VALUES_PER_OP - 1
+                for start in range(1, len(values), step):
+                    part = values[start : start + step]
+                    ops.append(code)
+                    ops.append(position)
+                    ops.append(len(part))
+                    ops.append(field)
+                    ops.extend(part)
+                    count += 1
                 continue
             if code == "x":  # one entry, never split
                 ops.append(code)

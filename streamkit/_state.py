@@ -29,9 +29,11 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import trio
 
 from . import _keys
+from ._codec import _DATA_FIELDS
 from ._commit import Changes
 from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, EncodeError
@@ -108,6 +110,10 @@ def current_window_view(table: WindowLike) -> WindowView | FixedWindowView:
     view = writing_view(table)
     assert isinstance(view, WindowView)
     return view
+
+
+#: Values the converter returns unchanged, whatever they are (not floats: NaN).
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
 
 
 def default_result(key: str, window: Window, value: Any) -> dict[str, Any]:
@@ -197,6 +203,7 @@ class PartitionState:
         self._watermark_written = -math.inf
         # When (Trio time) the watermark last moved: idle time counts from there.
         self._moved_at = trio.current_time()
+        self._moved_pending = False
         self._late_base: dict[str, int] = {}
         outputs = list(dict.fromkeys(outputs))
         self.outputs: dict[str, StreamSpec[Any]] = {spec_of(o).name: spec_of(o) for o in outputs}
@@ -289,7 +296,7 @@ class PartitionState:
         if idle and self.watermark != -math.inf:
             due = min(view.next_due for view in idle)
             if due != math.inf:
-                deadline = self._moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+                deadline = self.moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
         if self.expiring and self._clock != -math.inf:
             due = min(view.next_due for view in self.expiring)
             if due != math.inf:
@@ -297,15 +304,24 @@ class PartitionState:
                 deadline = min(deadline, at)
         return deadline
 
+    @property
+    def moved_at(self) -> float:
+        """When (Trio time) the watermark last moved: idle time counts from there."""
+        if self._moved_pending:
+            self._moved_pending = False
+            self._moved_at = trio.current_time()
+        return self._moved_at
+
     def restart_idle(self) -> None:
         """The partition was not idle after all: count idle time from now."""
         self._moved_at = self._clock_at = trio.current_time()
+        self._moved_pending = False
 
     async def tick(self) -> None:
         """The partition is idle: move the watermark on by the time it has been idle,
         and settle."""
         if self.watermark != -math.inf:
-            idle_for = math.floor((trio.current_time() - self._moved_at) * 1000)
+            idle_for = math.floor((trio.current_time() - self.moved_at) * 1000)
             self._advance(idle_watermark(int(self.watermark), idle_for))
         await self.settle(clock=self._idle_clock())
 
@@ -313,6 +329,7 @@ class PartitionState:
         if watermark > self.watermark:
             self.watermark = watermark
             self._moved_at = trio.current_time()
+            self._moved_pending = False
         if self.watermark > self._watermark_tentative:
             self._watermark_tentative = self.watermark
         for view in self.windows:
@@ -322,6 +339,9 @@ class PartitionState:
         """Close the windows the watermark has passed (their final values become done
         outputs, written with the next commit) and delete the keys expired by
         ``clock`` (the partition's clock by default)."""
+        if self._moved_pending:
+            self._moved_at = trio.current_time()  # the batch's end: when it moved, closely
+            self._moved_pending = False
         if self.expiring:
             at = int(self._clock) if clock is None and self._clock != -math.inf else clock
             if at is not None:
@@ -341,6 +361,7 @@ class PartitionState:
             if result is default_result:
                 # The keys of one window share its bounds: written once per window.
                 unstructure = converter.unstructure
+                fast = self._plain_emitter(output)
                 bounds: dict[tuple[int, int], tuple[str, str]] = {}
                 for field, start, end, value in closed:
                     iso = bounds.get((start, end))
@@ -354,13 +375,42 @@ class PartitionState:
                         "key": field.decode(),
                         "start": iso[0],
                         "end": iso[1],
-                        "value": unstructure(value),
+                        "value": value if type(value) in _JSON_SCALARS else unstructure(value),
                     }
-                    done.append(encode(output, record))
+                    done.append(fast(record) if fast is not None else encode(output, record))
                 continue
             for field, start, end, value in closed:
                 record = result(field.decode(), Window.from_ms(start, end), value)
                 done.append(encode(output, record))
+
+    def _plain_emitter(
+        self, stream: StreamSpec[Any] | HasSpec[Any]
+    ) -> Callable[[dict[str, Any]], tuple[str, list[bytes | str | int | float]]] | None:
+        """For an output of plain JSON ``dict`` records, what emits a dict already made of
+        JSON values (a window's default result) with one ``orjson.dumps``: as the
+        codec would, without its checks of each item; ``None`` for other outputs."""
+        emitter = self._emitters.get(id(stream))
+        if emitter is None or emitter[0] is not stream:
+            emitter = self._emitter(stream)
+        _, spec, keys, targets = emitter
+        codec = spec.codec
+        if spec.record is not dict or codec.name != "json" or targets is not None:
+            return None
+        field = _DATA_FIELDS[None]
+        limit = min(codec.max_decoded_size, codec.max_record_size - len(field))
+        partition_of = spec.partitioner.partition_of
+        dumps = orjson.dumps
+
+        def emit(record: dict[str, Any]) -> tuple[str, list[bytes | str | int | float]]:
+            try:
+                payload = dumps(record)
+            except TypeError:
+                return self._encode_output(stream, record)  # the codec says why
+            if len(payload) > limit:
+                return self._encode_output(stream, record)
+            return keys[partition_of(record)], [field, payload]
+
+        return emit
 
     # -- emitting --
 
@@ -419,7 +469,9 @@ class PartitionState:
             view.promote()
         if self._watermark_tentative > self.watermark:
             self.watermark = self._watermark_tentative
-            self._moved_at = trio.current_time()
+            # When it moved is read at the batch's end (see moved_at): a clock read
+            # per event costs more than the few milliseconds it would tell apart.
+            self._moved_pending = True
         if self._tentative_out:
             self._done_out.extend(self._tentative_out)
             self._tentative_out = []
@@ -460,9 +512,28 @@ class PartitionState:
         if self._done_out:
             outbox = self._outbox
             appended: dict[str, int] = {}
-            for target, pairs in self._done_out:
-                changes.xadd(outbox or target, pairs)
-                appended[target] = appended.get(target, 0) + 1
+            if outbox is None:
+                # Entries of one field (a JSON record) go to each target as one run: the
+                # order per target is kept, and a commit carries 2 values per entry, not 5.
+                runs: dict[tuple[str, Any], list[bytes | str | int | float]] = {}
+                for target, pairs in self._done_out:
+                    if len(pairs) == 2:
+                        run = runs.get((target, pairs[0]))
+                        if run is None:
+                            run = runs[target, pairs[0]] = []
+                        run.append(pairs[1])
+                    else:
+                        for (key, field), values in runs.items():
+                            changes.xadd_run(key, field, values)
+                        runs = {}
+                        changes.xadd(target, pairs)
+                    appended[target] = appended.get(target, 0) + 1
+                for (key, field), values in runs.items():
+                    changes.xadd_run(key, field, values)
+            else:
+                for target, pairs in self._done_out:
+                    changes.xadd(outbox, pairs)
+                    appended[target] = appended.get(target, 0) + 1
             if outbox is None:
                 # Straight to the output streams: they are trimmed like any append.
                 for target, count in appended.items():

@@ -27,6 +27,8 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
 from ._errors import WrongPartition
 from ._keys import (
     closed_window_member as closed_member,
@@ -56,6 +58,8 @@ CLOSE_BATCH = 500
 Closed = tuple[bytes, int, int, Any]
 
 _ABSENT: Any = object()
+#: What :meth:`FixedWindowView.fold` says when a value must be read from Redis first.
+NEEDS_READ: Any = object()
 
 
 class FixedWindowLike(Protocol):
@@ -124,6 +128,9 @@ class FixedWindowView:
             None if getattr(kind, "advance", None) is None else kind.spans
         )
         self._grace: int = table.grace
+        # The value type, if values of exactly it are stored as orjson writes them.
+        value_type = getattr(table, "value", None)
+        self._plain: type | None = value_type if value_type in (int, float, str, bool) else None
         # A closed window stays (readable) only if the retention outlasts the grace.
         self._retain = table.retention > table.grace
         self._index = table.windows_key(partition)
@@ -232,6 +239,37 @@ class FixedWindowView:
             self._cached -= len(self._cache.pop(start))
             self._complete.discard(start)
 
+    def fold(self, key: object, at: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """:meth:`update` without a checkpoint when every value it needs is known here
+        (the usual case): ``True`` if late, ``False`` if folded, :data:`NEEDS_READ` if a
+        value must be read from Redis first (nothing changed: call :meth:`update`)."""
+        if self._spans is not None:
+            return NEEDS_READ
+        field = key.encode() if type(key) is str else canonical_key_bytes(key)
+        start = at - at % self._size
+        due = start + self._size + self._grace
+        if due <= self.watermark:
+            self._late_tentative += 1
+            return True
+        tentative = self._tentative
+        value = tentative.get((start, field), _ABSENT)
+        if value is _ABSENT:
+            value = self._known(start, field)
+            if value is _ABSENT:
+                if start in self._stored and start not in self._complete:
+                    return NEEDS_READ
+                # Wholly known here: a key not in the layers has no value yet.
+                if field not in self._checked:
+                    self._check(field, key)
+                value = self.window.initial
+        tentative[start, field] = fn(value, *args)
+        if start not in self._open and start not in self._created:
+            self._created[start] = due
+            if due < self.next_due:
+                self.next_due = due
+        self.on_time(at)
+        return False
+
     async def update(
         self, key: object, at: int, fn: Callable[..., Any], args: tuple[Any, ...] = ()
     ) -> bool:
@@ -241,32 +279,21 @@ class FixedWindowView:
         watermark = self.watermark
         grace = self._grace
         tentative = self._tentative
-        if self._spans is None:  # tumbling: one window, written out for speed
-            start = at - at % self._size
-            due = start + self._size + grace
-            if due <= watermark:
-                self._late_tentative += 1
-                return True
+        spans = (
+            self._spans(at)
+            if self._spans is not None
+            else [(at - at % self._size, at - at % self._size + self._size)]
+        )
+        late = True
+        for start, end in spans:
+            if end + grace <= watermark:
+                continue
+            late = False
             value = tentative.get((start, field), _ABSENT)
             if value is _ABSENT:
                 value = self._known(start, field)
                 if value is _ABSENT:
                     value = await self._read(start, field, key)
-            tentative[start, field] = fn(value, *args)
-            if start not in self._open and start not in self._created:
-                self._created[start] = due
-                if due < self.next_due:
-                    self.next_due = due
-            self.on_time(at)
-            return False
-        late = True
-        for start, end in self._spans(at):
-            if end + grace <= watermark:
-                continue
-            late = False
-            value = self._known(start, field)
-            if value is _ABSENT:
-                value = await self._read(start, field, key)
             tentative[start, field] = fn(value, *args)
             if start not in self._open and start not in self._created:
                 self._created[start] = end + grace
@@ -312,14 +339,27 @@ class FixedWindowView:
         if dirty:
             self._dirty = {}
             encode = self.table.encode_value
+            plain = self._plain
+            dumps = orjson.dumps
+            cache = self._cache
             for start, values in dirty.items():
                 pairs: list[bytes | str | int | float] = []
                 for field, value in values.items():
                     pairs.append(field)
-                    pairs.append(encode(value))
-                    self._remember(start, field, value)
+                    pairs.append(dumps(value) if type(value) is plain else encode(value))
                 changes.hset(self._values_key(self.partition, start), pairs)
+                # Committed from now: the cache holds them (what closing reads).
+                cached = cache.get(start)
+                if cached is None:
+                    cache[start] = values
+                    self._cached += len(values)
+                else:
+                    before = len(cached)
+                    cached.update(values)
+                    self._cached += len(cached) - before
                 self._pin(start, pinned)
+            if self._cached > self._cache_size:
+                self._evict()
         if self._unindexed:
             scored: list[bytes | str | int | float] = []
             for start, due in self._unindexed.items():
@@ -329,7 +369,10 @@ class FixedWindowView:
             self._unindexed = {}
             changes.zadd(self._index, scored)
         for op, key, args, start in self._ops:
-            getattr(changes, op)(key, args)
+            if op == "delete":
+                changes.delete(key)
+            else:
+                getattr(changes, op)(key, args)
             if start in self._queued:
                 self._queued.discard(start)
                 self._pin(start, pinned)
@@ -411,7 +454,11 @@ class FixedWindowView:
             stored = list(values)
         closed = [(field, start, end, value) for field, value in values.items()]
         ops = self._ops
-        if stored:
+        if last and start in self._stored:
+            # The whole window goes (every key of it is in this page): one delete, not a
+            # field each.
+            ops.append(("delete", values_key, [], start))
+        elif stored:
             ops.append(("hdel", values_key, stored, start))
         if self._retain and values:
             encode = self.table.encode_value

@@ -27,6 +27,7 @@ from ._keys import parse_window_member as parse_member
 from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import _current, current_window_view, default_result
+from ._state_windows import NEEDS_READ, FixedWindowView
 from ._tables_base import SCAN_COUNT, KeyedState, check_storable
 from ._windows import Session, Slot, Window, to_ms
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
     from ._redis import Redis
     from ._spec import HasSpec, StreamSpec
+    from ._state_views import WindowView
     from ._windows import WindowKind
 
 __all__ = ["WindowedTable", "default_result"]
@@ -214,8 +216,20 @@ class WindowedTable(KeyedState, Generic[V]):
         """
         state = _current.get()  # current_window_view(self), inlined: once per event
         fixed = None if state is None else state.fixed_views.get(self)
-        view = current_window_view(self) if fixed is None else fixed
-        late = await view.update(key, self.time_of(at), fn, args)
+        view: WindowView | FixedWindowView
+        if fixed is not None:
+            view = fixed
+            # Known here (the usual case): folded without a second coroutine.
+            late = fixed.fold(key, self.time_of(at), fn, args)
+            if late is NEEDS_READ:
+                late = await fixed.update(key, self.time_of(at), fn, args)
+            elif not late or self.late != "dead_letter":
+                # No checkpoint, as a table's get of a known key: the processor's loop
+                # has one per event.
+                return not late
+        else:
+            view = current_window_view(self)
+            late = await view.update(key, self.time_of(at), fn, args)
         if late and self.late == "dead_letter":
             raise LateEvent(self.name, key, int(view.watermark))
         return not late

@@ -20,8 +20,8 @@ from tests import luacheck
 #: shows here, and is made on purpose by updating its pin.
 PINS = {
     "admin/reset": "808af7075deba9a0fd5d69610c6709e57af97787",
-    "commit/ack": "4a3ba00b9baa966933aa8921525e4fa31ede71b7",
-    "commit/read": "77a2a880fc8cd749b8f244cff86fe2ef4628f653",
+    "commit/ack": "f164d3dd291193fd0c30067da6a06852f9757382",
+    "commit/read": "da3d8598b778afd24fd16c30872d4d7f401f6540",
     "commit/woken_read": "5b77dcbdf8aba02a59061c49ec713326a59642d6",
     "jobs/abort": "63285099433db3ffdff612ac4ad4d205f89f8163",
     "jobs/claim": "12343a5b0b322c903a12fd357d26e80ede21479c",

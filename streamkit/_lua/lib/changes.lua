@@ -19,6 +19,15 @@ local function apply_changes(at)
         redis.call(commands[op], k, unpack(ARGV, at + 3, last))
       end
       at = last + 1
+    elseif op == 'X' then
+      -- A run of `c` entries of one field: its name, then each entry's value.
+      local field = ARGV[at + 3]
+      for j = at + 4, at + 3 + c do redis.call('XADD', k, '*', field, ARGV[j]) end
+      at = at + 4 + c
+    elseif op == 'k' then
+      -- Delete the key (a closed window's hash, say), whatever it holds.
+      redis.call('UNLINK', k)
+      at = at + 3
     elseif op == 't' then
       -- Trim an output stream the changes appended `c` entries to, keeping
       -- ARGV[at + 3] entries (processed ones only, bounded like every trim).
