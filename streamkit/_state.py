@@ -168,6 +168,8 @@ class PartitionState:
         self._clock: float = -math.inf
         self._clock_at = trio.current_time()
         self.event_id: Callable[[], bytes | None] = lambda: None
+        self._clock_id: bytes | None = None
+        self._clock_ms = 0
         count = stream.partition_count
         for table in tables:
             if _is_windowed(table):
@@ -270,7 +272,11 @@ class PartitionState:
         event_id = self.event_id()
         if event_id is None:
             return self._idle_clock()
+        if event_id is self._clock_id:  # the same event as the last call (get, then set)
+            return self._clock_ms
         ms = int(event_id[: event_id.index(b"-")])
+        self._clock_id = event_id
+        self._clock_ms = ms
         if ms > self._clock:
             self._clock = ms
             self._clock_at = trio.current_time()

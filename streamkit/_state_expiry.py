@@ -105,7 +105,10 @@ class ExpiringTableView(TableView):
         return MISSING if deadline <= self.now() else value
 
     def peek(self, key: object) -> Any:
-        field = canonical_key_bytes(key)
+        field = key.encode() if type(key) is str else canonical_key_bytes(key)
+        if type(key) is str:
+            self._seen_key = key
+            self._seen_field = field
         return self._alive(field, self._known(field))
 
     async def get(self, key: object, default: Any) -> Any:
