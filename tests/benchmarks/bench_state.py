@@ -150,6 +150,47 @@ async def bench_variant(
     return (n - 1) / (last - first)
 
 
+async def bench_open_windows(redis_url: str, n: int, windows: int, keys: int = 100) -> float:
+    """Events/s of a tumbling-window sum whose keys each have ``windows`` windows open
+    (a grace long enough that none closes): each event updates one of its key's."""
+    app = App(f"ow{time.monotonic_ns()}", redis_url=redis_url)
+    stream = app.stream("sales", record=Sale, partition_by="shop", partition_count=8)
+    revenue = app.window(
+        "revenue",
+        tumbling(timedelta(seconds=1)),
+        value=int,
+        initial=0,
+        grace=timedelta(days=1),
+        time="at",
+        idle=False,
+    )
+    done = 0
+    first = last = 0.0
+    finished = trio.Event()
+
+    @app.processor(stream, tables=[revenue])
+    async def summing(events: Events[Sale]) -> None:
+        nonlocal done, first, last
+        async for sale in events.records():
+            await revenue.update(sale.shop, sale.at, _add, sale.amount)
+            if not done:
+                first = time.perf_counter()
+            done += 1
+            if done == n:
+                last = time.perf_counter()
+                finished.set()
+
+    t0 = 1_767_225_600.0
+    backlog = [Sale(shop=f"s{i % keys}", amount=1, at=t0 + (i // keys) % windows) for i in range(n)]
+    async with app:
+        await stream.send_many(backlog)
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(run_worker, app)
+            await finished.wait()
+            await worker.stop()
+    return (n - 1) / (last - first)
+
+
 #: Per variant, the Redis time of its last run (µs, every command) and its script calls.
 REDIS_COST: dict[Variant, tuple[int, int]] = {}
 
@@ -347,6 +388,27 @@ async def run(args: argparse.Namespace) -> None:
             f"commit (about {args.events / commits:,.0f} events a commit, every key "
             f"written again or expired), {best['table'] / best['ttl'] - 1:+.0%} worker time "
             f"per event against the table count without a ttl"
+        )
+        print(
+            "\n  Update cost against the windows a key has open (100 keys, none closing, "
+            "one worker):"
+        )
+        open_rates = {}
+        for open_windows in (1, 1000):
+            async with open_redis(server.url) as redis:
+                await redis.flushall()
+            open_rates[open_windows] = max(
+                [
+                    await bench_open_windows(server.url, args.events, open_windows)
+                    for _ in range(args.rounds)
+                ]
+            )
+            label = f"{open_windows:,} open window(s) per key"
+            print(f"  {label:<38}{open_rates[open_windows]:>10,.0f}")
+        slower = open_rates[1] / open_rates[1000]
+        print(
+            f"  Target: 1,000 open windows per key within 1.5x of 1 per update: "
+            f"{'met' if slower <= 1.5 else 'NOT met'} ({slower:.2f}x)"
         )
         window = best["window"]
         print(
