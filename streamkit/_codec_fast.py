@@ -34,6 +34,18 @@ _FLAT_CHECKS = {
 }
 
 
+# The Python values a flat record's field may hold to be encoded by the generated code:
+# exactly the values whose JSON the checks above accept (streamkit._codec_check's
+# EXACT_TYPES, a float only when finite). ``{x}`` is the field's first use (where it
+# may be read into ``{v}``), ``{v}`` the others.
+_ENCODE_CHECKS = {
+    str: "type({x}) is str",
+    int: "type({x}) is int",
+    float: "((type({x}) is float and isfinite({v})) or type({v}) is int)",
+    bool: "type({x}) is bool",
+}
+
+
 def flat_fields(record: type[Any]) -> tuple[attrs.Attribute[Any], ...] | None:
     """The fields of a record of plain ``str``/``int``/``float``/``bool`` fields (all
     set by its ``__init__``), or ``None`` for any other record."""
@@ -170,30 +182,26 @@ def payloads_encoder(record: type[Any]) -> Callable[[Sequence[Any]], list[bytes 
 
     One list comprehension, no call per record: a producer encoding thousands of
     records saves a call and a tuple on each. A record it does not encode as the
-    entry encoder's fast path would (another type, a float that is not finite) is
-    ``None`` in the result, and so is every record of a batch where encoding raised:
-    the caller hands those to the entry encoder, which gives its result or raises its
+    entry encoder's fast path would (of another type, or with a field of another
+    type than its annotation, a float that is not finite) is ``None`` in the result,
+    and so is every record of a batch where encoding raised: the caller hands those
+    to the entry encoder, which checks them and gives its result or raises its
     error. Payload size limits are the caller's.
     """
     fields = flat_fields(record)
     if fields is None:
         return None
     names = {f.name: f"x{i}" for i, f in enumerate(fields)}
-    # A float field is read once, by an assignment expression in the check, and that
+    # Every field is read once, by an assignment expression in the check, and that
     # name is what the payload holds: a property-like value is read exactly once, as
     # the entry encoder reads it.
     checks = " and ".join(
-        [
-            f"((type({names[f.name]} := value.{f.name}) is float and isfinite({names[f.name]}))"
-            f" or type({names[f.name]}) is int)"
-            for f in fields
-            if f.type is float
-        ]
-        or ["True"]
+        _ENCODE_CHECKS[cast("type", f.type)].format(
+            x=f"{names[f.name]} := value.{f.name}", v=names[f.name]
+        )
+        for f in fields
     )
-    items = ", ".join(
-        f"{f.name!r}: {names[f.name] if f.type is float else 'value.' + f.name}" for f in fields
-    )
+    items = ", ".join(f"{f.name!r}: {names[f.name]}" for f in fields)
     source = (
         "def encode_payloads(values):\n"
         "    try:\n"
@@ -219,9 +227,10 @@ def entry_encoder(
     or ``None`` for any other record.
 
     It writes what the converter's unstructuring writes (the fields by name; a float
-    field's float only if finite, an int as is) and leaves anything else, and any
-    payload over ``limit`` bytes, to ``slow``, the codec's general encoder, which
-    gives its result or raises its error.
+    field's float only if finite, an int as is) for a record whose every field holds
+    exactly its annotated type, and leaves anything else (a field of another type,
+    which may be invalid), and any payload over ``limit`` bytes, to ``slow``, the
+    codec's general encoder, which checks it and gives its result or raises its error.
     """
     fields = flat_fields(record)
     if fields is None:
@@ -229,12 +238,8 @@ def entry_encoder(
     names = [f"v{i}" for i in range(len(fields))]
     reads = "; ".join(f"{v} = value.{f.name}" for v, f in zip(names, fields, strict=True))
     checks = " and ".join(
-        [
-            f"((type({v}) is float and isfinite({v})) or type({v}) is int)"
-            for v, f in zip(names, fields, strict=True)
-            if f.type is float
-        ]
-        or ["True"]
+        _ENCODE_CHECKS[cast("type", f.type)].format(x=v, v=v)
+        for v, f in zip(names, fields, strict=True)
     )
     items = ", ".join(f"{f.name!r}: {v}" for v, f in zip(names, fields, strict=True))
     source = (

@@ -684,6 +684,37 @@ async def test_an_enqueue_whose_reply_is_lost_is_not_sent_again(
         client.close()
 
 
+async def test_a_record_of_the_wrong_field_types_is_refused_by_every_producer(
+    redis_url: str, redis: Redis
+) -> None:
+    """Refused before anything is sent, by both clients as by the Trio producer, in the
+    same words: the stream, the field, the type declared, the type given."""
+    app, orders = shop(redis_url)
+    # A record of the wrong field types: refused before anything is sent, as the Trio
+    # producer refuses it, by both clients.
+    mistyped = Line(order="7", customer="c", amount=1.0, tags=["a"])  # type: ignore[arg-type]
+    expected = "orders: Line.order: expected int, got str '7'"
+
+    def send_mistyped() -> None:
+        with app.blocking() as client:
+            client.send(orders, mistyped)
+
+    async def send_mistyped_asyncio() -> None:
+        async with app.asyncio() as client:
+            await client.send_many(orders, [RECORDS[0], mistyped])
+
+    before = await entries_of(redis, orders)
+    with pytest.raises(EncodeError) as from_blocking:
+        await blocking(send_mistyped)
+    with pytest.raises(EncodeError) as from_asyncio:
+        await in_asyncio(send_mistyped_asyncio)
+    async with app:
+        with pytest.raises(EncodeError) as from_trio:
+            await orders.send(mistyped)
+    assert str(from_blocking.value) == str(from_asyncio.value) == str(from_trio.value) == expected
+    assert await entries_of(redis, orders) == before
+
+
 async def test_errors_are_one_clear_line(redis_url: str, private_redis: RedisServer) -> None:
     with pytest.raises(ConfigError, match="is not a URL; write redis://"):
         App("shop", redis_url="localhost:6379").blocking()

@@ -246,6 +246,39 @@ def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client
     assert client.xlen("__strm:{shop.large.0}") == 12
 
 
+def test_a_row_of_the_wrong_types_fails_its_task_as_send_would(url: str, client: Any) -> None:
+    """A null where the record declares an int (a nullable column), a number where it
+    declares a string (a column of another type): refused with send's error, naming
+    the stream and the field, and nothing of the task is sent (the decoder would have
+    dead-lettered them)."""
+    from streamkit.spark._writer import WritePlan, write_rows
+
+    plan = WritePlan(
+        url=url,
+        app=APP,
+        stream="typed",
+        partition_count=1,
+        record=ORDER,
+        compression=None,
+        key="customer",
+        key_is_field=True,
+        columns=("order_id", "customer", "amount", "created_at"),
+        chunk_size=1000,
+        marker_ttl=60,
+        partition_size=1000,
+        max_len=None,
+    )
+    for bad, message in (
+        ((None, "c", 1.0, T0), "typed: Order.order_id: expected int, got NoneType None"),
+        ((2, 5, 1.0, T0), "typed: Order.customer: expected str, got int 5"),
+    ):
+        rows: Any = iter([(1, "c", 1.0, T0), bad])
+        with pytest.raises(EncodeError) as caught:
+            write_rows(plan, rows, "w", "b")
+        assert str(caught.value) == message
+    assert client.exists("__strm:{shop.typed.0}") == 0
+
+
 def id_tuple(entry_id: str) -> tuple[int, int]:
     millis, seq = entry_id.split("-")
     return int(millis), int(seq)
