@@ -35,7 +35,7 @@ from cattrs.errors import ClassValidationError, IterableValidationError
 from ._json_converter import converter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 __all__ = [
     "EXACT_TYPES",
@@ -93,8 +93,17 @@ def _is_enum(annotation: type) -> bool:
     return issubclass(annotation, Enum)
 
 
-def check_value(annotation: object, value: object) -> None:
+def check_value(
+    annotation: object, value: object, encode: Callable[[Any], bytes] | None = None
+) -> None:
     """Check ``value`` against ``annotation`` by the rule: its JSON form structures back.
+
+    Args:
+        annotation: the type declared.
+        value: the value given.
+        encode: how the value becomes JSON, if not as a record's field does (the
+            converter's unstructuring for ``annotation``, then orjson): a job's
+            arguments are written by :func:`streamkit.jobs._model.dumps`.
 
     Raises:
         Exception: whatever the converter or the JSON encoder raised (a cattrs
@@ -103,11 +112,14 @@ def check_value(annotation: object, value: object) -> None:
     """
     if passes_exactly(annotation, value):
         return
-    unstructured = converter.unstructure(value, annotation)
-    try:
-        text = orjson.dumps(unstructured)
-    except TypeError as exc:  # orjson's JSONEncodeError: an int past 64 bits, ...
-        raise Unrepresentable(str(exc)) from None
+    if encode is None:
+        unstructured = converter.unstructure(value, annotation)
+        try:
+            text = orjson.dumps(unstructured)
+        except TypeError as exc:  # orjson's JSONEncodeError: an int past 64 bits, ...
+            raise Unrepresentable(str(exc)) from None
+    else:
+        text = encode(value)
     converter.structure(orjson.loads(text), annotation)  # type: ignore[arg-type]
 
 

@@ -470,6 +470,13 @@ async def test_enqueue_checks_arguments_and_options_before_sending(redis_url: st
                 client.delay("add", 1, 2, 3)
             with pytest.raises(EncodeError, match="the arguments of job add"):
                 client.delay("add", object())
+            # Of the types the job's annotations declare, as the Trio queue checks.
+            with pytest.raises(TypeError) as mistyped:
+                client.delay("add", "42", b="1")
+            assert str(mistyped.value) == (
+                "job add: argument a: expected int, got str '42'; "
+                "argument b: expected int, got str '1'"
+            )
             with pytest.raises(ConfigError, match="priority"):
                 client.enqueue("add", 1, priority="urgent")  # type: ignore[arg-type]
             with pytest.raises(ConfigError, match="delay"):
@@ -479,7 +486,13 @@ async def test_enqueue_checks_arguments_and_options_before_sending(redis_url: st
             with pytest.raises(ConfigError, match="not a job of app 'shop'"):
                 client.delay("other")
 
+    async def use_asyncio() -> None:
+        async with app.asyncio() as client:
+            with pytest.raises(TypeError, match=r"^job add: argument a: expected int, got float"):
+                await client.enqueue_many("add", [(1,), (2.5,)])
+
     await blocking(use_blocking)
+    await in_asyncio(use_asyncio)
     async with app:
         assert (await app.job_queue.counts()).pending == 0
 
