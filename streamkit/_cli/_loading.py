@@ -24,6 +24,7 @@ from ._exits import fail
 
 if TYPE_CHECKING:
     from .._app import Processor
+    from .._settings import Settings
 
 __all__ = [
     "app_of",
@@ -32,6 +33,7 @@ __all__ = [
     "load_object",
     "load_processor",
     "load_stream",
+    "one_shot_settings",
     "user_frame",
     "with_stream_path",
 ]
@@ -146,15 +148,33 @@ def with_stream_path(exc: BaseException, path: str) -> str:
     return message
 
 
-def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
-    """The stream at ``path`` and the app that declared it (with ``--redis-url``)."""
+def load_stream(
+    path: str, redis_url: str | None, *, one_shot: bool = True
+) -> tuple[App, Stream[Any]]:
+    """The stream at ``path`` and the app that declared it (with ``--redis-url``), set
+    for a one-shot command unless ``one_shot=False`` (see :func:`one_shot_settings`)."""
     stream = load_object(path)
     if not isinstance(stream, Stream):
         fail(f"{path} is a {type(stream).__name__}, not a stream made by app.stream(...)", 2)
     app = app_of(path, stream)
+    _configure(app, redis_url, one_shot)
+    return app, stream
+
+
+def one_shot_settings(settings: Settings) -> Settings:
+    """``settings`` for a one-shot command: an unreachable Redis is retried for
+    ``command_give_up_after`` seconds at most, not a worker's ``connect_give_up_after``."""
+    patience = settings.connect_give_up_after
+    if patience is not None and patience <= settings.command_give_up_after:
+        return settings
+    return attrs.evolve(settings, connect_give_up_after=settings.command_give_up_after)
+
+
+def _configure(app: App, redis_url: str | None, one_shot: bool) -> None:
     if redis_url is not None:
         app.settings = attrs.evolve(app.settings, redis_url=redis_url)
-    return app, stream
+    if one_shot:
+        app.settings = one_shot_settings(app.settings)
 
 
 def app_of(path: str, stream: Stream[Any]) -> App:
@@ -170,13 +190,13 @@ def app_of(path: str, stream: Stream[Any]) -> App:
     return found[0]
 
 
-def load_app(path: str, redis_url: str | None) -> App:
-    """The app at ``path`` (with ``--redis-url``)."""
+def load_app(path: str, redis_url: str | None, *, one_shot: bool = True) -> App:
+    """The app at ``path`` (with ``--redis-url``), set for a one-shot command unless
+    ``one_shot=False`` (a worker, a watch: they ride out an outage)."""
     app = load_object(path)
     if not isinstance(app, App):
         fail(f"{path} is a {type(app).__name__}, not a streamkit App", 2)
-    if redis_url is not None:
-        app.settings = attrs.evolve(app.settings, redis_url=redis_url)
+    _configure(app, redis_url, one_shot)
     return app
 
 
