@@ -23,6 +23,7 @@ from ._json_converter import converter
 from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import current_window_view
+from ._state_late import note_late
 from ._tables_base import KeyedState, check_storable
 from ._windows import Slot, Window, to_ms
 
@@ -177,9 +178,12 @@ class WindowedTable(KeyedState, Generic[V]):
             that writes the table.
         """
         view = current_window_view(self)
-        late = await view.update(key, self.time_of(at), fn, args)
-        if late and self.late == "dead_letter":
-            raise LateEvent(self.name, key, int(view.watermark))
+        moment = self.time_of(at)
+        late = await view.update(key, moment, fn, args)
+        if late:
+            note_late(self, view, key, moment, self.late)
+            if self.late == "dead_letter":
+                raise LateEvent(self.name, key, int(view.watermark))
         return not late
 
     # -- from anywhere --

@@ -15,6 +15,7 @@ from .._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
 from .._locks import _parse_value, lock_key
 from .._membership_admin import read_membership, reset_membership
 from .._redis import LuaScript, redis_errors
+from .._state_late import late_counts, late_fields, late_keys, windowed_names
 from .._wire import text
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class PartitionStatus:
             ``None`` if unknown): two readings give the processing rate.
         tables: the keys in the partition of each table the processor writes, by
             table name.
+        late: the late events each windowed table the processor writes dropped (or
+            dead-lettered) on the partition so far, by table name: events whose
+            windows had all closed.
     """
 
     partition: int
@@ -78,6 +82,7 @@ class PartitionStatus:
     halted: HaltRecord | None = None
     entries_read: int | None = None
     tables: Mapping[str, int] = attrs.field(factory=dict)
+    late: Mapping[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -142,6 +147,13 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 table.name: [pipe.hlen(table.key(p)) for p in range(len(keys))]
                 for table in processor.tables
             }
+            windowed = windowed_names(processor.tables)
+            state_keys = late_keys(
+                processor.stream.spec.app, processor.stream.name, processor.name, range(len(keys))
+            )
+            late_requests = (
+                [pipe.hmget(key, late_fields(windowed)) for key in state_keys] if windowed else []
+            )
         exists = [await request for request in exists_requests]
         lengths = [await request for request in length_requests]
         lasts = [await request for request in last_requests]
@@ -151,6 +163,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             name: [int(await request) for request in requests]
             for name, requests in size_requests.items()
         }
+        late = [late_counts(windowed, await request) for request in late_requests]
         # A processor with no worker yet has no group: all of a partition is lag.
         existing = [key for key, found in zip(keys, exists, strict=True) if found]
         async with redis.pipeline(transaction=False) as pipe:
@@ -181,6 +194,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 halted=decode_halt(partition, halt_fields[partition]),
                 entries_read=None if read is None else int(read),
                 tables={name: counts[partition] for name, counts in sizes.items()},
+                late=late[partition] if late else {},
             )
         )
     return ProcessorReading(

@@ -19,6 +19,7 @@ import trio
 from .._errors import StreamkitError
 from .._nurseries import meaningful_leaf
 from .._periodic import next_tick
+from .._state_late import total_late, windowed_names
 from .._urls import mask_url
 from ..jobs import JobInfo, JobStatus, JobTry, QueueCounts
 from ._admin import MemberStatus, PartitionStatus, lease_owner_name, read_processor
@@ -74,6 +75,8 @@ class ProcessorSnapshot:
         ever_run: whether a worker ever joined its group (with no member now, the
             last one left), rather than none ran it yet.
         tables: the names of the tables it writes (their sizes are per partition).
+        windows: the names of the windowed tables among them (their late events are
+            per partition).
     """
 
     name: str
@@ -82,6 +85,7 @@ class ProcessorSnapshot:
     partitions: tuple[PartitionStatus, ...]
     ever_run: bool = True
     tables: tuple[str, ...] = ()
+    windows: tuple[str, ...] = ()
 
     @property
     def lag(self) -> int | None:
@@ -93,6 +97,11 @@ class ProcessorSnapshot:
     def pending(self) -> int:
         """Entries delivered and not yet acknowledged, over all partitions."""
         return sum(p.pending for p in self.partitions)
+
+    @property
+    def late(self) -> int:
+        """Late window events dropped (or dead-lettered) so far, over all partitions."""
+        return sum(total_late(p.late) for p in self.partitions)
 
 
 @attrs.frozen(kw_only=True)
@@ -212,6 +221,7 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
             partitions=tuple(reading.partitions),
             ever_run=reading.ever_run,
             tables=tuple(table.name for table in processor.tables),
+            windows=tuple(windowed_names(processor.tables)),
         )
 
     async def count() -> None:
@@ -422,6 +432,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                 "stream": processor.stream,
                 "lag": processor.lag,
                 "pending": processor.pending,
+                "late": processor.late if processor.windows else None,
                 "rate": _rate(rates.processors.get(processor.name)),
                 "workers": [
                     {**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in processor.members
@@ -439,6 +450,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                         "pending": row.pending,
                         "entries_read": row.entries_read,
                         "tables": dict(row.tables),
+                        "late": dict(row.late),
                         "rate": _rate(rates.partitions.get((processor.name, row.partition))),
                         "last_event_at": iso(row.last_event_at),
                         "halted": None
