@@ -212,6 +212,10 @@ async def test_a_mismatch_names_the_delete_stream_command(redis_url: str, redis:
 URL_COMMANDS: dict[str, list[str]] = {
     "send": ["send", ORDERS, "{}"],
     "sendmany": ["sendmany", ORDERS, "-"],
+    "read": ["read", ORDERS],
+    "read --follow": ["read", ORDERS, "--follow"],
+    "tail": ["tail", ORDERS],
+    "tail --follow": ["tail", ORDERS, "--follow"],
     "worker": ["worker", "tests.apps.failing:app"],
     "worker --processes": ["worker", "tests.apps.failing:app", "--processes", "2"],
     "status": ["status", "tests.apps.failing:app"],
@@ -294,7 +298,14 @@ async def test_a_bad_url_in_the_environment_is_one_line(args: list[str]) -> None
 
 
 #: The commands that run for as long as they are let: they ride out an outage.
-LONG_RUNNING = {"worker", "worker --processes", "status --watch", "dashboard"}
+LONG_RUNNING = {
+    "worker",
+    "worker --processes",
+    "status --watch",
+    "dashboard",
+    "read --follow",
+    "tail --follow",
+}
 
 
 def _closed_port_url() -> str:
