@@ -33,7 +33,13 @@ from ._codec_check import (
     mapping_problems,
     record_problems,
 )
-from ._codec_fast import entry_encoder, flat_builder, payload_decoder, payloads_encoder
+from ._codec_fast import (
+    entry_encoder,
+    exact_checker,
+    flat_builder,
+    payload_decoder,
+    payloads_encoder,
+)
 from ._codec_primitive import primitive_slots
 from ._compression import (
     COMPRESSIONS,
@@ -448,6 +454,8 @@ class Codec(Generic[R]):
         # The rule of streamkit._codec_check: a record is valid when the decoder takes
         # its JSON back (schemaless dicts are any JSON object).
         check: Callable[[Any], Any] | None = None
+        # Fields holding exactly their annotated scalar types need no round trip.
+        exact = None if structure is None else exact_checker(record, EXACT_TYPES)
         if build is not None:
             check = build
         elif structure is not None:
@@ -469,7 +477,7 @@ class Codec(Generic[R]):
                     f"the {type_name} is {format_size(len(payload))} of JSON, more than "
                     f"max_decoded_size ({format_size(max_decoded)}), which consumers refuse"
                 )
-            if check is not None:
+            if check is not None and (exact is None or not exact(value)):
                 try:
                     check(loads(payload))
                 except Exception as exc:

@@ -13,7 +13,10 @@ random input.
 
 from __future__ import annotations
 
+import enum
 import math
+import types as types_module
+import typing
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -22,7 +25,14 @@ import orjson
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["entry_encoder", "flat_builder", "flat_fields", "payload_decoder", "payloads_encoder"]
+__all__ = [
+    "entry_encoder",
+    "exact_checker",
+    "flat_builder",
+    "flat_fields",
+    "payload_decoder",
+    "payloads_encoder",
+]
 
 # The JSON types a flat record's fields may have, and the check each needs: exactly the
 # checks of the converter's _structure_* hooks (bools are not ints; ints are floats).
@@ -268,3 +278,58 @@ def entry_encoder(
         source, f"entry encoder {record.__qualname__}", "encode_entry", namespace
     )
     return encode
+
+
+def exact_checker(
+    record: type[Any], exact: dict[Any, tuple[type, ...]]
+) -> Callable[[Any], bool] | None:
+    """A function telling whether every field of a ``record`` holds exactly a type of
+    ``exact`` for its annotation (:data:`streamkit._codec_check.EXACT_TYPES`), or
+    ``None`` for a record with a field of any other annotation (nested records,
+    collections, unions other than ``X | None``).
+
+    Such a record is valid without the round trip through the converter (the codec's
+    check): ``valid(value)`` is one generated expression. Values JSON cannot hold
+    although of the right type (an int past 64 bits, a NaN) are refused by the
+    encoding itself, before.
+    """
+    if not attrs.has(record):
+        return None
+    try:
+        fields = [f for f in attrs.fields(attrs.resolve_types(record)) if f.init]
+    except Exception:
+        return None
+    if not fields or any(not f.name.isidentifier() for f in fields):
+        return None
+    checks = []
+    types: dict[str, Any] = {}
+    for field in fields:
+        annotation, optional = field.type, False
+        members = typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types_module.UnionType):
+            inner = [m for m in members if m is not type(None)]
+            if len(inner) != 1 or len(inner) == len(members):
+                return None
+            annotation, optional = inner[0], True
+        allowed = exact.get(annotation)
+        if allowed is None:
+            if not (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+                return None
+            allowed = (annotation,)
+        names = []
+        for kind in allowed:
+            names.append(f"t{len(types)}")
+            types[names[-1]] = kind
+        # The field is read once, its type kept in ``t`` for the other comparisons.
+        check = " or ".join(
+            [f"(t := type(value.{field.name})) is {names[0]}", *(f"t is {n}" for n in names[1:])]
+        )
+        check = f"({check})"
+        if optional:
+            check = f"(value.{field.name} is None or {check})"
+        checks.append(check)
+    source = "def valid(value):\n    return " + " and ".join(checks) + "\n"
+    valid: Callable[[Any], bool] = _compiled(
+        source, f"exact checker {record.__qualname__}", "valid", dict(types)
+    )
+    return valid
