@@ -39,6 +39,7 @@ from ._watch import until_signal
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
+    from .._app import App
     from .._redis import Redis
     from .._streams import Stream
 
@@ -269,6 +270,11 @@ def _partitions(stream: Stream[Any], partition: int | None, key: object | None) 
     return list(range(stream.partition_count))
 
 
+_follow_option = click.option(
+    "--follow", "-f", is_flag=True, help="Then print new entries as they come, until Ctrl-C."
+)
+
+
 def _filter_options(function: Any) -> Any:
     function = click.option(
         "--partition", type=click.IntRange(min=0), default=None, help="Only this partition."
@@ -320,9 +326,7 @@ def _quiet_pipe() -> Any:
     help="end (the default), an entry id or an ISO 8601 time.",
 )
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Print at most N entries.")
-@click.option(
-    "--follow", "-f", is_flag=True, help="Then print new entries as they come, until Ctrl-C."
-)
+@_follow_option
 @_filter_options
 @json_option
 @redis_url_option
@@ -348,26 +352,15 @@ async def read(
         fail(f"--from/--to: {exc}", 2)
     if follow and (end != "end" or count is not None):
         fail("--follow reads on past the end: it goes with neither --to nor --count", 2)
-    app, stream = load_stream(stream_path, redis_url, one_shot=not follow, by_name=True)
-    typed = None if key is None else _typed_key(stream, key)
-    partitions = _partitions(stream, partition, typed)
-    shower = Shower(stream, as_json, None if typed is None else canonical_key_bytes(typed))
-    keys = {p: stream.key(p) for p in partitions}
-    with _quiet_pipe():
-        async with until_signal():
-            try:
-                async with app:
-                    if not follow:
-                        await _show(merged_range(app.redis, keys, first, last), shower, count)
-                        return
-                    # On from where the range ended, partition by partition.
-                    after = await last_ids(app.redis, keys)
-                    await _show(
-                        _noting(merged_range(app.redis, keys, first, "+"), after), shower, None
-                    )
-                    await _show(follow_on(app.redis, keys, after), shower, None)
-            except StreamkitError as exc:
-                fail(str(exc))
+    app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
+    async with _connected(app) as redis:
+        if not follow:
+            await _show(merged_range(redis, keys, first, last), shower, count)
+            return
+        # On from where the range ended, partition by partition.
+        after = await last_ids(redis, keys)
+        await _show(_noting(merged_range(redis, keys, first, "+"), after), shower, None)
+        await _show(follow_on(redis, keys, after), shower, None)
 
 
 @click.command()
@@ -381,9 +374,7 @@ async def read(
     show_default=True,
     help="The last N entries.",
 )
-@click.option(
-    "--follow", "-f", is_flag=True, help="Then print new entries as they come, until Ctrl-C."
-)
+@_follow_option
 @_filter_options
 @json_option
 @redis_url_option
@@ -398,21 +389,40 @@ async def tail(
 ) -> None:
     """Print a stream's last entries, all partitions merged in the order Redis added
     them (as read does), then with --follow the new ones as they come."""
+    app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
+    async with _connected(app) as redis:
+        after = await last_ids(redis, keys)
+        for line in await _newest(redis, keys, shower, count):
+            click.echo(line)
+        if follow:
+            await _show(follow_on(redis, keys, after), shower, None)
+
+
+def _prepare(
+    stream_path: str,
+    redis_url: str | None,
+    follow: bool,
+    partition: int | None,
+    key: str | None,
+    as_json: bool,
+) -> tuple[App, Shower, dict[int, str]]:
+    """The app, the lines' maker and the partitions' keys of a read or a tail."""
     app, stream = load_stream(stream_path, redis_url, one_shot=not follow, by_name=True)
     typed = None if key is None else _typed_key(stream, key)
     partitions = _partitions(stream, partition, typed)
     shower = Shower(stream, as_json, None if typed is None else canonical_key_bytes(typed))
-    keys = {p: stream.key(p) for p in partitions}
+    return app, shower, {p: stream.key(p) for p in partitions}
+
+
+@contextlib.asynccontextmanager
+async def _connected(app: App) -> AsyncIterator[Redis]:
+    """``app`` connected, until the block ends or a signal stops it (exit code 0); an
+    error of streamkit's is the command's one line, a reader gone (``| head``) its end."""
     with _quiet_pipe():
         async with until_signal():
             try:
                 async with app:
-                    after = await last_ids(app.redis, keys)
-                    newest = await _newest(app.redis, keys, shower, count)
-                    for line in newest:
-                        click.echo(line)
-                    if follow:
-                        await _show(follow_on(app.redis, keys, after), shower, None)
+                    yield app.redis
             except StreamkitError as exc:
                 fail(str(exc))
 

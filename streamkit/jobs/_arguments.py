@@ -146,14 +146,11 @@ def _structure_one(job: Declared, name: str, value: Any, annotation: type) -> An
 
 @functools.cache
 def _structured_params(job: Declared) -> dict[str, type]:
-    try:
-        hints = typing.get_type_hints(job.fn)
-    except Exception:
-        return {}
+    """The parameters annotated with an attrs class (a record): structured again."""
     return {
         name: hint
-        for name, hint in hints.items()
-        if name != "return" and isinstance(hint, type) and attrs.has(hint)
+        for name, hint in checked_parameters(job).items()
+        if isinstance(hint, type) and attrs.has(hint)
     }
 
 
