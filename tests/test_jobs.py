@@ -1045,24 +1045,6 @@ async def test_arguments_of_the_wrong_types_are_refused_at_enqueue(
     await queue.enqueue_workflow(chain(charge.step(1, 2), charge.step(3)))
 
 
-def test_the_worker_applies_the_same_rule_to_what_it_reads() -> None:
-    """Arguments from a producer that does not check (an older version of the app,
-    a hand-written enqueue) are refused on the worker as at enqueue: the job ends dead
-    as bad input, never run with a string where it declares an int."""
-    from streamkit.jobs._arguments import BadArguments, decode_arguments
-
-    app = App("rules")
-
-    @app.job
-    async def charge(order_id: int, amount: int) -> int:
-        return amount
-
-    with pytest.raises(BadArguments) as caught:
-        decode_arguments(charge, b'[["42", 100], {}]')
-    assert str(caught.value) == "job charge: argument order_id: expected int, got str '42'"
-    assert decode_arguments(charge, b'[[42], {"amount": 100}]') == ([42], {"amount": 100})
-
-
 async def test_a_worker_kills_jobs_it_cannot_run_and_keeps_serving(
     redis_url: str, redis: Redis, queue: JobQueue
 ) -> None:

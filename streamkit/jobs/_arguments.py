@@ -9,10 +9,12 @@ the annotation. ``Any``, unannotated parameters, ``*args``/``**kwargs`` and
 annotations the converter cannot check (a protocol, a callable, a class of your own
 that is not an attrs class) pass as they are.
 
-On the worker (:func:`decode_arguments`) the same rule is applied to what was stored:
-arguments come from any producer (an older or newer version of the app, another
-language, a hand-written ``XADD``), so nothing in them may raise anything but
-:class:`BadArguments`.
+On the worker (:func:`decode_arguments`), record parameters are structured by the same
+converter; other arguments are passed as their JSON, unchecked: a workflow feeds a
+step the result of the one before it (a failure callback, the failure's details),
+which its annotation need not describe. Arguments come from any producer (an older or
+newer version of the app, another language, a hand-written ``XADD``), so nothing in
+them may raise anything but :class:`BadArguments`.
 """
 
 from __future__ import annotations
@@ -99,12 +101,7 @@ def decode_arguments(job: Declared, raw: object) -> tuple[list[Any], dict[str, A
             job.check_arity(args, kwargs)
         except TypeError as exc:
             raise BadArguments(str(exc)) from None
-        args, kwargs = _structure(job, args, kwargs)
-        try:
-            check_argument_types(job, args, kwargs, records=False)
-        except TypeError as exc:
-            raise BadArguments(str(exc)) from None
-        return args, kwargs
+        return _structure(job, args, kwargs)
     except BadArguments as exc:
         raise BadArguments(_cut(str(exc))) from None
     except Exception as exc:  # anything else a value can make a converter raise
@@ -221,13 +218,8 @@ def check_argument_types(
     job: Declared,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
-    *,
-    records: bool = True,
 ) -> None:
     """Check the arguments of a call the function accepts against its annotations.
-
-    ``records=False`` leaves parameters annotated with an attrs class alone (the
-    worker has structured those already, with messages of their own).
 
     Error handling:
         :class:`~streamkit.EncodeError` for an argument that is not JSON at all, as
@@ -246,7 +238,7 @@ def check_argument_types(
     what = f"the arguments of job {job.name}"
     problems: list[str] = []
     for name, annotation in checked.items():
-        if name not in given or (not records and attrs.has(annotation)):
+        if name not in given:
             continue
         value = given[name]
         if value is FED:

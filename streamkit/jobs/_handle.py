@@ -284,8 +284,7 @@ class Job(Generic[P, R]):
         type its annotation declares (checked as a record's fields are: its JSON, as
         stored, must structure back into the annotation; see the jobs guide).
 
-        Every enqueue checks its calls here, before anything is sent; the worker
-        applies the same rule to what it reads.
+        Every enqueue checks its calls here, before anything is sent.
         """
         self.check_arity(args, kwargs)
         check_argument_types(self, args, kwargs)
