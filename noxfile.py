@@ -33,6 +33,7 @@ BENCHMARKS = [
     "bench_spark.py",
     "bench_jobs.py",
     "bench_state.py",
+    "bench_expiry.py",
     "bench_clients.py",
     "bench_cluster.py",
     "bench_versions.py",
@@ -46,6 +47,7 @@ BENCHMARK_TITLES = {
     "bench_spark.py": "Spark",
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
+    "bench_expiry.py": "Expiry over time",
     "bench_clients.py": "Blocking and asyncio clients",
     "bench_cluster.py": "Redis Cluster",
     "bench_versions.py": "Before and after",
@@ -91,6 +93,13 @@ BENCHMARK_NOTES = {
         "sends 1,000 events/s, and the time from kill -9 of a table's owner to the new "
         "owner's first commit with an empty table and with 1,000,000 keys (recovery "
         "reads no changelog, so it does not grow with the table)."
+    ),
+    "bench_expiry.py": (
+        "A producer sends 1,000 events/s, each of a key never seen before (a session id), "
+        "to a processor counting them in a table with a 30 s ttl, for 10 minutes; every "
+        "30 s the table's keys, its expiry index and Redis's `used_memory`. **Target: "
+        "flat after the first ttl** (about rate x ttl keys), where without expiry the "
+        "table would grow by 30,000 keys a line."
     ),
     "bench_latency.py": (
         "A producer process sends small records at a fixed rate, paced drift-free (a "
@@ -267,6 +276,8 @@ def bench(session: nox.Session) -> None:
         if script == "bench_jobs.py":
             _peers_venvs(session)
             args = ["--peers-venvs", str(PEERS_VENVS), *(["--quick"] if quick else [])]
+        if script == "bench_expiry.py" and quick:
+            args = ["--minutes", "2", "--every", "15", "--ttl", "15"]
         if script == "bench_versions.py":
             if baseline is None:
                 print(

@@ -13,6 +13,7 @@ connections.
 from __future__ import annotations
 
 import contextlib
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -48,9 +49,13 @@ class OrderIn(BaseModel):
 @web.post("/orders/quote")
 async def quote_order(order: OrderIn, request: Request) -> dict[str, Any]:
     client: AsyncioClient = request.app.state.streamkit
-    await client.send(
-        orders, Order(order_id=order.order_id, customer=order.customer, amount=order.amount)
+    placed = Order(
+        order_id=order.order_id,
+        customer=order.customer,
+        amount=order.amount,
+        created_at=datetime.now(UTC),
     )
+    await client.send(orders, placed)
     handle = await client.delay(quote, order.amount, order.country)
     try:
         total = await handle.result(timeout=10)

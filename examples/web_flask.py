@@ -15,11 +15,13 @@ from __future__ import annotations
 
 # docs: start flask
 import atexit
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Flask, abort, request
 
 from examples.web_shop import Order, app, orders, send_receipt
+from streamkit import EncodeError
 from streamkit.jobs import JobNotFound, JobStatus
 
 web = Flask(__name__)
@@ -29,8 +31,13 @@ atexit.register(client.close)
 
 @web.post("/orders")
 def place_order() -> tuple[dict[str, Any], int]:
-    order = Order(**request.get_json())
-    client.send(orders, order)  # the event, for the stream's processors
+    try:
+        order = Order(**request.get_json(), created_at=datetime.now(UTC))
+        # Checked as the workers will decode it: a field of the wrong type is refused
+        # here, naming it, and nothing is sent.
+        client.send(orders, order)  # the event, for the stream's processors
+    except (EncodeError, TypeError) as exc:
+        return {"error": str(exc)}, 400
     receipt = client.enqueue(send_receipt, order.order_id, f"{order.customer}@example.com")
     return {"order_id": order.order_id, "receipt_job": receipt.id}, 202
 

@@ -1,6 +1,7 @@
 """The app module a web shop shares between its web servers and its workers.
 
-Workers run it (``streamkit worker examples.web_shop:app``); the web apps import it to
+Workers run it (``streamkit worker examples.web_shop:app``; it is the README's and the
+quickstart's ``shop.py``); the web apps import it to
 send events and enqueue jobs through a client (``examples/web_flask.py``, a blocking
 Flask app, and ``examples/web_fastapi.py``, an asyncio FastAPI app). One definition of
 the streams and jobs serves both sides: no names or payload formats to keep in step.
@@ -9,18 +10,27 @@ the streams and jobs serves both sides: no names or payload formats to keep in s
 from __future__ import annotations
 
 # docs: start app
-from streamkit import App, Record
+from datetime import datetime
 
-app = App("webshop")  # STREAMKIT_REDIS_URL says where Redis is
+from streamkit import App, Events, Record
+
+app = App("shop")  # Redis from STREAMKIT_REDIS_URL (default redis://127.0.0.1:6379)
 
 
 class Order(Record):
     order_id: int
     customer: str
     amount: float
+    created_at: datetime
 
 
-orders = app.stream("orders", record=Order, partition_by="customer")
+orders = app.stream("orders", record=Order, partition_by="customer", partition_count=8)
+
+
+@app.processor(orders)
+async def printer(events: Events[Order]) -> None:
+    async for order in events.records():
+        print(order.customer, order.amount)
 
 
 @app.job(retries=2)

@@ -26,7 +26,20 @@ import attrs
 import cattrs
 import orjson
 
-from ._codec_fast import entry_encoder, flat_builder, payload_decoder, payloads_encoder
+from ._codec_check import (
+    EXACT_TYPES,
+    check_value,
+    describe_invalid,
+    mapping_problems,
+    record_problems,
+)
+from ._codec_fast import (
+    entry_encoder,
+    exact_checker,
+    flat_builder,
+    payload_decoder,
+    payloads_encoder,
+)
 from ._codec_primitive import primitive_slots
 from ._compression import (
     COMPRESSIONS,
@@ -127,6 +140,9 @@ class Codec(Generic[R]):
             being decompressed whole. Records whose JSON is larger are not encoded.
         max_record_size: the most bytes an encoded record (its field names and
             values, after compression) may take (16 MiB by default).
+        stream: the name of the stream it encodes for, which its errors about a
+            record's fields name first (``orders: Order.order_id: expected int, got
+            str 'x'``); a stream's codec has it.
 
     Error handling:
         An invalid ``record``, ``compression`` or limit raises
@@ -137,6 +153,7 @@ class Codec(Generic[R]):
     compression: Compression | None = attrs.field(default=None, validator=_check_compression)
     max_decoded_size: int = attrs.field(default=DEFAULT_MAX_DECODED_SIZE, validator=positive_int)
     max_record_size: int = attrs.field(default=DEFAULT_MAX_RECORD_SIZE, validator=positive_int)
+    stream: str | None = attrs.field(default=None, eq=False)
     _encode: Callable[[R], dict[bytes, bytes]] = attrs.field(init=False, repr=False, eq=False)
     _decode: Callable[[Mapping[bytes, bytes]], R] = attrs.field(init=False, repr=False, eq=False)
     _decode_payload: Callable[[bytes], R] = attrs.field(init=False, repr=False, eq=False)
@@ -395,7 +412,23 @@ class Codec(Generic[R]):
         try:
             return converter.structure(data, self.record)
         except Exception as exc:
-            raise EncodeError(_reason(exc)) from exc
+            problems = mapping_problems(self.record, data, exc)
+            if not problems:
+                raise EncodeError(_reason(exc)) from exc
+            raise EncodeError(self._named(describe_invalid(problems))) from exc
+
+    def _invalid(self, value: object, fallback: str) -> EncodeError:
+        """The error for an invalid ``value``: its fields' problems (see
+        :mod:`streamkit._codec_check`), after the stream's name, or ``fallback`` where
+        no field says why."""
+        record = self.record
+        problems = record_problems(record, value) if attrs.has(record) else []
+        if not problems:
+            return EncodeError(fallback)
+        return EncodeError(self._named(describe_invalid(problems)))
+
+    def _named(self, message: str) -> str:
+        return message if self.stream is None else f"{self.stream}: {message}"
 
     def _json_functions(
         self,
@@ -415,26 +448,46 @@ class Codec(Generic[R]):
         # The payload may take what is left of the record's size after its field name.
         max_payload = max_record - len(data_field)
 
+        loads = orjson.loads
+        build = None if structure is None else flat_builder(record, structure)
+
+        # The rule of streamkit._codec_check: a record is valid when the decoder takes
+        # its JSON back (schemaless dicts are any JSON object).
+        check: Callable[[Any], Any] | None = None
+        # Fields holding exactly their annotated scalar types need no round trip.
+        exact = None if structure is None else exact_checker(record, EXACT_TYPES)
+        if build is not None:
+            check = build
+        elif structure is not None:
+            hook = structure
+
+            def check(obj: Any) -> Any:
+                return hook(obj, record)
+
         def encode(value: R) -> dict[bytes, bytes]:
             if type(value) is not record and not (record is dict and isinstance(value, dict)):
                 raise EncodeError(f"expected a {type_name}, got {type(value).__qualname__}")
             try:
                 payload = orjson.dumps(unstructure(value))
             except Exception as exc:
-                raise EncodeError(f"cannot encode {type_name} as JSON: {exc}") from exc
+                why = f"cannot encode {type_name} as JSON: {exc}"
+                raise self._invalid(value, why) from exc
             if len(payload) > max_decoded:
                 raise EncodeError(
                     f"the {type_name} is {format_size(len(payload))} of JSON, more than "
                     f"max_decoded_size ({format_size(max_decoded)}), which consumers refuse"
                 )
+            if check is not None and (exact is None or not exact(value)):
+                try:
+                    check(loads(payload))
+                except Exception as exc:
+                    why = f"the {type_name} would not decode: {_reason(exc)}"
+                    raise self._invalid(value, why) from exc
             if compress is not None:
                 payload = compress(payload)
             if len(payload) > max_payload:
                 raise _too_large(type_name, len(payload) + len(data_field), max_record)
             return {data_field: payload}
-
-        loads = orjson.loads
-        build = None if structure is None else flat_builder(record, structure)
 
         def decode_payload(payload: bytes) -> R:
             if len(payload) > max_decoded:
@@ -467,24 +520,33 @@ class Codec(Generic[R]):
         type_name = record.__qualname__
         slots = primitive_slots(record)
         max_size = self.max_record_size
+        # Per slot, the value types that pass it as they are; any other value is
+        # checked by the rule of streamkit._codec_check (a float's text form holds
+        # NaN and the infinities, which JSON does not).
+        exact = [EXACT_TYPES.get(slot.field.scalar, (slot.field.scalar,)) for slot in slots]
+        named = self._named
 
         def encode(value: R) -> dict[bytes, bytes]:
             if type(value) is not record:
                 raise EncodeError(f"expected a {type_name}, got {type(value).__qualname__}")
             fields = {}
             size = 0
-            for slot in slots:
+            for slot, types in zip(slots, exact, strict=True):
                 item = getattr(value, slot.field.name)
                 if item is None:
                     if slot.field.optional:
                         continue  # None is stored by leaving the field out
                     raise EncodeError(f"{type_name}.{slot.field.name} is None but not optional")
                 try:
+                    if type(item) not in types:
+                        check_value(slot.field.scalar, item)
                     raw = fields[slot.key] = slot.encode(item)
                 except Exception as exc:
                     raise EncodeError(
-                        f"{type_name}.{slot.field.name}={item!r} cannot be stored as a "
-                        f"{slot.field.scalar.__qualname__}"
+                        named(
+                            f"{type_name}.{slot.field.name}={item!r} cannot be stored as a "
+                            f"{slot.field.scalar.__qualname__} (got a {type(item).__qualname__})"
+                        )
                     ) from exc
                 size += len(slot.key) + len(raw)
             if size > max_size:
@@ -573,6 +635,7 @@ def codec_for(
     compression: str | None = None,
     max_decoded_size: int = DEFAULT_MAX_DECODED_SIZE,
     max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+    stream: str | None = None,
 ) -> Codec[R]:
     """Build the codec for a record type, checking a compression name given as text.
 
@@ -582,6 +645,7 @@ def codec_for(
         compression: ``"lz4"``, ``"zstd"`` or ``None`` (the default).
         max_decoded_size: the most bytes a JSON payload may take once decompressed.
         max_record_size: the most bytes an encoded record may take.
+        stream: the stream's name, named first by errors about a record's fields.
 
     Raises:
         ConfigError: ``record`` is not a supported type, ``compression`` is not a
@@ -595,4 +659,5 @@ def codec_for(
         compression=cast("Compression | None", compression),
         max_decoded_size=max_decoded_size,
         max_record_size=max_record_size,
+        stream=stream,
     )

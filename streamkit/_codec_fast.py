@@ -13,7 +13,10 @@ random input.
 
 from __future__ import annotations
 
+import enum
 import math
+import types as types_module
+import typing
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -22,7 +25,14 @@ import orjson
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["entry_encoder", "flat_builder", "flat_fields", "payload_decoder", "payloads_encoder"]
+__all__ = [
+    "entry_encoder",
+    "exact_checker",
+    "flat_builder",
+    "flat_fields",
+    "payload_decoder",
+    "payloads_encoder",
+]
 
 # The JSON types a flat record's fields may have, and the check each needs: exactly the
 # checks of the converter's _structure_* hooks (bools are not ints; ints are floats).
@@ -31,6 +41,18 @@ _FLAT_CHECKS = {
     int: "type({v}) is int",
     float: "(type({v}) is float or type({v}) is int)",
     bool: "type({v}) is bool",
+}
+
+
+# The Python values a flat record's field may hold to be encoded by the generated code:
+# exactly the values whose JSON the checks above accept (streamkit._codec_check's
+# EXACT_TYPES, a float only when finite). ``{x}`` is the field's first use (where it
+# may be read into ``{v}``), ``{v}`` the others.
+_ENCODE_CHECKS = {
+    str: "type({x}) is str",
+    int: "type({x}) is int",
+    float: "((type({x}) is float and isfinite({v})) or type({v}) is int)",
+    bool: "type({x}) is bool",
 }
 
 
@@ -170,30 +192,26 @@ def payloads_encoder(record: type[Any]) -> Callable[[Sequence[Any]], list[bytes 
 
     One list comprehension, no call per record: a producer encoding thousands of
     records saves a call and a tuple on each. A record it does not encode as the
-    entry encoder's fast path would (another type, a float that is not finite) is
-    ``None`` in the result, and so is every record of a batch where encoding raised:
-    the caller hands those to the entry encoder, which gives its result or raises its
+    entry encoder's fast path would (of another type, or with a field of another
+    type than its annotation, a float that is not finite) is ``None`` in the result,
+    and so is every record of a batch where encoding raised: the caller hands those
+    to the entry encoder, which checks them and gives its result or raises its
     error. Payload size limits are the caller's.
     """
     fields = flat_fields(record)
     if fields is None:
         return None
     names = {f.name: f"x{i}" for i, f in enumerate(fields)}
-    # A float field is read once, by an assignment expression in the check, and that
+    # Every field is read once, by an assignment expression in the check, and that
     # name is what the payload holds: a property-like value is read exactly once, as
     # the entry encoder reads it.
     checks = " and ".join(
-        [
-            f"((type({names[f.name]} := value.{f.name}) is float and isfinite({names[f.name]}))"
-            f" or type({names[f.name]}) is int)"
-            for f in fields
-            if f.type is float
-        ]
-        or ["True"]
+        _ENCODE_CHECKS[cast("type", f.type)].format(
+            x=f"{names[f.name]} := value.{f.name}", v=names[f.name]
+        )
+        for f in fields
     )
-    items = ", ".join(
-        f"{f.name!r}: {names[f.name] if f.type is float else 'value.' + f.name}" for f in fields
-    )
+    items = ", ".join(f"{f.name!r}: {names[f.name]}" for f in fields)
     source = (
         "def encode_payloads(values):\n"
         "    try:\n"
@@ -219,9 +237,10 @@ def entry_encoder(
     or ``None`` for any other record.
 
     It writes what the converter's unstructuring writes (the fields by name; a float
-    field's float only if finite, an int as is) and leaves anything else, and any
-    payload over ``limit`` bytes, to ``slow``, the codec's general encoder, which
-    gives its result or raises its error.
+    field's float only if finite, an int as is) for a record whose every field holds
+    exactly its annotated type, and leaves anything else (a field of another type,
+    which may be invalid), and any payload over ``limit`` bytes, to ``slow``, the
+    codec's general encoder, which checks it and gives its result or raises its error.
     """
     fields = flat_fields(record)
     if fields is None:
@@ -229,12 +248,8 @@ def entry_encoder(
     names = [f"v{i}" for i in range(len(fields))]
     reads = "; ".join(f"{v} = value.{f.name}" for v, f in zip(names, fields, strict=True))
     checks = " and ".join(
-        [
-            f"((type({v}) is float and isfinite({v})) or type({v}) is int)"
-            for v, f in zip(names, fields, strict=True)
-            if f.type is float
-        ]
-        or ["True"]
+        _ENCODE_CHECKS[cast("type", f.type)].format(x=v, v=v)
+        for v, f in zip(names, fields, strict=True)
     )
     items = ", ".join(f"{f.name!r}: {v}" for v, f in zip(names, fields, strict=True))
     source = (
@@ -263,3 +278,58 @@ def entry_encoder(
         source, f"entry encoder {record.__qualname__}", "encode_entry", namespace
     )
     return encode
+
+
+def exact_checker(
+    record: type[Any], exact: dict[Any, tuple[type, ...]]
+) -> Callable[[Any], bool] | None:
+    """A function telling whether every field of a ``record`` holds exactly a type of
+    ``exact`` for its annotation (:data:`streamkit._codec_check.EXACT_TYPES`), or
+    ``None`` for a record with a field of any other annotation (nested records,
+    collections, unions other than ``X | None``).
+
+    Such a record is valid without the round trip through the converter (the codec's
+    check): ``valid(value)`` is one generated expression. Values JSON cannot hold
+    although of the right type (an int past 64 bits, a NaN) are refused by the
+    encoding itself, before.
+    """
+    if not attrs.has(record):
+        return None
+    try:
+        fields = [f for f in attrs.fields(attrs.resolve_types(record)) if f.init]
+    except Exception:
+        return None
+    if not fields or any(not f.name.isidentifier() for f in fields):
+        return None
+    checks = []
+    types: dict[str, Any] = {}
+    for field in fields:
+        annotation, optional = field.type, False
+        members = typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types_module.UnionType):
+            inner = [m for m in members if m is not type(None)]
+            if len(inner) != 1 or len(inner) == len(members):
+                return None
+            annotation, optional = inner[0], True
+        allowed = exact.get(annotation)
+        if allowed is None:
+            if not (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+                return None
+            allowed = (annotation,)
+        names = []
+        for kind in allowed:
+            names.append(f"t{len(types)}")
+            types[names[-1]] = kind
+        # The field is read once, its type kept in ``t`` for the other comparisons.
+        check = " or ".join(
+            [f"(t := type(value.{field.name})) is {names[0]}", *(f"t is {n}" for n in names[1:])]
+        )
+        check = f"({check})"
+        if optional:
+            check = f"(value.{field.name} is None or {check})"
+        checks.append(check)
+    source = "def valid(value):\n    return " + " and ".join(checks) + "\n"
+    valid: Callable[[Any], bool] = _compiled(
+        source, f"exact checker {record.__qualname__}", "valid", dict(types)
+    )
+    return valid

@@ -51,7 +51,8 @@ _SCALAR_ENCODERS: dict[type, Callable[[Any], bytes]] = {
     bool: _encode_bool,
     bytes: bytes,
     datetime: lambda value: value.isoformat().encode("ascii"),
-    date: lambda value: value.isoformat().encode("ascii"),
+    # A datetime is a date: a date field holds its date (as JSON's hook writes it).
+    date: lambda value: date.isoformat(value).encode("ascii"),
     Decimal: _encode_text,
     UUID: _encode_text,
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_COMMAND_GIVE_UP_AFTER",
     "DEFAULT_CONNECT_GIVE_UP_AFTER",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_GRACE",
@@ -41,6 +42,9 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 DEFAULT_CONNECT_TIMEOUT = 2.0
 #: Seconds an app keeps retrying an unreachable server before it gives up.
 DEFAULT_CONNECT_GIVE_UP_AFTER = 30.0
+#: Seconds a one-shot command (``streamkit status``, ``send``, ``table get``, ...) keeps
+#: retrying an unreachable server: it was asked a question, and answers soon.
+DEFAULT_COMMAND_GIVE_UP_AFTER = 3.0
 
 # --- streams --------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import attrs
 from ._compression import valid_compression
 from ._defaults import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_COMMAND_GIVE_UP_AFTER,
     DEFAULT_CONNECT_GIVE_UP_AFTER,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GRACE,
@@ -122,6 +123,13 @@ class Settings:
     #: Seconds to keep retrying an unreachable Redis when connecting (unset: forever).
     connect_give_up_after: float | None = attrs.field(
         default=DEFAULT_CONNECT_GIVE_UP_AFTER, validator=non_negative_number.or_none()
+    )
+    #: Seconds a one-shot command of the command line (``status``, ``send``, ``table
+    #: get``, ``jobs info``, ...; not ``worker``, ``status --watch`` or ``dashboard``)
+    #: keeps retrying an unreachable Redis before it says so, if less than
+    #: ``connect_give_up_after``.
+    command_give_up_after: float = attrs.field(
+        default=DEFAULT_COMMAND_GIVE_UP_AFTER, validator=non_negative_number
     )
 
     #: Seconds a partition lease lives without renewal: how long a partition waits

@@ -149,6 +149,7 @@ class StreamSpec(Generic[R]):
             compression=self.compression,
             max_decoded_size=self.max_decoded_size,
             max_record_size=self.max_record_size,
+            stream=self.name,
         )
         object.__setattr__(self, "codec", codec)
         object.__setattr__(

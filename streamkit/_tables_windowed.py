@@ -27,6 +27,7 @@ from ._keys import parse_window_member as parse_member
 from ._partitioner import canonical_key_bytes
 from ._redis import redis_errors
 from ._state import _current, current_window_view, default_result
+from ._state_late import note_late
 from ._state_windows import NEEDS_READ, FixedWindowView
 from ._tables_base import SCAN_COUNT, KeyedState, check_storable
 from ._windows import Session, Slot, Window, to_ms
@@ -216,22 +217,25 @@ class WindowedTable(KeyedState, Generic[V]):
         """
         state = _current.get()  # current_window_view(self), inlined: once per event
         fixed = None if state is None else state.fixed_views.get(self)
+        moment = self.time_of(at)
         view: WindowView | FixedWindowView
         if fixed is not None:
             view = fixed
-            # Known here (the usual case): folded without a second coroutine.
-            late = fixed.fold(key, self.time_of(at), fn, args)
+            # Known here (the usual case): folded without a second coroutine, and no
+            # checkpoint, as a table's get of a known key (the processor's loop has one
+            # per event).
+            late = fixed.fold(key, moment, fn, args)
             if late is NEEDS_READ:
-                late = await fixed.update(key, self.time_of(at), fn, args)
-            elif not late or self.late != "dead_letter":
-                # No checkpoint, as a table's get of a known key: the processor's loop
-                # has one per event.
-                return not late
+                late = await fixed.update(key, moment, fn, args)
+            elif not late:
+                return True
         else:
             view = current_window_view(self)
-            late = await view.update(key, self.time_of(at), fn, args)
-        if late and self.late == "dead_letter":
-            raise LateEvent(self.name, key, int(view.watermark))
+            late = await view.update(key, moment, fn, args)
+        if late:
+            note_late(self, view, key, moment, self.late)
+            if self.late == "dead_letter":
+                raise LateEvent(self.name, key, int(view.watermark))
         return not late
 
     # -- from anywhere --

@@ -187,6 +187,18 @@ async def test_a_malformed_line_is_shown_cut_to_a_width(redis_url: str, redis: R
     assert await count_orders(redis) == 0
 
 
+async def test_send_names_the_field_of_a_wrong_type(redis_url: str, redis: Redis) -> None:
+    """The field, the type declared and the type given, as every producer says it (a
+    float field given a string included)."""
+    result = await streamkit(
+        "send", ORDERS, orjson.dumps(order(1, amount="9.5")).decode(), redis_url=redis_url
+    )
+    assert result.code == 2
+    assert "invalid record: orders: Order.amount: expected float, got str '9.5'" in result.err
+    assert_no_traceback(result)
+    assert await count_orders(redis) == 0
+
+
 async def test_send_bad_json(redis_url: str) -> None:
     result = await streamkit("send", ORDERS, "{oops", redis_url=redis_url)
     assert result.code == 2

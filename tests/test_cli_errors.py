@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ async def handle(events: Events[Item]) -> None:
 """
 
 
-async def run_in(directory: Path, *args: str, env: dict[str, str]) -> Result:
+async def run_in(directory: Path, *args: str, env: dict[str, str], stdin: bytes = b"") -> Result:
     """``streamkit ARGS`` run in ``directory`` (where the user's modules are)."""
     environment = {
         **os.environ,
@@ -52,6 +53,7 @@ async def run_in(directory: Path, *args: str, env: dict[str, str]) -> Result:
             [sys.executable, "-m", "streamkit", *args],
             cwd=directory,
             env=environment,
+            stdin=stdin,
             capture_stdout=True,
             capture_stderr=True,
             check=False,
@@ -210,6 +212,10 @@ async def test_a_mismatch_names_the_delete_stream_command(redis_url: str, redis:
 URL_COMMANDS: dict[str, list[str]] = {
     "send": ["send", ORDERS, "{}"],
     "sendmany": ["sendmany", ORDERS, "-"],
+    "read": ["read", ORDERS],
+    "read --follow": ["read", ORDERS, "--follow"],
+    "tail": ["tail", ORDERS],
+    "tail --follow": ["tail", ORDERS, "--follow"],
     "worker": ["worker", "tests.apps.failing:app"],
     "worker --processes": ["worker", "tests.apps.failing:app", "--processes", "2"],
     "status": ["status", "tests.apps.failing:app"],
@@ -289,3 +295,89 @@ async def test_a_bad_url_in_the_environment_is_one_line(args: list[str]) -> None
     assert_no_traceback(result)
     assert "STREAMKIT_REDIS_URL: '127.0.0.1:6379' is not a URL" in result.err
     assert result.err.count("\n") == 1, result.err
+
+
+#: The commands that run for as long as they are let: they ride out an outage.
+LONG_RUNNING = {
+    "worker",
+    "worker --processes",
+    "status --watch",
+    "dashboard",
+    "read --follow",
+    "tail --follow",
+}
+
+
+def _closed_port_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}"
+
+
+#: A record of examples.orders.app's, for send (and, on standard input, sendmany).
+_ORDER = '{"order_id": 1, "customer": "c", "amount": 1.0, "created_at": "2026-01-01T00:00:00Z"}'
+
+
+#: One-shot commands of each way of loading what they act on (an app, a stream, a
+#: queue by name): the give-up is set where they are loaded, for every command.
+ONE_SHOT = ["status", "send", "sendmany", "table get", "jobs info", "jobs dlq list", "tail"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[_ORDER if arg == "{}" else arg for arg in URL_COMMANDS[name]] for name in ONE_SHOT],
+    ids=ONE_SHOT,
+)
+async def test_a_one_shot_command_gives_up_on_an_unreachable_redis_soon(args: list[str]) -> None:
+    """A one-shot command was asked a question: it retries an unreachable Redis for
+    ``command_give_up_after`` seconds (here 0: one attempt), not for a worker's
+    ``connect_give_up_after`` (30 s by default), then says so in one line."""
+    result = await run_in(
+        ROOT,
+        *args,
+        "--redis-url",
+        _closed_port_url(),
+        env={"STREAMKIT_CONNECT_GIVE_UP_AFTER": "30", "STREAMKIT_COMMAND_GIVE_UP_AFTER": "0"},
+        stdin=_ORDER.encode() + b"\n",
+    )
+    assert result.code == 1, (result.out, result.err)
+    assert_no_traceback(result)
+    # One attempt, no "retrying ... for up to 30s" first: the error comes first (send
+    # and sendmany then say what was sent).
+    error = result.err.splitlines()[0]
+    assert "retrying" not in result.err, result.err
+    assert error.startswith("Error: Redis at redis://127.0.0.1:"), result.err
+    assert "is unavailable" in error, result.err
+
+
+async def test_by_default_a_one_shot_command_gives_up_after_about_3_seconds() -> None:
+    result = await run_in(
+        ROOT,
+        "status",
+        "tests.apps.failing:app",
+        "--redis-url",
+        _closed_port_url(),
+        env={"STREAMKIT_CONNECT_GIVE_UP_AFTER": "30"},
+    )
+    assert result.code == 1, (result.out, result.err)
+    found = re.search(r"gave up after (\d+) attempts in ([\d.]+)s", result.err)
+    assert found is not None, result.err
+    # 3 seconds of retries (not the worker's 30): generous bounds for a loaded machine.
+    assert int(found[1]) > 1
+    assert 2.5 <= float(found[2]) < 15, result.err
+
+
+async def test_a_worker_keeps_its_patience() -> None:
+    """The worker rides out an outage for connect_give_up_after, whatever the
+    commands' setting."""
+    result = await run_in(
+        ROOT,
+        "worker",
+        "tests.apps.failing:app",
+        "--redis-url",
+        _closed_port_url(),
+        env={"STREAMKIT_CONNECT_GIVE_UP_AFTER": "1", "STREAMKIT_COMMAND_GIVE_UP_AFTER": "0"},
+    )
+    assert result.code == 1, (result.out, result.err)
+    found = re.search(r"gave up after (\d+) attempts in ([\d.]+)s", result.err)
+    assert found is not None, result.err
+    assert int(found[1]) > 1, result.err
+    assert float(found[2]) >= 1.0, result.err

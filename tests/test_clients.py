@@ -470,6 +470,13 @@ async def test_enqueue_checks_arguments_and_options_before_sending(redis_url: st
                 client.delay("add", 1, 2, 3)
             with pytest.raises(EncodeError, match="the arguments of job add"):
                 client.delay("add", object())
+            # Of the types the job's annotations declare, as the Trio queue checks.
+            with pytest.raises(TypeError) as mistyped:
+                client.delay("add", "42", b="1")
+            assert str(mistyped.value) == (
+                "job add: argument a: expected int, got str '42'; "
+                "argument b: expected int, got str '1'"
+            )
             with pytest.raises(ConfigError, match="priority"):
                 client.enqueue("add", 1, priority="urgent")  # type: ignore[arg-type]
             with pytest.raises(ConfigError, match="delay"):
@@ -479,7 +486,13 @@ async def test_enqueue_checks_arguments_and_options_before_sending(redis_url: st
             with pytest.raises(ConfigError, match="not a job of app 'shop'"):
                 client.delay("other")
 
+    async def use_asyncio() -> None:
+        async with app.asyncio() as client:
+            with pytest.raises(TypeError, match=r"^job add: argument a: expected int, got float"):
+                await client.enqueue_many("add", [(1,), (2.5,)])
+
     await blocking(use_blocking)
+    await in_asyncio(use_asyncio)
     async with app:
         assert (await app.job_queue.counts()).pending == 0
 
@@ -682,6 +695,37 @@ async def test_an_enqueue_whose_reply_is_lost_is_not_sent_again(
     finally:
         private_redis.resume()
         client.close()
+
+
+async def test_a_record_of_the_wrong_field_types_is_refused_by_every_producer(
+    redis_url: str, redis: Redis
+) -> None:
+    """Refused before anything is sent, by both clients as by the Trio producer, in the
+    same words: the stream, the field, the type declared, the type given."""
+    app, orders = shop(redis_url)
+    # A record of the wrong field types: refused before anything is sent, as the Trio
+    # producer refuses it, by both clients.
+    mistyped = Line(order="7", customer="c", amount=1.0, tags=["a"])  # type: ignore[arg-type]
+    expected = "orders: Line.order: expected int, got str '7'"
+
+    def send_mistyped() -> None:
+        with app.blocking() as client:
+            client.send(orders, mistyped)
+
+    async def send_mistyped_asyncio() -> None:
+        async with app.asyncio() as client:
+            await client.send_many(orders, [RECORDS[0], mistyped])
+
+    before = await entries_of(redis, orders)
+    with pytest.raises(EncodeError) as from_blocking:
+        await blocking(send_mistyped)
+    with pytest.raises(EncodeError) as from_asyncio:
+        await in_asyncio(send_mistyped_asyncio)
+    async with app:
+        with pytest.raises(EncodeError) as from_trio:
+            await orders.send(mistyped)
+    assert str(from_blocking.value) == str(from_asyncio.value) == str(from_trio.value) == expected
+    assert await entries_of(redis, orders) == before
 
 
 async def test_errors_are_one_clear_line(redis_url: str, private_redis: RedisServer) -> None:

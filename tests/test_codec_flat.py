@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 from typing import Any
 
@@ -12,6 +13,12 @@ from hypothesis import given, settings, strategies as st
 from streamkit import App, DecodeError, Record
 from streamkit._produce import SendWindow, encode_window
 from streamkit.lowlevel import codec_for
+
+
+class Count(enum.IntEnum):
+    """Ints of another type than ``int``."""
+
+    ZERO, ONE, TWO, THREE, FOUR, FIVE, SIX, SEVEN = range(8)
 
 
 class Flat(Record):
@@ -253,12 +260,13 @@ def test_the_window_encoder_is_made_once_per_codec() -> None:
 
 
 def test_a_partition_mixing_plain_records_and_others_keeps_their_order() -> None:
-    """Records the batch encoder leaves (here a bool where a float is declared, which
-    the converter writes as is) go as entries of their own between the runs of the
-    others, each record where it was."""
+    """Records the batch encoder leaves (here an int enum where an int is declared: valid,
+    and written as its int, but not of the exact type) go as entries of their own
+    between the runs of the others, each record where it was."""
     stream = App("flat").stream("flat", record=Flat, partition_by="name", partition_count=1)
     records = [
-        Flat(name="a", count=i, price=True if i in (0, 3, 4, 7) else 0.5, ok=True) for i in range(8)
+        Flat(name="a", count=Count(i) if i in (0, 3, 4, 7) else i, price=0.5, ok=True)
+        for i in range(8)
     ]
     window = encode_window(stream.spec, records)
     assert window.mixed == {0}

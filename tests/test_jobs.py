@@ -5,6 +5,7 @@ and leases. (Workers killed mid-job: tests/reliability.)"""
 from __future__ import annotations
 
 import contextlib
+import enum
 import random
 import threading
 import time
@@ -15,7 +16,14 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from streamkit import App, Backoff, EncodeError, NotConnected, open_redis
+from streamkit import (
+    App,
+    Backoff,
+    EncodeError,
+    NotConnected,
+    Record,
+    open_redis,
+)
 from streamkit.jobs import (
     JobCall,
     JobFailed,
@@ -24,6 +32,7 @@ from streamkit.jobs import (
     JobStatus,
     Priority,
     ResultNotKept,
+    chain,
     open_job_queue,
     progress,
 )
@@ -978,6 +987,62 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(
     with pytest.raises(EncodeError):
         await greet.enqueue_many([("ann",), JobCall(args=({1, 2}, {"a": object()}))])
     assert await redis.dbsize() == 0
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class Parcel(Record):
+    parcel_id: int
+    weight: float
+
+
+async def test_arguments_of_the_wrong_types_are_refused_at_enqueue(
+    redis: Redis, queue: JobQueue
+) -> None:
+    """Checked against the function's annotations by the rule records follow (the JSON
+    of each argument, as stored, must structure back into its annotation), before
+    anything is sent: one line naming the job, the argument, the types."""
+
+    @queue.job
+    async def charge(order_id: int, amount: int, note: str | None = None) -> int:
+        return amount
+
+    @queue.job
+    async def ship(parcel: Parcel, tags: list[str], anything: Any = None, loose=None) -> None:  # type: ignore[no-untyped-def]
+        ...
+
+    with pytest.raises(TypeError) as caught:
+        await charge.delay("42", "100")  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "job charge: argument order_id: expected int, got str '42'; "
+        "argument amount: expected int, got str '100'"
+    )
+    with pytest.raises(TypeError, match=r"^job charge: argument note: expected str \| None"):
+        await charge.enqueue(1, 2, note=3)
+    with pytest.raises(TypeError, match=r"^job charge: argument amount: expected int, got float"):
+        await charge.enqueue_many([(1, 2), (1, 2.5)])
+    with pytest.raises(TypeError) as caught:
+        await ship.delay(Parcel(parcel_id="p", weight=1.0), ["a"])  # type: ignore[arg-type]
+    assert str(caught.value) == "job ship: argument parcel.parcel_id: expected int, got str 'p'"
+    with pytest.raises(TypeError, match=r"^job ship: argument parcel.weight: missing"):
+        await ship.delay({"parcel_id": 1}, ["a"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^job ship: argument tags: expected list\[str\]"):
+        await ship.delay(Parcel(parcel_id=1, weight=1.0), "ab")  # type: ignore[arg-type]
+    # Workflows and runtime schedules check their calls the same way.
+    with pytest.raises(TypeError, match=r"^job charge: argument amount"):
+        await queue.enqueue_workflow(chain(charge.step(1, 2), charge.step(1.5)))
+    with pytest.raises(TypeError, match=r"^job charge: argument order_id"):
+        await queue.set_schedule("nightly", charge, "0 3 * * *", args=["1", 2])
+    assert await redis.dbsize() == 0
+
+    # Valid values of other types pass, as do Any and unannotated parameters; the
+    # result a chain feeds a step is not known yet, so not checked.
+    await charge.delay(Level.HIGH, 2)
+    await ship.delay({"parcel_id": 1, "weight": 2}, ("a",), [1, "x"], loose={"y": 2})  # type: ignore[arg-type]
+    await queue.enqueue_workflow(chain(charge.step(1, 2), charge.step(3)))
 
 
 async def test_a_worker_kills_jobs_it_cannot_run_and_keeps_serving(

@@ -50,9 +50,10 @@ async def test_a_record_argument_missing_a_field_ends_dead_and_the_worker_keeps_
     workers.append(worker)
     await wait_serving(worker)
     async with open_job_queue(redis, "hostile") as queue:
-        # A producer on an older Order, without its sku (a rolling deploy).
+        # A producer on an older Order, without its sku (a rolling deploy), and one
+        # that declares no type (enqueues check arguments against annotations).
         @queue.job(name="ship")
-        async def old_ship(o: dict[str, Any]) -> str:
+        async def old_ship(o: Any) -> str:
             raise AssertionError("runs on the worker only")
 
         @queue.job(name="echo")

@@ -216,27 +216,35 @@ def test_a_decompression_bomb_is_undecodable_not_decompressed(
     assert small.count() == 0
 
 
-def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client: Any) -> None:
-    """As send_many: each Lua call (one idempotency marker each) holds at most 1 MiB of
-    rows, and a row over maxRecordSize fails the task before anything of it is sent."""
-    from streamkit.spark._writer import WritePlan, write_rows
+def order_plan(url: str, stream: str, columns: tuple[str, ...], **changes: Any) -> Any:
+    """The write plan of Orders by customer to one partition of ``stream``."""
+    from streamkit.spark._writer import WritePlan
 
-    plan = WritePlan(
+    return WritePlan(
         url=url,
         app=APP,
-        stream="large",
+        stream=stream,
         partition_count=1,
         record=ORDER,
         compression=None,
         key="customer",
         key_is_field=True,
-        columns=("order_id", "customer", "amount", "created_at", "note"),
+        columns=columns,
         chunk_size=1000,
         marker_ttl=60,
         partition_size=1000,
         max_len=None,
-        max_record_size=2**20,
+        **changes,
     )
+
+
+def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client: Any) -> None:
+    """As send_many: each Lua call (one idempotency marker each) holds at most 1 MiB of
+    rows, and a row over maxRecordSize fails the task before anything of it is sent."""
+    from streamkit.spark._writer import write_rows
+
+    columns = ("order_id", "customer", "amount", "created_at", "note")
+    plan = order_plan(url, "large", columns, max_record_size=2**20)
     rows: Any = iter([(i, "c", 1.0, T0, "n" * 300_000) for i in range(12)])
     assert write_rows(plan, rows, "w", "b").appended == 12
     # 12 rows of 300 KB: 3 to a call of 1 MiB at most, so 4 calls.
@@ -245,6 +253,25 @@ def test_writes_are_split_by_bytes_and_refuse_records_too_large(url: str, client
     with pytest.raises(EncodeError, match=r"more than max_record_size \(1 MiB\)"):
         write_rows(plan, too_large, "w", "c")
     assert client.xlen("__strm:{shop.large.0}") == 12
+
+
+def test_a_row_of_the_wrong_types_fails_its_task_as_send_would(url: str, client: Any) -> None:
+    """A null where the record declares an int (a nullable column), a number where it
+    declares a string (a column of another type): refused with send's error, naming
+    the stream and the field, and nothing of the task is sent (the decoder would have
+    dead-lettered them)."""
+    from streamkit.spark._writer import write_rows
+
+    plan = order_plan(url, "typed", ("order_id", "customer", "amount", "created_at"))
+    for bad, message in (
+        ((None, "c", 1.0, T0), "typed: Order.order_id: expected int, got NoneType None"),
+        ((2, 5, 1.0, T0), "typed: Order.customer: expected str, got int 5"),
+    ):
+        rows: Any = iter([(1, "c", 1.0, T0), bad])
+        with pytest.raises(EncodeError) as caught:
+            write_rows(plan, rows, "w", "b")
+        assert str(caught.value) == message
+    assert client.exists("__strm:{shop.typed.0}") == 0
 
 
 def id_tuple(entry_id: str) -> tuple[int, int]:

@@ -136,6 +136,65 @@ async def test_late_events_are_dropped_and_counted_or_dead_lettered(
     assert got == [(T0.isoformat(), 1)]
 
 
+async def test_late_events_show_in_status_in_a_metric_and_once_per_window_in_the_log(
+    redis_url: str, redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Dropped late events are counted by the commits; ``streamkit status`` (and its
+    JSON, the dashboard's) shows them per partition, the worker exports them, and the
+    log says so once per window, rate-limited."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from streamkit._cli._fleet import fleet_json, take_snapshot
+    from streamkit._cli._fleet_view import partitions_table
+    from streamkit.metrics import open_metrics
+    from tests.scrape import parse
+
+    app, sales, _, _ = revenue_app(redis_url)
+    state_key = "__stat:{win.sales.0}.add_up"
+    caplog.set_level("WARNING", logger="streamkit.state")
+    registry = CollectorRegistry()
+    async with app, trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        async with open_metrics(worker, registry=registry, refresh_interval=60) as metrics:
+            await sales.send_many(
+                [
+                    sale("a", 1, 10),
+                    sale("a", 2, 100),  # the first minute closes (60 + 5 s of grace)
+                    sale("b", 4, 20),  # late: the first minute
+                    sale("a", 8, 30),  # late: the first minute again (logged once)
+                    sale("a", 16, 200),  # the second minute closes
+                    sale("a", 32, 70),  # late: the second minute (a line too soon)
+                ]
+            )
+
+            async def counted() -> bool:
+                return await redis.hget(state_key, "late:revenue") == b"3"
+
+            await wait_until(counted, what="3 late events committed", within=20)
+            await metrics.refresh()
+            scraped = parse(generate_latest(registry).decode())
+            snapshot = await take_snapshot(app)
+        await worker.stop()
+
+    assert scraped.by_partition("streamkit_late_events_total", processor="add_up") == {0: 3}
+    [processor] = snapshot.processors
+    assert processor.late == 3
+    assert processor.partitions[0].late == {"revenue": 3}
+    as_json = fleet_json(snapshot)["processors"][0]
+    assert as_json["late"] == 3
+    assert as_json["partitions"][0]["late"] == {"revenue": 3}
+    table = partitions_table(processor, processor.partitions, None, T0, 120)
+    assert [column.header for column in table.columns][-2] == "late"
+    lines = [r.getMessage() for r in caplog.records if "late event" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "late event on windowed table 'revenue' partition 0: the window "
+        "2026-01-01T00:00:00.000+00:00/2026-01-01T00:01:00.000+00:00 of key 'b' had closed"
+    )
+    assert "dropped" in lines[0]
+    assert "streamkit status" in lines[0]
+
+
 async def test_an_idle_partition_closes_its_window_by_the_wall_clock(
     redis_url: str, redis: Redis
 ) -> None:

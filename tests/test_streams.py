@@ -380,6 +380,23 @@ async def test_a_record_of_another_type_is_named_as_such(app: App, redis: Redis)
     assert await redis.exists(orders.spec.partition_keys()) == 0
 
 
+async def test_a_record_of_the_wrong_field_types_is_refused_before_anything_is_sent(
+    app: App, redis: Redis
+) -> None:
+    """``Order(order_id="x")`` is an Order to Python, not to the worker that would
+    decode it: send and send_many refuse it, naming the stream, the field, the type
+    declared and the type given, and send nothing of the call."""
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
+    good = make_orders(3)
+    bad = attrs.evolve(good[1], order_id="x")  # type: ignore[arg-type]
+    with pytest.raises(EncodeError) as caught:
+        await orders.send(bad)
+    assert str(caught.value) == "orders: Order.order_id: expected int, got str 'x'"
+    with pytest.raises(EncodeError, match=r"^orders: Order\.amount: expected float, got str"):
+        await orders.send_many([good[0], attrs.evolve(good[2], amount="9.5"), good[1]])  # type: ignore[arg-type]
+    assert await redis.exists(orders.spec.partition_keys()) == 0
+
+
 @pytest.mark.cluster
 async def test_a_failure_across_partitions_is_one_error_not_a_group(app: App, redis: Redis) -> None:
     """send_many over several partitions raises the failure itself, as for one."""

@@ -3,6 +3,7 @@
 One module per command group, each beside the modules only it uses:
 
 - ``_cmd_send``: ``send``, ``sendmany`` (``_sendmany``: checking and accounting);
+- ``_cmd_read``: ``read``, ``tail`` (a stream's entries, partitions merged);
 - ``_cmd_worker``: ``worker`` (``_supervisor``: ``--processes N``);
 - ``_cmd_status``: ``status``, ``dashboard`` (``_fleet``: the snapshot;
   ``_fleet_view``: its terminal views; ``_watch``: ``--watch``; ``_dashboard``: the
@@ -26,6 +27,7 @@ from ._cmd_admin import delete_stream, reset, resume
 from ._cmd_deadletters import deadletters
 from ._cmd_jobs import jobs
 from ._cmd_jobs_control import jobs_pause as _registers_on_jobs  # noqa: F401 (its commands)
+from ._cmd_read import read, tail
 from ._cmd_send import send, sendmany
 from ._cmd_status import dashboard, status
 from ._cmd_tables import table
@@ -40,8 +42,9 @@ __all__ = ["cli", "main"]
 def cli() -> None:
     """streamkit: partitioned, ordered event processing and a job queue, on Redis.
 
-    Run an app's processors and jobs (worker), send events (send, sendmany), watch
-    it (status, dashboard) and look after it (jobs, deadletters, resume, reset).
+    Run an app's processors and jobs (worker), send events (send, sendmany), look
+    at a stream (read, tail), watch it (status, dashboard) and look after it (jobs,
+    deadletters, resume, reset).
     Streams and apps are named as MODULE:NAME, e.g. shop:orders (stream orders of
     shop.py), importable from the current directory.
     """
@@ -51,6 +54,8 @@ def cli() -> None:
 for _command in (
     send,
     sendmany,
+    read,
+    tail,
     worker,
     status,
     dashboard,

@@ -24,6 +24,7 @@ from .._replay import (
     plan_reset,
     read_reset,
 )
+from .._state_late import late_counts, late_fields, late_keys, windowed_names
 from .._wire import text
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class PartitionStatus:
             table name.
         reads_after: the id of the last entry delivered to the processor's group
             (where it reads from: after it), or ``None`` before a worker ran it.
+        late: the late events each windowed table the processor writes dropped (or
+            dead-lettered) on the partition so far, by table name: events whose
+            windows had all closed.
     """
 
     partition: int
@@ -90,6 +94,7 @@ class PartitionStatus:
     entries_read: int | None = None
     tables: Mapping[str, int] = attrs.field(factory=dict)
     reads_after: str | None = None
+    late: Mapping[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -160,6 +165,13 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 for table in processor.tables
                 if not getattr(table, "fixed", False)
             }
+            windowed = windowed_names(processor.tables)
+            state_keys = late_keys(
+                processor.stream.spec.app, processor.stream.name, processor.name, range(len(keys))
+            )
+            late_requests = (
+                [pipe.hmget(key, late_fields(windowed)) for key in state_keys] if windowed else []
+            )
         exists = [await request for request in exists_requests]
         lengths = [await request for request in length_requests]
         lasts = [await request for request in last_requests]
@@ -172,6 +184,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
         for table in processor.tables:
             if getattr(table, "fixed", False):  # a hash per window: counted per window
                 sizes[table.name] = await table.sizes(redis=redis)
+        late = [late_counts(windowed, await request) for request in late_requests]
         # A processor with no worker yet has no group: all of a partition is lag.
         existing = [key for key, found in zip(keys, exists, strict=True) if found]
         async with redis.pipeline(transaction=False) as pipe:
@@ -203,6 +216,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 entries_read=None if read is None else int(read),
                 tables={name: counts[partition] for name, counts in sizes.items()},
                 reads_after=text(info["last-delivered-id"]) if info else None,
+                late=late[partition] if late else {},
             )
         )
     return ProcessorReading(

@@ -23,7 +23,7 @@ from ._confirm import BulkAction, bulk_options, confirm_and_act
 from ._exits import fail
 from ._fleet import counts_by_name, counts_json, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
-from ._loading import load_app
+from ._loading import load_app, one_shot_settings
 from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def queue_target(
         for part in queue_name.split(".", 1):  # a name, or an app's named queue APP.QUEUE
             validate_name("--queue", part)
         overrides: dict[str, Any] = {} if redis_url is None else {"redis_url": redis_url}
-        settings = Settings.from_env(**overrides)
+        settings = one_shot_settings(Settings.from_env(**overrides))
     except ConfigError as exc:
         fail(str(exc), 2)
     count = shards if shards is not None else settings.job_shards

@@ -59,7 +59,7 @@ async def status(
     ctx = click.get_current_context()
     if not watch and ctx.get_parameter_source("interval") is not ParameterSource.DEFAULT:
         fail("--interval goes with --watch", 2)
-    app = load_app(app_path, redis_url)
+    app = load_app(app_path, redis_url, one_shot=not watch)
     if watch:
         from ._watch import watch_status
 
@@ -137,7 +137,7 @@ async def dashboard(
     a browser opens URL/?token=TOKEN once (a cookie keeps it logged in); scripts
     send 'Authorization: Bearer TOKEN'.
     """
-    app = load_app(app_path, redis_url)
+    app = load_app(app_path, redis_url, one_shot=False)
     try:
         import hypercorn  # noqa: F401
     except ImportError:

@@ -134,7 +134,7 @@ async def worker(
         watch_lifeline(os.environ)
         redis_url = redis_url or os.environ.get(SECRET_OPTIONS["redis_url"])
         metrics_token = metrics_token or os.environ.get(SECRET_OPTIONS["metrics_token"])
-    app = load_app(app_path, redis_url)
+    app = load_app(app_path, redis_url, one_shot=False)
     names = processor_names(app, processors)
     queue_names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     try:

@@ -19,6 +19,7 @@ import trio
 from .._errors import StreamkitError
 from .._nurseries import meaningful_leaf
 from .._periodic import next_tick
+from .._state_late import total_late, windowed_names
 from .._urls import mask_url
 from ..jobs import JobInfo, JobStatus, JobTry, QueueCounts
 from ._admin import MemberStatus, PartitionStatus, lease_owner_name, read_processor
@@ -78,6 +79,8 @@ class ProcessorSnapshot:
         tables: the names of the tables it writes (their sizes are per partition).
         data_loss: the last data loss a worker found for it, if any.
         last_reset: its last reset, if any (kept a week).
+        windows: the names of the windowed tables among them (their late events are
+            per partition).
     """
 
     name: str
@@ -88,6 +91,7 @@ class ProcessorSnapshot:
     tables: tuple[str, ...] = ()
     data_loss: DataLossRecord | None = None
     last_reset: ResetRecord | None = None
+    windows: tuple[str, ...] = ()
 
     @property
     def lag(self) -> int | None:
@@ -99,6 +103,11 @@ class ProcessorSnapshot:
     def pending(self) -> int:
         """Entries delivered and not yet acknowledged, over all partitions."""
         return sum(p.pending for p in self.partitions)
+
+    @property
+    def late(self) -> int:
+        """Late window events dropped (or dead-lettered) so far, over all partitions."""
+        return sum(total_late(p.late) for p in self.partitions)
 
 
 @attrs.frozen(kw_only=True)
@@ -220,6 +229,7 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
             tables=tuple(table.name for table in processor.tables),
             data_loss=reading.data_loss,
             last_reset=reading.last_reset,
+            windows=tuple(windowed_names(processor.tables)),
         )
 
     async def count() -> None:
@@ -430,6 +440,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                 "stream": processor.stream,
                 "lag": processor.lag,
                 "pending": processor.pending,
+                "late": processor.late if processor.windows else None,
                 "rate": _rate(rates.processors.get(processor.name)),
                 "data_loss": None
                 if processor.data_loss is None
@@ -463,6 +474,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                         "entries_read": row.entries_read,
                         "reads_after": row.reads_after,
                         "tables": dict(row.tables),
+                        "late": dict(row.late),
                         "rate": _rate(rates.partitions.get((processor.name, row.partition))),
                         "last_event_at": iso(row.last_event_at),
                         "halted": None

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._literal import printable
+from .._state_late import total_late
 from ._fleet import (
     NO_RATES,
     FleetRates,
@@ -181,6 +182,7 @@ def processor_title(processor: ProcessorSnapshot, rates: FleetRates, width: int 
         f"{compact(rate)} events/s" if rate is not None else None,
         f"lag {compact(processor.lag)}",
         f"pending {compact(processor.pending)}",
+        f"late {compact(processor.late)}" if processor.windows else None,
         _workers(len(alive)),
     ]
     totals: list[Piece] = [(" · ".join(p for p in stats if p), "")]
@@ -219,9 +221,12 @@ def partitions_table(
 ) -> Table:
     """A processor's partitions, one line each: who processes it (``HALTED`` when
     halted), lag and pending; with ``rates`` (the watch view) the events/s, without
-    (``streamkit status``) the entries and the keys of each table it writes."""
+    (``streamkit status``) the entries and the keys of each table it writes; for a
+    processor writing windowed tables, its late events (``late``)."""
     names = worker_names(processor.members)
     tables = processor.tables if rates is None else ()
+    # Late window events (dropped or dead-lettered), over the windowed tables.
+    late = ("late",) if processor.windows else ()
     headers = (
         "part",
         "worker",
@@ -230,6 +235,7 @@ def partitions_table(
         "pending",
         *(("events/s",) if rates is not None else ()),
         *(printable(t) for t in tables),
+        *late,
         "last event",
     )
     cells: list[tuple[str, ...]] = []
@@ -251,6 +257,7 @@ def partitions_table(
                 _worker_cell(row, names, why=rates is not None),
                 *middle,
                 *(compact(row.tables.get(t)) for t in tables),
+                *((compact(total_late(row.late)),) if late else ()),
                 ago(row.last_event_at, now),
             )
         )

@@ -24,14 +24,17 @@ from ._exits import fail
 
 if TYPE_CHECKING:
     from .._app import Processor
+    from .._settings import Settings
 
 __all__ = [
     "app_of",
     "import_failure",
     "load_app",
+    "load_module",
     "load_object",
     "load_processor",
     "load_stream",
+    "one_shot_settings",
     "user_frame",
     "with_stream_path",
 ]
@@ -45,11 +48,22 @@ def load_object(path: str) -> Any:
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         fail(f"expected MODULE:NAME (for example myapp.streams:orders), got {path!r}", 2)
+    target: Any = load_module(module_name, attribute)
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            fail(f"{module_name!r} has no attribute {attribute!r}", 2)
+    return target
+
+
+def load_module(module_name: str, attribute: str = "NAME") -> Any:
+    """Import the user's module ``module_name`` (from the working directory first)."""
     # Like `python -m`, look in the working directory first.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        target: Any = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and _is_parent_or_same(exc.name, module_name):
             why = not_found(module_name, exc.name, attribute)
@@ -60,12 +74,6 @@ def load_object(path: str) -> Any:
         fail(f"importing {module_name!r} failed{where}: {exc}", 2)
     except Exception as exc:
         fail(import_failure(module_name, exc), 2)
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            fail(f"{module_name!r} has no attribute {attribute!r}", 2)
-    return target
 
 
 def not_found(module_name: str, missing: str, attribute: str = "NAME") -> str:
@@ -146,15 +154,50 @@ def with_stream_path(exc: BaseException, path: str) -> str:
     return message
 
 
-def load_stream(path: str, redis_url: str | None) -> tuple[App, Stream[Any]]:
-    """The stream at ``path`` and the app that declared it (with ``--redis-url``)."""
-    stream = load_object(path)
+def load_stream(
+    path: str, redis_url: str | None, *, one_shot: bool = True, by_name: bool = False
+) -> tuple[App, Stream[Any]]:
+    """The stream at ``path`` and the app that declared it (with ``--redis-url``), set
+    for a one-shot command unless ``one_shot=False`` (see :func:`one_shot_settings`).
+
+    With ``by_name``, ``MODULE:NAME`` may also be the name of a stream an app of the
+    module declares (an output made where it is used: ``app.stream("totals", ...)``).
+    """
+    module_name, _, name = path.partition(":")
+    stream: Any = None
+    if by_name and module_name and name and "." not in name:
+        module = load_module(module_name, name)
+        stream = getattr(module, name, None)
+        if not isinstance(stream, Stream):
+            declared = [
+                app.streams[name]
+                for app in vars(module).values()
+                if isinstance(app, App) and name in app.streams
+            ]
+            stream = declared[0] if declared else stream
+    if stream is None:
+        stream = load_object(path)
     if not isinstance(stream, Stream):
         fail(f"{path} is a {type(stream).__name__}, not a stream made by app.stream(...)", 2)
     app = app_of(path, stream)
+    _configure(app, redis_url, one_shot)
+    return app, stream
+
+
+def one_shot_settings(settings: Settings) -> Settings:
+    """``settings`` for a one-shot command: an unreachable Redis is retried for
+    ``command_give_up_after`` seconds at most, not a worker's ``connect_give_up_after``."""
+    patience = settings.connect_give_up_after
+    if patience is not None and patience <= settings.command_give_up_after:
+        return settings
+    return attrs.evolve(settings, connect_give_up_after=settings.command_give_up_after)
+
+
+def _configure(app: App, redis_url: str | None, one_shot: bool) -> None:
     if redis_url is not None:
         app.settings = attrs.evolve(app.settings, redis_url=redis_url)
-    return app, stream
+    if one_shot:
+        app.settings = one_shot_settings(app.settings)
 
 
 def app_of(path: str, stream: Stream[Any]) -> App:
@@ -170,13 +213,13 @@ def app_of(path: str, stream: Stream[Any]) -> App:
     return found[0]
 
 
-def load_app(path: str, redis_url: str | None) -> App:
-    """The app at ``path`` (with ``--redis-url``)."""
+def load_app(path: str, redis_url: str | None, *, one_shot: bool = True) -> App:
+    """The app at ``path`` (with ``--redis-url``), set for a one-shot command unless
+    ``one_shot=False`` (a worker, a watch: they ride out an outage)."""
     app = load_object(path)
     if not isinstance(app, App):
         fail(f"{path} is a {type(app).__name__}, not a streamkit App", 2)
-    if redis_url is not None:
-        app.settings = attrs.evolve(app.settings, redis_url=redis_url)
+    _configure(app, redis_url, one_shot)
     return app
 
 

@@ -324,9 +324,10 @@ def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[s
     """Append one record (``send(stream, record)``): :func:`send_many`'s steps for one
     record, without its windows and batches, for the latency of a single send."""
     spec, settings = stream.spec, stream.settings
+    # Encoded first: an invalid record is refused before any round trip.
+    window = encode_window(spec, (record,))
     if spec.meta_key not in state.checked:
         yield from check_metadata(state, spec)
-    window = encode_window(spec, (record,))
     (partition,) = window.positions
     append = AppendCall.make(
         state.markers,

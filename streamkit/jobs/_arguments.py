@@ -1,28 +1,53 @@
-"""A job's arguments on the worker: decode them, check them against the function, and
-turn record parameters into records again; anything wrong is :class:`BadArguments` (pure).
+"""A job's arguments checked against its function: at enqueue, and on the worker, where
+they are decoded and record parameters become records again (pure).
 
-Arguments come from any producer (an older or newer version of the app, another
-language, a hand-written ``XADD``): nothing in them may raise anything else.
+At enqueue (:func:`check_argument_types`, called by every client through
+:meth:`Job.check_arguments <streamkit.jobs.Job.check_arguments>`), each argument of
+an annotated parameter must pass its annotation by the rule records follow
+(:mod:`streamkit._codec_check`): its JSON, as the job stores it, structures back into
+the annotation. ``Any``, unannotated parameters, ``*args``/``**kwargs`` and
+annotations the converter cannot check (a protocol, a callable, a class of your own
+that is not an attrs class) pass as they are.
+
+On the worker (:func:`decode_arguments`), record parameters are structured by the same
+converter; other arguments are passed as their JSON, unchecked: a workflow feeds a
+step the result of the one before it (a failure callback, the failure's details),
+which its annotation need not describe. Arguments come from any producer (an older or
+newer version of the app, another language, a hand-written ``XADD``), so nothing in
+them may raise anything but :class:`BadArguments`.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 import typing
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable, Mapping
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import cattrs
 import orjson
 
+from .._codec_check import EXACT_TYPES, check_value, describe_invalid, value_problems
+from .._errors import EncodeError
 from .._json_converter import converter
+from ._model import dumps
 from ._outcome import describe
 
 if TYPE_CHECKING:
-    from ._handle import Job
+    from collections.abc import Callable, Sequence
 
-__all__ = ["BadArguments", "decode_arguments"]
+__all__ = [
+    "FED",
+    "BadArguments",
+    "Declared",
+    "check_argument_types",
+    "checked_parameters",
+    "decode_arguments",
+]
 
 #: Problems named in a message, at most (a list of a million wrong items is not).
 _MAX_PROBLEMS = 5
@@ -30,11 +55,24 @@ _MAX_PROBLEMS = 5
 _MAX_MESSAGE = 2000
 
 
+class Declared(Hashable, Protocol):
+    """What checking arguments needs of a declared job (a :class:`~streamkit.jobs.Job`,
+    which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+    @property
+    def signature(self) -> inspect.Signature: ...
+    def check_arity(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
+
+
 class BadArguments(Exception):
     """A job's arguments cannot be given to its function; the message says why."""
 
 
-def decode_arguments(job: Job[Any, Any], raw: object) -> tuple[list[Any], dict[str, Any]]:
+def decode_arguments(job: Declared, raw: object) -> tuple[list[Any], dict[str, Any]]:
     """The positional and keyword arguments of ``job`` in ``raw`` (the JSON
     ``[args, kwargs]`` of its record), record parameters structured.
 
@@ -60,7 +98,7 @@ def decode_arguments(job: Job[Any, Any], raw: object) -> tuple[list[Any], dict[s
             raise BadArguments(f"job {job.name}: not a JSON [args, kwargs] pair")
         args, kwargs = decoded
         try:
-            job.check_arguments(args, kwargs)
+            job.check_arity(args, kwargs)
         except TypeError as exc:
             raise BadArguments(str(exc)) from None
         return _structure(job, args, kwargs)
@@ -71,7 +109,7 @@ def decode_arguments(job: Job[Any, Any], raw: object) -> tuple[list[Any], dict[s
 
 
 def _structure(
-    job: Job[Any, Any], args: list[Any], kwargs: dict[str, Any]
+    job: Declared, args: list[Any], kwargs: dict[str, Any]
 ) -> tuple[list[Any], dict[str, Any]]:
     """Arguments annotated with attrs classes (records) become instances again."""
     structured = _structured_params(job)
@@ -84,7 +122,7 @@ def _structure(
     return list(bound.args), dict(bound.kwargs)
 
 
-def _structure_one(job: Job[Any, Any], name: str, value: Any, annotation: type) -> Any:
+def _structure_one(job: Declared, name: str, value: Any, annotation: type) -> Any:
     where = f"job {job.name}: argument {name!r} ({annotation.__name__})"
     if not isinstance(value, Mapping):
         raise BadArguments(f"{where}: expected an object, got {type(value).__name__}")
@@ -104,16 +142,117 @@ def _structure_one(job: Job[Any, Any], name: str, value: Any, annotation: type) 
 
 
 @functools.cache
-def _structured_params(job: Job[Any, Any]) -> dict[str, type]:
+def _structured_params(job: Declared) -> dict[str, type]:
+    """The parameters annotated with an attrs class (a record): structured again."""
+    return {
+        name: hint
+        for name, hint in checked_parameters(job).items()
+        if isinstance(hint, type) and attrs.has(hint)
+    }
+
+
+# -- the annotations checked, and the check -------------------------------------------
+
+
+class _Fed:
+    def __repr__(self) -> str:
+        return "<the result fed in>"
+
+
+#: Stands for the argument a workflow feeds a step (the result of the step before it),
+#: unknown at enqueue: not checked.
+FED: Any = _Fed()
+
+# Generic collections the converter structures (and so checks) by their arguments.
+_COLLECTIONS = frozenset(
+    {list, tuple, set, frozenset, dict}
+    | {getattr(typing, name) for name in ("List", "Tuple", "Set", "FrozenSet", "Dict")}
+)
+
+
+def _checkable(annotation: Any) -> bool:
+    """Whether the converter checks ``annotation`` by the records' rule (and so the
+    enqueue may): scalars, enums, attrs classes, collections and unions of them."""
+    if annotation in EXACT_TYPES or annotation is type(None):
+        return True
+    if isinstance(annotation, type) and (issubclass(annotation, Enum) or attrs.has(annotation)):
+        return True
+    origin = typing.get_origin(annotation)
+    arguments = [arg for arg in typing.get_args(annotation) if arg is not Ellipsis]
+    if origin in (typing.Union, types.UnionType):
+        members = [arg for arg in arguments if arg is not type(None)]
+        # An optional value, or a union the converter tells apart (records only).
+        return len(members) == 1 and _checkable(members[0])
+    if origin in _COLLECTIONS or (
+        isinstance(origin, type) and origin.__module__ == "collections.abc"
+    ):
+        return bool(arguments) and all(_checkable(arg) or arg is Any for arg in arguments)
+    return False
+
+
+@functools.cache
+def checked_parameters(job: Declared) -> dict[str, Any]:
+    """The parameters of ``job`` whose arguments are checked, with their annotations."""
     try:
         hints = typing.get_type_hints(job.fn)
     except Exception:
         return {}
-    return {
-        name: hint
-        for name, hint in hints.items()
-        if name != "return" and isinstance(hint, type) and attrs.has(hint)
-    }
+    checked = {}
+    for name, parameter in job.signature.parameters.items():
+        hint = hints.get(name)
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if hint is not None and hint is not Any and _checkable(hint):
+            checked[name] = hint
+    return checked
+
+
+@functools.cache
+def _positions(job: Declared) -> tuple[str, ...]:
+    """The names of the parameters positional arguments bind to, in order."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in job.signature.parameters.values() if p.kind in kinds)
+
+
+def check_argument_types(
+    job: Declared,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """Check the arguments of a call the function accepts against its annotations.
+
+    Error handling:
+        :class:`~streamkit.EncodeError` for an argument that is not JSON at all, as
+        the encoding says it; ``TypeError`` naming the job, the argument, the type
+        declared and the type given (``job charge: argument amount: expected int, got str '100'``).
+    """
+    checked = checked_parameters(job)
+    if not checked:
+        return
+    positions = _positions(job)
+    if len(args) <= len(positions):
+        given = dict(zip(positions, args, strict=False))
+        given.update(kwargs)
+    else:  # a *args parameter takes the rest
+        given = dict(job.signature.bind(*args, **kwargs).arguments)
+    what = f"the arguments of job {job.name}"
+    problems: list[str] = []
+    for name, annotation in checked.items():
+        if name not in given:
+            continue
+        value = given[name]
+        if value is FED:
+            continue
+        try:
+            check_value(annotation, value, lambda v: dumps(v, what))
+        except EncodeError:
+            raise  # not JSON at all: said as the encoding says it
+        except RecursionError:
+            problems.append(f"argument {name}: nested too deeply")
+        except Exception as exc:
+            problems += value_problems(f"argument {name}", annotation, value, exc)
+    if problems:
+        raise TypeError(f"job {job.name}: {describe_invalid(problems)}")
 
 
 def _cut(message: str, limit: int = _MAX_MESSAGE) -> str:

@@ -12,6 +12,7 @@ import attrs
 from .._errors import ConfigError, JobNotFound
 from .._keys import validate_name
 from .._redis import redis_errors, retry_idempotent
+from ._arguments import check_argument_types
 from ._model import (
     JobCall,
     JobInfo,
@@ -279,7 +280,17 @@ class Job(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        """Raise ``TypeError`` unless the function accepts these arguments."""
+        """Raise ``TypeError`` unless the function accepts these arguments, each of the
+        type its annotation declares (checked as a record's fields are: its JSON, as
+        stored, must structure back into the annotation; see the jobs guide).
+
+        Every enqueue checks its calls here, before anything is sent.
+        """
+        self.check_arity(args, kwargs)
+        check_argument_types(self, args, kwargs)
+
+    def check_arity(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise ``TypeError`` unless the function's signature binds these arguments."""
         low, high = self._positional
         if not kwargs and low <= len(args) <= high:
             return

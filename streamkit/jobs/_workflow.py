@@ -21,6 +21,7 @@ import attrs
 import orjson
 
 from .._errors import ConfigError
+from ._arguments import FED
 from ._batches import chunks
 from ._layout import ShardKeys, shard_for
 from ._limits import limit_key_of, limit_shard
@@ -394,7 +395,8 @@ def plan_workflow(
             job = node.job
             call = node.call
             fed = () if node.feed is None else (None,)
-            job.check_arguments((*fed, *call.args), call.kwargs)
+            # The result fed in is not known yet: its parameter is not checked.
+            job.check_arguments((*(FED for _ in fed), *call.args), call.kwargs)
             options = job.options
             if options.limit_key is not None:
                 key = limit_key_of(

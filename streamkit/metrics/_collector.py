@@ -81,6 +81,10 @@ _ROWS: tuple[tuple[str, Kind, tuple[str, ...], str], ...] = (
      "Partitions this worker processes now."),
     ("streamkit_partitions_halted", "gauge", P,
      "Owned partitions halted by the exception policy, waiting for `streamkit resume`."),
+    ("streamkit_late_events_total", "counter", (*PP, "table"),
+     ("Late events of a windowed table (every window they fall in had closed), dropped "
+      "or dead-lettered, as the partition's commits counted them; exported by the worker "
+      "owning the partition.")),
     ("streamkit_dead_letter_stream_length", "gauge", P,
      "Dead letters waiting in the processor's dead-letter stream."),
     ("streamkit_group_members", "gauge", P,
@@ -198,6 +202,11 @@ class WorkerCollector(Collector):
                 if reading.lag is not None:
                     f["streamkit_partition_lag"].add_metric(labels, reading.lag)
                 f["streamkit_partition_pending"].add_metric(labels, reading.pending)
+            for partition, late in sorted(readings.late.get(name, {}).items()):
+                if partition not in owned:
+                    continue
+                for table, n in sorted(late.items()):
+                    f["streamkit_late_events_total"].add_metric([name, str(partition), table], n)
             if name in readings.dead_letters:
                 f["streamkit_dead_letter_stream_length"].add_metric(
                     [name], readings.dead_letters[name]

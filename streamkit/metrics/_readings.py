@@ -1,5 +1,6 @@
 """Readings from Redis for the metrics that need a round trip: lag and pending per
-owned partition, dead letters waiting, job queue depths.
+owned partition, late window events per owned partition, dead letters waiting, job
+queue depths.
 
 A background task refreshes them every few seconds (one pipeline per processor) into
 plain values that the collector reads: a scrape never waits for Redis.
@@ -16,6 +17,7 @@ import trio
 from .._errors import BackendError, StreamkitError
 from .._periodic import next_tick
 from .._redis import redis_errors
+from .._state_late import late_counts, late_fields, late_keys, windowed_names
 from .._wire import text
 
 if TYPE_CHECKING:
@@ -94,6 +96,8 @@ class Readings:
         groups: per processor name, per partition owned at the last refresh, its
             consumer group's reading.
         dead_letters: per processor name, the length of its dead-letter stream.
+        late: per processor name (writing windowed tables), per partition owned at the
+            last refresh, its late events by windowed table, as committed.
         jobs: the job queue's counts, if the worker runs jobs.
         refreshed_at: Trio-clock time of the last successful refresh (``None``: none
             yet, or the last one failed, so there is nothing current to report).
@@ -101,12 +105,14 @@ class Readings:
 
     groups: dict[str, dict[int, GroupReading]] = attrs.field(factory=dict)
     dead_letters: dict[str, int] = attrs.field(factory=dict)
+    late: dict[str, dict[int, dict[str, int]]] = attrs.field(factory=dict)
     jobs: QueueCounts | None = None
     refreshed_at: float | None = None
 
     def clear(self) -> None:
         self.groups = {}
         self.dead_letters = {}
+        self.late = {}
         self.jobs = None
         self.refreshed_at = None
 
@@ -120,15 +126,19 @@ class Readings:
         redis = worker.app.redis
         groups: dict[str, dict[int, GroupReading]] = {}
         dead_letters: dict[str, int] = {}
+        late: dict[str, dict[int, dict[str, int]]] = {}
         try:
             for executor in list(worker.executors):
                 name = executor.processor.name
                 groups[name], dead_letters[name] = await _read_executor(redis, executor)
+                counts = await _read_late(redis, executor)
+                if counts is not None:
+                    late[name] = counts
             jobs = await worker.app.job_queue.counts() if worker.jobs is not None else None
         except BaseException:
             self.clear()
             raise
-        self.groups, self.dead_letters, self.jobs = groups, dead_letters, jobs
+        self.groups, self.dead_letters, self.late, self.jobs = groups, dead_letters, late, jobs
         self.refreshed_at = trio.current_time()
 
     async def run(
@@ -170,3 +180,21 @@ async def _read_executor(redis: Redis, executor: Executor) -> tuple[dict[int, Gr
     with redis_errors():
         dead = await redis.xlen(processor.keys.dead_letter_key)
     return {p: r for p, r in zip(owned, readings, strict=True) if r is not None}, int(dead)
+
+
+async def _read_late(redis: Redis, executor: Executor) -> dict[int, dict[str, int]] | None:
+    """Per owned partition, the late events of each windowed table the processor
+    writes (``None`` if it writes none): one ``HMGET`` per partition, pipelined."""
+    processor = executor.processor
+    names = windowed_names(processor.tables)
+    if not names:
+        return None
+    owned = sorted(executor.rebalancer.owned.value)
+    spec = processor.stream.spec
+    keys = late_keys(spec.app, spec.name, processor.name, owned)
+    fields = late_fields(names)
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = [pipe.hmget(key, fields) for key in keys]
+        replies = [await request for request in requests]
+    return {p: late_counts(names, r) for p, r in zip(owned, replies, strict=True)}

@@ -158,7 +158,10 @@ def _row_encoder(plan: WritePlan) -> _RowEncoder:
     schema = record_schema(record)
     build = schema.builder(plan.columns)
     encode_entry = codec_for(
-        record, compression=plan.compression, max_record_size=plan.max_record_size
+        record,
+        compression=plan.compression,
+        max_record_size=plan.max_record_size,
+        stream=plan.stream,
     ).entry_encoder()
     partitioner = (
         Partitioner(partition_by=plan.key, partition_count=count, record=record)

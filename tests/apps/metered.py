@@ -4,7 +4,8 @@
   (``INCRBY metered:tallied``), so a test compares the metrics with it; with
   ``METERED_DELAY`` (seconds per batch) it is slow enough to watch a backlog;
 - ``audit`` goes through ``records()`` and fails on every order whose ``n`` is a
-  multiple of :data:`POISONED_EVERY`; its policy dead-letters them;
+  multiple of :data:`POISONED_EVERY`; its policy dead-letters them; it counts the
+  orders per key in windows of ``n`` ms (the windowed table ``seen``);
 - ``double`` is a job.
 
 ``make_app()`` builds a fresh app for in-process tests (and for sending); the
@@ -13,12 +14,14 @@ module-level ``app`` is for ``streamkit worker tests.apps.metered:app --metrics-
 
 from __future__ import annotations
 
+import operator
 import os
+from datetime import timedelta
 from typing import Any
 
 import trio
 
-from streamkit import App, Events, ExceptionPolicy, Record, Stream
+from streamkit import App, Events, ExceptionPolicy, Record, Stream, tumbling
 
 TALLIED = "metered:tallied"
 POISONED_EVERY = 50
@@ -44,9 +47,12 @@ def make_app(
                 await trio.sleep(delay)
             await app.redis.incrby(TALLIED, len(batch))
 
-    @app.processor(orders, policy=ExceptionPolicy(action="dead_letter"))
+    seen = app.window("seen", tumbling(timedelta(seconds=1)), value=int, initial=0)
+
+    @app.processor(orders, policy=ExceptionPolicy(action="dead_letter"), tables=[seen])
     async def audit(events: Events[Order]) -> None:
         async for order in events.records():
+            await seen.update(order.key, order.n, operator.add, 1)
             if order.n % POISONED_EVERY == 0:
                 raise ValueError(f"order {order.n} does not add up")
 

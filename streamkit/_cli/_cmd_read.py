@@ -1,0 +1,460 @@
+"""``streamkit read`` and ``tail``: a stream's entries, across its partitions, in id order.
+
+Each partition is read in pages (``XRANGE``, pipelined over the partitions) and the
+pages are merged by entry id, so the output is the stream's entries in the order
+Redis added them, whatever their partition; ``tail`` takes the last entries of every
+partition (``XREVRANGE``) and merges those. ``--follow`` then polls every partition
+for entries after the last one seen (a pipeline per poll: on a Redis Cluster too,
+where one ``XREAD`` cannot name keys of several slots). Entries are decoded as the
+stream's records; one that does not decode is shown as such, with why. Everything
+from Redis goes through :func:`streamkit._literal.printable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import re
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import asyncclick as click
+import attrs
+import orjson
+import trio
+
+from .._errors import ConfigError, DecodeError, StreamkitError
+from .._json_converter import converter
+from .._literal import printable
+from .._partitioner import canonical_key_bytes, partition_for
+from .._redis import redis_errors
+from .._wire import text
+from ._exits import fail
+from ._loading import load_stream
+from ._options import json_option, redis_url_option
+from ._watch import until_signal
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    from .._app import App
+    from .._redis import Redis
+    from .._streams import Stream
+
+__all__ = ["parse_position", "read", "tail"]
+
+#: Entries read per partition and round trip.
+PAGE = 500
+#: Seconds between two looks for new entries, with --follow.
+FOLLOW_EVERY = 0.5
+
+_ID = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_position(value: str, *, end: bool) -> str:
+    """An entry id for ``--from`` (``end=False``) or ``--to`` (``end=True``): ``start``
+    or ``end``, an entry id (``1767225600000-0``, or its milliseconds alone), or a time
+    in ISO 8601 (``2026-01-01T10:00:00Z``; UTC without a zone).
+
+    Error handling:
+        ``ValueError`` saying what is accepted.
+    """
+    if value in ("start", "-"):
+        return "-"
+    if value in ("end", "+"):
+        return "+"
+    found = _ID.match(value)
+    if found is not None:
+        if found[2] is not None:
+            return value
+        return f"{found[1]}-{2**64 - 1 if end else 0}"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not start, end, an entry id (1767225600000-0) or an ISO 8601 "
+            f"time (2026-01-01T10:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    millis = int(moment.timestamp() * 1000)
+    return f"{millis}-{2**64 - 1 if end else 0}"
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    millis, _, seq = entry_id.partition("-")
+    return int(millis), int(seq or 0)
+
+
+@attrs.frozen
+class Entry:
+    """One entry of a partition: where, its id, its fields."""
+
+    partition: int
+    id: str
+    fields: dict[bytes, bytes]
+
+
+def _entries(partition: int, reply: Any) -> list[Entry]:
+    return [
+        Entry(
+            partition, text(e.identifier), {bytes(k): bytes(v) for k, v in e.field_values.items()}
+        )
+        for e in reply or ()
+    ]
+
+
+async def _pages(
+    redis: Redis, keys: dict[int, str], starts: dict[int, str], end: str, count: int
+) -> dict[int, list[Entry]]:
+    """The next page of each partition of ``keys``: ``count`` entries from ``starts``
+    (ids, ``(id`` after one) to ``end``, in one pipeline."""
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = {p: pipe.xrange(keys[p], starts[p], end, count=count) for p in keys}
+        return {p: _entries(p, await request) for p, request in requests.items()}
+
+
+async def merged_range(
+    redis: Redis, keys: dict[int, str], start: str, end: str
+) -> AsyncIterator[Entry]:
+    """The entries of the partitions ``keys`` from ``start`` to ``end``, by id."""
+    pages = await _pages(redis, keys, dict.fromkeys(keys, start), end, PAGE)
+    heap = [(_order(page[0].id), p, 0) for p, page in pages.items() if page]
+    heapq.heapify(heap)
+    while heap:
+        _, partition, index = heapq.heappop(heap)
+        page = pages[partition]
+        entry = page[index]
+        yield entry
+        index += 1
+        if index == len(page) and len(page) == PAGE:
+            more = await _pages(
+                redis, {partition: keys[partition]}, {partition: f"({entry.id}"}, end, PAGE
+            )
+            pages[partition], index = more[partition], 0
+        if index < len(pages[partition]):
+            heapq.heappush(heap, (_order(pages[partition][index].id), partition, index))
+
+
+async def last_entries(redis: Redis, keys: dict[int, str], count: int) -> list[Entry]:
+    """The last ``count`` entries of the partitions ``keys`` together, by id."""
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = {p: pipe.xrevrange(keys[p], "+", "-", count=count) for p in keys}
+        newest = [entry for p, r in requests.items() for entry in _entries(p, await r)]
+    newest.sort(key=lambda e: _order(e.id))
+    return newest[-count:] if count else []
+
+
+async def follow_on(
+    redis: Redis, keys: dict[int, str], after: dict[int, str]
+) -> AsyncIterator[Entry]:
+    """The entries added to the partitions ``keys`` after the ids ``after``, by id in
+    each look, forever (until cancelled)."""
+    while True:
+        starts = {p: f"({after[p]}" for p in keys}
+        pages = await _pages(redis, keys, starts, "+", PAGE)
+        found = sorted(
+            (entry for page in pages.values() for entry in page), key=lambda e: _order(e.id)
+        )
+        for entry in found:
+            after[entry.partition] = entry.id
+            yield entry
+        if not any(len(page) == PAGE for page in pages.values()):
+            await trio.sleep(FOLLOW_EVERY)
+
+
+async def _noting(entries: AsyncIterator[Entry], after: dict[int, str]) -> AsyncIterator[Entry]:
+    """``entries``, noting in ``after`` each partition's last id gone by."""
+    async for entry in entries:
+        if _order(entry.id) > _order(after[entry.partition]):
+            after[entry.partition] = entry.id
+        yield entry
+
+
+async def last_ids(redis: Redis, keys: dict[int, str]) -> dict[int, str]:
+    """Each partition's newest entry id (``0-0`` for an empty one)."""
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            requests = {p: pipe.xrevrange(keys[p], "+", "-", count=1) for p in keys}
+        replies = {p: _entries(p, await r) for p, r in requests.items()}
+    return {p: (found[0].id if found else "0-0") for p, found in replies.items()}
+
+
+# -- showing entries -----------------------------------------------------------------
+
+
+def _key_of(stream: Stream[Any]) -> Callable[[Any], object]:
+    by = stream.partition_by
+    if callable(by):
+        return by
+    if stream.record is dict:
+        return lambda record: record.get(by)
+    return lambda record: getattr(record, by, None)
+
+
+def _typed_key(stream: Stream[Any], key: str) -> object:
+    """``--key`` as the stream's keys are: an int where the key field is an int."""
+    by = stream.partition_by
+    if isinstance(by, str) and attrs.has(stream.record):
+        fields = attrs.fields_dict(attrs.resolve_types(stream.record))
+        if by in fields and fields[by].type is int:
+            try:
+                return int(key)
+            except ValueError:
+                fail(f"--key: the key field {by!r} is an int, got {key!r}", 2)
+    return key
+
+
+@attrs.define
+class Shower:
+    """Turns entries into lines: decoded as the stream's records, or said undecodable;
+    with a key, only the records of that key."""
+
+    stream: Stream[Any]
+    as_json: bool
+    key: bytes | None = None
+    key_of: Callable[[Any], object] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.key_of = _key_of(self.stream)
+
+    def line(self, entry: Entry) -> str | None:
+        """The entry's line, or ``None`` for a record of another key."""
+        head: dict[str, Any] = {"partition": entry.partition, "id": entry.id}
+        try:
+            record = self.stream.codec.decode(
+                entry.fields, stream=self.stream.name, partition=entry.partition, entry_id=entry.id
+            )
+        except DecodeError as exc:
+            if self.key is not None:
+                return None  # no key to match
+            fields = {
+                k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+                for k, v in entry.fields.items()
+            }
+            if self.as_json:
+                body = orjson.dumps({**head, "undecodable": exc.reason, "fields": fields})
+                return printable(body.decode())
+            return f"{entry.partition}\t{printable(entry.id)}\tundecodable: {printable(exc.reason)}"
+        if self.key is not None:
+            try:
+                if canonical_key_bytes(self.key_of(record)) != self.key:
+                    return None
+            except Exception:
+                return None
+        value = orjson.dumps(converter.unstructure(record)).decode()
+        if self.as_json:
+            return printable(orjson.dumps({**head, "record": orjson.Fragment(value)}).decode())
+        return f"{entry.partition}\t{printable(entry.id)}\t{printable(value)}"
+
+
+# -- the commands ----------------------------------------------------------------------
+
+
+def _partitions(stream: Stream[Any], partition: int | None, key: object | None) -> list[int]:
+    if partition is not None and key is not None:
+        fail("give --partition or --key, not both", 2)
+    if partition is not None:
+        if not 0 <= partition < stream.partition_count:
+            fail(f"--partition must be 0..{stream.partition_count - 1}", 2)
+        return [partition]
+    if key is not None:
+        try:
+            return [partition_for(key, stream.partition_count)]
+        except ConfigError as exc:
+            fail(f"--key: {exc}", 2)
+    return list(range(stream.partition_count))
+
+
+_follow_option = click.option(
+    "--follow", "-f", is_flag=True, help="Then print new entries as they come, until Ctrl-C."
+)
+
+
+def _filter_options(function: Any) -> Any:
+    function = click.option(
+        "--partition", type=click.IntRange(min=0), default=None, help="Only this partition."
+    )(function)
+    return click.option(
+        "--key",
+        default=None,
+        metavar="KEY",
+        help="Only the records of this partition key (its partition, filtered).",
+    )(function)
+
+
+async def _show(lines: AsyncIterator[Entry], shower: Shower, limit: int | None) -> None:
+    shown = 0
+    async for entry in lines:
+        line = shower.line(entry)
+        if line is None:
+            continue
+        click.echo(line)
+        shown += 1
+        if limit is not None and shown >= limit:
+            return
+
+
+@contextlib.contextmanager
+def _quiet_pipe() -> Any:
+    try:
+        yield
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as a filter does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+@click.command()
+@click.argument("stream_path", metavar="MODULE:STREAM")
+@click.option(
+    "--from",
+    "start",
+    default="start",
+    metavar="WHERE",
+    help="start (the default), an entry id or an ISO 8601 time.",
+)
+@click.option(
+    "--to",
+    "end",
+    default="end",
+    metavar="WHERE",
+    help="end (the default), an entry id or an ISO 8601 time.",
+)
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Print at most N entries.")
+@_follow_option
+@_filter_options
+@json_option
+@redis_url_option
+async def read(
+    stream_path: str,
+    start: str,
+    end: str,
+    count: int | None,
+    follow: bool,
+    partition: int | None,
+    key: str | None,
+    as_json: bool,
+    redis_url: str | None,
+) -> None:
+    """Print a stream's entries from --from to --to, all partitions merged in the order
+    Redis added them: PARTITION<TAB>ID<TAB>RECORD (as JSON) a line, or one JSON object
+    a line with --json. An entry that does not decode as the stream's record says so.
+    MODULE:STREAM may name a stream a processor emits to (a window's output) by its
+    name."""
+    try:
+        first, last = parse_position(start, end=False), parse_position(end, end=True)
+    except ValueError as exc:
+        fail(f"--from/--to: {exc}", 2)
+    if follow and (end != "end" or count is not None):
+        fail("--follow reads on past the end: it goes with neither --to nor --count", 2)
+    app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
+    async with _connected(app) as redis:
+        if not follow:
+            await _show(merged_range(redis, keys, first, last), shower, count)
+            return
+        # On from where the range ended, partition by partition.
+        after = await last_ids(redis, keys)
+        await _show(_noting(merged_range(redis, keys, first, "+"), after), shower, None)
+        await _show(follow_on(redis, keys, after), shower, None)
+
+
+@click.command()
+@click.argument("stream_path", metavar="MODULE:STREAM")
+@click.option(
+    "-n",
+    "--lines",
+    "count",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="The last N entries.",
+)
+@_follow_option
+@_filter_options
+@json_option
+@redis_url_option
+async def tail(
+    stream_path: str,
+    count: int,
+    follow: bool,
+    partition: int | None,
+    key: str | None,
+    as_json: bool,
+    redis_url: str | None,
+) -> None:
+    """Print a stream's last entries, all partitions merged in the order Redis added
+    them (as read does), then with --follow the new ones as they come."""
+    app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
+    async with _connected(app) as redis:
+        after = await last_ids(redis, keys)
+        for line in await _newest(redis, keys, shower, count):
+            click.echo(line)
+        if follow:
+            await _show(follow_on(redis, keys, after), shower, None)
+
+
+def _prepare(
+    stream_path: str,
+    redis_url: str | None,
+    follow: bool,
+    partition: int | None,
+    key: str | None,
+    as_json: bool,
+) -> tuple[App, Shower, dict[int, str]]:
+    """The app, the lines' maker and the partitions' keys of a read or a tail."""
+    app, stream = load_stream(stream_path, redis_url, one_shot=not follow, by_name=True)
+    typed = None if key is None else _typed_key(stream, key)
+    partitions = _partitions(stream, partition, typed)
+    shower = Shower(stream, as_json, None if typed is None else canonical_key_bytes(typed))
+    return app, shower, {p: stream.key(p) for p in partitions}
+
+
+@contextlib.asynccontextmanager
+async def _connected(app: App) -> AsyncIterator[Redis]:
+    """``app`` connected, until the block ends or a signal stops it (exit code 0); an
+    error of streamkit's is the command's one line, a reader gone (``| head``) its end."""
+    with _quiet_pipe():
+        async with until_signal():
+            try:
+                async with app:
+                    yield app.redis
+            except StreamkitError as exc:
+                fail(str(exc))
+
+
+async def _newest(redis: Redis, keys: dict[int, str], shower: Shower, count: int) -> Sequence[str]:
+    """The lines of the last ``count`` entries shown (of the key, with ``--key``)."""
+    if count == 0:
+        return []
+    if shower.key is None:
+        lines = [shower.line(e) for e in await last_entries(redis, keys, count)]
+        return [line for line in lines if line is not None]
+    # Records of one key among others: read back from the end until there are enough.
+    found: list[str] = []
+    async for entry in _backwards(redis, keys):
+        line = shower.line(entry)
+        if line is not None:
+            found.append(line)
+            if len(found) == count:
+                break
+    return found[::-1]
+
+
+async def _backwards(redis: Redis, keys: dict[int, str]) -> AsyncIterator[Entry]:
+    """One partition's entries, newest first (``--key`` names one partition)."""
+    [(partition, key)] = keys.items()
+    end = "+"
+    while True:
+        with redis_errors():
+            reply = await redis.xrevrange(key, end, "-", count=PAGE)
+        page = _entries(partition, reply)
+        for entry in page:
+            yield entry
+        if len(page) < PAGE:
+            return
+        end = f"({page[-1].id}"

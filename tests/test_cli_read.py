@@ -1,0 +1,182 @@
+"""``streamkit read`` and ``tail``: a stream's entries, partitions merged in id order."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from streamkit import App, partition_for
+from streamkit.testing import wait_until
+from tests.apps.readable import Note
+from tests.test_cli import ROOT, assert_no_traceback, read_into, streamkit
+
+if TYPE_CHECKING:
+    from streamkit import Redis
+
+NOTES = "tests.apps.readable:notes"
+
+
+async def send_notes(redis_url: str, count: int) -> tuple[App, list[str]]:
+    """``count`` notes, over 5 keys (so every partition gets some), one call each:
+    their entry ids grow in the order sent."""
+    app = App("readable", redis_url=redis_url)
+    notes = app.stream("notes", record=Note, partition_by="key", partition_count=4)
+    ids = []
+    async with app:
+        for n in range(count):
+            ids += await notes.send(Note(key=f"k{n % 5}", n=n))
+    return app, ids
+
+
+def order(entry_id: str) -> tuple[int, int]:
+    millis, seq = entry_id.split("-")
+    return int(millis), int(seq)
+
+
+def lines(out: str) -> list[list[str]]:
+    return [line.split("\t") for line in out.splitlines()]
+
+
+async def test_read_merges_the_partitions_in_the_order_redis_added_the_entries(
+    redis_url: str, redis: Redis
+) -> None:
+    _, ids = await send_notes(redis_url, 12)
+    result = await streamkit("read", NOTES, redis_url=redis_url)
+    assert result.code == 0, result.err
+    rows = lines(result.out)
+    # In the order of the ids (each partition is a stream of its own: two entries
+    # added in the same millisecond to two partitions have the same id, and go in
+    # partition order).
+    assert [row[1] for row in rows] == sorted(ids, key=order)
+    assert [(order(row[1]), int(row[0])) for row in rows] == sorted(
+        (order(row[1]), int(row[0])) for row in rows
+    )
+    records = [orjson.loads(row[2]) for row in rows]
+    assert sorted(r["n"] for r in records) == list(range(12))
+    assert all(
+        int(row[0]) == partition_for(r["key"], 4) for row, r in zip(rows, records, strict=True)
+    )
+    assert len({row[0] for row in rows}) > 1  # several partitions, merged
+
+    # JSON lines, a range by id, a count.
+    as_json = await streamkit(
+        "read", NOTES, "--json", "--from", ids[3], "--count", "4", redis_url=redis_url
+    )
+    documents = [orjson.loads(line) for line in as_json.out.splitlines()]
+    in_order = sorted(ids, key=order)
+    # From an id on (the entries of the same id in other partitions too).
+    assert len(documents) == 4
+    assert all(order(d["id"]) >= order(ids[3]) for d in documents)
+    assert [d["id"] for d in documents] == sorted((d["id"] for d in documents), key=order)
+    assert all(d["partition"] == partition_for(d["record"]["key"], 4) for d in documents)
+    assert set(documents[0]["record"]) == {"key", "n", "text"}
+    until = await streamkit("read", NOTES, "--to", in_order[1], redis_url=redis_url)
+    assert all(order(row[1]) <= order(in_order[1]) for row in lines(until.out))
+    assert len(lines(until.out)) >= 2
+    # From a time: nothing sent after the year 2100; everything after 2000.
+    assert (await streamkit("read", NOTES, "--from", "2100-01-01", redis_url=redis_url)).out == ""
+    since = await streamkit("read", NOTES, "--from", "2000-01-01T00:00:00Z", redis_url=redis_url)
+    assert len(lines(since.out)) == 12
+
+    # One partition; one key (its partition, and only its records).
+    one = await streamkit("read", NOTES, "--partition", "0", redis_url=redis_url)
+    assert {row[0] for row in lines(one.out)} == {"0"}
+    keyed = await streamkit("read", NOTES, "--key", "k2", "--json", redis_url=redis_url)
+    assert [orjson.loads(line)["record"]["n"] for line in keyed.out.splitlines()] == [2, 7]
+
+
+async def test_what_does_not_decode_is_said_and_text_from_redis_is_escaped(
+    redis_url: str, redis: Redis
+) -> None:
+    app, _ = await send_notes(redis_url, 1)
+    notes = app.streams["notes"]
+    async with app:
+        await notes.send(Note(key="k1", n=1, text="\u202eevil\x1b[2J"))
+    await redis.xadd(notes.key(2), {"data": '{"key": "k9"}'})
+    await redis.xadd(notes.key(3), {"\x1b[31mname": "\x1b[31mvalue"})
+    for args in ((), ("--json",)):
+        result = await streamkit("read", NOTES, *args, redis_url=redis_url)
+        assert result.code == 0, result.err
+        assert "\x1b" not in result.out
+        assert "\u202e" not in result.out
+        assert "\\u202eevil" in result.out
+    text = lines((await streamkit("read", NOTES, redis_url=redis_url)).out)
+    assert text[2][2].startswith("undecodable: required field missing @ $.n")
+    assert text[3][2].startswith("undecodable: no b'data'")
+    as_json = await streamkit("read", NOTES, "--json", redis_url=redis_url)
+    bad = orjson.loads(as_json.out.splitlines()[3])
+    assert bad["fields"] == {"\x1b[31mname": "\x1b[31mvalue"}  # escaped on the way, as JSON
+    assert bad["undecodable"].startswith("no b'data'")
+
+
+async def test_tail_shows_the_last_entries_then_follows_until_ctrl_c(
+    redis_url: str, redis: Redis
+) -> None:
+    app, ids = await send_notes(redis_url, 8)
+    result = await streamkit("tail", NOTES, "-n", "3", redis_url=redis_url)
+    assert [row[1] for row in lines(result.out)] == sorted(ids, key=order)[-3:]
+    keyed = await streamkit("tail", NOTES, "-n", "1", "--key", "k1", redis_url=redis_url)
+    assert [orjson.loads(row[2])["n"] for row in lines(keyed.out)] == [6]
+
+    env = {**os.environ, "STREAMKIT_REDIS_URL": redis_url}
+    out, err = bytearray(), bytearray()
+    notes = app.streams["notes"]
+    with trio.fail_after(60):
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "streamkit", "tail", NOTES, "-n", "1", "--follow", "--json"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_into, process.stdout, out)
+                nursery.start_soon(read_into, process.stderr, err)
+                await wait_until(lambda: out.count(b"\n") == 1, what="the last note", within=20)
+                async with app:
+                    sent = await notes.send(Note(key="k0", n=100))
+                    sent += await notes.send(Note(key="k3", n=101))
+                await wait_until(lambda: out.count(b"\n") == 3, what="the new notes", within=20)
+                process.send_signal(signal.SIGINT)
+                assert await process.wait() == 0, err.decode()
+        finally:
+            if process.returncode is None:
+                process.kill()
+    shown = [orjson.loads(line) for line in out.splitlines()]
+    assert shown[0]["id"] == sorted(ids, key=order)[-1]
+    assert sorted(d["id"] for d in shown[1:]) == sorted(sent)
+    assert sorted(d["record"]["n"] for d in shown[1:]) == [100, 101]
+
+
+async def test_an_output_stream_is_read_by_its_name(redis_url: str, redis: Redis) -> None:
+    """A stream made where it is used (a window's output) has no module attribute."""
+    app = App("readable", redis_url=redis_url)
+    digests = app.stream("digests", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    async with app:
+        await digests.send({"key": "a", "total": 3})
+    result = await streamkit("read", "tests.apps.readable:digests", "--json", redis_url=redis_url)
+    assert result.code == 0, result.err
+    assert orjson.loads(result.out)["record"] == {"key": "a", "total": 3}
+
+
+async def test_mistakes_are_one_line(redis_url: str) -> None:
+    cases: list[tuple[list[str], str]] = [
+        (["read", NOTES, "--from", "yesterday"], "--from/--to: 'yesterday' is not start"),
+        (["read", NOTES, "--partition", "4"], "--partition must be 0..3"),
+        (["read", NOTES, "--partition", "1", "--key", "k"], "give --partition or --key"),
+        (["read", NOTES, "--follow", "--count", "2"], "--follow reads on past the end"),
+        (["tail", "tests.apps.readable:nothing"], "has no attribute 'nothing'"),
+    ]
+    for args, message in cases:
+        result: Any = await streamkit(*args, redis_url=redis_url)
+        assert result.code == 2, (args, result.err)
+        assert message in result.err, (args, result.err)
+        assert result.err.count("\n") == 1, result.err
+        assert_no_traceback(result)
