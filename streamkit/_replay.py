@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 import orjson
@@ -39,7 +39,7 @@ from ._wire import text
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._app import App, Processor
+    from ._redis import Redis
 
 __all__ = [
     "PartitionReplay",
@@ -55,6 +55,31 @@ __all__ = [
 ]
 
 StateChoice = Literal["clear", "keep"]
+
+
+class App(Protocol):
+    """What a reset needs of the app (:class:`streamkit.App`): its Redis client."""
+
+    @property
+    def redis(self) -> Redis: ...
+
+
+class Processor(Protocol):
+    """What a reset needs of a processor (``App.processors[name]``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def stream(self) -> Any: ...
+    @property
+    def keys(self) -> Any: ...
+    @property
+    def tables(self) -> Sequence[Any]: ...
+    @property
+    def outputs(self) -> Sequence[Any]: ...
+
 
 #: The largest sequence number of an entry id: ``ms-MAX_SEQ`` is the last id of ``ms``.
 MAX_SEQ = 2**64 - 1
@@ -449,11 +474,11 @@ def state_keys(app: App, processor: Processor, partition: int) -> tuple[list[str
     ]
     for table in processor.tables:
         if getattr(table, "fixed", False):
-            indexes.append(table.windows_key(partition))  # type: ignore[union-attr]
+            indexes.append(table.windows_key(partition))
         elif getattr(table, "kind", None) is not None:
-            others += [table.key(partition), table.index_key(partition)]  # type: ignore[union-attr]
+            others += [table.key(partition), table.index_key(partition)]
         else:
-            others += [table.key(partition), table.expiry_key(partition)]  # type: ignore[union-attr]
+            others += [table.key(partition), table.expiry_key(partition)]
     return indexes, others
 
 
