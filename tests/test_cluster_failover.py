@@ -55,6 +55,11 @@ import trio
 from streamkit import App, RedisUnavailable, StreamkitError, open_redis
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisCluster, wait_until
+from tests.apps.expiring import (
+    Number as Timed,
+    assert_latest_then_expired,
+    make_app as expiring_app,
+)
 from tests.apps.scenario import Numbered
 from tests.apps.stateful import Number, make_app as stateful_app
 from tests.cluster_scenarios import (
@@ -95,6 +100,17 @@ async def produce_numbers(numbers: Stream[Number], sent: Sent, stop: trio.Event)
         await trio.sleep(0.01)
 
 
+async def produce_timed(timed: Stream[Timed], stop: trio.Event) -> None:
+    """Numbers for the expiring app (what counts is what its stream holds)."""
+    n = 0
+    while not stop.is_set():
+        batch = [Timed(key=f"k{(n + i) % 16}", n=n + i) for i in range(10)]
+        n += 10
+        with contextlib.suppress(StreamkitError):
+            await timed.send_many(batch)
+        await trio.sleep(0.01)
+
+
 # The partitions whose master (node 1) is killed.
 KILLED_PARTITIONS = {1, 5}
 
@@ -112,6 +128,10 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
             start_worker(cluster.url, tmp_path, app=STATEFUL, env=stateful_env) for _ in range(2)
         ]
         workers.extend(stateful_workers)
+        workers.append(
+            start_worker(cluster.url, tmp_path, app="tests.apps.expiring:app", env=stateful_env)
+        )
+        timed_app, timed, latest = expiring_app(redis_url=cluster.url)
         stateful = stateful_app(redis_url=cluster.url)
         state_sent = Sent()
         app = App("scenario", redis_url=cluster.url)
@@ -120,12 +140,13 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
         )
         safe, plain = Producer("s", replicas=1), Producer("p", replicas=0)
         stop = trio.Event()
-        async with app, stateful.app:
+        async with app, stateful.app, timed_app:
             redis = app.redis
             async with trio.open_nursery() as producers:
                 producers.start_soon(safe.run, stream, stop)
                 producers.start_soon(plain.run, stream, stop)
                 producers.start_soon(produce_numbers, stateful.numbers, state_sent, stop)
+                producers.start_soon(produce_timed, timed, stop)
 
                 await wait_until(
                     lambda: processed_at_least(redis, 400), what="400 processed", within=60
@@ -197,6 +218,23 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
                     ]
                 )
             await assert_exact(redis, state_sent, stateful, min_closed=16)
+            # Keys of a table with a ttl: exact through the failovers (each key's
+            # greatest n of what its stream holds), then expired and swept.
+            greatest: dict[str, int] = {}
+            for partition in range(timed.partition_count):
+                with redis_errors():
+                    entries = await redis.xrange(timed.key(partition))
+                for entry in entries:
+                    fields: Any = entry.field_values
+                    number = timed.codec.decode(fields, stream="numbers")
+                    greatest[number.key] = max(greatest.get(number.key, -1), number.n)
+
+            async def caught_up_latest() -> bool:
+                values = await latest.read_many(sorted(greatest), redis=redis)
+                return values == [greatest[k] for k in sorted(greatest)] or -1 in values
+
+            await wait_until(caught_up_latest, what="latest caught up", within=30)
+            await assert_latest_then_expired(redis, latest, greatest)
 
         for worker in workers:
             assert worker.process.poll() is None, worker.log()

@@ -16,8 +16,9 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from streamkit import EncodeError, Record, codec_for
+from streamkit import EncodeError, Record
 from streamkit._json_converter import converter
+from streamkit.lowlevel import codec_for
 
 
 class Level(enum.IntEnum):

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pytest
 import trio
+from coredis.tokens import PureToken
 
 from streamkit import App, Events, Record
 from streamkit._replay import before, parse_position
+from streamkit._wire import text as wire_text
 from streamkit._worker import run_worker
 from streamkit.lowlevel import ResetRefused
 from streamkit.testing import wait_until
@@ -86,7 +88,7 @@ async def test_a_replay_from_a_time_and_from_an_id(redis_url: str, redis: Redis)
     partition = 1
     key = f"__strm:{{lossy.orders.{partition}}}"
     entries = await redis.xrange(key)
-    third = entries[2].identifier.decode()
+    third = wire_text(entries[2].identifier)
     done = await streamkit(
         "reset", APP, "watch", "--to", third, "--partition", str(partition), "-y",
         redis_url=redis_url,
@@ -106,7 +108,7 @@ async def test_a_replay_from_a_time_and_from_an_id(redis_url: str, redis: Redis)
 async def test_what_is_gone_and_nothing_to_do(redis_url: str, redis: Redis) -> None:
     await sent_orders(redis_url, 40)
     for p in range(4):
-        await redis.xtrim(f"__strm:{{lossy.orders.{p}}}", "MAXLEN", 4)
+        await redis.xtrim(f"__strm:{{lossy.orders.{p}}}", PureToken.MAXLEN, 4)
     kept = sum([await redis.xlen(f"__strm:{{lossy.orders.{p}}}") for p in range(4)])
     yesterday = await streamkit(
         "reset", APP, "watch", "--to", "-1d", redis_url=redis_url, stdin=b"n\n"

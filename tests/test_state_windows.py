@@ -379,7 +379,7 @@ async def test_a_window_carries_over_to_the_next_owner(redis_url: str, redis: Re
         await sales.send_many([sale(key, 3, 25) for key in others])
 
         async def committed() -> bool:
-            return sum(await revenue.sizes()) == 2 + len(others)
+            return bool(sum(await revenue.sizes()) == 2 + len(others))
 
         await wait_until(committed, what="the first window committed", within=20)
         await worker.stop()

@@ -16,6 +16,7 @@ import argparse
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import trio
 
@@ -34,7 +35,15 @@ async def run(args: argparse.Namespace) -> None:
     )
     with RedisServer() as server:
         app = App("expiry", redis_url=server.url)
-        visits = app.stream("visits", record=Visit, partition_by="session", partition_count=8)
+        # The stream keeps its newest entries only (trimmed once processed), so that what
+        # grows, if anything, is the table.
+        visits = app.stream(
+            "visits",
+            record=Visit,
+            partition_by="session",
+            partition_count=8,
+            partition_size=2_000,
+        )
         sessions = app.table("sessions", value=int, default=0, ttl=timedelta(seconds=args.ttl))
 
         @app.processor(visits, tables=[sessions])
@@ -65,7 +74,8 @@ async def run(args: argparse.Namespace) -> None:
                 index = 0
                 for p in range(8):
                     index += await redis.zcard(sessions.expiry_key(p))
-                memory = (await redis.info("memory"))["used_memory"]
+                info: Any = await redis.info("memory")
+                memory = int(info["used_memory"])
                 sizes.append(keys)
                 print(f"  {elapsed / 60:>8.1f}{keys:>12,}{index:>10,}{memory / 2**20:>12.1f} MiB")
             await worker.stop()

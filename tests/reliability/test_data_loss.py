@@ -5,7 +5,7 @@ counts it in a metric, and ``streamkit status`` shows it."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -30,7 +30,7 @@ LOSS = re.compile(r"ERROR .*processor (\w+): Redis lost its data")
 PER_PARTITION = ("lease on", "stopped fetching", "vanished", "rejoining", "no longer in")
 
 
-def orders(customers: int, start: int) -> list[object]:
+def orders(customers: int, start: int) -> list[Any]:
     _, stream, _ = make_app()
     record = stream.spec.record
     return [record(order_id=start + i, customer=f"c{i % customers}") for i in range(customers * 5)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -116,12 +116,19 @@ async def test_a_rebuild_killed_midway_is_still_exact(
         for n in ns:
             expected[key, n - n % WINDOW] += n
     results: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for partition in range(stateful.tens_out.partition_count):
-        for entry in await redis.xrange(stateful.tens_out.key(partition)):
-            result = stateful.tens_out.codec.decode(entry.field_values, stream="tens_out")
-            start = round(datetime.fromisoformat(result["start"]).timestamp() * 1000)
-            results[result["key"], start].append(result["value"])
-    assert results, "no window closed"
+
+    async def read_results() -> bool:
+        results.clear()
+        for partition in range(stateful.tens_out.partition_count):
+            for entry in await redis.xrange(stateful.tens_out.key(partition)):
+                fields: Any = entry.field_values
+                result = stateful.tens_out.codec.decode(fields, stream="tens_out")
+                start = round(datetime.fromisoformat(result["start"]).timestamp() * 1000)
+                results[result["key"], start].append(result["value"])
+        return bool(results) and all(len(v) >= 2 for v in results.values())
+
+    # On a cluster the results reach their stream through the outbox relay: wait.
+    await wait_until(read_results, what="every window's result emitted again", within=60)
     assert {w: v for w, v in results.items() if v != [expected[w]] * 2} == {}
     for worker in workers:
         assert "Traceback" not in worker.log(), worker.log()
