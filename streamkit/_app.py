@@ -20,6 +20,15 @@ import attrs
 from . import _keys
 from ._background import BackgroundTask
 from ._errors import ConfigError, NotConnected
+from ._joins import (
+    JoinHow,
+    StreamJoin,
+    check_copartitioned,
+    default_join_result,
+    forward,
+    positive_window,
+    run_join,
+)
 from ._policies import ExceptionPolicy
 from ._redis import Redis, open_redis
 from ._replay import ResetPlan, StateChoice, apply_reset, plan_reset
@@ -49,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["App", "NotConnected", "Processor"]
 
 R = TypeVar("R")
+L = TypeVar("L")
+JR = TypeVar("JR")
 V = TypeVar("V")
 
 #: Partitions per stream above which declaring one logs a warning: every partition a
@@ -85,7 +96,7 @@ class Processor:
     policy: ExceptionPolicy
     middleware: tuple[Middleware, ...]
     settings: Settings
-    tables: tuple[Table[Any] | WindowedTable[Any], ...] = ()
+    tables: tuple[Table[Any] | WindowedTable[Any] | StreamJoin[Any, Any], ...] = ()
     outputs: tuple[Stream[Any], ...] = ()
 
     @property
@@ -97,6 +108,12 @@ class Processor:
     def group(self) -> str:
         """The processor's membership group and consumer group name."""
         return self.keys.group
+
+
+def _forwarded_key(record: Any) -> object:
+    """A join's inner stream is routed by partition number (its forwarders'), never by
+    key: nothing is sent to it but by them."""
+    raise ConfigError("join", "a join's inner stream takes events from its forwarders only")
 
 
 def _duration_ms(name: str, value: timedelta | float) -> int:
@@ -366,6 +383,103 @@ class App:
         self.tables[name] = table
         return table
 
+    def join(
+        self,
+        name: str,
+        left: Stream[L],
+        right: Stream[JR],
+        *,
+        within: timedelta | float,
+        output: Stream[Any],
+        how: JoinHow = "inner",
+        grace: timedelta | float = 0,
+        left_time: str | Callable[[L], Any] | None = None,
+        right_time: str | Callable[[JR], Any] | None = None,
+        result: Callable[[str, L | None, JR | None], Any] = default_join_result,
+        idle: bool = True,
+        **overrides: Any,
+    ) -> StreamJoin[L, JR]:
+        """Join two co-partitioned streams within a time: each pair of a left and a
+        right event of the same key at most ``within`` apart in event time is emitted to
+        ``output`` once, as ``result(key, left, right)``. See :doc:`joins`.
+
+        For example, orders and their payments within ten minutes, and the orders never
+        paid (``how="left"``) once their ten minutes are over::
+
+            paid = app.join(
+                "paid", orders, payments, within=timedelta(minutes=10), how="left",
+                output=settled, left_time="created_at", right_time="paid_at",
+            )
+
+        The join runs as processors of the app (``NAME__left`` and ``NAME__right``
+        forward each side's events, ``NAME`` joins them): any worker runs them.
+
+        Args:
+            name: the join's name (letters, digits, ``_``, ``-``).
+            left: the left stream.
+            right: the right stream, with the same partition count, keyed alike.
+            within: how far apart in event time two events may be and match (a
+                timedelta, or seconds).
+            output: the stream the results go to (emitted exactly once).
+            how: ``"inner"``: pairs only; ``"left"``: and each left event that matched
+                nothing, once its window closed, with ``None`` for the right; ``"outer"``:
+                and each event of either side that matched nothing.
+            grace: how long beyond ``within`` an event waits for late events of the
+                other side (a timedelta, or seconds).
+            left_time, right_time: each side's event time: a field name, a function of
+                a record, or ``None`` for when its event was appended to its stream.
+            result: builds a result from ``(key, left record or None, right record or
+                None)``; by default a ``dict`` with ``key``, ``left`` and ``right``.
+            idle: whether a quiet partition's event time moves on with the wall clock,
+                so that its windows close without a later event (as a windowed
+                table's).
+            **overrides: settings of the join's processors (``batch_size``, ...).
+
+        Error handling:
+            :class:`ConfigError` for streams of another app or of different partition
+            counts, a bad window, grace or ``how``, or a name used twice.
+        """
+        for stream in (left, right, output):
+            if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
+                raise ConfigError("join", f"{stream!r} is not a stream of app {self.name!r}")
+        check_copartitioned(left.spec, right.spec)
+        _keys.validate_name("join name", name)
+        inner = self.stream(
+            f"{name}__in",
+            record=dict,
+            partition_by=_forwarded_key,
+            partition_count=left.spec.partition_count,
+        )
+        joined: StreamJoin[L, JR] = StreamJoin(
+            name,
+            left=left.spec,
+            right=right.spec,
+            within=positive_window("within", within),
+            grace=positive_window("grace", grace),
+            how=how,
+            output=output.spec,
+            result=result,
+            left_time=left_time,
+            right_time=right_time,
+            idle=idle,
+            connection=lambda: self.redis,
+        )
+        for side, stream in ((b"L", left), (b"R", right)):
+            suffix = "left" if side == b"L" else "right"
+
+            async def forwarder(events: Events[Any], side: bytes = side) -> None:
+                await forward(events, joined, side, inner.spec)
+
+            self.processor(stream, name=f"{name}__{suffix}", outputs=[inner], **overrides)(
+                forwarder
+            )
+
+        async def joiner(events: Events[Any]) -> None:
+            await run_join(events, joined)
+
+        self.processor(inner, name=name, tables=[joined], outputs=[output], **overrides)(joiner)
+        return joined
+
     def processor(
         self,
         stream: Stream[Any],
@@ -373,7 +487,7 @@ class App:
         name: str | None = None,
         policy: ExceptionPolicy | None = None,
         middleware: Sequence[Middleware] = (),
-        tables: Sequence[Table[Any] | WindowedTable[Any]] = (),
+        tables: Sequence[Table[Any] | WindowedTable[Any] | StreamJoin[Any, Any]] = (),
         outputs: Sequence[Stream[Any]] = (),
         **overrides: Any,
     ) -> Callable[[ProcessorFunction], ProcessorFunction]:
@@ -408,7 +522,9 @@ class App:
         if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
             raise ConfigError("stream", f"{stream!r} belongs to another app")
         for table in tables:
-            if self.tables.get(getattr(table, "name", "")) is not table:
+            if self.tables.get(getattr(table, "name", "")) is not table and not isinstance(
+                table, StreamJoin
+            ):
                 raise ConfigError("tables", f"{table!r} is not a table of app {self.name!r}")
         for output in outputs:
             if not isinstance(output, Stream) or self.streams.get(output.name) is not output:

@@ -39,6 +39,9 @@ key                                what it holds
 ``__wval:{app.stream.N}.table:S``  the keys' values in its window starting at ``S``
                                    (ms), open (a hash: canonical key -> value)
 ``__wcls:{app.stream.N}.table:S``  the same once closed, kept for the retention
+``__join:{app.J__in.N}.J``         join ``J``'s events waiting for a match on partition
+                                   N (a hash: side and key -> its events)
+``__jndx:{app.J__in.N}.J``         its keys, by when their events go (a sorted set)
 ``__stat:{app.stream.N}.proc``     processor ``proc``'s state of partition N: its
                                    watermark and late-event counts (a hash)
 ``__obox:{app.stream.N}.proc``     records processor ``proc`` emitted on partition N,
@@ -66,6 +69,8 @@ __all__ = [
     "halt_key",
     "hash_tag_of",
     "heartbeat_key",
+    "join_index_key",
+    "join_key",
     "leader_lock_name",
     "lock_key",
     "membership_key",
@@ -163,6 +168,16 @@ def table_key(app: str, stream: str, table: str, partition: int) -> str:
 def table_expiry_key(app: str, stream: str, table: str, partition: int) -> str:
     """The sorted set of ``partition``'s keys of ``table`` by when they expire (ms)."""
     return f"__texp:{{{app}.{stream}.{partition}}}.{table}"
+
+
+def join_key(app: str, stream: str, join: str, partition: int) -> str:
+    """The hash of a join's buffered events on ``partition`` of its inner stream."""
+    return f"__join:{{{app}.{stream}.{partition}}}.{join}"
+
+
+def join_index_key(app: str, stream: str, join: str, partition: int) -> str:
+    """The sorted set of a join's buffered keys on ``partition``, by when they are due."""
+    return f"__jndx:{{{app}.{stream}.{partition}}}.{join}"
 
 
 def window_key(app: str, stream: str, table: str, partition: int) -> str:

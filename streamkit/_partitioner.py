@@ -162,6 +162,11 @@ class Partitioner(Generic[R]):
         # Frozen: derived from partition_by, never reassigned.
         object.__setattr__(self, "_key_of", key_of)
 
+    def key_of(self, record: R) -> object:
+        """The partition key of ``record`` (its ``partition_by`` field, or what the
+        function returns)."""
+        return self._key_of(record)
+
     def partition_of(self, record: R) -> int:
         """Return the partition a record belongs to.
 

@@ -475,7 +475,7 @@ def state_keys(app: App, processor: Processor, partition: int) -> tuple[list[str
     for table in processor.tables:
         if getattr(table, "fixed", False):
             indexes.append(table.windows_key(partition))
-        elif getattr(table, "kind", None) is not None:
+        elif getattr(table, "kind", None) is not None or getattr(table, "joins", False):
             others += [table.key(partition), table.index_key(partition)]
         else:
             others += [table.key(partition), table.expiry_key(partition)]

@@ -41,6 +41,7 @@ from ._json_converter import converter
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_expiry import ExpiringTableView
+from ._state_joins import JoinView
 from ._state_relay import OutboxRelay
 from ._state_views import (
     TableLike,
@@ -172,7 +173,13 @@ class PartitionState:
         self._clock_ms = 0
         count = stream.partition_count
         for table in tables:
-            if _is_windowed(table):
+            if getattr(table, "joins", False):
+                joined = JoinView(table, partition, count, redis, cache_size)  # type: ignore[arg-type]
+                joined.on_time = self.observe
+                self.views[table] = joined
+                self.windows.append(joined)
+                outputs = [*outputs, table.output]  # type: ignore[attr-defined]
+            elif _is_windowed(table):
                 window: WindowView | FixedWindowView
                 if getattr(table, "fixed", False):
                     window = FixedWindowView(table, partition, count, redis, cache_size)  # type: ignore[arg-type]
@@ -357,6 +364,10 @@ class PartitionState:
             return
         for view in self.windows:
             closed = await view.settle(int(self.watermark))
+            if isinstance(view, JoinView):  # unmatched events, their results made
+                output = view.window.output  # type: ignore[attr-defined]
+                self._done_out.extend(self._encode_output(output, record) for record in closed)
+                continue
             table = view.window
             output = getattr(table, "output", None)
             if output is None or not closed:
@@ -388,6 +399,19 @@ class PartitionState:
             for field, start, end, value in closed:
                 record = result(field.decode(), Window.from_ms(start, end), value)
                 done.append(encode(output, record))
+
+    def emit_raw(
+        self, stream: StreamSpec[Any] | HasSpec[Any], partition: int, pairs: list[Any]
+    ) -> None:
+        """Emit an entry of ``pairs`` (names and values, as stored: no codec) to
+        ``partition`` of ``stream`` (tentatively, in order): a join's forwarder."""
+        emitter = self._emitters.get(id(stream))
+        if emitter is None or emitter[0] is not stream:
+            emitter = self._emitter(stream)
+        _, _, keys, targets = emitter
+        if targets is not None:
+            pairs = [b"__to", targets[partition], *pairs]
+        self._tentative_out.append((keys[partition], pairs))
 
     def _plain_emitter(
         self, stream: StreamSpec[Any] | HasSpec[Any]

@@ -383,6 +383,18 @@ class WindowView(TableView):
             return None
         return next_action(slots, grace=self.window.grace, retention=self.window.retention)
 
+    def _settle_value(
+        self, field: bytes, slots: Any, watermark: int
+    ) -> tuple[bool, Any, list[Any]]:
+        """``field``'s value at ``watermark``: whether it changed, what is kept (empty:
+        the key goes), and what closed now (``(field, start, end, value)`` each)."""
+        window = self.window
+        kept, now_closed = settle(
+            slots, watermark=watermark, grace=window.grace, retention=window.retention
+        )
+        changed = len(kept) != len(slots) or bool(now_closed)
+        return changed, kept, [(field, s.start, s.end, s.value) for s in now_closed]
+
     def _index(self, changes: Changes, dirty: dict[bytes, tuple[Any, bytes | None]]) -> None:
         scored: list[bytes | str | int | float] = []
         gone: list[bytes | str | int | float] = []
@@ -408,7 +420,7 @@ class WindowView(TableView):
         if score is not None:
             self.next_due = min(self.next_due, score)
 
-    async def settle(self, watermark: int) -> list[tuple[bytes, int, int, Any]]:
+    async def settle(self, watermark: int) -> list[Any]:
         """Close the windows ``watermark`` has passed and drop expired ones (as done
         writes); return the windows closed now, to emit once.
 
@@ -436,17 +448,14 @@ class WindowView(TableView):
                 value = MISSING if raw is None else self.table.decode(raw)
                 self._remember(field, value)
                 known[field] = value
-        closed: list[tuple[bytes, int, int, Any]] = []
-        window = self.window
+        closed: list[Any] = []
         for field, slots in known.items():
             if slots is MISSING:
                 continue
-            kept, now_closed = settle(
-                slots, watermark=watermark, grace=window.grace, retention=window.retention
-            )
-            if len(kept) == len(slots) and not now_closed:
+            changed, kept, now_closed = self._settle_value(field, slots, watermark)
+            if not changed:
                 continue
-            closed.extend((field, slot.start, slot.end, slot.value) for slot in now_closed)
+            closed.extend(now_closed)
             self._dirty[field] = (kept, self.table.encode(kept)) if kept else (MISSING, None)
         # Keys with writes not yet handed over count by those; then the handed over
         # and not landed; then what Redis's index says.

@@ -1,0 +1,127 @@
+"""Stream-stream joins within a time: pairs once, unmatched events once when their
+window closes, late events, the co-partitioning rule."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from streamkit import App, ConfigError, Record
+from streamkit._worker import run_worker
+from streamkit.testing import wait_until
+
+if TYPE_CHECKING:
+    from streamkit import Redis, Stream
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 1.0,
+    "heartbeat_interval": 0.1,
+    "session_timeout": 1.0,
+    "grace_period": 1.0,
+}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Order(Record):
+    order_id: int
+    amount: float
+    at: datetime
+
+
+class Payment(Record):
+    order_id: int
+    paid: float
+    at: datetime
+
+
+def order(n: int, seconds: float) -> Order:
+    return Order(order_id=n, amount=10.0 * n, at=T0 + timedelta(seconds=seconds))
+
+
+def payment(n: int, seconds: float) -> Payment:
+    return Payment(order_id=n, paid=10.0 * n, at=T0 + timedelta(seconds=seconds))
+
+
+async def results(redis: Redis, stream: Stream[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for partition in range(stream.partition_count):
+        entries: Any = await redis.xrange(stream.key(partition))
+        out.extend(stream.codec.decode(e.field_values, stream=stream.name) for e in entries)
+    return out
+
+
+def shop(redis_url: str, how: str, partitions: int = 2) -> tuple[App, Any, Any, Any]:
+    app = App("joinshop", redis_url=redis_url, **FAST)
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=partitions)
+    payments = app.stream(
+        "payments", record=Payment, partition_by="order_id", partition_count=partitions
+    )
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    app.join(
+        "paid_orders",
+        orders,
+        payments,
+        within=timedelta(minutes=10),
+        # Two streams' events reach the join in no set order between them: a grace as
+        # long as the tests' event times leaves none late.
+        grace=timedelta(hours=1),
+        how=how,  # type: ignore[arg-type]
+        output=paid,
+        left_time="at",
+        right_time="at",
+        idle=False,
+    )
+    return app, orders, payments, paid
+
+
+@pytest.mark.cluster
+async def test_pairs_within_the_window_once_and_unmatched_orders_when_it_closes(
+    redis_url: str, redis: Redis
+) -> None:
+    app, orders, payments, paid = shop(redis_url, "left")
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many([order(1, 0), order(2, 10), order(3, 20)])
+        await payments.send_many([payment(1, 60), payment(3, 900)])  # 3: 14m40s after
+        await payments.send(payment(2, 30))
+
+        async def paired() -> bool:
+            return len([r for r in await results(redis, paid) if r["right"]]) >= 2
+
+        # (Events of two streams have no order between them: what makes a window close
+        # comes once what is to match in it was joined.)
+        await wait_until(paired, what="the pairs", within=30)
+        # Event time far beyond, on every partition: every window closes (no idle rule
+        # here).
+        closing = [next(n for n in range(4, 99) if orders.partition_of(order(n, 0)) == p)
+                   for p in range(2)]  # fmt: skip
+        await orders.send_many([order(n, 5 * 3600) for n in closing])
+        await payments.send_many([payment(n, 5 * 3600 + 1) for n in closing])
+
+        async def emitted() -> bool:
+            return len(await results(redis, paid)) >= 5
+
+        await wait_until(emitted, what="the pairs and the unmatched order", within=30)
+        await worker.stop()
+    got = sorted(
+        (r["key"], r["left"]["order_id"], None if r["right"] is None else r["right"]["paid"])
+        for r in await results(redis, paid)
+    )
+    assert got == [
+        ("1", 1, 10.0),
+        ("2", 2, 20.0),
+        ("3", 3, None),
+        *sorted((str(n), n, 10.0 * n) for n in closing),
+    ]
+
+
+async def test_co_partitioning_is_required() -> None:
+    app = App("badjoin")
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=4)
+    payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=8)
+    out = app.stream("out", record=dict, partition_by=lambda r: r["key"])
+    with pytest.raises(ConfigError, match="co-partitioned"):
+        app.join("j", orders, payments, within=60, output=out)
