@@ -38,6 +38,7 @@ from ._events import (
 )
 from ._feed import PartitionFeed as PartitionFeed
 from ._fetcher import Fetcher as Fetcher, open_fetcher as open_fetcher
+from ._joins import StreamJoin as StreamJoin
 from ._leadership import (
     LeaderElection as LeaderElection,
     open_leader_election as open_leader_election,

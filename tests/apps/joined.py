@@ -1,0 +1,104 @@
+"""An app for joins under faults: orders and payments joined within a window.
+
+Orders and payments carry an order id (the key) and an event time ``at`` (ms, made up
+by the producer, so that the results depend on nothing but what was sent and the order
+it reached the join in). ``paid`` gets each order with each payment within
+:data:`WITHIN` ms of it, and each order paid by none once its window closed (a left
+join). :func:`model` computes, from the join's inner stream (the order its events
+reached the join in), what ``paid`` must hold: compared with it after any fault, each
+result is there exactly once.
+
+``make_app()`` builds it for in-process use; the module-level ``app`` is for
+``streamkit worker tests.apps.joined:app`` subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+from streamkit import App, Record, Stream, StreamJoin
+
+PARTITIONS = 4
+WITHIN = 500
+GRACE = 2000
+HOW = "left"
+
+
+class Order(Record):
+    order_id: int
+    at: int
+
+
+class Payment(Record):
+    order_id: int
+    at: int
+
+
+def result(key: str, order: Order | None, payment: Payment | None) -> dict[str, Any]:
+    return {
+        "key": key,
+        "order": None if order is None else order.at,
+        "payment": None if payment is None else payment.at,
+    }
+
+
+Joined = tuple[
+    App, Stream[Order], Stream[Payment], Stream[dict[str, Any]], StreamJoin[Order, Payment]
+]
+Result = tuple[str, int | None, int | None]
+
+
+def make_app(**settings: Any) -> Joined:
+    app = App("joined", **settings)
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=PARTITIONS)
+    payments = app.stream(
+        "payments", record=Payment, partition_by="order_id", partition_count=PARTITIONS
+    )
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    join = app.join(
+        "pay",
+        orders,
+        payments,
+        within=WITHIN / 1000,
+        grace=GRACE / 1000,
+        how=HOW,
+        output=paid,
+        left_time=lambda o: o.at / 1000,
+        right_time=lambda p: p.at / 1000,
+        result=result,
+        idle=False,
+        batch_size=int(os.environ.get("JOINED_BATCH", "50")),
+    )
+    return app, orders, payments, paid, join
+
+
+app = make_app()[0]
+
+
+def model(forwarded: list[list[tuple[bytes, int, int]]]) -> Counter[Result]:
+    """What the join emits for events that reached it in this order, per partition:
+    ``(side, key, at)`` each. The join's semantics, one event at a time."""
+    span = WITHIN + GRACE
+    out: Counter[Result] = Counter()
+    for entries in forwarded:
+        watermark = float("-inf")
+        buffers: dict[tuple[bytes, int], list[list[Any]]] = {}
+        for side, key, at in entries:
+            if at + span <= watermark:
+                continue  # late: it matches nothing, and is dropped
+            closes = watermark - span
+            other = buffers.get((b"R" if side == b"L" else b"L", key), [])
+            met = [o for o in other if o[0] > closes and abs(o[0] - at) <= WITHIN]
+            for o in met:
+                o[1] = True
+                pair = (at, o[0]) if side == b"L" else (o[0], at)
+                out[str(key), pair[0], pair[1]] += 1
+            buffers.setdefault((side, key), []).append([at, bool(met)])
+            watermark = max(watermark, at)
+        for (side, key), events in buffers.items():
+            for at, matched in events:
+                if side == b"L" and not matched and at + span <= watermark:
+                    out[str(key), at, None] += 1
+    return out
