@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, Final
 
 from streamkit import App, Record, Stream, StreamJoin
 
 PARTITIONS = 4
 WITHIN = 500
 GRACE = 2000
-HOW = "left"
+HOW: Final = "left"
 
 
 class Order(Record):
@@ -77,10 +77,16 @@ def make_app(**settings: Any) -> Joined:
 app = make_app()[0]
 
 
-def model(forwarded: list[list[tuple[bytes, int, int]]]) -> Counter[Result]:
+def model(
+    forwarded: list[list[tuple[bytes, int, int]]],
+    *,
+    within: int = WITHIN,
+    grace: int = GRACE,
+    how: str = HOW,
+) -> Counter[Result]:
     """What the join emits for events that reached it in this order, per partition:
     ``(side, key, at)`` each. The join's semantics, one event at a time."""
-    span = WITHIN + GRACE
+    span = within + grace
     out: Counter[Result] = Counter()
     for entries in forwarded:
         watermark = float("-inf")
@@ -90,7 +96,7 @@ def model(forwarded: list[list[tuple[bytes, int, int]]]) -> Counter[Result]:
                 continue  # late: it matches nothing, and is dropped
             closes = watermark - span
             other = buffers.get((b"R" if side == b"L" else b"L", key), [])
-            met = [o for o in other if o[0] > closes and abs(o[0] - at) <= WITHIN]
+            met = [o for o in other if o[0] > closes and abs(o[0] - at) <= within]
             for o in met:
                 o[1] = True
                 pair = (at, o[0]) if side == b"L" else (o[0], at)
@@ -98,7 +104,9 @@ def model(forwarded: list[list[tuple[bytes, int, int]]]) -> Counter[Result]:
             buffers.setdefault((side, key), []).append([at, bool(met)])
             watermark = max(watermark, at)
         for (side, key), events in buffers.items():
+            emits = how == "outer" or (how == "left" and side == b"L")
             for at, matched in events:
-                if side == b"L" and not matched and at + span <= watermark:
-                    out[str(key), at, None] += 1
+                if emits and not matched and at + span <= watermark:
+                    pair = (at, None) if side == b"L" else (None, at)
+                    out[str(key), pair[0], pair[1]] += 1
     return out
