@@ -56,6 +56,11 @@ class Event(Generic[R]):
         return self._id.decode()
 
     @property
+    def flat(self) -> list[bytes]:
+        """The entry's fields as stored, flat: ``[name, value, name, value, ...]``."""
+        return self._flat
+
+    @property
     def fields(self) -> dict[bytes, bytes]:
         """The entry's fields, as stored."""
         return field_pairs(self._flat)

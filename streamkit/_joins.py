@@ -24,9 +24,11 @@ import math
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import attrs
+import orjson
 
 from . import _keys
-from ._errors import ConfigError
+from ._codec import _DATA_FIELDS
+from ._errors import ConfigError, DecodeError
 from ._json_converter import converter
 from ._partitioner import canonical_key_bytes
 from ._state import _current
@@ -37,21 +39,32 @@ from ._windows import to_ms
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._event import Event
     from ._events import Events
     from ._spec import StreamSpec
     from ._state import PartitionState
     from ._state_joins import JoinView
 
-__all__ = ["SIDE_FIELD", "TIME_FIELD", "JoinHow", "StreamJoin", "default_join_result"]
+__all__ = ["FORWARDED_FIELD", "JoinHow", "StreamJoin", "default_join_result"]
 
 L = TypeVar("L")
 R = TypeVar("R")
 
 JoinHow = Literal["inner", "left", "outer"]
 
-#: The fields a forwarder adds to an event: its side (``L``, ``R``) and its time (ms).
-SIDE_FIELD = b"__j"
-TIME_FIELD = b"__t"
+#: A forwarded event is one entry of one field (a run of them is cheap to commit and
+#: to read): the JSON array ``[side, key, time, form, stored]``: its side (``L``,
+#: ``R``), its key (canonical, as latin-1 text: bytes one to one), its event time (ms),
+#: and its record as stored in its stream: the JSON value itself if its codec is plain
+#: JSON (``form`` 0), else its fields, flat, as latin-1 text (``form`` 1).
+FORWARDED_FIELD = _DATA_FIELDS[None]
+JSON_FORM = 0
+FLAT_FORM = 1
+
+#: A forwarded event, prepared: its side, its key (the tail of its buffer's field), and
+#: it as buffered (see :data:`streamkit._state_joins.Buffered`).
+Prepared = tuple[bytes, bytes, Buffered]
+
 #: Events a forwarder or the join takes at a time.
 BATCH = 500
 
@@ -132,22 +145,51 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     def _record(self, side: bytes, event: Buffered) -> Any:
         """The record of a buffered event, decoded once."""
-        if len(event) > 3:
-            return event[3]
+        if len(event) > 4:
+            return event[4]
         spec = self.left if side == b"L" else self.right
-        record = spec.codec.decode(event[2], stream=spec.name)
+        if event[2] == JSON_FORM:
+            fields = {FORWARDED_FIELD: orjson.dumps(event[3])}
+        else:
+            parts = [part.encode("latin-1") for part in event[3]]
+            fields = dict(zip(parts[::2], parts[1::2], strict=True))
+        record = spec.codec.decode(fields, stream=spec.name)
         event.append(record)
         return record
 
+    @property
+    def plain(self) -> bool:
+        """Whether results are the default ``dict`` (made of JSON values, so emitted
+        with one ``orjson.dumps``)."""
+        return self.result is default_join_result
+
+    def _value(self, side: bytes, event: Buffered) -> Any:
+        """A side's record in a default result, as the converter unstructures it: the
+        JSON its stream stored, if a plain JSON codec stored it."""
+        if event[2] == JSON_FORM:
+            return event[3]
+        return converter.unstructure(self._record(side, event))
+
+    def _result(self, key: str, side: bytes, mine: Buffered, theirs: Buffered | None) -> Any:
+        """The result of ``mine`` (of ``side``) and ``theirs`` (or ``None``)."""
+        other = b"R" if side == b"L" else b"L"
+        if self.plain:
+            a = self._value(side, mine)
+            b = None if theirs is None else self._value(other, theirs)
+            return (
+                {"key": key, "left": a, "right": b}
+                if side == b"L"
+                else {"key": key, "left": b, "right": a}
+            )
+        a = self._record(side, mine)
+        b = None if theirs is None else self._record(other, theirs)
+        return self.result(key, a, b) if side == b"L" else self.result(key, b, a)
+
     def unmatched(self, side: bytes, field: bytes, event: Buffered) -> Any:
         """The result of an event never matched, its window closed."""
-        key = field[1:].decode()
-        record = self._record(side, event)
-        if side == b"L":
-            return self.result(key, record, None)
-        return self.result(key, None, record)
+        return self._result(field[1:].decode(), side, event, None)
 
-    # -- inside the join's processor --
+    # -- forwarding --
 
     def time_of(self, side: bytes, record: Any, appended: int) -> int:
         """An event's time (ms): its side's ``left_time``/``right_time``, or when it
@@ -158,30 +200,50 @@ class StreamJoin(KeyedState, Generic[L, R]):
         value = getattr(record, spec) if isinstance(spec, str) else spec(record)
         return to_ms(value)
 
+    def forwarded(self, side: bytes, event: Event[Any]) -> bytes:
+        """The inner stream's value for ``event`` of ``side`` (see :data:`FORWARDED_FIELD`)."""
+        spec = self.left if side == b"L" else self.right
+        record = event.record
+        key = canonical_key_bytes(spec.partitioner.key_of(record)).decode("latin-1")
+        at = self.time_of(side, record, int(event.entry_id.partition("-")[0]))
+        flat = event.flat
+        if len(flat) == 2 and flat[0] == FORWARDED_FIELD and spec.codec.name == "json":
+            stored: Any = orjson.Fragment(flat[1])
+            form = JSON_FORM
+        else:
+            stored = [part.decode("latin-1") for part in flat]
+            form = FLAT_FORM
+        return orjson.dumps([side.decode(), key, at, form, stored])
+
+    # -- inside the join's processor --
+
+    def prepare(self, fields: dict[bytes, bytes]) -> Prepared:
+        """A forwarded event as the join sees it (see :data:`Prepared`)."""
+        try:
+            tag, key, at, form, stored = orjson.loads(fields[FORWARDED_FIELD])
+            side = b"L" if tag == "L" else b"R"
+            return side, key.encode("latin-1"), [int(at), 0, int(form), stored]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DecodeError(f"not a forwarded event: {exc}", stream=self.name) from exc
+
     async def fold(self, fields: dict[bytes, bytes]) -> None:
         """Join one forwarded event: emit the pairs it makes, buffer it (tentatively)."""
+        await self.fold_prepared(self.prepare(fields))
+
+    async def fold_prepared(self, event: Prepared) -> None:
+        """Join one prepared event (see :meth:`prepare`)."""
         state: PartitionState | None = _current.get()
         assert state is not None, "a join's processor runs with its state"
         view: JoinView = state.views[self]  # type: ignore[assignment]
-        side = fields[SIDE_FIELD]
-        appended = int(fields[TIME_FIELD])
-        payload = {k: v for k, v in fields.items() if k != SIDE_FIELD and k != TIME_FIELD}
-        spec: StreamSpec[Any] = self.left if side == b"L" else self.right
-        record = spec.codec.decode(payload, stream=spec.name)
-        key = spec.partitioner.key_of(record)
-        key_field = canonical_key_bytes(key)
-        at = self.time_of(side, record, appended)
-        matched = await view.add(side, key_field, at, payload)
+        side, key_field, buffered = event
+        matched = await view.add(side, key_field, buffered)
         if not matched:
             return
-        text = key_field.decode()
-        other = b"R" if side == b"L" else b"L"
-        for event in matched:
-            theirs = self._record(other, event)
-            if side == b"L":
-                state.emit(self.output, self.result(text, record, theirs))
-            else:
-                state.emit(self.output, self.result(text, theirs, record))
+        key = key_field.decode()
+        output = self.output
+        emit = state.emit_plain if self.plain else state.emit
+        for theirs in matched:
+            emit(output, self._result(key, side, buffered, theirs))
 
     def __repr__(self) -> str:
         return (
@@ -194,33 +256,26 @@ async def forward(
     events: Events[Any], join: StreamJoin[Any, Any], side: bytes, merged: StreamSpec[Any]
 ) -> None:
     """A forwarder's body: every event of its stream to the same partition of the join's
-    inner stream, as stored, tagged with its side and the time it was appended."""
+    inner stream, with its side, key and time (see :data:`FORWARDED_FIELD`)."""
     state: PartitionState | None = _current.get()
     assert state is not None
     partition = events.partition
     async for batch in events.take_raw(BATCH, within=0.002):
         for event in batch:
-            fields = event.fields
-            appended = event.entry_id.partition("-")[0]
-            state.emit_raw(
-                merged, partition, [SIDE_FIELD, side, TIME_FIELD, appended, *_flat(fields)]
-            )
-    del join
-
-
-def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
-    out: list[bytes] = []
-    for name, value in fields.items():
-        out.append(name)
-        out.append(value)
-    return out
+            state.emit_raw(merged, partition, [FORWARDED_FIELD, join.forwarded(side, event)])
 
 
 async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
-    """The join's processor's body: fold every forwarded event in."""
+    """The join's processor's body: fold every forwarded event in, reading the buffers
+    a batch needs from Redis in one ``HMGET``."""
+    state: PartitionState | None = _current.get()
+    assert state is not None, "a join's processor runs with its state"
+    view: JoinView = state.views[join]  # type: ignore[assignment]
     async for batch in events.take_raw(BATCH, within=0.002):
-        for event in batch:
-            await join.fold(event.fields)
+        prepared = [join.prepare(event.fields) for event in batch]
+        await view.prefetch({b"L" + p[1] for p in prepared} | {b"R" + p[1] for p in prepared})
+        for event in prepared:
+            await join.fold_prepared(event)
 
 
 def check_copartitioned(left: StreamSpec[Any], right: StreamSpec[Any]) -> None:

@@ -21,16 +21,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from ._errors import DecodeError
-from ._state_views import MISSING, WindowView
+from ._state_views import MISSING, UNKNOWN, WindowView
 
 if TYPE_CHECKING:
+    from ._commit import Changes
     from ._redis import Redis
 
 __all__ = ["Buffered", "JoinLike", "JoinView", "decode_buffer", "encode_buffer"]
 
-#: A buffered event: ``[time (ms), matched, fields]`` (the fields as stored in its
-#: stream, for its side's codec), and its record once decoded.
+#: A buffered event: ``[time (ms), matched (0 or 1), form, stored]``, its record as
+#: forwarded (see :data:`streamkit._joins.FORWARDED_FIELD`), then its record once
+#: decoded (not stored).
 Buffered = list[Any]
+
+
+#: What a buffer set and not yet committed holds for its encoding.
+_UNENCODED = b""
 
 
 class JoinLike(Protocol):
@@ -63,28 +69,18 @@ class JoinLike(Protocol):
 
 
 def encode_buffer(events: list[Buffered]) -> bytes:
-    """A field's buffered events as stored: JSON, each entry's fields as latin-1 text
-    (bytes one to one)."""
-    return orjson.dumps(
-        [
-            [
-                e[0],
-                int(e[1]),
-                [part.decode("latin-1") for pair in e[2].items() for part in pair],
-            ]
-            for e in events
-        ]
-    )
+    """A field's buffered events as stored: JSON, ``[[time, matched, form, stored], ...]``."""
+    return orjson.dumps([e[:4] if len(e) > 4 else e for e in events])
 
 
 def decode_buffer(raw: bytes) -> list[Buffered]:
     """A field's stored buffered events, decoded (records not yet)."""
     try:
-        out: list[Buffered] = []
-        for t, matched, flat in orjson.loads(raw):
-            parts = [p.encode("latin-1") for p in flat]
-            out.append([int(t), bool(matched), dict(zip(parts[::2], parts[1::2], strict=True))])
-        return out
+        events: list[Buffered] = orjson.loads(raw)
+        for e in events:
+            if len(e) != 4 or type(e[0]) is not int or type(e[2]) is not int:
+                raise ValueError(f"not a buffered event: {e!r}")
+        return events
     except Exception as exc:
         raise DecodeError(f"stored join buffer: {exc}", stream="join") from exc
 
@@ -99,23 +95,46 @@ class JoinView(WindowView):
         buffered: the events buffered (done) on the partition, by this view's count.
     """
 
-    __slots__ = ("_join",)
+    __slots__ = ("_flags", "_join")
 
     def __init__(
         self, table: JoinLike, partition: int, partition_count: int, redis: Redis, cache_size: int
     ) -> None:
         super().__init__(table, partition, partition_count, redis, cache_size)  # type: ignore[arg-type]
         self._join = table
+        # Whether a side's events are marked when matched: only if its unmatched ones
+        # are emitted (a left join's left side, both of an outer join's).
+        outer, left = table.how == "outer", table.how == "left"
+        self._flags = {b"L": outer or left, b"R": outer}
 
     def _check(self, key: object) -> None:
         """Fields are a side and a key of this partition (its events were routed here
         by partition number): nothing to check."""
 
+    def set(self, key: object, value: Any) -> None:
+        """Buffer ``value`` under the field ``key`` (tentatively), encoded when
+        committed (a field set by several events of a batch is encoded once)."""
+        assert type(key) is bytes
+        self._tentative[key] = (value, _UNENCODED)
+        score = self._score(value)
+        if score is not None:
+            self.next_due = min(self.next_due, score)
+
+    def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
+        dirty = self._dirty
+        encode = self._join.encode
+        for field, (value, encoded) in dirty.items():
+            if encoded is _UNENCODED:
+                dirty[field] = (value, encode(value))
+        super().contribute(changes, pinned)
+
     def _score(self, events: Any) -> float | None:
         if events is MISSING or not events:
             return None
         join = self._join
-        return float(min(e[0] for e in events) + join.within + join.grace)
+        # An int (ms): sent to Redis as it is, no float formatting.
+        first: int = min(e[0] for e in events)
+        return first + join.within + join.grace
 
     def _settle_value(
         self, field: bytes, events: Any, watermark: int
@@ -135,34 +154,42 @@ class JoinView(WindowView):
             ]
         return True, kept, closed
 
-    async def add(
-        self, side: bytes, key_field: bytes, at: int, fields: dict[bytes, bytes]
-    ) -> list[Buffered] | None:
-        """Buffer an event of ``side`` (``b"L"``, ``b"R"``) at ``at`` (tentatively);
-        return the other side's buffered events it matches (marked matched), or ``None``
-        if it is late (its window closed: it can match nothing that is left)."""
+    async def add(self, side: bytes, key_field: bytes, event: Buffered) -> list[Buffered] | None:
+        """Buffer ``event`` of ``side`` (``b"L"``, ``b"R"``) and the key ``key_field``
+        (tentatively); return the other side's buffered events it matches (marked
+        matched), or ``None`` if it is late (its window closed: it can match nothing
+        that is left)."""
         join = self._join
         watermark = self.watermark
+        at = event[0]
         if at + join.within + join.grace <= watermark:
             self._late_tentative += 1
             return None
-        other_side = b"R" if side == b"L" else b"L"
-        other_field = other_side + key_field
-        others: list[Buffered] = await self.get(other_field, [])
+        other_field = (b"R" if side == b"L" else b"L") + key_field
+        own_field = side + key_field
+        # Read with their batch (see prefetch): known here, but for one evicted since.
+        others: Any = self._known(other_field)
+        if others is UNKNOWN:
+            others = await self.get(other_field, [])
+        elif others is MISSING:
+            others = ()
         within = join.within
         # What the watermark closed is gone, settled yet or not (a batch's end settles):
         # so what an event meets does not depend on where batches begin.
         closes = watermark - join.within - join.grace
-
-        def meets(o: Buffered) -> bool:
-            return bool(o[0] > closes and abs(o[0] - at) <= within)
-
-        matched = [o for o in others if meets(o)]
+        matched = [o for o in others if o[0] > closes and abs(o[0] - at) <= within]
         if matched:
-            self.set(other_field, [[o[0], True, *o[2:]] if meets(o) else o for o in others])
-        own_field = side + key_field
-        own: list[Buffered] = await self.get(own_field, [])
-        self.set(own_field, [*own, [at, bool(matched), fields]])
+            event[1] = 1
+            if self._flags[other_field[:1]]:
+                # Marked matched (their side's unmatched are emitted), as new lists:
+                # the buffered ones may be the committed value (a discarded write must
+                # leave it as it was).
+                fresh = {id(o): [o[0], 1, *o[2:]] for o in matched}
+                self.set(other_field, [fresh.get(id(o), o) for o in others])
+        own: Any = self._known(own_field)
+        if own is UNKNOWN:
+            own = await self.get(own_field, [])
+        self.set(own_field, [event] if own is MISSING else [*own, event])
         self.on_time(at)
         return matched
 

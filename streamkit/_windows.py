@@ -54,17 +54,19 @@ __all__ = [
 def to_ms(value: datetime | timedelta | float) -> int:
     """A time (a datetime, or seconds since the epoch) or a duration, in milliseconds.
 
-    A naive datetime is taken as UTC.
+    A naive datetime is taken as UTC. A time is rounded down to its millisecond, at the
+    microsecond a datetime has (so that ``2.01`` seconds, ``2.00999...`` as a float, is
+    2010 ms, not 2009).
     """
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        return math.floor(value.timestamp() * 1000)
+        return round(value.timestamp() * 1_000_000) // 1000
     if isinstance(value, timedelta):
         return round(value.total_seconds() * 1000)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError("time", f"expected a datetime or seconds, got {value!r}")
-    return math.floor(value * 1000)
+    return round(value * 1_000_000) // 1000
 
 
 def positive_ms(name: str, value: timedelta | float) -> int:

@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 from streamkit import App, Stream
 from streamkit._worker import Worker, run_worker
 from streamkit.testing import wait_until
-from tests.apps.joined import Order, Payment, model
+from tests.apps.joined import Order, Payment, forwarded_row, model
 from tests.test_state_machine import FAST, World
 
 if TYPE_CHECKING:
@@ -173,15 +173,8 @@ class JoinMachine(RuleBasedStateMachine):
         async def forwarded() -> list[list[tuple[bytes, int, int]]]:
             out = []
             for partition in range(PARTITIONS):
-                rows = []
-                for entry in await redis.xrange(inner.key(partition)):
-                    fields: Any = entry.field_values
-                    side = fields[b"__j"]
-                    payload = {k: v for k, v in fields.items() if k not in (b"__j", b"__t")}
-                    stream: Any = example.orders if side == b"L" else example.payments
-                    decoded = stream.codec.decode(payload, stream=stream.name)
-                    rows.append((side, decoded.order_id, decoded.at))
-                out.append(rows)
+                entries = await redis.xrange(inner.key(partition))
+                out.append([forwarded_row(entry.field_values) for entry in entries])
             return out
 
         async def got() -> Counter[tuple[str, int | None, int | None]]:

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
 
 from streamkit import App, Record, Stream, StreamJoin
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 PARTITIONS = 4
 WITHIN = 500
@@ -48,6 +53,13 @@ Joined = tuple[
     App, Stream[Order], Stream[Payment], Stream[dict[str, Any]], StreamJoin[Order, Payment]
 ]
 Result = tuple[str, int | None, int | None]
+
+
+def forwarded_row(fields: Mapping[Any, Any]) -> tuple[bytes, int, int]:
+    """An entry of the join's inner stream as the model takes it: its side, order id
+    and event time (ms), as the forwarder wrote them."""
+    side, key, at, _, _ = orjson.loads(fields[b"data"])
+    return side.encode(), int(key), at
 
 
 def make_app(**settings: Any) -> Joined:

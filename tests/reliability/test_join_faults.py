@@ -24,7 +24,7 @@ import trio
 from streamkit import open_redis
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
-from tests.apps.joined import GRACE, PARTITIONS, Order, Payment, make_app, model
+from tests.apps.joined import GRACE, PARTITIONS, Order, Payment, forwarded_row, make_app, model
 from tests.workers import start_worker, wait_members
 
 if TYPE_CHECKING:
@@ -48,15 +48,7 @@ async def forwarded(
     for partition in range(inner.partition_count):
         with redis_errors():
             entries: Any = await redis.xrange(inner.key(partition))
-        rows = []
-        for entry in entries:
-            fields = entry.field_values
-            side = fields[b"__j"]
-            payload = {k: v for k, v in fields.items() if k not in (b"__j", b"__t")}
-            stream: Any = orders if side == b"L" else payments
-            decoded = stream.codec.decode(payload, stream=stream.name)
-            rows.append((side, decoded.order_id, decoded.at))
-        out.append(rows)
+        out.append([forwarded_row(entry.field_values) for entry in entries])
     return out
 
 
