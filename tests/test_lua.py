@@ -29,7 +29,7 @@ PINS = {
     "jobs/counts": "d1a349e1c16ebfa21a44e0bddbc0706c3b5c1972",
     "jobs/deliver": "9d539e88659a12c113d7c9162c9cbc10717e9e0f",
     "jobs/delivered": "5097b575ac3133876ca797e3c93bd232666c4466",
-    "jobs/enqueue": "e3eb9c39830d9c580f009c700651f177f166c35c",
+    "jobs/enqueue": "5bb4186bd046bab3b05b8d806bc25102904861d6",
     "jobs/finish": "8ff0421ac06ac5c68e7751b02bacf1e76867bc7e",
     "jobs/link": "1e8856aed2d54d3a14520295ab7fdb01951323ca",
     "jobs/progress": "8c6e6a42f674f287cd37f30a0961cfc48ab5f505",
