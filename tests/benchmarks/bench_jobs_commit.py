@@ -1,0 +1,173 @@
+"""Jobs enqueued in the commit: a processor enqueuing one job per event, against one
+that only acknowledges and one that emits a record per event.
+
+Run with ``./dev bench`` (or ``python tests/benchmarks/bench_jobs_commit.py`` inside
+.venv). One process, one private redis-server, the same backlog for every variant
+(``--events`` small records over ``--partitions`` partitions), one worker
+(``run_worker``, serving no job queue: the jobs are enqueued, not run), side by side in
+each round:
+
+* **acknowledge only**: a ``records()`` processor with a trivial body;
+* **emit a record**: ``events.emit(out, record)`` per event (exactly once, in the
+  commit);
+* **enqueue a job**: ``events.enqueue(job, n)`` per event (exactly once: the commit
+  writes it to the partition's outbox, the relay runs the enqueue script on the job's
+  shard).
+
+Each variant runs until every event is committed and, for the jobs, every job is on
+its queue. Measured as CPU time, not wall time (the machine is shared): the worker
+process's (``time.process_time``) and redis-server's (``INFO`` ``used_cpu_*``) per
+event, and their ratios to acknowledging only; events/s of wall time are printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Literal
+
+import trio
+
+from streamkit import App, Events, Record, open_redis, run_worker
+from streamkit.testing import RedisServer, wait_until
+
+Variant = Literal["ack", "emit", "enqueue"]
+TITLES: dict[Variant, str] = {
+    "ack": "acknowledge only",
+    "emit": "emit a record per event",
+    "enqueue": "enqueue a job per event",
+}
+
+
+class Order(Record):
+    customer: str
+    n: int
+
+
+async def redis_cpu(redis: Any) -> float:
+    info: Any = await redis.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+async def bench_variant(
+    redis_url: str, variant: Variant, n: int, partitions: int
+) -> tuple[float, float, float]:
+    """(events/s, worker CPU µs per event, Redis CPU µs per event) of one run."""
+    app = App(f"jc{time.monotonic_ns()}", redis_url=redis_url)
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=partitions)
+    out = app.stream("out", record=Order, partition_by="customer", partition_count=partitions)
+    done = 0
+    finished = trio.Event()
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if done == n:
+            finished.set()
+
+    # The enqueued jobs go to a queue the worker does not serve: enqueued, not run.
+    @app.job(queue="receipts")
+    async def receipt(n: int) -> None:
+        return None
+
+    @app.job
+    async def served() -> None:
+        return None
+
+    if variant == "ack":
+
+        @app.processor(orders)
+        async def acknowledging(events: Events[Order]) -> None:
+            async for _ in events.records():
+                tick()
+
+    elif variant == "emit":
+
+        @app.processor(orders, outputs=[out])
+        async def emitting(events: Events[Order]) -> None:
+            async for order in events.records():
+                events.emit(out, order)
+                tick()
+
+    else:
+
+        @app.processor(orders, jobs=[receipt])
+        async def enqueueing(events: Events[Order]) -> None:
+            async for order in events.records():
+                events.enqueue(receipt, order.n)
+                tick()
+
+    async with app:
+        await orders.send_many([Order(customer=f"c{i % 1000}", n=i) for i in range(n)])
+        group = orders.spec.processor(next(iter(app.processors))).group
+
+        async def committed() -> bool:
+            pending = 0
+            for partition in range(partitions):
+                summary: Any = await app.redis.xpending(orders.key(partition), group)
+                pending += int(summary[0])
+            if pending:
+                return False
+            if variant != "enqueue":
+                return True
+            shard = app.job_queues["receipts"].shard_keys[0]
+            counts: Any = await app.redis.hget(shard.counts, "sent|receipt")
+            return counts is not None and int(counts) == n
+
+        cpu0, redis0, wall0 = time.process_time(), await redis_cpu(app.redis), time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(
+                lambda task_status: run_worker(app, queues=["default"], task_status=task_status)
+            )
+            await finished.wait()
+            await wait_until(committed, what="every event committed", within=120, interval=0.01)
+            wall = time.perf_counter() - wall0
+            cpu = time.process_time() - cpu0
+            await worker.stop()
+        redis_used = await redis_cpu(app.redis) - redis0
+    return n / wall, cpu / n * 1e6, redis_used / n * 1e6
+
+
+async def run(args: argparse.Namespace) -> None:
+    print(
+        f"\nJobs in the commit: {args.events:,} events, {args.partitions} partitions, one "
+        f"worker; best of {args.rounds} rounds, variants side by side in each round\n"
+    )
+    best: dict[Variant, tuple[float, float, float]] = {}
+    with RedisServer() as server:
+        for _ in range(args.rounds):
+            for variant in TITLES:
+                async with open_redis(server.url) as redis:
+                    await redis.flushall()
+                rate, cpu, redis_us = await bench_variant(
+                    server.url, variant, args.events, args.partitions
+                )
+                old = best.get(variant)
+                if old is None or cpu + redis_us < old[1] + old[2]:
+                    best[variant] = (rate, cpu, redis_us)
+    ack_cpu, ack_redis = best["ack"][1], best["ack"][2]
+    print(
+        f"  {'':<28}{'events/s':>10}{'worker µs/ev':>14}{'vs ack':>8}{'Redis µs/ev':>13}"
+        f"{'vs ack':>8}"
+    )
+    for variant, title in TITLES.items():
+        rate, cpu, redis_us = best[variant]
+        print(
+            f"  {title:<28}{rate:>10,.0f}{cpu:>14.1f}{cpu / ack_cpu:>7.2f}x{redis_us:>13.2f}"
+            f"{redis_us / ack_redis:>7.2f}x"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    trio.run(run, args)
+
+
+if __name__ == "__main__":
+    main()
