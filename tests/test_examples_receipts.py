@@ -1,4 +1,5 @@
-"""The receipts example under real workers: one receipt job per order through a kill -9."""
+"""The receipts example under real workers, through a kill -9: one receipt job per order,
+each sent, and one ``receipts_sent`` record per order."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import orjson
 import pytest
 import trio
 
-from examples.receipts.app import Order, spent
+from examples.receipts.app import Order, ReceiptSent, spent
 from streamkit import App, ProcessorKeys
 from streamkit.jobs._layout import ShardKeys
 from streamkit.lowlevel import redis_errors
@@ -37,6 +38,7 @@ async def test_one_receipt_per_order_through_a_kill(
     shard = ShardKeys("receipts", 0)  # the app's queue, one shard
     producer = App("receipts", redis_url=redis_url)
     orders = producer.stream("orders", record=Order, partition_by="customer", partition_count=8)
+    sent_stream = producer.stream("receipts_sent", record=ReceiptSent, partition_by="customer")
     async with producer:
         first = start_worker(redis_url, tmp_path, app=APP, env=env)
         workers.append(first)
@@ -73,3 +75,10 @@ async def test_one_receipt_per_order_through_a_kill(
             args: Any = await redis.hget(key, "args")
             receipts[orjson.loads(args)[0][0]] += 1
         assert receipts == Counter(o.order_id for o in sent)
+        announced: Counter[int] = Counter()
+        for partition in range(sent_stream.partition_count):
+            entries: Any = await redis.xrange(sent_stream.key(partition))
+            for entry in entries:
+                record = sent_stream.codec.decode(entry.field_values, stream="receipts_sent")
+                announced[record.order_id] += 1
+        assert announced == Counter(o.order_id for o in sent)

@@ -30,7 +30,7 @@ PINS = {
     "jobs/deliver": "9d539e88659a12c113d7c9162c9cbc10717e9e0f",
     "jobs/delivered": "5097b575ac3133876ca797e3c93bd232666c4466",
     "jobs/enqueue": "5bb4186bd046bab3b05b8d806bc25102904861d6",
-    "jobs/finish": "8ff0421ac06ac5c68e7751b02bacf1e76867bc7e",
+    "jobs/finish": "bce2c989ac228be5eb602f33357da22e88008f3f",
     "jobs/link": "1e8856aed2d54d3a14520295ab7fdb01951323ca",
     "jobs/progress": "8c6e6a42f674f287cd37f30a0961cfc48ab5f505",
     "jobs/purge": "83db6065520e5ca7ee311b3ffebcea94c4e3280d",

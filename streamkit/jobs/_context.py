@@ -6,9 +6,12 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime  # noqa: TC003 (attrs resolves the annotations)
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from .._spec import HasSpec, StreamSpec
 
 __all__ = ["JobContext", "JobMiddleware", "current_job"]
 
@@ -39,6 +42,27 @@ class JobContext:
     headers: Mapping[str, str]
     worker: str
     state: Any = None
+
+    def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
+        """Emit ``record`` to ``stream`` if, and once, this try succeeds.
+
+        The record is appended by the script that records the try's success, and only
+        for the try that holds the job's claim: a failed, retried, aborted, timed-out
+        or taken-over try's records are discarded (see the jobs guide). Records land in
+        the order emitted, at most 1,000 per try.
+
+        Error handling:
+            ``RuntimeError`` outside this job's try; :class:`~streamkit.ConfigError`
+            for something that is not a stream, or a 1,001st record;
+            :class:`~streamkit.EncodeError` if ``record`` does not fit the stream.
+        """
+        try:
+            current = running.get()[1]
+        except LookupError:
+            current = None
+        if current is None or current.id != self.id:
+            raise RuntimeError("emit() is called from inside the job's running try")
+        current.emit(stream, record)
 
 
 #: A middleware: ``async def middleware(context, call_next)``, which runs the try (the

@@ -19,7 +19,7 @@ import orjson
 import trio
 
 from .._backoff import jitter_draw
-from .._errors import ConfigError, EncodeError
+from .._errors import ConfigError, EncodeError, StreamkitError
 from .._logs import log_context
 from .._lua import script
 from .._redis import LuaScript, retry_idempotent
@@ -218,6 +218,12 @@ class TryRunner:
                 current.finished = True
                 self.tries.forget(job_id, token)
                 return
+            if current.emitted:
+                try:
+                    await self.outbox.check_streams(current)
+                except StreamkitError as exc:
+                    self._failed(current, job, tries, Failure.of(exc), exc)
+                    return
             if options.keep_result:
                 try:
                     data = self._encode_result(name, result)

@@ -36,7 +36,7 @@ from .._nurseries import open_service_nursery
 from ._claim import Claimer, ensure_groups, new_consumer
 from ._cron import run_schedules
 from ._drain import drain, put_back
-from ._finish import Outbox, Settler, renew_leases
+from ._finish import Outbox, Settler, emit_relay_for, renew_leases
 from ._handle import Job
 from ._handoff import Handoff
 from ._model import JobOptions
@@ -97,7 +97,13 @@ class JobWorker:
     def __attrs_post_init__(self) -> None:
         self._tries = Tries(self.concurrency)
         self._settler = Settler(self.queue)
-        self._outbox = Outbox(self.queue, self._tries, self._meter, self._settler)
+        self._outbox = Outbox(
+            self.queue,
+            self._tries,
+            self._meter,
+            self._settler,
+            emit_relay=emit_relay_for(self.queue),
+        )
         self._claimer = Claimer(
             self.queue, self.consumer, self._tries, self._handoff, self._settler.wake
         )
@@ -152,6 +158,8 @@ class JobWorker:
                         nursery.start_soon(self._outbox.finisher, shard)
                         nursery.start_soon(self._settler.settler, shard)
                         nursery.start_soon(self._claimer.run, shard)
+                        if self._outbox.emit_relay is not None:
+                            nursery.start_soon(self._outbox.emit_relay.relayer, shard)
                     nursery.start_soon(run_schedules, self.queue, self.jobs)
                     task_status.started(self)
                     await trio.sleep_forever()

@@ -15,7 +15,11 @@ import orjson
 import trio
 from trio_util import AsyncValue
 
+from .._errors import ConfigError
+from ._emit import MAX_EMITS, Emission, emission
+
 if TYPE_CHECKING:
+    from .._spec import HasSpec, StreamSpec
     from ._handle import Job
 
 __all__ = ["Lane", "Tries", "Try"]
@@ -39,6 +43,7 @@ class Try:
             to the queue).
         finished: set once its outcome is decided (it may not be recorded yet).
         started: ``time.perf_counter()`` when it started, for its duration.
+        emitted: the records it emitted, written if it succeeds.
     """
 
     id: str
@@ -53,6 +58,16 @@ class Try:
     stopping: bool = False
     finished: bool = False
     started: float = attrs.field(factory=time.perf_counter)
+    emitted: list[Emission] | None = None
+
+    def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
+        """Keep ``record`` for ``stream``, to be written with the try's success."""
+        encoded = emission(stream, record)
+        if self.emitted is None:
+            self.emitted = []
+        elif len(self.emitted) >= MAX_EMITS:
+            raise ConfigError("emit", f"a try emits at most {MAX_EMITS:,} records")
+        self.emitted.append(encoded)
 
     def take_over(self) -> None:
         """Another worker runs the job now: cancel this try, recording nothing."""

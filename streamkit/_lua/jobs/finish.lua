@@ -1,13 +1,18 @@
 -- Finishes jobs, fenced. Per job: id, token, outcome (ok, retry, dead, aborted,
 -- release), data (result or error JSON), number (retry delay ms; for ok, 1 to keep the
--- result). A retry or release of a job whose abort was requested while it ran ends it
--- aborted. Per job the reply says 1 if committed, 0 if this claim no longer owns it
--- (nothing was written for it), 2 if this claim finished it already (sent again after a
--- reply was lost: nothing more is written).
+-- result, plus twice the number of records the try emitted), then for ok each emitted
+-- record: its stream key (a partition on a server; the shard's outbox, under its tag,
+-- on Redis Cluster), the entries to keep when trimming (0: none), its field count and
+-- fields. The records are appended only when the success is committed. A retry or
+-- release of a job whose abort was requested while it ran ends it aborted. Per job the
+-- reply says 1 if committed, 0 if this claim no longer owns it (nothing was written
+-- for it), 2 if this claim finished it already (sent again after a reply was lost:
+-- nothing more is written).
 --
 -- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
 -- TAG: {shard}
--- ARGV: base, lease_ms, (id, token, outcome, data, number)...
+-- ARGV: base, lease_ms, job... (id, token, outcome, data, number, then its emitted
+--   records: see above)
 -- REPLY: {replies: [int], settling: int (jobs with dependents left to settle)}
 --#include lib/jobs/batched
 --#include lib/clock
@@ -15,6 +20,7 @@
 --#include lib/jobs/numbers
 --#include lib/jobs/slots
 --#include lib/jobs/settling
+--#include lib/trim
 
 batch_moves()
 local lease = tonumber(ARGV[2])
@@ -23,9 +29,32 @@ local out = {}
 -- Per priority, the entries of the jobs that ended: acknowledged and deleted at the
 -- end of the call, two commands for them all (XACK and XDEL each take many ids).
 local ENDED = {{}, {}, {}}
-for a = 3, #ARGV, 5 do
+-- Append the records a successful try emitted (ARGV from `at`, `n` of them).
+local function append_emitted(at, n)
+  for _ = 1, n do
+    local key, keep, count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    redis.call('XADD', key, '*', unpack(ARGV, at + 3, at + 2 + 2 * count))
+    if keep > 0 then trim_processed(key, redis.call('XLEN', key), keep, 1) end
+    at = at + 3 + 2 * count
+  end
+end
+
+-- Where the records a try emitted end, from `at` (`n` of them): the next job's index.
+local function after_emitted(at, n)
+  for _ = 1, n do at = at + 3 + 2 * tonumber(ARGV[at + 2]) end
+  return at
+end
+
+local a = 3
+while a <= #ARGV do
   local id, token, outcome, data, number = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     tonumber(ARGV[a + 4])
+  local emitted, emitted_at = 0, a + 5
+  if outcome == 'ok' and number > 1 then
+    emitted = math.floor(number / 2)
+    number = number % 2
+  end
+  a = after_emitted(emitted_at, emitted)
   local k = jkey(id)
   local f = redis.call('HMGET', k, 'owner', 'name', 'prio', 'entry', 'status', 'w', 'ttl',
     'dependents', 'worker', 'tries', 'abort', 'hist', 'lim', 'lk')
@@ -66,6 +95,7 @@ for a = 3, #ARGV, 5 do
             'hist', hist)
         end
         move(name, 'executing', 'success')
+        if emitted > 0 then append_emitted(emitted_at, emitted) end
         if f[6] then
           redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success')
         end
