@@ -32,7 +32,7 @@ PINS = {
     "jobs/enqueue": "5bb4186bd046bab3b05b8d806bc25102904861d6",
     "jobs/finish": "bce2c989ac228be5eb602f33357da22e88008f3f",
     "jobs/link": "1e8856aed2d54d3a14520295ab7fdb01951323ca",
-    "jobs/progress": "8c6e6a42f674f287cd37f30a0961cfc48ab5f505",
+    "jobs/progress": "00c1a4b57059081faed309d6cbea804dfb4a879a",
     "jobs/purge": "83db6065520e5ca7ee311b3ffebcea94c4e3280d",
     "jobs/recover": "991283f5adc65acf671ae496999c713f44c0bbee",
     "jobs/renew": "7e97595746bcb24cd3f54236904a0b07e95f109b",

@@ -145,6 +145,7 @@ async def jobs(call: Calls) -> None:
         [],
     ]
     assert await call("jobs/progress", JOB_KEYS, [BASE, job_id, token, "{}"]) == 1
+    assert await call("jobs/progress", JOB_KEYS, [BASE, job_id, token, "", '{"done":7}']) == 1
     assert await call("jobs/progress", JOB_KEYS, [BASE, job_id, "w1:9", "{}"]) == 0
     assert await call("jobs/recover", JOB_KEYS, [BASE, "w1", 30_000, 100, "-", "-", "-"]) == [
         1,

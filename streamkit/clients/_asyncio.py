@@ -383,6 +383,11 @@ class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
         """Everything the queue records of the job."""
         return await self._client.run(self._info())
 
+    async def progress(self) -> Any:
+        """The newest progress the job reported (see :meth:`JobHandle.progress
+        <streamkit.jobs.JobHandle.progress>`); ``None`` if none yet."""
+        return (await self.info()).progress_value
+
     async def result(self, timeout: float | None = None) -> JobResult:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result (errors as
         :meth:`BlockingJobHandle.result <streamkit.clients.BlockingJobHandle.result>`)."""

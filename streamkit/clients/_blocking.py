@@ -407,6 +407,11 @@ class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
         <streamkit.jobs.JobHandle.info>`)."""
         return self._client.run(self._info())
 
+    def progress(self) -> Any:
+        """The newest progress the job reported (see :meth:`JobHandle.progress
+        <streamkit.jobs.JobHandle.progress>`); ``None`` if none yet."""
+        return self.info().progress_value
+
     def result(self, timeout: float | None = None) -> JobResult:
         """Wait until the job is over and return its result.
 

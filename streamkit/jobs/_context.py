@@ -64,6 +64,28 @@ class JobContext:
             raise RuntimeError("emit() is called from inside the job's running try")
         current.emit(stream, record)
 
+    def progress(self, value: Any) -> None:
+        """Report how far this try got: a number or a small JSON value (a dict of
+        counts, say), read by :meth:`JobHandle.progress
+        <streamkit.jobs.JobHandle.progress>` and ``streamkit jobs show``.
+
+        Cheap enough to call per item of a long job: it does no I/O; the worker writes
+        the newest value at most every half second per try (and before the try's
+        outcome is recorded, so the last value reported is the one kept). Fenced: a
+        try taken over by another worker reports nothing.
+
+        Error handling:
+            ``RuntimeError`` outside this job's try; :class:`~streamkit.EncodeError`
+            for a value that is not JSON, or over 8,000 bytes encoded.
+        """
+        try:
+            current = running.get()[1]
+        except LookupError:
+            current = None
+        if current is None or current.id != self.id or current.progress_writer is None:
+            raise RuntimeError("progress() is called from inside the job's running try")
+        current.progress_writer.report(current, value)
+
 
 #: A middleware: ``async def middleware(context, call_next)``, which runs the try (the
 #: next middleware, or the job) by awaiting ``call_next()`` and returns its result.

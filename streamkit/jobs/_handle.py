@@ -25,7 +25,14 @@ from ._model import (
     Schedule,
     When,
 )
-from ._replies import decode_history, decode_info, info_reply, outcome, status_reply
+from ._replies import (
+    decode_history,
+    decode_info,
+    info_reply,
+    outcome,
+    progress_value,
+    status_reply,
+)
 from ._workflow import Step
 
 if TYPE_CHECKING:
@@ -139,6 +146,22 @@ class JobHandle(Generic[R]):
             await retry_idempotent(self.queue.redis.hgetall, self._key, what="reading a job"),
         )
         return info_reply(fields, self.id, self.queue.name)
+
+    async def progress(self) -> Any:
+        """The newest progress the job reported with :meth:`JobContext.progress
+        <streamkit.jobs.JobContext.progress>` (``None`` if none yet), as written by
+        its worker at most every half second while it runs, and last before its
+        outcome.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
+        """
+        with redis_errors():
+            status, raw = await retry_idempotent(
+                self.queue.redis.hmget, self._key, ["status", "pv"], what="reading a job's progress"
+            )
+        status_reply(status, self.id, self.queue.name)  # JobNotFound without a record
+        return progress_value(raw)
 
     async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result.

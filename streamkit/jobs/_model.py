@@ -207,6 +207,8 @@ class JobInfo:
         error: the error of its last failed try.
         progress: the fraction its running try reported, from 0 to 1.
         progress_message: the message reported with it.
+        progress_value: the value its try reported with
+            :meth:`JobContext.progress <streamkit.jobs.JobContext.progress>`, if any.
         lost: times a worker died while running it.
         history: its tries, oldest first: the newest 2 KB or so of them (about 20
             tries) are kept in its record.
@@ -239,6 +241,7 @@ class JobInfo:
     held_by: str | None = None
     limit_key: str | None = None
     headers: dict[str, str] = attrs.field(factory=dict)
+    progress_value: Any = None
 
 
 When = timedelta | float | int

@@ -23,6 +23,7 @@ __all__ = [
     "decode_info",
     "info_reply",
     "outcome",
+    "progress_value",
     "status_reply",
     "watch_reply",
 ]
@@ -123,6 +124,7 @@ def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
         held_by=text(fields[b"held"]) if fields.get(b"held") else None,
         limit_key=text(fields[b"lk"]) if fields.get(b"lk") else None,
         headers=_headers(fields.get(b"hdr")),
+        progress_value=progress_value(fields.get(b"pv")),
     )
 
 
@@ -147,6 +149,16 @@ def status_reply(value: bytes | str | None, job_id: str, queue: str) -> JobStatu
     if value is None:
         raise JobNotFound(job_id, queue)
     return JobStatus(text(value))
+
+
+def progress_value(raw: bytes | None) -> Any:
+    """A job's progress value (``current_job().progress``) from its record."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return text(raw)
 
 
 def info_reply(fields: dict[bytes, bytes], job_id: str, queue: str) -> JobInfo:

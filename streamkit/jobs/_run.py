@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ._finish import Outbox
     from ._handle import Job, QueueLike
     from ._handoff import Handoff
+    from ._progress import ProgressWriter
     from ._tries import Tries
 
 __all__ = ["TryRunner", "progress"]
@@ -88,6 +89,8 @@ class TryRunner:
     middleware: Sequence[JobMiddleware] = ()
     #: What the worker's lifespan yielded (:attr:`JobContext.state`).
     state: Any = None
+    #: Writes the progress the tries report (rate-limited).
+    progress_writer: ProgressWriter | None = None
 
     async def run(self, handoff: Handoff) -> None:
         """Run the tries of the jobs handed over, one at a time, until cancelled."""
@@ -161,7 +164,7 @@ class TryRunner:
             self.outbox.put_unheld(shard, claimed[0], token, "dead", failure.encode())
             return
         job = self.jobs.get(name)
-        current = Try(job_id, shard, token, job, tries)
+        current = Try(job_id, shard, token, job, tries, progress_writer=self.progress_writer)
         self.tries.start(current)
         if job is None:
             known = ", ".join(sorted(self.jobs)) or "none"
@@ -206,6 +209,8 @@ class TryRunner:
                     current.finished = True
                     self.tries.forget(current.id, current.token)
                     return
+                if current.progress is not None:
+                    await self._flush_progress(current)
                 unretried = None if isinstance(exc, job.options.retry_on) else "not in retry_on"
                 self._failed(current, job, tries, Failure.of(exc, unretried=unretried), exc)
                 return
@@ -218,6 +223,8 @@ class TryRunner:
                 current.finished = True
                 self.tries.forget(job_id, token)
                 return
+            if current.progress is not None:
+                await self._flush_progress(current)
             if current.emitted:
                 try:
                     await self.outbox.check_streams(current)
@@ -236,6 +243,11 @@ class TryRunner:
                 self.outbox.put(current, "ok", b"", 0)
         finally:
             running.reset(reset)
+
+    async def _flush_progress(self, current: Try) -> None:
+        """Write the newest progress ``current`` reported before its outcome."""
+        if self.progress_writer is not None:
+            await self.progress_writer.flush(current)
 
     async def _in_thread(self, job: Job[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Run a plain ``def`` job in one of the worker's threads."""

@@ -40,6 +40,7 @@ from ._finish import Outbox, Settler, emit_relay_for, renew_leases
 from ._handle import Job
 from ._handoff import Handoff
 from ._model import JobOptions
+from ._progress import ProgressWriter
 from ._run import TryRunner
 from ._tries import Tries
 
@@ -93,6 +94,7 @@ class JobWorker:
     _claimer: Claimer = attrs.field(init=False)
     _runner: TryRunner = attrs.field(init=False)
     _handoff: Handoff = attrs.field(init=False, factory=Handoff)
+    _progress: ProgressWriter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._tries = Tries(self.concurrency)
@@ -107,6 +109,7 @@ class JobWorker:
         self._claimer = Claimer(
             self.queue, self.consumer, self._tries, self._handoff, self._settler.wake
         )
+        self._progress = ProgressWriter(self.queue)
         self._runner = TryRunner(
             self.queue,
             self.jobs,
@@ -116,12 +119,19 @@ class JobWorker:
             consumer=self.consumer,
             middleware=tuple(self.queue.middleware),
             state=self.state,
+            progress_writer=self._progress,
         )
 
     @property
     def running_jobs(self) -> int:
         """Jobs claimed by this worker and not over yet."""
         return self._tries.held
+
+    @property
+    def progress_writes(self) -> int:
+        """Progress writes this worker sent (``current_job().progress`` is written at
+        most every half second per try)."""
+        return self._progress.writes
 
     async def drain(self, grace: float | None = None) -> bool:
         """Stop taking jobs and wait, up to ``grace`` seconds (``None``: as long as
@@ -153,6 +163,7 @@ class JobWorker:
                     for _ in range(self.concurrency):
                         nursery.start_soon(self._runner.run, self._handoff)
                     nursery.start_soon(self._handoff.dispatch)
+                    nursery.start_soon(self._progress.run)
                     nursery.start_soon(renew_leases, self.queue, self.consumer, self._tries)
                     for shard in range(self.queue.shards):
                         nursery.start_soon(self._outbox.finisher, shard)

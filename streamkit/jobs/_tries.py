@@ -21,6 +21,7 @@ from ._emit import MAX_EMITS, Emission, emission
 if TYPE_CHECKING:
     from .._spec import HasSpec, StreamSpec
     from ._handle import Job
+    from ._progress import ProgressWriter
 
 __all__ = ["Lane", "Tries", "Try"]
 
@@ -44,6 +45,8 @@ class Try:
         finished: set once its outcome is decided (it may not be recorded yet).
         started: ``time.perf_counter()`` when it started, for its duration.
         emitted: the records it emitted, written if it succeeds.
+        progress: the newest progress it reported (JSON), if any.
+        progress_writer: what writes its progress (the worker's).
     """
 
     id: str
@@ -59,6 +62,8 @@ class Try:
     finished: bool = False
     started: float = attrs.field(factory=time.perf_counter)
     emitted: list[Emission] | None = None
+    progress: bytes | None = None
+    progress_writer: ProgressWriter | None = None
 
     def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
         """Keep ``record`` for ``stream``, to be written with the try's success."""
