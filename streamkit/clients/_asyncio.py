@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._model import JobChunk, JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
     from ._ops import Op, Request, SendsRecords
@@ -387,6 +387,21 @@ class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
         """The newest progress the job reported (see :meth:`JobHandle.progress
         <streamkit.jobs.JobHandle.progress>`); ``None`` if none yet."""
         return (await self.info()).progress_value
+
+    async def stream(self, *, after: str | None = None) -> AsyncIterator[JobChunk]:
+        """The chunks the job streams, in order, until it ends (see
+        :meth:`JobHandle.stream <streamkit.jobs.JobHandle.stream>`):
+        ``async for chunk in handle.stream(): ...``."""
+        cursor = after or "0-0"
+        while True:
+            chunks, end = await self._client.run(self._output(cursor))
+            for chunk in chunks:
+                cursor = chunk.id
+                yield chunk
+            if end is not None:
+                if end != "success":
+                    await self.result(timeout=10)  # raises JobFailed
+                return
 
     async def result(self, timeout: float | None = None) -> JobResult:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result (errors as

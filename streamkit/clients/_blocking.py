@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._model import JobChunk, JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
     from ._ops import Op, Request, SendsRecords
@@ -411,6 +411,26 @@ class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
         """The newest progress the job reported (see :meth:`JobHandle.progress
         <streamkit.jobs.JobHandle.progress>`); ``None`` if none yet."""
         return self.info().progress_value
+
+    def stream(self, *, after: str | None = None) -> Iterator[JobChunk]:
+        """The chunks the job streams, in order, until it ends (see
+        :meth:`JobHandle.stream <streamkit.jobs.JobHandle.stream>`): a blocking
+        iterator, ``for chunk in handle.stream(): ...``.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it;
+            :class:`~streamkit.jobs.JobFailed` at the end of a job that failed.
+        """
+        cursor = after or "0-0"
+        while True:
+            chunks, end = self._client.run(self._output(cursor))
+            for chunk in chunks:
+                cursor = chunk.id
+                yield chunk
+            if end is not None:
+                if end != "success":
+                    self.result(timeout=10)  # raises JobFailed
+                return
 
     def result(self, timeout: float | None = None) -> JobResult:
         """Wait until the job is over and return its result.

@@ -46,7 +46,7 @@ from .._tables_windowed import WindowedTable
 from .._windows import Window
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
 from ..jobs._plan import JobIds, Placement, link_answers, plan_enqueue
-from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
+from ..jobs._replies import abort_reply, decode_output, info_reply, status_reply, watch_reply
 from ..jobs._workflow import plan_workflow
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .._settings import Settings
     from .._spec import StreamSpec
     from .._tables import Table
-    from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
+    from ..jobs._model import JobCall, JobChunk, JobInfo, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
 
@@ -599,6 +599,32 @@ def job_result(
                         ended = True
             if ended:
                 break
+
+
+#: How long one read of a job's streamed output blocks before the job is looked at (ms).
+OUTPUT_BLOCK_MS = 1000
+
+
+def job_output(
+    state: ClientState, job_id: str, shard: int, cursor: str, queue: str | None = None
+) -> Op[tuple[list[JobChunk], str | None]]:
+    """One read of the chunks job ``job_id`` streamed after ``cursor`` (blocking up to
+    :data:`OUTPUT_BLOCK_MS`), and its final status once it ended (see
+    :meth:`JobHandle.stream <streamkit.jobs.JobHandle.stream>`)."""
+    keys = state.keys(shard, queue)
+    reply = yield from retried(
+        Call.command(
+            "XREAD", "COUNT", 500, "BLOCK", OUTPUT_BLOCK_MS, "STREAMS", keys.output(job_id), cursor
+        ),
+        what="reading a job's streamed output",
+    )
+    entries = [entry for _, stream_entries in reply or () for entry in stream_entries]
+    chunks, end = decode_output(entries)
+    if end is None and not entries:
+        status = yield from job_status(state, job_id, shard, queue)
+        if status.final:
+            end = status.value
+    return chunks, end
 
 
 # -------------------------------------------------------------------------- tables

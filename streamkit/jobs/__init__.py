@@ -25,6 +25,7 @@ from ._inspect import QueueCounts as QueueCounts
 from ._limits import RateLimit as RateLimit
 from ._model import (
     JobCall as JobCall,
+    JobChunk as JobChunk,
     JobErrorInfo as JobErrorInfo,
     JobInfo as JobInfo,
     JobOptions as JobOptions,
@@ -53,6 +54,7 @@ __all__ = [
     "Group",
     "Job",
     "JobCall",
+    "JobChunk",
     "JobContext",
     "JobError",
     "JobErrorInfo",

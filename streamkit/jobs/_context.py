@@ -70,8 +70,8 @@ class JobContext:
         <streamkit.jobs.JobHandle.progress>` and ``streamkit jobs show``.
 
         Cheap enough to call per item of a long job: it does no I/O; the worker writes
-        the newest value at most every half second per try (and before the try's
-        outcome is recorded, so the last value reported is the one kept). Fenced: a
+        the newest value at most every half second per try (and the last one with the
+        try's outcome, so the last value reported is the one kept). Fenced: a
         try taken over by another worker reports nothing.
 
         Error handling:
@@ -85,6 +85,29 @@ class JobContext:
         if current is None or current.id != self.id or current.progress_writer is None:
             raise RuntimeError("progress() is called from inside the job's running try")
         current.progress_writer.report(current, value)
+
+    def stream(self, chunk: Any) -> None:
+        """Stream ``chunk`` (a JSON value: a token of a model's output, a row) to
+        whoever reads the job's :meth:`JobHandle.stream
+        <streamkit.jobs.JobHandle.stream>`, in order.
+
+        Cheap: it does no I/O; the worker appends the try's chunks every few
+        milliseconds (and all that are left before the try's outcome, which then ends
+        the stream). Fenced: a try taken over appends nothing more. At most 64 KiB a
+        chunk; the stream keeps the newest 10,000.
+
+        Error handling:
+            ``RuntimeError`` outside this job's try; :class:`~streamkit.EncodeError`
+            for a chunk that is not JSON or too big; :class:`~streamkit.ConfigError`
+            when 10,000 chunks wait to be written already (Redis unreachable).
+        """
+        try:
+            current = running.get()[1]
+        except LookupError:
+            current = None
+        if current is None or current.id != self.id or current.chunk_writer is None:
+            raise RuntimeError("stream() is called from inside the job's running try")
+        current.chunk_writer.report(current, chunk)
 
 
 #: A middleware: ``async def middleware(context, call_next)``, which runs the try (the

@@ -124,6 +124,12 @@ class Outbox:
         self._items[current.shard].append(item)
         self._ready[current.shard].set()
 
+    def put_progress(self, current: Try, value: bytes) -> None:
+        """Write ``current``'s last progress value with its outcome, put next (in the
+        same finish call, fenced like it)."""
+        self._items[current.shard].append([current.id, current.token, "p", value, 0])
+        self._ready[current.shard].set()
+
     def put_unheld(self, shard: int, job_id: bytes, token: str, outcome: str, data: bytes) -> None:
         """Record an outcome of a job whose try this worker does not hold (its id is
         not text)."""
@@ -210,6 +216,8 @@ class Outbox:
                     await self._record(shard, [item])
             return
         for item, committed in zip(items, reply, strict=True):
+            if item[2] == "p":
+                continue  # a progress value, not an outcome
             if committed == 1 and len(item) > 5 and self.emit_relay is not None:
                 self.emit_relay.wake(shard)
             self.tries.forget(item[0], item[1])
@@ -225,6 +233,8 @@ class Outbox:
         instead (if it refuses that too, the job's lease runs out and another worker
         takes it over)."""
         job_id, token, outcome = item[0], item[1], item[2]
+        if outcome == "p":
+            return  # a progress value Redis refused: the outcome follows alone
         reason = describe(exc)
         log.error("job %s: Redis refused to record its outcome (%s): %s", job_id, outcome, reason)
         if outcome != "release" and not item[3].startswith(_REFUSED):

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_AFTER",
     "PRIORITIES",
     "JobCall",
+    "JobChunk",
     "JobErrorInfo",
     "JobInfo",
     "JobOptions",
@@ -242,6 +243,23 @@ class JobInfo:
     limit_key: str | None = None
     headers: dict[str, str] = attrs.field(factory=dict)
     progress_value: Any = None
+
+
+@attrs.frozen
+class JobChunk:
+    """One chunk a job streamed (see :meth:`JobHandle.stream
+    <streamkit.jobs.JobHandle.stream>`).
+
+    Attributes:
+        value: what the job passed to ``current_job().stream``, as its JSON decodes.
+        try_number: the try that streamed it (a retried job's next try streams again
+            from its own start).
+        id: its entry id in the output stream: pass it as ``after=`` to resume after it.
+    """
+
+    value: Any
+    try_number: int
+    id: str
 
 
 When = timedelta | float | int

@@ -71,6 +71,8 @@ class ProgressWriter:
     writes: int = 0
     _due: dict[int, Try] = attrs.field(init=False, factory=dict)
     _wanted: trio.Event = attrs.field(init=False, factory=trio.Event)
+    # One write at a time: a try's newest value is the last one to land.
+    _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)
 
     def report(self, current: Try, value: Any) -> None:
         """``current`` reports ``value``: written in the writer's next round.
@@ -82,11 +84,12 @@ class ProgressWriter:
         self._due[id(current)] = current
         self._wanted.set()
 
-    async def flush(self, current: Try) -> None:
-        """Write ``current``'s newest value now, if it has one not written yet (before
-        its outcome is recorded)."""
-        if self._due.pop(id(current), None) is not None:
-            await self._write(current)
+    def take(self, current: Try) -> bytes | None:
+        """``current``'s newest value if it was not written yet, taken out of the next
+        round: the finish script writes it with the try's outcome."""
+        if self._due.pop(id(current), None) is None:
+            return None
+        return current.progress
 
     async def run(self) -> None:
         """Write what the tries reported, a round at a time, until cancelled."""
@@ -101,13 +104,17 @@ class ProgressWriter:
 
     async def _write(self, current: Try) -> None:
         keys = self.queue.shard_keys[current.shard]
+        async with self._lock:
+            await self._send(current, keys.keys, keys.base)
+
+    async def _send(self, current: Try, keys: tuple[str, ...], base: str) -> None:
         self.writes += 1
         try:
             await retry_idempotent(
                 _PROGRESS,
                 self.queue.redis,
-                keys.keys,
-                (keys.base, current.id, current.token, "", current.progress),
+                keys,
+                (base, current.id, current.token, "", current.progress),
                 what="reporting progress",
             )
         except RedisUnavailable as exc:

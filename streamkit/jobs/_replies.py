@@ -15,12 +15,13 @@ import orjson
 
 from .._errors import JobFailed, JobNotFound, ResultNotKept
 from .._wire import text
-from ._model import JobErrorInfo, JobInfo, JobStatus, JobTry, Priority
+from ._model import JobChunk, JobErrorInfo, JobInfo, JobStatus, JobTry, Priority
 
 __all__ = [
     "abort_reply",
     "decode_history",
     "decode_info",
+    "decode_output",
     "info_reply",
     "outcome",
     "progress_value",
@@ -149,6 +150,23 @@ def status_reply(value: bytes | str | None, job_id: str, queue: str) -> JobStatu
     if value is None:
         raise JobNotFound(job_id, queue)
     return JobStatus(text(value))
+
+
+def decode_output(entries: Any) -> tuple[list[JobChunk], str | None]:
+    """The chunks of output stream entries ``[(id, fields), ...]``, and the final status
+    if the end came among them."""
+    chunks: list[JobChunk] = []
+    for entry_id, fields in entries:
+        end = fields.get(b"e")
+        if end is not None:
+            return chunks, text(end)
+        raw = fields.get(b"c", b"null")
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            value = text(raw)
+        chunks.append(JobChunk(value, int(fields.get(b"t", b"0")), text(entry_id)))
+    return chunks, None
 
 
 def progress_value(raw: bytes | None) -> Any:

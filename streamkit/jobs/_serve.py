@@ -42,6 +42,7 @@ from ._handoff import Handoff
 from ._model import JobOptions
 from ._progress import ProgressWriter
 from ._run import TryRunner
+from ._streaming import ChunkWriter
 from ._tries import Tries
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class JobWorker:
     _runner: TryRunner = attrs.field(init=False)
     _handoff: Handoff = attrs.field(init=False, factory=Handoff)
     _progress: ProgressWriter = attrs.field(init=False)
+    _chunks: ChunkWriter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._tries = Tries(self.concurrency)
@@ -110,6 +112,7 @@ class JobWorker:
             self.queue, self.consumer, self._tries, self._handoff, self._settler.wake
         )
         self._progress = ProgressWriter(self.queue)
+        self._chunks = ChunkWriter(self.queue)
         self._runner = TryRunner(
             self.queue,
             self.jobs,
@@ -120,6 +123,7 @@ class JobWorker:
             middleware=tuple(self.queue.middleware),
             state=self.state,
             progress_writer=self._progress,
+            chunk_writer=self._chunks,
         )
 
     @property
@@ -164,6 +168,7 @@ class JobWorker:
                         nursery.start_soon(self._runner.run, self._handoff)
                     nursery.start_soon(self._handoff.dispatch)
                     nursery.start_soon(self._progress.run)
+                    nursery.start_soon(self._chunks.run)
                     nursery.start_soon(renew_leases, self.queue, self.consumer, self._tries)
                     for shard in range(self.queue.shards):
                         nursery.start_soon(self._outbox.finisher, shard)

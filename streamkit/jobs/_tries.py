@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import orjson
@@ -21,9 +21,15 @@ from ._emit import MAX_EMITS, Emission, emission
 if TYPE_CHECKING:
     from .._spec import HasSpec, StreamSpec
     from ._handle import Job
-    from ._progress import ProgressWriter
 
-__all__ = ["Lane", "Tries", "Try"]
+__all__ = ["Lane", "Reporter", "Tries", "Try"]
+
+
+class Reporter(Protocol):
+    """What a try reports its progress or streamed chunks to (the worker's writers,
+    :mod:`~streamkit.jobs._progress` and :mod:`~streamkit.jobs._streaming`)."""
+
+    def report(self, current: Try, value: Any) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -47,6 +53,9 @@ class Try:
         emitted: the records it emitted, written if it succeeds.
         progress: the newest progress it reported (JSON), if any.
         progress_writer: what writes its progress (the worker's).
+        chunks: the chunks it streamed not written yet (JSON), in order.
+        chunks_written: how many it streamed were written.
+        chunk_writer: what writes its chunks (the worker's).
     """
 
     id: str
@@ -63,7 +72,10 @@ class Try:
     started: float = attrs.field(factory=time.perf_counter)
     emitted: list[Emission] | None = None
     progress: bytes | None = None
-    progress_writer: ProgressWriter | None = None
+    progress_writer: Reporter | None = None
+    chunks: list[bytes] = attrs.field(factory=list)
+    chunks_written: int = 0
+    chunk_writer: Reporter | None = None
 
     def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
         """Keep ``record`` for ``stream``, to be written with the try's success."""

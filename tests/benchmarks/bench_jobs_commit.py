@@ -18,6 +18,11 @@ Each variant runs until every event is committed and, for the jobs, every job is
 its queue. Measured as CPU time, not wall time (the machine is shared): the worker
 process's (``time.process_time``) and redis-server's (``INFO`` ``used_cpu_*``) per
 event, and their ratios to acknowledging only; events/s of wall time are printed too.
+
+Then no-op jobs (``--jobs`` of them, one worker in the process, concurrency 32), side by
+side in each round: plain; reporting ``current_job().progress(i)`` 10 times each;
+emitting one record each with ``current_job().emit``. CPU per job of the process and
+of redis-server, and the ratios to the plain job.
 """
 
 from __future__ import annotations
@@ -128,6 +133,56 @@ async def bench_variant(
     return n / wall, cpu / n * 1e6, redis_used / n * 1e6
 
 
+JobVariant = Literal["plain", "progress", "emit"]
+JOB_TITLES: dict[JobVariant, str] = {
+    "plain": "no-op job",
+    "progress": "+ progress() x10",
+    "emit": "+ emit() one record",
+}
+
+
+async def bench_jobs(redis_url: str, variant: JobVariant, n: int) -> tuple[float, float, float]:
+    """(jobs/s, process CPU µs per job, Redis CPU µs per job) of one run."""
+    from streamkit.jobs import current_job
+
+    app = App(f"jn{time.monotonic_ns()}", redis_url=redis_url)
+    out = app.stream("out", record=Order, partition_by="customer", partition_count=8)
+    done = 0
+    finished = trio.Event()
+
+    @app.job(keep_result=False)
+    async def noop(i: int) -> None:
+        nonlocal done
+        if variant == "progress":
+            job = current_job()
+            for step in range(10):
+                job.progress(step)
+        elif variant == "emit":
+            current_job().emit(out, Order(customer=f"c{i % 1000}", n=i))
+        done += 1
+        if done == n:
+            finished.set()
+
+    async with app:
+        await noop.enqueue_many((i,) for i in range(n))
+        shard = app.job_queue.shard_keys[0]
+
+        async def all_succeeded() -> bool:
+            counts: Any = await app.redis.hget(shard.counts, "success|noop")
+            return counts is not None and int(counts) == n
+
+        cpu0, redis0, wall0 = time.process_time(), await redis_cpu(app.redis), time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(app.job_queue.serve)
+            await finished.wait()
+            await wait_until(all_succeeded, what="every job recorded", within=120, interval=0.01)
+            wall = time.perf_counter() - wall0
+            cpu = time.process_time() - cpu0
+            nursery.cancel_scope.cancel()
+        redis_used = await redis_cpu(app.redis) - redis0
+    return n / wall, cpu / n * 1e6, redis_used / n * 1e6
+
+
 async def run(args: argparse.Namespace) -> None:
     print(
         f"\nJobs in the commit: {args.events:,} events, {args.partitions} partitions, one "
@@ -145,6 +200,15 @@ async def run(args: argparse.Namespace) -> None:
                 old = best.get(variant)
                 if old is None or cpu + redis_us < old[1] + old[2]:
                     best[variant] = (rate, cpu, redis_us)
+        jobs_best: dict[JobVariant, tuple[float, float, float]] = {}
+        for _ in range(args.rounds):
+            for job_variant in JOB_TITLES:
+                async with open_redis(server.url) as redis:
+                    await redis.flushall()
+                measured = await bench_jobs(server.url, job_variant, args.jobs)
+                old_job = jobs_best.get(job_variant)
+                if old_job is None or measured[1] + measured[2] < old_job[1] + old_job[2]:
+                    jobs_best[job_variant] = measured
     ack_cpu, ack_redis = best["ack"][1], best["ack"][2]
     print(
         f"  {'':<28}{'events/s':>10}{'worker µs/ev':>14}{'vs ack':>8}{'Redis µs/ev':>13}"
@@ -156,6 +220,22 @@ async def run(args: argparse.Namespace) -> None:
             f"  {title:<28}{rate:>10,.0f}{cpu:>14.1f}{cpu / ack_cpu:>7.2f}x{redis_us:>13.2f}"
             f"{redis_us / ack_redis:>7.2f}x"
         )
+    _print_jobs(jobs_best, args.jobs)
+
+
+def _print_jobs(jobs_best: dict[JobVariant, tuple[float, float, float]], n: int) -> None:
+    plain_cpu, plain_redis = jobs_best["plain"][1], jobs_best["plain"][2]
+    print(f"\n  No-op jobs, {n:,} of them, one worker in the process:")
+    print(
+        f"  {'':<28}{'jobs/s':>10}{'CPU µs/job':>14}{'vs plain':>10}"
+        f"{'Redis µs/job':>14}{'vs plain':>10}"
+    )
+    for variant, title in JOB_TITLES.items():
+        rate, cpu, redis_us = jobs_best[variant]
+        print(
+            f"  {title:<28}{rate:>10,.0f}{cpu:>14.1f}{cpu / plain_cpu:>9.2f}x{redis_us:>14.2f}"
+            f"{redis_us / plain_redis:>9.2f}x"
+        )
 
 
 def main() -> None:
@@ -164,6 +244,7 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     trio.run(run, args)

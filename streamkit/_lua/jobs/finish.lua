@@ -1,5 +1,6 @@
 -- Finishes jobs, fenced. Per job: id, token, outcome (ok, retry, dead, aborted,
--- release), data (result or error JSON), number (retry delay ms; for ok, 1 to keep the
+-- release; or p: not an outcome, the try's last progress value as data, set before
+-- its outcome in the same call), data (result or error JSON), number (retry delay ms; for ok, 1 to keep the
 -- result, plus twice the number of records the try emitted), then for ok each emitted
 -- record: its stream key (a partition on a server; the shard's outbox, under its tag,
 -- on Redis Cluster), the entries to keep when trimming (0: none), its field count and
@@ -7,7 +8,8 @@
 -- release of a job whose abort was requested while it ran ends it aborted. Per job the
 -- reply says 1 if committed, 0 if this claim no longer owns it (nothing was written
 -- for it), 2 if this claim finished it already (sent again after a reply was lost:
--- nothing more is written).
+-- nothing more is written). A job whose try streamed output (jobs/stream) gets its
+-- outcome appended to its output stream when it ends here (success, aborted, dead).
 --
 -- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
 -- TAG: {shard}
@@ -39,6 +41,15 @@ local function append_emitted(at, n)
   end
 end
 
+-- End job id's output stream (current_job().stream) with its outcome; on success it
+-- expires with the result (ttl_s), else it keeps the expiry of its last chunk.
+local function end_output(id, status, ttl_s)
+  local output = B .. ':out:' .. id
+  redis.call('XADD', output, '*', 'e', status)
+  local ttl = tonumber(ttl_s or '0')
+  if status == 'success' and ttl and ttl > 0 then redis.call('EXPIRE', output, ttl) end
+end
+
 -- Where the records a try emitted end, from `at` (`n` of them): the next job's index.
 local function after_emitted(at, n)
   for _ = 1, n do at = at + 3 + 2 * tonumber(ARGV[at + 2]) end
@@ -57,8 +68,16 @@ while a <= #ARGV do
   a = after_emitted(emitted_at, emitted)
   local k = jkey(id)
   local f = redis.call('HMGET', k, 'owner', 'name', 'prio', 'entry', 'status', 'w', 'ttl',
-    'dependents', 'worker', 'tries', 'abort', 'hist', 'lim', 'lk')
-  if f[1] ~= token or f[5] ~= 'executing' then
+    'dependents', 'worker', 'tries', 'abort', 'hist', 'lim', 'lk', 'sq')
+  if outcome == 'p' then
+    -- the try's last progress value, before its outcome (fenced like it)
+    if f[1] == token and f[5] == 'executing' then
+      redis.call('HSET', k, 'pv', data)
+      table.insert(out, 1)
+    else
+      table.insert(out, 0)
+    end
+  elseif f[1] ~= token or f[5] ~= 'executing' then
     -- the token is worker:tries: its try was the last one started, and it is over
     if f[9] and f[10] and f[9] .. ':' .. f[10] == token then
       table.insert(out, 2)
@@ -96,6 +115,7 @@ while a <= #ARGV do
         end
         move(name, 'executing', 'success')
         if emitted > 0 then append_emitted(emitted_at, emitted) end
+        if f[15] then end_output(id, 'success', f[7]) end
         if f[6] then
           redis.call('XADD', DONE, 'MAXLEN', '~', 10000, '*', 'id', id, 's', 'success')
         end
@@ -107,10 +127,12 @@ while a <= #ARGV do
         redis.call('ZADD', SCHED, now + number, id)
         move(name, 'executing', 'retry')
       elseif outcome == 'aborted' then
+        if f[15] then end_output(id, 'aborted', nil) end
         redis.call('HSET', k, 'error', data, 'hist', hist)
         mark_final(id, k, name, 'executing', 'aborted', now)
         settle(id, false)
       else
+        if f[15] then end_output(id, 'dead', nil) end
         redis.call('HSET', k, 'hist', hist)
         mark_dead(id, k, name, 'executing', data, now)
         settle(id, false)
