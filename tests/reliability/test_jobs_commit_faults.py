@@ -4,8 +4,9 @@ Real ``streamkit worker`` processes run ``tests.apps.committing:app`` (a table, 
 output stream and one job enqueued per event, all committed with the
 acknowledgements) while a producer sends and faults are injected: kill -9 in the
 middle of processing (and so of commits and relays), twice, each followed by a
-takeover, and a worker frozen past its lease and woken again (a zombie whose commits
-and relays must change nothing). Afterwards: every key's count equals what was sent;
+takeover, a worker frozen past its lease and woken again (a zombie whose commits
+and relays must change nothing), and Redis killed and restarted with its AOF
+(``appendfsync always``). Afterwards: every key's count equals what was sent;
 the output holds each event once with the id of the job it enqueued; the queue holds
 exactly those jobs, no other (its counters and every job's record), each with its
 event's number, and every one ran to success.
@@ -22,7 +23,8 @@ import orjson
 import pytest
 import trio
 
-from streamkit import ProcessorKeys
+from streamkit import ProcessorKeys, open_redis
+from streamkit.jobs._layout import ShardKeys
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
 from tests.apps.committing import Committing, Enqueued, Number, make_app
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from streamkit import Redis, Stream
+    from streamkit.testing import RedisServer
     from tests.workers import WorkerProcess
 
 APP = "tests.apps.committing:app"
@@ -47,9 +50,11 @@ async def produce(numbers: Stream[Number], sent: dict[str, list[int]], stop: tri
     n = 0
     while not stop.is_set():
         batch = [Number(key=f"k{(n + i) % KEYS}", n=n + i) for i in range(BATCH)]
-        await numbers.send_many(batch)
-        for number in batch:
-            sent[number.key].append(number.n)
+        with contextlib.suppress(Exception):
+            # A send refused while Redis restarts is not sent: not counted either.
+            await numbers.send_many(batch)
+            for number in batch:
+                sent[number.key].append(number.n)
         n += BATCH
         await trio.sleep(INTERVAL)
 
@@ -63,9 +68,28 @@ async def read_enqueued(redis: Redis, enqueued: Stream[Enqueued]) -> list[Enqueu
     return out
 
 
-async def assert_one_job_per_event(redis: Redis, committing: Committing, total: int) -> None:
-    queue = committing.app.job_queue
-    shard = queue.shard_keys[0]
+def total_of(sent: dict[str, list[int]]) -> int:
+    return sum(len(ns) for ns in sent.values())
+
+
+async def assert_counted(redis: Redis, committing: Committing, sent: dict[str, list[int]]) -> None:
+    counts = committing.counts
+
+    async def all_counted() -> bool:
+        with redis_errors():
+            return sum(await counts.read_many(list(sent), redis=redis)) == total_of(sent)
+
+    with contextlib.suppress(trio.TooSlowError):
+        await wait_until(all_counted, what="every event counted", within=60, interval=0.1)
+    got = dict(zip(sent, await counts.read_many(list(sent), redis=redis), strict=True))
+    assert got == {k: len(ns) for k, ns in sent.items()}
+
+
+async def assert_one_job_per_event(
+    redis: Redis, committing: Committing, sent: dict[str, list[int]]
+) -> None:
+    total = total_of(sent)
+    shard = ShardKeys(committing.app.name, 0)  # the app's queue, one shard
 
     async def all_succeeded() -> bool:
         with redis_errors():
@@ -80,7 +104,7 @@ async def assert_one_job_per_event(redis: Redis, committing: Committing, total: 
     # every job the queue ever took, whatever its status).
     assert {k: int(v) for k, v in counters.items() if int(v)} == {b"success|note": total}
     echoes = await read_enqueued(redis, committing.enqueued)
-    assert Counter(e.n for e in echoes) == Counter(range(total))
+    assert Counter(e.n for e in echoes) == Counter(n for ns in sent.values() for n in ns)
     assert len({e.job_id for e in echoes}) == total
     for echo in echoes:
         with redis_errors():
@@ -105,7 +129,7 @@ async def test_one_job_per_event_under_kills_and_a_zombie(
         return worker
 
     def total() -> int:
-        return sum(len(ns) for ns in sent.values())
+        return total_of(sent)
 
     async with app, trio.open_nursery() as nursery:
         first, second = start(), start()
@@ -125,16 +149,33 @@ async def test_one_job_per_event_under_kills_and_a_zombie(
         second.send_signal(signal.SIGCONT)
         await wait_until(lambda: total() > 3000, what="3,000 events sent", within=60)
         stop.set()
-        counts = committing.counts
-
-        async def all_counted() -> bool:
-            with redis_errors():
-                return sum(await counts.read_many(list(sent), redis=redis)) == total()
-
-        with contextlib.suppress(trio.TooSlowError):
-            await wait_until(all_counted, what="every event counted", within=60, interval=0.1)
-        got = dict(zip(sent, await counts.read_many(list(sent), redis=redis), strict=True))
-        assert got == {k: len(ns) for k, ns in sent.items()}
-        await assert_one_job_per_event(redis, committing, total())
+        await assert_counted(redis, committing, sent)
+        await assert_one_job_per_event(redis, committing, sent)
     for worker in workers:
+        assert "Traceback" not in worker.log(), worker.log()
+
+
+@pytest.mark.timeout(120)
+async def test_one_job_per_event_across_a_redis_restart(
+    private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    url = private_redis.url
+    committing = make_app(redis_url=url)
+    sent: dict[str, list[int]] = defaultdict(list)
+    stop = trio.Event()
+    async with open_redis(url) as redis:
+        async with committing.app, trio.open_nursery() as nursery:
+            workers.extend(start_worker(url, tmp_path, app=APP, env=ENV) for _ in range(2))
+            await wait_members(redis, 2, group=GROUP)
+            nursery.start_soon(produce, committing.numbers, sent, stop)
+            await wait_until(lambda: total_of(sent) > 800, what="800 events sent", within=30)
+            private_redis.stop()  # SIGKILL: only what the AOF holds survives
+            await trio.sleep(LEASE_TTL + 0.5)  # the injected fault's duration
+            await trio.to_thread.run_sync(private_redis.start)
+            await wait_until(lambda: total_of(sent) > 2000, what="2,000 events sent", within=60)
+            stop.set()
+        await assert_counted(redis, committing, sent)
+        await assert_one_job_per_event(redis, committing, sent)
+    for worker in workers:
+        assert worker.process.poll() is None, worker.log()
         assert "Traceback" not in worker.log(), worker.log()
