@@ -445,9 +445,13 @@ def reliability(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The orders demo on a private, throwaway Redis server (``./dev demo state``: the
-    state demo, exactly-once counts and windows through a kill -9)."""
+    state demo, exactly-once counts and windows through a kill -9; ``./dev demo
+    receipts``: one receipt job and one receipts_sent record per order through a kill
+    -9)."""
     args = list(session.posargs)
     if args[:1] == ["state"]:
         session.run("python", "-m", "examples.state_shop.demo", *args[1:])
+    elif args[:1] == ["receipts"]:
+        session.run("python", "-m", "examples.receipts.demo", *args[1:])
     else:
         session.run("python", "-m", "examples.orders.demo", *args)
