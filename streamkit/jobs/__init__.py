@@ -20,6 +20,7 @@ from ._context import (
     current_job as current_job,
 )
 from ._cron import ScheduleInfo as ScheduleInfo
+from ._events import JobEvent as JobEvent
 from ._handle import Job as Job, JobHandle as JobHandle, WorkflowHandle as WorkflowHandle
 from ._inspect import QueueCounts as QueueCounts
 from ._limits import RateLimit as RateLimit
@@ -58,6 +59,7 @@ __all__ = [
     "JobContext",
     "JobError",
     "JobErrorInfo",
+    "JobEvent",
     "JobFailed",
     "JobHandle",
     "JobInfo",

@@ -20,9 +20,10 @@ process's (``time.process_time``) and redis-server's (``INFO`` ``used_cpu_*``) p
 event, and their ratios to acknowledging only; events/s of wall time are printed too.
 
 Then no-op jobs (``--jobs`` of them, one worker in the process, concurrency 32), side by
-side in each round: plain; reporting ``current_job().progress(i)`` 10 times each;
-emitting one record each with ``current_job().emit``. CPU per job of the process and
-of redis-server, and the ratios to the plain job.
+side in each round: with job events off, and on (the default; the next variants too);
+reporting ``current_job().progress(i)`` 10 times each; emitting one record each with
+``current_job().emit``; streaming 10 chunks each with ``current_job().stream``. CPU per
+job of the process and of redis-server, and the ratios to the job with events off.
 """
 
 from __future__ import annotations
@@ -133,11 +134,13 @@ async def bench_variant(
     return n / wall, cpu / n * 1e6, redis_used / n * 1e6
 
 
-JobVariant = Literal["plain", "progress", "emit"]
+JobVariant = Literal["off", "plain", "progress", "emit", "stream"]
 JOB_TITLES: dict[JobVariant, str] = {
-    "plain": "no-op job",
+    "off": "no-op job, events off",
+    "plain": "no-op job, events on",
     "progress": "+ progress() x10",
     "emit": "+ emit() one record",
+    "stream": "+ stream() 10 chunks",
 }
 
 
@@ -159,11 +162,16 @@ async def bench_jobs(redis_url: str, variant: JobVariant, n: int) -> tuple[float
                 job.progress(step)
         elif variant == "emit":
             current_job().emit(out, Order(customer=f"c{i % 1000}", n=i))
+        elif variant == "stream":
+            job = current_job()
+            for step in range(10):
+                job.stream(step)
         done += 1
         if done == n:
             finished.set()
 
     async with app:
+        await app.job_queue.set_events(variant != "off")
         await noop.enqueue_many((i,) for i in range(n))
         shard = app.job_queue.shard_keys[0]
 
@@ -224,11 +232,11 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def _print_jobs(jobs_best: dict[JobVariant, tuple[float, float, float]], n: int) -> None:
-    plain_cpu, plain_redis = jobs_best["plain"][1], jobs_best["plain"][2]
+    plain_cpu, plain_redis = jobs_best["off"][1], jobs_best["off"][2]
     print(f"\n  No-op jobs, {n:,} of them, one worker in the process:")
     print(
-        f"  {'':<28}{'jobs/s':>10}{'CPU µs/job':>14}{'vs plain':>10}"
-        f"{'Redis µs/job':>14}{'vs plain':>10}"
+        f"  {'':<28}{'jobs/s':>10}{'CPU µs/job':>14}{'vs off':>10}"
+        f"{'Redis µs/job':>14}{'vs off':>10}"
     )
     for variant, title in JOB_TITLES.items():
         rate, cpu, redis_us = jobs_best[variant]

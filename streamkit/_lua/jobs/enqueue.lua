@@ -18,6 +18,7 @@
 --#include lib/jobs/queue
 --#include lib/jobs/handed
 --#include lib/jobs/dependents
+--#include lib/jobs/events
 
 -- The failure a failure callback gets for a job that is unknown.
 local function unknown_job(id)
@@ -154,6 +155,7 @@ for i = 10, #ARGV, 3 do
     else
       push(id, k, name, nil, 'sent')
     end
+    job_event(id, name, 'enqueued', nil)
     table.insert(out, 1)
   else
     table.insert(out, 0)

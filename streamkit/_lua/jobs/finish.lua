@@ -22,6 +22,7 @@
 --#include lib/jobs/numbers
 --#include lib/jobs/slots
 --#include lib/jobs/settling
+--#include lib/jobs/events
 --#include lib/trim
 
 batch_moves()
@@ -73,6 +74,7 @@ while a <= #ARGV do
     -- the try's last progress value, before its outcome (fenced like it)
     if f[1] == token and f[5] == 'executing' then
       redis.call('HSET', k, 'pv', data)
+      job_event(id, f[2], 'progress', data)
       table.insert(out, 1)
     else
       table.insert(out, 0)
@@ -100,6 +102,7 @@ while a <= #ARGV do
       redis.call('HSET', k, 'owner', '', 'status', 'sent', 'hist', hist)
       redis.call('HINCRBY', k, 'tries', -1)
       move(name, 'executing', 'sent')
+      job_event(id, name, 'released', nil)
     else
       local ended_here = ENDED[p]
       ended_here[#ended_here + 1] = e
@@ -114,6 +117,7 @@ while a <= #ARGV do
             'hist', hist)
         end
         move(name, 'executing', 'success')
+        job_event(id, name, 'succeeded', nil)
         if emitted > 0 then append_emitted(emitted_at, emitted) end
         if f[15] then end_output(id, 'success', f[7]) end
         if f[6] then
@@ -126,6 +130,7 @@ while a <= #ARGV do
         redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
         redis.call('ZADD', SCHED, now + number, id)
         move(name, 'executing', 'retry')
+        job_event(id, name, 'retried', data)
       elseif outcome == 'aborted' then
         if f[15] then end_output(id, 'aborted', nil) end
         redis.call('HSET', k, 'error', data, 'hist', hist)
