@@ -22,13 +22,13 @@ import orjson
 
 from .._errors import ConfigError
 from .._keys import relay_key
+from ._model import JobCall
 from ._plan import ENQUEUE_CHUNK, OPTION_KEYS, JobIds, Placement, plan_enqueue
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ._handle import Job, QueueLike
-    from ._model import JobCall
 
 __all__ = ["JOB_FIELD", "CommittedJobs", "relay_calls"]
 
@@ -56,6 +56,7 @@ class CommittedJobs:
     def __init__(self, jobs: Sequence[Job[Any, Any]]) -> None:
         self.jobs = {id(job): job for job in jobs}
         self._placements: dict[str, Placement] = {}
+        self._keys: dict[str, list[str]] = {}
 
     def entry(
         self, job: Job[Any, Any], call: JobCall
@@ -78,16 +79,24 @@ class CommittedJobs:
         if placement is None:
             placement = Placement(queue.shards, JobIds(), queue.max_bytes)
             self._placements[queue.name] = placement
-        plan = plan_enqueue(job, [call], placement)
+        plain = call == JobCall(args=call.args)  # arguments only: the planner's fast path
+        plan = plan_enqueue(job, [call.args if plain else call], placement)
         if plan.remote:
             raise ConfigError(
                 "after",
                 f"job {job.name}: a job enqueued in a commit may depend (after=) only on "
                 f"jobs of its own shard; give it a job_id on their shard, or use one shard",
             )
-        ((keys, args),) = plan.script_calls(queue.name)
         ((job_id, shard),) = plan.placed
-        payload = orjson.dumps([list(keys.keys), [_text(a) for a in args]])
+        # The enqueue script's call, as plan.script_calls would make it for this one job
+        # (without building the shard's keys again for every event).
+        keys = queue.shard_keys[shard]
+        job_id, arguments, options = plan.per_shard[shard]
+        shard_keys = self._keys.get(keys.base)
+        if shard_keys is None:
+            shard_keys = self._keys[keys.base] = list(keys.keys)
+        call = [keys.base, *plan.defaults, job_id, _text(arguments), _text(options)]
+        payload = orjson.dumps([shard_keys, call])
         return queue, job_id, shard, [JOB_FIELD, payload]
 
 
