@@ -95,8 +95,8 @@ class CommittedJobs:
         shard_keys = self._keys.get(keys.base)
         if shard_keys is None:
             shard_keys = self._keys[keys.base] = list(keys.keys)
-        call = [keys.base, *plan.defaults, job_id, _text(arguments), _text(options)]
-        payload = orjson.dumps([shard_keys, call])
+        script_args = [keys.base, *plan.defaults, job_id, _text(arguments), _text(options)]
+        payload = orjson.dumps([shard_keys, script_args])
         return queue, job_id, shard, [JOB_FIELD, payload]
 
 
