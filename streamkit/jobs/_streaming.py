@@ -30,6 +30,7 @@ from .._redis import LuaScript, retry_idempotent
 
 if TYPE_CHECKING:
     from ._handle import QueueLike
+    from ._layout import ShardKeys
     from ._tries import Try
 
 __all__ = [
@@ -91,8 +92,8 @@ class ChunkWriter:
     writes: int = 0
     _due: dict[int, Try] = attrs.field(init=False, factory=dict)
     _wanted: trio.Event = attrs.field(init=False, factory=trio.Event)
-    # One write at a time: a try's chunks land in order.
-    _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)
+    # One write at a time per try (its chunks land in order), by the try's identity.
+    _locks: dict[int, trio.Lock] = attrs.field(init=False, factory=dict)
 
     def report(self, current: Try, chunk: Any) -> None:
         """``current`` streams ``chunk``: appended in the writer's next round.
@@ -128,33 +129,43 @@ class ChunkWriter:
 
     async def _write(self, current: Try) -> None:
         keys = self.queue.shard_keys[current.shard]
-        async with self._lock:
-            while current.chunks:
-                batch = current.chunks[:CALL_CHUNKS]
-                first = current.chunks_written + 1
-                self.writes += 1
-                try:
-                    appended = await retry_idempotent(
-                        _STREAM,
-                        self.queue.redis,
-                        keys.keys,
-                        (
-                            keys.base,
-                            current.id,
-                            current.token,
-                            current.try_number,
-                            first,
-                            MAX_CHUNKS,
-                            OUTPUT_TTL,
-                            *batch,
-                        ),
-                        what="streaming a job's output",
-                    )
-                except RedisUnavailable as exc:
-                    log.warning("job %s: streamed chunks not written yet: %s", current.id, exc)
-                    return  # kept: written by a later round, or before the outcome
-                del current.chunks[: len(batch)]
-                current.chunks_written += len(batch)
-                if appended == -1:
-                    current.chunks.clear()  # taken over: its chunks go nowhere
-                    return
+        lock = self._locks.get(id(current))
+        if lock is None:
+            lock = self._locks[id(current)] = trio.Lock()
+        try:
+            async with lock:
+                await self._send(current, keys)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._locks.pop(id(current), None)
+
+    async def _send(self, current: Try, keys: ShardKeys) -> None:
+        while current.chunks:
+            batch = current.chunks[:CALL_CHUNKS]
+            first = current.chunks_written + 1
+            self.writes += 1
+            try:
+                appended = await retry_idempotent(
+                    _STREAM,
+                    self.queue.redis,
+                    keys.keys,
+                    (
+                        keys.base,
+                        current.id,
+                        current.token,
+                        current.try_number,
+                        first,
+                        MAX_CHUNKS,
+                        OUTPUT_TTL,
+                        *batch,
+                    ),
+                    what="streaming a job's output",
+                )
+            except RedisUnavailable as exc:
+                log.warning("job %s: streamed chunks not written yet: %s", current.id, exc)
+                return  # kept: written by a later round, or before the outcome
+            del current.chunks[: len(batch)]
+            current.chunks_written += len(batch)
+            if appended == -1:
+                current.chunks.clear()  # taken over: its chunks go nowhere
+                return
