@@ -8,6 +8,11 @@ local EVENTS_ON = nil
 local function job_event(id, name, kind, detail)
   if EVENTS_ON == nil then EVENTS_ON = redis.call('EXISTS', B .. ':evoff') == 0 end
   if not EVENTS_ON then return end
-  redis.call('XADD', B .. ':events', 'MAXLEN', '~', K.EVENTS_KEEP, '*', 'j', id, 'n', name,
-    'e', kind, 'd', detail or '')
+  if detail then
+    redis.call('XADD', B .. ':events', 'MAXLEN', '~', K.EVENTS_KEEP, '*', 'j', id, 'n', name,
+      'e', kind, 'd', detail)
+  else
+    redis.call('XADD', B .. ':events', 'MAXLEN', '~', K.EVENTS_KEEP, '*', 'j', id, 'n', name,
+      'e', kind)
+  end
 end
