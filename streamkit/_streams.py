@@ -154,21 +154,15 @@ async def append_flat(
     max_len: int | None = None,
 ) -> list[str]:
     """:func:`append_entries` for entries laid end to end in ``flat`` already."""
-    entry_ids, dropped = await append_once(
+    entry_ids, _ = await append_once(
         redis,
         spec.key(partition),
         keep=partition_size,
         cap=max_len or 0,
         entries=flat,
+        stream=spec.name,
+        partition=partition,
     )
-    if dropped:
-        log.warning(
-            "max_len=%d dropped %d unprocessed entries from %s partition %d",
-            max_len or 0,
-            dropped,
-            spec.name,
-            partition,
-        )
     return entry_ids
 
 

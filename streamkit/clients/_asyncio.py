@@ -39,7 +39,7 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
+from ._ops import _NO_DEFAULT, Call, CallBatch, Now, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -130,6 +130,8 @@ class AsyncioClient(ClientBase):
             op.close()
 
     async def _do(self, request: Request) -> Any:
+        if isinstance(request, Now):
+            return asyncio.get_running_loop().time()
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None

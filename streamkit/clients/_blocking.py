@@ -42,7 +42,7 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
+from ._ops import _NO_DEFAULT, Call, CallBatch, Now, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -149,6 +149,8 @@ class BlockingClient(ClientBase):
             op.close()
 
     def _do(self, request: Request) -> Any:
+        if isinstance(request, Now):
+            return time.monotonic()
         if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return None
