@@ -475,7 +475,7 @@ class LockManager:
     async def _load_scripts(self) -> None:
         with redis_errors(self._where):
             for script in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
-                await self.redis.script_load(script.source)
+                await script.load(self.redis)
 
     # -- single operations --
 

@@ -54,7 +54,9 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[None]:
     what = f"enqueueing jobs on {queue}"
     for start in range(0, len(calls), CALLS_PER_BATCH):
         todo = calls[start : start + CALLS_PER_BATCH]
-        rule = RetryRule(what, idempotent=False, started=(yield NOW))
+        started = yield NOW
+        # Made on the batch's first failure only: the common path makes none.
+        rule: RetryRule | None = None
         while todo:
             replies: list[Any]
             if len(todo) == 1:
@@ -71,6 +73,8 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[None]:
                 if isinstance(reply, RedisUnavailable):
                     if now is None:
                         now = yield NOW
+                    if rule is None:
+                        rule = RetryRule(what, idempotent=False, started=started)
                     # OutcomeUnknown: raised at once (it may have been enqueued).
                     delay = max(delay, rule.next_delay(reply, now))
                     again.append(call)
