@@ -35,7 +35,7 @@ from ._produce import append_reply, say_dropped
 from ._retrying import DEFAULT_RETRY_FOR, RETRY_BACKOFF, RetryRule
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Sequence
 
     from ._backoff import Backoff
     from ._produce import AppendCall, FinishedMarkers
@@ -50,6 +50,8 @@ __all__ = [
     "Request",
     "Sleep",
     "append",
+    "drive",
+    "drive_blocking",
     "retried",
 ]
 
@@ -124,6 +126,55 @@ Op = Generator[Request, Any, T]
 
 #: The idempotent append (``streams/append``).
 APPEND = _lua.script("streams/append")
+
+
+# ------------------------------------------------------------------------- driving
+
+
+async def drive(op: Op[T], do: Callable[[Request], Awaitable[Any]]) -> T:
+    """Run ``op`` with ``do``, an async function that does what one request asks (a
+    driver's own, under any event loop): send each reply back, throw each streamkit
+    error in, until the operation returns.
+
+    Error handling:
+        What the operation raises; an error of ``do`` that is not a
+        :class:`~streamkit.StreamkitError` (a bug) ends it where it is raised.
+    Cancellation:
+        The operation is closed (``GeneratorExit`` at its yield), so that its own
+        clean-up runs.
+    """
+    try:
+        request = next(op)
+        while True:
+            try:
+                reply = await do(request)
+            except StreamkitError as exc:
+                request = op.throw(exc)
+            else:
+                request = op.send(reply)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        op.close()
+
+
+def drive_blocking(op: Op[T], do: Callable[[Request], Any]) -> T:
+    """:func:`drive` for a blocking ``do``."""
+    try:
+        request = next(op)
+        while True:
+            try:
+                reply = do(request)
+            except StreamkitError as exc:
+                request = op.throw(exc)
+            else:
+                request = op.send(reply)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        op.close()
 
 
 # ---------------------------------------------------------------------- operations

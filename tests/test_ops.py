@@ -141,14 +141,23 @@ async def run_everywhere(
     return seen
 
 
-async def test_an_append_runs_alike_through_every_driver(redis_url: str, redis: Redis) -> None:
+def appending(
+    n: int, faults: Callable[[], Iterator[Fault]], **options: Any
+) -> Callable[[str], Callable[[list[str]], Op[Any]]]:
+    """For :func:`run_everywhere`: one append of ``n`` entries with the faults of
+    ``faults()``, ``options`` given to :func:`streamkit._ops.append`."""
+
     def make(key: str) -> Callable[[list[str]], Op[Any]]:
         markers = FinishedMarkers()
         return lambda transcript: faulty(
-            append(markers, [appends(key, 3, markers)]), iter(()), transcript
+            append(markers, [appends(key, n, markers)], **options), faults(), transcript
         )
 
-    seen = await run_everywhere(redis_url, redis, make)
+    return make
+
+
+async def test_an_append_runs_alike_through_every_driver(redis_url: str, redis: Redis) -> None:
+    seen = await run_everywhere(redis_url, redis, appending(3, lambda: iter(())))
     for driver, (transcript, outcome, length) in seen.items():
         assert transcript == ["now", "call"], driver
         ((ids, dropped),) = outcome
@@ -161,23 +170,13 @@ async def test_a_lost_reply_is_retried_with_its_marker_and_appends_once(
     redis_url: str, redis: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, "streamkit.redis")
-    first_ids: dict[str, list[str]] = {}
-
-    def make(key: str) -> Callable[[list[str]], Op[Any]]:
-        markers = FinishedMarkers()
-        return lambda transcript: faulty(
-            append(markers, [appends(key, 2, markers)], backoff=FAST),
-            iter(["lost", None]),
-            transcript,
-        )
-
+    make = appending(2, lambda: iter(["lost", None]), backoff=FAST)
     seen = await run_everywhere(redis_url, redis, make)
     for driver, (transcript, outcome, length) in seen.items():
         # The first call ran and its reply was lost: the retry, with the same marker,
         # finds the marker and returns the ids the first call appended.
         assert transcript == ["now", "call", "now", "sleep", "call"], driver
         ((ids, _),) = outcome
-        first_ids[driver] = ids
         assert length == 2, driver
         key = f"__strm:{{ops.{driver}.0}}"
         assert [text(entry.identifier) for entry in await redis.xrange(key)] == ids
@@ -188,14 +187,7 @@ async def test_a_lost_reply_is_retried_with_its_marker_and_appends_once(
 async def test_replies_lost_until_the_retry_time_is_over_are_outcome_unknown(
     redis_url: str, redis: Redis
 ) -> None:
-    def make(key: str) -> Callable[[list[str]], Op[Any]]:
-        markers = FinishedMarkers()
-        return lambda transcript: faulty(
-            append(markers, [appends(key, 2, markers)], give_up_after=0.1, backoff=FAST),
-            always("lost"),
-            transcript,
-        )
-
+    make = appending(2, lambda: always("lost"), give_up_after=0.1, backoff=FAST)
     seen = await run_everywhere(redis_url, redis, make)
     calls = set()
     for driver, (transcript, outcome, length) in seen.items():
@@ -212,14 +204,7 @@ async def test_replies_lost_until_the_retry_time_is_over_are_outcome_unknown(
 async def test_an_unreachable_redis_is_retried_then_raised_and_nothing_is_sent(
     redis_url: str, redis: Redis
 ) -> None:
-    def make(key: str) -> Callable[[list[str]], Op[Any]]:
-        markers = FinishedMarkers()
-        return lambda transcript: faulty(
-            append(markers, [appends(key, 2, markers)], give_up_after=0.1, backoff=FAST),
-            always("unreachable"),
-            transcript,
-        )
-
+    make = appending(2, lambda: always("unreachable"), give_up_after=0.1, backoff=FAST)
     seen = await run_everywhere(redis_url, redis, make)
     for driver, (transcript, outcome, length) in seen.items():
         # Nothing reached Redis: the last error, not OutcomeUnknown.

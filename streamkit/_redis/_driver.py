@@ -27,12 +27,13 @@ Cancellation:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
 from .._errors import StreamkitError
-from .._ops import Call, CallBatch, Now, Sleep
+from .._ops import Call, CallBatch, Now, Sleep, drive
 from ._commands import LuaScript
 from ._replicas import replicated
 from ._translate import redis_errors
@@ -68,20 +69,7 @@ async def run_op(redis: Redis, op: Op[T]) -> T:
         streamkit's (the operation decides whether it goes again); an error that is
         not a Redis error (a bug) ends the operation where it is raised.
     """
-    try:
-        request = next(op)
-        while True:
-            try:
-                reply = await _do(redis, request)
-            except StreamkitError as exc:
-                request = op.throw(exc)
-            else:
-                request = op.send(reply)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-    finally:
-        op.close()
+    return await drive(op, functools.partial(_do, redis))
 
 
 async def _do(redis: Redis, request: Request) -> Any:

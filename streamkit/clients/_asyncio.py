@@ -21,6 +21,7 @@ import redis.asyncio.cluster
 
 from .. import _redispy
 from .._errors import StreamkitError
+from .._ops import drive
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
@@ -114,20 +115,7 @@ class AsyncioClient(ClientBase):
 
     async def run(self, op: Op[T]) -> T:
         """Run an operation of :mod:`._ops`: do what it asks until it returns."""
-        try:
-            request = next(op)
-            while True:
-                try:
-                    reply = await self._do(request)
-                except StreamkitError as exc:
-                    request = op.throw(exc)
-                else:
-                    request = op.send(reply)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        finally:
-            op.close()
+        return await drive(op, self._do)
 
     async def _do(self, request: Request) -> Any:
         if isinstance(request, Now):

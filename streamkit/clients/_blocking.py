@@ -24,6 +24,7 @@ import redis.cluster
 
 from .. import _redispy
 from .._errors import StreamkitError
+from .._ops import drive_blocking
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
@@ -133,20 +134,7 @@ class BlockingClient(ClientBase):
 
     def run(self, op: Op[T]) -> T:
         """Run an operation of :mod:`._ops`: do what it asks until it returns."""
-        try:
-            request = next(op)
-            while True:
-                try:
-                    reply = self._do(request)
-                except StreamkitError as exc:
-                    request = op.throw(exc)
-                else:
-                    request = op.send(reply)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        finally:
-            op.close()
+        return drive_blocking(op, self._do)
 
     def _do(self, request: Request) -> Any:
         if isinstance(request, Now):
