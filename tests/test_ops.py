@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 import pytest
 import trio
 
-from streamkit import OutcomeUnknown, RedisUnavailable, StreamkitError
+from streamkit import NotReplicated, OutcomeUnknown, RedisUnavailable, StreamkitError
 from streamkit._backoff import Backoff
 from streamkit._ops import APPEND, Call, CallBatch, Now, Sleep, append, retried
 from streamkit._produce import AppendCall, FinishedMarkers
@@ -275,3 +275,32 @@ async def test_the_trio_driver_retries_on_trio_s_clock(autojump_clock: trio.abc.
     # The default retry time (5 s), on the mock clock.
     assert 4.5 <= trio.current_time() - started <= 5.0
     assert transcript.count("sleep") >= 10
+
+
+async def test_a_batch_asking_for_replicas_a_server_lacks_is_not_replicated(
+    redis_url: str, redis: Redis
+) -> None:
+    """The session's server has no replica: each driver waits for one after each
+    append of the batch, and the operation raises the count reached (0); the entries
+    are on the master, and the batch was not sent again."""
+
+    def make(key: str) -> Callable[[list[str]], Op[Any]]:
+        markers = FinishedMarkers()
+        keys = [key.replace(".0}", f".{p}}}") for p in range(2)]
+        return lambda transcript: faulty(
+            append(
+                markers,
+                [appends(k, 1, markers) for k in keys],
+                replicas=1,
+                replica_timeout=0.05,
+            ),
+            iter(()),
+            transcript,
+        )
+
+    seen = await run_everywhere(redis_url, redis, make)
+    for driver, (transcript, outcome, length) in seen.items():
+        assert isinstance(outcome, NotReplicated), (driver, outcome)
+        assert outcome.acknowledged == 0
+        assert transcript == ["now", "batch of 2"], driver
+        assert length == 1
