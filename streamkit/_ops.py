@@ -49,6 +49,7 @@ __all__ = [
     "Op",
     "Request",
     "Sleep",
+    "Work",
     "append",
     "drive",
     "drive_blocking",
@@ -63,7 +64,9 @@ log = logging.getLogger("streamkit.redis")
 # ------------------------------------------------------------------------ requests
 
 
-@attrs.frozen
+# Not frozen: a frozen attrs class costs twice the time to make, and one is made for
+# every call of an operation. Nothing changes a call once made.
+@attrs.define
 class Call:
     """One command for the driver to run.
 
@@ -120,7 +123,9 @@ class Now:
 #: The request for the driver's time.
 NOW: Final = Now()
 
-Request = Call | CallBatch | Sleep | Now
+#: What a driver's ``do`` is given: every request but :data:`NOW` (the loop's own).
+Work = Call | CallBatch | Sleep
+Request = Work | Now
 #: An operation: yields requests, is sent their replies, returns its result.
 Op = Generator[Request, Any, T]
 
@@ -131,10 +136,10 @@ APPEND = _lua.script("streams/append")
 # ------------------------------------------------------------------------- driving
 
 
-async def drive(op: Op[T], do: Callable[[Request], Awaitable[Any]]) -> T:
-    """Run ``op`` with ``do``, an async function that does what one request asks (a
-    driver's own, under any event loop): send each reply back, throw each streamkit
-    error in, until the operation returns.
+async def drive(op: Op[T], do: Callable[[Work], Awaitable[Any]], now: Callable[[], float]) -> T:
+    """Run ``op`` with ``do``, an async function that does what a call, a batch or a
+    sleep asks (a driver's own, under any event loop), and ``now``, the driver's clock:
+    send each reply back, throw each streamkit error in, until the operation returns.
 
     Error handling:
         What the operation raises; an error of ``do`` that is not a
@@ -146,6 +151,9 @@ async def drive(op: Op[T], do: Callable[[Request], Awaitable[Any]]) -> T:
     try:
         request = next(op)
         while True:
+            if isinstance(request, Now):
+                request = op.send(now())
+                continue
             try:
                 reply = await do(request)
             except StreamkitError as exc:
@@ -159,11 +167,14 @@ async def drive(op: Op[T], do: Callable[[Request], Awaitable[Any]]) -> T:
         op.close()
 
 
-def drive_blocking(op: Op[T], do: Callable[[Request], Any]) -> T:
+def drive_blocking(op: Op[T], do: Callable[[Work], Any], now: Callable[[], float]) -> T:
     """:func:`drive` for a blocking ``do``."""
     try:
         request = next(op)
         while True:
+            if isinstance(request, Now):
+                request = op.send(now())
+                continue
             try:
                 reply = do(request)
             except StreamkitError as exc:
@@ -223,15 +234,51 @@ def append(
         given back.
     """
     started = yield NOW
+    first: list[Any] | None = None
+    if len(appends) == 1 and not replicas:
+        # The common case, one call that lands, without the retry loop's bookkeeping.
+        call = appends[0]
+        try:
+            reply = yield Call.run(APPEND, call.keys, call.args)
+        except RedisUnavailable as exc:
+            first = [exc]  # the loop below decides
+        except BaseException:
+            call.failed(markers)
+            raise
+        else:
+            call.succeeded(markers)
+            return [_landed(call, reply)]
+    return (
+        yield from _retrying_appends(
+            markers, appends, first, started, replicas, replica_timeout, give_up_after, backoff
+        )
+    )
+
+
+def _retrying_appends(
+    markers: FinishedMarkers,
+    appends: Sequence[AppendCall],
+    first: list[Any] | None,
+    started: float,
+    replicas: int,
+    replica_timeout: float,
+    give_up_after: float,
+    backoff: Backoff,
+) -> Op[list[tuple[list[str], int]]]:
+    """:func:`append`'s loop: the appends sent (a single call or a batch), each that
+    Redis did not take retried by its rule, until all landed; ``first``, the replies of
+    a first round sent already."""
     single = len(appends) == 1 and not replicas
-    # Made on an append's first failure only: the common path makes none.
+    # Made on an append's first failure only.
     rules: dict[int, RetryRule] = {}
     results: list[tuple[list[str], int] | None] = [None] * len(appends)
     todo = list(range(len(appends)))
     try:
         while todo:
             replies: list[Any]
-            if single:
+            if first is not None:
+                replies, first = first, None
+            elif single:
                 try:
                     replies = [(yield Call.run(APPEND, appends[0].keys, appends[0].args))]
                 except StreamkitError as exc:
@@ -276,15 +323,7 @@ def append(
                     raise reply
                 else:
                     call.succeeded(markers)
-                    ids, dropped, before = append_reply(reply)
-                    if dropped:
-                        say_dropped(call.cap, dropped, call.stream, call.partition)
-                    if before:
-                        log.debug(
-                            "append to %s was applied before its connection was lost; not repeated",
-                            call.key,
-                        )
-                    results[i] = (ids, dropped)
+                    results[i] = _landed(call, reply)
             todo = again
             if todo:
                 yield Sleep(delay)
@@ -294,3 +333,14 @@ def append(
                 appends[i].failed(markers)
         raise
     return [result for result in results if result is not None]
+
+
+def _landed(call: AppendCall, reply: Any) -> tuple[list[str], int]:
+    """An append's reply: its new ids and the unprocessed entries its cap dropped
+    (said at WARNING)."""
+    ids, dropped, before = append_reply(reply)
+    if dropped:
+        say_dropped(call.cap, dropped, call.stream, call.partition)
+    if before:
+        log.debug("append to %s was applied before its connection was lost; not repeated", call.key)
+    return ids, dropped

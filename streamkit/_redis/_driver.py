@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._errors import StreamkitError
-from .._ops import Call, CallBatch, Now, Sleep, drive
+from .._ops import Call, CallBatch, Sleep, drive
 from ._commands import LuaScript
 from ._replicas import replicated
 from ._translate import redis_errors
 
 if TYPE_CHECKING:
     from .. import _lua
-    from .._ops import Op, Request
+    from .._ops import Op, Work
     from ._routing import Redis
 
 __all__ = ["HOT_SCRIPTS", "run_op"]
@@ -69,33 +69,28 @@ async def run_op(redis: Redis, op: Op[T]) -> T:
         streamkit's (the operation decides whether it goes again); an error that is
         not a Redis error (a bug) ends the operation where it is raised.
     """
-    return await drive(op, functools.partial(_do, redis))
+    return await drive(op, functools.partial(_do, redis), trio.current_time)
 
 
-async def _do(redis: Redis, request: Request) -> Any:
+async def _do(redis: Redis, request: Work) -> Any:
     if type(request) is Call:
-        return await _call(redis, request)
+        # Inline (not _call): one coroutine less on the path of every single call.
+        script = request.script
+        if script is None:
+            raise TypeError(f"the Trio driver runs script calls only, not {request.args[0]!r}")
+        args = request.args
+        numkeys = args[2]
+        with redis_errors():
+            return await _lua_script(script)(redis, args[3 : 3 + numkeys], args[3 + numkeys :])
     if type(request) is CallBatch:
         if not request.replicas:
             return await _batch(redis, request.calls)
         with replicated(redis, request.replicas, request.replica_timeout):
             return await _batch(redis, request.calls)
-    if type(request) is Now:
-        return trio.current_time()
     if type(request) is Sleep:
         await trio.sleep(request.seconds)
         return None
     raise TypeError(f"not a request of an operation: {request!r}")
-
-
-async def _call(redis: Redis, call: Call) -> Any:
-    script = call.script
-    if script is None:
-        raise TypeError(f"the Trio driver runs script calls only, not {call.args[0]!r}")
-    args = call.args
-    numkeys = args[2]
-    with redis_errors():
-        return await _lua_script(script)(redis, args[3 : 3 + numkeys], args[3 + numkeys :])
 
 
 async def _batch(redis: Redis, calls: tuple[Call, ...]) -> list[Any]:
@@ -103,7 +98,7 @@ async def _batch(redis: Redis, calls: tuple[Call, ...]) -> list[Any]:
 
     async def one(i: int) -> None:
         try:
-            replies[i] = await _call(redis, calls[i])
+            replies[i] = await _do(redis, calls[i])
         except StreamkitError as exc:
             replies[i] = exc
 

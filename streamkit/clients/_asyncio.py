@@ -40,18 +40,19 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Call, CallBatch, Now, Sleep
+from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
     from datetime import datetime
 
+    from .._ops import Work
     from .._tables import Table
     from .._tables_windowed import WindowedTable
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
-    from ._ops import Op, Request, SendsRecords
+    from ._ops import Op, SendsRecords
 
 __all__ = ["AsyncioClient", "AsyncioJobHandle"]
 
@@ -115,11 +116,9 @@ class AsyncioClient(ClientBase):
 
     async def run(self, op: Op[T]) -> T:
         """Run an operation of :mod:`._ops`: do what it asks until it returns."""
-        return await drive(op, self._do)
+        return await drive(op, self._do, asyncio.get_running_loop().time)
 
-    async def _do(self, request: Request) -> Any:
-        if isinstance(request, Now):
-            return asyncio.get_running_loop().time()
+    async def _do(self, request: Work) -> Any:
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None

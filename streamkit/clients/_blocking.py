@@ -43,18 +43,19 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Call, CallBatch, Now, Sleep
+from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from datetime import datetime
 
+    from .._ops import Work
     from .._tables import Table
     from .._tables_windowed import WindowedTable
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
-    from ._ops import Op, Request, SendsRecords
+    from ._ops import Op, SendsRecords
 
 __all__ = ["BlockingClient", "BlockingJobHandle"]
 
@@ -134,11 +135,9 @@ class BlockingClient(ClientBase):
 
     def run(self, op: Op[T]) -> T:
         """Run an operation of :mod:`._ops`: do what it asks until it returns."""
-        return drive_blocking(op, self._do)
+        return drive_blocking(op, self._do, time.monotonic)
 
-    def _do(self, request: Request) -> Any:
-        if isinstance(request, Now):
-            return time.monotonic()
+    def _do(self, request: Work) -> Any:
         if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return None
