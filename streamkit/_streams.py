@@ -16,7 +16,6 @@ per client where the user may) is refused before anything reaches Redis.
 from __future__ import annotations
 
 import contextlib
-import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -66,8 +65,6 @@ R = TypeVar("R")
 #: Records encoded between two looks at the sends in flight (send_many encodes the
 #: next window while Redis appends the current one).
 ENCODE_SLICE = 500
-
-log = logging.getLogger("streamkit.streams")
 
 _METADATA_SCRIPT = LuaScript(script("streams/metadata"))
 
