@@ -187,18 +187,17 @@ async def test_a_lost_reply_is_retried_with_its_marker_and_appends_once(
 async def test_replies_lost_until_the_retry_time_is_over_are_outcome_unknown(
     redis_url: str, redis: Redis
 ) -> None:
-    make = appending(2, lambda: always("lost"), give_up_after=0.1, backoff=FAST)
+    # Half a second of retries: far more than a call takes, even on a loaded machine.
+    make = appending(2, lambda: always("lost"), give_up_after=0.5, backoff=FAST)
     seen = await run_everywhere(redis_url, redis, make)
-    calls = set()
     for driver, (transcript, outcome, length) in seen.items():
         assert isinstance(outcome, OutcomeUnknown), (driver, outcome)
-        assert "without learning whether it was applied" in str(outcome)
+        assert "retried for 0.5s without learning whether it was applied" in str(outcome)
         # Sent again and again, appended once: every retry found the marker.
         assert length == 2, driver
         assert transcript[:2] == ["now", "call"]
         assert transcript[-2:] == ["call", "now"]
-        calls.add(transcript.count("call") > 2)
-    assert calls == {True}
+        assert transcript.count("call") >= 2, transcript
 
 
 async def test_an_unreachable_redis_is_retried_then_raised_and_nothing_is_sent(
