@@ -44,6 +44,7 @@ from ._state_expiry import ExpiringTableView
 from ._state_joins import JoinView
 from ._state_relay import OutboxRelay
 from ._state_views import (
+    GlobalWriterView,
     TableLike,
     TableView,
     WindowLike,
@@ -75,6 +76,8 @@ log = logging.getLogger("streamkit.state")
 WATERMARK_FIELD = b"watermark"
 #: The state hash's field prefix of a windowed table's count of late events.
 LATE_FIELD = "late:"
+#: The one field of an entry carrying a table's change on (see PartitionState._feed).
+CHANGE_FIELD = _DATA_FIELDS[None]
 
 
 _current: contextvars.ContextVar[PartitionState | None] = contextvars.ContextVar(
@@ -163,6 +166,8 @@ class PartitionState:
         self.fixed_views: dict[TableLike, FixedWindowView] = {}
         self.windows: list[WindowView | FixedWindowView] = []
         self.expiring: list[ExpiringTableView] = []
+        # The views whose done writes are also sent on, as changes, to these streams.
+        self._feeding: list[tuple[TableView, list[tuple[StreamSpec[Any], bytes]]]] = []
         # The partition's clock for expiry: the time (ms) of the newest event processed
         # (its entry id's), and when (Trio time) it last moved; the id of the newest
         # event in flight, as the delivery's ledger tells.
@@ -192,6 +197,8 @@ class PartitionState:
                 output = getattr(table, "output", None)
                 if output is not None:
                     outputs = [*outputs, output]
+            elif getattr(table, "is_global", False):
+                self.views[table] = GlobalWriterView(table, partition, count, redis, cache_size)
             elif getattr(table, "ttl", None) is not None:
                 expiring = ExpiringTableView(table, partition, count, redis, cache_size)
                 expiring.now = self.event_time
@@ -199,6 +206,11 @@ class PartitionState:
                 self.views[table] = expiring
             else:
                 self.views[table] = TableView(table, partition, count, redis, cache_size)
+            feeds: list[tuple[StreamSpec[Any], bytes]] = getattr(table, "feeds", [])
+            if feeds:
+                # Its changes go on to a table join or a global table (see _table_joins).
+                self._feeding.append((self.views[table], feeds))
+                outputs = [*outputs, *(spec for spec, _ in feeds)]
         # Every view, for the per-event calls.
         self._view_list: list[TableView | FixedWindowView] = [
             *self.views.values(),
@@ -543,6 +555,8 @@ class PartitionState:
         """The done effects, as changes for the next commit; ``None`` if there are none."""
         pins: list[tuple[TableView | FixedWindowView, list[Any]]] = []
         changes = Changes()
+        for feeding, feeds in self._feeding:
+            self._feed(feeding, feeds)
         for view in self._view_list:
             pinned: list[Any] = []
             view.contribute(changes, pinned)
@@ -605,6 +619,29 @@ class PartitionState:
 
             changes.on_landed = landed
         return changes
+
+    def _feed(self, view: TableView, feeds: list[tuple[StreamSpec[Any], bytes]]) -> None:
+        """Send the done writes of ``view`` on as changes (one entry each: the JSON array
+        ``[tag, key as latin-1 text, value as stored or null]``), to the same partition
+        of each stream of ``feeds``; committed with them, so exactly once."""
+        writes = view.done_writes()
+        if not writes:
+            return
+        dumps = orjson.dumps
+        fragment = orjson.Fragment
+        for spec, tag in feeds:
+            _, _, keys, targets = self._emitter(spec)
+            partition = self.partition if len(keys) > 1 else 0
+            target = keys[partition]
+            side = tag.decode()
+            for field, (_, encoded) in writes.items():
+                payload = dumps(
+                    [side, field.decode("latin-1"), None if encoded is None else fragment(encoded)]
+                )
+                pairs: list[bytes | str | int | float] = [CHANGE_FIELD, payload]
+                if targets is not None:
+                    pairs = [b"__to", targets[partition], *pairs]
+                self._done_out.append((target, pairs))
 
     def start_relay(self, held: HeldLease) -> OutboxRelay | None:
         """The relay of this partition's outbox (Redis Cluster, with outputs), if any:

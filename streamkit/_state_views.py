@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from ._redis import Redis
     from ._windows import WindowKind
 
-__all__ = ["MISSING", "UNKNOWN", "TableLike", "TableView", "WindowLike", "WindowView"]
+__all__ = [
+    "MISSING",
+    "UNKNOWN",
+    "GlobalWriterView",
+    "TableLike",
+    "TableView",
+    "WindowLike",
+    "WindowView",
+]
 
 #: Due keys a settling round reads, at most (the rest wait for the next round).
 SETTLE_BATCH = 500
@@ -291,6 +299,11 @@ class TableView:
         if len(cache) > self._cache_size:
             self._evict()
 
+    def done_writes(self) -> dict[bytes, tuple[Any, bytes | None]]:
+        """The done writes the next commit carries: ``(value, encoded)`` by field
+        (``encoded`` ``None``: deleted)."""
+        return self._dirty
+
     def _index(self, changes: Changes, dirty: dict[bytes, tuple[Any, bytes | None]]) -> None:
         """Add what else the done writes change (a windowed table's index)."""
 
@@ -312,6 +325,30 @@ class TableView:
             f"<TableView {self.table.name!r} partition {self.partition}: cached "
             f"{len(self._cache)}, uncommitted {len(self._tentative) + len(self._dirty)}>"
         )
+
+
+class GlobalWriterView(TableView):
+    """A global table as its writer sees it, in any of its partitions: any key may be
+    written; its writes reach the table's one hash as changes (sent on by the commit,
+    see :class:`~streamkit.GlobalTable`), never directly; reads are its own writes,
+    then its cache, then the table as applied."""
+
+    __slots__ = ()
+
+    def _check(self, key: object) -> None:
+        """Every key is this view's: a global table is not partitioned."""
+
+    def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
+        """The done writes count as committed from now; they travel as changes."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        self._dirty = {}
+        cache = self._cache
+        for field, (value, _) in dirty.items():
+            cache[field] = value
+        if len(cache) > self._cache_size:
+            self._evict()
 
 
 class WindowView(TableView):
