@@ -43,8 +43,8 @@ def accounts_app(redis_url: str) -> tuple[App, Any, Any, dict[str, Table[Any]]]:
     app = App("accounts", redis_url=redis_url, **FAST)
     users = app.stream("users", record=Profile, partition_by="user", partition_count=4)
     statuses = app.stream("statuses", record=Status, partition_by="user", partition_count=4)
-    profiles = app.table("profiles", value=Profile)
-    states = app.table("states", value=str)
+    profiles: Table[Profile] = app.table("profiles", value=Profile)
+    states: Table[str] = app.table("states", value=str)
 
     @app.processor(users, tables=[profiles])
     async def keep_profiles(events: Events[Profile]) -> None:
@@ -186,7 +186,8 @@ async def test_a_global_table_is_read_from_any_partition_by_any_key(
 
     got: dict[str, Any] = {}
     for p in range(priced.partition_count):
-        for entry in await redis.xrange(priced.key(p)):
+        entries: Any = await redis.xrange(priced.key(p))
+        for entry in entries:
             record = priced.codec.decode(entry.field_values, stream=priced.name)
             got[record["customer"]] = record["price"]
     expected: dict[str, Any] = {f"c{n}": float(n) for n in range(10)}
@@ -203,7 +204,9 @@ def test_a_table_join_is_refused_clearly() -> None:
     app = App("refusals")
     four = app.stream("four", record=Profile, partition_by="user", partition_count=4)
     two = app.stream("two", record=Profile, partition_by="user", partition_count=2)
-    a, b, c = (app.table(name, value=str) for name in "abc")
+    a: Table[str] = app.table("a", value=str)
+    b: Table[str] = app.table("b", value=str)
+    c: Table[str] = app.table("c", value=str)
     with pytest.raises(ConfigError, match="written by no processor yet"):
         app.join_tables("ab", a, b)
 
@@ -225,7 +228,7 @@ def test_a_table_join_is_refused_clearly() -> None:
         app.join_tables("ac", a, c, how="sideways")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="already declared"):
         app.join_tables("a", a, c)
-    rates = app.global_table("rates", value=float)
+    rates: GlobalTable[float] = app.global_table("rates", value=float)
     with pytest.raises(ConfigError, match="global"):
         app.join_tables("ar", a, rates)
     with pytest.raises(ConfigError, match="already declared"):
