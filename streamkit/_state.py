@@ -76,6 +76,8 @@ log = logging.getLogger("streamkit.state")
 WATERMARK_FIELD = b"watermark"
 #: The state hash's field prefix of a windowed table's count of late events.
 LATE_FIELD = "late:"
+#: The state hash's field (then the join's name) counting a join's buffered events.
+BUFFERED_FIELD = "buffered:"
 #: The one field of an entry carrying a table's change on (see PartitionState._feed).
 CHANGE_FIELD = _DATA_FIELDS[None]
 
@@ -226,6 +228,7 @@ class PartitionState:
         self._moved_at = trio.current_time()
         self._moved_pending = False
         self._late_base: dict[str, int] = {}
+        self._buffered_base: dict[str, int] = {}
         outputs = list(dict.fromkeys(outputs))
         self.outputs: dict[str, StreamSpec[Any]] = {spec_of(o).name: spec_of(o) for o in outputs}
         # Entries each output's partitions keep when appends trim them.
@@ -271,6 +274,9 @@ class PartitionState:
             self._watermark_tentative = self.watermark
             for view in self.windows:
                 self._late_base[view.table.name] = int(fields.get(LATE_FIELD + view.table.name, 0))
+                if isinstance(view, JoinView):
+                    stored_count = fields.get(BUFFERED_FIELD + view.table.name, 0)
+                    self._buffered_base[view.table.name] = int(stored_count)
                 view.watermark = self.watermark
                 await view.open()
 
@@ -568,6 +574,13 @@ class PartitionState:
                 self._watermark_written = self.watermark
                 state += [WATERMARK_FIELD, int(self.watermark)]
             for view in self.windows:
+                if isinstance(view, JoinView) and view.buffered_delta:
+                    name = view.table.name
+                    self._buffered_base[name] = (
+                        self._buffered_base.get(name, 0) + view.buffered_delta
+                    )
+                    view.buffered_delta = 0
+                    state += [BUFFERED_FIELD + name, max(self._buffered_base[name], 0)]
                 if view.late:
                     name = view.table.name
                     self._late_base[name] = self._late_base.get(name, 0) + view.late

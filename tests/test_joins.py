@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from streamkit import App, ConfigError, Record
+from streamkit._cli._fleet import take_snapshot
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 
@@ -106,6 +107,11 @@ async def test_pairs_within_the_window_once_and_unmatched_orders_when_it_closes(
 
         await wait_until(emitted, what="the pairs and the unmatched order", within=30)
         await worker.stop()
+    async with app:
+        snapshot = await take_snapshot(app)
+    (joiner,) = [p for p in snapshot.processors if p.name == "paid_orders"]
+    # The status shows what waits: the closing events, one of each side per partition.
+    assert [row.buffered for row in joiner.partitions] == [{"paid_orders": 2}] * 2
     got = sorted(
         (r["key"], r["left"]["order_id"], None if r["right"] is None else r["right"]["paid"])
         for r in await results(redis, paid)
