@@ -95,7 +95,7 @@ def add_tables(app: App, orders: Stream[Order], payments: Stream[Payment]) -> No
     batch = int(os.environ.get("JOINED_BATCH", "50"))
     order_counts: Table[int] = app.table("order_counts", value=int, default=0)
     payment_counts: Table[int] = app.table("payment_counts", value=int, default=0)
-    seen = app.global_table("payments_seen", value=int, batch_size=batch)
+    seen: Table[int] = app.global_table("payments_seen", value=int, batch_size=batch)
 
     @app.processor(orders, tables=[order_counts], batch_size=batch)
     async def count_orders(events: Events[Order]) -> None:
