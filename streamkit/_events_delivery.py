@@ -403,6 +403,14 @@ class Delivery(Generic[R]):
                     break
                 if wake and self._draining:
                     raise Stop from None
+                try:
+                    # A batch that came as the wait's deadline passed: a deadline passed
+                    # cancels a receive whatever is ready. The partition was not idle.
+                    batch = feed.receive_nowait()
+                except trio.WouldBlock:
+                    pass
+                else:
+                    break
                 if state is None or trio.current_time() >= deadline:
                     return False
                 if not feed.caught_up:
