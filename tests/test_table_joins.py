@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
 import trio
 
 from streamkit import App, ConfigError, Events, Record
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
+from tests.test_cli import streamkit
 
 if TYPE_CHECKING:
     from streamkit import Redis, Table
@@ -39,7 +41,7 @@ class Account(Record):
     status: str | None
 
 
-def accounts_app(redis_url: str) -> tuple[App, Any, Any, dict[str, Table[Any]]]:
+def accounts_app(redis_url: str | None) -> tuple[App, Any, Any, dict[str, Table[Any]]]:
     app = App("accounts", redis_url=redis_url, **FAST)
     users = app.stream("users", record=Profile, partition_by="user", partition_count=4)
     statuses = app.stream("statuses", record=Status, partition_by="user", partition_count=4)
@@ -73,6 +75,11 @@ def accounts_app(redis_url: str) -> tuple[App, Any, Any, dict[str, Table[Any]]]:
     return app, users, statuses, tables
 
 
+#: For ``streamkit table`` (the CLI loads it with the test's Redis URL).
+app = accounts_app(None)[0]
+APP = "tests.test_table_joins:app"
+
+
 @pytest.mark.cluster
 async def test_a_derived_table_follows_both_sides(redis_url: str, redis: Redis) -> None:
     app, users, statuses, joined = accounts_app(redis_url)
@@ -100,6 +107,13 @@ async def test_a_derived_table_follows_both_sides(redis_url: str, redis: Redis) 
         await wait_until(settled, what="the derived tables", within=30)
         await worker.stop()
     await check_accounts(app, inner, left, outer)
+    # And the CLI, as any table.
+    got = await streamkit("table", "get", APP, "accounts", "u3", redis_url=redis_url)
+    assert got.code == 0, got.err
+    assert orjson.loads(got.out) == {"city": "Rome", "status": "active"}
+    listed = await streamkit("table", "list", APP, "either", redis_url=redis_url)
+    assert listed.code == 0, listed.err
+    assert len(listed.out.splitlines()) == 21
 
 
 async def check_accounts(app: App, inner: Table[Any], left: Table[Any], outer: Table[Any]) -> None:
