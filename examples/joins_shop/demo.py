@@ -57,8 +57,7 @@ WORKER_ENV = {
     "JOINS_SHOP_WINDOW": str(WINDOW),
     "JOINS_SHOP_GRACE": str(GRACE),
 }
-#: What happens to an order: its payment's delay after it (``None``: never paid) and
-#: how long its own event is held up on the way to its stream, drawn per kind.
+#: The kinds of orders, and their shares (:func:`plan` draws each one's timings).
 KINDS = {
     "paid in the window": 0.60,
     "paid before it arrived": 0.15,
@@ -68,7 +67,9 @@ KINDS = {
 
 
 def plan(rng: random.Random, start: datetime) -> list[tuple[float, Order | Payment, str]]:
-    """The producer's script: ``(seconds from start, record, kind)``, by time sent."""
+    """The producer's script: ``(seconds from start, record, kind)``, by time sent.
+    Event times are when things happen; an order held up reaches its stream late."""
+    # Imported here: the app reads STREAMKIT_REDIS_URL when it is created.
     from examples.joins_shop.app import Order, Payment
 
     sends: list[tuple[float, Order | Payment, str]] = []
@@ -98,7 +99,8 @@ def plan(rng: random.Random, start: datetime) -> list[tuple[float, Order | Payme
 
 def expected(sent: Iterable[Order | Payment], within: timedelta) -> dict[int, bool]:
     """Whether each order sent must be emitted with its payment (the two at most
-    ``within`` apart in event time) or alone, when its window closed."""
+    ``within`` apart in event time) or alone, when its window closed (one payment per
+    order at most)."""
     from examples.joins_shop.app import Order
 
     created = {r.order_id: r.created_at for r in sent if isinstance(r, Order)}
