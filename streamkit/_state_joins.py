@@ -148,7 +148,7 @@ class JoinView(WindowView):
             return None
         join = self._join
         # An int (ms): sent to Redis as it is, no float formatting.
-        first: int = min(e[0] for e in events)
+        first: int = events[0][0] if len(events) == 1 else min(e[0] for e in events)
         return first + join.within + join.grace
 
     def _settle_value(
