@@ -535,6 +535,12 @@ class App:
             ``how`` or a name used twice.
         """
         for table in (left, right):
+            if isinstance(table, WindowedTable):
+                raise ConfigError(
+                    "join_tables",
+                    f"{table!r} is windowed: join what its processor emits when a window "
+                    f"closes, with app.join, or keep its values in a table",
+                )
             if self.tables.get(table.name) is not table or not isinstance(table, Table):
                 raise ConfigError("join_tables", f"{table!r} is not a table of app {self.name!r}")
             if isinstance(table, GlobalTable):

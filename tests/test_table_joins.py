@@ -9,7 +9,7 @@ import orjson
 import pytest
 import trio
 
-from streamkit import App, ConfigError, Events, Record
+from streamkit import App, ConfigError, Events, Record, tumbling
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 from tests.test_cli import streamkit
@@ -243,7 +243,45 @@ def test_a_table_join_is_refused_clearly() -> None:
     with pytest.raises(ConfigError, match="already declared"):
         app.join_tables("a", a, c)
     rates: GlobalTable[float] = app.global_table("rates", value=float)
+    windows = app.window("w", tumbling(1), value=int, initial=0)
+    with pytest.raises(ConfigError, match="windowed"):
+        app.join_tables("aw", a, windows)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="global"):
         app.join_tables("ar", a, rates)
     with pytest.raises(ConfigError, match="already declared"):
         app.global_table("rates", value=float)
+
+
+@pytest.mark.cluster
+async def test_a_global_tables_writer_is_rebuilt(redis_url: str) -> None:
+    """A rebuild of its writer leaves the global table (shared by every partition) in
+    place, and the replay's writes land on it again: the same values."""
+
+    class Rate(Record):
+        currency: str
+        rate: float
+
+    app = App("rebuilt", redis_url=redis_url, **FAST)
+    updates = app.stream("rate_updates", record=Rate, partition_by="currency", partition_count=3)
+    rates: GlobalTable[float] = app.global_table("rates", value=float)
+
+    @app.processor(updates, tables=[rates])
+    async def keep_rates(events: Events[Rate]) -> None:
+        async for rate in events.records():
+            rates.set(rate.currency, rate.rate)
+
+    currencies = [f"C{n}" for n in range(12)]
+
+    async def applied() -> bool:
+        return await rates.read_many(currencies) == [float(n) for n in range(12)]
+
+    async with app:
+        await updates.send_many([Rate(currency=c, rate=-1.0) for c in currencies])
+        await updates.send_many([Rate(currency=c, rate=float(n)) for n, c in enumerate(currencies)])
+        for _ in range(2):  # the first run, then after the rebuild
+            async with trio.open_nursery() as nursery:
+                worker = await nursery.start(run_worker, app)
+                await wait_until(applied, what="the rates applied", within=30)
+                await worker.stop()
+            await app.reset("keep_rates", to="start", state="clear")
+            assert await applied()  # the table stays while the writer is rebuilt
