@@ -535,7 +535,7 @@ class App:
             ``how`` or a name used twice.
         """
         for table in (left, right):
-            if isinstance(table, WindowedTable):
+            if getattr(table, "kind", None) is not None:  # a WindowedTable
                 raise ConfigError(
                     "join_tables",
                     f"{table!r} is windowed: join what its processor emits when a window "
