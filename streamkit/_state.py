@@ -37,7 +37,9 @@ from ._codec import _DATA_FIELDS
 from ._commit import Changes
 from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, EncodeError
+from ._event import UNDECODED
 from ._json_converter import converter
+from ._partitioner import canonical_key_bytes
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_expiry import ExpiringTableView
@@ -213,6 +215,10 @@ class PartitionState:
                 # Its changes go on to a table join or a global table (see _table_joins).
                 self._feeding.append((self.views[table], feeds))
                 outputs = [*outputs, *(spec for spec, _ in feeds)]
+        # The plain tables' views, which a batch's partition keys are read into at once
+        # (a table is keyed like its stream, as a rule: see prefetch).
+        self._prefetched = [v for v in self.views.values() if type(v) is TableView]
+        self._key_of = stream.partitioner.key_of
         # Every view, for the per-event calls.
         self._view_list: list[TableView | FixedWindowView] = [
             *self.views.values(),
@@ -279,6 +285,28 @@ class PartitionState:
                     self._buffered_base[view.table.name] = int(stored_count)
                 view.watermark = self.watermark
                 await view.open()
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables."""
+        return bool(self._prefetched)
+
+    async def prefetch(self, records: list[Any]) -> None:
+        """Read the partition keys of a batch's ``records`` that the plain tables do not
+        know yet, in one ``HMGET`` per table: a processor keeping state by its stream's
+        key (the usual case) then finds each event's value cached, where a ``get`` of a
+        key new to the worker would cost a round trip per event. A table keyed
+        otherwise costs one ``HMGET`` per batch and finds nothing."""
+        key_of = self._key_of
+        fields: dict[bytes, None] = {}
+        try:
+            for record in records:
+                if record is not UNDECODED:
+                    fields[canonical_key_bytes(key_of(record))] = None
+        except Exception:  # a bad key: the processor meets it, and its policy decides
+            return
+        for view in self._prefetched:
+            await view.prefetch(fields, checked=False)
 
     # -- the watermark --
 

@@ -212,11 +212,15 @@ class TableView:
                 values[i] = value
         return [default if v is MISSING else v for v in values]
 
-    async def prefetch(self, fields: Iterable[bytes]) -> None:
-        """Read into the cache, in one ``HMGET``, those of ``fields`` (stored, already
-        checked to be of this partition) not known here: a batch's reads that follow
-        cost no round trip each."""
+    async def prefetch(self, fields: Iterable[bytes], *, checked: bool = True) -> None:
+        """Read into the cache, in one ``HMGET``, those of ``fields`` (canonical keys)
+        not known here: a batch's reads that follow cost no round trip each. Unless
+        ``checked`` (known to be of this partition), a key of another partition is
+        left out (its ``get`` raises :class:`WrongPartition` as it should)."""
         unknown = [f for f in fields if self._known(f) is _ABSENT]
+        if not checked:
+            count, partition = self._partition_count, self.partition
+            unknown = [f for f in unknown if partition_for(f, count) == partition]
         if not unknown:
             return
         with redis_errors():
