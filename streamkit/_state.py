@@ -217,7 +217,9 @@ class PartitionState:
                 outputs = [*outputs, *(spec for spec, _ in feeds)]
         # The plain tables' views, which a batch's partition keys are read into at once
         # (a table is keyed like its stream, as a rule: see prefetch).
-        self._prefetched = [v for v in self.views.values() if type(v) is TableView]
+        self._prefetched = [
+            v for v in self.views.values() if type(v) is TableView or type(v) is ExpiringTableView
+        ]
         self._key_of = stream.partitioner.key_of
         # Every view, for the per-event calls.
         self._view_list: list[TableView | FixedWindowView] = [

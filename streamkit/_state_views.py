@@ -217,16 +217,21 @@ class TableView:
         not known here: a batch's reads that follow cost no round trip each. Unless
         ``checked`` (known to be of this partition), a key of another partition is
         left out (its ``get`` raises :class:`WrongPartition` as it should)."""
-        unknown = [f for f in fields if self._known(f) is _ABSENT]
-        if not checked:
-            count, partition = self._partition_count, self.partition
-            unknown = [f for f in unknown if partition_for(f, count) == partition]
+        unknown = self._unknown(fields, checked=checked)
         if not unknown:
             return
         with redis_errors():
             raws = await self._redis.hmget(self.key, unknown)
         for field, raw in zip(unknown, raws, strict=True):
             self._remember(field, MISSING if raw is None else self.table.decode(raw))
+
+    def _unknown(self, fields: Iterable[bytes], *, checked: bool) -> list[bytes]:
+        """Those of ``fields`` not known here (of this partition, unless ``checked``)."""
+        unknown = [f for f in fields if self._known(f) is _ABSENT]
+        if not checked:
+            count, partition = self._partition_count, self.partition
+            unknown = [f for f in unknown if partition_for(f, count) == partition]
+        return unknown
 
     def set(self, key: object, value: Any) -> None:
         """Write ``value`` under ``key`` (tentatively)."""

@@ -153,6 +153,30 @@ async def test_a_batch_of_new_keys_is_read_in_one_round_trip(redis_url: str, red
         assert await totals.read_many(["c0", "c1999"]) == [1.0, 1.0]
 
 
+async def test_a_batch_of_new_keys_of_a_table_with_a_ttl_is_read_at_once(
+    redis_url: str, redis: Redis
+) -> None:
+    app = App("expiring", redis_url=redis_url, batch_size=100, **FAST)
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
+    seen: Table[int] = app.table("seen", value=int, default=0, ttl=timedelta(hours=1))
+
+    @app.processor(orders, tables=[seen])
+    async def count(events: Events[Order]) -> None:
+        async for order in events.records():
+            seen.set(order.customer, await seen.get(order.customer) + 1)
+
+    sent = orders_for(customers=1000, per_customer=1)
+    await redis.config_resetstat()
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many(sent)
+        await wait_counts(seen, {f"c{c}": 1 for c in range(1000)})
+        await worker.stop()
+    stats: Any = await redis.info("commandstats")
+    # Each read of keys is an HMGET with a ZMSCORE of their deadlines: one per batch.
+    assert 0 < stats.get("cmdstat_zmscore", {}).get("calls", 0) <= len(sent) // 10, stats
+
+
 async def test_a_worker_stopped_as_its_events_are_processed_commits_them_all(
     redis_url: str,
 ) -> None:
