@@ -543,11 +543,8 @@ def table_partitions(
     table: Table[Any] | WindowedTable[Any], partition: int | None
 ) -> range | list[int]:
     """The partitions an iteration over ``table`` reads."""
-    home = table.stream
-    if home is None:
-        table.key(0)  # raises the table's own ConfigError: no processor writes it
-        raise AssertionError("unreachable")  # pragma: no cover
-    return range(home.partition_count) if partition is None else [partition]
+    count = table.partition_total()  # raises the table's ConfigError if nothing writes it
+    return range(count) if partition is None else [partition]
 
 
 def table_sizes(table: Table[Any] | WindowedTable[Any]) -> Op[list[int]]:
