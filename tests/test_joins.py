@@ -185,3 +185,26 @@ async def test_buffers_stay_flat_at_a_steady_rate(redis_url: str, redis: Redis) 
             for raw in (await redis.hgetall(join.key(partition))).values():
                 held += len(decode_buffer(raw))
         assert held == await buffered()
+
+
+async def test_a_late_event_matches_nothing_and_is_counted(redis_url: str, redis: Redis) -> None:
+    app, orders, payments, paid = shop(redis_url, "outer", partitions=1)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send(order(1, 0))
+        await orders.send(order(2, 5 * 3600))  # the watermark: 5 hours on
+        await payments.send(payment(1, 30))  # 30 s after order 1: but its window closed
+
+        async def counted() -> bool:
+            async with app:
+                snapshot = await take_snapshot(app)
+            (joiner,) = [p for p in snapshot.processors if p.name == "paid_orders"]
+            return joiner.late == 1
+
+        await wait_until(counted, what="the late payment counted", within=30)
+        await worker.stop()
+    # Order 1's window closed unmatched (an outer join emits it alone); the late payment
+    # met nothing and is not emitted at all.
+    got = [(r["key"], r["right"]) for r in await results(redis, paid)]
+    assert ("1", None) in got
+    assert all(right is None for _, right in got)
