@@ -1,9 +1,11 @@
-"""Job events (``queue.events()``, ``streamkit jobs events``): every state change of a
-job, in order, from any process; resumed from a cursor after a reader restarts;
-followed live; none while turned off."""
+"""Job events (``queue.events()``, the clients' ``job_events()``, ``streamkit jobs
+events``): every state change of a job, in order, from any process and from the
+blocking and asyncio clients; resumed from a cursor after a reader restarts; followed
+live; none while turned off."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -82,6 +84,22 @@ async def test_each_job_s_changes_in_order_resumed_and_followed(redis_url: str) 
     retried = next(e for e in kept if e.kind == "retried")
     assert retried.detail["type"] == "ConnectionError"
     assert resumed == kept[4:]
+    # The blocking and asyncio clients read the same, and resume the same.
+    assert await trio.to_thread.run_sync(_blocking_events, app, None) == kept
+    from_asyncio = await trio.to_thread.run_sync(
+        lambda: asyncio.run(_asyncio_events(app, kept[3].cursor))
+    )
+    assert from_asyncio == kept[4:]
+
+
+def _blocking_events(app: App, after: str | None) -> list[JobEvent]:
+    with app.blocking() as client:
+        return list(client.job_events(after=after))
+
+
+async def _asyncio_events(app: App, after: str | None) -> list[JobEvent]:
+    async with app.asyncio() as client:
+        return [event async for event in client.job_events(after=after)]
 
 
 async def test_events_turned_off_are_not_written(redis_url: str) -> None:

@@ -27,6 +27,7 @@ from .._errors import StreamkitError
 from .._ops import drive_blocking
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
+from ..jobs._replies import event_cursors
 from . import _ops
 from ._driving import (
     ClientBase,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from .._ops import Work
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._model import JobChunk, JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._model import JobChunk, JobEvent, JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
     from ._ops import Op, SendsRecords
@@ -332,6 +333,21 @@ class BlockingClient(ClientBase):
     def handle(self, job_id: str) -> BlockingJobHandle[Any]:
         """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""
         return BlockingJobHandle(self, job_id, self._state.shard_of(job_id))
+
+    def job_events(self, *, after: str | None = None, follow: bool = False) -> Iterator[JobEvent]:
+        """The state changes of the app's jobs (see :meth:`JobQueue.events
+        <streamkit.jobs.JobQueue.events>`): ``for event in client.job_events()``; after
+        the event whose cursor is ``after``; with ``follow``, waiting for new ones.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a cursor of another queue.
+        """
+        cursors = event_cursors(after, self._state.shards)
+        while True:
+            events = self.run(_ops.job_events(self._state, cursors, follow=follow))
+            yield from events
+            if not events and not follow:
+                return
 
     # ------------------------------------------------------------------ tables
 

@@ -20,7 +20,6 @@ from ._context import (
     current_job as current_job,
 )
 from ._cron import ScheduleInfo as ScheduleInfo
-from ._events import JobEvent as JobEvent
 from ._handle import Job as Job, JobHandle as JobHandle, WorkflowHandle as WorkflowHandle
 from ._inspect import QueueCounts as QueueCounts
 from ._limits import RateLimit as RateLimit
@@ -28,6 +27,7 @@ from ._model import (
     JobCall as JobCall,
     JobChunk as JobChunk,
     JobErrorInfo as JobErrorInfo,
+    JobEvent as JobEvent,
     JobInfo as JobInfo,
     JobOptions as JobOptions,
     JobStatus as JobStatus,

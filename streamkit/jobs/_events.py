@@ -14,25 +14,22 @@ it was in all of them, to resume after it (``events(after=event.cursor)``).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import attrs
-import orjson
 import trio
 
-from .._errors import ConfigError
 from .._lua import CONSTANTS
 from .._redis import redis_errors, retry_idempotent, run_blocking
-from .._wire import text
+from ._replies import decode_event, event_cursors
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from .._redis import Redis
     from ._layout import ShardKeys
+    from ._model import JobEvent
 
-__all__ = ["EVENTS_KEEP", "JobEvent", "events_on", "follow_events", "set_events"]
+__all__ = ["EVENTS_KEEP", "events_on", "follow_events", "set_events"]
 
 #: Events a shard keeps, about (the oldest go first).
 EVENTS_KEEP = int(CONSTANTS["EVENTS_KEEP"])
@@ -40,62 +37,6 @@ EVENTS_KEEP = int(CONSTANTS["EVENTS_KEEP"])
 #: in turn, each without blocking, every :data:`POLL` seconds while idle.
 BLOCK_MS = 1000
 POLL = 0.1
-
-
-@attrs.frozen
-class JobEvent:
-    """A state change of a job (see :meth:`JobQueue.events
-    <streamkit.jobs.JobQueue.events>`).
-
-    Attributes:
-        kind: ``"enqueued"``, ``"started"``, ``"progress"``, ``"retried"``,
-            ``"released"`` (put back at a stop), ``"succeeded"``, ``"dead"``,
-            ``"aborted"`` or ``"expired"``.
-        job_id: the job's id.
-        name: its job name.
-        at: when it happened (the Redis server's clock).
-        detail: what the change carries: the try number for ``started``, the value
-            for ``progress``, the error (``{"type", "message", ...}``) for ``retried``
-            and ``dead``; ``None`` otherwise.
-        shard: the queue shard of the job.
-        id: the event's entry id in its shard's event stream.
-        cursor: where a reader was after this event, in every shard: pass it as
-            ``after=`` to resume after it.
-    """
-
-    kind: str
-    job_id: str
-    name: str
-    at: datetime
-    detail: Any
-    shard: int
-    id: str
-    cursor: str
-
-
-def _detail(raw: bytes) -> Any:
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return text(raw)
-
-
-def _cursors(after: str | None, shards: int) -> list[str]:
-    if after is None:
-        return ["0-0"] * shards
-    parts = after.split(",")
-    if len(parts) != shards or not all(_is_id(p) for p in parts):
-        raise ConfigError(
-            "after", f"must be a cursor of this queue's {shards} shard(s), got {after!r}"
-        )
-    return parts
-
-
-def _is_id(value: str) -> bool:
-    ms, _, seq = value.partition("-")
-    return ms.isdigit() and seq.isdigit()
 
 
 async def follow_events(
@@ -107,7 +48,7 @@ async def follow_events(
     Error handling:
         :class:`~streamkit.ConfigError` for a cursor of another queue.
     """
-    cursors = _cursors(after, len(keys))
+    cursors = event_cursors(after, len(keys))
     single = len(keys) == 1
     while True:
         got = 0
@@ -134,20 +75,7 @@ async def follow_events(
                 )
             for entry in entries:
                 got += 1
-                entry_id = text(entry.identifier)
-                cursors[shard] = entry_id
-                fields = entry.field_values
-                ms = int(entry_id.split("-", 1)[0])
-                yield JobEvent(
-                    kind=text(fields.get(b"e", b"")),
-                    job_id=text(fields.get(b"j", b"")),
-                    name=text(fields.get(b"n", b"")),
-                    at=datetime.fromtimestamp(ms / 1000, UTC),
-                    detail=_detail(fields.get(b"d", b"")),
-                    shard=shard,
-                    id=entry_id,
-                    cursor=",".join(cursors),
-                )
+                yield decode_event(entry.identifier, entry.field_values, shard, cursors)
         if not got:
             if not follow:
                 return

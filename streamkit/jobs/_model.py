@@ -30,6 +30,7 @@ __all__ = [
     "JobCall",
     "JobChunk",
     "JobErrorInfo",
+    "JobEvent",
     "JobInfo",
     "JobOptions",
     "JobOptionsArgs",
@@ -260,6 +261,37 @@ class JobChunk:
     value: Any
     try_number: int
     id: str
+
+
+@attrs.frozen
+class JobEvent:
+    """A state change of a job (see :meth:`JobQueue.events
+    <streamkit.jobs.JobQueue.events>`).
+
+    Attributes:
+        kind: ``"enqueued"``, ``"started"``, ``"progress"``, ``"retried"``,
+            ``"released"`` (put back at a stop), ``"succeeded"``, ``"dead"``,
+            ``"aborted"`` or ``"expired"``.
+        job_id: the job's id.
+        name: its job name.
+        at: when it happened (the Redis server's clock).
+        detail: what the change carries: the try number for ``started``, the value
+            for ``progress``, the error (``{"type", "message", ...}``) for ``retried``
+            and ``dead``; ``None`` otherwise.
+        shard: the queue shard of the job.
+        id: the event's entry id in its shard's event stream.
+        cursor: where a reader was after this event, in every shard: pass it as
+            ``after=`` to resume after it.
+    """
+
+    kind: str
+    job_id: str
+    name: str
+    at: datetime
+    detail: Any
+    shard: int
+    id: str
+    cursor: str
 
 
 When = timedelta | float | int

@@ -46,7 +46,7 @@ from ._cron import (
 )
 from ._crontime import next_tick
 from ._enqueue import send_plan, send_workflow
-from ._events import JobEvent, events_on, follow_events, set_events
+from ._events import events_on, follow_events, set_events
 from ._finish import settle_all
 from ._handle import Job, JobDecorator, JobHandle, WorkflowHandle
 from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
@@ -54,6 +54,7 @@ from ._layout import ShardKeys, shard_for
 from ._model import (
     DEFAULT_MAX_BYTES,
     JobCall,
+    JobEvent,
     JobInfo,
     JobOptions,
     JobOptionsArgs,

@@ -13,15 +13,17 @@ from typing import Any
 import attrs
 import orjson
 
-from .._errors import JobFailed, JobNotFound, ResultNotKept
+from .._errors import ConfigError, JobFailed, JobNotFound, ResultNotKept
 from .._wire import text
-from ._model import JobChunk, JobErrorInfo, JobInfo, JobStatus, JobTry, Priority
+from ._model import JobChunk, JobErrorInfo, JobEvent, JobInfo, JobStatus, JobTry, Priority
 
 __all__ = [
     "abort_reply",
+    "decode_event",
     "decode_history",
     "decode_info",
     "decode_output",
+    "event_cursors",
     "info_reply",
     "outcome",
     "progress_value",
@@ -167,6 +169,55 @@ def decode_output(entries: Any) -> tuple[list[JobChunk], str | None]:
             value = text(raw)
         chunks.append(JobChunk(value, int(fields.get(b"t", b"0")), text(entry_id)))
     return chunks, None
+
+
+def _detail(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return text(raw)
+
+
+def event_cursors(after: str | None, shards: int) -> list[str]:
+    """The per-shard positions a job events cursor (:attr:`JobEvent.cursor`) says;
+    every shard's start without one.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` for a cursor of another queue.
+    """
+    if after is None:
+        return ["0-0"] * shards
+    parts = after.split(",")
+    if len(parts) != shards or not all(_is_id(p) for p in parts):
+        raise ConfigError(
+            "after", f"must be a cursor of this queue's {shards} shard(s), got {after!r}"
+        )
+    return parts
+
+
+def _is_id(value: str) -> bool:
+    ms, _, seq = value.partition("-")
+    return ms.isdigit() and seq.isdigit()
+
+
+def decode_event(entry_id: Any, fields: Any, shard: int, cursors: list[str]) -> JobEvent:
+    """The :class:`JobEvent` of an event stream entry of ``shard``; moves ``cursors``
+    (every shard's position) past it."""
+    event_id = text(entry_id)
+    cursors[shard] = event_id
+    ms = int(event_id.split("-", 1)[0])
+    return JobEvent(
+        kind=text(fields.get(b"e", b"")),
+        job_id=text(fields.get(b"j", b"")),
+        name=text(fields.get(b"n", b"")),
+        at=datetime.fromtimestamp(ms / 1000, UTC),
+        detail=_detail(fields.get(b"d", b"")),
+        shard=shard,
+        id=event_id,
+        cursor=",".join(cursors),
+    )
 
 
 def progress_value(raw: bytes | None) -> Any:
