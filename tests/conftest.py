@@ -11,6 +11,7 @@ import trio
 from streamkit import App, LockManager, Redis, Stream, open_lock_manager, open_redis
 from streamkit.testing import RedisCluster, RedisServer
 from tests.consume import PARTITIONS, Tick
+from tests.netfaults import FaultProxies
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -87,6 +88,15 @@ async def private_redis() -> AsyncIterator[RedisServer]:
     async with trio.open_nursery() as nursery:
         server: RedisServer = await nursery.start(RedisServer(appendonly=True).run)
         yield server
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def fault_proxies(redis_url: str, redis_server: RedisServer) -> AsyncIterator[FaultProxies]:
+    """Fault proxies (``tests/netfaults.py``) in front of the session's server, flushed
+    empty: ``proxy = await fault_proxies.open()``, then ``proxy.url``."""
+    async with trio.open_nursery() as nursery:
+        yield FaultProxies(nursery, "127.0.0.1", redis_server.port)
         nursery.cancel_scope.cancel()
 
 
