@@ -441,6 +441,27 @@ def reliability(session: nox.Session) -> None:
 
 
 @nox.session
+def netsoak(session: nox.Session) -> None:
+    """The network fault scenarios as a soak (``tests/reliability/test_network.py``
+    with ``STREAMKIT_NET_SOAK=60``: latency and random resets for a minute each, the
+    clients' faults for 30 rounds); prints their reports as the reliability page
+    would show them."""
+    tmp = Path(session.create_tmp())
+    report, page = tmp / "netsoak.jsonl", tmp / "netsoak.md"
+    report.unlink(missing_ok=True)
+    session.run(
+        "pytest",
+        "tests/reliability/test_network.py",
+        "-p",
+        "no:randomly",
+        *session.posargs,
+        env={"STREAMKIT_NET_SOAK": "60", "STREAMKIT_RELIABILITY_REPORT": str(report)},
+    )
+    session.run("python", "tests/reliability/write_report.py", str(report), str(page))
+    session.log(page.read_text(encoding="utf-8").split("## The last run", 1)[1])
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The orders demo on a private, throwaway Redis server (``./dev demo state``: the
     state demo, exactly-once counts and windows through a kill -9)."""

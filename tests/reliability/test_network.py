@@ -10,16 +10,22 @@ count its events twice.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import TYPE_CHECKING
+import threading
+import time
+from collections import Counter
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
 import trio
 
-from streamkit import ProcessorKeys
+from streamkit import App, OutcomeUnknown, ProcessorKeys, Record, RedisUnavailable
 from streamkit._locks import lock_key
 from streamkit._membership_state import membership_keys
+from streamkit._retrying import DEFAULT_RETRY_FOR
 from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
 from tests.apps.stateful import PARTITIONS, make_app
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from pathlib import Path
 
-    from streamkit import Redis
+    from streamkit import Redis, Stream
     from tests.apps.stateful import Stateful
     from tests.netfaults import Direction, FaultProxies, FaultProxy
     from tests.workers import WorkerProcess
@@ -47,6 +53,11 @@ TAKEOVER_BOUND = 2 * (LEASE_TTL + SESSION_TIMEOUT)
 #: The victim's heartbeat in flight at the cut may be sent this late and still land.
 HEARTBEAT_SLACK = 1.0
 POLL = 0.05
+#: Seconds the latency and reset scenarios run their fault: short in ``./dev test``,
+#: a minute in the soak (``nox -s netsoak`` sets it).
+SOAK = float(os.environ.get("STREAMKIT_NET_SOAK", "4"))
+#: The time limit of those scenarios, which grows with the soak.
+SOAK_TIMEOUT = 120 + 2 * SOAK
 
 
 @attrs.frozen
@@ -242,11 +253,6 @@ async def test_blackholed_worker_hands_over_and_rejoins(
     assert takeover <= TAKEOVER_BOUND
 
 
-#: Seconds the latency and reset scenarios run their fault: short in ``./dev test``,
-#: a minute in the soak (``nox -s netsoak`` sets it).
-SOAK = float(os.environ.get("STREAMKIT_NET_SOAK", "4"))
-
-
 async def settled_fleet(
     fault_proxies: FaultProxies,
     redis: Redis,
@@ -290,7 +296,7 @@ async def drain_time(redis: Redis, sent: Sent, stateful: Stateful) -> float:
     return trio.current_time() - began
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(SOAK_TIMEOUT)
 async def test_latency_and_jitter_on_every_link(
     fault_proxies: FaultProxies,
     redis_url: str,
@@ -369,7 +375,7 @@ async def test_latency_and_jitter_on_every_link(
 RESET_PROBABILITY = 0.01
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(SOAK_TIMEOUT)
 async def test_resets_mid_reply_at_random(
     fault_proxies: FaultProxies,
     redis_url: str,
@@ -424,3 +430,223 @@ async def test_resets_mid_reply_at_random(
     for worker in workers:
         assert worker.process.poll() is None, worker.log()
         assert "Traceback" not in worker.log(), worker.log()
+
+
+# --------------------------------------------------------------------------- clients
+
+
+class Sale(Record):
+    via: str
+    n: int
+
+
+def client_app(url: str) -> tuple[App, Stream[Sale], Any]:
+    """The clients' app: a stream of sales and a job (run by no one: counted queued)."""
+    app = App("netshop", redis_url=url)
+    sales = app.stream("sales", record=Sale, partition_by="via", partition_count=4)
+
+    @app.job
+    async def receipt(n: int) -> int:
+        return n
+
+    return app, sales, receipt
+
+
+@attrs.define
+class Outcomes:
+    """What each send of one client was told, and how many enqueues it had to retry."""
+
+    sent: list[int] = attrs.field(factory=list)
+    unknown: list[int] = attrs.field(factory=list)
+    unavailable: list[int] = attrs.field(factory=list)
+    jobs: list[str] = attrs.field(factory=list)
+    enqueue_retries: int = 0
+
+    def send(self, n: int, attempt: Callable[[], object]) -> None:
+        try:
+            attempt()
+        except OutcomeUnknown:
+            self.unknown.append(n)  # landed once or not at all: it cannot be known
+        except RedisUnavailable:
+            self.unavailable.append(n)  # surely never reached Redis
+        else:
+            self.sent.append(n)
+
+
+#: Client socket timeout in the scenario: a blackholed reply is given up on quickly.
+CLIENT_TIMEOUT = 0.3
+
+
+def blocking_client(url: str, stop: threading.Event, out: Outcomes) -> None:
+    """Sends (one thread) and enqueues (another) with one blocking client until
+    ``stop``; a job not known to be in is enqueued again with its id, after."""
+    app, sales, receipt = client_app(url)
+
+    def sends() -> None:
+        n = 0
+        while not stop.is_set():
+            out.send(n, partial(client.send, sales, Sale(via="blocking", n=n)))
+            n += 1
+
+    def enqueues() -> None:
+        n = 0
+        while not stop.is_set():
+            job_id = f"blocking-{n}"
+            while True:
+                try:
+                    client.enqueue(receipt, n, job_id=job_id)
+                    break
+                except RedisUnavailable:  # OutcomeUnknown too: its id dedupes
+                    out.enqueue_retries += 1
+                    time.sleep(0.05)
+            out.jobs.append(job_id)
+            n += 1
+
+    with app.blocking(socket_timeout=CLIENT_TIMEOUT) as client:
+        threads = [threading.Thread(target=sends), threading.Thread(target=enqueues)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+async def asyncio_client(url: str, stop: threading.Event, out: Outcomes) -> None:
+    """:func:`blocking_client`'s two loops as two tasks of one asyncio client."""
+    app, sales, receipt = client_app(url)
+
+    async def sends() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                await client.send(sales, Sale(via="asyncio", n=n))
+            except OutcomeUnknown:
+                out.unknown.append(n)
+            except RedisUnavailable:
+                out.unavailable.append(n)
+            else:
+                out.sent.append(n)
+            n += 1
+
+    async def enqueues() -> None:
+        n = 0
+        while not stop.is_set():
+            job_id = f"asyncio-{n}"
+            while True:
+                try:
+                    await client.enqueue(receipt, n, job_id=job_id)
+                    break
+                except RedisUnavailable:
+                    out.enqueue_retries += 1
+                    await asyncio.sleep(0.05)
+            out.jobs.append(job_id)
+            n += 1
+
+    async with app.asyncio(socket_timeout=CLIENT_TIMEOUT) as client:
+        await asyncio.gather(sends(), enqueues())
+
+
+@pytest.mark.timeout(SOAK_TIMEOUT)
+async def test_clients_through_blackholes_and_resets(
+    fault_proxies: FaultProxies, redis_url: str, redis: Redis
+) -> None:
+    """The blocking and asyncio clients send and enqueue through blackholes (both
+    ways, one way) and resets: each record acknowledged lands once, each told
+    ``OutcomeUnknown`` at most once, each told ``RedisUnavailable`` never; each job
+    (its id sent again until it is known to be in) is queued once."""
+    began = trio.current_time()
+    proxies = [await fault_proxies.open(), await fault_proxies.open()]
+    outcomes = {"blocking": Outcomes(), "asyncio": Outcomes()}
+    stop = threading.Event()
+
+    async def faults() -> None:
+        for _ in range(max(1, round(SOAK / 2))):
+            for fault in ("both", "replies", "resets", "reset_all"):
+                await trio.sleep(0.3)
+                for proxy in proxies:
+                    if fault == "resets":
+                        proxy.reset_replies(0.3)
+                    elif fault == "reset_all":
+                        proxy.reset_all()
+                    else:
+                        proxy.blackhole(fault)  # type: ignore[arg-type]
+                await trio.sleep(0.5)
+                for proxy in proxies:
+                    proxy.heal()
+        # Replies lost for longer than a send retries (5 s): OutcomeUnknown, said once.
+        await trio.sleep(0.3)
+        for proxy in proxies:
+            proxy.blackhole("replies")
+        await trio.sleep(DEFAULT_RETRY_FOR + 1)
+        for proxy in proxies:
+            proxy.heal()
+        await trio.sleep(0.3)
+        stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(faults)
+        nursery.start_soon(
+            partial(
+                trio.to_thread.run_sync,
+                partial(blocking_client, proxies[0].url, stop, outcomes["blocking"]),
+                abandon_on_cancel=True,
+            )
+        )
+        nursery.start_soon(
+            partial(
+                trio.to_thread.run_sync,
+                lambda: asyncio.run(asyncio_client(proxies[1].url, stop, outcomes["asyncio"])),
+                abandon_on_cancel=True,
+            )
+        )
+
+    app, sales, _ = client_app(redis_url)
+    landed: Counter[tuple[str, int]] = Counter()
+    for partition in range(sales.partition_count):
+        entries: Any = await redis.xrange(sales.key(partition))
+        for entry in entries:
+            sale = sales.codec.decode(entry.field_values, stream=sales.name)
+            landed[sale.via, sale.n] += 1
+    async with app:
+        counts = await app.job_queue.counts()
+    jobs = sum(len(o.jobs) for o in outcomes.values())
+    figures = {
+        via: (len(o.sent), len(o.unknown), len(o.unavailable), o.enqueue_retries)
+        for via, o in outcomes.items()
+    }
+    unknown_landed = sum(landed[via, n] for via, o in outcomes.items() for n in o.unknown)
+    unknown = sum(len(o.unknown) for o in outcomes.values())
+    record_report(
+        ScenarioReport(
+            scenario="net-clients",
+            title="The blocking and asyncio clients through blackholes and resets",
+            injected=(
+                f"both clients' links blackholed both ways, then one way, then reset "
+                f"mid-reply at random, then every connection reset, 0.5s each, "
+                f"{max(1, round(SOAK / 2))} round(s), then replies blackholed for "
+                f"{DEFAULT_RETRY_FOR + 1:g}s; socket_timeout {CLIENT_TIMEOUT}s"
+            ),
+            sent=sum(landed.values()),
+            processed=sum(landed.values()),
+            lost=0,
+            duplicated=sum(c - 1 for c in landed.values() if c > 1),
+            duplicate_bound=None,
+            order_violations=0,
+            recovery_seconds=None,
+            recovery="not applicable",
+            duration_seconds=trio.current_time() - began,
+            notes=(
+                f"per client (acknowledged, OutcomeUnknown, RedisUnavailable, enqueues "
+                f"sent again): {figures}; {unknown_landed} of the {unknown} sends told "
+                f"OutcomeUnknown had landed; {jobs} jobs, each queued once"
+            ),
+        )
+    )
+    for via, out in outcomes.items():
+        assert out.sent, f"the {via} client sent nothing"
+        assert all(landed[via, n] == 1 for n in out.sent), f"{via}: acknowledged, not once"
+        assert all(landed[via, n] <= 1 for n in out.unknown), f"{via}: unknown, twice"
+        assert all(landed[via, n] == 0 for n in out.unavailable), f"{via}: unavailable, landed"
+    assert max(landed.values()) == 1
+    assert unknown > 0, "no send was told OutcomeUnknown while replies were lost"
+    assert counts.pending == jobs
+    assert sum(counts.queued.values()) == jobs

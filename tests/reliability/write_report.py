@@ -35,6 +35,7 @@ ORDER = (
     "net-one-way",
     "net-latency",
     "net-resets",
+    "net-clients",
 )
 
 INTRO = """\
@@ -96,8 +97,16 @@ equals what was sent (each once, in send order per key).
   is an unknown outcome handled as such: commits are fenced and idempotent, reads are
   redelivered, and nothing is lost, counted twice or reordered.
 
-The short forms run in `./dev test`; `nox -s netsoak` runs the latency and reset
-scenarios for a minute each (`STREAMKIT_NET_SOAK=60`) and prints their reports.
+- **The blocking and asyncio clients through blackholes and resets** prove the
+  clients' promise: a record whose `send` returned landed once (appends carry an
+  idempotency marker and are retried with it), one told
+  [`OutcomeUnknown`](clients.md) (its replies lost for longer than a send retries)
+  landed once or not at all, one told `RedisUnavailable` never; a job enqueued again
+  with its `job_id` after a failure is queued once.
+
+The short forms run in `./dev test`; `./dev nox -s netsoak` runs them all with the
+latency and reset faults lasting a minute each (`STREAMKIT_NET_SOAK=60`) and prints
+their reports.
 """
 
 
