@@ -127,14 +127,6 @@ class MembershipStatistics:
     connected: bool
 
 
-class _Retry(Exception):
-    """The watched keys turned out to be the wrong ones; start the transaction over."""
-
-    def __init__(self, members: Collection[str]) -> None:
-        super().__init__("member list changed")
-        self.members = tuple(members)
-
-
 @attrs.define(eq=False)
 class Membership:
     """A member of a group, as returned by :func:`open_membership`.
@@ -352,44 +344,41 @@ class Membership:
             )  # fmt: skip
 
     async def _transact_reap(self, members: Collection[str]) -> tuple[GroupState | None, list[str]]:
-        """Remove every member whose heartbeat key is gone, atomically.
+        """Remove every member of ``members`` whose heartbeat key is gone, atomically.
 
-        The liveness check runs under WATCH on every member's heartbeat key, so a
+        The heartbeats of the members found silent are watched with the state, so a
         member that heartbeats in between is never reaped: its SET aborts our EXEC
-        and the retry sees it alive. If the state lists members we did not watch,
-        we start over watching them too.
+        and the retry sees it alive. The live members' heartbeats are not watched:
+        they change every heartbeat interval and would abort the transaction again
+        and again (for seconds, on a loaded machine), and they are not removed
+        anyway. A member that falls silent meanwhile is reaped at the next tick.
         """
         redis = self.redis
         keys = self.keys
-        watched = tuple(sorted(set(members)))
-        while True:
+        others = sorted(set(members) - {self.id})
+        async with redis.pipeline(transaction=False) as probe:
+            requests = [probe.exists([keys.heartbeat(m)]) for m in others]
+        silent = [m for m, r in zip(others, requests, strict=True) if not await r]
+        if not silent:
+            return None, []
 
-            async def body(
-                pipe: Any, watched: tuple[str, ...] = watched
-            ) -> tuple[GroupState | None, list[str]]:
-                state = GroupState.decode(await redis.get(keys.state))
-                if state is None:
-                    return None, []
-                if not set(state.members) <= set(watched):
-                    raise _Retry(state.members)
-                others = [m for m in sorted(state.members) if m != self.id]
-                async with redis.pipeline(transaction=False) as probe:
-                    requests = [probe.exists([keys.heartbeat(m)]) for m in others]
-                gone = [m for m, r in zip(others, requests, strict=True) if not await r]
-                new = plan_removal(state, gone, self.assignor)
-                if new is None:
-                    return state, []
-                pipe.set(keys.state, new.encode())
-                _announce(pipe, keys, "reap", ",".join(gone), new.generation)
-                return new, gone
+        async def body(pipe: Any) -> tuple[GroupState | None, list[str]]:
+            state = GroupState.decode(await redis.get(keys.state))
+            if state is None:
+                return None, []
+            listed = [m for m in silent if m in state.members]
+            async with redis.pipeline(transaction=False) as probe:
+                requests = [probe.exists([keys.heartbeat(m)]) for m in listed]
+            gone = [m for m, r in zip(listed, requests, strict=True) if not await r]
+            new = plan_removal(state, gone, self.assignor)
+            if new is None:
+                return state, []
+            pipe.set(keys.state, new.encode())
+            _announce(pipe, keys, "reap", ",".join(gone), new.generation)
+            return new, gone
 
-            try:
-                with redis_errors():
-                    return await redis.transaction(
-                        body, keys.state, *(keys.heartbeat(m) for m in watched)
-                    )
-            except _Retry as retry:
-                watched = tuple(sorted(set(retry.members)))
+        with redis_errors():
+            return await redis.transaction(body, keys.state, *(keys.heartbeat(m) for m in silent))
 
     async def _get_state_raw(self) -> bytes | None:
         with redis_errors():
