@@ -28,9 +28,18 @@ from streamkit._membership_state import membership_keys
 from streamkit._retrying import DEFAULT_RETRY_FOR
 from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
-from tests.apps.stateful import PARTITIONS, make_app
+from tests.apps.stateful import PARTITIONS, Number, make_app
 from tests.reliability.harness import ScenarioReport, record_report
-from tests.reliability.test_state_faults import APP, ENV, GROUP, Sent, assert_exact, produce
+from tests.reliability.test_state_faults import (
+    APP,
+    BATCH,
+    ENV,
+    GROUP,
+    INTERVAL,
+    KEYS,
+    Sent,
+    assert_exact,
+)
 from tests.workers import FAST_ENV, start_worker, wait_members
 
 if TYPE_CHECKING:
@@ -131,6 +140,19 @@ class HolderWatch:
     def beating_between(self, start: float, end: float) -> bool:
         """Whether the watched heartbeat key was seen between ``start`` and ``end``."""
         return any(s.beating for s in self.samples if start <= s.at <= end)
+
+
+async def produce(numbers: Stream[Number], sent: Sent, stop: trio.Event) -> None:
+    """Send :data:`BATCH` numbers every :data:`INTERVAL` until ``stop``. Redis is
+    reached directly, never through a proxy: a send that fails fails the test (an
+    event sent and not counted would look like a double count)."""
+    n = 0
+    while not stop.is_set():
+        batch = [Number(key=f"k{(n + i) % KEYS}", n=n + i) for i in range(BATCH)]
+        await numbers.send_many(batch)
+        sent.add(batch)
+        n += BATCH
+        await trio.sleep(INTERVAL)
 
 
 async def start_fleet(
