@@ -406,7 +406,9 @@ async def test_resets_mid_reply_at_random(
     workers: list[WorkerProcess],
 ) -> None:
     """Every worker's connections reset in the middle of replies at random: nothing
-    lost, nothing counted twice, each key's echoes in send order."""
+    lost, nothing counted twice, each key's echoes in send order. (Open bug: the
+    minute-long soak, ``nox -s netsoak``, has counted a few keys once or twice too
+    many in 2 of 4 runs; this short form has passed every run so far.)"""
     began = trio.current_time()
     stateful = make_app(redis_url=redis_url)
     sent = Sent()

@@ -93,9 +93,13 @@ equals what was sent (each once, in send order per key).
 - **50 ms round trips with 20 ms of jitter on every link** prove that latency alone
   costs no lease and no membership: no lease changes hands and no member leaves while
   it lasts; the figure is how long after the last send every event was counted.
-- **Connections reset mid-reply at random on every link** prove that a reply cut short
-  is an unknown outcome handled as such: commits are fenced and idempotent, reads are
-  redelivered, and nothing is lost, counted twice or reordered.
+- **Connections reset mid-reply at random on every link** check that a reply cut
+  short is an unknown outcome handled as such: nothing lost, counted twice or
+  reordered. The short form (4 s) passes; the minute-long soak does not always: in 2
+  of 4 runs a few keys were counted once or twice more than they were sent (about 1 in
+  10,000 events), so a commit whose reply is cut can still count a batch twice. This
+  is an open bug, not yet fixed; until it is, counts under connection resets are "at
+  least", not exact.
 
 - **The blocking and asyncio clients through blackholes and resets** prove the
   clients' promise: a record whose `send` returned landed once (appends carry an
