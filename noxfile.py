@@ -34,6 +34,7 @@ BENCHMARKS = [
     "bench_jobs.py",
     "bench_state.py",
     "bench_joins.py",
+    "bench_jobs_commit.py",
     "bench_expiry.py",
     "bench_clients.py",
     "bench_cluster.py",
@@ -49,6 +50,7 @@ BENCHMARK_TITLES = {
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
     "bench_joins.py": "Joins",
+    "bench_jobs_commit.py": "Jobs in the commit",
     "bench_expiry.py": "Expiry over time",
     "bench_clients.py": "Blocking and asyncio clients",
     "bench_cluster.py": "Redis Cluster",
@@ -579,9 +581,14 @@ def demo(session: nox.Session) -> None:
     """The orders demo on a private, throwaway Redis server (``./dev demo state``: the
     state demo, exactly-once counts and windows through a kill -9; ``./dev demo joins``:
     the joins demo, orders joined with their payments within a window, each result
-    once through a kill -9)."""
+    once through a kill -9; ``./dev demo receipts``: one receipt job and one
+    receipts_sent record per order through a kill -9)."""
     args = list(session.posargs)
-    demos = {"state": "examples.state_shop.demo", "joins": "examples.joins_shop.demo"}
+    demos = {
+        "state": "examples.state_shop.demo",
+        "joins": "examples.joins_shop.demo",
+        "receipts": "examples.receipts.demo",
+    }
     if args[:1] and args[0] in demos:
         session.run("python", "-m", demos[args[0]], *args[1:])
     else:
