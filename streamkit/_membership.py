@@ -400,7 +400,11 @@ class Membership:
         # (a PING) until Redis answers; then heartbeat (and rejoin if reaped) again.
         silent = sent_at - self._heard_at >= session
         if silent and not self._silent:
-            log.warning(
+            # In an outage the client's outage log says it, once for the process; a
+            # link that takes requests and gives no replies is said here.
+            level = logging.DEBUG if health_of(self.redis).outage.down else logging.WARNING
+            log.log(
+                level,
                 "member %s of %s heard nothing from Redis for %ss (its session timeout): "
                 "no heartbeats until Redis answers; the others take its partitions over",
                 self.id, self.group, session,

@@ -193,6 +193,11 @@ async def test_a_late_event_matches_nothing_and_is_counted(redis_url: str, redis
         worker = await nursery.start(run_worker, app)
         await orders.send(order(1, 0))
         await orders.send(order(2, 5 * 3600))  # the watermark: 5 hours on
+
+        async def closed() -> bool:  # order 1's window, by the watermark
+            return bool(await results(redis, paid))
+
+        await wait_until(closed, what="order 1 emitted alone", within=30)
         await payments.send(payment(1, 30))  # 30 s after order 1: but its window closed
 
         async def counted() -> bool:
