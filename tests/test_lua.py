@@ -21,8 +21,9 @@ from tests import luacheck
 PINS = {
     "admin/reset": "808af7075deba9a0fd5d69610c6709e57af97787",
     "commit/ack": "f164d3dd291193fd0c30067da6a06852f9757382",
+    "commit/permit": "9774f181c38dd56b8b5b81317a031cd5dafa2645",
     "commit/read": "da3d8598b778afd24fd16c30872d4d7f401f6540",
-    "commit/woken_read": "5b77dcbdf8aba02a59061c49ec713326a59642d6",
+    "commit/woken_read": "baf867ffacecff79590c1ce22164ea8572c04fc0",
     "jobs/abort": "63285099433db3ffdff612ac4ad4d205f89f8163",
     "jobs/claim": "12343a5b0b322c903a12fd357d26e80ede21479c",
     "jobs/control": "c03b873fe78e53bd391b636f1f2d0a733023f005",
@@ -264,6 +265,7 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
         {
             "stream": [_PARTITION],
             "lock": [_keys.lock_key(_PARTITION_LOCK)],
+            "permit": [_keys.permit_key(_keys.lock_key(_PARTITION_LOCK))],
             # the producer's append marker, and a Spark write's chunk marker
             "marker": [
                 marker_key(_PARTITION, "t1"),
