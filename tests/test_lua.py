@@ -43,6 +43,7 @@ PINS = {
     "jobs/watch": "3eadd0c22ed3e93b74b58ff0e67beefe101f6f7e",
     "locks/acquire": "1ffa1b69f709ecc31c7d7fbcbc9ad81dbe1a34fc",
     "locks/extend": "1451f7dd00c1bb52a8b42d200dbe2dfb239e3029",
+    "locks/extend_many": "a29e39ed433d86d916e44e99d6843af58b8e9f2a",
     "locks/inspect": "4c1c5320cc80a8bc64d2a333841f5eefa0b0c808",
     "locks/release": "916f618acf6cc07353371188389edef2796f4a02",
     "membership/heartbeat": "0c4d497e72c96b1df1d0aae4845e1ed4fd19491a",
@@ -322,7 +323,7 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
     ),
 }
 #: The scripts whose keys need not share a slot (their header's TAG says why).
-UNTAGGED = {"commit/woken_read"}
+UNTAGGED = {"commit/woken_read", "locks/extend_many"}
 
 
 def tag_problems(script: _lua.Script) -> list[str]:

@@ -132,6 +132,9 @@ async def locks(call: Calls) -> None:
     assert await call("locks/extend", [lock], [value, 10_000]) == [1]
     assert (await call("locks/extend", [lock], ["you:2", 10_000]))[0] == 0
     assert (await call("locks/inspect", [lock], []))[0] == value.encode()
+    other = _keys.lock_key("jobs-other")
+    many = await call("locks/extend_many", [lock, other], [10_000, value, "me:2"])
+    assert many == [1, [0, None]]
     assert (await call("locks/release", [lock], ["you:2"]))[0] == 0
     assert await call("locks/release", [lock], [value]) == [1]
     assert await call("locks/release", [lock], [value]) == [0, None]
