@@ -32,7 +32,7 @@ __all__ = ["CHUNK", "Renewals"]
 #: The most leases one call extends (a bound on the script's time: about 1 ms).
 CHUNK = 1000
 
-_EXTEND_MANY = LuaScript(script("locks/extend_many"))
+_EXTEND_MANY = LuaScript(script("locks/extend_many"), hot=True)
 
 
 @attrs.define(eq=False)
