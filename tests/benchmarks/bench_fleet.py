@@ -102,7 +102,9 @@ def counters(plain: redis_py.Redis) -> tuple[float, int]:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), ran
 
 
-def run_fleet(workers: int, partitions: int, seconds: float, logs: Path) -> dict[str, float]:
+def run_fleet(
+    workers: int, partitions: int, seconds: float, logs: Path, pause: float
+) -> dict[str, float]:
     with RedisServer() as server:
         plain = redis_py.Redis.from_url(server.url)
         files = [(logs / f"{workers}x{partitions}-{i}.log").open("wb") for i in range(workers + 1)]
@@ -112,7 +114,7 @@ def run_fleet(workers: int, partitions: int, seconds: float, logs: Path) -> dict
             procs = [start_worker(server.url, partitions, files[i]) for i in range(workers)]
             wait_settled(plain, partitions, workers, within=300)
             startup = time.perf_counter() - began
-            time.sleep(3)  # the start-up's own traffic over
+            time.sleep(pause)  # the start-up's own traffic over
             cpu0, ran0 = counters(plain)
             t0 = time.perf_counter()
             time.sleep(seconds)
@@ -155,6 +157,9 @@ def main() -> None:
         "--fleets", default="4x1024,8x4096", help="WORKERSxPARTITIONS, comma-separated"
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="idle measurement window")
+    parser.add_argument(
+        "--pause", type=float, default=3.0, help="seconds between settling and measuring"
+    )
     parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR")
     args = parser.parse_args()
     fleets = [tuple(int(x) for x in f.split("x")) for f in args.fleets.split(",")]
@@ -173,7 +178,7 @@ def main() -> None:
         logs = args.keep_logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
         for workers, partitions in fleets:
-            r = run_fleet(workers, partitions, args.seconds, logs)
+            r = run_fleet(workers, partitions, args.seconds, logs, args.pause)
             print(
                 f"  {f'{workers} x {partitions:,}':<14}{r['startup']:>9.1f}{r['ran']:>10,.0f}"
                 f"{r['ran'] / workers:>9.1f}{r['ran'] / partitions:>8.2f}"
