@@ -34,6 +34,7 @@ BENCHMARKS = [
     "bench_spark.py",
     "bench_jobs.py",
     "bench_state.py",
+    "bench_joins.py",
     "bench_expiry.py",
     "bench_clients.py",
     "bench_cluster.py",
@@ -49,6 +50,7 @@ BENCHMARK_TITLES = {
     "bench_spark.py": "Spark",
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
+    "bench_joins.py": "Joins",
     "bench_expiry.py": "Expiry over time",
     "bench_clients.py": "Blocking and asyncio clients",
     "bench_cluster.py": "Redis Cluster",
@@ -95,6 +97,17 @@ BENCHMARK_NOTES = {
         "sends 1,000 events/s, and the time from kill -9 of a table's owner to the new "
         "owner's first commit with an empty table and with 1,000,000 keys (recovery "
         "reads no changelog, so it does not grow with the table)."
+    ),
+    "bench_joins.py": (
+        "One worker, a stream-stream join of 200,000 orders and 200,000 payments (each "
+        "order paid once, a second after it) over 8 partitions, joined within 10 minutes "
+        "of event time, against a stateless `records()` processor and a count in a table "
+        "(exactly once, one key per event) over the same 400,000 events; the join timed "
+        "from the worker's start to the last pair emitted, in input events per second "
+        "(`./dev bench --quick`: 50,000 of each, one round). **Target: the join at least "
+        "25% of stateless.** Then the memory of the join's buffers (`MEMORY USAGE` of its "
+        "hashes and index) per buffered event, for records of an int and a time. One run "
+        "alone: `python tests/benchmarks/bench_joins.py` inside `.venv`."
     ),
     "bench_expiry.py": (
         "A producer sends 1,000 events/s, each of a key never seen before (a session id), "
@@ -294,6 +307,8 @@ def bench(session: nox.Session) -> None:
             args = ["--peers-venvs", str(PEERS_VENVS), *(["--quick"] if quick else [])]
         if script == "bench_expiry.py" and quick:
             args = ["--minutes", "2", "--every", "15", "--ttl", "15"]
+        if script == "bench_joins.py" and quick:
+            args = ["--events", "50000", "--rounds", "1"]
         if script == "bench_versions.py":
             if baseline is None:
                 print(
@@ -351,7 +366,7 @@ def _bench_options(session: nox.Session) -> tuple[str | None, bool]:
     """The bench session's arguments, given after ``--``: ``--baseline REF`` (or
     ``--baseline=REF``) for bench_versions.py, and ``--quick``, which skips
     bench_jobs.py's crash-recovery runs of the peers (they wait out timeouts for about
-    7 minutes)."""
+    7 minutes) and shortens bench_expiry.py's and bench_joins.py's runs."""
     # `./dev bench --baseline REF` and `nox -s bench -- --baseline REF` both land here.
     args = [arg for arg in session.posargs if arg != "--"]
     baseline = None
@@ -459,9 +474,12 @@ def reliability(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The orders demo on a private, throwaway Redis server (``./dev demo state``: the
-    state demo, exactly-once counts and windows through a kill -9)."""
+    state demo, exactly-once counts and windows through a kill -9; ``./dev demo joins``:
+    the joins demo, orders joined with their payments within a window, each result
+    once through a kill -9)."""
     args = list(session.posargs)
-    if args[:1] == ["state"]:
-        session.run("python", "-m", "examples.state_shop.demo", *args[1:])
+    demos = {"state": "examples.state_shop.demo", "joins": "examples.joins_shop.demo"}
+    if args[:1] and args[0] in demos:
+        session.run("python", "-m", demos[args[0]], *args[1:])
     else:
         session.run("python", "-m", "examples.orders.demo", *args)

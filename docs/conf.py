@@ -54,8 +54,9 @@ def _public_bases(app: object, name: str, obj: object, options: object, bases: l
     pending = list(bases)
     while pending:
         base = pending.pop(0)
-        if _private(base):
-            pending[:0] = [b for b in base.__bases__ if b is not object]
+        origin = getattr(base, "__origin__", base)  # Table[V]: Table's
+        if _private(origin):
+            pending[:0] = [b for b in origin.__bases__ if b is not object]
         elif base not in shown:
             shown.append(base)
     bases[:] = shown or [object]

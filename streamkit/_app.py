@@ -35,6 +35,13 @@ from ._replay import ResetPlan, StateChoice, apply_reset, plan_reset
 from ._settings import Settings, check_setting_names
 from ._spec import ProcessorKeys, StreamSpec
 from ._streams import Stream
+from ._table_joins import (
+    GlobalTable,
+    TableJoin,
+    apply_global,
+    default_table_result,
+    run_table_join,
+)
 from ._tables import Table
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
 from ._windows import Window, positive_ms, to_ms
@@ -179,6 +186,7 @@ class App:
     #: Entered by each worker around all it runs (see :meth:`lifespan`).
     worker_lifespan: Callable[[], AbstractAsyncContextManager[Any]] | None
     _redis: Redis | None
+    _inner_tables: list[Table[Any]]
     _job_queues: dict[str, JobQueue]
     _exit_stack: contextlib.AsyncExitStack | None
     _entered: int
@@ -203,6 +211,8 @@ class App:
         self.streams = {}
         self.processors = {}
         self.tables = {}
+        # The tables of joins' and global tables' own processors (not for users' use).
+        self._inner_tables = []
         self.background = []
         self.jobs = {}
         self.job_middleware_chain = []
@@ -480,6 +490,138 @@ class App:
         self.processor(inner, name=name, tables=[joined], outputs=[output], **overrides)(joiner)
         return joined
 
+    def join_tables(
+        self,
+        name: str,
+        left: Table[Any],
+        right: Table[Any],
+        *,
+        how: JoinHow = "inner",
+        result: Callable[[str, Any, Any], Any] = default_table_result,
+        value: type[V] | Any = Any,
+        ttl: timedelta | float | None = None,
+        **overrides: Any,
+    ) -> Table[V]:
+        """Declare a table derived from two co-partitioned tables: under each key,
+        ``result(key, left value, right value)``, updated exactly once whenever either
+        side's value of that key changes. See :doc:`joins`.
+
+        For example, each user's latest profile beside their account's status::
+
+            accounts = app.join_tables("accounts", profiles, statuses, how="left")
+
+        Declare it after the processors that write ``left`` and ``right``. The derived
+        table is a :class:`Table` written by the join's processor ``NAME`` (``get``,
+        ``read``, ``items``, the CLI and the clients read it as any other); each side's
+        writes reach it through the join's stream ``NAME__changes``, sent on in the
+        writer's commit.
+
+        Args:
+            name: the join's name, and its derived table's (unique in the app).
+            left, right: the joined tables, written by processors of streams with the
+                same partition count, keyed alike.
+            how: ``"inner"``: a key has a value when both sides have one; ``"left"``:
+                when the left side has one (``None`` for a missing right); ``"outer"``:
+                when either has.
+            result: the derived value of ``(key, left or None, right or None)``; by
+                default ``{"left": ..., "right": ...}`` of both values as JSON.
+            value: the type of the derived values (``result``'s).
+            ttl: how long a derived key lives after its last change (``None``: for ever).
+            **overrides: settings of the join's processor (``batch_size``, ...).
+
+        Error handling:
+            :class:`ConfigError` for tables of another app, tables no processor writes
+            yet, windowed or global tables, tables of different partition counts, a bad
+            ``how`` or a name used twice.
+        """
+        for table in (left, right):
+            if getattr(table, "kind", None) is not None:  # a WindowedTable
+                raise ConfigError(
+                    "join_tables",
+                    f"{table!r} is windowed: join what its processor emits when a window "
+                    f"closes, with app.join, or keep its values in a table",
+                )
+            if self.tables.get(table.name) is not table or not isinstance(table, Table):
+                raise ConfigError("join_tables", f"{table!r} is not a table of app {self.name!r}")
+            if isinstance(table, GlobalTable):
+                raise ConfigError("join_tables", f"{table!r} is global: read it with get instead")
+            if table.stream is None:
+                raise ConfigError(
+                    "join_tables",
+                    f"table {table.name!r} is written by no processor yet: declare the join "
+                    f"after the processors that write its tables",
+                )
+        assert left.stream is not None
+        assert right.stream is not None
+        check_copartitioned(left.stream, right.stream)
+        if how not in ("inner", "left", "outer"):
+            raise ConfigError("how", f"must be 'inner', 'left' or 'outer', got {how!r}")
+        if name in self.tables:
+            raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
+        changes = self.stream(
+            f"{name}__changes",
+            record=dict,
+            partition_by=_forwarded_key,
+            partition_count=left.stream.partition_count,
+        )
+        expiry = None if ttl is None else positive_ms("ttl", ttl)
+        derived: Table[V] = Table(name, value, ttl=expiry, connection=lambda: self.redis)
+        sides: Table[Any] = Table(f"{name}__sides", Any, ttl=expiry, connection=lambda: self.redis)
+        self._inner_tables.append(sides)
+        joined = TableJoin(name, left, right, how, result, sides, derived)
+        self.tables[name] = derived
+        left.feeds.append((changes.spec, b"L"))
+        right.feeds.append((changes.spec, b"R"))
+
+        async def joiner(events: Events[Any]) -> None:
+            await run_table_join(events, joined)
+
+        self.processor(changes, name=name, tables=[sides, derived], **overrides)(joiner)
+        return derived
+
+    def global_table(
+        self, name: str, *, value: type[V] | Any, default: V | None = None, **overrides: Any
+    ) -> GlobalTable[V]:
+        """Declare a global table: one hash that every processor reads, whatever the
+        key; one processor writes it. See :doc:`joins`.
+
+        For example, products by sku, read by a processor of orders keyed by customer::
+
+            products = app.global_table("products", value=Product)
+
+        Name it in the processor that writes it (``tables=[products]``): any of its
+        partitions may write any key. A write lands in the table's hash exactly once,
+        shortly after the writer's commit (through the table's stream ``NAME__global``
+        and its processor ``NAME__apply``). Everywhere else ``await products.get(sku)``
+        reads the value last applied, at the moment of the read.
+
+        Args:
+            name: the table's name (unique in the app).
+            value: the type of its values.
+            default: what reading a missing key returns.
+            **overrides: settings of the table's processor (``batch_size``, ...).
+
+        Error handling:
+            :class:`ConfigError` for a bad name, a name declared twice or a ``default``
+            that is not a valid ``value``.
+        """
+        if name in self.tables:
+            raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
+        table: GlobalTable[V] = GlobalTable(name, value, default, connection=lambda: self.redis)
+        changes = self.stream(
+            f"{name}__global", record=dict, partition_by=_forwarded_key, partition_count=1
+        )
+        table.applied = Table(name, value, default, connection=lambda: self.redis)
+        self._inner_tables.append(table.applied)
+        table.feeds.append((changes.spec, b"G"))
+        self.tables[name] = table
+
+        async def apply(events: Events[Any]) -> None:
+            await apply_global(events, table)
+
+        self.processor(changes, name=f"{name}__apply", tables=[table.applied], **overrides)(apply)
+        return table
+
     def processor(
         self,
         stream: Stream[Any],
@@ -522,8 +664,10 @@ class App:
         if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
             raise ConfigError("stream", f"{stream!r} belongs to another app")
         for table in tables:
-            if self.tables.get(getattr(table, "name", "")) is not table and not isinstance(
-                table, StreamJoin
+            if (
+                self.tables.get(getattr(table, "name", "")) is not table
+                and not isinstance(table, StreamJoin)
+                and not any(table is own for own in self._inner_tables)
             ):
                 raise ConfigError("tables", f"{table!r} is not a table of app {self.name!r}")
         for output in outputs:

@@ -338,7 +338,7 @@ class Delivery(Generic[R]):
             for i, f, d, r in zip(batch.ids, batch.fields, deliveries, decoded, strict=False)
         ]
 
-    def _load(self, batch: Batch) -> None:
+    def _load(self, batch: Batch) -> list[Any] | None:
         records = None
         clean = False
         if self._decoding:
@@ -355,6 +355,7 @@ class Delivery(Generic[R]):
         self.ledger.load(batch, records, clean=clean)
         if TIMING.on:
             self._loaded_at = time.perf_counter()
+        return records
 
     async def next_batch(self, deadline: float, *, wake: bool) -> bool:
         """Load the next batch into the ledger; ``False`` if ``deadline`` passed first.
@@ -403,6 +404,14 @@ class Delivery(Generic[R]):
                     break
                 if wake and self._draining:
                     raise Stop from None
+                try:
+                    # A batch that came as the wait's deadline passed: a deadline passed
+                    # cancels a receive whatever is ready. The partition was not idle.
+                    batch = feed.receive_nowait()
+                except trio.WouldBlock:
+                    pass
+                else:
+                    break
                 if state is None or trio.current_time() >= deadline:
                     return False
                 if not feed.caught_up:
@@ -419,7 +428,10 @@ class Delivery(Generic[R]):
             await self._hand_over()
             # Let the fetcher run (and refill) between batches.
             await trio.lowlevel.checkpoint()
-        self._load(batch)
+        records = self._load(batch)
+        if records and state is not None and state.prefetches:
+            # The batch's keys, read in one round trip per table, not one per event.
+            await state.prefetch(records)
         return True
 
     async def _hand_over(self) -> None:

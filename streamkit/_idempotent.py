@@ -17,38 +17,41 @@ Markers of calls whose reply arrived are deleted by the next append to the same
 partition through the same client (no extra round trip), so a busy producer keeps
 about one marker per partition; the TTL removes the rest.
 
-Everything but the sending and the waiting (the markers, the call's arguments, the
-reply, whether to try again) is :mod:`streamkit._produce` and
-:mod:`streamkit._retrying`, which the blocking and asyncio clients use alike; the
-script, ``streams/append``, is a file of :mod:`streamkit._lua`.
+The retry loop is one operation, :func:`streamkit._ops.append`, which the Trio side
+runs through its driver (:func:`streamkit._redis.run_op`) and the blocking and asyncio
+clients through theirs; below it, the markers, the call's arguments and the reply are
+:mod:`streamkit._produce`, whether to try again :mod:`streamkit._retrying`; the script,
+``streams/append``, is a file of :mod:`streamkit._lua`.
 """
 
 from __future__ import annotations
 
-import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import trio
-
-from ._errors import RedisUnavailable
-from ._lua import script
-from ._produce import MARKER_TTL, AppendCall, FinishedMarkers, append_reply, marker_key
-from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, LuaScript, redis_errors
-from ._retrying import RetryRule
+from ._ops import APPEND, append
+from ._produce import MARKER_TTL, AppendCall, FinishedMarkers, marker_key
+from ._redis import DEFAULT_RETRY_FOR, RETRY_BACKOFF, LuaScript, run_op
 
 if TYPE_CHECKING:
     from ._backoff import Backoff
     from ._redis import Redis
 
-__all__ = ["MARKER_TTL", "append_once", "marker_key"]
-
-log = logging.getLogger("streamkit.redis")
+__all__ = ["MARKER_TTL", "append_once", "marker_key", "markers_of"]
 
 # Per client: the markers of appends whose replies arrived (safe to delete).
 _finished: weakref.WeakKeyDictionary[Any, FinishedMarkers] = weakref.WeakKeyDictionary()
 
-_APPEND = LuaScript(script("streams/append"), hot=True)
+#: The script, as the Trio side runs it (the tests call it directly).
+_APPEND = LuaScript(APPEND, hot=True)
+
+
+def markers_of(redis: Redis) -> FinishedMarkers:
+    """The markers of ``redis``'s finished appends (made on its first append)."""
+    markers = _finished.get(redis)
+    if markers is None:
+        markers = _finished[redis] = FinishedMarkers()
+    return markers
 
 
 async def append_once(
@@ -58,10 +61,15 @@ async def append_once(
     keep: int,
     cap: int,
     entries: list[bytes | int],
+    stream: str = "",
+    partition: int = 0,
     give_up_after: float = DEFAULT_RETRY_FOR,
     backoff: Backoff = RETRY_BACKOFF,
 ) -> tuple[list[str], int]:
     """Append ``entries`` to the stream ``key`` exactly once; return (ids, dropped).
+
+    The operation :func:`streamkit._ops.append`, the clients' own, run by the Trio
+    driver (:func:`streamkit._redis.run_op`).
 
     Args:
         redis: a client from :func:`streamkit.open_redis`.
@@ -69,6 +77,8 @@ async def append_once(
         keep: the partition size trimming keeps (``partition_size``).
         cap: the hard cap, ``max_len`` (0 for none).
         entries: the entries, flat (see :meth:`streamkit._produce.SendWindow.arguments`).
+        stream: the stream's name (the key if not given), and ``partition`` the
+            partition, for the warning when the cap dropped unprocessed entries.
         give_up_after: seconds to keep retrying while Redis is unavailable.
         backoff: delays between retries.
 
@@ -83,41 +93,11 @@ async def append_once(
         without retrying, when Redis is at ``maxmemory``: nothing was appended.
         Other refusals (loading, a replica, ...) are retried like an outage.
     """
-    markers = _finished.get(redis)
-    if markers is None:
-        markers = _finished[redis] = FinishedMarkers()
-    call = AppendCall.make(markers, key, keep=keep, cap=cap, entries=entries)
-    rule = RetryRule(
-        f"appending to {key}",
-        idempotent=True,
-        started=trio.current_time(),
-        give_up_after=give_up_after,
-        backoff=backoff,
-        fail_fast_oom=True,
-        unknown_is_final=True,
+    markers = markers_of(redis)
+    call = AppendCall.make(
+        markers, key, keep=keep, cap=cap, entries=entries, stream=stream, partition=partition
     )
-    try:
-        while True:
-            try:
-                with redis_errors():
-                    reply = await _APPEND(redis, keys=call.keys, args=call.args)
-                break
-            except RedisUnavailable as exc:
-                delay = rule.next_delay(exc, trio.current_time())
-                log.debug(
-                    "appending to %s: %s (attempt %d, retrying in %.2fs)",
-                    key,
-                    exc.reason,
-                    rule.attempts,
-                    delay,
-                )
-                call.retrying()
-                await trio.sleep(delay)
-    except BaseException:
-        call.failed(markers)
-        raise
-    call.succeeded(markers)
-    ids, dropped, before = append_reply(reply)
-    if before:
-        log.debug("append to %s was applied before its connection was lost; not repeated", key)
+    ((ids, dropped),) = await run_op(
+        redis, append(markers, (call,), give_up_after=give_up_after, backoff=backoff)
+    )
     return ids, dropped

@@ -226,6 +226,17 @@ class StreamJoin(KeyedState, Generic[L, R]):
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DecodeError(f"not a forwarded event: {exc}", stream=self.name) from exc
 
+    def prepare_flat(self, flat: list[bytes]) -> Prepared:
+        """:meth:`prepare` of an entry's flat field list (as a batch holds it)."""
+        if len(flat) == 2 and flat[0] == FORWARDED_FIELD:
+            try:
+                tag, key, at, form, stored = orjson.loads(flat[1])
+                side = b"L" if tag == "L" else b"R"
+                return side, key.encode("latin-1"), [int(at), 0, int(form), stored]
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise DecodeError(f"not a forwarded event: {exc}", stream=self.name) from exc
+        return self.prepare(dict(zip(flat[::2], flat[1::2], strict=True)))
+
     async def fold(self, fields: dict[bytes, bytes]) -> None:
         """Join one forwarded event: emit the pairs it makes, buffer it (tentatively)."""
         await self.fold_prepared(self.prepare(fields))
@@ -272,7 +283,7 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     assert state is not None, "a join's processor runs with its state"
     view: JoinView = state.views[join]  # type: ignore[assignment]
     async for batch in events.take_raw(BATCH, within=0.002):
-        prepared = [join.prepare(event.fields) for event in batch]
+        prepared = [join.prepare_flat(event.flat) for event in batch]
         await view.prefetch({b"L" + p[1] for p in prepared} | {b"R" + p[1] for p in prepared})
         for event in prepared:
             await join.fold_prepared(event)

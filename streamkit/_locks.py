@@ -178,9 +178,9 @@ class Lease:
     def value(self) -> bytes:
         """The value stored at :attr:`key` while this lease holds.
 
-        Writers guarded by the lease compare it in Lua before writing::
-
-            if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+        A write guarded by the lease is a script that compares the value of the lock's
+        key with it before it writes (as the fenced read and commit, ``commit/read``
+        and ``commit/ack`` of :mod:`streamkit._lua`, do).
         """
         return f"{self.owner}:{self.token}".encode()
 
@@ -488,7 +488,7 @@ class LockManager:
     async def _load_scripts(self) -> None:
         with redis_errors(self._where):
             for script in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
-                await self.redis.script_load(script.source)
+                await script.load(self.redis)
 
     # -- single operations --
 

@@ -19,6 +19,7 @@ I/O is written here once, with no import of trio or of a Redis client:
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import uuid
@@ -61,8 +62,12 @@ __all__ = [
     "marker_key",
     "metadata_arguments",
     "new_marker_token",
+    "say_dropped",
     "windows",
 ]
+
+# What the producers say of their appends (the streams' logger, whichever client sent).
+log = logging.getLogger("streamkit.streams")
 
 # Records encoded at a time by send_many: bounds memory for huge iterables while
 # keeping every partition's pipeline full.
@@ -417,6 +422,9 @@ class AppendCall:
         done: markers of finished appends this call deletes.
         keys: the script's keys.
         args: the script's arguments.
+        stream: the stream's name, and ``partition`` the partition (for what is said
+            of the call).
+        cap: the hard cap, ``max_len`` (0 for none).
     """
 
     key: str
@@ -424,6 +432,9 @@ class AppendCall:
     done: list[str]
     keys: list[str]
     args: list[bytes | int]
+    stream: str = ""
+    partition: int = 0
+    cap: int = 0
 
     @classmethod
     def make(
@@ -434,6 +445,8 @@ class AppendCall:
         keep: int,
         cap: int,
         entries: list[bytes | int],
+        stream: str = "",
+        partition: int = 0,
     ) -> AppendCall:
         """The call appending ``entries`` (flat) to the stream ``key``.
 
@@ -443,6 +456,8 @@ class AppendCall:
             keep: the partition size trimming keeps (``partition_size``).
             cap: the hard cap, ``max_len`` (0 for none).
             entries: the entries, flat (see :meth:`SendWindow.arguments`).
+            stream: the stream's name (the key, if not given), and ``partition`` the
+                partition ``key`` is, for what is said of the call.
         """
         done = markers.take(key)
         marker = marker_key(key, new_marker_token())
@@ -450,7 +465,16 @@ class AppendCall:
         # marker cannot exist when the first attempt is sent, but it may when that
         # attempt runs: one whose reply timed out may sit in a socket buffer (a paused
         # or overloaded server) and reach Redis after a retry that appended already.
-        return cls(key, marker, done, [key, marker, *done], [keep, cap, MARKER_TTL, 1, *entries])
+        return cls(
+            key,
+            marker,
+            done,
+            [key, marker, *done],
+            [keep, cap, MARKER_TTL, 1, *entries],
+            stream or key,
+            partition,
+            cap,
+        )
 
     def retrying(self) -> None:
         """Mark the call as sent before: the script then looks for its marker first
@@ -465,6 +489,19 @@ class AppendCall:
         """No reply: the markers it took may not have been deleted."""
         if self.done:
             markers.give_back(self.key, self.done)
+
+
+def say_dropped(max_len: int | str | None, dropped: int, stream: str, partition: int) -> None:
+    """Say, at WARNING, that a hard cap (``max_len``) dropped ``dropped`` unprocessed
+    entries from ``stream``'s ``partition``: every producer (the Trio one, the clients,
+    the Spark writer) says it so."""
+    log.warning(
+        "max_len=%s dropped %d unprocessed entries from %s partition %d",
+        max_len or 0,
+        dropped,
+        stream,
+        partition,
+    )
 
 
 def append_reply(reply: Any) -> tuple[list[str], int, bool]:

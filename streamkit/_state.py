@@ -37,13 +37,16 @@ from ._codec import _DATA_FIELDS
 from ._commit import Changes
 from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, EncodeError
+from ._event import UNDECODED
 from ._json_converter import converter
+from ._partitioner import canonical_key_bytes
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_expiry import ExpiringTableView
 from ._state_joins import JoinView
 from ._state_relay import OutboxRelay
 from ._state_views import (
+    GlobalWriterView,
     TableLike,
     TableView,
     WindowLike,
@@ -75,6 +78,10 @@ log = logging.getLogger("streamkit.state")
 WATERMARK_FIELD = b"watermark"
 #: The state hash's field prefix of a windowed table's count of late events.
 LATE_FIELD = "late:"
+#: The state hash's field (then the join's name) counting a join's buffered events.
+BUFFERED_FIELD = "buffered:"
+#: The one field of an entry carrying a table's change on (see PartitionState._feed).
+CHANGE_FIELD = _DATA_FIELDS[None]
 
 
 _current: contextvars.ContextVar[PartitionState | None] = contextvars.ContextVar(
@@ -163,6 +170,8 @@ class PartitionState:
         self.fixed_views: dict[TableLike, FixedWindowView] = {}
         self.windows: list[WindowView | FixedWindowView] = []
         self.expiring: list[ExpiringTableView] = []
+        # The views whose done writes are also sent on, as changes, to these streams.
+        self._feeding: list[tuple[TableView, list[tuple[StreamSpec[Any], bytes]]]] = []
         # The partition's clock for expiry: the time (ms) of the newest event processed
         # (its entry id's), and when (Trio time) it last moved; the id of the newest
         # event in flight, as the delivery's ledger tells.
@@ -192,6 +201,8 @@ class PartitionState:
                 output = getattr(table, "output", None)
                 if output is not None:
                     outputs = [*outputs, output]
+            elif getattr(table, "is_global", False):
+                self.views[table] = GlobalWriterView(table, partition, count, redis, cache_size)
             elif getattr(table, "ttl", None) is not None:
                 expiring = ExpiringTableView(table, partition, count, redis, cache_size)
                 expiring.now = self.event_time
@@ -199,6 +210,17 @@ class PartitionState:
                 self.views[table] = expiring
             else:
                 self.views[table] = TableView(table, partition, count, redis, cache_size)
+            feeds: list[tuple[StreamSpec[Any], bytes]] = getattr(table, "feeds", [])
+            if feeds:
+                # Its changes go on to a table join or a global table (see _table_joins).
+                self._feeding.append((self.views[table], feeds))
+                outputs = [*outputs, *(spec for spec, _ in feeds)]
+        # The plain tables' views, which a batch's partition keys are read into at once
+        # (a table is keyed like its stream, as a rule: see prefetch).
+        self._prefetched = [
+            v for v in self.views.values() if type(v) is TableView or type(v) is ExpiringTableView
+        ]
+        self._key_of = stream.partitioner.key_of
         # Every view, for the per-event calls.
         self._view_list: list[TableView | FixedWindowView] = [
             *self.views.values(),
@@ -214,6 +236,7 @@ class PartitionState:
         self._moved_at = trio.current_time()
         self._moved_pending = False
         self._late_base: dict[str, int] = {}
+        self._buffered_base: dict[str, int] = {}
         outputs = list(dict.fromkeys(outputs))
         self.outputs: dict[str, StreamSpec[Any]] = {spec_of(o).name: spec_of(o) for o in outputs}
         # Entries each output's partitions keep when appends trim them.
@@ -259,8 +282,33 @@ class PartitionState:
             self._watermark_tentative = self.watermark
             for view in self.windows:
                 self._late_base[view.table.name] = int(fields.get(LATE_FIELD + view.table.name, 0))
+                if isinstance(view, JoinView):
+                    stored_count = fields.get(BUFFERED_FIELD + view.table.name, 0)
+                    self._buffered_base[view.table.name] = int(stored_count)
                 view.watermark = self.watermark
                 await view.open()
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables."""
+        return bool(self._prefetched)
+
+    async def prefetch(self, records: list[Any]) -> None:
+        """Read the partition keys of a batch's ``records`` that the plain tables do not
+        know yet, in one ``HMGET`` per table: a processor keeping state by its stream's
+        key (the usual case) then finds each event's value cached, where a ``get`` of a
+        key new to the worker would cost a round trip per event. A table keyed
+        otherwise costs one ``HMGET`` per batch and finds nothing."""
+        key_of = self._key_of
+        fields: dict[bytes, None] = {}
+        try:
+            for record in records:
+                if record is not UNDECODED:
+                    fields[canonical_key_bytes(key_of(record))] = None
+        except Exception:  # a bad key: the processor meets it, and its policy decides
+            return
+        for view in self._prefetched:
+            await view.prefetch(fields, checked=False)
 
     # -- the watermark --
 
@@ -543,6 +591,8 @@ class PartitionState:
         """The done effects, as changes for the next commit; ``None`` if there are none."""
         pins: list[tuple[TableView | FixedWindowView, list[Any]]] = []
         changes = Changes()
+        for feeding, feeds in self._feeding:
+            self._feed(feeding, feeds)
         for view in self._view_list:
             pinned: list[Any] = []
             view.contribute(changes, pinned)
@@ -554,6 +604,13 @@ class PartitionState:
                 self._watermark_written = self.watermark
                 state += [WATERMARK_FIELD, int(self.watermark)]
             for view in self.windows:
+                if isinstance(view, JoinView) and view.buffered_delta:
+                    name = view.table.name
+                    self._buffered_base[name] = (
+                        self._buffered_base.get(name, 0) + view.buffered_delta
+                    )
+                    view.buffered_delta = 0
+                    state += [BUFFERED_FIELD + name, max(self._buffered_base[name], 0)]
                 if view.late:
                     name = view.table.name
                     self._late_base[name] = self._late_base.get(name, 0) + view.late
@@ -605,6 +662,29 @@ class PartitionState:
 
             changes.on_landed = landed
         return changes
+
+    def _feed(self, view: TableView, feeds: list[tuple[StreamSpec[Any], bytes]]) -> None:
+        """Send the done writes of ``view`` on as changes (one entry each: the JSON array
+        ``[tag, key as latin-1 text, value as stored or null]``), to the same partition
+        of each stream of ``feeds``; committed with them, so exactly once."""
+        writes = view.done_writes()
+        if not writes:
+            return
+        dumps = orjson.dumps
+        fragment = orjson.Fragment
+        for spec, tag in feeds:
+            _, _, keys, targets = self._emitter(spec)
+            partition = self.partition if len(keys) > 1 else 0
+            target = keys[partition]
+            side = tag.decode()
+            for field, (_, encoded) in writes.items():
+                payload = dumps(
+                    [side, field.decode("latin-1"), None if encoded is None else fragment(encoded)]
+                )
+                pairs: list[bytes | str | int | float] = [CHANGE_FIELD, payload]
+                if targets is not None:
+                    pairs = [b"__to", targets[partition], *pairs]
+                self._done_out.append((target, pairs))
 
     def start_relay(self, held: HeldLease) -> OutboxRelay | None:
         """The relay of this partition's outbox (Redis Cluster, with outputs), if any:

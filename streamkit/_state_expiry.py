@@ -31,7 +31,7 @@ from ._redis import LuaScript, redis_errors
 from ._state_views import MISSING, UNKNOWN, TableView
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from ._commit import Changes
     from ._redis import Redis
@@ -131,6 +131,12 @@ class ExpiringTableView(TableView):
             for i, value in zip(unknown, read, strict=True):
                 values[i] = value
         return [default if v is MISSING else v for v in values]
+
+    async def prefetch(self, fields: Iterable[bytes], *, checked: bool = True) -> None:
+        """As :meth:`TableView.prefetch`, with the keys' deadlines."""
+        unknown = self._unknown(fields, checked=checked)
+        if unknown:
+            await self._read(unknown)
 
     async def _read(self, fields: list[bytes]) -> list[Any]:
         """Read ``fields`` and their deadlines from Redis; remember them."""

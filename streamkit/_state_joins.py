@@ -92,10 +92,12 @@ class JoinView(WindowView):
     rule and settling; its values are the buffered events of a side and key.
 
     Attributes:
-        buffered: the events buffered (done) on the partition, by this view's count.
+        buffered_delta: how many more events are buffered (done) than the last commit
+            handed over said (the state hash keeps the partition's count: see
+            :data:`streamkit._state.BUFFERED_FIELD`).
     """
 
-    __slots__ = ("_flags", "_join")
+    __slots__ = ("_buffered_tentative", "_flags", "_join", "buffered_delta")
 
     def __init__(
         self, table: JoinLike, partition: int, partition_count: int, redis: Redis, cache_size: int
@@ -106,6 +108,8 @@ class JoinView(WindowView):
         # are emitted (a left join's left side, both of an outer join's).
         outer, left = table.how == "outer", table.how == "left"
         self._flags = {b"L": outer or left, b"R": outer}
+        self.buffered_delta = 0
+        self._buffered_tentative = 0
 
     def _check(self, key: object) -> None:
         """Fields are a side and a key of this partition (its events were routed here
@@ -115,10 +119,21 @@ class JoinView(WindowView):
         """Buffer ``value`` under the field ``key`` (tentatively), encoded when
         committed (a field set by several events of a batch is encoded once)."""
         assert type(key) is bytes
+        old = self._known(key)
+        self._buffered_tentative += len(value) - (len(old) if type(old) is list else 0)
         self._tentative[key] = (value, _UNENCODED)
         score = self._score(value)
         if score is not None:
             self.next_due = min(self.next_due, score)
+
+    def promote(self) -> None:
+        super().promote()
+        self.buffered_delta += self._buffered_tentative
+        self._buffered_tentative = 0
+
+    def discard(self) -> None:
+        super().discard()
+        self._buffered_tentative = 0
 
     def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
         dirty = self._dirty
@@ -133,7 +148,7 @@ class JoinView(WindowView):
             return None
         join = self._join
         # An int (ms): sent to Redis as it is, no float formatting.
-        first: int = min(e[0] for e in events)
+        first: int = events[0][0] if len(events) == 1 else min(e[0] for e in events)
         return first + join.within + join.grace
 
     def _settle_value(
@@ -144,6 +159,7 @@ class JoinView(WindowView):
         kept = [e for e in events if e[0] + span > watermark]
         if len(kept) == len(events):
             return False, events, []
+        self.buffered_delta -= len(events) - len(kept)  # gone as done writes
         side = field[:1]
         closed = []
         if join.how == "outer" or (join.how == "left" and side == b"L"):

@@ -49,8 +49,13 @@ _REMEMBERED = 4096
 
 
 def windowed_names(tables: Iterable[Any]) -> list[str]:
-    """The names of the windowed tables among ``tables``, in order."""
-    return [table.name for table in tables if getattr(table, "kind", None) is not None]
+    """The names of the windowed tables and stream-stream joins among ``tables`` (what
+    meets late events), in order."""
+    return [
+        table.name
+        for table in tables
+        if getattr(table, "kind", None) is not None or getattr(table, "joins", False)
+    ]
 
 
 def late_fields(names: Sequence[str]) -> list[str]:

@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from ._redis import Redis
     from ._windows import WindowKind
 
-__all__ = ["MISSING", "UNKNOWN", "TableLike", "TableView", "WindowLike", "WindowView"]
+__all__ = [
+    "MISSING",
+    "UNKNOWN",
+    "GlobalWriterView",
+    "TableLike",
+    "TableView",
+    "WindowLike",
+    "WindowView",
+]
 
 #: Due keys a settling round reads, at most (the rest wait for the next round).
 SETTLE_BATCH = 500
@@ -204,17 +212,26 @@ class TableView:
                 values[i] = value
         return [default if v is MISSING else v for v in values]
 
-    async def prefetch(self, fields: Iterable[bytes]) -> None:
-        """Read into the cache, in one ``HMGET``, those of ``fields`` (stored, already
-        checked to be of this partition) not known here: a batch's reads that follow
-        cost no round trip each."""
-        unknown = [f for f in fields if self._known(f) is _ABSENT]
+    async def prefetch(self, fields: Iterable[bytes], *, checked: bool = True) -> None:
+        """Read into the cache, in one ``HMGET``, those of ``fields`` (canonical keys)
+        not known here: a batch's reads that follow cost no round trip each. Unless
+        ``checked`` (known to be of this partition), a key of another partition is
+        left out (its ``get`` raises :class:`WrongPartition` as it should)."""
+        unknown = self._unknown(fields, checked=checked)
         if not unknown:
             return
         with redis_errors():
             raws = await self._redis.hmget(self.key, unknown)
         for field, raw in zip(unknown, raws, strict=True):
             self._remember(field, MISSING if raw is None else self.table.decode(raw))
+
+    def _unknown(self, fields: Iterable[bytes], *, checked: bool) -> list[bytes]:
+        """Those of ``fields`` not known here (of this partition, unless ``checked``)."""
+        unknown = [f for f in fields if self._known(f) is _ABSENT]
+        if not checked:
+            count, partition = self._partition_count, self.partition
+            unknown = [f for f in unknown if partition_for(f, count) == partition]
+        return unknown
 
     def set(self, key: object, value: Any) -> None:
         """Write ``value`` under ``key`` (tentatively)."""
@@ -291,6 +308,11 @@ class TableView:
         if len(cache) > self._cache_size:
             self._evict()
 
+    def done_writes(self) -> dict[bytes, tuple[Any, bytes | None]]:
+        """The done writes the next commit carries: ``(value, encoded)`` by field
+        (``encoded`` ``None``: deleted)."""
+        return self._dirty
+
     def _index(self, changes: Changes, dirty: dict[bytes, tuple[Any, bytes | None]]) -> None:
         """Add what else the done writes change (a windowed table's index)."""
 
@@ -312,6 +334,30 @@ class TableView:
             f"<TableView {self.table.name!r} partition {self.partition}: cached "
             f"{len(self._cache)}, uncommitted {len(self._tentative) + len(self._dirty)}>"
         )
+
+
+class GlobalWriterView(TableView):
+    """A global table as its writer sees it, in any of its partitions: any key may be
+    written; its writes reach the table's one hash as changes (sent on by the commit,
+    see :class:`~streamkit.GlobalTable`), never directly; reads are its own writes,
+    then its cache, then the table as applied."""
+
+    __slots__ = ()
+
+    def _check(self, key: object) -> None:
+        """Every key is this view's: a global table is not partitioned."""
+
+    def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
+        """The done writes count as committed from now; they travel as changes."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        self._dirty = {}
+        cache = self._cache
+        for field, (value, _) in dirty.items():
+            cache[field] = value
+        if len(cache) > self._cache_size:
+            self._evict()
 
 
 class WindowView(TableView):

@@ -16,7 +16,6 @@ per client where the user may) is refused before anything reaches Redis.
 from __future__ import annotations
 
 import contextlib
-import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -66,8 +65,6 @@ R = TypeVar("R")
 #: Records encoded between two looks at the sends in flight (send_many encodes the
 #: next window while Redis appends the current one).
 ENCODE_SLICE = 500
-
-log = logging.getLogger("streamkit.streams")
 
 _METADATA_SCRIPT = LuaScript(script("streams/metadata"))
 
@@ -154,21 +151,15 @@ async def append_flat(
     max_len: int | None = None,
 ) -> list[str]:
     """:func:`append_entries` for entries laid end to end in ``flat`` already."""
-    entry_ids, dropped = await append_once(
+    entry_ids, _ = await append_once(
         redis,
         spec.key(partition),
         keep=partition_size,
         cap=max_len or 0,
         entries=flat,
+        stream=spec.name,
+        partition=partition,
     )
-    if dropped:
-        log.warning(
-            "max_len=%d dropped %d unprocessed entries from %s partition %d",
-            max_len or 0,
-            dropped,
-            spec.name,
-            partition,
-        )
     return entry_ids
 
 

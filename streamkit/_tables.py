@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
 
     from ._redis import Redis
+    from ._spec import StreamSpec
 
 __all__ = ["Table"]
 
@@ -80,6 +81,9 @@ class Table(KeyedState, Generic[V]):
     value: Any
     default: V | None = None
     ttl: int | None = attrs.field(default=None, kw_only=True)
+    #: Where its writes are sent on as changes (a table join, a global table): each a
+    #: stream and the tag of its changes (see streamkit._table_joins).
+    feeds: list[tuple[StreamSpec[Any], bytes]] = attrs.field(factory=list, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_storable(f"table {self.name!r}", "default", self.default, self.value)
@@ -233,7 +237,7 @@ class Table(KeyedState, Generic[V]):
                 yield field.decode(), self.decode(raw)
             return
         client = self._redis(redis)
-        partitions = range(self._home().partition_count) if partition is None else [partition]
+        partitions = range(self.partition_total()) if partition is None else [partition]
         for p in partitions:
             cursor: Any = 0
             while True:

@@ -92,6 +92,10 @@ class KeyedState:
         """The partition ``key`` belongs to (the stream's partitioner's answer)."""
         return partition_for(key, self._home().partition_count)
 
+    def partition_total(self) -> int:
+        """How many partitions the table has (its stream's; a global table's one)."""
+        return self._home().partition_count
+
     def key(self, partition: int) -> str:
         """The Redis hash holding ``partition`` of the table."""
         raise NotImplementedError
@@ -110,8 +114,7 @@ class KeyedState:
     ) -> AsyncIterator[tuple[bytes, bytes]]:
         """Every committed ``(field, raw value)``, partition by partition (or of one)."""
         client = self._redis(redis)
-        home = self._home()
-        partitions = range(home.partition_count) if partition is None else [partition]
+        partitions = range(self.partition_total()) if partition is None else [partition]
         for p in partitions:
             cursor = 0
             while True:
@@ -125,10 +128,9 @@ class KeyedState:
     async def sizes(self, *, redis: Redis | None = None) -> list[int]:
         """The number of keys in each partition, in partition order."""
         client = self._redis(redis)
-        home = self._home()
         with redis_errors():
             async with client.pipeline(transaction=False) as pipe:
-                replies = [pipe.hlen(self.key(p)) for p in range(home.partition_count)]
+                replies = [pipe.hlen(self.key(p)) for p in range(self.partition_total())]
         return [int(await r) for r in replies]
 
     def _where(self) -> str:

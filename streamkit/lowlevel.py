@@ -71,6 +71,7 @@ from ._replay import (
     ResetPlan as ResetPlan,
     ResetRefused as ResetRefused,
 )
+from ._table_joins import GlobalTable as GlobalTable
 
 __all__ = [
     "Assignment",
@@ -84,6 +85,7 @@ __all__ = [
     "DivertHook",
     "FeedEnded",
     "FetcherStatistics",
+    "GlobalTable",
     "GroupExists",
     "JsonLogFormatter",
     "LockInfo",

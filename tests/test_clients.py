@@ -644,7 +644,7 @@ async def test_a_lost_reply_is_retried_with_its_marker_and_appends_once(
                 retried.set()
 
     handler = Watch(level=logging.DEBUG)
-    logger = logging.getLogger("streamkit.clients")
+    logger = logging.getLogger("streamkit.redis")
     logger.addHandler(handler)
     level = logger.level
     logger.setLevel(logging.DEBUG)

@@ -10,6 +10,8 @@ import pytest
 import trio
 
 from streamkit import App, ConfigError, Record
+from streamkit._cli._fleet import take_snapshot
+from streamkit._state_joins import decode_buffer
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 
@@ -106,6 +108,11 @@ async def test_pairs_within_the_window_once_and_unmatched_orders_when_it_closes(
 
         await wait_until(emitted, what="the pairs and the unmatched order", within=30)
         await worker.stop()
+    async with app:
+        snapshot = await take_snapshot(app)
+    (joiner,) = [p for p in snapshot.processors if p.name == "paid_orders"]
+    # The status shows what waits: the closing events, one of each side per partition.
+    assert [row.buffered for row in joiner.partitions] == [{"paid_orders": 2}] * 2
     got = sorted(
         (r["key"], r["left"]["order_id"], None if r["right"] is None else r["right"]["paid"])
         for r in await results(redis, paid)
@@ -125,3 +132,79 @@ async def test_co_partitioning_is_required() -> None:
     out = app.stream("out", record=dict, partition_by=lambda r: r["key"])
     with pytest.raises(ConfigError, match="co-partitioned"):
         app.join("j", orders, payments, within=60, output=out)
+
+
+async def test_buffers_stay_flat_at_a_steady_rate(redis_url: str, redis: Redis) -> None:
+    """Events go once their window and grace passed: at a steady rate the buffers hold
+    about rate x (within + grace) events, and what status counts is what they hold."""
+
+    class Click(Record):
+        user: int
+
+    app = App("steady", redis_url=redis_url, **FAST)
+    views = app.stream("views", record=Click, partition_by="user", partition_count=2)
+    buys = app.stream("buys", record=Click, partition_by="user", partition_count=2)
+    out = app.stream("out", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    join = app.join("bought", views, buys, within=0.3, grace=0.2, how="left", output=out)
+    rate = 200  # events per second and side, at most
+    samples: list[int] = []
+    sent = [0]
+
+    async def buffered() -> int:
+        async with app:
+            snapshot = await take_snapshot(app)
+        (joiner,) = [p for p in snapshot.processors if p.name == "bought"]
+        return sum(sum(row.buffered.values()) for row in joiner.partitions)
+
+    async def produce() -> None:
+        user = 0
+        while True:
+            await views.send_many([Click(user=user + n) for n in range(4)])
+            await buys.send_many([Click(user=user + n) for n in range(0, 4, 2)])
+            user += 4
+            sent[0] += 6
+            await trio.sleep(4 / rate)
+
+    async with app, trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        nursery.start_soon(produce)
+        for _ in range(16):
+            await trio.sleep(0.5)
+            samples.append(await buffered())
+        nursery.cancel_scope.cancel()
+        await worker.stop()
+    # What was sent in the last within + grace (0.5 s), and in the batches waiting to
+    # be settled: at most what one second of the run sent (8 s), never all of it.
+    assert max(samples[4:]) < sent[0] / 8, (samples, sent)
+    late_half, early_half = samples[10:], samples[4:10]
+    assert max(late_half) <= 2 * max(early_half) + 50, samples  # flat, not growing
+    # The count status shows is what the buffers hold.
+    async with app:
+        held = 0
+        for partition in range(2):
+            for raw in (await redis.hgetall(join.key(partition))).values():
+                held += len(decode_buffer(raw))
+        assert held == await buffered()
+
+
+async def test_a_late_event_matches_nothing_and_is_counted(redis_url: str, redis: Redis) -> None:
+    app, orders, payments, paid = shop(redis_url, "outer", partitions=1)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send(order(1, 0))
+        await orders.send(order(2, 5 * 3600))  # the watermark: 5 hours on
+        await payments.send(payment(1, 30))  # 30 s after order 1: but its window closed
+
+        async def counted() -> bool:
+            async with app:
+                snapshot = await take_snapshot(app)
+            (joiner,) = [p for p in snapshot.processors if p.name == "paid_orders"]
+            return joiner.late == 1
+
+        await wait_until(counted, what="the late payment counted", within=30)
+        await worker.stop()
+    # Order 1's window closed unmatched (an outer join emits it alone); the late payment
+    # met nothing and is not emitted at all.
+    got = [(r["key"], r["right"]) for r in await results(redis, paid)]
+    assert ("1", None) in got
+    assert all(right is None for _, right in got)

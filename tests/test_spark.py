@@ -639,3 +639,46 @@ def test_a_table_reads_as_a_snapshot(spark: SparkSession, url: str) -> None:
     )
     with pytest.raises(ConfigError, match="batch snapshot"):
         source.streamReader(source.schema())
+
+
+def test_a_derived_table_and_a_global_table_read_as_snapshots(
+    spark: SparkSession, url: str
+) -> None:
+    from streamkit import Events, Record, Table
+    from tests.test_table_joins import Profile, Status, accounts_app
+
+    class Rate(Record):
+        currency: str
+        rate: float
+
+    app, users, statuses, _ = accounts_app(url)
+    rates_stream = app.stream("rate_updates", record=Rate, partition_by="currency")
+    rates: Table[float] = app.global_table("rates", value=float)
+
+    @app.processor(rates_stream, tables=[rates])
+    async def keep_rates(events: Events[Rate]) -> None:
+        async for rate in events.records():
+            rates.set(rate.currency, rate.rate)
+
+    async def process() -> None:
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(run_worker, app)
+            await users.send_many([Profile(user=f"u{n}", city="Oslo") for n in range(6)])
+            await statuses.send_many([Status(user=f"u{n}", status="active") for n in range(3)])
+            await rates_stream.send_many(
+                [Rate(currency="EUR", rate=1.1), Rate(currency="NOK", rate=0.09)]
+            )
+
+            async def done() -> bool:
+                both = app.tables["both"]
+                return sum(await both.sizes()) == 3 and sum(await rates.sizes()) == 2
+
+            await wait_until(done, what="the derived and global tables", within=30)
+            await worker.stop()
+
+    trio.run(process)
+    base = spark.read.format("streamkit").option("url", url).option("app", "accounts")
+    both = base.option("stream", "both__changes").option("table", "both").load().collect()
+    assert {row.key for row in both} == {"u0", "u1", "u2"}
+    applied = base.option("stream", "rates__global").option("table", "rates").load().collect()
+    assert {(row.key, float(row.value)) for row in applied} == {("EUR", 1.1), ("NOK", 0.09)}

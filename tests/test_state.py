@@ -132,6 +132,51 @@ async def test_a_table_and_outputs_reflect_every_event_once(redis_url: str, redi
         assert [r.total for r in mine] == [sum(range(1, n + 2)) for n in range(30)]
 
 
+async def test_a_batch_of_new_keys_is_read_in_one_round_trip(redis_url: str, redis: Redis) -> None:
+    """Counting per key where most keys are new to the worker (users, sessions): a
+    batch's partition keys are read with one HMGET per table, not a GET per event."""
+    app, orders, _, totals, counts = shop(redis_url, batch_size=100)
+    sent = orders_for(customers=2000, per_customer=1)  # every key new
+    await redis.config_resetstat()
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many(sent)
+        await wait_counts(counts, {f"c{c}": 1 for c in range(2000)})
+        await worker.stop()
+    stats: Any = await redis.info("commandstats")
+    hget = stats.get("cmdstat_hget", {}).get("calls", 0)
+    hmget = stats.get("cmdstat_hmget", {}).get("calls", 0)
+    assert hget == 0, stats  # no event read its key alone
+    # Two tables, a batch of 100 at most (often fewer): far fewer reads than events.
+    assert 0 < hmget <= 2 * len(sent) // 10, hmget
+    async with app:
+        assert await totals.read_many(["c0", "c1999"]) == [1.0, 1.0]
+
+
+async def test_a_batch_of_new_keys_of_a_table_with_a_ttl_is_read_at_once(
+    redis_url: str, redis: Redis
+) -> None:
+    app = App("expiring", redis_url=redis_url, batch_size=100, **FAST)
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=4)
+    seen: Table[int] = app.table("seen", value=int, default=0, ttl=timedelta(hours=1))
+
+    @app.processor(orders, tables=[seen])
+    async def count(events: Events[Order]) -> None:
+        async for order in events.records():
+            seen.set(order.customer, await seen.get(order.customer) + 1)
+
+    sent = orders_for(customers=1000, per_customer=1)
+    await redis.config_resetstat()
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many(sent)
+        await wait_counts(seen, {f"c{c}": 1 for c in range(1000)})
+        await worker.stop()
+    stats: Any = await redis.info("commandstats")
+    # Each read of keys is an HMGET with a ZMSCORE of their deadlines: one per batch.
+    assert 0 < stats.get("cmdstat_zmscore", {}).get("calls", 0) <= len(sent) // 10, stats
+
+
 async def test_a_worker_stopped_as_its_events_are_processed_commits_them_all(
     redis_url: str,
 ) -> None:

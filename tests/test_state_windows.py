@@ -398,3 +398,50 @@ async def test_a_window_carries_over_to_the_next_owner(redis_url: str, redis: Re
     expected = [("a", T0.isoformat(), 5), ("b", T0.isoformat(), 2)]
     expected += [(key, T0.isoformat(), 3) for key in others]
     assert got == sorted(expected)
+
+
+async def test_a_backlog_in_event_time_order_has_no_late_event(
+    redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition working through a backlog is not idle, even while a window is due
+    and its next batch came while its windows settled: no event of a backlog sent in
+    event-time order is late (the wall clock moved no watermark), every window exact."""
+    # Every wait for a batch ends at once, as it does when a window was due already
+    # (the watermark at its end) and the next batch takes a moment to come: a batch
+    # that is there by then is taken, never the idle tick.
+    monkeypatch.setattr(PartitionState, "idle_deadline", lambda self: trio.current_time() - 1)
+    app = App("backlog", redis_url=redis_url, batch_size=20, **FAST)
+    shops = [f"shop-{n}" for n in range(4)]
+    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=8)
+    totals = app.stream("totals", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    # Windows of 5 ms of event time, each shop's events 1 ms apart: one is due at
+    # nearly every batch.
+    revenue = app.window(
+        "revenue", tumbling(timedelta(milliseconds=5)), value=int, initial=0, time="at",
+        output=totals,
+    )  # fmt: skip
+
+    @app.processor(sales, tables=[revenue])
+    async def add_up(events: Events[Sale]) -> None:
+        async for item in events.records():
+            await revenue.update(item.shop, item, operator.add, item.amount)
+
+    n = 400  # per shop
+    async with app:
+        await sales.send_many([sale(shop, 1, i / 1000) for i in range(n) for shop in shops])
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+
+        async def emitted() -> bool:
+            return bool(sum(r["value"] for r in await results(redis, totals)) >= n * len(shops))
+
+        # (The last windows close by the idle rule, once the backlog is done.)
+        await wait_until(emitted, what="the backlog's windows", within=30)
+        await worker.stop()
+    got = await results(redis, totals)
+    assert [r["value"] for r in got] == [5] * (len(shops) * n // 5)
+    from streamkit._cli._fleet import take_snapshot
+
+    async with app:
+        snapshot = await take_snapshot(app)
+    assert [p.late for p in snapshot.processors] == [0]

@@ -24,6 +24,7 @@ from .._replay import (
     plan_reset,
     read_reset,
 )
+from .._state import BUFFERED_FIELD
 from .._state_late import late_counts, late_fields, late_keys, windowed_names
 from .._wire import text
 
@@ -81,6 +82,8 @@ class PartitionStatus:
         late: the late events each windowed table the processor writes dropped (or
             dead-lettered) on the partition so far, by table name: events whose
             windows had all closed.
+        buffered: the events each stream-stream join the processor runs holds on the
+            partition, waiting for a match or for their window to close, by join name.
     """
 
     partition: int
@@ -95,6 +98,7 @@ class PartitionStatus:
     tables: Mapping[str, int] = attrs.field(factory=dict)
     reads_after: str | None = None
     late: Mapping[str, int] = attrs.field(factory=dict)
+    buffered: Mapping[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -172,6 +176,12 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             late_requests = (
                 [pipe.hmget(key, late_fields(windowed)) for key in state_keys] if windowed else []
             )
+            joins = [table.name for table in processor.tables if getattr(table, "joins", False)]
+            buffered_requests = (
+                [pipe.hmget(key, [BUFFERED_FIELD + name for name in joins]) for key in state_keys]
+                if joins
+                else []
+            )
         exists = [await request for request in exists_requests]
         lengths = [await request for request in length_requests]
         lasts = [await request for request in last_requests]
@@ -185,6 +195,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             if getattr(table, "fixed", False):  # a hash per window: counted per window
                 sizes[table.name] = await table.sizes(redis=redis)
         late = [late_counts(windowed, await request) for request in late_requests]
+        buffered = [late_counts(joins, await request) for request in buffered_requests]
         # A processor with no worker yet has no group: all of a partition is lag.
         existing = [key for key, found in zip(keys, exists, strict=True) if found]
         async with redis.pipeline(transaction=False) as pipe:
@@ -217,6 +228,7 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 tables={name: counts[partition] for name, counts in sizes.items()},
                 reads_after=text(info["last-delivered-id"]) if info else None,
                 late=late[partition] if late else {},
+                buffered=buffered[partition] if buffered else {},
             )
         )
     return ProcessorReading(

@@ -85,11 +85,8 @@ async def table_list(
     twice or miss one written during the scan)."""
     app = load_app(app_path, redis_url)
     found = _table(app, name)
-    if partition is not None and not 0 <= partition < found.stream.partition_count:  # type: ignore[union-attr]
-        fail(
-            f"--partition must be 0..{found.stream.partition_count - 1}",  # type: ignore[union-attr]
-            exit_code=2,
-        )
+    if partition is not None and not 0 <= partition < found.partition_total():
+        fail(f"--partition must be 0..{found.partition_total() - 1}", exit_code=2)
     shown = 0
     try:
         async with app:

@@ -475,6 +475,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                         "reads_after": row.reads_after,
                         "tables": dict(row.tables),
                         "late": dict(row.late),
+                        "buffered": dict(row.buffered),
                         "rate": _rate(rates.partitions.get((processor.name, row.partition))),
                         "last_event_at": iso(row.last_event_at),
                         "halted": None

@@ -222,11 +222,14 @@ def partitions_table(
     """A processor's partitions, one line each: who processes it (``HALTED`` when
     halted), lag and pending; with ``rates`` (the watch view) the events/s, without
     (``streamkit status``) the entries and the keys of each table it writes; for a
-    processor writing windowed tables, its late events (``late``)."""
+    processor writing windowed tables, its late events (``late``); for a join's, its
+    buffered events (``buffered``)."""
     names = worker_names(processor.members)
     tables = processor.tables if rates is None else ()
     # Late window events (dropped or dead-lettered), over the windowed tables.
     late = ("late",) if processor.windows else ()
+    # A stream-stream join's events waiting for a match or for their window to close.
+    buffered = ("buffered",) if any(row.buffered for row in rows) else ()
     headers = (
         "part",
         "worker",
@@ -236,6 +239,7 @@ def partitions_table(
         *(("events/s",) if rates is not None else ()),
         *(printable(t) for t in tables),
         *late,
+        *buffered,
         "last event",
     )
     cells: list[tuple[str, ...]] = []
@@ -258,6 +262,7 @@ def partitions_table(
                 *middle,
                 *(compact(row.tables.get(t)) for t in tables),
                 *((compact(total_late(row.late)),) if late else ()),
+                *((compact(sum(row.buffered.values())),) if buffered else ()),
                 ago(row.last_event_at, now),
             )
         )

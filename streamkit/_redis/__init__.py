@@ -9,6 +9,8 @@ concept per module, each importable on its own:
 * :mod:`._retries`: when an operation is tried again (:func:`retry_idempotent`,
   :func:`call_once`, :func:`ride_out_refusals`).
 * :mod:`._commands`: :class:`LuaScript` and :func:`run_blocking`.
+* :mod:`._driver`: :func:`run_op`, the Trio driver of the operations of
+  :mod:`streamkit._ops` (the blocking and asyncio clients have their own).
 * :mod:`._health`: what happens to the connections (an outage said once, see
   :func:`health_of`), and :class:`RedisStatistics`.
 * :mod:`._pool`: the pools of a server and of a cluster, with the one slot give-back.
@@ -57,6 +59,7 @@ from ._commands import (
     run_blocking as run_blocking,
     run_blocking_between as run_blocking_between,
 )
+from ._driver import run_op as run_op
 from ._factory import (
     DEFAULT_CONNECT_TIMEOUT as DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS,
@@ -121,4 +124,5 @@ __all__ = [
     "ride_out_refusals",
     "run_blocking",
     "run_blocking_between",
+    "run_op",
 ]

@@ -24,6 +24,7 @@ import redis.cluster
 
 from .. import _redispy
 from .._errors import StreamkitError
+from .._ops import drive_blocking
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from . import _ops
@@ -48,12 +49,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from datetime import datetime
 
+    from .._ops import Work
     from .._tables import Table
     from .._tables_windowed import WindowedTable
     from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
-    from ._ops import Op, Request, SendsRecords
+    from ._ops import Op, SendsRecords
 
 __all__ = ["BlockingClient", "BlockingJobHandle"]
 
@@ -133,22 +135,9 @@ class BlockingClient(ClientBase):
 
     def run(self, op: Op[T]) -> T:
         """Run an operation of :mod:`._ops`: do what it asks until it returns."""
-        try:
-            request = next(op)
-            while True:
-                try:
-                    reply = self._do(request)
-                except StreamkitError as exc:
-                    request = op.throw(exc)
-                else:
-                    request = op.send(reply)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        finally:
-            op.close()
+        return drive_blocking(op, self._do, time.monotonic)
 
-    def _do(self, request: Request) -> Any:
+    def _do(self, request: Work) -> Any:
         if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return None

@@ -1,11 +1,13 @@
 """What the blocking and asyncio clients do, written once, without I/O: operations as generators.
 
 Each operation (send records, enqueue jobs, follow a job, read a table) is a generator
-that yields the Redis work it needs (a :class:`Call`, a :class:`CallBatch` of calls sent
-together, or a :class:`Sleep` before trying again) and is sent back the replies. The
-blocking client runs it with blocking sockets and ``time.sleep``; the asyncio client
-with awaits (:mod:`._blocking`, :mod:`._asyncio`): one definition, two thin drivers,
-never a generated copy.
+that yields the Redis work it needs and is sent back the replies (the requests of
+:mod:`streamkit._ops`: a ``Call``, a ``CallBatch`` of calls sent together, a ``Sleep``
+before trying again, ``NOW``). The blocking client runs it with blocking sockets and
+``time.sleep``; the asyncio client with awaits (:mod:`._blocking`, :mod:`._asyncio`):
+one definition, thin drivers, never a generated copy. What the Trio side does too is
+not here but below, run by its driver as well: the idempotent append
+(:func:`streamkit._ops.append`) and enqueueing (:mod:`streamkit.jobs._ops`).
 
 Below the operations, every decision is the Trio side's own, from the same pure
 modules: records into append calls and the metadata check (:mod:`streamkit._produce`),
@@ -13,15 +15,13 @@ the retry rule (:mod:`streamkit._retrying`), job enqueue plans
 (:mod:`streamkit.jobs._plan`), the queue's replies (:mod:`streamkit.jobs._replies`),
 and the scripts (:mod:`streamkit._lua`).
 
-Why one room (about 650 lines): every client operation, so that both drivers read one
+Why one room (about 600 lines): every client operation, so that both drivers read one
 list and none can drift from the other.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -30,11 +30,11 @@ from .. import _lua
 from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, RedisUnavailable, StreamkitError
 from .._keys import parse_window_member as parse_member
+from .._ops import NOW, Call, CallBatch, Now, Op, Request, Sleep, append, retried
 from .._partitioner import canonical_key_bytes
 from .._produce import (
     AppendCall,
     FinishedMarkers,
-    append_reply,
     check_metadata_reply,
     check_send_options,
     encode_window,
@@ -45,7 +45,8 @@ from .._retrying import RetryRule
 from .._tables_windowed import WindowedTable
 from .._windows import Window
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
-from ..jobs._plan import JobIds, Placement, link_answers, plan_enqueue
+from ..jobs._ops import send_plan, send_workflow
+from ..jobs._plan import JobIds, Placement, plan_enqueue
 from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
 from ..jobs._workflow import plan_workflow
 
@@ -60,104 +61,31 @@ if TYPE_CHECKING:
     from ..jobs._workflow import Workflow
 
 __all__ = [
+    "NOW",
     "Call",
     "CallBatch",
     "ClientState",
+    "Now",
     "Op",
+    "Request",
     "SendsRecords",
     "Sleep",
 ]
 
 T = TypeVar("T")
 
-log = logging.getLogger("streamkit.clients")
-
 #: Longest block of one ``XREAD`` waiting for a job's end: well within the socket
 #: timeout, so a server that died is noticed.
 RESULT_BLOCK = 5.0
-#: Enqueue script calls sent together (each up to 500 jobs).
-ENQUEUE_CALLS_PER_BATCH = 8
 #: Keys read per ``HSCAN`` call when iterating a table.
 SCAN_COUNT = 1000
 
 
-# ------------------------------------------------------------------------ requests
-
-
-@attrs.frozen
-class Call:
-    """One command for the driver to run.
-
-    Attributes:
-        args: the command and its arguments.
-        key: a key of the command: routes it on a cluster (its node), and names it.
-        script: the script an ``EVALSHA`` runs, loaded on a ``NOSCRIPT`` reply (a
-            refused ``EVALSHA`` ran nothing).
-    """
-
-    args: tuple[Any, ...]
-    key: str
-    script: _lua.Script | None = None
-
-    @classmethod
-    def run(cls, script: _lua.Script, keys: list[str], args: Iterable[Any]) -> Call:
-        """Run ``script`` with ``keys`` and ``args``."""
-        return cls(("EVALSHA", script.sha, len(keys), *keys, *args), keys[0], script)
-
-    @classmethod
-    def command(cls, *args: Any) -> Call:
-        """A plain command whose first argument after its name is its key."""
-        return cls(args, args[1])
-
-
-@attrs.frozen
-class CallBatch:
-    """Calls sent together, one connection per node, in order per node.
-
-    The reply is a list: per call its reply, or the :class:`~streamkit.StreamkitError`
-    it failed with (the others ran regardless). With ``replicas``, each call is
-    followed on its connection by ``WAIT replicas timeout``, and a call that too few
-    replicas acknowledged gets :class:`~streamkit.NotReplicated`.
-    """
-
-    calls: tuple[Call, ...]
-    replicas: int = 0
-    replica_timeout: float = 0.0
-
-
-@attrs.frozen
-class Sleep:
-    """Wait this many seconds (before trying a call again)."""
-
-    seconds: float
-
-
-Request = Call | CallBatch | Sleep
-#: An operation: yields requests, is sent their replies, returns its result.
-Op = Generator[Request, Any, T]
-
-_APPEND = _lua.script("streams/append")
 _METADATA = _lua.script("streams/metadata")
 _TABLE_READ = _lua.script("tables/read")
 _TABLE_SCAN = _lua.script("tables/scan")
-_ENQUEUE = _lua.script("jobs/enqueue")
 _WATCH = _lua.script("jobs/watch")
 _ABORT = _lua.script("jobs/abort")
-_LINK = _lua.script("jobs/link")
-
-
-def retried(call: Call, *, what: str, idempotent: bool = True) -> Op[Any]:
-    """Run ``call``, trying again by the rule of :mod:`streamkit._retrying`."""
-    rule = RetryRule(what, idempotent=idempotent, started=time.monotonic())
-    while True:
-        try:
-            return (yield call)
-        except RedisUnavailable as exc:
-            delay = rule.next_delay(exc, time.monotonic())
-            log.debug(
-                "%s: %s (attempt %d, retrying in %.2fs)", what, exc.reason, rule.attempts, delay
-            )
-        yield Sleep(delay)
 
 
 # --------------------------------------------------------------------------- state
@@ -275,21 +203,16 @@ def send_many(
                     keep=settings.partition_size,
                     cap=settings.max_len or 0,
                     entries=window.arguments(partition, start, end),
+                    stream=spec.name,
+                    partition=partition,
                 )
                 for partition, start, end in step
             ]
-            replies = yield from _append_all(state, appends, replicas, replica_timeout)
-            for (partition, start, _), (entry_ids, dropped, before) in zip(
-                step, replies, strict=True
-            ):
+            replies = yield from append(
+                state.markers, appends, replicas=replicas, replica_timeout=replica_timeout
+            )
+            for (partition, start, _), (entry_ids, _) in zip(step, replies, strict=True):
                 window.landed(partition, start, entry_ids)
-                if dropped:
-                    _dropped(settings.max_len, dropped, spec.name, partition)
-                if before:
-                    log.debug(
-                        "append to %s was applied before its connection was lost; not repeated",
-                        spec.key(partition),
-                    )
             queued = {p: chunks for p, chunks in queued.items() if chunks}
         ids.extend(window.ids)
         if on_sent is not None:
@@ -329,108 +252,17 @@ def send_one(state: ClientState, stream: SendsRecords, record: Any) -> Op[list[s
     if spec.meta_key not in state.checked:
         yield from check_metadata(state, spec)
     (partition,) = window.positions
-    append = AppendCall.make(
+    append_call = AppendCall.make(
         state.markers,
         spec.key(partition),
         keep=settings.partition_size,
         cap=settings.max_len or 0,
         entries=window.arguments(partition, 0, 1),
+        stream=spec.name,
+        partition=partition,
     )
-    started = time.monotonic()
-    rule: RetryRule | None = None
-    try:
-        while True:
-            try:
-                reply = yield Call.run(_APPEND, append.keys, append.args)
-                break
-            except RedisUnavailable as exc:
-                rule, delay = _append_failed(append, exc, rule, started)
-            yield Sleep(delay)
-    except BaseException:
-        append.failed(state.markers)
-        raise
-    append.succeeded(state.markers)
-    entry_ids, dropped, _ = append_reply(reply)
-    if dropped:
-        _dropped(settings.max_len, dropped, spec.name, partition)
+    ((entry_ids, _),) = yield from append(state.markers, (append_call,))
     return entry_ids
-
-
-def _dropped(max_len: int | None, dropped: int, stream: str, partition: int) -> None:
-    """Say that a hard cap (``max_len``) dropped unprocessed entries."""
-    log.warning(
-        "max_len=%d dropped %d unprocessed entries from %s partition %d",
-        max_len or 0,
-        dropped,
-        stream,
-        partition,
-    )
-
-
-def _append_failed(
-    append: AppendCall, exc: RedisUnavailable, rule: RetryRule | None, started: float
-) -> tuple[RetryRule, float]:
-    """An idempotent append that Redis did not take: its retry rule (made on its first
-    failure, ``started`` being when the first try began) and the delay before the
-    next try; the append is marked as retrying, and the failure logged."""
-    if rule is None:
-        rule = RetryRule(
-            f"appending to {append.key}",
-            idempotent=True,
-            started=started,
-            fail_fast_oom=True,
-            unknown_is_final=True,
-        )
-    delay = rule.next_delay(exc, time.monotonic())
-    log.debug(
-        "appending to %s: %s (attempt %d, retrying in %.2fs)",
-        append.key,
-        exc.reason,
-        rule.attempts,
-        delay,
-    )
-    append.retrying()
-    return rule, delay
-
-
-def _append_all(
-    state: ClientState, appends: list[AppendCall], replicas: int, replica_timeout: float
-) -> Op[list[tuple[list[str], int, bool]]]:
-    """Run idempotent appends together; each is retried with its marker while Redis is
-    unavailable or its outcome unknown (the rule of :func:`streamkit._idempotent.append_once`)."""
-    started = time.monotonic()
-    # Made on a call's first failure only: the common path makes none.
-    rules: dict[int, RetryRule] = {}
-    results: list[tuple[list[str], int, bool] | None] = [None] * len(appends)
-    todo = list(range(len(appends)))
-    try:
-        while todo:
-            replies = yield CallBatch(
-                tuple(Call.run(_APPEND, appends[i].keys, appends[i].args) for i in todo),
-                replicas=replicas,
-                replica_timeout=replica_timeout,
-            )
-            again: list[int] = []
-            delay = 0.0
-            for i, reply in zip(todo, replies, strict=True):
-                if isinstance(reply, RedisUnavailable):
-                    rules[i], wait = _append_failed(appends[i], reply, rules.get(i), started)
-                    delay = max(delay, wait)
-                    again.append(i)
-                elif isinstance(reply, StreamkitError):
-                    raise reply
-                else:
-                    appends[i].succeeded(state.markers)
-                    results[i] = append_reply(reply)
-            todo = again
-            if todo:
-                yield Sleep(delay)
-    except BaseException:
-        for i, result in enumerate(results):
-            if result is None:
-                appends[i].failed(state.markers)
-        raise
-    return [result for result in results if result is not None]
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -451,44 +283,8 @@ def enqueue(
     is sent again only while it surely never reached Redis.
     """
     plan = plan_enqueue(job, calls, state.placement, priority=priority, delay=delay)
-    queue = state.queue_of(job)
-    linked: dict[tuple[str, str], Any] | None = None
-    if plan.remote:
-        linked = yield from _links(plan.link_calls(queue))
-    script_calls = [
-        Call.run(_ENQUEUE, list(keys.keys), args) for keys, args in plan.script_calls(queue, linked)
-    ]
-    for start in range(0, len(script_calls), ENQUEUE_CALLS_PER_BATCH):
-        todo = script_calls[start : start + ENQUEUE_CALLS_PER_BATCH]
-        rule = RetryRule(
-            f"enqueueing jobs on {state.queue}", idempotent=False, started=time.monotonic()
-        )
-        while todo:
-            replies = yield CallBatch(tuple(todo))
-            again: list[Call] = []
-            delay_for = 0.0
-            for call, reply in zip(todo, replies, strict=True):
-                if isinstance(reply, RedisUnavailable):
-                    # OutcomeUnknown: raised at once (it may have been enqueued).
-                    delay_for = max(delay_for, rule.next_delay(reply, time.monotonic()))
-                    again.append(call)
-                elif isinstance(reply, StreamkitError):
-                    raise reply
-            todo = again
-            if todo:
-                yield Sleep(delay_for)
+    yield from send_plan(plan, state.queue_of(job))
     return plan.placed
-
-
-def _links(calls: Iterable[tuple[ShardKeys, tuple[Any, ...]]]) -> Op[dict[tuple[str, str], Any]]:
-    """Send the link script's calls (idempotent: retried); its answers."""
-    linked: dict[tuple[str, str], Any] = {}
-    for keys, args in calls:
-        replies = yield from retried(
-            Call.run(_LINK, list(keys.keys), args), what="linking jobs to the jobs they depend on"
-        )
-        linked.update(link_answers(args, replies))
-    return linked
 
 
 def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, str, int]]:
@@ -501,14 +297,7 @@ def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, st
         queue_of=lambda job: state.queue_of(state.job(job)),
         placement=state.placement,
     )
-    for stage in plan.stages:
-        linked = yield from _links(plan.link_calls(stage))
-        for keys, args in plan.enqueue_calls(stage, linked):
-            yield from retried(
-                Call.run(_ENQUEUE, list(keys.keys), args),
-                what=f"enqueueing a workflow on {keys.queue}",
-                idempotent=False,
-            )
+    yield from send_workflow(plan)
     final = plan.placed[plan.final]
     return final.queue, final.id, final.shard
 
@@ -675,7 +464,7 @@ def batched(calls: Sequence[Call], *, what: str) -> Op[list[Any]]:
     """Run idempotent ``calls`` together, all of them again while Redis is unavailable."""
     if not calls:
         return []
-    rule = RetryRule(what, idempotent=True, started=time.monotonic())
+    rule = RetryRule(what, idempotent=True, started=(yield NOW))
     while True:
         replies = yield CallBatch(tuple(calls))
         failed = next((r for r in replies if isinstance(r, StreamkitError)), None)
@@ -683,7 +472,7 @@ def batched(calls: Sequence[Call], *, what: str) -> Op[list[Any]]:
             return list(replies)
         if not isinstance(failed, RedisUnavailable):
             raise failed
-        yield Sleep(rule.next_delay(failed, time.monotonic()))
+        yield Sleep(rule.next_delay(failed, (yield NOW)))
 
 
 def table_read_many(
@@ -754,11 +543,8 @@ def table_partitions(
     table: Table[Any] | WindowedTable[Any], partition: int | None
 ) -> range | list[int]:
     """The partitions an iteration over ``table`` reads."""
-    home = table.stream
-    if home is None:
-        table.key(0)  # raises the table's own ConfigError: no processor writes it
-        raise AssertionError("unreachable")  # pragma: no cover
-    return range(home.partition_count) if partition is None else [partition]
+    count = table.partition_total()  # raises the table's ConfigError if nothing writes it
+    return range(count) if partition is None else [partition]
 
 
 def table_sizes(table: Table[Any] | WindowedTable[Any]) -> Op[list[int]]:

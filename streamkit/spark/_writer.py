@@ -29,6 +29,7 @@ from .. import _keys, _lua
 from .._codec import codec_for
 from .._errors import ConfigError, EncodeError
 from .._partitioner import Partitioner, partition_for
+from .._produce import say_dropped
 from .._redispy import run_script
 from .._urls import masked_repr
 from .._wire import (
@@ -217,13 +218,7 @@ def write_rows(plan: WritePlan, rows: Iterator[Row], write_id: str, batch: str) 
             else:
                 appended += done
             if dropped:
-                log.warning(
-                    "max_len=%s dropped %d unprocessed entries from %s partition %d",
-                    plan.max_len,
-                    dropped,
-                    plan.stream,
-                    partition,
-                )
+                say_dropped(plan.max_len, dropped, plan.stream, partition)
             chunks[partition] += 1
             buffers[partition] = []
             sizes[partition] = 0

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from streamkit import App, Record, Stream, StreamJoin
+from streamkit import App, Events, Record, Stream, StreamJoin, Table
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -83,7 +83,33 @@ def make_app(**settings: Any) -> Joined:
         idle=False,
         batch_size=int(os.environ.get("JOINED_BATCH", "50")),
     )
+    add_tables(app, orders, payments)
     return app, orders, payments, paid, join
+
+
+def add_tables(app: App, orders: Stream[Order], payments: Stream[Payment]) -> None:
+    """Beside the join: each side's events counted per order id, the two counts joined
+    (``counted``, an outer table join), and the payments' counts in a global table
+    (``payments_seen``): after any fault, ``counted`` is both counts of each key and
+    ``payments_seen`` the payments' counts."""
+    batch = int(os.environ.get("JOINED_BATCH", "50"))
+    order_counts: Table[int] = app.table("order_counts", value=int, default=0)
+    payment_counts: Table[int] = app.table("payment_counts", value=int, default=0)
+    seen: Table[int] = app.global_table("payments_seen", value=int, batch_size=batch)
+
+    @app.processor(orders, tables=[order_counts], batch_size=batch)
+    async def count_orders(events: Events[Order]) -> None:
+        async for order in events.records():
+            order_counts.set(order.order_id, await order_counts.get(order.order_id) + 1)
+
+    @app.processor(payments, tables=[payment_counts, seen], batch_size=batch)
+    async def count_payments(events: Events[Payment]) -> None:
+        async for payment in events.records():
+            count = await payment_counts.get(payment.order_id) + 1
+            payment_counts.set(payment.order_id, count)
+            seen.set(payment.order_id, count)
+
+    app.join_tables("counted", order_counts, payment_counts, how="outer", batch_size=batch)
 
 
 app = make_app()[0]

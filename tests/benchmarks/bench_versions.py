@@ -12,6 +12,15 @@ including the ``streamkit.__file__`` it imported (checked by the parent).
 Figures, per version:
 
 * **send_many**: ``--events`` small records over ``--partitions`` partitions, one call.
+* **send()**: ``--events`` / 50 small records, one ``Stream.send`` each, one after the
+  other (the latency path of one record).
+* **enqueue_many** and **enqueue**: ``--events`` / 5 no-op jobs of an
+  ``open_job_queue`` queue in one ``Job.enqueue_many`` call, then ``--events`` / 50 jobs
+  with one ``Job.enqueue`` each.
+
+These three are given per second of the benchmark process's CPU
+(``time.process_time``, what the changed code costs; the machine's other load and the
+server's own time left out), ``send_many`` and the consumers per second of wall time.
 * **records()** and **take(500)**: one worker (``run_worker``), one processor with a
   trivial body, on a backlog of ``--events`` queued small records, timed from the
   first event the processor sees to the last (the worker's start-up is not counted).
@@ -27,7 +36,9 @@ best of the rounds and the median of the per-round ratios current/baseline.
 Only API present in both versions is used: ``App(name, redis_url=...)``,
 ``app.stream(...)``, ``Record``, ``async with app:``, ``Stream.send_many``,
 ``run_worker``, ``@app.processor``, ``Events.records()`` / ``Events.take()``,
-``Stream.partition_keys()``, ``App.redis`` and ``streamkit.testing.RedisServer``.
+``Stream.partition_keys()``, ``App.redis``, ``Stream.send``, ``open_job_queue``,
+``JobQueue.job``, ``Job.enqueue`` / ``Job.enqueue_many`` and
+``streamkit.testing.RedisServer``.
 """
 
 from __future__ import annotations
@@ -93,7 +104,36 @@ async def drive_send(url: str, n: int, partitions: int) -> dict[str, float]:
         began = time.perf_counter()
         await stream.send_many(records)
         elapsed = time.perf_counter() - began
-    return {"send_many": n / elapsed}
+        singles = records[: max(1, n // 50)]
+        cpu = time.process_time()
+        for record in singles:
+            await stream.send(record)
+        send_cpu = time.process_time() - cpu
+    return {"send_many": n / elapsed, "send": len(singles) / send_cpu}
+
+
+async def drive_enqueue(url: str, n: int) -> dict[str, float]:
+    """No-op jobs: ``n // 5`` in one ``enqueue_many``, ``n // 50`` one ``enqueue`` each;
+    jobs per CPU second of this process."""
+    from streamkit import open_redis
+    from streamkit.jobs import open_job_queue
+
+    async def noop() -> None:
+        pass
+
+    async with open_redis(url) as redis, open_job_queue(redis, "bench-enqueue") as queue:
+        job = queue.job(noop)
+        many = max(1, n // 5)
+        cpu = time.process_time()
+        await job.enqueue_many([() for _ in range(many)])
+        many_cpu = time.process_time() - cpu
+        ones = max(1, n // 50)
+        cpu = time.process_time()
+        for _ in range(ones):
+            await job.enqueue()
+        one_cpu = time.process_time() - cpu
+        await redis.flushall()
+    return {"enqueue_many": many / many_cpu, "enqueue": ones / one_cpu}
 
 
 async def drive_coredis(url: str, n: int, partitions: int) -> float:
@@ -190,7 +230,10 @@ async def drive(what: What, n: int, partitions: int) -> dict[str, float]:
 
     with RedisServer() as server, trio.fail_after(DRIVER_TIMEOUT):
         if what == "send":
-            return await drive_send(server.url, n, partitions)
+            return {
+                **await drive_send(server.url, n, partitions),
+                **await drive_enqueue(server.url, n),
+            }
         return await drive_consume(server.url, n, partitions)
 
 
@@ -205,6 +248,9 @@ def driver(what: What, n: int, partitions: int) -> None:
 
 FIGURES = [
     ("send_many", "send_many"),
+    ("send", "send(), one record (per CPU s)"),
+    ("enqueue_many", "enqueue_many, no-op jobs (per CPU s)"),
+    ("enqueue", "enqueue, one job (per CPU s)"),
     ("records", "consume, worker, records()"),
     ("take", f"consume, worker, take({BATCH})"),
     ("coredis", f"bare coredis XREADGROUP COUNT {BATCH} + XACK"),
@@ -270,6 +316,8 @@ def compare(baseline_ref: str, n: int, partitions: int, rounds: int) -> None:
                 results[version].append(figures)
                 print(
                     f"  round {round_} {version:<8}: send_many {figures['send_many']:,.0f}/s | "
+                    f"send() {figures['send']:,.0f} | enqueue_many {figures['enqueue_many']:,.0f}"
+                    f" | enqueue {figures['enqueue']:,.0f} | "
                     f"records() {figures['records']:,.0f}/s | take({BATCH}) "
                     f"{figures['take']:,.0f}/s | coredis {figures['coredis']:,.0f}/s",
                     flush=True,
@@ -302,7 +350,7 @@ def report(
     )
     print(f"  baseline: {baseline_label}")
     print(f"  current:  {current_label}")
-    header = f"  {'events/s, best of rounds':<44}{'baseline':>10}{'current':>10}"
+    header = f"  {'per second, best of rounds':<44}{'baseline':>10}{'current':>10}"
     print(f"{header}{'median ratio':>14}  per-round ratios")
     for key, label in FIGURES:
         base = [r[key] for r in results["baseline"]]

@@ -123,10 +123,17 @@ async def _at_least(emitted: Any, n: int) -> bool:
 
 
 async def assert_joined_exactly(
-    redis: Redis, app: Any, orders: Stream[Order], payments: Stream[Payment], paid: Any
+    redis: Redis,
+    app: Any,
+    orders: Stream[Order],
+    payments: Stream[Payment],
+    paid: Any,
+    *,
+    sent: int | None = ORDERS,
 ) -> set[int]:
     """Wait until both sides' closing events were forwarded and the results are in;
-    then the output equals the model over the forwarded order, as multisets."""
+    then the output equals the model over the forwarded order, as multisets; and the
+    tables are exact (:func:`assert_tables_exact`; ``sent``: the orders sent, if known)."""
     inner = app.streams["pay__in"]
 
     async def emitted() -> int:
@@ -148,7 +155,36 @@ async def assert_joined_exactly(
             got[result["key"], result["order"], result["payment"]] += 1
     missing, extra = expected - got, got - expected
     assert got == expected, f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
+    async with app:  # (re-entered, or entered again after the workers ran)
+        await assert_tables_exact(app, sent)
     return {int(key) for key, _, _ in got}
+
+
+async def assert_tables_exact(app: Any, sent: int | None) -> None:
+    """Each order and payment counted once; the table join is both counts of each key,
+    and the global table the payments' counts, once the changes were applied."""
+
+    async def read(name: str) -> dict[str, Any]:
+        return {key: value async for key, value in app.tables[name].items()}
+
+    async def agree() -> bool:
+        orders, payments = await read("order_counts"), await read("payment_counts")
+        both = {
+            key: {"left": orders.get(key), "right": payments.get(key)}
+            for key in orders.keys() | payments.keys()
+        }
+        return await read("counted") == both and await read("payments_seen") == payments
+
+    with contextlib.suppress(trio.TooSlowError):  # what differs is said below
+        await wait_until(agree, what="the derived and global tables", within=30, interval=0.5)
+    orders, payments = await read("order_counts"), await read("payment_counts")
+    assert set(orders.values()) == {1}, "an order counted twice, or not at all"
+    assert set(payments.values()) == {1}
+    assert sent is None or len(orders) == sent + PARTITIONS
+    derived, seen = await read("counted"), await read("payments_seen")
+    assert {k: v["left"] for k, v in derived.items() if v["left"] is not None} == orders
+    assert {k: v["right"] for k, v in derived.items() if v["right"] is not None} == payments
+    assert seen == payments
 
 
 @pytest.mark.timeout(120)
