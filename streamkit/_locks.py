@@ -472,10 +472,10 @@ class LockManager:
     _released: int = attrs.field(init=False, default=0)
     _lost: int = attrs.field(init=False, default=0)
     # The holds' renewals due together, sent as one call (see _locks_renewal).
-    _renewals: Renewals = attrs.field(init=False)
+    _renewals: Renewals[Lease] = attrs.field(init=False)
 
     @_renewals.default
-    def _make_renewals(self) -> Renewals:
+    def _make_renewals(self) -> Renewals[Lease]:
         return Renewals(self.redis, self._run, self._answer)
 
     async def _run(

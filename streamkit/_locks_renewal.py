@@ -12,7 +12,7 @@ as ``locks/extend`` would, and each caller answered for its own lease.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
 import trio
@@ -24,7 +24,6 @@ from ._redis import LuaScript, is_cluster, key_slot
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._locks import Lease
     from ._redis import Redis
 
 __all__ = ["CHUNK", "Renewals"]
@@ -35,8 +34,23 @@ CHUNK = 1000
 _EXTEND_MANY = LuaScript(script("locks/extend_many"), hot=True)
 
 
+class _Renewable(Protocol):
+    """What a renewal needs of a lease (a :class:`~streamkit._locks.Lease`; named here
+    by what it has, as importing the lock module would be a cycle)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def ttl(self) -> float: ...
+
+
+Lease = TypeVar("Lease", bound=_Renewable)
+
+
 @attrs.define(eq=False)
-class _Batch:
+class _Batch(Generic[Lease]):
     """The extensions asked for in one scheduling round, and, once sent, the replies."""
 
     leases: list[Lease] = attrs.field(factory=list)
@@ -47,7 +61,7 @@ class _Batch:
 
 
 @attrs.define(eq=False)
-class Renewals:
+class Renewals(Generic[Lease]):
     """Sends the extensions of one lock manager's leases together.
 
     ``run(script, keys, args)`` runs a script as the manager does (its errors
@@ -59,7 +73,7 @@ class Renewals:
     redis: Redis
     run: Callable[[LuaScript, list[str], list[str | int | bytes]], Awaitable[Any]]
     answer: Callable[[Lease, Any, float], Lease]
-    _open: _Batch | None = attrs.field(default=None, init=False)
+    _open: _Batch[Lease] | None = attrs.field(default=None, init=False)
 
     async def extend(self, lease: Lease) -> Lease:
         """Extend ``lease`` by its TTL, in one call with the others asked for now.
@@ -78,7 +92,7 @@ class Renewals:
             batch.leases.append(lease)
             await batch.done.wait()
             return self._outcome(batch, index)
-        batch = self._open = _Batch([lease])
+        batch = self._open = _Batch[Lease]([lease])
         try:
             # The other holds whose renewal falls due now run before this returns.
             await trio.lowlevel.checkpoint()
@@ -94,7 +108,7 @@ class Renewals:
             batch.done.set()
         return self._outcome(batch, 0)
 
-    def _outcome(self, batch: _Batch, index: int) -> Lease:
+    def _outcome(self, batch: _Batch[Lease], index: int) -> Lease:
         if index in batch.replies:
             return self.answer(batch.leases[index], batch.replies[index], batch.sent_at)
         error = batch.error
@@ -102,7 +116,7 @@ class Renewals:
             raise error
         raise RedisUnavailable(None, "the call extending this lease with others was cancelled")
 
-    async def _send(self, batch: _Batch) -> None:
+    async def _send(self, batch: _Batch[Lease]) -> None:
         groups: dict[tuple[int, int], list[int]] = {}
         cluster = is_cluster(self.redis)
         for index, lease in enumerate(batch.leases):

@@ -677,6 +677,8 @@ class Rebalancer:
                     f"partition {slot.partition} drained: run() did not return within {grace}s"
                 )
         await self._wait_empty()
+        # Published now, not in a scheduling round: drained means owned is empty.
+        self._publish()
         log.debug("drained: %r", self)
         if owned:
             log.info("released %s", partitions_text(owned))
