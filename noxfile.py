@@ -35,6 +35,7 @@ BENCHMARKS = [
     "bench_jobs.py",
     "bench_state.py",
     "bench_joins.py",
+    "bench_jobs_commit.py",
     "bench_expiry.py",
     "bench_clients.py",
     "bench_cluster.py",
@@ -51,6 +52,7 @@ BENCHMARK_TITLES = {
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
     "bench_joins.py": "Joins",
+    "bench_jobs_commit.py": "Jobs in the commit",
     "bench_expiry.py": "Expiry over time",
     "bench_clients.py": "Blocking and asyncio clients",
     "bench_cluster.py": "Redis Cluster",
@@ -471,14 +473,138 @@ def reliability(session: nox.Session) -> None:
     session.run("python", "tests/reliability/write_report.py", str(report))
 
 
+#: The compatibility set: what runs again on Python 3.12 and 3.13 and on Valkey 8
+#: (the whole suite runs on Python 3.11 and Redis). One file per layer a version could
+#: break (the pure pieces, the Redis layer and its scripts, leases, membership,
+#: rebalancing, fetching, state, jobs, the clients, an example, the network faults'
+#: short forms: the blackholes and the clients), kept small so that ./dev test stays
+#: within its time.
+COMPAT_SET = [
+    "tests/test_partitioner.py",
+    "tests/test_records.py",
+    "tests/test_codec.py",
+    "tests/test_testing.py",
+    "tests/test_lua.py",
+    "tests/test_locks.py",
+    "tests/test_membership.py",
+    "tests/test_rebalancer.py",
+    "tests/test_fetcher.py",
+    "tests/test_state.py",
+    "tests/test_jobs.py",
+    "tests/test_clients.py",
+    "tests/test_examples_state.py",
+    "tests/test_cut_links.py",
+    "tests/reliability/test_network.py::test_blackholed_worker_hands_over_and_rejoins",
+    "tests/reliability/test_network.py::test_clients_through_blackholes_and_resets",
+]
+#: The Pythons of the compatibility set, beside the suite's own.
+COMPAT_PYTHONS = ("3.12", "3.13")
+
+
+def _interpreter(version: str) -> str | None:
+    """An interpreter of Python ``version``: pyenv's newest, else ``pythonX.Y``."""
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    if shutil.which("pyenv"):
+        found = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+        root = found.stdout.strip() or root
+    candidates = sorted(
+        Path(root).glob(f"versions/{version}.*/bin/python"),
+        key=lambda p: tuple(int(x) for x in p.parent.parent.name.split(".") if x.isdigit()),
+    )
+    if candidates:
+        return str(candidates[-1])
+    return shutil.which(f"python{version}")
+
+
+def _compat_env(session: nox.Session, version: str, python: str) -> str:
+    """A virtual environment of ``python`` with streamkit and its test dependencies,
+    made (with uv) once per change of pyproject.toml; its interpreter."""
+    venv = Path(".nox") / f"compat-{version}"
+    stamp = venv / ".streamkit-installed"
+    wanted = hashlib.sha256(Path("pyproject.toml").read_bytes()).hexdigest()
+    interpreter = str(venv / "bin" / "python")
+    if not (stamp.exists() and stamp.read_text() == wanted):
+        session.run("uv", "venv", "-q", "--allow-existing", "--python", python, str(venv))
+        session.run(
+            "uv", "pip", "install", "-q", "--compile-bytecode", "--python", interpreter,
+            "-e", ".[test]",
+        )  # fmt: skip
+        stamp.write_text(wanted)
+    return interpreter
+
+
+@nox.session
+def compat(session: nox.Session) -> None:
+    """The compatibility set (:data:`COMPAT_SET`) on Python 3.12 and 3.13 and on
+    Valkey 8, the three runs side by side (each waits on servers and workers more than
+    it computes); each run's wall and CPU time are printed. A Python the machine lacks
+    is said and skipped."""
+    runs: dict[str, list[str]] = {}
+    for version in COMPAT_PYTHONS:
+        python = _interpreter(version)
+        if python is None:
+            session.warn(f"Python {version} not found (pyenv or python{version}): skipped")
+            continue
+        runs[f"Python {version}"] = [_compat_env(session, version, python), "-m", "pytest"]
+    runs["Valkey 8"] = [sys.executable, "-m", "pytest", "--server", "valkey"]
+    session.run("python", "-m", "compileall", "-q", "-j", "0", "streamkit", "tests", silent=True)
+    logs = Path(session.create_tmp())
+    started = {}
+    for name, command in runs.items():
+        log = (logs / f"compat-{name.replace(' ', '-')}.log").open("wb")
+        args = [*command, "-q", "-n", "2", *(session.posargs or COMPAT_SET)]
+        began = datetime.now(UTC).timestamp()
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        started[name] = (process, log, began)
+    failed = []
+    for name, (process, log, began) in started.items():
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        log.close()
+        wall = datetime.now(UTC).timestamp() - began
+        tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-1:]
+        cpu = usage.ru_utime + usage.ru_stime
+        session.log(f"{name}: {' '.join(tail)} (wall {wall:.0f}s, CPU {cpu:.0f}s, its servers too)")
+        if process.returncode != 0:
+            failed.append(f"{name} (see {log.name})")
+    if failed:
+        session.error(f"the compatibility set failed on {', '.join(failed)}")
+
+
+@nox.session
+def netsoak(session: nox.Session) -> None:
+    """The network fault scenarios as a soak (``tests/reliability/test_network.py``
+    with ``STREAMKIT_NET_SOAK=60``: latency and random resets for a minute each, the
+    clients' faults for 30 rounds); prints their reports as the reliability page
+    would show them."""
+    tmp = Path(session.create_tmp())
+    report, page = tmp / "netsoak.jsonl", tmp / "netsoak.md"
+    report.unlink(missing_ok=True)
+    session.run(
+        "pytest",
+        "tests/reliability/test_network.py",
+        "-p",
+        "no:randomly",
+        *session.posargs,
+        env={"STREAMKIT_NET_SOAK": "60", "STREAMKIT_RELIABILITY_REPORT": str(report)},
+    )
+    session.run("python", "tests/reliability/write_report.py", str(report), str(page))
+    session.log(page.read_text(encoding="utf-8").split("## The last run", 1)[1])
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """The orders demo on a private, throwaway Redis server (``./dev demo state``: the
     state demo, exactly-once counts and windows through a kill -9; ``./dev demo joins``:
     the joins demo, orders joined with their payments within a window, each result
-    once through a kill -9)."""
+    once through a kill -9; ``./dev demo receipts``: one receipt job and one
+    receipts_sent record per order through a kill -9)."""
     args = list(session.posargs)
-    demos = {"state": "examples.state_shop.demo", "joins": "examples.joins_shop.demo"}
+    demos = {
+        "state": "examples.state_shop.demo",
+        "joins": "examples.joins_shop.demo",
+        "receipts": "examples.receipts.demo",
+    }
     if args[:1] and args[0] in demos:
         session.run("python", "-m", demos[args[0]], *args[1:])
     else:

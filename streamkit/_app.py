@@ -95,6 +95,7 @@ class Processor:
         settings: the app's settings with this processor's overrides.
         tables: the tables it writes, committed with its acknowledgements.
         outputs: the streams it emits records to, committed the same way.
+        jobs: the jobs it enqueues with :meth:`Events.enqueue`, committed the same way.
     """
 
     name: str
@@ -105,6 +106,7 @@ class Processor:
     settings: Settings
     tables: tuple[Table[Any] | WindowedTable[Any] | StreamJoin[Any, Any], ...] = ()
     outputs: tuple[Stream[Any], ...] = ()
+    jobs: tuple[Job[Any, Any], ...] = ()
 
     @property
     def keys(self) -> ProcessorKeys:
@@ -631,6 +633,7 @@ class App:
         middleware: Sequence[Middleware] = (),
         tables: Sequence[Table[Any] | WindowedTable[Any] | StreamJoin[Any, Any]] = (),
         outputs: Sequence[Stream[Any]] = (),
+        jobs: Sequence[Job[Any, Any]] = (),
         **overrides: Any,
     ) -> Callable[[ProcessorFunction], ProcessorFunction]:
         """Register ``async def fn(events)`` to process every event of ``stream``.
@@ -654,6 +657,8 @@ class App:
                 are committed with the acknowledgement of the events behind them.
             outputs: streams of this app the processor emits records to with
                 :meth:`Events.emit`, committed the same way: exactly once.
+            jobs: jobs of this app the processor enqueues with
+                :meth:`Events.enqueue`, committed the same way: once per event.
             **overrides: per-processor settings (``lease_ttl``, ``grace_period``,
                 ``batch_size``, ``prefetch``, ...).
 
@@ -673,6 +678,9 @@ class App:
         for output in outputs:
             if not isinstance(output, Stream) or self.streams.get(output.name) is not output:
                 raise ConfigError("outputs", f"{output!r} is not a stream of app {self.name!r}")
+        for job in jobs:
+            if not isinstance(job, Job) or self.jobs.get(job.name) is not job:
+                raise ConfigError("jobs", f"{job!r} is not a job of app {self.name!r}")
         check_setting_names(overrides, where=f" for a processor of {stream.name!r}")
         settings = attrs.evolve(self.settings, **overrides) if overrides else self.settings
 
@@ -692,6 +700,7 @@ class App:
                 settings=settings,
                 tables=tuple(tables),
                 outputs=tuple(outputs),
+                jobs=tuple(jobs),
             )
             return fn
 

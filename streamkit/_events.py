@@ -44,9 +44,11 @@ from ._events_iterators import Batches, OneByOne
 from ._events_middleware import MiddlewarePump
 from ._nurseries import open_service_nursery
 from ._state import PartitionState
+from .jobs._model import JobCall
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Generator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Generator, Mapping, Sequence
+    from datetime import datetime
 
     import trio_util
 
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from ._redis import Redis
     from ._spec import HasSpec, ProcessorKeys, StreamSpec
     from ._state import TableLike
+    from .jobs import Job, JobHandle, Priority
+    from .jobs._model import JobRef, When
 
 __all__ = ["DEFAULT_ACK_BATCH", "DivertHook", "Event", "Events", "Middleware", "open_events"]
 
@@ -176,6 +180,58 @@ class Events(Generic[R]):
             )
         state.emit(stream, record)
 
+    def enqueue(
+        self,
+        job: Job[Any, Any],
+        *args: Any,
+        job_id: str | None = None,
+        delay: When | None = None,
+        at: datetime | None = None,
+        priority: Priority | None = None,
+        expires: When | datetime | None = None,
+        after: Sequence[JobRef | str] = (),
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> JobHandle[Any]:
+        """Enqueue ``job`` with these arguments, exactly once per event.
+
+        The job is written by the commit that acknowledges the events being
+        processed, or not at all (as :meth:`emit`'s records): a redelivered event
+        enqueues again only what its first processing did not commit. The commit
+        appends it to the partition's outbox, and the partition's relay runs it on the
+        job's shard, once, whatever fails (see :doc:`jobs`). The options are those of
+        :meth:`Job.enqueue <streamkit.jobs.Job.enqueue>`.
+
+        Returns:
+            the job's handle, at once; the job exists once its commit landed and the
+            relay ran (usually within a millisecond of the commit).
+
+        Error handling:
+            :class:`~streamkit.ConfigError` if ``job`` is not one of the processor's
+            jobs (``jobs=[...]``) or depends (``after=``) on jobs of another shard;
+            as :meth:`Job.enqueue <streamkit.jobs.Job.enqueue>` for the arguments and
+            options, before anything is committed.
+        """
+        state = self._delivery.state
+        if state is None:
+            raise ConfigError(
+                "jobs",
+                "this processor enqueues no jobs: name them in @app.processor(..., "
+                "jobs=[...]) or open_events(..., jobs=[...])",
+            )
+        call = JobCall(
+            args=args,
+            kwargs=kwargs,
+            job_id=job_id,
+            delay=delay,
+            at=at,
+            priority=priority,
+            expires=expires,
+            after=after,
+            headers=headers,
+        )
+        return state.enqueue(job, call)
+
     # -- the policy runner's API --
 
     @property
@@ -255,6 +311,7 @@ async def open_events(
     divert: DivertHook | None = None,
     tables: Sequence[TableLike] = (),
     outputs: Sequence[StreamSpec[Any] | HasSpec[Any]] = (),
+    jobs: Sequence[Job[Any, Any]] = (),
     redis: Redis | None = None,
     state_cache_size: int = DEFAULT_STATE_CACHE_SIZE,
     state_replicas: int = 0,
@@ -280,7 +337,10 @@ async def open_events(
             partition, and the writes are committed with the acknowledgements.
         outputs: the streams the processor may :meth:`~Events.emit` records to,
             committed the same way.
-        redis: the client tables read with; needed with ``tables`` or ``outputs``.
+        jobs: the jobs the processor may :meth:`~Events.enqueue`, committed the same
+            way (and relayed to their queues).
+        redis: the client tables read with; needed with ``tables``, ``outputs`` or
+            ``jobs``.
         state_cache_size: values cached per table, at most.
         state_replicas: on Redis Cluster, replicas the relay of emitted records waits
             for at each step (see :doc:`state`).
@@ -298,9 +358,9 @@ async def open_events(
         else raised.
     """
     state = None
-    if tables or outputs:
+    if tables or outputs or jobs:
         if redis is None:
-            raise ConfigError("redis", "tables and outputs need the Redis client (redis=...)")
+            raise ConfigError("redis", "tables, outputs and jobs need the Redis client (redis=...)")
         state = PartitionState(
             redis,
             feed.stream,
@@ -308,6 +368,7 @@ async def open_events(
             feed.partition,
             tables=tables,
             outputs=outputs,
+            jobs=jobs,
             cache_size=state_cache_size,
             replicas=state_replicas,
         )

@@ -471,6 +471,9 @@ class LockManager:
     _extended: int = attrs.field(init=False, default=0)
     _released: int = attrs.field(init=False, default=0)
     _lost: int = attrs.field(init=False, default=0)
+    # When the last command Redis answered was sent (Trio clock): what the manager
+    # last heard from it.
+    _heard_at: float = attrs.field(init=False, default=-math.inf)
     # The holds' renewals due together, sent as one call (see _locks_renewal).
     _renewals: Renewals[Lease] = attrs.field(init=False)
 
@@ -481,14 +484,19 @@ class LockManager:
     async def _run(
         self, script: LuaScript, keys: list[str], args: list[str | int | bytes]
     ) -> list[Any]:
+        sent = trio.current_time()
         with redis_errors(self._where):
             # EVALSHA, loading the script on NOSCRIPT (a new or restarted server).
-            return cast("list[Any]", await script(self.redis, keys, args))
+            result = cast("list[Any]", await script(self.redis, keys, args))
+        self._heard_at = max(self._heard_at, sent)
+        return result
 
     async def _load_scripts(self) -> None:
+        sent = trio.current_time()
         with redis_errors(self._where):
             for script in (_ACQUIRE, _EXTEND, _RELEASE, _INSPECT):
                 await script.load(self.redis)
+        self._heard_at = sent
 
     # -- single operations --
 
@@ -528,7 +536,11 @@ class LockManager:
             ttl: the lease's time to live in seconds.
             wait: ``0`` tries once; a number polls (with :attr:`backoff`, never
                 sleeping past the holder's expiry) for up to that many seconds;
-                ``None`` waits for as long as it takes.
+                ``None`` waits for as long as it takes. While waiting, an attempt
+                is sent only if the manager heard from Redis within the last
+                ``ttl``; after a longer silence it asks who holds the lock (taking
+                nothing) until Redis answers, so attempts whose replies are lost (a
+                link cut one way) cannot keep re-taking the lock.
 
         Cancellation:
             Safe to cancel while waiting. If cancelled after an attempt was sent,
@@ -560,7 +572,16 @@ class LockManager:
                 sent = trio.current_time()
                 with trio.move_on_after(ttl):
                     try:
-                        outcome = await self._attempt(name, ttl)
+                        if sent - self._heard_at >= ttl:
+                            # Heard nothing for a lease period: requests may reach
+                            # Redis while replies do not (a one-way partition), and
+                            # an attempt nobody hears about takes the lock for a TTL,
+                            # again and again, keeping it from the others for good.
+                            # Ask without taking until Redis answers; then try.
+                            await self.holder(name)
+                            outcome = 0.0
+                        else:
+                            outcome = await self._attempt(name, ttl)
                     except RedisUnavailable as exc:
                         unavailable = exc
                         # Said once for every lease (and partition) of the process.

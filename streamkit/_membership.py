@@ -127,14 +127,6 @@ class MembershipStatistics:
     connected: bool
 
 
-class _Retry(Exception):
-    """The watched keys turned out to be the wrong ones; start the transaction over."""
-
-    def __init__(self, members: Collection[str]) -> None:
-        super().__init__("member list changed")
-        self.members = tuple(members)
-
-
 @attrs.define(eq=False)
 class Membership:
     """A member of a group, as returned by :func:`open_membership`.
@@ -174,6 +166,10 @@ class Membership:
     _heartbeats: int = attrs.field(default=0, init=False)
     _heartbeat_failures: int = attrs.field(default=0, init=False)
     _refused_reported_at: float = attrs.field(default=-math.inf, init=False)
+    # When the last command Redis answered was sent (Trio clock), and whether the
+    # member stopped heartbeating for having heard nothing for a session timeout.
+    _heard_at: float = attrs.field(default=-math.inf, init=False)
+    _silent: bool = attrs.field(default=False, init=False)
     _joins: int = attrs.field(default=0, init=False)
     _reaped: int = attrs.field(default=0, init=False)
     _refreshes: int = attrs.field(default=0, init=False)
@@ -287,7 +283,9 @@ class Membership:
         def decide(state: GroupState | None) -> GroupState | None:
             return plan_join(state, info, parts, self.assignor, group=self.group)
 
+        sent_at = trio.current_time()
         state, changed = await self._transact(decide, event="join", member=self.id, beat_px=beat)
+        self._heard(sent_at)
         assert state is not None
         self._joins += 1
         # The member id is the record's ``member`` field in the worker's log context.
@@ -346,44 +344,41 @@ class Membership:
             )  # fmt: skip
 
     async def _transact_reap(self, members: Collection[str]) -> tuple[GroupState | None, list[str]]:
-        """Remove every member whose heartbeat key is gone, atomically.
+        """Remove every member of ``members`` whose heartbeat key is gone, atomically.
 
-        The liveness check runs under WATCH on every member's heartbeat key, so a
+        The heartbeats of the members found silent are watched with the state, so a
         member that heartbeats in between is never reaped: its SET aborts our EXEC
-        and the retry sees it alive. If the state lists members we did not watch,
-        we start over watching them too.
+        and the retry sees it alive. The live members' heartbeats are not watched:
+        they change every heartbeat interval and would abort the transaction again
+        and again (for seconds, on a loaded machine), and they are not removed
+        anyway. A member that falls silent meanwhile is reaped at the next tick.
         """
         redis = self.redis
         keys = self.keys
-        watched = tuple(sorted(set(members)))
-        while True:
+        others = sorted(set(members) - {self.id})
+        async with redis.pipeline(transaction=False) as probe:
+            requests = [probe.exists([keys.heartbeat(m)]) for m in others]
+        silent = [m for m, r in zip(others, requests, strict=True) if not await r]
+        if not silent:
+            return None, []
 
-            async def body(
-                pipe: Any, watched: tuple[str, ...] = watched
-            ) -> tuple[GroupState | None, list[str]]:
-                state = GroupState.decode(await redis.get(keys.state))
-                if state is None:
-                    return None, []
-                if not set(state.members) <= set(watched):
-                    raise _Retry(state.members)
-                others = [m for m in sorted(state.members) if m != self.id]
-                async with redis.pipeline(transaction=False) as probe:
-                    requests = [probe.exists([keys.heartbeat(m)]) for m in others]
-                gone = [m for m, r in zip(others, requests, strict=True) if not await r]
-                new = plan_removal(state, gone, self.assignor)
-                if new is None:
-                    return state, []
-                pipe.set(keys.state, new.encode())
-                _announce(pipe, keys, "reap", ",".join(gone), new.generation)
-                return new, gone
+        async def body(pipe: Any) -> tuple[GroupState | None, list[str]]:
+            state = GroupState.decode(await redis.get(keys.state))
+            if state is None:
+                return None, []
+            listed = [m for m in silent if m in state.members]
+            async with redis.pipeline(transaction=False) as probe:
+                requests = [probe.exists([keys.heartbeat(m)]) for m in listed]
+            gone = [m for m, r in zip(listed, requests, strict=True) if not await r]
+            new = plan_removal(state, gone, self.assignor)
+            if new is None:
+                return state, []
+            pipe.set(keys.state, new.encode())
+            _announce(pipe, keys, "reap", ",".join(gone), new.generation)
+            return new, gone
 
-            try:
-                with redis_errors():
-                    return await redis.transaction(
-                        body, keys.state, *(keys.heartbeat(m) for m in watched)
-                    )
-            except _Retry as retry:
-                watched = tuple(sorted(set(retry.members)))
+        with redis_errors():
+            return await redis.transaction(body, keys.state, *(keys.heartbeat(m) for m in silent))
 
     async def _get_state_raw(self) -> bytes | None:
         with redis_errors():
@@ -391,23 +386,44 @@ class Membership:
 
     # ----------------------------------------------------------------- background
 
+    def _heard(self, sent_at: float) -> None:
+        """Redis answered a command sent at ``sent_at``."""
+        self._heard_at = max(self._heard_at, sent_at)
+
     async def _heartbeat(self) -> None:
         session = self.settings.session_timeout
         sent_at = trio.current_time()
+        # Heard nothing for a session timeout: the others may have reaped this member
+        # already. Requests may still reach Redis while replies do not (a link cut one
+        # way), and heartbeats landing unheard would keep it listed, its partitions
+        # kept from the others, for as long as the cut lasts. Ask without announcing
+        # (a PING) until Redis answers; then heartbeat (and rejoin if reaped) again.
+        silent = sent_at - self._heard_at >= session
+        if silent and not self._silent:
+            log.warning(
+                "member %s of %s heard nothing from Redis for %ss (its session timeout): "
+                "no heartbeats until Redis answers; the others take its partitions over",
+                self.id, self.group, session,
+            )  # fmt: skip
+        self._silent = silent
         try:
             with _timeout(session, "heartbeat"), redis_errors():
-                await _HEARTBEAT(
-                    self.redis,
-                    keys=[self.keys.heartbeat(self.id)],
-                    args=[str(time.time()), _ms(session)],
-                )
+                if silent:
+                    await self.redis.ping()
+                else:
+                    await _HEARTBEAT(
+                        self.redis,
+                        keys=[self.keys.heartbeat(self.id)],
+                        args=[str(time.time()), _ms(session)],
+                    )
         except RedisUnavailable as exc:
             self._heartbeat_failures += 1
             self._set_connected(False, exc)
         else:
-            self._heartbeats += 1
             self._set_connected(True, sent_at=sent_at)
-            self.last_heartbeat.value = sent_at
+            if not silent:
+                self._heartbeats += 1
+                self.last_heartbeat.value = sent_at
 
     async def _reap(self) -> None:
         try:
@@ -437,6 +453,8 @@ class Membership:
         outage = health_of(self.redis).outage
         if connected:
             outage.answered(sent_at)
+            if sent_at is not None:
+                self._heard(sent_at)
             if not self.connected.value:
                 log.debug("member %s of %s: Redis is reachable again", self.id, self.group)
         else:
@@ -544,7 +562,10 @@ async def open_membership(
     assignment. In the background it heartbeats every ``heartbeat_interval``
     (drift-free), reaps members whose heartbeat expired, and follows the control
     stream to keep :attr:`Membership.assignment` and :attr:`Membership.partitions`
-    current. If it finds itself removed (reaped while paused), it rejoins.
+    current. If it finds itself removed (reaped while paused), it rejoins. A member
+    that heard nothing from Redis for ``session_timeout`` stops heartbeating (it
+    only pings) until Redis answers, so the others reap it even if its requests
+    still reach Redis while the replies are lost; it then rejoins.
 
     Args:
         redis: a client from :func:`streamkit.open_redis`.

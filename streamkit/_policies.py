@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ._meter import PartitionMeter
     from ._spec import HasSpec, StreamSpec
     from ._state import TableLike
+    from .jobs import Job
 
 __all__ = ["DEAD_LETTER_FIELDS", "ExceptionPolicy", "run_processor"]
 
@@ -412,6 +413,7 @@ async def run_processor(
     dead_letter_key: str | None = None,
     tables: Sequence[TableLike] = (),
     outputs: Sequence[StreamSpec[Any] | HasSpec[Any]] = (),
+    jobs: Sequence[Job[Any, Any]] = (),
     state_cache_size: int = DEFAULT_STATE_CACHE_SIZE,
     state_replicas: int = 0,
 ) -> None:
@@ -438,6 +440,8 @@ async def run_processor(
         tables: the tables ``fn`` writes, committed with the acknowledgements (see
             :func:`~streamkit.open_events`); needs ``redis``.
         outputs: the streams ``fn`` emits records to, committed the same way.
+        jobs: the jobs ``fn`` enqueues with :meth:`Events.enqueue
+            <streamkit.Events.enqueue>`, committed the same way.
         state_cache_size: values cached per table (see :func:`~streamkit.open_events`).
         state_replicas: replicas the relay of emitted records waits for (Redis Cluster).
 
@@ -477,6 +481,7 @@ async def run_processor(
         divert=handler.divert,
         tables=tables,
         outputs=outputs,
+        jobs=jobs,
         redis=redis,
         state_cache_size=state_cache_size,
         state_replicas=state_replicas,

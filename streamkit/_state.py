@@ -55,6 +55,7 @@ from ._state_views import (
 from ._state_windows import FixedWindowView
 from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
+from .jobs._committed import CommittedJobs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from ._locks import HeldLease
     from ._redis import Redis
     from ._spec import HasSpec, ProcessorKeys, StreamSpec
+    from .jobs import Job, JobCall, JobHandle
 
 __all__ = [
     "DEFAULT_STATE_CACHE_SIZE",
@@ -139,10 +141,11 @@ def _is_windowed(table: TableLike) -> bool:
 
 
 class PartitionState:
-    """The state of one partition of one processor: its tables and emitted records.
+    """The state of one partition of one processor: its tables, emitted records and
+    enqueued jobs.
 
-    Created by :func:`~streamkit.open_events` (``tables=``, ``outputs=``) for the
-    partition it opens; see the module docs for the layers.
+    Created by :func:`~streamkit.open_events` (``tables=``, ``outputs=``, ``jobs=``)
+    for the partition it opens; see the module docs for the layers.
 
     Attributes:
         partition: the partition.
@@ -159,6 +162,7 @@ class PartitionState:
         *,
         tables: Iterable[TableLike] = (),
         outputs: Iterable[StreamSpec[Any] | HasSpec[Any]] = (),
+        jobs: Iterable[Job[Any, Any]] = (),
         cache_size: int = DEFAULT_STATE_CACHE_SIZE,
         replicas: int = 0,
     ) -> None:
@@ -254,11 +258,13 @@ class PartitionState:
         self._plain_emitters: dict[
             int, tuple[object, Callable[[dict[str, Any]], tuple[str, list[Any]]] | None]
         ] = {}
-        self._outbox = (
-            _keys.outbox_key(stream.app, stream.name, keys.processor, partition)
-            if is_cluster(redis) and self.outputs
-            else None
-        )
+        # Emitted records go through the outbox on Redis Cluster; enqueued jobs always
+        # do (the enqueue script runs on the job's shard, see jobs._committed).
+        outbox = _keys.outbox_key(stream.app, stream.name, keys.processor, partition)
+        self._outbox = outbox if is_cluster(redis) and self.outputs else None
+        jobs = list(jobs)
+        self._jobs = CommittedJobs(jobs) if jobs else None
+        self._job_outbox = outbox if jobs else None
         self._source = f"{stream.app}.{stream.name}.{partition}.{keys.processor}"
         self._replicas = replicas
         self.relay: OutboxRelay | None = None
@@ -561,6 +567,21 @@ class PartitionState:
         self._emitters[id(stream)] = emitter
         return emitter
 
+    # -- enqueueing --
+
+    def enqueue(self, job: Job[Any, Any], call: JobCall) -> JobHandle[Any]:
+        """Enqueue ``call`` of ``job`` (tentatively, in order): it exists once its
+        commit landed and the relay ran it on the job's shard."""
+        if self._jobs is None:
+            raise ConfigError(
+                "jobs",
+                "this processor enqueues no jobs: name them in @app.processor(..., "
+                "jobs=[...]) or open_events(..., jobs=[...])",
+            )
+        queue, job_id, shard, pairs = self._jobs.entry(job, call)
+        self._tentative_out.append(("", pairs))
+        return queue.handle(job_id, shard=shard)
+
     # -- the layers --
 
     def promote(self) -> None:
@@ -626,6 +647,9 @@ class PartitionState:
                 # order per target is kept, and a commit carries 2 values per entry, not 5.
                 runs: dict[tuple[str, Any], list[bytes | str | int | float]] = {}
                 for target, pairs in self._done_out:
+                    if not target:  # a job, for the relay
+                        changes.xadd(self._job_outbox, pairs)  # type: ignore[arg-type]
+                        continue
                     if len(pairs) == 2:
                         run = runs.get((target, pairs[0]))
                         if run is None:
@@ -642,7 +666,8 @@ class PartitionState:
             else:
                 for target, pairs in self._done_out:
                     changes.xadd(outbox, pairs)
-                    appended[target] = appended.get(target, 0) + 1
+                    if target:
+                        appended[target] = appended.get(target, 0) + 1
             if outbox is None:
                 # Straight to the output streams: they are trimmed like any append.
                 for target, count in appended.items():
@@ -687,13 +712,14 @@ class PartitionState:
                 self._done_out.append((target, pairs))
 
     def start_relay(self, held: HeldLease) -> OutboxRelay | None:
-        """The relay of this partition's outbox (Redis Cluster, with outputs), if any:
+        """The relay of this partition's outbox (Redis Cluster, with outputs; jobs), if any:
         run its :meth:`~streamkit._state_relay.OutboxRelay.run` in the partition."""
-        if self._outbox is None:
+        outbox = self._outbox or self._job_outbox
+        if outbox is None:
             return None
         self.relay = OutboxRelay(
             self._redis,
-            self._outbox,
+            outbox,
             self._source,
             held,
             lambda key: self._keep_of_key.get(key, DEFAULT_PARTITION_SIZE),

@@ -22,6 +22,11 @@ wrote the entries; the relay waits on the target's master before the entries are
 deleted. Then a failover neither repeats nor loses an emitted record.
 
 A new owner relays the previous owner's leftovers first.
+
+Jobs a processor enqueued in its commits (on a server and on a cluster alike) wait in
+the same outbox, and are relayed the same way: the enqueue script runs on the job's
+shard, skipping the jobs at or below the source's marker in that shard's slot (see
+:mod:`streamkit.jobs._committed`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ._backoff import Backoff
 from ._errors import NotReplicated, RedisUnavailable
 from ._lua import script
 from ._redis import LuaScript, health_of, redis_errors, replicated
+from .jobs._committed import JOB_FIELD, relay_calls
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,6 +62,7 @@ TARGET_FIELD = b"__to"
 _RELAY_SCRIPT = LuaScript(script("streams/relay"))
 _READ_SCRIPT = LuaScript(script("streams/outbox_read"))
 _DELETE_SCRIPT = LuaScript(script("streams/outbox_delete"))
+_ENQUEUE_SCRIPT = LuaScript(script("jobs/enqueue"))
 #: Seconds each step of a relay waits for its replicas (with ``replicas``).
 REPLICA_TIMEOUT = 2.0
 
@@ -150,8 +157,13 @@ class OutboxRelay:
             if not entries:
                 return True
             by_target: dict[bytes, list[bytes | int]] = {}
+            jobs: list[tuple[bytes, bytes]] = []
             ids: list[bytes] = []
             for entry_id, flat in entries:
+                ids.append(entry_id)
+                if flat[0] == JOB_FIELD:
+                    jobs.append((entry_id, flat[1]))
+                    continue
                 it = iter(flat)
                 fields = dict(zip(it, it, strict=True))
                 target = fields.pop(TARGET_FIELD)
@@ -161,7 +173,6 @@ class OutboxRelay:
                 for name, value in fields.items():
                     args.append(name)
                     args.append(value)
-                ids.append(entry_id)
             for target, args in by_target.items():
                 key = target.decode()
                 with redis_errors():
@@ -170,6 +181,9 @@ class OutboxRelay:
                         keys=[key, _keys.relay_key(key, self._source)],
                         args=[self._keep_of(key), *args],
                     )
+            for keys, args in relay_calls(jobs, self._source):
+                with redis_errors():
+                    await _ENQUEUE_SCRIPT(self._redis, keys=keys, args=args)
             with redis_errors():
                 deleted = await _DELETE_SCRIPT(
                     self._redis, keys=[self.outbox, lease.key], args=[lease.value, *ids]

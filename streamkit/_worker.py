@@ -586,6 +586,7 @@ async def _run_partition(
                     ack_batch=processor.settings.batch_size,
                     tables=processor.tables,
                     outputs=processor.outputs,
+                    jobs=processor.jobs,
                     state_cache_size=processor.settings.state_cache_size,
                     state_replicas=processor.settings.state_replicas,
                 )

@@ -174,11 +174,15 @@ class RedisServer(_StartedInWith):
             another one is tried); either way it is kept across restarts.
         appendonly: turn on the append-only file, so a restart keeps every write.
         extra_args: more ``redis-server`` command-line arguments.
+        executable: the server program to run: ``redis-server`` (found on ``PATH``)
+            by default; a ``valkey-server`` (Valkey 8, which streamkit is tested on
+            too) takes the same arguments.
     """
 
     _requested_port: int | None = attrs.field(default=None, kw_only=True, alias="port")
     appendonly: bool = attrs.field(default=False, kw_only=True)
     extra_args: Sequence[str] = attrs.field(default=(), kw_only=True)
+    executable: str | None = attrs.field(default=None, kw_only=True)
     _port: int | None = attrs.field(default=None, init=False)
     _dir: Path | None = attrs.field(default=None, init=False)
     _process: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
@@ -224,7 +228,7 @@ class RedisServer(_StartedInWith):
         log = self._dir / "redis.log"
         self._log_offset = log.stat().st_size if log.exists() else 0
         args = [
-            _binary("redis-server", "redis-server"),
+            self.executable or _binary("redis-server", "redis-server"),
             "--port", str(port),
             "--bind", "127.0.0.1",
             "--dir", str(self._dir),
@@ -427,12 +431,14 @@ class RedisCluster(_StartedInWith):
         node_timeout: ``cluster-node-timeout`` in milliseconds: how long a master may
             be unreachable before its replica is promoted.
         extra_args: more ``redis-server`` command-line arguments for every node.
+        executable: every node's server program (see :class:`RedisServer`).
     """
 
     masters: int = attrs.field(default=3, kw_only=True)
     replicas: int = attrs.field(default=1, kw_only=True)
     node_timeout: int = attrs.field(default=2000, kw_only=True)
     extra_args: Sequence[str] = attrs.field(default=(), kw_only=True)
+    executable: str | None = attrs.field(default=None, kw_only=True)
     _nodes: list[RedisServer] = attrs.field(factory=list, init=False)
 
     @property
@@ -458,7 +464,10 @@ class RedisCluster(_StartedInWith):
 
     def _new_nodes(self) -> None:
         count = self.masters * (1 + self.replicas)
-        self._nodes = [RedisServer(extra_args=self._node_args()) for _ in range(count)]
+        self._nodes = [
+            RedisServer(extra_args=self._node_args(), executable=self.executable)
+            for _ in range(count)
+        ]
 
     def _node_args(self) -> list[str]:
         return [

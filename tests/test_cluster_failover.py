@@ -60,13 +60,6 @@ from tests.apps.expiring import (
     assert_latest_then_expired,
     make_app as expiring_app,
 )
-from tests.apps.joined import (
-    GRACE as JOIN_GRACE,
-    PARTITIONS as JOIN_PARTITIONS,
-    Order,
-    Payment,
-    make_app as joined_app,
-)
 from tests.apps.scenario import Numbered
 from tests.apps.stateful import Number, make_app as stateful_app
 from tests.cluster_scenarios import (
@@ -82,7 +75,6 @@ from tests.cluster_scenarios import (
     replica_of,
     stream_contents,
 )
-from tests.reliability.test_join_faults import assert_joined_exactly
 from tests.reliability.test_state_faults import APP as STATEFUL, Sent, assert_exact
 from tests.workers import start_worker
 
@@ -119,35 +111,6 @@ async def produce_timed(timed: Stream[Timed], stop: trio.Event) -> None:
         await trio.sleep(0.01)
 
 
-async def produce_orders(
-    orders: Stream[Order], payments: Stream[Payment], stop: trio.Event
-) -> None:
-    """Orders and payments for the joined app (most paid within the window, some late,
-    some never), then events far beyond in event time, so that every window closes
-    (what counts is what reached the join)."""
-    n = 0
-    while not stop.is_set():
-        batch = [Order(order_id=k, at=k * 10) for k in range(n, n + 20)]
-        paid = [Payment(order_id=k, at=k * 10 + 100 * (k % 5)) for k in range(n, n + 20) if k % 7]
-        n += 20
-        with contextlib.suppress(StreamkitError):
-            await orders.send_many(batch, replicas=1, replica_timeout=2)
-            await payments.send_many(paid, replicas=1, replica_timeout=2)
-        await trio.sleep(0.05)
-    last = n * 10 + 10 * JOIN_GRACE
-    closing = [
-        next(k for k in range(10**6, 10**7) if orders.partition_of(Order(order_id=k, at=0)) == p)
-        for p in range(JOIN_PARTITIONS)
-    ]
-    while True:
-        try:
-            await orders.send_many([Order(order_id=k, at=last) for k in closing], replicas=1)
-            await payments.send_many([Payment(order_id=k, at=last) for k in closing], replicas=1)
-            return
-        except StreamkitError:
-            await trio.sleep(0.2)
-
-
 # The partitions whose master (node 1) is killed.
 KILLED_PARTITIONS = {1, 5}
 
@@ -168,10 +131,6 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
         workers.append(
             start_worker(cluster.url, tmp_path, app="tests.apps.expiring:app", env=stateful_env)
         )
-        workers.append(
-            start_worker(cluster.url, tmp_path, app="tests.apps.joined:app", env=stateful_env)
-        )
-        join, orders, payments, paid, _ = joined_app(redis_url=cluster.url)
         timed_app, timed, latest = expiring_app(redis_url=cluster.url)
         stateful = stateful_app(redis_url=cluster.url)
         state_sent = Sent()
@@ -181,10 +140,9 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
         )
         safe, plain = Producer("s", replicas=1), Producer("p", replicas=0)
         stop = trio.Event()
-        async with app, stateful.app, timed_app, join:
+        async with app, stateful.app, timed_app:
             redis = app.redis
             async with trio.open_nursery() as producers:
-                producers.start_soon(produce_orders, orders, payments, stop)
                 producers.start_soon(safe.run, stream, stop)
                 producers.start_soon(plain.run, stream, stop)
                 producers.start_soon(produce_numbers, stateful.numbers, state_sent, stop)
@@ -277,8 +235,6 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
 
             await wait_until(caught_up_latest, what="latest caught up", within=30)
             await assert_latest_then_expired(redis, latest, greatest)
-            # The join, its table join and its global table: each result once.
-            await assert_joined_exactly(redis, join, orders, payments, paid, sent=None)
 
         for worker in workers:
             assert worker.process.poll() is None, worker.log()

@@ -159,6 +159,11 @@ async def jobs(call: Calls) -> None:
         [],
     ]
     assert await call("jobs/progress", JOB_KEYS, [BASE, job_id, token, "{}"]) == 1
+    assert await call("jobs/progress", JOB_KEYS, [BASE, job_id, token, "", '{"done":7}']) == 1
+    chunks = [BASE, job_id, token, 1, 1, 100, 60, '"a"', '"b"']
+    assert await call("jobs/stream", JOB_KEYS, chunks) == 2
+    assert await call("jobs/stream", JOB_KEYS, chunks) == 0  # sent again: nothing twice
+    assert await call("jobs/stream", JOB_KEYS, [BASE, job_id, "w1:9", 1, 3, 100, 60, "1"]) == -1
     assert await call("jobs/progress", JOB_KEYS, [BASE, job_id, "w1:9", "{}"]) == 0
     assert await call("jobs/recover", JOB_KEYS, [BASE, "w1", 30_000, 100, "-", "-", "-"]) == [
         1,
@@ -168,8 +173,11 @@ async def jobs(call: Calls) -> None:
     [job] = claimed[0]
     job_id, token = job[0], job[4]
     error = '{"type":"Boom","message":"no"}'
-    finished = await call("jobs/finish", JOB_KEYS, [BASE, 30_000, job_id, token, "dead", error, 0])
-    assert finished[0] == [1]
+    last_progress = [job_id, token, "p", "5", 0]  # the try's last progress, first
+    finished = await call(
+        "jobs/finish", JOB_KEYS, [BASE, 30_000, *last_progress, job_id, token, "dead", error, 0]
+    )
+    assert finished[0] == [1, 1]
     counts = await call("jobs/counts", JOB_KEYS, [BASE, 100, "-", "-", "-"])
     assert counts[1] == [0, 1, 0]
     assert await call("jobs/replay", JOB_KEYS, [BASE, job_id, "nope"]) == [job_id]

@@ -17,6 +17,8 @@ from streamkit.testing import RedisCluster, RedisServer, RedisServerError, wait_
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from streamkit import Redis
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -164,3 +166,16 @@ async def test_a_cluster_comes_up_in_seconds_with_a_replica_per_master() -> None
 def test_the_cluster_url_is_known_once_started() -> None:
     with pytest.raises(RedisServerError, match="start it first"):
         _ = RedisCluster().url
+
+
+async def test_the_fixtures_run_the_server_asked_for(
+    redis: Redis, request: pytest.FixtureRequest
+) -> None:
+    """``--server valkey`` runs the fixtures on Valkey 8, ``redis`` (the default) on
+    Redis: the compatibility set is run on the server it says."""
+    info = await redis.info("server")
+    if request.config.getoption("--server") == "valkey":
+        assert str(info["valkey_version"]).startswith("8.")
+    else:
+        assert "valkey_version" not in info
+        assert int(str(info["redis_version"]).split(".")[0]) >= 7

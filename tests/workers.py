@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from streamkit import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO_GROUP = ProcessorKeys(app="scenario", stream="numbered", processor="record").group
+SCENARIO_PROCESSOR = ProcessorKeys(app="scenario", stream="numbered", processor="record")
+SCENARIO_GROUP = SCENARIO_PROCESSOR.group
 
 FAST_ENV = {
     "STREAMKIT_LEASE_TTL": "1.5",
@@ -120,10 +121,12 @@ def _pid_of(lock_value: bytes | str | None) -> int | None:
         return None
 
 
-async def lock_holders(redis: Redis, partitions: int = 8) -> dict[int, int | None]:
-    """Per partition of the scenario app, the pid of the worker holding its lease."""
+async def lock_holders(
+    redis: Redis, partitions: int = 8, *, processor: ProcessorKeys = SCENARIO_PROCESSOR
+) -> dict[int, int | None]:
+    """Per partition of the scenario app (or ``processor``), the pid of the worker
+    holding its lease."""
     holders: dict[int, int | None] = {}
     for p in range(partitions):
-        name = ProcessorKeys(app="scenario", stream="numbered", processor="record").lock_name(p)
-        holders[p] = _pid_of(await redis.get(lock_key(name)))
+        holders[p] = _pid_of(await redis.get(lock_key(processor.lock_name(p))))
     return holders

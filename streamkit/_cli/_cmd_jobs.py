@@ -18,13 +18,14 @@ from .._literal import printable
 from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
-from ..jobs import JobNotFound, JobQueue, JobStatus, open_job_queue
+from ..jobs import JobEvent, JobNotFound, JobQueue, JobStatus, open_job_queue
 from ._confirm import BulkAction, bulk_options, confirm_and_act
 from ._exits import fail
-from ._fleet import counts_by_name, counts_json, job_json
+from ._fleet import counts_by_name, counts_json, iso, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
 from ._loading import load_app, one_shot_settings
 from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option
+from ._watch import until_signal
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -295,6 +296,54 @@ async def jobs_show(
         return
     for line in job_lines(info, datetime.now(UTC)):
         click.echo(line)
+
+
+@jobs.command("events")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@click.option("--follow", is_flag=True, help="Keep printing new events until interrupted.")
+@click.option(
+    "--after",
+    metavar="CURSOR",
+    default=None,
+    help="Resume after the event of this cursor (the last column, or the JSON's cursor).",
+)
+@queue_command
+@json_option
+async def jobs_events(
+    target: QueueTarget,
+    follow: bool,
+    after: str | None,
+    as_json: bool,
+) -> None:
+    """Print the state changes of a queue's jobs: enqueued, started, progress,
+    retried, released, succeeded, dead, aborted, expired; oldest kept first.
+
+    Each shard keeps about 10,000 events. With --json, one JSON object a line.
+    """
+    # --follow runs until Ctrl-C (or SIGTERM), which ends it cleanly.
+    async with (
+        open_target(target) as queue,
+        until_signal() if follow else contextlib.nullcontext(),
+    ):
+        async for event in queue.events(after=after, follow=follow):
+            print_event(event, as_json=as_json)
+
+
+def print_event(event: JobEvent, *, as_json: bool) -> None:
+    """One job event as ``streamkit jobs events`` prints it: a line, or JSON."""
+    if as_json:
+        line = {**attrs.asdict(event), "at": iso(event.at, "milliseconds")}
+        click.echo(orjson.dumps(line).decode())
+        return
+    detail = "" if event.detail is None else orjson.dumps(event.detail).decode()
+    if len(detail) > 120:
+        detail = detail[:119] + "…"
+    click.echo(
+        printable(
+            f"{iso(event.at, 'milliseconds')}  {event.kind:<9}  {event.job_id}  "
+            f"{event.name}  {detail}  {event.cursor}"
+        )
+    )
 
 
 @jobs.command("abort")

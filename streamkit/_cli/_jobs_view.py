@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import orjson
 from rich.table import Table
 from rich.text import Text
 
@@ -136,6 +137,9 @@ def job_lines(info: JobInfo, now: datetime) -> list[str]:
         rows.append(
             ("progress", f"{done} {info.progress_message}" if info.progress_message else done)
         )
+    if info.progress_value is not None:
+        shown = orjson.dumps(info.progress_value).decode()
+        rows.append(("progress", shown if len(shown) <= 200 else shown[:199] + "…"))
     if info.lost:
         rows.append(("lost", f"its worker died while running it {info.lost} time(s)"))
     rows.append(("error", error_text(info)))

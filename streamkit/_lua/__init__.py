@@ -574,6 +574,9 @@ CONSTANTS: Mapping[str, int | str] = MappingProxyType(
         "TRIM_PROCESSED_STEP": 50_000,
         # The consumer group of every ready stream of a job queue.
         "JOB_GROUP": "workers",
+        # Entries a job queue shard's event stream keeps, about (lib/jobs/events;
+        # streamkit.jobs._events.EVENTS_KEEP).
+        "EVENTS_KEEP": 10_000,
         # Dependents a job script settles per call, beside its own work.
         "SETTLE_BUDGET": 100,
         # Scheduled jobs a claim moves to their ready streams per call, at most.

@@ -24,6 +24,7 @@ from .._errors import StreamkitError
 from .._ops import drive
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
+from ..jobs._replies import event_cursors
 from . import _ops
 from ._driving import (
     ClientBase,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from .._ops import Work
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._model import JobChunk, JobEvent, JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
     from ._ops import Op, SendsRecords
@@ -316,6 +317,24 @@ class AsyncioClient(ClientBase):
         """A handle on job ``job_id`` of the app's queue."""
         return AsyncioJobHandle(self, job_id, self._state.shard_of(job_id))
 
+    async def job_events(
+        self, *, after: str | None = None, follow: bool = False
+    ) -> AsyncIterator[JobEvent]:
+        """The state changes of the app's jobs (see :meth:`JobQueue.events
+        <streamkit.jobs.JobQueue.events>`): ``async for event in client.job_events()``;
+        after the event whose cursor is ``after``; with ``follow``, waiting for new ones.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a cursor of another queue.
+        """
+        cursors = event_cursors(after, self._state.shards)
+        while True:
+            events = await self.run(_ops.job_events(self._state, cursors, follow=follow))
+            for event in events:
+                yield event
+            if not events and not follow:
+                return
+
     # ------------------------------------------------------------------ tables
 
     async def read(
@@ -371,6 +390,26 @@ class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
     async def info(self) -> JobInfo:
         """Everything the queue records of the job."""
         return await self._client.run(self._info())
+
+    async def progress(self) -> Any:
+        """The newest progress the job reported (see :meth:`JobHandle.progress
+        <streamkit.jobs.JobHandle.progress>`); ``None`` if none yet."""
+        return (await self.info()).progress_value
+
+    async def stream(self, *, after: str | None = None) -> AsyncIterator[JobChunk]:
+        """The chunks the job streams, in order, until it ends (see
+        :meth:`JobHandle.stream <streamkit.jobs.JobHandle.stream>`):
+        ``async for chunk in handle.stream(): ...``."""
+        cursor = after or "0-0"
+        while True:
+            chunks, end = await self._client.run(self._output(cursor))
+            for chunk in chunks:
+                cursor = chunk.id
+                yield chunk
+            if end is not None:
+                if end != "success":
+                    await self.result(timeout=10)  # raises JobFailed
+                return
 
     async def result(self, timeout: float | None = None) -> JobResult:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result (errors as

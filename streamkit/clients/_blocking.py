@@ -27,6 +27,7 @@ from .._errors import StreamkitError
 from .._ops import drive_blocking
 from .._produce import DEFAULT_REPLICA_TIMEOUT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
+from ..jobs._replies import event_cursors
 from . import _ops
 from ._driving import (
     ClientBase,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from .._ops import Work
     from .._tables import Table
     from .._tables_windowed import WindowedTable
-    from ..jobs._model import JobInfo, JobRef, JobStatus, Priority, When
+    from ..jobs._model import JobChunk, JobEvent, JobInfo, JobRef, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
     from ._ops import Op, SendsRecords
@@ -333,6 +334,21 @@ class BlockingClient(ClientBase):
         """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""
         return BlockingJobHandle(self, job_id, self._state.shard_of(job_id))
 
+    def job_events(self, *, after: str | None = None, follow: bool = False) -> Iterator[JobEvent]:
+        """The state changes of the app's jobs (see :meth:`JobQueue.events
+        <streamkit.jobs.JobQueue.events>`): ``for event in client.job_events()``; after
+        the event whose cursor is ``after``; with ``follow``, waiting for new ones.
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a cursor of another queue.
+        """
+        cursors = event_cursors(after, self._state.shards)
+        while True:
+            events = self.run(_ops.job_events(self._state, cursors, follow=follow))
+            yield from events
+            if not events and not follow:
+                return
+
     # ------------------------------------------------------------------ tables
 
     def read(
@@ -395,6 +411,31 @@ class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
         """Everything the queue records of the job (see :meth:`JobHandle.info
         <streamkit.jobs.JobHandle.info>`)."""
         return self._client.run(self._info())
+
+    def progress(self) -> Any:
+        """The newest progress the job reported (see :meth:`JobHandle.progress
+        <streamkit.jobs.JobHandle.progress>`); ``None`` if none yet."""
+        return self.info().progress_value
+
+    def stream(self, *, after: str | None = None) -> Iterator[JobChunk]:
+        """The chunks the job streams, in order, until it ends (see
+        :meth:`JobHandle.stream <streamkit.jobs.JobHandle.stream>`): a blocking
+        iterator, ``for chunk in handle.stream(): ...``.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it;
+            :class:`~streamkit.jobs.JobFailed` at the end of a job that failed.
+        """
+        cursor = after or "0-0"
+        while True:
+            chunks, end = self._client.run(self._output(cursor))
+            for chunk in chunks:
+                cursor = chunk.id
+                yield chunk
+            if end is not None:
+                if end != "success":
+                    self.result(timeout=10)  # raises JobFailed
+                return
 
     def result(self, timeout: float | None = None) -> JobResult:
         """Wait until the job is over and return its result.

@@ -21,7 +21,7 @@ from ._ops import ClientState
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
+    from ..jobs._model import JobCall, JobChunk, JobInfo, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ._ops import Call, CallBatch, Op
 
@@ -139,6 +139,9 @@ class JobHandleBase:
 
     def _abort(self, reason: str) -> Op[JobStatus]:
         return _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
+
+    def _output(self, cursor: str) -> Op[tuple[list[JobChunk], str | None]]:
+        return _ops.job_output(self._client._state, self.id, self.shard, cursor, self.queue)
 
 
 def raise_translated(exc: Exception, url: str) -> NoReturn:

@@ -47,7 +47,14 @@ from .._windows import Window
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
 from ..jobs._ops import send_plan, send_workflow
 from ..jobs._plan import JobIds, Placement, plan_enqueue
-from ..jobs._replies import abort_reply, info_reply, status_reply, watch_reply
+from ..jobs._replies import (
+    abort_reply,
+    decode_event,
+    decode_output,
+    info_reply,
+    status_reply,
+    watch_reply,
+)
 from ..jobs._workflow import plan_workflow
 
 if TYPE_CHECKING:
@@ -56,7 +63,7 @@ if TYPE_CHECKING:
     from .._settings import Settings
     from .._spec import StreamSpec
     from .._tables import Table
-    from ..jobs._model import JobCall, JobInfo, JobStatus, Priority, When
+    from ..jobs._model import JobCall, JobChunk, JobEvent, JobInfo, JobStatus, Priority, When
     from ..jobs._plan import JobLike
     from ..jobs._workflow import Workflow
 
@@ -388,6 +395,64 @@ def job_result(
                         ended = True
             if ended:
                 break
+
+
+#: How long one read of a job's streamed output blocks before the job is looked at (ms).
+OUTPUT_BLOCK_MS = 1000
+
+
+def job_output(
+    state: ClientState, job_id: str, shard: int, cursor: str, queue: str | None = None
+) -> Op[tuple[list[JobChunk], str | None]]:
+    """One read of the chunks job ``job_id`` streamed after ``cursor`` (blocking up to
+    :data:`OUTPUT_BLOCK_MS`), and its final status once it ended (see
+    :meth:`JobHandle.stream <streamkit.jobs.JobHandle.stream>`)."""
+    keys = state.keys(shard, queue)
+    reply = yield from retried(
+        Call.command(
+            "XREAD", "COUNT", 500, "BLOCK", OUTPUT_BLOCK_MS, "STREAMS", keys.output(job_id), cursor
+        ),
+        what="reading a job's streamed output",
+    )
+    entries = [entry for _, stream_entries in reply or () for entry in stream_entries]
+    chunks, end = decode_output(entries)
+    if end is None and not entries:
+        status = yield from job_status(state, job_id, shard, queue)
+        if status.final:
+            end = status.value
+    return chunks, end
+
+
+#: How long one read of a single shard's job events blocks (ms); several shards are
+#: read in turn without blocking, every :data:`EVENTS_POLL` seconds while idle.
+EVENTS_BLOCK_MS = 1000
+EVENTS_POLL = 0.1
+
+
+def job_events(state: ClientState, cursors: list[str], *, follow: bool) -> Op[list[JobEvent]]:
+    """The job events of every shard of the app's queue after ``cursors`` (one
+    position per shard, moved past what is read; see :meth:`JobQueue.events
+    <streamkit.jobs.JobQueue.events>`); following, a read waits a while for new ones."""
+    events: list[JobEvent] = []
+    for shard in range(state.shards):
+        key = f"{state.keys(shard).base}:events"
+        if follow and state.shards == 1:
+            reply = yield from retried(
+                Call.command(
+                    "XREAD", "COUNT", 500, "BLOCK", EVENTS_BLOCK_MS, "STREAMS", key, cursors[0]
+                ),
+                what="reading job events",
+            )
+            entries = [entry for _, stream_entries in reply or () for entry in stream_entries]
+        else:
+            entries = yield from retried(
+                Call.command("XRANGE", key, f"({cursors[shard]}", "+", "COUNT", 500),
+                what="reading job events",
+            )
+        events.extend(decode_event(eid, fields, shard, cursors) for eid, fields in entries)
+    if follow and not events and state.shards > 1:
+        yield Sleep(EVENTS_POLL)
+    return events
 
 
 # -------------------------------------------------------------------------- tables

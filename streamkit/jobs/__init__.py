@@ -25,7 +25,9 @@ from ._inspect import QueueCounts as QueueCounts
 from ._limits import RateLimit as RateLimit
 from ._model import (
     JobCall as JobCall,
+    JobChunk as JobChunk,
     JobErrorInfo as JobErrorInfo,
+    JobEvent as JobEvent,
     JobInfo as JobInfo,
     JobOptions as JobOptions,
     JobStatus as JobStatus,
@@ -53,9 +55,11 @@ __all__ = [
     "Group",
     "Job",
     "JobCall",
+    "JobChunk",
     "JobContext",
     "JobError",
     "JobErrorInfo",
+    "JobEvent",
     "JobFailed",
     "JobHandle",
     "JobInfo",

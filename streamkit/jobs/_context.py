@@ -6,9 +6,12 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime  # noqa: TC003 (attrs resolves the annotations)
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from .._spec import HasSpec, StreamSpec
 
 __all__ = ["JobContext", "JobMiddleware", "current_job"]
 
@@ -39,6 +42,72 @@ class JobContext:
     headers: Mapping[str, str]
     worker: str
     state: Any = None
+
+    def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
+        """Emit ``record`` to ``stream`` if, and once, this try succeeds.
+
+        The record is appended by the script that records the try's success, and only
+        for the try that holds the job's claim: a failed, retried, aborted, timed-out
+        or taken-over try's records are discarded (see the jobs guide). Records land in
+        the order emitted, at most 1,000 per try.
+
+        Error handling:
+            ``RuntimeError`` outside this job's try; :class:`~streamkit.ConfigError`
+            for something that is not a stream, or a 1,001st record;
+            :class:`~streamkit.EncodeError` if ``record`` does not fit the stream.
+        """
+        try:
+            current = running.get()[1]
+        except LookupError:
+            current = None
+        if current is None or current.id != self.id:
+            raise RuntimeError("emit() is called from inside the job's running try")
+        current.emit(stream, record)
+
+    def progress(self, value: Any) -> None:
+        """Report how far this try got: a number or a small JSON value (a dict of
+        counts, say), read by :meth:`JobHandle.progress
+        <streamkit.jobs.JobHandle.progress>` and ``streamkit jobs show``.
+
+        Cheap enough to call per item of a long job: it does no I/O; the worker writes
+        the newest value at most every half second per try (and the last one with the
+        try's outcome, so the last value reported is the one kept). Fenced: a
+        try taken over by another worker reports nothing.
+
+        Error handling:
+            ``RuntimeError`` outside this job's try; :class:`~streamkit.EncodeError`
+            for a value that is not JSON, or over 8,000 bytes encoded.
+        """
+        try:
+            current = running.get()[1]
+        except LookupError:
+            current = None
+        if current is None or current.id != self.id or current.progress_writer is None:
+            raise RuntimeError("progress() is called from inside the job's running try")
+        current.progress_writer.report(current, value)
+
+    def stream(self, chunk: Any) -> None:
+        """Stream ``chunk`` (a JSON value: a token of a model's output, a row) to
+        whoever reads the job's :meth:`JobHandle.stream
+        <streamkit.jobs.JobHandle.stream>`, in order.
+
+        Cheap: it does no I/O; the worker appends the try's chunks every few
+        milliseconds (and all that are left before the try's outcome, which then ends
+        the stream). Fenced: a try taken over appends nothing more. At most 64 KiB a
+        chunk; the stream keeps the newest 10,000.
+
+        Error handling:
+            ``RuntimeError`` outside this job's try; :class:`~streamkit.EncodeError`
+            for a chunk that is not JSON or too big; :class:`~streamkit.ConfigError`
+            when 10,000 chunks wait to be written already (Redis unreachable).
+        """
+        try:
+            current = running.get()[1]
+        except LookupError:
+            current = None
+        if current is None or current.id != self.id or current.chunk_writer is None:
+            raise RuntimeError("stream() is called from inside the job's running try")
+        current.chunk_writer.report(current, chunk)
 
 
 #: A middleware: ``async def middleware(context, call_next)``, which runs the try (the

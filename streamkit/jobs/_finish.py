@@ -23,9 +23,11 @@ from .._errors import RedisUnavailable
 from .._lua import script
 from .._meter import TIMING, JobMeter
 from .._periodic import next_tick
-from .._redis import LuaScript, health_of, retry_idempotent
+from .._redis import LuaScript, health_of, is_cluster, retry_idempotent
+from .._streams import check_metadata
 from .._wire import text
 from ._batches import chunks
+from ._emit import emit_arguments, relay_emitted
 from ._layout import ShardKeys
 from ._outcome import Failure, describe, label
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from ._handle import QueueLike
     from ._tries import Tries, Try
 
-__all__ = ["UNKNOWN_JOB", "Outbox", "Settler", "renew_leases", "settle_all"]
+__all__ = ["UNKNOWN_JOB", "EmitRelay", "Outbox", "Settler", "renew_leases", "settle_all"]
 
 log = logging.getLogger("streamkit.jobs")
 
@@ -59,6 +61,9 @@ SETTLE_STEP = 200
 _DELIVER_CHUNK = 100
 #: How the error of an outcome put in place of a refused one starts.
 _REFUSED = b'{"type":"OutcomeRefused"'
+#: How often a worker looks at a shard's outbox of emitted records (Redis Cluster)
+#: beside the relays its own finishes ask for: what a dead worker left (seconds).
+EMIT_RELAY_EVERY = 5.0
 
 
 @attrs.define(eq=False)
@@ -74,14 +79,31 @@ class Outbox:
     meter: JobMeter
     settler: Settler
     backoff: Backoff = attrs.field(factory=Backoff)
+    #: Relays the records successes emitted, on Redis Cluster (``None`` on a server).
+    emit_relay: EmitRelay | None = None
     flushed: AsyncValue[int] = attrs.field(init=False, factory=lambda: AsyncValue(0))
-    # Per shard: [id, token, outcome, data, number] of each ended try not recorded yet.
+    # Per shard: [id, token, outcome, data, number, emitted...] of each ended try not
+    # recorded yet.
     _items: list[list[list[Any]]] = attrs.field(init=False)
     _ready: list[trio.Event] = attrs.field(init=False)
+    # The streams emitted to whose metadata was checked.
+    _checked: set[str] = attrs.field(init=False, factory=set)
 
     def __attrs_post_init__(self) -> None:
         self._items = [[] for _ in range(self.queue.shards)]
         self._ready = [trio.Event() for _ in range(self.queue.shards)]
+
+    async def check_streams(self, current: Try) -> None:
+        """Check the metadata of the streams ``current`` emitted to, once per stream
+        (as a producer's first send does).
+
+        Error handling:
+            :class:`~streamkit.MetadataMismatch` if a stream was created otherwise.
+        """
+        for spec, _, _, _ in current.emitted or ():
+            if spec.name not in self._checked:
+                await check_metadata(self.queue.redis, spec)
+                self._checked.add(spec.name)
 
     def put(self, current: Try, outcome: str, data: bytes | str, number: int) -> None:
         """Record that ``current`` ended with ``outcome`` (see the finish script for
@@ -92,7 +114,20 @@ class Outbox:
             seconds = time.perf_counter() - current.started if TIMING.on else None
             name = current.job.name if current.job is not None else UNKNOWN_JOB
             self.meter.count(name, counted, seconds)
-        self._items[current.shard].append([current.id, current.token, outcome, data, number])
+        item = [current.id, current.token, outcome, data, number]
+        emitted = current.emitted
+        if emitted and outcome == "ok":
+            # written with the success, only then (see jobs/_emit.py)
+            item[4] = number + 2 * len(emitted)
+            keys = self.queue.shard_keys[current.shard]
+            item.extend(emit_arguments(emitted, keys, cluster=self.emit_relay is not None))
+        self._items[current.shard].append(item)
+        self._ready[current.shard].set()
+
+    def put_progress(self, current: Try, value: bytes) -> None:
+        """Write ``current``'s last progress value with its outcome, put next (in the
+        same finish call, fenced like it)."""
+        self._items[current.shard].append([current.id, current.token, "p", value, 0])
         self._ready[current.shard].set()
 
     def put_unheld(self, shard: int, job_id: bytes, token: str, outcome: str, data: bytes) -> None:
@@ -143,7 +178,9 @@ class Outbox:
             self._ready[shard] = trio.Event()
         if not batch:
             return
-        sizes = [len(item[0]) + len(item[1]) + len(item[3]) for item in batch]
+        sizes = [
+            len(item[0]) + len(item[1]) + len(item[3]) + sum(map(_size, item[5:])) for item in batch
+        ]
         for part in chunks(sizes, max_cost=_FINISH_CHUNK):
             try:
                 await self._record(shard, batch[part.start : part.stop])
@@ -179,6 +216,10 @@ class Outbox:
                     await self._record(shard, [item])
             return
         for item, committed in zip(items, reply, strict=True):
+            if item[2] == "p":
+                continue  # a progress value, not an outcome
+            if committed == 1 and len(item) > 5 and self.emit_relay is not None:
+                self.emit_relay.wake(shard)
             self.tries.forget(item[0], item[1])
             if not committed and item[2] != "release":
                 log.warning(
@@ -192,6 +233,8 @@ class Outbox:
         instead (if it refuses that too, the job's lease runs out and another worker
         takes it over)."""
         job_id, token, outcome = item[0], item[1], item[2]
+        if outcome == "p":
+            return  # a progress value Redis refused: the outcome follows alone
         reason = describe(exc)
         log.error("job %s: Redis refused to record its outcome (%s): %s", job_id, outcome, reason)
         if outcome != "release" and not item[3].startswith(_REFUSED):
@@ -208,6 +251,48 @@ class Outbox:
             else:
                 return
         self.tries.forget(job_id, token)
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, bytes | str) else 8
+
+
+@attrs.define(eq=False)
+class EmitRelay:
+    """Relays the records successful tries emitted from the shards' outboxes to their
+    streams (Redis Cluster; see :mod:`~streamkit.jobs._emit`)."""
+
+    queue: QueueLike
+    backoff: Backoff = attrs.field(factory=Backoff)
+    _wanted: list[trio.Event] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._wanted = [trio.Event() for _ in range(self.queue.shards)]
+
+    def wake(self, shard: int) -> None:
+        """A finish wrote emitted records to ``shard``'s outbox."""
+        self._wanted[shard].set()
+
+    async def relayer(self, shard: int) -> None:
+        """Relay ``shard``'s outbox now, when woken and every few seconds, until
+        cancelled."""
+        keys = self.queue.shard_keys[shard]
+        while True:
+            self._wanted[shard] = trio.Event()
+            await retry_unavailable(
+                functools.partial(relay_emitted, self.queue.redis, keys),
+                backoff=self.backoff,
+                give_up_after=None,
+                what="relaying the records jobs emitted",
+                outage=health_of(self.queue.redis).outage,
+            )
+            with trio.move_on_after(EMIT_RELAY_EVERY):
+                await self._wanted[shard].wait()
+
+
+def emit_relay_for(queue: QueueLike) -> EmitRelay | None:
+    """The relay of emitted records a worker of ``queue`` runs: on Redis Cluster only."""
+    return EmitRelay(queue) if is_cluster(queue.redis) else None
 
 
 @attrs.define(eq=False)

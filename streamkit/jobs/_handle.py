@@ -11,10 +11,11 @@ import attrs
 
 from .._errors import ConfigError, JobNotFound
 from .._keys import validate_name
-from .._redis import redis_errors, retry_idempotent
+from .._redis import redis_errors, retry_idempotent, run_blocking
 from ._arguments import check_argument_types
 from ._model import (
     JobCall,
+    JobChunk,
     JobInfo,
     JobOptions,
     JobRef,
@@ -25,11 +26,19 @@ from ._model import (
     Schedule,
     When,
 )
-from ._replies import decode_history, decode_info, info_reply, outcome, status_reply
+from ._replies import (
+    decode_history,
+    decode_info,
+    decode_output,
+    info_reply,
+    outcome,
+    progress_value,
+    status_reply,
+)
 from ._workflow import Step
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
     from datetime import datetime
 
@@ -37,7 +46,11 @@ if TYPE_CHECKING:
     from ._context import JobMiddleware
     from ._layout import ShardKeys
 
+#: How long a reader of a job's output waits for a chunk before it looks at the job (ms).
+OUTPUT_BLOCK_MS = 1000
+
 __all__ = [
+    "OUTPUT_BLOCK_MS",
     "Job",
     "JobDecorator",
     "JobHandle",
@@ -139,6 +152,69 @@ class JobHandle(Generic[R]):
             await retry_idempotent(self.queue.redis.hgetall, self._key, what="reading a job"),
         )
         return info_reply(fields, self.id, self.queue.name)
+
+    async def progress(self) -> Any:
+        """The newest progress the job reported with :meth:`JobContext.progress
+        <streamkit.jobs.JobContext.progress>` (``None`` if none yet), as written by
+        its worker at most every half second while it runs, and last before its
+        outcome.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of it.
+        """
+        with redis_errors():
+            status, raw = await retry_idempotent(
+                self.queue.redis.hmget, self._key, ["status", "pv"], what="reading a job's progress"
+            )
+        status_reply(status, self.id, self.queue.name)  # JobNotFound without a record
+        return progress_value(raw)
+
+    async def stream(self, *, after: str | None = None) -> AsyncIterator[JobChunk]:
+        """The chunks the job streams with :meth:`JobContext.stream
+        <streamkit.jobs.JobContext.stream>`, in order, as they come: from the start
+        (a reader that starts late gets them all, the newest 10,000), or after the chunk
+        whose :attr:`~JobChunk.id` is ``after`` (to resume). It ends with the job: when
+        the job succeeded, the iteration stops; when it ended dead, aborted or expired,
+        it raises :class:`~streamkit.jobs.JobFailed`, as :meth:`result` does. A retried
+        job's next try streams again from its own start (see
+        :attr:`JobChunk.try_number`).
+
+        Usage: ``async for chunk in handle.stream(): print(chunk.value)``.
+
+        Error handling:
+            :class:`~streamkit.jobs.JobNotFound` if there is no record of the job;
+            :class:`~streamkit.jobs.JobFailed` at the end of a job that failed.
+        """
+        key = self.queue.shard_keys[self.shard].output(self.id)
+        cursor = after or "0-0"
+        while True:
+            reply: Any = await run_blocking(
+                self.queue.redis,
+                lambda r, cursor=cursor: r.xread(  # type: ignore[misc]
+                    {key: cursor}, count=500, block=OUTPUT_BLOCK_MS
+                ),
+                within=OUTPUT_BLOCK_MS / 1000 + 10,
+                what="reading a job's streamed output",
+            )
+            entries = [
+                (entry.identifier, entry.field_values)
+                for stream_entries in (reply or {}).values()
+                for entry in stream_entries
+            ]
+            chunks, end = decode_output(entries)
+            for chunk in chunks:
+                cursor = chunk.id
+                yield chunk
+            if end is None and not entries:
+                status = await self.status()  # JobNotFound without a record
+                if status.final:
+                    # Ended by a script that ends no output (expired, aborted while
+                    # queued): whatever came before it was read above.
+                    end = status.value
+            if end is not None:
+                if end != JobStatus.SUCCESS.value:
+                    await self.result(timeout=10)  # raises JobFailed
+                return
 
     async def result(self, timeout: float | None = None) -> R:  # noqa: ASYNC109 (the familiar API)
         """Wait until the job is over and return its result.

@@ -21,6 +21,8 @@ key                                   what it holds
 ``__jobs:{Q.S}:settling:N``           one ended job's dependents left to settle (its
                                       ``deps:ID`` renamed; ``:settling`` numbers them)
 ``__jobs:{Q.S}:once:ID``              job ID's dedupe marker (expires)
+``__jobs:{Q.S}:out:ID``               the chunks job ID streamed, then its outcome
+``__jobs:{Q.S}:obox``                 records successes emitted, to relay (Cluster)
 ``__jobs:{Q.S}:ctl``                  the paused job names (``*``: the whole queue)
 ``__jobs:{Q.S}:rl:*``, ``:cc:*``,     rate windows, concurrency slots, held jobs and
 ``:park:*``, ``:wake``, ``:lims``     their wake-ups (see ``_scripts``)
@@ -121,3 +123,7 @@ class ShardKeys:
     def job(self, job_id: str) -> str:
         """The hash of job ``job_id``."""
         return f"{self.base}:job:{job_id}"
+
+    def output(self, job_id: str) -> str:
+        """The stream of the chunks job ``job_id`` streamed, ended by its outcome."""
+        return f"{self.base}:out:{job_id}"

@@ -28,7 +28,9 @@ __all__ = [
     "MAX_AFTER",
     "PRIORITIES",
     "JobCall",
+    "JobChunk",
     "JobErrorInfo",
+    "JobEvent",
     "JobInfo",
     "JobOptions",
     "JobOptionsArgs",
@@ -207,6 +209,8 @@ class JobInfo:
         error: the error of its last failed try.
         progress: the fraction its running try reported, from 0 to 1.
         progress_message: the message reported with it.
+        progress_value: the value its try reported with
+            :meth:`JobContext.progress <streamkit.jobs.JobContext.progress>`, if any.
         lost: times a worker died while running it.
         history: its tries, oldest first: the newest 2 KB or so of them (about 20
             tries) are kept in its record.
@@ -239,6 +243,55 @@ class JobInfo:
     held_by: str | None = None
     limit_key: str | None = None
     headers: dict[str, str] = attrs.field(factory=dict)
+    progress_value: Any = None
+
+
+@attrs.frozen
+class JobChunk:
+    """One chunk a job streamed (see :meth:`JobHandle.stream
+    <streamkit.jobs.JobHandle.stream>`).
+
+    Attributes:
+        value: what the job passed to ``current_job().stream``, as its JSON decodes.
+        try_number: the try that streamed it (a retried job's next try streams again
+            from its own start).
+        id: its entry id in the output stream: pass it as ``after=`` to resume after it.
+    """
+
+    value: Any
+    try_number: int
+    id: str
+
+
+@attrs.frozen
+class JobEvent:
+    """A state change of a job (see :meth:`JobQueue.events
+    <streamkit.jobs.JobQueue.events>`).
+
+    Attributes:
+        kind: ``"enqueued"``, ``"started"``, ``"progress"``, ``"retried"``,
+            ``"released"`` (put back at a stop), ``"succeeded"``, ``"dead"``,
+            ``"aborted"`` or ``"expired"``.
+        job_id: the job's id.
+        name: its job name.
+        at: when it happened (the Redis server's clock).
+        detail: what the change carries: the try number for ``started``, the value
+            for ``progress``, the error (``{"type", "message", ...}``) for ``retried``
+            and ``dead``; ``None`` otherwise.
+        shard: the queue shard of the job.
+        id: the event's entry id in its shard's event stream.
+        cursor: where a reader was after this event, in every shard: pass it as
+            ``after=`` to resume after it.
+    """
+
+    kind: str
+    job_id: str
+    name: str
+    at: datetime
+    detail: Any
+    shard: int
+    id: str
+    cursor: str
 
 
 When = timedelta | float | int

@@ -62,6 +62,7 @@ OPTION_KEYS: Mapping[str, str] = MappingProxyType(
         "remote": "x",
         "limit_key": "k",
         "headers": "h",
+        "relayed": "r",
         "name": "n",
         "max_tries": "m",
         "result_ttl_s": "t",

@@ -46,6 +46,7 @@ from ._cron import (
 )
 from ._crontime import next_tick
 from ._enqueue import send_plan, send_workflow
+from ._events import events_on, follow_events, set_events
 from ._finish import settle_all
 from ._handle import Job, JobDecorator, JobHandle, WorkflowHandle
 from ._inspect import PURGE, REPLAY, QueueCounts, act_on_dead, count_jobs, read_dead_letters
@@ -53,6 +54,7 @@ from ._layout import ShardKeys, shard_for
 from ._model import (
     DEFAULT_MAX_BYTES,
     JobCall,
+    JobEvent,
     JobInfo,
     JobOptions,
     JobOptionsArgs,
@@ -610,6 +612,37 @@ class JobQueue:
         return abort_reply(outcome, job_id, self.name)
 
     # ------------------------------------------------------------------ inspecting
+
+    async def events(
+        self, *, after: str | None = None, follow: bool = True
+    ) -> AsyncIterator[JobEvent]:
+        """The state changes of the queue's jobs, from any process: each a
+        :class:`JobEvent` (enqueued, started, progress, retried, released, succeeded,
+        dead, aborted, expired), in the order they happened per shard.
+
+        Usage: ``async for event in queue.events(): print(event.kind, event.job_id)``.
+
+        Args:
+            after: a :attr:`JobEvent.cursor`: resume after that event (a reader that
+                restarts). From the oldest event kept by default (each shard keeps
+                about 10,000).
+            follow: wait for new events once the kept ones are read, until cancelled
+                (``False``: stop there).
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a cursor of another queue.
+        """
+        async for event in follow_events(self.redis, self.shard_keys, after=after, follow=follow):
+            yield event
+
+    async def set_events(self, on: bool) -> None:
+        """Turn the queue's job events on (the default) or off, for every producer and
+        worker: off, its scripts append none (see the jobs guide for what they cost)."""
+        await set_events(self.redis, self.shard_keys, on)
+
+    async def events_enabled(self) -> bool:
+        """Whether the queue's job events are on."""
+        return await events_on(self.redis, self.shard_keys[0])
 
     async def counts(self) -> QueueCounts:
         """How many jobs the queue holds, by status, priority and job name."""

@@ -13,16 +13,20 @@ from typing import Any
 import attrs
 import orjson
 
-from .._errors import JobFailed, JobNotFound, ResultNotKept
+from .._errors import ConfigError, JobFailed, JobNotFound, ResultNotKept
 from .._wire import text
-from ._model import JobErrorInfo, JobInfo, JobStatus, JobTry, Priority
+from ._model import JobChunk, JobErrorInfo, JobEvent, JobInfo, JobStatus, JobTry, Priority
 
 __all__ = [
     "abort_reply",
+    "decode_event",
     "decode_history",
     "decode_info",
+    "decode_output",
+    "event_cursors",
     "info_reply",
     "outcome",
+    "progress_value",
     "status_reply",
     "watch_reply",
 ]
@@ -123,6 +127,7 @@ def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
         held_by=text(fields[b"held"]) if fields.get(b"held") else None,
         limit_key=text(fields[b"lk"]) if fields.get(b"lk") else None,
         headers=_headers(fields.get(b"hdr")),
+        progress_value=progress_value(fields.get(b"pv")),
     )
 
 
@@ -147,6 +152,82 @@ def status_reply(value: bytes | str | None, job_id: str, queue: str) -> JobStatu
     if value is None:
         raise JobNotFound(job_id, queue)
     return JobStatus(text(value))
+
+
+def decode_output(entries: Any) -> tuple[list[JobChunk], str | None]:
+    """The chunks of output stream entries ``[(id, fields), ...]``, and the final status
+    if the end came among them."""
+    chunks: list[JobChunk] = []
+    for entry_id, fields in entries:
+        end = fields.get(b"e")
+        if end is not None:
+            return chunks, text(end)
+        raw = fields.get(b"c", b"null")
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            value = text(raw)
+        chunks.append(JobChunk(value, int(fields.get(b"t", b"0")), text(entry_id)))
+    return chunks, None
+
+
+def _detail(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return text(raw)
+
+
+def event_cursors(after: str | None, shards: int) -> list[str]:
+    """The per-shard positions a job events cursor (:attr:`JobEvent.cursor`) says;
+    every shard's start without one.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` for a cursor of another queue.
+    """
+    if after is None:
+        return ["0-0"] * shards
+    parts = after.split(",")
+    if len(parts) != shards or not all(_is_id(p) for p in parts):
+        raise ConfigError(
+            "after", f"must be a cursor of this queue's {shards} shard(s), got {after!r}"
+        )
+    return parts
+
+
+def _is_id(value: str) -> bool:
+    ms, _, seq = value.partition("-")
+    return ms.isdigit() and seq.isdigit()
+
+
+def decode_event(entry_id: Any, fields: Any, shard: int, cursors: list[str]) -> JobEvent:
+    """The :class:`JobEvent` of an event stream entry of ``shard``; moves ``cursors``
+    (every shard's position) past it."""
+    event_id = text(entry_id)
+    cursors[shard] = event_id
+    ms = int(event_id.split("-", 1)[0])
+    return JobEvent(
+        kind=text(fields.get(b"e", b"")),
+        job_id=text(fields.get(b"j", b"")),
+        name=text(fields.get(b"n", b"")),
+        at=datetime.fromtimestamp(ms / 1000, UTC),
+        detail=_detail(fields.get(b"d", b"")),
+        shard=shard,
+        id=event_id,
+        cursor=",".join(cursors),
+    )
+
+
+def progress_value(raw: bytes | None) -> Any:
+    """A job's progress value (``current_job().progress``) from its record."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return text(raw)
 
 
 def info_reply(fields: dict[bytes, bytes], job_id: str, queue: str) -> JobInfo:

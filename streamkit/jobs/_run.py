@@ -19,7 +19,7 @@ import orjson
 import trio
 
 from .._backoff import jitter_draw
-from .._errors import ConfigError, EncodeError
+from .._errors import ConfigError, EncodeError, StreamkitError
 from .._logs import log_context
 from .._lua import script
 from .._redis import LuaScript, retry_idempotent
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ._finish import Outbox
     from ._handle import Job, QueueLike
     from ._handoff import Handoff
+    from ._progress import ProgressWriter
+    from ._streaming import ChunkWriter
     from ._tries import Tries
 
 __all__ = ["TryRunner", "progress"]
@@ -88,6 +90,10 @@ class TryRunner:
     middleware: Sequence[JobMiddleware] = ()
     #: What the worker's lifespan yielded (:attr:`JobContext.state`).
     state: Any = None
+    #: Writes the progress the tries report (rate-limited).
+    progress_writer: ProgressWriter | None = None
+    #: Writes the chunks the tries stream.
+    chunk_writer: ChunkWriter | None = None
 
     async def run(self, handoff: Handoff) -> None:
         """Run the tries of the jobs handed over, one at a time, until cancelled."""
@@ -161,7 +167,15 @@ class TryRunner:
             self.outbox.put_unheld(shard, claimed[0], token, "dead", failure.encode())
             return
         job = self.jobs.get(name)
-        current = Try(job_id, shard, token, job, tries)
+        current = Try(
+            job_id,
+            shard,
+            token,
+            job,
+            tries,
+            progress_writer=self.progress_writer,
+            chunk_writer=self.chunk_writer,
+        )
         self.tries.start(current)
         if job is None:
             known = ", ".join(sorted(self.jobs)) or "none"
@@ -206,6 +220,7 @@ class TryRunner:
                     current.finished = True
                     self.tries.forget(current.id, current.token)
                     return
+                await self._flush_reports(current)
                 unretried = None if isinstance(exc, job.options.retry_on) else "not in retry_on"
                 self._failed(current, job, tries, Failure.of(exc, unretried=unretried), exc)
                 return
@@ -218,6 +233,13 @@ class TryRunner:
                 current.finished = True
                 self.tries.forget(job_id, token)
                 return
+            await self._flush_reports(current)
+            if current.emitted:
+                try:
+                    await self.outbox.check_streams(current)
+                except StreamkitError as exc:
+                    self._failed(current, job, tries, Failure.of(exc), exc)
+                    return
             if options.keep_result:
                 try:
                     data = self._encode_result(name, result)
@@ -230,6 +252,16 @@ class TryRunner:
                 self.outbox.put(current, "ok", b"", 0)
         finally:
             running.reset(reset)
+
+    async def _flush_reports(self, current: Try) -> None:
+        """Write the chunks ``current`` streamed, and put its newest progress (to go
+        with its outcome, in the same finish call), before its outcome."""
+        if current.chunks and self.chunk_writer is not None:
+            await self.chunk_writer.flush(current)
+        if current.progress is not None and self.progress_writer is not None:
+            value = self.progress_writer.take(current)
+            if value is not None:
+                self.outbox.put_progress(current, value)
 
     async def _in_thread(self, job: Job[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
         """Run a plain ``def`` job in one of the worker's threads."""

@@ -36,11 +36,13 @@ from .._nurseries import open_service_nursery
 from ._claim import Claimer, ensure_groups, new_consumer
 from ._cron import run_schedules
 from ._drain import drain, put_back
-from ._finish import Outbox, Settler, renew_leases
+from ._finish import Outbox, Settler, emit_relay_for, renew_leases
 from ._handle import Job
 from ._handoff import Handoff
 from ._model import JobOptions
+from ._progress import ProgressWriter
 from ._run import TryRunner
+from ._streaming import ChunkWriter
 from ._tries import Tries
 
 if TYPE_CHECKING:
@@ -93,14 +95,24 @@ class JobWorker:
     _claimer: Claimer = attrs.field(init=False)
     _runner: TryRunner = attrs.field(init=False)
     _handoff: Handoff = attrs.field(init=False, factory=Handoff)
+    _progress: ProgressWriter = attrs.field(init=False)
+    _chunks: ChunkWriter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._tries = Tries(self.concurrency)
         self._settler = Settler(self.queue)
-        self._outbox = Outbox(self.queue, self._tries, self._meter, self._settler)
+        self._outbox = Outbox(
+            self.queue,
+            self._tries,
+            self._meter,
+            self._settler,
+            emit_relay=emit_relay_for(self.queue),
+        )
         self._claimer = Claimer(
             self.queue, self.consumer, self._tries, self._handoff, self._settler.wake
         )
+        self._progress = ProgressWriter(self.queue)
+        self._chunks = ChunkWriter(self.queue)
         self._runner = TryRunner(
             self.queue,
             self.jobs,
@@ -110,12 +122,20 @@ class JobWorker:
             consumer=self.consumer,
             middleware=tuple(self.queue.middleware),
             state=self.state,
+            progress_writer=self._progress,
+            chunk_writer=self._chunks,
         )
 
     @property
     def running_jobs(self) -> int:
         """Jobs claimed by this worker and not over yet."""
         return self._tries.held
+
+    @property
+    def progress_writes(self) -> int:
+        """Progress writes this worker sent (``current_job().progress`` is written at
+        most every half second per try)."""
+        return self._progress.writes
 
     async def drain(self, grace: float | None = None) -> bool:
         """Stop taking jobs and wait, up to ``grace`` seconds (``None``: as long as
@@ -147,11 +167,15 @@ class JobWorker:
                     for _ in range(self.concurrency):
                         nursery.start_soon(self._runner.run, self._handoff)
                     nursery.start_soon(self._handoff.dispatch)
+                    nursery.start_soon(self._progress.run)
+                    nursery.start_soon(self._chunks.run)
                     nursery.start_soon(renew_leases, self.queue, self.consumer, self._tries)
                     for shard in range(self.queue.shards):
                         nursery.start_soon(self._outbox.finisher, shard)
                         nursery.start_soon(self._settler.settler, shard)
                         nursery.start_soon(self._claimer.run, shard)
+                        if self._outbox.emit_relay is not None:
+                            nursery.start_soon(self._outbox.emit_relay.relayer, shard)
                     nursery.start_soon(run_schedules, self.queue, self.jobs)
                     task_status.started(self)
                     await trio.sleep_forever()

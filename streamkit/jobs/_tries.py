@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import orjson
 import trio
 from trio_util import AsyncValue
 
+from .._errors import ConfigError
+from ._emit import MAX_EMITS, Emission, emission
+
 if TYPE_CHECKING:
+    from .._spec import HasSpec, StreamSpec
     from ._handle import Job
 
-__all__ = ["Lane", "Tries", "Try"]
+__all__ = ["Lane", "Reporter", "Tries", "Try"]
+
+
+class Reporter(Protocol):
+    """What a try reports its progress or streamed chunks to (the worker's writers,
+    :mod:`~streamkit.jobs._progress` and :mod:`~streamkit.jobs._streaming`)."""
+
+    def report(self, current: Try, value: Any) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -39,6 +50,12 @@ class Try:
             to the queue).
         finished: set once its outcome is decided (it may not be recorded yet).
         started: ``time.perf_counter()`` when it started, for its duration.
+        emitted: the records it emitted, written if it succeeds.
+        progress: the newest progress it reported (JSON), if any.
+        progress_writer: what writes its progress (the worker's).
+        chunks: the chunks it streamed not written yet (JSON), in order.
+        chunks_written: how many it streamed were written.
+        chunk_writer: what writes its chunks (the worker's).
     """
 
     id: str
@@ -53,6 +70,21 @@ class Try:
     stopping: bool = False
     finished: bool = False
     started: float = attrs.field(factory=time.perf_counter)
+    emitted: list[Emission] | None = None
+    progress: bytes | None = None
+    progress_writer: Reporter | None = None
+    chunks: list[bytes] = attrs.field(factory=list)
+    chunks_written: int = 0
+    chunk_writer: Reporter | None = None
+
+    def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
+        """Keep ``record`` for ``stream``, to be written with the try's success."""
+        encoded = emission(stream, record)
+        if self.emitted is None:
+            self.emitted = []
+        elif len(self.emitted) >= MAX_EMITS:
+            raise ConfigError("emit", f"a try emits at most {MAX_EMITS:,} records")
+        self.emitted.append(encoded)
 
     def take_over(self) -> None:
         """Another worker runs the job now: cancel this try, recording nothing."""

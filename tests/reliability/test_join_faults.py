@@ -123,17 +123,10 @@ async def _at_least(emitted: Any, n: int) -> bool:
 
 
 async def assert_joined_exactly(
-    redis: Redis,
-    app: Any,
-    orders: Stream[Order],
-    payments: Stream[Payment],
-    paid: Any,
-    *,
-    sent: int | None = ORDERS,
+    redis: Redis, app: Any, orders: Stream[Order], payments: Stream[Payment], paid: Any
 ) -> set[int]:
     """Wait until both sides' closing events were forwarded and the results are in;
-    then the output equals the model over the forwarded order, as multisets; and the
-    tables are exact (:func:`assert_tables_exact`; ``sent``: the orders sent, if known)."""
+    then the output equals the model over the forwarded order, as multisets."""
     inner = app.streams["pay__in"]
 
     async def emitted() -> int:
@@ -156,11 +149,11 @@ async def assert_joined_exactly(
     missing, extra = expected - got, got - expected
     assert got == expected, f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
     async with app:  # (re-entered, or entered again after the workers ran)
-        await assert_tables_exact(app, sent)
+        await assert_tables_exact(app)
     return {int(key) for key, _, _ in got}
 
 
-async def assert_tables_exact(app: Any, sent: int | None) -> None:
+async def assert_tables_exact(app: Any) -> None:
     """Each order and payment counted once; the table join is both counts of each key,
     and the global table the payments' counts, once the changes were applied."""
 
@@ -180,7 +173,7 @@ async def assert_tables_exact(app: Any, sent: int | None) -> None:
     orders, payments = await read("order_counts"), await read("payment_counts")
     assert set(orders.values()) == {1}, "an order counted twice, or not at all"
     assert set(payments.values()) == {1}
-    assert sent is None or len(orders) == sent + PARTITIONS
+    assert len(orders) == ORDERS + PARTITIONS
     derived, seen = await read("counted"), await read("payments_seen")
     assert {k: v["left"] for k, v in derived.items() if v["left"] is not None} == orders
     assert {k: v["right"] for k, v in derived.items() if v["right"] is not None} == payments

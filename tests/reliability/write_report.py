@@ -31,6 +31,11 @@ ORDER = (
     "bad-input",
     "deleted-keys",
     "trimming",
+    "net-blackhole",
+    "net-one-way",
+    "net-latency",
+    "net-resets",
+    "net-clients",
 )
 
 INTRO = """\
@@ -59,6 +64,53 @@ partitions until both have passed.
 
 This page is generated from an actual run by `nox -s reliability` (the figures come
 from that run, not from a hand); run it again to refresh them.
+
+## Network faults
+
+The scenarios whose names start with `net-` (`tests/reliability/test_network.py`) put
+each worker behind a fault proxy of its own (`tests/netfaults.py`, a small TCP proxy on
+the loopback) in front of the real `redis-server`, while the producer and the checks
+talk to Redis directly and never pause. The workers run `tests.apps.stateful:app`: two
+tables, a windowed table and an output stream, all committed with the
+acknowledgements, so a commit that landed from a worker whose lease had lapsed would
+count its events twice. After each scenario every count, sum, window result and echo
+equals what was sent (each once, in send order per key).
+
+- **A worker blackholed both ways past its lease** proves fencing across a network
+  partition: the others take its partitions over once its lease and its session ran
+  out, nothing it sends is heard, and it rejoins when the link heals.
+- **A worker's replies blackholed** (its requests still reach Redis) proves that a
+  worker cut off one way lets go: a member that has heard nothing from Redis for its
+  session timeout stops heartbeating (it only pings), so the others reap it, and a
+  lease loop that has heard nothing for a lease period stops sending acquire attempts
+  (it only asks who holds the lock), so attempts nobody hears cannot re-take its
+  partitions with new tokens. Checked from Redis: its heartbeat key stays gone after
+  the one in flight at the cut, it never holds a lease with a new token during the
+  fault, and the others hold all its partitions within the lease plus the session
+  timeout on an idle machine (the recovery figure; the test allows twice that, for
+  the others' lock polls and reaper on a loaded one). Before the fix its heartbeat
+  landed again every session timeout and the takeover could wait for good.
+- **50 ms round trips with 20 ms of jitter on every link** prove that latency alone
+  costs no lease and no membership: no lease changes hands and no member leaves while
+  it lasts; the figure is how long after the last send every event was counted.
+- **Connections reset mid-reply at random on every link** check that a reply cut
+  short is an unknown outcome handled as such: nothing lost, counted twice or
+  reordered. The short form (4 s) passes; the minute-long soak does not always: in 2
+  of 4 runs a few keys were counted once or twice more than they were sent (about 1 in
+  10,000 events), so a commit whose reply is cut can still count a batch twice. This
+  is an open bug, not yet fixed; until it is, counts under connection resets are "at
+  least", not exact.
+
+- **The blocking and asyncio clients through blackholes and resets** prove the
+  clients' promise: a record whose `send` returned landed once (appends carry an
+  idempotency marker and are retried with it), one told
+  [`OutcomeUnknown`](clients.md) (its replies lost for longer than a send retries)
+  landed once or not at all, one told `RedisUnavailable` never; a job enqueued again
+  with its `job_id` after a failure is queued once.
+
+The short forms run in `./dev test`; `./dev nox -s netsoak` runs them all with the
+latency and reset faults lasting a minute each (`STREAMKIT_NET_SOAK=60`) and prints
+their reports.
 """
 
 

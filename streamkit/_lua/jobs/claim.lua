@@ -22,6 +22,7 @@
 --#include lib/jobs/history
 --#include lib/jobs/limits
 --#include lib/jobs/settling
+--#include lib/jobs/events
 
 -- The paused job names ('*': the whole queue) while a claim runs; nil when none.
 local PAUSED = nil
@@ -109,6 +110,7 @@ local function start(out, p, eid, id, consumer, now, lost, max_lost)
     'hist', hist_add(hist, 's,' .. try .. ',' .. at .. ',' .. consumer))
   if tries > 1 then redis.call('HDEL', k, 'progress') end
   move(name, st, 'executing')
+  job_event(id, name, 'started', try)
   table.insert(out, {id, name, f[3], tries, token, p - 1, f[14] or 0, f[15] or ''})
 end
 

@@ -1,6 +1,9 @@
 -- Adds jobs, in order (a job may depend on one before it in the same call). Per job:
 -- its id, its arguments (JSON), its options ("" for the batch's defaults, else a JSON
--- object with any of the options lib/jobs/options names).
+-- object with any of the options lib/jobs/options names). A job relayed from a
+-- partition's outbox (option r: its source's marker key, under this shard's tag, and
+-- its outbox entry id) is added only if its entry is after the marker's, which it then
+-- becomes: a relay repeated after a crash adds nothing twice (streamkit._state_relay).
 --
 -- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
 -- TAG: {shard}
@@ -15,10 +18,27 @@
 --#include lib/jobs/queue
 --#include lib/jobs/handed
 --#include lib/jobs/dependents
+--#include lib/jobs/events
 
 -- The failure a failure callback gets for a job that is unknown.
 local function unknown_job(id)
   return '{"id":' .. cjson.encode(id) .. ',"name":"","status":"unknown","error":null}'
+end
+
+-- Whether stream id a comes after stream id b.
+local function later(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
+end
+
+-- A relayed job (r = {marker key, outbox id}): whether an earlier call added it.
+local function relayed_before(r)
+  local last = redis.call('GET', r[1])
+  if last and not later(r[2], last) then return true end
+  redis.call('SET', r[1], r[2])
+  return false
 end
 
 local now = now_ms()
@@ -49,8 +69,8 @@ for i = 10, #ARGV, 3 do
     dedupe = o[OPT.dedupe] == 1
   end
   local k = jkey(id)
-  local fresh = true
-  if dedupe then
+  local fresh = not (o[OPT.relayed] and relayed_before(o[OPT.relayed]))
+  if dedupe and fresh then
     local st = redis.call('HGET', k, 'status')
     local marked = redis.call('SET', B .. ':once:' .. id, '1', 'NX', 'EX', win)
     if not marked or (st and not FINAL[st]) then fresh = false end
@@ -135,6 +155,7 @@ for i = 10, #ARGV, 3 do
     else
       push(id, k, name, nil, 'sent')
     end
+    job_event(id, name, 'enqueued', nil)
     table.insert(out, 1)
   else
     table.insert(out, 0)

@@ -1,7 +1,9 @@
 -- mark_dead(id, k, name, from, err, now) and mark_final(id, k, name, from, status, now):
--- a job ends; its result waiters are notified, its record expires later.
+-- a job ends; its result waiters are notified, its record expires later, its event is
+-- appended (lib/jobs/events).
 --#include lib/jobs/shard
 --#include lib/jobs/counters
+--#include lib/jobs/events
 
 local function notify(id, k, status)
   if redis.call('HEXISTS', k, 'w') == 1 then
@@ -22,6 +24,7 @@ local function mark_dead(id, k, name, from, err, now)
     move(name, from, 'dead')
     notify(id, k, 'dead')
     expire_later(k)
+    job_event(id, name, 'dead', err)
     return
   end
   local d = redis.call('XADD', DEAD, '*', 'id', id, 'name', name)
@@ -30,6 +33,7 @@ local function mark_dead(id, k, name, from, err, now)
   redis.call('PERSIST', k)
   move(name, from, 'dead')
   notify(id, k, 'dead')
+  job_event(id, name, 'dead', err)
 end
 
 -- End a job in a final state other than dead (success, aborted, expired).
@@ -38,4 +42,5 @@ local function mark_final(id, k, name, from, status, now)
   move(name, from, status)
   notify(id, k, status)
   expire_later(k)
+  job_event(id, name, status == 'success' and 'succeeded' or status, nil)
 end

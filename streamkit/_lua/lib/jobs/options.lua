@@ -12,6 +12,7 @@ local OPT = {
   remote = 'x',           -- jobs on other shards or queues it depends on: id -> link's answer
   limit_key = 'k',
   headers = 'h',          -- JSON text
+  relayed = 'r',          -- relayed from a partition's outbox: {marker key, entry id}
   -- a workflow's jobs carry their own, instead of the batch's defaults:
   name = 'n',
   max_tries = 'm',

@@ -1,0 +1,99 @@
+"""Job events: the state changes of a queue's jobs, from any process, resumable.
+
+The queue's scripts append each state change of a job (enqueued, started, progress,
+retried, released, succeeded, dead, aborted, expired) to its shard's event stream
+(``__jobs:{Q.S}:events``) in the very call that makes it, so the events of a job come
+in the order its changes happened, and none is lost or made up by a crash. Each shard
+keeps about :data:`EVENTS_KEEP` events (``MAXLEN ~``): a reader that falls further
+behind misses the oldest. Events can be turned off for a queue, fleet-wide
+(``__jobs:{Q.S}:evoff``), which saves each script its ``XADD``.
+
+A reader follows every shard; a :class:`JobEvent`'s :attr:`~JobEvent.cursor` says where
+it was in all of them, to resume after it (``events(after=event.cursor)``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._lua import CONSTANTS
+from .._redis import redis_errors, retry_idempotent, run_blocking
+from ._replies import decode_event, event_cursors
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from .._redis import Redis
+    from ._layout import ShardKeys
+    from ._model import JobEvent
+
+__all__ = ["EVENTS_KEEP", "events_on", "follow_events", "set_events"]
+
+#: Events a shard keeps, about (the oldest go first).
+EVENTS_KEEP = int(CONSTANTS["EVENTS_KEEP"])
+#: How long one read of a single shard's events blocks (ms); several shards are read
+#: in turn, each without blocking, every :data:`POLL` seconds while idle.
+BLOCK_MS = 1000
+POLL = 0.1
+
+
+async def follow_events(
+    redis: Redis, keys: Sequence[ShardKeys], *, after: str | None, follow: bool
+) -> AsyncIterator[JobEvent]:
+    """The events of the shards ``keys``, after ``after`` (a cursor), in order per
+    shard; with ``follow``, waiting for new ones until cancelled.
+
+    Error handling:
+        :class:`~streamkit.ConfigError` for a cursor of another queue.
+    """
+    cursors = event_cursors(after, len(keys))
+    single = len(keys) == 1
+    while True:
+        got = 0
+        for shard, shard_keys in enumerate(keys):
+            events_key = f"{shard_keys.base}:events"
+            if single and follow:
+                reply: Any = await run_blocking(
+                    redis,
+                    lambda r, key=events_key, cursor=cursors[0]: r.xread(  # type: ignore[misc]
+                        {key: cursor}, count=500, block=BLOCK_MS
+                    ),
+                    within=BLOCK_MS / 1000 + 10,
+                    what="reading job events",
+                )
+                entries = [e for es in (reply or {}).values() for e in es]
+            else:
+                entries = await retry_idempotent(
+                    redis.xrange,  # type: ignore[arg-type]
+                    events_key,
+                    f"({cursors[shard]}",
+                    "+",
+                    500,
+                    what="reading job events",
+                )
+            for entry in entries:
+                got += 1
+                yield decode_event(entry.identifier, entry.field_values, shard, cursors)
+        if not got:
+            if not follow:
+                return
+            if not single:
+                await trio.sleep(POLL)
+
+
+async def set_events(redis: Redis, keys: Sequence[ShardKeys], on: bool) -> None:
+    """Turn the events of the shards ``keys`` on or off, fleet-wide."""
+    for shard_keys in keys:
+        with redis_errors():
+            if on:
+                await redis.delete([f"{shard_keys.base}:evoff"])
+            else:
+                await redis.set(f"{shard_keys.base}:evoff", "1")
+
+
+async def events_on(redis: Redis, keys: ShardKeys) -> bool:
+    """Whether the events of a queue (by its first shard) are on."""
+    with redis_errors():
+        return not await redis.exists([f"{keys.base}:evoff"])
