@@ -30,6 +30,7 @@ BENCHMARKS = [
     "bench_latency.py",
     "bench_memory.py",
     "bench_rebalance.py",
+    "bench_fleet.py",
     "bench_spark.py",
     "bench_jobs.py",
     "bench_state.py",
@@ -46,6 +47,7 @@ BENCHMARK_TITLES = {
     "bench_latency.py": "End-to-end latency",
     "bench_memory.py": "Memory",
     "bench_rebalance.py": "Rebalancing",
+    "bench_fleet.py": "Scale",
     "bench_spark.py": "Spark",
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
@@ -143,6 +145,20 @@ BENCHMARK_NOTES = {
         "Membership, locks and rebalancer with 16 partitions whose work ticks every 5 ms: "
         "how soon moved partitions resume on their new owner, and the longest pause of "
         "the partitions that do not move."
+    ),
+    "bench_fleet.py": (
+        "Idle fleets: W `streamkit worker` processes over one stream of P partitions with "
+        "nothing in it, started together on one private redis-server, so that what Redis "
+        "does is the fleet's background work alone (leases, the blocking waits and the "
+        "reads behind them, heartbeats, membership). Per fleet: seconds until every "
+        "partition is held by the member it is assigned to; Redis's commands per second "
+        "over 10 s after that, the commands inside scripts included (`INFO commandstats`), "
+        "in all and per partition, and redis-server's CPU as a share of one core; seconds "
+        "until every partition is held by its member again after one more worker joins; "
+        "and the leases the workers' logs say were lost through all of it. The workers "
+        "share the 2 cores with Redis, hence Redis's own counters, not throughput. "
+        "**Targets (issue 38): the idle cost grows with the workers, not the partitions; "
+        "no lease lost at start-up or in the join.**"
     ),
     "bench_spark.py": (
         "Spark batch write and read (local[2]) against a pipelined redis-py `XADD` loop "

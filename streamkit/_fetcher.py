@@ -63,6 +63,7 @@ from ._errors import (
     StreamkitError,
 )
 from ._feed import Batch, FeedEnded
+from ._keys import permit_key
 from ._lua import script
 from ._meter import TIMING, PartitionMeter, ProcessorMeter
 from ._nurseries import open_service_nursery
@@ -73,7 +74,10 @@ from ._redis import (
     ScriptCall,
     by_slot,
     can_run_blocking_between,
+    can_transact,
     health_of,
+    hot_transaction,
+    is_no_script,
     redis_errors,
     run_blocking,
     run_blocking_between,
@@ -103,6 +107,7 @@ ACK_CHUNK = 2000
 _READ_SCRIPT = LuaScript(script("commit/read"), hot=True)
 _ACK_SCRIPT = LuaScript(script("commit/ack"), hot=True)
 _WOKEN_READ_SCRIPT = LuaScript(script("commit/woken_read"))
+_PERMIT_SCRIPT = LuaScript(script("commit/permit"), hot=True)
 
 
 @attrs.define(eq=False, repr=False)
@@ -297,6 +302,9 @@ class Fetcher(Generic[R]):
     _blocks: int = attrs.field(default=0, init=False)
     # Counters and latencies, read by streamkit.metrics.
     _meter: ProcessorMeter = attrs.field(factory=ProcessorMeter, init=False)
+    # Whether reads of new entries go as plain commands in a transaction (see
+    # _read_permitted): on a single server's hot path, until one is refused.
+    _transact: bool = attrs.field(default=False, init=False)
 
     @property
     def group(self) -> str:
@@ -429,6 +437,14 @@ class Fetcher(Generic[R]):
                 redis_errors(),
             ):
                 await _WOKEN_READ_SCRIPT.load(self.redis)
+        if self._transact:
+            # As the read behind the wait: a transaction's NOSCRIPT costs a usual read.
+            with (
+                contextlib.suppress(StreamkitError),
+                trio.move_on_after(self.command_timeout),
+                redis_errors(),
+            ):
+                await _PERMIT_SCRIPT.load(self.redis)
         # Each read runs as a task of its own: a partition is read again as soon as
         # its consumer made room, whatever the others' reads, so that Redis works on
         # the next batches while the consumers work on theirs.
@@ -607,24 +623,38 @@ class Fetcher(Generic[R]):
         """The fenced read of :meth:`_read`, committing ``changes`` and ``acks`` first."""
         held = feed.held
         began = time.perf_counter() if TIMING.on else 0.0
+        reply: Any = None
+        if not changes and feed.start == ">" and self._transact:
+            try:
+                reply, landed = await self._read_permitted(feed, acks)
+            except RedisUnavailable as error:
+                # (As below: the acknowledgements are due again, harmless if they
+                # landed; entries delivered unseen are found by the next read.)
+                feed.acks_due[:0] = acks
+                return error
+            if landed:
+                if acks:
+                    feed.meter.acknowledged += len(acks)
+                acks = []
         try:
-            reply: Any = await self._call_fenced(
-                _READ_SCRIPT,
-                feed,
-                change_keys,
-                [
-                    held.lease.value,
-                    self.group,
-                    feed.consumer,
-                    self.batch_size,
-                    f">{feed.last_seen}" if feed.start == ">" else feed.start,
-                    self.trim_to,
-                    len(acks),
-                    *acks,
-                    *change_args,
-                ],
-                "read",
-            )
+            if reply is None:
+                reply = await self._call_fenced(
+                    _READ_SCRIPT,
+                    feed,
+                    change_keys,
+                    [
+                        held.lease.value,
+                        self.group,
+                        feed.consumer,
+                        self.batch_size,
+                        f">{feed.last_seen}" if feed.start == ">" else feed.start,
+                        self.trim_to,
+                        len(acks),
+                        *acks,
+                        *change_args,
+                    ],
+                    "read",
+                )
         except RedisUnavailable as error:
             if changes:
                 # A commit that failed is never sent again (one whose outcome is
@@ -665,11 +695,17 @@ class Fetcher(Generic[R]):
         if not feed.active:
             # Unregistered meanwhile: what was read stays pending for the next owner.
             return None
-        ids, flat, widths, counts, next_start, last_id = reply
+        if isinstance(reply, tuple):
+            # The read as plain commands (see _read_permitted): new entries only.
+            batch, last_id = reply
+            ids, next_start = batch.ids, ">"
+        else:
+            ids, flat, widths, counts, next_start, last_id = reply
+            batch = Batch.from_flat(ids, flat, widths, counts or None)
         feed.start = text(next_start)
         feed.woken = False
         if ids:
-            feed._put(Batch.from_flat(ids, flat, widths, counts or None))
+            feed._put(batch)
             feed.last_seen = text(ids[-1])
             if feed.start == ">" and len(ids) < self.batch_size:
                 # Fewer than asked for: the read reached the end of the stream. Wait
@@ -681,6 +717,97 @@ class Fetcher(Generic[R]):
             feed.last_id = text(last_id)
         feed.caught_up = feed.idle
         return None
+
+    async def _read_permitted(
+        self, feed: _Feed, acks: list[bytes]
+    ) -> tuple[tuple[Batch, bytes | str] | int | None, bool]:
+        """The fenced read of new entries with the entries read by a plain
+        ``XREADGROUP``, whose reply Redis writes itself (through Lua it converts every
+        entry twice: about 1 us of Redis's time per event, most of a bare read's).
+
+        One transaction: ``commit/permit`` checks the lease, acknowledges ``acks`` and
+        creates the read's permit; the ``XREADGROUP`` names the permit beside the
+        stream, so without it (the lease not ours, the script not loaded or refused)
+        it fails before delivering anything; the permit is deleted behind it; and
+        ``XREVRANGE`` gives the stream's last id, for the wait when nothing is new.
+
+        Returns the reply, as the feed's read takes it: ``(batch, last id)``, ``0``
+        (the lease is not ours), or ``None`` (read the usual way: entries were
+        delivered unseen, or something failed, which the usual read reports); and
+        whether ``acks`` landed.
+
+        Error handling:
+            :class:`RedisUnavailable` (:class:`~streamkit.OutcomeUnknown` included) as
+            for the usual read.
+        """
+        held = feed.held
+        key, lock = feed.key, held.lease.key
+        permit = permit_key(lock)
+        group, consumer = self.group, feed.consumer
+        commands: list[tuple[Any, ...]] = [
+            (
+                b"EVALSHA",
+                _PERMIT_SCRIPT.sha,
+                3,
+                key,
+                lock,
+                permit,
+                held.lease.value,
+                group,
+                consumer,
+                feed.last_seen,
+                self.trim_to,
+                len(acks),
+                *acks,
+            ),
+            (
+                b"XREADGROUP",
+                b"GROUP",
+                group,
+                consumer,
+                b"COUNT",
+                self.batch_size,
+                b"STREAMS",
+                key,
+                permit,
+                b">",
+                b">",
+            ),
+            (b"DEL", permit),
+            (b"XREVRANGE", key, b"+", b"-", b"COUNT", 1),
+        ]
+        try:
+            with redis_errors(), trio.fail_after(self.command_timeout):
+                fence, read, _, last = await hot_transaction(self.redis, commands)
+        except trio.TooSlowError as exc:
+            raise OutcomeUnknown("redis", "a fenced read timed out") from exc
+        except RedisUnavailable:
+            raise
+        except StreamkitError:
+            # Refused as a whole (EXECABORT: nothing ran), or MULTI refused (an ACL
+            # without it: the commands ran one by one, the read after its permit):
+            # the usual reads from now on, which say what is wrong, if anything.
+            self._transact = False
+            return None, False
+        if isinstance(fence, Exception):
+            if is_no_script(fence):
+                with contextlib.suppress(StreamkitError), redis_errors():
+                    await _PERMIT_SCRIPT.load(self.redis, [key])
+            return None, False
+        if fence == -1:
+            return 0, False
+        if fence[1] != 1 or isinstance(read, Exception):
+            # Entries delivered unseen (read from the history), or the read failed (a
+            # vanished group, say): the usual read does and says what is needed.
+            return None, True
+        # RESP3 gives the streams read as a map, RESP2 as pairs; the permit has none.
+        entries = (
+            (next(iter(read.values())) if isinstance(read, dict) else read[0][1]) if read else []
+        )
+        batch = Batch([entry[0] for entry in entries], [entry[1] for entry in entries])
+        if isinstance(last, Exception):
+            last = []
+        return (batch, last[0][0] if last else b"0-0"), True
 
     async def _wait_for_entries(self, idle: list[_Feed], *, block: float | None) -> bool:
         """Mark the ``idle`` partitions that have new entries as ready to read; return
@@ -750,7 +877,7 @@ class Fetcher(Generic[R]):
         args: list[bytes | str | int] = [self.group, self.batch_size]
         for feed in behind:
             keys += [feed.key, feed.held.lease.key]
-            args += [feed.held.lease.value, feed.consumer, feed.last_seen]
+            args += [feed.held.lease.value, feed.consumer, feed.last_seen, feed.last_id]
         # Acknowledgements due go in front (Redis runs them at once), each partition's
         # in a fenced call of its own; not those of changes to commit, which
         # :meth:`_run` sends on their own. They stay due until their reply says they
@@ -1114,6 +1241,7 @@ async def open_fetcher(
         command_timeout,
         trim_to or 0,
     )
+    fetcher._transact = can_transact(redis)
     async with open_service_nursery(reason="fetcher closed") as nursery:
         fetcher._nursery = nursery
         nursery.start_soon(fetcher._run)

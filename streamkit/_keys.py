@@ -22,6 +22,8 @@ key                                what it holds
 ``__dead:{app.stream.proc}``       the processor's dead letters (a Redis stream)
 ``__lock:{app}.leader``            the app's leader lease
 ``__lock:{name}:fence``            a lock's fencing-token counter (no TTL)
+``__lock:{app.stream.N}.proc:      a fenced read's permit: exists only inside the
+permit``                           transaction of one read (see ``commit/permit``)
 ``__lock:{name}``                  any lock of the lock manager (the name is made a
                                    hash tag unless it holds one)
 ``__sprk:{app.stream.N}:...``      a Spark write's idempotency marker (expires)
@@ -81,6 +83,7 @@ __all__ = [
     "parse_partition_lock_name",
     "parse_window_member",
     "partition_lock_name",
+    "permit_key",
     "processor_group",
     "relay_key",
     "reset_key",
@@ -250,6 +253,8 @@ def relay_key(target_stream_key: str, source: str) -> str:
 LOCK_KEY_PREFIX = "__lock:"
 #: The suffix of a lock's fencing counter, after its key.
 FENCE_KEY_SUFFIX = ":fence"
+#: The suffix of a partition's read permit, after its lock's key.
+PERMIT_KEY_SUFFIX = ":permit"
 
 
 def _has_hash_tag(name: str) -> bool:
@@ -274,6 +279,12 @@ def lock_key(name: str) -> str:
 def fence_key(name: str) -> str:
     """The Redis key of lock ``name``'s fencing counter (same hash slot, no TTL)."""
     return lock_key(name) + FENCE_KEY_SUFFIX
+
+
+def permit_key(lock: str) -> str:
+    """The read permit of the partition whose lease is the lock key ``lock``: a stream
+    that exists only inside the transaction of one fenced read (``commit/permit``)."""
+    return lock + PERMIT_KEY_SUFFIX
 
 
 def membership_key(group: str) -> str:

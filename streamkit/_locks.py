@@ -47,6 +47,7 @@ from ._errors import (
     StreamkitError,
 )
 from ._keys import FENCE_KEY_SUFFIX, fence_key, lock_key, tagged
+from ._locks_renewal import Renewals
 from ._lua import script
 from ._nurseries import open_service_nursery
 from ._periodic import next_tick
@@ -389,6 +390,7 @@ async def keep_lease_alive(
     on_extended: Callable[[Lease], object] | None = None,
     backoff: Backoff | None = None,
     on_failure: Callable[[RedisUnavailable], object] | None = None,
+    aligned: bool = False,
 ) -> str:
     """Extend ``lease`` every ``ttl / 3`` until it is lost; return why it was lost.
 
@@ -409,12 +411,17 @@ async def keep_lease_alive(
         on_failure: called with each failed extension's error (no answer within
             the attempt's time is a :class:`RedisUnavailable` too); without it,
             each failure is logged as a warning, with it at debug level.
+        aligned: renew on the grid ``k * ttl / 3`` of the Trio clock instead of
+            from the acquisition (the first renewal comes sooner): the leases of one
+            TTL then fall due together, and their extensions can go as one call.
 
     Cancellation:
         Cancel it to stop extending; the lease is then left as it is.
     """
     period = lease.ttl / RENEWALS_PER_TTL
     start = lease.valid_until - lease.ttl
+    if aligned:
+        start = math.floor(start / period) * period
     if backoff is None:
         backoff = Backoff(initial=period / 8, maximum=period / 2)
     while True:
@@ -467,6 +474,12 @@ class LockManager:
     # When the last command Redis answered was sent (Trio clock): what the manager
     # last heard from it.
     _heard_at: float = attrs.field(init=False, default=-math.inf)
+    # The holds' renewals due together, sent as one call (see _locks_renewal).
+    _renewals: Renewals[Lease] = attrs.field(init=False)
+
+    @_renewals.default
+    def _make_renewals(self) -> Renewals[Lease]:
+        return Renewals(self.redis, self._run, self._answer)
 
     async def _run(
         self, script: LuaScript, keys: list[str], args: list[str | int | bytes]
@@ -604,12 +617,18 @@ class LockManager:
         ttl_ms = _ttl_ms(ttl)
         sent_at = trio.current_time()
         result = await self._run(_EXTEND, [lease.key], [lease.value, ttl_ms])
-        if int(result[0]) != 1:
+        return self._answer(attrs.evolve(lease, ttl=ttl), result, sent_at)
+
+    def _answer(self, lease: Lease, result: Any, sent_at: float) -> Lease:
+        """``lease`` extended by its TTL from ``sent_at``, from the extension's reply
+        (``locks/extend``'s, or one of ``locks/extend_many``'s); or raise
+        :class:`NotLockOwner` (with a note saying who holds the lock now)."""
+        if result != 1 and int(result[0]) != 1:
             exc = NotLockOwner(lease.name)
             exc.add_note(_describe_holder(result[1]))
             raise exc
         self._extended += 1
-        return attrs.evolve(lease, ttl=ttl, valid_until=sent_at + ttl)
+        return attrs.evolve(lease, valid_until=sent_at + lease.ttl)
 
     async def release(self, lease: Lease) -> None:
         """Release ``lease``, so that others can acquire the lock at once.
@@ -700,7 +719,8 @@ class LockManager:
 
         async def extend(lease: Lease) -> Lease:
             sent = trio.current_time()
-            extended = await self.extend(lease)
+            # With the other holds' renewals due now, in one call.
+            extended = await self._renewals.extend(lease)
             health.outage.answered(sent)
             return extended
 
@@ -709,7 +729,7 @@ class LockManager:
 
         try:
             reason = await keep_lease_alive(
-                held.lease, extend, on_extended=held._extended, on_failure=failed
+                held.lease, extend, on_extended=held._extended, on_failure=failed, aligned=True
             )
         except StreamkitError as exc:
             # A Redis error reply (say, a script error): the lease can no longer be

@@ -309,6 +309,8 @@ class Rebalancer:
     _rebalance_seconds: float = attrs.field(init=False, default=0.0)
     # A rebalance ended since the supervisor last said what this member owns.
     _settled: bool = attrs.field(init=False, default=False)
+    # A publish of the partitions' states is due this scheduling round.
+    _publishing: bool = attrs.field(init=False, default=False)
 
     # ----------------------------------------------------------------- inspection
 
@@ -384,8 +386,18 @@ class Rebalancer:
         self._rebalancing_since = None
 
     def _changed(self) -> None:
-        self._publish()
+        # Published once per scheduling round, however many partitions changed in it:
+        # publishing looks at every partition, and a worker starting 512 of them
+        # changes states thousands of times (once each, it blocked the event loop for
+        # seconds, and leases ran out).
+        if not self._publishing and self._nursery is not None:
+            self._publishing = True
+            self._nursery.start_soon(self._publish_soon, name="streamkit rebalancer publish")
         self._version.value += 1
+
+    async def _publish_soon(self) -> None:
+        self._publishing = False
+        self._publish()
 
     def _begin_drain(self, slot: _Slot, reason: str, grace: float) -> None:
         """Ask ``slot``'s run() to return; cancel it if it has not after ``grace``."""
@@ -665,6 +677,8 @@ class Rebalancer:
                     f"partition {slot.partition} drained: run() did not return within {grace}s"
                 )
         await self._wait_empty()
+        # Published now, not in a scheduling round: drained means owned is empty.
+        self._publish()
         log.debug("drained: %r", self)
         if owned:
             log.info("released %s", partitions_text(owned))

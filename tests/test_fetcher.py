@@ -21,6 +21,7 @@ from streamkit import (
     open_fetcher,
 )
 from streamkit._commit import Changes
+from streamkit._keys import lock_key, permit_key
 from streamkit.testing import wait_until
 from tests.consume import (
     GROUP,
@@ -386,6 +387,60 @@ async def test_fenced_out_reader_cannot_read(
     assert await pending_ids(redis, ticks, 3) == []
     groups = await redis.xinfo_groups(ticks.key(3))
     assert cast("Any", groups)[0][b"entries-read"] in (None, 0)
+
+
+async def exec_calls(redis: Redis) -> int:
+    """How many transactions (``EXEC``) the session's server has run so far."""
+    stats = cast("dict[str, Any]", await redis.info("commandstats"))
+    return int(stats.get("cmdstat_exec", {}).get("calls", 0))
+
+
+async def test_a_lease_lost_between_reads_of_new_entries_fences_the_next(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A read of new entries on one server is plain commands in a transaction, fenced
+    by a permit that ``commit/permit`` makes only under our lease: the lease taken over
+    between two reads, the next is refused and neither delivers nor acknowledges."""
+    await ticks.send_many(ticks_for(2, range(1000)))
+    transactions = await exec_calls(redis)
+    lock = ""
+
+    async def reader(fetcher: Fetcher[Tick]) -> None:
+        nonlocal lock
+        async with (
+            locks.hold(lock_name(2), ttl=30) as held,
+            fetcher.partition(2, held) as feed,
+            open_events(feed) as events,
+        ):
+            lock = held.lease.key
+            async for _ in events.records():
+                if lock:
+                    # Both batches read ahead (prefetch 2) are delivered: then the lock
+                    # changes hands, before the next read carries the first's acks.
+                    await wait_until(
+                        functools.partial(delivered_on, redis, ticks, 2, 200),
+                        what="two batches delivered",
+                        within=5,
+                    )
+                    await redis.set(lock, b"someone-else:999")
+                    lock = ""
+
+    with trio.fail_after(10):
+        async with open_fetcher(redis, ticks, group=GROUP, batch_size=100) as fetcher:
+            with pytest.raises(LockLost) as info:
+                await reader(fetcher)
+    assert "refused" in str(info.value)
+    assert await exec_calls(redis) > transactions  # (the second read was one)
+    # The two batches read under the lease, and nothing after: nothing acknowledged.
+    assert await pending_count(redis, ticks, 2) == 200
+    groups = cast("Any", await redis.xinfo_groups(ticks.key(2)))
+    assert groups[0][b"entries-read"] == 200
+    # The permit lives inside a read's transaction only.
+    assert not await redis.exists([permit_key(lock_key(lock_name(2)))])
+
+
+async def delivered_on(redis: Redis, ticks: Stream[Tick], partition: int, count: int) -> bool:
+    return await pending_count(redis, ticks, partition) >= count
 
 
 async def test_fenced_out_worker_cannot_ack(

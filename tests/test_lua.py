@@ -21,8 +21,9 @@ from tests import luacheck
 PINS = {
     "admin/reset": "808af7075deba9a0fd5d69610c6709e57af97787",
     "commit/ack": "f164d3dd291193fd0c30067da6a06852f9757382",
+    "commit/permit": "9774f181c38dd56b8b5b81317a031cd5dafa2645",
     "commit/read": "da3d8598b778afd24fd16c30872d4d7f401f6540",
-    "commit/woken_read": "5b77dcbdf8aba02a59061c49ec713326a59642d6",
+    "commit/woken_read": "baf867ffacecff79590c1ce22164ea8572c04fc0",
     "jobs/abort": "7a7c381057c8ef3897fe4a3d2acf97bec4c6637f",
     "jobs/claim": "e66b32632ea3249d64fcf5cff5543c82ff84fb72",
     "jobs/control": "c03b873fe78e53bd391b636f1f2d0a733023f005",
@@ -43,6 +44,7 @@ PINS = {
     "jobs/watch": "3eadd0c22ed3e93b74b58ff0e67beefe101f6f7e",
     "locks/acquire": "1ffa1b69f709ecc31c7d7fbcbc9ad81dbe1a34fc",
     "locks/extend": "1451f7dd00c1bb52a8b42d200dbe2dfb239e3029",
+    "locks/extend_many": "a29e39ed433d86d916e44e99d6843af58b8e9f2a",
     "locks/inspect": "4c1c5320cc80a8bc64d2a333841f5eefa0b0c808",
     "locks/release": "916f618acf6cc07353371188389edef2796f4a02",
     "membership/heartbeat": "0c4d497e72c96b1df1d0aae4845e1ed4fd19491a",
@@ -265,6 +267,7 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
         {
             "stream": [_PARTITION],
             "lock": [_keys.lock_key(_PARTITION_LOCK)],
+            "permit": [_keys.permit_key(_keys.lock_key(_PARTITION_LOCK))],
             # the producer's append marker, and a Spark write's chunk marker
             "marker": [
                 marker_key(_PARTITION, "t1"),
@@ -321,7 +324,7 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
     ),
 }
 #: The scripts whose keys need not share a slot (their header's TAG says why).
-UNTAGGED = {"commit/woken_read"}
+UNTAGGED = {"commit/woken_read", "locks/extend_many"}
 
 
 def tag_problems(script: _lua.Script) -> list[str]:

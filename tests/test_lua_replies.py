@@ -101,12 +101,23 @@ async def commit(call: Calls) -> None:
     woken = await call(
         "commit/woken_read",
         [STREAM, LOCK, STREAM, LOCK],
-        ["g", 10, "other", "c", "0-0", LEASE, "c", seen],
+        ["g", 10, "other", "c", "0-0", "0-0", LEASE, "c", seen, seen],
     )
     assert woken[0] == 0
     assert len(woken[1][0]) == 1
-    unseen = await call("commit/woken_read", [STREAM, LOCK], ["g", 10, LEASE, "c", "0-0"])
+    unseen = await call("commit/woken_read", [STREAM, LOCK], ["g", 10, LEASE, "c", "0-0", "0-0"])
     assert unseen == [-1]  # delivered to c after 0-0 and pending: read the usual way
+    # Nothing after the id the wait waited after: not read at all.
+    newest = woken[1][0][-1]
+    quiet = await call("commit/woken_read", [STREAM, LOCK], ["g", 10, LEASE, "c", "0-0", newest])
+    assert quiet == [[[], [], 0]]
+    permit = _keys.permit_key(LOCK)
+    fence = [STREAM, LOCK, permit]
+    assert await call("commit/permit", fence, ["other", "g", "c", seen, 0, 1, seen]) == -1
+    # Delivered to c after 0-0 and pending: no permit, read the usual way.
+    assert await call("commit/permit", fence, [LEASE, "g", "c", "0-0", 0, 0]) == [0, 0]
+    assert await call("commit/permit", fence, [LEASE, "g", "c", newest, 0, 1, newest]) == [1, 1]
+    assert await redis.exists([permit]) == 1
 
 
 async def locks(call: Calls) -> None:
@@ -121,6 +132,9 @@ async def locks(call: Calls) -> None:
     assert await call("locks/extend", [lock], [value, 10_000]) == [1]
     assert (await call("locks/extend", [lock], ["you:2", 10_000]))[0] == 0
     assert (await call("locks/inspect", [lock], []))[0] == value.encode()
+    other = _keys.lock_key("jobs-other")
+    many = await call("locks/extend_many", [lock, other], [10_000, value, "me:2"])
+    assert many == [1, [0, None]]
     assert (await call("locks/release", [lock], ["you:2"]))[0] == 0
     assert await call("locks/release", [lock], [value]) == [1]
     assert await call("locks/release", [lock], [value]) == [0, None]

@@ -30,6 +30,7 @@ from streamkit._rebalancer import (
     open_rebalancer,
     plan_rebalance,
 )
+from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -619,3 +620,30 @@ async def test_statistics_count_rebalances_until_every_partition_runs(redis: Red
                 await rebalancer.partition_states.wait_value({1: "running"})
                 stats = rebalancer.statistics()
                 assert (stats.rebalances, stats.rebalancing) == (3, False)
+
+
+async def test_thousands_of_partitions_start_at_once_without_a_lost_lease(redis: Redis) -> None:
+    """4,096 partitions assigned at once: the rebalancer publishes their states once
+    per scheduling round, not once per change (which looked at every partition each
+    time and blocked the event loop for seconds, so leases ran out)."""
+    partitions = frozenset(range(4096))
+    assigned = trio_util.AsyncValue(partitions)
+
+    async def run(claim: Claim) -> None:
+        await claim.wait_draining()
+
+    async with open_lock_manager(redis) as locks:
+        with trio.fail_after(60):
+            async with open_rebalancer(
+                assigned, locks, lock_name=lock_name, run=run, lease_ttl=10
+            ) as rebalancer:
+                await rebalancer.owned.wait_value(partitions)
+                # Through the renewals that follow, too.
+                extended = locks.statistics().extended
+                await wait_until(
+                    lambda: locks.statistics().extended >= extended + len(partitions),
+                    what="as many extensions as leases",
+                    within=20,
+                )
+                stats = rebalancer.statistics()
+                assert (stats.lost, stats.starts) == (0, len(partitions))

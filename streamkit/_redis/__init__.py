@@ -66,7 +66,12 @@ from ._factory import (
     open_redis as open_redis,
 )
 from ._health import RedisStatistics as RedisStatistics
-from ._hot import hget as hot_hget
+from ._hot import (
+    can_transact as can_transact,
+    hget as hot_hget,
+    hot_transaction as hot_transaction,
+    is_no_script as is_no_script,
+)
 from ._replicas import replicated as replicated
 from ._retries import (
     DEFAULT_RETRY_FOR as DEFAULT_RETRY_FOR,
@@ -101,11 +106,14 @@ __all__ = [
     "by_slot",
     "call_once",
     "can_run_blocking_between",
+    "can_transact",
     "check_redis_url",
     "health_of",
     "hot_hget",
+    "hot_transaction",
     "is_cluster",
     "is_cluster_url",
+    "is_no_script",
     "key_slot",
     "mask_url",
     "open_redis",

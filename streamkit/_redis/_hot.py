@@ -78,9 +78,13 @@ if TYPE_CHECKING:
 __all__ = [
     "HotConnection",
     "HotRequest",
+    "HotTransaction",
+    "can_transact",
     "evalsha",
     "hget",
     "hot_connection_class",
+    "hot_transaction",
+    "is_no_script",
     "pack",
     "script_load",
 ]
@@ -219,6 +223,24 @@ class HotRequest:
             self._connection.invalidate(reason)
 
 
+class HotTransaction(HotRequest):
+    """``MULTI``, commands and ``EXEC`` written as one request: it takes the reply of
+    each (``OK``, ``QUEUED``...) and gives ``EXEC``'s, a list with each command's reply
+    (an error as its exception, not raised), or raises ``EXEC``'s error (``EXECABORT``:
+    a command was refused as it was queued, and nothing ran)."""
+
+    __slots__ = ("_left",)
+
+    def __init__(self, connection: BaseConnection, *, replies: int, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        self._left = replies
+
+    def consume(self, reply: Any) -> None:
+        self._left -= 1
+        if self._left <= 0:
+            super().consume(reply)
+
+
 class HotConnection(BaseConnection):
     """A coredis connection whose replies hiredis parses and which sends packed requests.
 
@@ -271,6 +293,31 @@ class HotConnection(BaseConnection):
         )
         # coredis's connection completes and fails its requests through the methods
         # HotRequest has (consume, complete, fail).
+        self._requests.append(cast("BaseRequest", request))
+        if not self._write_now(data):
+            self._write_buffer_in.send_nowait([(_PACKED, (data,))])
+        return request
+
+    def send_transaction(self, data: bytes, *, replies: int) -> HotTransaction:
+        """Send ``data``, ``MULTI``, commands and ``EXEC`` packed by :func:`pack` one
+        after the other (``replies`` of them in all); return its request.
+
+        The bytes of one request are written together, never between another's, so no
+        other command of the connection lands inside the transaction.
+
+        Error handling:
+            As :meth:`send_packed`.
+        """
+        if not self.usable:
+            raise coredis.exceptions.ConnectionError("Connection not usable") from self._last_error
+        request = HotTransaction(
+            self,
+            replies=replies,
+            command=b"EXEC",
+            response_timeout=self._stream_timeout,
+            raise_exceptions=True,
+            blocking=False,
+        )
         self._requests.append(cast("BaseRequest", request))
         if not self._write_now(data):
             self._write_buffer_in.send_nowait([(_PACKED, (data,))])
@@ -395,6 +442,48 @@ async def hget(redis: Redis, key: str | bytes, field: str | bytes) -> bytes | No
     reply: bytes | None = await _hot_call(
         redis, (b"HGET", key, field), key, functools.partial(redis.hget, key, field)
     )
+    return reply
+
+
+def can_transact(redis: Redis) -> bool:
+    """Whether :func:`hot_transaction` runs on ``redis``: a single server's client from
+    :func:`~streamkit.open_redis` with hot connections, outside ``replicated()``."""
+    pool = getattr(redis, "_hot_pool", None)
+    dedicated = getattr(redis, "_dedicated", None)
+    return (
+        pool is not None
+        and not isinstance(pool, ClusterPool)
+        and dedicated is not None
+        and not dedicated.requires_wait
+    )
+
+
+def is_no_script(reply: object) -> bool:
+    """Whether the reply of one command of a :func:`hot_transaction` says that the
+    server lacks the script it was to run (``NOSCRIPT``)."""
+    return isinstance(reply, coredis.exceptions.NoScriptError)
+
+
+async def hot_transaction(redis: Redis, commands: Sequence[Sequence[object]]) -> list[Any]:
+    """``MULTI``, ``commands``, ``EXEC`` on a hot connection of ``redis`` (which
+    :func:`can_transact`): ``EXEC``'s reply, each command's reply in a list, an error
+    reply as its exception object (not raised).
+
+    Error handling:
+        coredis's errors, as from a command: ``EXECABORT`` (nothing ran), a connection
+        lost (the outcome is unknown).
+    """
+    pool = redis._hot_pool  # type: ignore[attr-defined]
+    data = b"".join([pack((b"MULTI",)), *map(pack, commands), pack((b"EXEC",))])
+    await trio.lowlevel.checkpoint_if_cancelled()
+    connection = pool.take_ready() or await pool.get_connection()
+    try:
+        request = cast("HotConnection", connection).send_transaction(
+            data, replies=len(commands) + 2
+        )
+    finally:
+        pool.release(connection)
+    reply: list[Any] = await request
     return reply
 
 
