@@ -119,11 +119,15 @@ class JobHandle(Generic[R]):
         queue: the queue the job is on.
         id: the job's id.
         shard: the queue shard it lives on.
+        added: whether the enqueue that returned it added the job: ``False`` when
+            it merged into a debounced job of its key or was dropped by a throttle
+            (the handle is then that job's); ``True`` for every other handle.
     """
 
     queue: QueueLike = attrs.field(repr=False)
     id: str
     shard: int
+    added: bool = attrs.field(default=True, eq=False, repr=False, kw_only=True)
 
     @property
     def _key(self) -> str:
@@ -350,6 +354,15 @@ class Job(Generic[P, R]):
         if isinstance(key, str) and key not in self.signature.parameters:
             raise ConfigError(
                 "limit_key", f"job {self.name} has no parameter {key!r} to take its limit key from"
+            )
+        key = self.options.key
+        if isinstance(key, str) and key not in self.signature.parameters:
+            raise ConfigError(
+                "key", f"job {self.name} has no parameter {key!r} to take its key from"
+            )
+        if self.schedule is not None and self.options.coalesced is not None:
+            raise ConfigError(
+                self.options.coalesced, f"cron job {self.name}: its schedule already says when"
             )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:

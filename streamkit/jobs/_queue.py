@@ -494,8 +494,8 @@ class JobQueue:
         # Checked and encoded as every client does (jobs._plan), then sent in bounded
         # calls, a few at a time.
         plan = plan_enqueue(job, calls, self._placement, priority=priority, delay=delay)
-        await send_plan(self, plan)
-        return [JobHandle(self, job_id, shard) for job_id, shard in plan.placed]
+        placed = await send_plan(self, plan)
+        return [JobHandle(self, job_id, shard, added=added) for job_id, shard, added in placed]
 
     async def enqueue_workflow(self, workflow: Workflow) -> WorkflowHandle:
         """Enqueue a workflow: a :func:`~streamkit.jobs.chain`, a
