@@ -360,10 +360,6 @@ class Job(Generic[P, R]):
             raise ConfigError(
                 "key", f"job {self.name} has no parameter {key!r} to take its key from"
             )
-        if self.schedule is not None and self.options.coalesced is not None:
-            raise ConfigError(
-                self.options.coalesced, f"cron job {self.name}: its schedule already says when"
-            )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         return self.fn(*args, **kwargs)
