@@ -453,10 +453,17 @@ class Job(Generic[P, R]):
                 OpenTelemetry).
             **kwargs: the function's keyword arguments.
 
+        Returns:
+            the handle of the job that runs for this call: the new job, or for a job
+            declared with ``debounce=`` or ``throttle=`` the one of its key that took
+            the call (:attr:`JobHandle.added` is then ``False``).
+
         Error handling:
             ``TypeError`` if the function does not accept the arguments;
             :class:`~streamkit.EncodeError` if they are not JSON-serialisable;
-            :class:`~streamkit.ConfigError` for bad options.
+            :class:`~streamkit.ConfigError` for bad options (for a debounced or
+            throttled job: ``job_id``, ``after``, and ``delay`` or ``at`` of a
+            debounced one).
         """
         call = JobCall(
             args=args,
