@@ -66,14 +66,15 @@ async def test_a_burst_of_one_key_runs_once_with_its_last_arguments(
         ran.append((user, n))
         return n
 
+    # Before any worker serves: however slow the enqueues, the jobs still wait.
+    a = [await touch.enqueue("a", n) for n in range(8)]
+    b = [await touch.enqueue("b", n) for n in range(3)]
+    # One job per key, on its key's shard; the first enqueue added it.
+    assert len({h.id for h in a}) == len({h.id for h in b}) == 1
+    assert a[0].id != b[0].id
+    assert [h.added for h in a] == [True] + [False] * 7
+    assert a[-1] == a[0]
     async with serving(queue):
-        a = [await touch.enqueue("a", n) for n in range(8)]
-        b = [await touch.enqueue("b", n) for n in range(3)]
-        # One job per key, on its key's shard; the first enqueue added it.
-        assert len({h.id for h in a}) == len({h.id for h in b}) == 1
-        assert a[0].id != b[0].id
-        assert [h.added for h in a] == [True] + [False] * 7
-        assert a[-1] == a[0]
         assert await a[0].result(timeout=10) == 7
         assert await b[0].result(timeout=10) == 2
         assert sorted(ran) == [("a", 7), ("b", 2)]
@@ -144,13 +145,13 @@ async def test_a_throttle_keeps_the_first_of_its_period_and_accepts_again_after(
 ) -> None:
     ran: list[tuple[str, int]] = []
 
-    @queue.job(throttle=0.5, key=lambda user, n: user)
+    @queue.job(throttle=1.0, key=lambda user, n: user)
     async def ping(user: str, n: int) -> None:
         ran.append((user, n))
 
     async with serving(queue):
         burst = [await ping.enqueue("a", 0)]
-        # After the first's script ran: its period ends 0.5 s after it, at the latest.
+        # After the first's script ran: its period ends 1 s after it, at the latest.
         start = await server_ms(redis)
         burst += [await ping.enqueue("a", n) for n in range(1, 5)]
         other = await ping.enqueue("b", 0)
@@ -161,7 +162,7 @@ async def test_a_throttle_keeps_the_first_of_its_period_and_accepts_again_after(
         await other.result(timeout=10)
 
         async def period_over() -> bool:
-            return await server_ms(redis) > start + 510
+            return await server_ms(redis) > start + 1010
 
         await wait_until(period_over, what="the throttle's period over", within=5)
         later = await ping.enqueue("a", 9)

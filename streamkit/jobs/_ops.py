@@ -61,8 +61,11 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[list[tuple[str, int, bool]]]:
     what = f"enqueueing jobs on {queue}"
     # The replies, by call, where they say which job runs (debounce, throttle).
     kept: dict[int, Any] | None = {} if plan.coalesced else None
-    for start in range(0, len(calls), CALLS_PER_BATCH):
-        todo = calls[start : start + CALLS_PER_BATCH]
+    # A debounced plan's calls one at a time: calls sent together may run in any order,
+    # and the last of a key's enqueues must be the one whose arguments stay.
+    per_batch = 1 if plan.coalesced else CALLS_PER_BATCH
+    for start in range(0, len(calls), per_batch):
+        todo = calls[start : start + per_batch]
         numbers = list(range(start, start + len(todo)))
         started = yield NOW
         # Made on the batch's first failure only: the common path makes none.

@@ -2,7 +2,7 @@
 worker`` subprocesses serve it, two enqueuers (``python -m tests.apps.debouncing
 enqueue ROUNDS SOURCE``) enqueue its jobs together.
 
-- ``settle(user, n, source)``: debounced per user (``debounce=1``, ``max_wait=20``);
+- ``settle(user, n, source)``: debounced per user (``debounce=1.5``, ``max_wait=20``);
 - ``notify(user, n, source)``: throttled per user (``throttle=60``).
 
 Each run appends ``"<n> <source> <pid>"`` to ``bounce:runs:<job>:<user>``; each enqueue
@@ -38,7 +38,7 @@ async def _record(job: str, user: str, n: int, source: str) -> None:
     await app.redis.rpush(runs_key(job, user), [f"{n} {source} {os.getpid()}"])
 
 
-@app.job(debounce=1.0, max_wait=20.0, key="user")
+@app.job(debounce=1.5, max_wait=20.0, key="user")
 async def settle(user: str, n: int, source: str) -> None:
     await _record("settle", user, n, source)
 
