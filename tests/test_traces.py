@@ -16,6 +16,8 @@ OpenTelemetry's own test utilities do), so other tests of the process see none.
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -272,3 +274,30 @@ def test_every_decoder_ignores_the_trace_fields(record: type[Any], compression: 
     assert codec.entry_decoder(stream="orders")(flat, b"1-0") == value
     missing = object()
     assert codec.batch_decoder(missing)([flat, flat]) == ([value, value], 0)
+
+
+# ------------------------------------------------------------------ examples/traces.py
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "traces.py"
+
+
+@pytest.mark.timeout(60)
+async def test_the_example_prints_one_trace_from_the_request_to_the_job(redis_url: str) -> None:
+    with trio.fail_after(50):
+        result = await trio.run_process(
+            [sys.executable, str(EXAMPLE), "--redis-url", redis_url],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    out = result.stdout.decode()
+    assert result.returncode == 0, out + result.stderr.decode()
+    # The picture of docs/observability.md, word for word.
+    page = (Path(__file__).parent.parent / "docs" / "observability.md").read_text()
+    assert out.strip() in page
+    assert out.splitlines() == [
+        "POST /checkout  [server]",
+        "└── process orders  [consumer, linked to POST /checkout]",
+        "    └── job send_receipt  [consumer]",
+        "3 spans, one trace",
+    ]
