@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
 import trio
 from opentelemetry import trace
@@ -34,6 +35,8 @@ from streamkit._tracing import TRACE_PREFIX, entry_trace, provider_set
 from streamkit._worker import run_worker
 from streamkit.lowlevel import codec_for
 from streamkit.testing import wait_until
+from tests.apps.readable import Note
+from tests.test_cli import streamkit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
@@ -301,3 +304,19 @@ async def test_the_example_prints_one_trace_from_the_request_to_the_job(redis_ur
         "    └── job send_receipt  [consumer]",
         "3 spans, one trace",
     ]
+
+
+async def test_streamkit_read_shows_traced_entries_as_their_records(
+    redis_url: str, redis: Redis, exported: InMemorySpanExporter
+) -> None:
+    app = App("readable", redis_url=redis_url)
+    notes = app.stream("notes", record=Note, partition_by="key", partition_count=4)
+    with trace.get_tracer("tests").start_as_current_span("send notes"):
+        async with app:
+            await notes.send_many([Note(key=f"k{n}", n=n) for n in range(3)])
+    assert all(TRACE_PREFIX + b"traceparent" in e for e in await raw_entries(redis, notes))
+    result = await streamkit("read", "tests.apps.readable:notes", "--json", redis_url=redis_url)
+    assert result.code == 0, result.err
+    documents = [orjson.loads(line) for line in result.out.splitlines()]
+    assert sorted(d["record"]["n"] for d in documents) == [0, 1, 2]
+    assert "trace" not in result.out
