@@ -142,6 +142,12 @@ async def test_a_sent_records_trace_goes_on_through_the_processor_to_its_job(
         await in_asyncio(send_asyncio)
         await orders.send(Order(order_id=4, customer="d"))  # no span: no trace context
         await wait_until(lambda: len(ran) == 4, what="every job run", within=20)
+        # (a job's span ends just after its function returns)
+        await wait_until(
+            lambda: len(named(exported.get_finished_spans(), "job receipt")) == 4,
+            what="every job's span",
+            within=5,
+        )
         nursery.cancel_scope.cancel()
 
     spans = exported.get_finished_spans()
@@ -320,3 +326,38 @@ async def test_streamkit_read_shows_traced_entries_as_their_records(
     documents = [orjson.loads(line) for line in result.out.splitlines()]
     assert sorted(d["record"]["n"] for d in documents) == [0, 1, 2]
     assert "trace" not in result.out
+
+
+async def test_a_job_enqueued_straight_from_raw_continues_the_trace(
+    redis_url: str, exported: InMemorySpanExporter
+) -> None:
+    app = App("straight", redis_url=redis_url, **FAST)
+    orders = app.stream("orders", record=Order, partition_by="customer", partition_count=1)
+    ran: list[int] = []
+
+    @app.job
+    async def receipt(order_id: int) -> None:
+        ran.append(order_id)
+
+    @app.processor(orders)
+    async def take_orders(events: Events[Order]) -> None:
+        async for event in events.raw():
+            await receipt.enqueue(event.record.order_id)  # to the queue, not the commit
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_worker, app)
+        with trace.get_tracer("tests").start_as_current_span("send") as sent:
+            await orders.send(Order(order_id=1, customer="a"))
+        await wait_until(lambda: ran == [1], what="the job run", within=20)
+        await wait_until(
+            lambda: named(exported.get_finished_spans(), "job receipt"), what="its span", within=5
+        )
+        nursery.cancel_scope.cancel()
+    spans = exported.get_finished_spans()
+    (processed,) = named(spans, "process orders")
+    (job,) = named(spans, "job receipt")
+    assert processed.parent is not None
+    assert processed.parent.span_id == sent.get_span_context().span_id
+    assert job.parent is not None
+    assert job.parent.span_id == processed.context.span_id
+    assert job.context.trace_id == sent.get_span_context().trace_id
