@@ -6,7 +6,8 @@ acknowledgements) while a producer sends and faults are injected: kill -9 in the
 middle of processing (and so of commits and relays), twice, each followed by a
 takeover, a worker frozen past its lease and woken again (a zombie whose commits
 and relays must change nothing), and Redis killed and restarted with its AOF
-(``appendfsync always``). Afterwards: every key's count equals what was sent;
+(``appendfsync always``), and on a private cluster a manual failover of the master
+holding the job's shard and half the partitions, with ``state_replicas=1``. Afterwards: every key's count equals what was sent;
 the output holds each event once with the id of the job it enqueued; the queue holds
 exactly those jobs, no other (its counters and every job's record), each with its
 event's number, and every one ran to success.
@@ -26,8 +27,10 @@ import trio
 from streamkit import ProcessorKeys, open_redis
 from streamkit.jobs._layout import ShardKeys
 from streamkit.lowlevel import redis_errors
-from streamkit.testing import wait_until
+from streamkit._redis._slots import key_slot
+from streamkit.testing import RedisCluster, wait_until
 from tests.apps.committing import Committing, Enqueued, Number, make_app
+from tests.cluster_scenarios import cluster_ok, has_role, replica_of
 from tests.workers import start_worker, wait_members
 
 if TYPE_CHECKING:
@@ -179,3 +182,77 @@ async def test_one_job_per_event_across_a_redis_restart(
     for worker in workers:
         assert worker.process.poll() is None, worker.log()
         assert "Traceback" not in worker.log(), worker.log()
+
+
+async def read_sent(redis: Redis, numbers: Stream[Number]) -> dict[str, list[int]]:
+    """What the numbers stream holds, by key (a send that raised may have landed)."""
+    held: dict[str, list[int]] = defaultdict(list)
+    for partition in range(numbers.partition_count):
+        with redis_errors():
+            entries: Any = await redis.xrange(numbers.key(partition))
+        for entry in entries:
+            number = numbers.codec.decode(entry.field_values, stream=numbers.name)
+            held[number.key].append(number.n)
+    return held
+
+
+def master_index(key: str) -> int:
+    """The node of a new :class:`RedisCluster` (3 masters) whose slots hold ``key``."""
+    slot = key_slot(key)
+    return 0 if slot <= 5460 else 1 if slot <= 10922 else 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.cluster
+async def test_one_job_per_event_across_a_manual_failover(
+    tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """``CLUSTER FAILOVER`` of the master holding the queue's shard (and partitions 0, 3,
+    4 and 7) while two workers commit and relay with ``state_replicas=1``: a manual
+    failover loses no write, so every event is counted once and has exactly one job,
+    which ran to success once."""
+    env = {**ENV, "STREAMKIT_STATE_REPLICAS": "1"}
+    sent: dict[str, list[int]] = defaultdict(list)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        cluster: RedisCluster = await nursery.start(RedisCluster(node_timeout=1000).run)
+        committing = make_app(redis_url=cluster.url)
+        node = cluster.nodes[master_index(ShardKeys(committing.app.name, 0).base)]
+        assert node is cluster.nodes[master_index(committing.numbers.key(0))]
+        async with committing.app:
+            redis = committing.app.redis
+            async with trio.open_nursery() as producing:
+                workers.extend(
+                    start_worker(cluster.url, tmp_path, app=APP, env=env) for _ in range(2)
+                )
+                await wait_members(redis, 2, group=GROUP)
+                producing.start_soon(produce, committing.numbers, sent, stop)
+                await wait_until(lambda: total_of(sent) > 600, what="600 events sent", within=30)
+                promoted = await replica_of(node)
+                async with open_redis(f"redis://127.0.0.1:{promoted}") as replica:
+                    await replica.cluster_failover()
+                await wait_until(
+                    lambda: has_role(promoted, "master"), what="the replica promoted", within=20
+                )
+                await wait_until(
+                    lambda: cluster_ok(cluster.nodes), what="cluster_state:ok", within=20
+                )
+                at_failover = total_of(sent)
+                await wait_until(
+                    lambda: total_of(sent) > at_failover + 600,
+                    what="600 more events sent",
+                    within=30,
+                )
+                stop.set()
+            # What counts is what the stream holds; a manual failover lost none of the
+            # sends that returned.
+            held = await read_sent(redis, committing.numbers)
+            for key, ns in sent.items():
+                assert set(ns) <= set(held[key]), key
+            await assert_counted(redis, committing, held)
+            await assert_one_job_per_event(redis, committing, held)
+        for worker in workers:
+            assert worker.process.poll() is None, worker.log()
+            assert "Traceback" not in worker.log(), worker.log()
+            assert "has other masters now" in worker.log()  # it went through the failover
+        nursery.cancel_scope.cancel()
