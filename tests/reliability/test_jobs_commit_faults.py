@@ -5,12 +5,13 @@ output stream and one job enqueued per event, all committed with the
 acknowledgements) while a producer sends and faults are injected: kill -9 in the
 middle of processing (and so of commits and relays), twice, each followed by a
 takeover, a worker frozen past its lease and woken again (a zombie whose commits
-and relays must change nothing), and Redis killed and restarted with its AOF
+and relays must change nothing), Redis killed and restarted with its AOF
 (``appendfsync always``), and on a private cluster a manual failover of the master
-holding the job's shard and half the partitions, with ``state_replicas=1``. Afterwards: every key's count equals what was sent;
-the output holds each event once with the id of the job it enqueued; the queue holds
-exactly those jobs, no other (its counters and every job's record), each with its
-event's number, and every one ran to success.
+holding the job's shard and half the partitions, with ``state_replicas=1``.
+Afterwards: every key's count equals what was sent; the output holds each event once
+with the id of the job it enqueued; the queue holds exactly those jobs, no other (its
+counters and every job's record), each with its event's number, and every one ran to
+success.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import pytest
 import trio
 
 from streamkit import ProcessorKeys, open_redis
+from streamkit._redis._slots import key_slot
 from streamkit.jobs._layout import ShardKeys
 from streamkit.lowlevel import redis_errors
-from streamkit._redis._slots import key_slot
 from streamkit.testing import RedisCluster, wait_until
 from tests.apps.committing import Committing, Enqueued, Number, make_app
 from tests.cluster_scenarios import cluster_ok, has_role, replica_of
