@@ -25,8 +25,10 @@ import orjson
 import pytest
 import trio
 
-from streamkit import ProcessorKeys, open_redis
+from streamkit import App, Events, ProcessorKeys, open_redis
+from streamkit._keys import outbox_key
 from streamkit._redis._slots import key_slot
+from streamkit._worker import run_worker
 from streamkit.jobs._layout import ShardKeys
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import RedisCluster, wait_until
@@ -256,4 +258,69 @@ async def test_one_job_per_event_across_a_manual_failover(
             assert worker.process.poll() is None, worker.log()
             assert "Traceback" not in worker.log(), worker.log()
             assert "has other masters now" in worker.log()  # it went through the failover
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.cluster
+async def test_the_relay_of_a_job_waits_for_the_shards_replica(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ``state_replicas=1`` the relay keeps a job's outbox entry until the job's
+    shard master has a replica of the job: with that replica frozen, the job is added
+    (and runs) but its entry stays, and the relay warns; once the replica is back, the
+    entry goes, and the job is not added twice."""
+    async with trio.open_nursery() as nursery:
+        cluster: RedisCluster = await nursery.start(RedisCluster().run)
+        app = App("waiting", redis_url=cluster.url, state_replicas=1, lease_ttl=1.0)
+        orders = app.stream("orders", record=Number, partition_by="key", partition_count=1)
+        ran: list[int] = []
+
+        @app.job
+        async def note(n: int) -> int:
+            ran.append(n)
+            return n
+
+        @app.processor(orders, jobs=[note])
+        async def take(events: Events[Number]) -> None:
+            async for number in events.records():
+                events.enqueue(note, number.n)
+
+        shard = ShardKeys("waiting", 0)
+        outbox = outbox_key("waiting", "orders", "take", 0)
+        # The partition (and its outbox) on node 1, the queue's shard on node 0.
+        assert master_index(orders.key(0)) == 1
+        assert master_index(shard.base) == 0
+        port = await replica_of(cluster.nodes[0])
+        replica = next(n for n in cluster.nodes if n.port == port)
+        async with app, trio.open_nursery() as running:
+            redis = app.redis
+
+            async def outbox_empty() -> bool:
+                with redis_errors():
+                    return int(await redis.xlen(outbox)) == 0
+
+            async def relay_warned() -> bool:
+                return any("relaying" in r.getMessage() for r in caplog.records)
+
+            await running.start(run_worker, app)
+            await orders.send(Number(key="a", n=1))
+            await wait_until(lambda: ran == [1], what="the first job run", within=20)
+            await wait_until(outbox_empty, what="the first entry relayed", within=20)
+            replica.pause()
+            try:
+                await orders.send(Number(key="a", n=2))
+                await wait_until(lambda: ran == [1, 2], what="the second job run", within=20)
+                await wait_until(relay_warned, what="the relay's warning", within=20)
+                assert "NotReplicated" in caplog.text or "replica" in caplog.text
+                # Kept: the shard's replica lacks the job.
+                assert not await outbox_empty()
+            finally:
+                replica.resume()
+            await wait_until(outbox_empty, what="the second entry relayed", within=30)
+            with redis_errors():
+                counters: Any = await redis.hgetall(shard.counts)
+            assert {k: int(v) for k, v in counters.items() if int(v)} == {b"success|note": 2}
+            assert ran == [1, 2]
+            running.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
