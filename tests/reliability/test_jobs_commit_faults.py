@@ -199,6 +199,17 @@ async def read_sent(redis: Redis, numbers: Stream[Number]) -> dict[str, list[int
     return held
 
 
+async def tries_of(redis: Redis, committing: Committing) -> dict[str, int]:
+    """Each job's tries, by job id (one: it ran once)."""
+    shard = ShardKeys(committing.app.name, 0)
+    tries = {}
+    for echo in await read_enqueued(redis, committing.enqueued):
+        with redis_errors():
+            value: Any = await redis.hget(shard.job(echo.job_id), "tries")
+        tries[echo.job_id] = int(value)
+    return tries
+
+
 def master_index(key: str) -> int:
     """The node of a new :class:`RedisCluster` (3 masters) whose slots hold ``key``."""
     slot = key_slot(key)
@@ -213,7 +224,7 @@ async def test_one_job_per_event_across_a_manual_failover(
     """``CLUSTER FAILOVER`` of the master holding the queue's shard (and partitions 0, 3,
     4 and 7) while two workers commit and relay with ``state_replicas=1``: a manual
     failover loses no write, so every event is counted once and has exactly one job,
-    which ran to success once."""
+    which ran to success in one try."""
     env = {**ENV, "STREAMKIT_STATE_REPLICAS": "1"}
     sent: dict[str, list[int]] = defaultdict(list)
     stop = trio.Event()
@@ -254,6 +265,9 @@ async def test_one_job_per_event_across_a_manual_failover(
                 assert set(ns) <= set(held[key]), key
             await assert_counted(redis, committing, held)
             await assert_one_job_per_event(redis, committing, held)
+            # Each ran once: one try (a manual failover interrupts no try for good).
+            tries = Counter((await tries_of(redis, committing)).values())
+            assert tries == {1: total_of(held)}, tries
         for worker in workers:
             assert worker.process.poll() is None, worker.log()
             assert "Traceback" not in worker.log(), worker.log()
