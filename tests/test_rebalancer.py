@@ -633,17 +633,18 @@ async def test_thousands_of_partitions_start_at_once_without_a_lost_lease(redis:
         await claim.wait_draining()
 
     async with open_lock_manager(redis) as locks:
-        with trio.fail_after(60):
+        with trio.fail_after(90):
             async with open_rebalancer(
                 assigned, locks, lock_name=lock_name, run=run, lease_ttl=10
             ) as rebalancer:
                 await rebalancer.owned.wait_value(partitions)
-                # Through the renewals that follow, too.
+                # Through the renewals that follow, too (a round of them every few
+                # seconds; slower on a loaded machine, where losing none is the point).
                 extended = locks.statistics().extended
                 await wait_until(
                     lambda: locks.statistics().extended >= extended + len(partitions),
                     what="as many extensions as leases",
-                    within=20,
+                    within=60,
                 )
                 stats = rebalancer.statistics()
                 assert (stats.lost, stats.starts) == (0, len(partitions))

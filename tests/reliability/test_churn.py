@@ -116,7 +116,7 @@ async def test_churn_soak(
         ),
     )
     record_report(report)
-    assert result.sent >= 20_000
+    assert result.sent >= SOAK * 20_000 / 60  # the producer never paused for long
     assert result.lost == 0
     assert result.order_violations == 0
     assert result.duplicated <= inflight_total
