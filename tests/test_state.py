@@ -7,6 +7,7 @@ and a processor cannot write another partition's keys.
 
 from __future__ import annotations
 
+import operator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +21,15 @@ from streamkit import (
     Events,
     ExceptionPolicy,
     LockLost,
+    ProcessorKeys,
     Record,
     RedisUnavailable,
     Table,
     WrongPartition,
     open_events,
     open_fetcher,
+    open_lock_manager,
+    partition_for,
     tumbling,
 )
 from streamkit._commit import MAX_VALUES_PER_OP, Changes, change_arguments
@@ -33,6 +37,7 @@ from streamkit._lua import script
 from streamkit._redis import LuaScript, open_redis
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
+from tests.apps.stateful import PARTITIONS as PARTITIONS_8, Number, Stateful, make_app
 from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, serving, ticks_for
 
 if TYPE_CHECKING:
@@ -616,3 +621,87 @@ async def test_a_commit_of_unknown_outcome_is_not_acknowledged_without_its_write
     async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
         await consume_pending(fetcher, locks, counts, 3)
     assert await counts.read(key_for(1), redis=redis) == 3
+
+
+async def close_windows_cut_short(
+    proxy: FaultProxy, fetcher: Fetcher[Number], locks: LockManager, stateful: Stateful
+) -> None:
+    """Fold numbers 100 and 3000 of partition 0 into ``tens`` through ``proxy``, then
+    commit: the settling round closes window 0 (known here), then reads window 1000
+    (stored by an earlier owner) from Redis, and that read is cut."""
+    async with (
+        locks.hold(fetcher.keys.lock_name(0), ttl=30) as held,
+        fetcher.partition(0, held) as feed,
+        open_events(feed, tables=[stateful.tens], redis=fetcher.redis) as events,
+    ):
+        async for number in events.records():
+            await stateful.tens.update(number.key, number, operator.add, number.n)
+            if number.n == 3000:
+                break
+        proxy.blackhole("requests")
+        lost: list[RedisUnavailable] = []
+
+        async def commit() -> None:
+            try:
+                await events.commit()
+            except RedisUnavailable as exc:
+                lost.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit)
+            await wait_until(
+                lambda: b"HSCAN" in proxy.dropped_data("requests"), what="a read cut", within=5
+            )
+            proxy.heal()
+        [error] = lost
+        raise error
+
+
+@pytest.mark.timeout(30)
+async def test_a_settling_round_cut_short_loses_no_window(
+    fault_proxies: FaultProxies, redis_url: str, redis: Redis
+) -> None:
+    """A window closed in a settling round whose next read failed keeps its result: the
+    partition commits nothing more and starts over (a soak of random resets lost a
+    window's result, its values deleted by the commit made as the partition was left)."""
+    proxy = await fault_proxies.open()
+    stateful = make_app(redis_url=redis_url)
+    key = next(f"k{i}" for i in range(100) if partition_for(f"k{i}", PARTITIONS_8) == 0)
+    tens_keys = ProcessorKeys(app="stateful", stream="numbers", processor="count")
+    async with stateful.app, open_lock_manager(redis) as locks:
+        await stateful.numbers.send_many([Number(key=key, n=1000)])
+        async with open_fetcher(redis, stateful.numbers, group=tens_keys) as fetcher:
+            await consume_numbers(fetcher, locks, stateful, last=1000)
+        await stateful.numbers.send_many([Number(key=key, n=100), Number(key=key, n=3000)])
+        async with (
+            open_redis(proxy.url) as cut,
+            open_fetcher(cut, stateful.numbers, group=tens_keys) as fetcher,
+        ):
+            with trio.fail_after(10), pytest.raises(RedisUnavailable):
+                await close_windows_cut_short(proxy, fetcher, locks, stateful)
+        pending: Any = await redis.xpending(stateful.numbers.key(0), tens_keys.group)
+        if pending.pending:
+            # Left pending (nothing committed since the cut): the next owner does them.
+            async with open_fetcher(redis, stateful.numbers, group=tens_keys) as fetcher:
+                await consume_numbers(fetcher, locks, stateful, last=3000)
+        entries: Any = await redis.xrange(stateful.tens_out.key(partition_for(key, 4)))
+        got = [stateful.tens_out.codec.decode(e.field_values, stream="tens_out") for e in entries]
+        assert sorted((r["start"][-15:], r["value"]) for r in got) == [
+            ("T00:00:00+00:00", 100),
+            ("T00:00:01+00:00", 1000),
+        ]
+
+
+async def consume_numbers(
+    fetcher: Fetcher[Number], locks: LockManager, stateful: Stateful, *, last: int
+) -> None:
+    """Fold partition 0's numbers into ``tens``, until number ``last``."""
+    async with (
+        locks.hold(fetcher.keys.lock_name(0), ttl=30) as held,
+        fetcher.partition(0, held) as feed,
+        open_events(feed, tables=[stateful.tens], redis=fetcher.redis) as events,
+    ):
+        async for number in events.records():
+            await stateful.tens.update(number.key, number, operator.add, number.n)
+            if number.n == last:
+                break
