@@ -468,7 +468,7 @@ def reliability(session: nox.Session) -> None:
         "-p",
         "no:randomly",
         *session.posargs,
-        env={"STREAMKIT_RELIABILITY_REPORT": str(report)},
+        env={"STREAMKIT_RELIABILITY_REPORT": str(report), "STREAMKIT_CHURN_SOAK": "60"},
     )
     session.run("python", "tests/reliability/write_report.py", str(report))
 
@@ -494,8 +494,13 @@ COMPAT_SET = [
     "tests/test_clients.py",
     "tests/test_examples_state.py",
     "tests/test_cut_links.py",
-    "tests/reliability/test_network.py::test_blackholed_worker_hands_over_and_rejoins",
+    "tests/reliability/test_network.py::test_blackholed_worker_hands_over_and_rejoins[replies]",
     "tests/reliability/test_network.py::test_clients_through_blackholes_and_resets",
+]
+#: What the compatibility set leaves out of its files: the start of 4,096 partitions
+#: (a test of the event loop's load, not of a version; the suite runs it on 3.11).
+COMPAT_DESELECTED = [
+    "tests/test_rebalancer.py::test_thousands_of_partitions_start_at_once_without_a_lost_lease",
 ]
 #: The Pythons of the compatibility set, beside the suite's own.
 COMPAT_PYTHONS = ("3.12", "3.13")
@@ -552,7 +557,11 @@ def compat(session: nox.Session) -> None:
     started = {}
     for name, command in runs.items():
         log = (logs / f"compat-{name.replace(' ', '-')}.log").open("wb")
-        args = [*command, "-q", "-n", "2", *(session.posargs or COMPAT_SET)]
+        chosen = session.posargs or [
+            *COMPAT_SET,
+            *(f"--deselect={test}" for test in COMPAT_DESELECTED),
+        ]
+        args = [*command, "-q", "-n", "2", *chosen]
         began = datetime.now(UTC).timestamp()
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         started[name] = (process, log, began)

@@ -40,7 +40,7 @@ from ._defaults import DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
-from ._events_iterators import Batches, OneByOne
+from ._events_iterators import Batches, OneByOne, Traced
 from ._events_middleware import MiddlewarePump
 from ._nurseries import open_service_nursery
 from ._state import PartitionState
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_ACK_BATCH", "DivertHook", "Event", "Events", "Middleware", "open_events"]
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 log = logging.getLogger("streamkit.events")
 
@@ -107,14 +108,14 @@ class Events(Generic[R]):
         drained away. An undecodable entry raises :class:`DecodeError` (under
         :func:`~streamkit.run_processor`, it goes through the exception policy instead).
         """
-        return OneByOne(self._delivery, decode=True)
+        return self._traced(OneByOne(self._delivery, decode=True), batch=False)
 
     def raw(self) -> AsyncIterator[Event[R]]:
         """Iterate over the partition's :class:`Event` objects, in order.
 
         Records are decoded only when ``event.record`` is read.
         """
-        return OneByOne(self._delivery, decode=False)
+        return self._traced(OneByOne(self._delivery, decode=False), batch=False)
 
     def take(self, n: int, *, within: float | None = None) -> AsyncIterator[list[R]]:
         """Iterate over batches of up to ``n`` records, in order.
@@ -124,11 +125,17 @@ class Events(Generic[R]):
         batch). Batches are never empty. The whole batch is acknowledged when the
         processor asks for the next one.
         """
-        return Batches(self._delivery, n, within, decode=True)
+        return self._traced(Batches(self._delivery, n, within, decode=True), batch=True)
 
     def take_raw(self, n: int, *, within: float | None = None) -> AsyncIterator[list[Event[R]]]:
         """As :meth:`take`, yielding lists of :class:`Event` objects."""
-        return Batches(self._delivery, n, within, decode=False)
+        return self._traced(Batches(self._delivery, n, within, decode=False), batch=True)
+
+    def _traced(self, iterator: AsyncIterator[T], *, batch: bool) -> AsyncIterator[T]:
+        # With a tracer provider set, each record (or batch) is handled in a span
+        # (see docs/observability.md, "Traces"); without one, the iterator as it is.
+        spans = self._delivery.spans
+        return iterator if spans is None else Traced(iterator, spans, batch=batch)
 
     @property
     def group(self) -> str:
@@ -253,10 +260,14 @@ class Events(Generic[R]):
         self._delivery.ledger.move_past()
         return _CommitNow(self._delivery)
 
-    def discard(self) -> None:
+    def discard(self, error: BaseException | None = None) -> None:
         """The processing of the in-flight events failed: forget the table writes and
         emitted records it made (a policy runner calls this before it retries,
-        dead-letters or skips them)."""
+        dead-letters or skips them). With tracing on (see :doc:`observability`), their
+        span ends here, recording ``error``, the processor's, if given."""
+        spans = self._delivery.spans
+        if spans is not None:
+            spans.end(error)
         self._delivery.ledger.discard()
 
     def rewind(self) -> None:
@@ -398,6 +409,8 @@ async def open_events(
     finally:
         if token is not None:
             PartitionState.deactivate(token)
+        if delivery.spans is not None:
+            delivery.spans.end()
         delivery.set_pump_factory(None)
         delivery.stop_pump()
         await _leave(delivery, commit=ended_normally)

@@ -26,6 +26,7 @@ from ._event import UNDECODED, Event
 from ._events_ledger import Ledger
 from ._locks import local_deadline
 from ._meter import TIMING
+from ._tracing import processor_spans
 from ._validate import positive_int
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ._feed import Batch, PartitionFeed
     from ._meter import PartitionMeter
     from ._state import PartitionState
+    from ._tracing import ProcessorSpans
 
     BatchDecoder = Callable[[list[Any]], tuple[list[Any], int]]
 
@@ -98,6 +100,8 @@ class Delivery(Generic[R]):
         ledger: the bookkeeping of buffered, in-flight, replayed and done events.
         meter: the partition's meter, when the feed has one (streamkit.metrics).
         decode: decodes one entry (its flat fields and id) into its record.
+        spans: the processor's spans, with a tracer provider set (else ``None``: no
+            span, no cost; see :mod:`streamkit._tracing`).
     """
 
     feed: PartitionFeed
@@ -110,6 +114,7 @@ class Delivery(Generic[R]):
     ledger: Ledger[R] = attrs.field(init=False)
     meter: PartitionMeter | None = attrs.field(init=False)
     decode: Decoder = attrs.field(init=False)
+    spans: ProcessorSpans | None = attrs.field(init=False)
     _decode_batch: BatchDecoder = attrs.field(init=False)
     _decode_payloads: BatchDecoder | None = attrs.field(init=False)
     # Whether each batch is decoded as it is loaded (an iterator of records runs).
@@ -142,6 +147,9 @@ class Delivery(Generic[R]):
         self.decode = codec.entry_decoder(stream=feed.stream.name, partition=feed.partition)
         self._decode_batch = codec.batch_decoder(UNDECODED)
         self._decode_payloads = codec.payload_decoder(UNDECODED)
+        self.spans = processor_spans(
+            self.ledger.inflight_entries, feed.stream.name, feed.keys.group, feed.partition
+        )
 
     # -- what it is doing --
 

@@ -28,8 +28,9 @@ from ._validate import non_negative_number
 if TYPE_CHECKING:
     from ._event import Event
     from ._events_delivery import Delivery
+    from ._tracing import ProcessorSpans
 
-__all__ = ["Batches", "OneByOne"]
+__all__ = ["Batches", "OneByOne", "Traced"]
 
 T = TypeVar("T")
 
@@ -262,3 +263,23 @@ class Batches(AsyncIterator[list[T]]):
                     raise
                 batch.append(event)
         return batch, out
+
+
+class Traced(AsyncIterator[T]):
+    """An iterator of :class:`OneByOne` or :class:`Batches` whose every item is handled
+    in a span (:class:`~streamkit._tracing.ProcessorSpans`): asking for the next one
+    ends the span of the one before, and opens the next one's once it is handed out.
+    Used only with a tracer provider set; the iterators themselves know nothing of it."""
+
+    __slots__ = ("_batch", "_inner", "_spans")
+
+    def __init__(self, inner: AsyncIterator[T], spans: ProcessorSpans, *, batch: bool) -> None:
+        self._inner = inner
+        self._spans = spans
+        self._batch = batch
+
+    async def __anext__(self) -> T:
+        self._spans.end()
+        item = await self._inner.__anext__()
+        self._spans.begin(batch=self._batch)
+        return item

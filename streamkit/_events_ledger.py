@@ -346,6 +346,21 @@ class Ledger(Generic[R]):
             return self._handed[-1]._id
         return None
 
+    def inflight_entries(self) -> list[tuple[bytes, list[bytes]]]:
+        """The id and flat fields of each event in flight, in order (without settling a
+        run, nor making event objects: for the processor's spans, streamkit._tracing)."""
+        batch = self._batch
+        if self._run_end:
+            pos = self._pos
+            if pos > self._run_lo and batch is not None:
+                return [(self._ids[pos - 1], batch.entry_fields(pos - 1))]
+            return []
+        out = [(e._id, e.flat) for e in self._handed]
+        lo, hi = self._span_lo, self._span_hi
+        if hi > lo and batch is not None:
+            out += [(self._ids[i], batch.entry_fields(i)) for i in range(lo, hi)]
+        return out
+
     def inflight_ids(self) -> list[bytes]:
         """The ids of the events in flight."""
         self._settle()

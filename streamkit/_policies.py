@@ -238,7 +238,7 @@ class _Handler:
         policy = self.policy
         # Whatever happens to the failed events next, what processing them wrote
         # (table writes, emitted records) is forgotten.
-        events.discard()
+        events.discard(error)
         if not failing:
             await self._not_tied_to_events(error)
             return

@@ -30,6 +30,7 @@ import attrs
 
 from . import _keys
 from ._errors import ConfigError, EncodeError, MetadataMismatch
+from ._tracing import entry_trace
 from ._validate import non_negative_int, positive_finite_number, positive_int
 from ._wire import (
     DEFAULT_SEND_CHUNK_BYTES,
@@ -128,6 +129,8 @@ class SendWindow:
         mixed: the partitions some record of which is not a value alone.
         sizes: per partition, each record's size in bytes (names and values).
         ids: the entry id of each record of the window, once appended ("" before).
+        trace: the trace context every entry carries, as extra fields (flat names and
+            values, see :func:`~streamkit._tracing.entry_trace`); ``()`` for none.
     """
 
     data_field: bytes = b""
@@ -136,6 +139,7 @@ class SendWindow:
     mixed: set[int] = attrs.field(factory=set)
     sizes: dict[int, list[int]] = attrs.field(factory=dict)
     ids: list[str] = attrs.field(factory=list)
+    trace: tuple[bytes, ...] = ()
 
     def partitions(self) -> list[int]:
         """The partitions the window's records go to."""
@@ -199,7 +203,9 @@ def encode_window(
         than ``max_record_size`` or has a field longer than the server accepts, and the
         partitioner's errors for a bad key: raised before anything is sent.
     """
-    window = SendWindow(spec.codec.payloads_encoder()[1], ids=[""] * len(records))
+    window = SendWindow(
+        spec.codec.payloads_encoder()[1], ids=[""] * len(records), trace=entry_trace()
+    )
     encode_into(window, spec, records, 0, len(records), server_limit)
     return window
 
@@ -250,6 +256,32 @@ def encode_into(
         at(position)
         sized(size)
         position += 1
+    if window.trace:
+        _add_trace(window, slots, start)
+
+
+def _add_trace(window: SendWindow, slots: dict[int, _Slot], start: int) -> None:
+    """The trace fields added to the records from ``start`` on just encoded into
+    ``window`` (those of ``slots``' partitions): each one an entry of its own, the
+    trace fields after the record's."""
+    trace = window.trace
+    extra = len(trace) // 2
+    trace_size = sum(len(part) for part in trace)
+    data_field = window.data_field
+    for partition in slots:
+        items, sizes = window.items[partition], window.sizes[partition]
+        positions = window.positions[partition]
+        first = len(positions)
+        while first and positions[first - 1] >= start:
+            first -= 1
+        for i in range(first, len(items)):
+            item = items[i]
+            if type(item) is bytes:
+                items[i] = (1 + extra, data_field, item, *trace)
+            else:
+                items[i] = (cast("int", item[0]) + extra, *item[1:], *trace)
+            sizes[i] += trace_size
+        window.mixed.add(partition)
 
 
 #: A partition's place in a window being encoded: the appends of its items, positions

@@ -60,6 +60,11 @@ from .jobs._committed import CommittedJobs
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    #: What emits plain JSON dicts to an output: each one's (stream key, entry fields).
+    PlainEmitter = Callable[
+        [list[dict[str, Any]]], list[tuple[str, list[bytes | str | int | float]]]
+    ]
+
     from ._locks import HeldLease
     from ._redis import Redis
     from ._spec import HasSpec, ProcessorKeys, StreamSpec
@@ -255,9 +260,7 @@ class PartitionState:
         self._emitters: dict[
             int, tuple[object, StreamSpec[Any], list[str], list[bytes] | None]
         ] = {}
-        self._plain_emitters: dict[
-            int, tuple[object, Callable[[dict[str, Any]], tuple[str, list[Any]]] | None]
-        ] = {}
+        self._plain_emitters: dict[int, tuple[object, PlainEmitter | None]] = {}
         # Emitted records go through the outbox on Redis Cluster; enqueued jobs always
         # do (the enqueue script runs on the job's shard, see jobs._committed).
         outbox = _keys.outbox_key(stream.app, stream.name, keys.processor, partition)
@@ -451,8 +454,9 @@ class PartitionState:
             if isinstance(view, JoinView):  # unmatched events, their results made
                 join: Any = view.window
                 results: list[Any] = closed
-                if join.plain:
-                    self._done_out.extend(self._encode_plain(join.output, r) for r in results)
+                fast = self._plain_emitter_of(join.output) if join.plain else None
+                if fast is not None:
+                    self._done_out.extend(fast(results))
                 else:
                     self._done_out.extend(self._encode_output(join.output, r) for r in results)
                 continue
@@ -466,8 +470,8 @@ class PartitionState:
             if result is default_result:
                 # The keys of one window share its bounds: written once per window.
                 unstructure = converter.unstructure
-                fast = self._plain_emitter(output)
                 bounds: dict[tuple[int, int], tuple[str, str]] = {}
+                records: list[dict[str, Any]] = []
                 for field, start, end, value in closed:
                     iso = bounds.get((start, end))
                     if iso is None:
@@ -476,13 +480,19 @@ class PartitionState:
                             window.start.isoformat(),
                             window.end.isoformat(),
                         )
-                    record = {
-                        "key": field.decode(),
-                        "start": iso[0],
-                        "end": iso[1],
-                        "value": value if type(value) in _JSON_SCALARS else unstructure(value),
-                    }
-                    done.append(fast(record) if fast is not None else encode(output, record))
+                    records.append(
+                        {
+                            "key": field.decode(),
+                            "start": iso[0],
+                            "end": iso[1],
+                            "value": value if type(value) in _JSON_SCALARS else unstructure(value),
+                        }
+                    )
+                fast = self._plain_emitter_of(output)
+                if fast is not None:
+                    done.extend(fast(records))
+                else:
+                    done.extend(encode(output, record) for record in records)
                 continue
             for field, start, end, value in closed:
                 record = result(field.decode(), Window.from_ms(start, end), value)
@@ -501,12 +511,18 @@ class PartitionState:
             pairs = [b"__to", targets[partition], *pairs]
         self._tentative_out.append((keys[partition], pairs))
 
-    def _plain_emitter(
-        self, stream: StreamSpec[Any] | HasSpec[Any]
-    ) -> Callable[[dict[str, Any]], tuple[str, list[bytes | str | int | float]]] | None:
-        """For an output of plain JSON ``dict`` records, what emits a dict already made of
-        JSON values (a window's default result) with one ``orjson.dumps``: as the
-        codec would, without its checks of each item; ``None`` for other outputs."""
+    def _plain_emitter_of(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
+        """:meth:`_plain_emitter` of ``stream``, made once."""
+        known = self._plain_emitters.get(id(stream))
+        if known is None or known[0] is not stream:
+            known = self._plain_emitters[id(stream)] = (stream, self._plain_emitter(stream))
+        return known[1]
+
+    def _plain_emitter(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
+        """For an output of plain JSON ``dict`` records, what emits dicts already made of
+        JSON values (a window's default results, a join's) with one ``orjson.dumps``
+        each and their partitions found in one loop: as the codec would, without its
+        checks of each item; ``None`` for other outputs."""
         emitter = self._emitters.get(id(stream))
         if emitter is None or emitter[0] is not stream:
             emitter = self._emitter(stream)
@@ -516,17 +532,25 @@ class PartitionState:
             return None
         field = _DATA_FIELDS[None]
         limit = min(codec.max_decoded_size, codec.max_record_size - len(field))
-        partition_of = spec.partitioner.partition_of
+        partitions_of = spec.partitioner.partitions_of
         dumps = orjson.dumps
 
-        def emit(record: dict[str, Any]) -> tuple[str, list[bytes | str | int | float]]:
-            try:
-                payload = dumps(record)
-            except TypeError:
-                return self._encode_output(stream, record)  # the codec says why
-            if len(payload) > limit:
-                return self._encode_output(stream, record)
-            return keys[partition_of(record)], [field, payload]
+        def emit(
+            records: list[dict[str, Any]],
+        ) -> list[tuple[str, list[bytes | str | int | float]]]:
+            out: list[tuple[str, list[bytes | str | int | float]]] = []
+            append = out.append
+            for record, partition in zip(records, partitions_of(records), strict=True):
+                try:
+                    payload = dumps(record)
+                except TypeError:
+                    append(self._encode_output(stream, record))  # the codec says why
+                    continue
+                if len(payload) > limit:
+                    append(self._encode_output(stream, record))
+                else:
+                    append((keys[partition], [field, payload]))
+            return out
 
         return emit
 
@@ -545,11 +569,8 @@ class PartitionState:
     def _encode_plain(
         self, stream: StreamSpec[Any] | HasSpec[Any], record: dict[str, Any]
     ) -> tuple[str, list[bytes | str | int | float]]:
-        known = self._plain_emitters.get(id(stream))
-        if known is None or known[0] is not stream:
-            known = self._plain_emitters[id(stream)] = (stream, self._plain_emitter(stream))
-        fast = known[1]
-        return self._encode_output(stream, record) if fast is None else fast(record)
+        fast = self._plain_emitter_of(stream)
+        return self._encode_output(stream, record) if fast is None else fast([record])[0]
 
     def _encode_output(
         self, stream: StreamSpec[Any] | HasSpec[Any], record: Any

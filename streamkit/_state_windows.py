@@ -254,7 +254,14 @@ class FixedWindowView:
         tentative = self._tentative
         value = tentative.get((start, field), _ABSENT)
         if value is _ABSENT:
-            value = self._known(start, field)
+            # The done layer, then the cache (_known, inlined: once per event).
+            values = self._dirty.get(start)
+            if values is not None:
+                value = values.get(field, _ABSENT)
+            if value is _ABSENT:
+                values = self._cache.get(start)
+                if values is not None:
+                    value = values.get(field, _ABSENT)
             if value is _ABSENT:
                 if start in self._stored and start not in self._complete:
                     return NEEDS_READ

@@ -328,7 +328,7 @@ class Stream(Generic[R]):
                         try:
                             following = next(upcoming, None)
                             if following is not None:
-                                ahead = await self._encode(following, server_limit)
+                                ahead = await self._encode(following, server_limit, window.trace)
                         except Exception as exc:
                             # Raised once this window is sent, as if it came after.
                             failure = exc
@@ -345,9 +345,14 @@ class Stream(Generic[R]):
                     return ids
                 window, window_records = ahead, following
 
-    async def _encode(self, records: Sequence[R], server_limit: int) -> SendWindow:
-        """:func:`encode_window` a slice at a time, letting the sends go on between."""
-        window = SendWindow(self.spec.codec.payloads_encoder()[1], ids=[""] * len(records))
+    async def _encode(
+        self, records: Sequence[R], server_limit: int, trace: tuple[bytes, ...]
+    ) -> SendWindow:
+        """:func:`encode_window` a slice at a time, letting the sends go on between
+        (with the trace context of the send's first window)."""
+        window = SendWindow(
+            self.spec.codec.payloads_encoder()[1], ids=[""] * len(records), trace=trace
+        )
         for start in range(0, len(records), ENCODE_SLICE):
             end = min(start + ENCODE_SLICE, len(records))
             encode_into(window, self.spec, records, start, end, server_limit)

@@ -28,7 +28,7 @@ from coredis.connection._request import BaseRequest
 from coredis.connection._statistics import ConnectionStatistics
 from coredis.parser import Parser
 
-from streamkit._redis._hot import HotConnection, HotRequest, pack
+from streamkit._redis._hot import HotConnection, HotRequest, HotTransaction, pack
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -158,8 +158,13 @@ def test_this_file_checks_all_the_hot_path_touches() -> None:
     the one below: what the hot path starts to touch is checked here too."""
     source = Path(inspect.getfile(HotConnection)).read_text()
     named = set(re.findall(r"\bself\.(_[a-z]\w*)", source))
-    own = {"_hot_reader", "_hot_socket", "_hot_socket_of"} | set(HotRequest.__slots__)
-    own |= {name for name in vars(HotConnection) | vars(HotRequest) if name.startswith("_")}
+    own = {"_hot_reader", "_hot_socket", "_hot_socket_of"}
+    own |= set(HotRequest.__slots__) | set(HotTransaction.__slots__)
+    own |= {
+        name
+        for name in vars(HotConnection) | vars(HotRequest) | vars(HotTransaction)
+        if name.startswith("_")
+    }
     assert named - own == set(ATTRIBUTES), sorted(named - own)
     overridden = {
         name

@@ -429,7 +429,7 @@ async def test_job_queue_state_machine(redis: Redis) -> None:
             run_state_machine_as_test(
                 Machine,
                 settings=settings(
-                    max_examples=20,
+                    max_examples=12,
                     stateful_step_count=12,
                     deadline=None,
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],

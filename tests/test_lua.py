@@ -30,7 +30,7 @@ PINS = {
     "jobs/counts": "d1a349e1c16ebfa21a44e0bddbc0706c3b5c1972",
     "jobs/deliver": "e556cd9c72413c72f2f501619b8f32d40b092b6a",
     "jobs/delivered": "5097b575ac3133876ca797e3c93bd232666c4466",
-    "jobs/enqueue": "55c68678e5d18a801ab98cd92012164357a17ab2",
+    "jobs/enqueue": "c73239fc6cb8a0218f09ce8f4a103b037cd63798",
     "jobs/finish": "4eb610aeecf7691aaf8f020ea7bbca2b4286aedc",
     "jobs/link": "1e8856aed2d54d3a14520295ab7fdb01951323ca",
     "jobs/progress": "851c1a4b33fb1e8d0ea878f767433b91dbb2bbde",

@@ -202,6 +202,11 @@ async def jobs(call: Calls) -> None:
     ran = {job[0]: job[4] for job in claimed[0]}
     await call("jobs/finish", JOB_KEYS, [BASE, 30_000, b"j4", ran[b"j4"], "dead", error, 0])
     assert await call("jobs/purge", JOB_KEYS, [BASE, "j4"]) == [b"j4"]
+    # Debounced (merged into the first) and throttled (the first kept) by key "k".
+    bounced = ["d1", "[[1],{}]", '{"b":["k",60000,0]}', "d2", "[[2],{}]", '{"b":["k",60000,0]}']
+    assert await call("jobs/enqueue", JOB_KEYS, [*defaults, *bounced]) == [1, b"d1"]
+    throttled = ["t1", "[[],{}]", '{"th":["k",60000]}', "t2", "[[],{}]", '{"th":["k",60000]}']
+    assert await call("jobs/enqueue", JOB_KEYS, [*defaults, *throttled]) == [1, b"t1"]
 
 
 async def tables(call: Calls) -> None:

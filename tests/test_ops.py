@@ -28,6 +28,9 @@ from streamkit._produce import AppendCall, FinishedMarkers
 from streamkit._redis import run_op
 from streamkit._wire import text
 from streamkit.clients import AsyncioClient, BlockingClient
+from streamkit.jobs import Job, JobOptions
+from streamkit.jobs._ops import send_plan
+from streamkit.jobs._plan import JobIds, Placement, plan_enqueue
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -254,6 +257,30 @@ async def test_a_batch_retries_only_its_calls_whose_replies_were_lost(
         assert [len(ids) for ids, _ in outcome] == [2, 2, 2]
         for p in range(3):
             assert await redis.xlen(f"__strm:{{ops.{driver}.{p}}}") == 2
+
+
+async def test_a_debounced_enqueue_keeps_the_replies_of_its_retried_calls(
+    redis_url: str, redis: Redis
+) -> None:
+    async def touch(user: str) -> None:
+        pass
+
+    job: Job[Any, Any] = Job(
+        "touch", touch, JobOptions(debounce=60, key="user"), None, lambda: cast("Any", None)
+    )
+
+    def make(key: str) -> Callable[[list[str]], Op[Any]]:
+        plan = plan_enqueue(job, [("a",), ("b",), ("a",)], Placement(1, JobIds()))
+        queue = f"ops-{key.split('.')[1]}"
+        return lambda transcript: faulty(send_plan(plan, queue), iter(["unreachable"]), transcript)
+
+    seen = await run_everywhere(redis_url, redis, make)
+    for driver, (transcript, outcome, _) in seen.items():
+        # Not sent the first time: sent again, and its reply says which job took each.
+        assert transcript == ["now", "call", "now", "sleep", "call"], driver
+        (a, _, a_added), (b, _, b_added), (again, _, again_added) = outcome
+        assert again == a != b
+        assert (a_added, b_added, again_added) == (True, True, False)
 
 
 async def test_the_trio_driver_retries_on_trio_s_clock(autojump_clock: trio.abc.Clock) -> None:

@@ -590,6 +590,10 @@ CONSTANTS: Mapping[str, int | str] = MappingProxyType(
         # How often a scope with jobs waiting for a concurrency slot is looked at
         # again (ms), beside the slot's release.
         "CONC_RECHECK_MS": 2000,
+        # How long a debounce key outlives its pending job's time (ms): an enqueue
+        # merges into the job while it is scheduled and the key lives
+        # (jobs/enqueue; streamkit.jobs._plan.DEBOUNCE_KEEP_MS).
+        "DEBOUNCE_KEEP_MS": 3_600_000,
     }
 )
 #: The origin (see :attr:`Script.origins`) of the line that declares ``K``.

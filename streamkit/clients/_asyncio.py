@@ -304,7 +304,10 @@ class AsyncioClient(ClientBase):
         <streamkit.jobs.Job.enqueue_many>`)."""
         op, queue = self._enqueue(job, calls, priority, delay)
         placed = await self.run(op)
-        return [AsyncioJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
+        return [
+            AsyncioJobHandle(self, job_id, shard, queue, added=added)
+            for job_id, shard, added in placed
+        ]
 
     async def enqueue_workflow(self, workflow: Workflow) -> AsyncioJobHandle[Any]:
         """Enqueue a workflow of the app's jobs (a chain, a group, a chord; see
@@ -375,6 +378,9 @@ class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
     Attributes:
         id: the job's id.
         shard: the queue shard it lives on.
+        added: whether the enqueue that returned it added the job: ``False`` when
+            it merged into a debounced job of its key or was dropped by a throttle
+            (the handle is then that job's); ``True`` for every other handle.
     """
 
     _client: AsyncioClient = attrs.field(repr=False)
@@ -382,6 +388,7 @@ class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
     shard: int
     #: The name of the queue it is on (the app's, or one of its named queues).
     queue: str | None = None
+    added: bool = attrs.field(default=True, eq=False, repr=False, kw_only=True)
 
     async def status(self) -> JobStatus:
         """Where the job is now (:class:`~streamkit.jobs.JobNotFound` if unknown)."""

@@ -321,7 +321,10 @@ class BlockingClient(ClientBase):
         <streamkit.jobs.Job.enqueue_many>`)."""
         op, queue = self._enqueue(job, calls, priority, delay)
         placed = self.run(op)
-        return [BlockingJobHandle(self, job_id, shard, queue) for job_id, shard in placed]
+        return [
+            BlockingJobHandle(self, job_id, shard, queue, added=added)
+            for job_id, shard, added in placed
+        ]
 
     def enqueue_workflow(self, workflow: Workflow) -> BlockingJobHandle[Any]:
         """Enqueue a workflow of the app's jobs (a chain, a group, a chord; see
@@ -391,6 +394,9 @@ class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
     Attributes:
         id: the job's id.
         shard: the queue shard it lives on.
+        added: whether the enqueue that returned it added the job: ``False`` when
+            it merged into a debounced job of its key or was dropped by a throttle
+            (the handle is then that job's); ``True`` for every other handle.
     """
 
     _client: BlockingClient = attrs.field(repr=False)
@@ -398,6 +404,7 @@ class BlockingJobHandle(JobHandleBase, Generic[JobResult]):
     shard: int
     #: The name of the queue it is on (the app's, or one of its named queues).
     queue: str | None = None
+    added: bool = attrs.field(default=True, eq=False, repr=False, kw_only=True)
 
     def status(self) -> JobStatus:
         """Where the job is now.

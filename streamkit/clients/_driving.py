@@ -104,7 +104,7 @@ class ClientBase:
         calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
         priority: Priority | None,
         delay: When | None,
-    ) -> tuple[Op[list[tuple[str, int]]], str]:
+    ) -> tuple[Op[list[tuple[str, int, bool]]], str]:
         """The operation that enqueues ``calls`` of ``job``, and the queue they go to."""
         declared = self._state.job(job)
         op = _ops.enqueue(self._state, declared, calls, priority=priority, delay=delay)

@@ -282,16 +282,16 @@ def enqueue(
     *,
     priority: Priority | None = None,
     delay: When | None = None,
-) -> Op[list[tuple[str, int]]]:
-    """Enqueue ``job`` once per call; return each job's ``(id, shard)`` (see
-    :meth:`Job.enqueue_many <streamkit.jobs.Job.enqueue_many>`).
+) -> Op[list[tuple[str, int, bool]]]:
+    """Enqueue ``job`` once per call; return per call the job that runs for it, ``(id,
+    shard, added)`` (see :meth:`Job.enqueue_many <streamkit.jobs.Job.enqueue_many>`;
+    ``added`` is false for a debounced or throttled call that another job took).
 
     An enqueue is not idempotent (without ``job_id``): like the Trio queue's, a call
     is sent again only while it surely never reached Redis.
     """
     plan = plan_enqueue(job, calls, state.placement, priority=priority, delay=delay)
-    yield from send_plan(plan, state.queue_of(job))
-    return plan.placed
+    return (yield from send_plan(plan, state.queue_of(job)))
 
 
 def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, str, int]]:

@@ -54,6 +54,19 @@ class CommittedJobs:
     """
 
     def __init__(self, jobs: Sequence[Job[Any, Any]]) -> None:
+        """Error handling:
+        :class:`~streamkit.ConfigError` for a debounced or throttled job: a commit
+        enqueues a job once per event, and hands out the new job's handle at once.
+        """
+        for job in jobs:
+            what = job.options.coalesced
+            if what is not None:
+                raise ConfigError(
+                    what,
+                    f"job {job.name} is {what}d: a commit enqueues its job once per event, "
+                    f"not once per key; enqueue it outside the commit (job.enqueue), or "
+                    f"declare it without {what}=",
+                )
         self.jobs = {id(job): job for job in jobs}
         self._placements: dict[str, Placement] = {}
         self._keys: dict[str, list[str]] = {}

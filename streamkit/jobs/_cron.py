@@ -102,7 +102,8 @@ def cron_decorator(
     its schedule. ``expression``, ``tz`` and ``misfire_grace`` are checked now.
 
     Error handling:
-        :class:`~streamkit.ConfigError` for a bad expression, timezone or grace.
+        :class:`~streamkit.ConfigError` for a bad expression, timezone or grace, or
+        (when it declares the function) a debounced or throttled job.
     """
     check_expression(expression)
     timezone(tz)
@@ -110,6 +111,10 @@ def cron_decorator(
 
     def scheduled(fn: Callable[..., Any]) -> Job[Any, Any]:
         job = declare(fn)
+        if job.options.coalesced is not None:
+            raise ConfigError(
+                job.options.coalesced, f"cron job {job.name}: its schedule says when it runs"
+            )
         job.schedule = schedule
         return job
 

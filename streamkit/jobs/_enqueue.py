@@ -22,13 +22,14 @@ if TYPE_CHECKING:
 __all__ = ["send_plan", "send_workflow"]
 
 
-async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> None:
-    """Send ``plan``'s enqueue script calls, a batch at a time.
+async def send_plan(queue: QueueLike, plan: EnqueuePlan) -> list[tuple[str, int, bool]]:
+    """Send ``plan``'s enqueue script calls, a batch at a time; per call, the job that
+    runs for it, ``(id, shard, added)``.
 
     Error handling:
         As :func:`streamkit.jobs._ops.send_plan`: nothing is sent again blindly.
     """
-    await run_op(queue.redis, _ops.send_plan(plan, queue.name))
+    return await run_op(queue.redis, _ops.send_plan(plan, queue.name))
 
 
 async def send_workflow(redis: Redis, plan: WorkflowPlan) -> None:

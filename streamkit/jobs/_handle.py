@@ -119,11 +119,15 @@ class JobHandle(Generic[R]):
         queue: the queue the job is on.
         id: the job's id.
         shard: the queue shard it lives on.
+        added: whether the enqueue that returned it added the job: ``False`` when
+            it merged into a debounced job of its key or was dropped by a throttle
+            (the handle is then that job's); ``True`` for every other handle.
     """
 
     queue: QueueLike = attrs.field(repr=False)
     id: str
     shard: int
+    added: bool = attrs.field(default=True, eq=False, repr=False, kw_only=True)
 
     @property
     def _key(self) -> str:
@@ -351,6 +355,11 @@ class Job(Generic[P, R]):
             raise ConfigError(
                 "limit_key", f"job {self.name} has no parameter {key!r} to take its limit key from"
             )
+        key = self.options.key
+        if isinstance(key, str) and key not in self.signature.parameters:
+            raise ConfigError(
+                "key", f"job {self.name} has no parameter {key!r} to take its key from"
+            )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         return self.fn(*args, **kwargs)
@@ -444,10 +453,17 @@ class Job(Generic[P, R]):
                 OpenTelemetry).
             **kwargs: the function's keyword arguments.
 
+        Returns:
+            the handle of the job that runs for this call: the new job, or for a job
+            declared with ``debounce=`` or ``throttle=`` the one of its key that took
+            the call (:attr:`JobHandle.added` is then ``False``).
+
         Error handling:
             ``TypeError`` if the function does not accept the arguments;
             :class:`~streamkit.EncodeError` if they are not JSON-serialisable;
-            :class:`~streamkit.ConfigError` for bad options.
+            :class:`~streamkit.ConfigError` for bad options (for a debounced or
+            throttled job: ``job_id``, ``after``, and ``delay`` or ``at`` of a
+            debounced one).
         """
         call = JobCall(
             args=args,

@@ -21,6 +21,8 @@ key                                   what it holds
 ``__jobs:{Q.S}:settling:N``           one ended job's dependents left to settle (its
                                       ``deps:ID`` renamed; ``:settling`` numbers them)
 ``__jobs:{Q.S}:once:ID``              job ID's dedupe marker (expires)
+``__jobs:{Q.S}:db:NAME:KEY``          a debounce key's waiting job (expires)
+``__jobs:{Q.S}:th:NAME:KEY``          a throttle key's kept job (expires)
 ``__jobs:{Q.S}:out:ID``               the chunks job ID streamed, then its outcome
 ``__jobs:{Q.S}:obox``                 records successes emitted, to relay (Cluster)
 ``__jobs:{Q.S}:ctl``                  the paused job names (``*``: the whole queue)

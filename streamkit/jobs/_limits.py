@@ -107,9 +107,12 @@ def limit_key_of(
     bind: Callable[[Sequence[Any], Mapping[str, Any]], Mapping[str, Any]],
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
+    option: str = "limit_key",
 ) -> str:
     """The limit key of one call of job ``name``: the value of the argument named
-    ``limit_key``, or what ``limit_key(*args, **kwargs)`` returns, as text.
+    ``limit_key``, or what ``limit_key(*args, **kwargs)`` returns, as text (``option``:
+    the option it is the key of, for errors: ``limit_key``, or ``key`` for a debounce's
+    or throttle's key).
 
     Error handling:
         :class:`~streamkit.ConfigError` for a key that is not a string or an integer,
@@ -120,14 +123,10 @@ def limit_key_of(
     else:
         value = limit_key(*args, **kwargs)
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ConfigError(
-            "limit_key", f"job {name}: the limit key must be a str or an int, got {value!r}"
-        )
+        raise ConfigError(option, f"job {name}: the key must be a str or an int, got {value!r}")
     key = str(value)
     if not key or len(key) > MAX_KEY:
-        raise ConfigError(
-            "limit_key", f"job {name}: the limit key must have 1 to {MAX_KEY} characters"
-        )
+        raise ConfigError(option, f"job {name}: the key must have 1 to {MAX_KEY} characters")
     return key
 
 

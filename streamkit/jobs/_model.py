@@ -16,7 +16,7 @@ from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, EncodeError
 from .._json_converter import converter
 from .._keys import validate_name
-from .._validate import non_negative_int, positive_int, positive_number
+from .._validate import at_least, non_negative_int, positive_int, positive_number
 from ._limits import RateLimit, limit_spec, rate_limit as _as_rate_limit
 
 if TYPE_CHECKING:
@@ -349,6 +349,15 @@ class Schedule:
     tz: str | None = None
 
 
+def _seconds(value: object) -> object:
+    """A duration as seconds: a ``timedelta``'s, else the value itself (checked after)."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+#: The shortest debounce, max_wait or throttle period (the scripts count in ms).
+_MIN_PERIOD = at_least(0.001, finite=True).or_none()
+
+
 def _check_retry_on(_i: object, _a: object, value: object) -> None:
     if not isinstance(value, tuple) or not all(
         isinstance(t, type) and issubclass(t, BaseException) for t in value
@@ -375,6 +384,10 @@ class JobOptionsArgs(TypedDict, total=False):
     key_rate_limit: RateLimit | str | None
     key_concurrency: int | None
     grace: float | None
+    debounce: timedelta | float | None
+    max_wait: timedelta | float | None
+    key: str | Callable[..., Any] | None
+    throttle: timedelta | float | None
 
 
 class AppJobOptionsArgs(JobOptionsArgs, total=False):
@@ -408,6 +421,10 @@ class JobOptions:
     key_concurrency: int | None = attrs.field(default=None, validator=positive_int.or_none())
     queue: str | None = attrs.field(default=None)
     grace: float | None = attrs.field(default=None, validator=positive_number.or_none())
+    debounce: float | None = attrs.field(default=None, converter=_seconds, validator=_MIN_PERIOD)
+    max_wait: float | None = attrs.field(default=None, converter=_seconds, validator=_MIN_PERIOD)
+    key: str | Callable[..., Any] | None = attrs.field(default=None)
+    throttle: float | None = attrs.field(default=None, converter=_seconds, validator=_MIN_PERIOD)
     #: The job record's ``lim`` field (see :func:`~streamkit.jobs._limits.limit_spec`).
     limits: str = attrs.field(init=False, eq=False, repr=False)
 
@@ -425,6 +442,7 @@ class JobOptions:
             )
         if self.queue is not None:
             validate_name("queue", self.queue)
+        self._check_coalescing()
         object.__setattr__(
             self,
             "limits",
@@ -432,6 +450,37 @@ class JobOptions:
                 self.rate_limit, self.concurrency, self.key_rate_limit, self.key_concurrency
             ),
         )
+
+    def _check_coalescing(self) -> None:
+        if self.debounce is not None and self.throttle is not None:
+            raise ConfigError("debounce", "a job is debounced or throttled, not both")
+        if self.max_wait is not None:
+            if self.debounce is None:
+                raise ConfigError("max_wait", "bounds a debounce: give debounce= too")
+            if self.max_wait < self.debounce:
+                raise ConfigError(
+                    "max_wait",
+                    f"must be at least the debounce ({self.debounce:g} s), got {self.max_wait:g}",
+                )
+        if self.key is not None:
+            if self.coalesced is None:
+                raise ConfigError("key", "is the key of debounce= or throttle=: give one of them")
+            if not (isinstance(self.key, str) or callable(self.key)):
+                raise ConfigError(
+                    "key", f"must be a parameter name or a function, got {self.key!r}"
+                )
+        if self.coalesced is not None and self.limit_key is not None:
+            raise ConfigError(
+                "limit_key",
+                "a debounced or throttled job cannot have per-key limits (its key places it)",
+            )
+
+    @property
+    def coalesced(self) -> str | None:
+        """``"debounce"`` or ``"throttle"`` for a job declared so, else ``None``."""
+        if self.debounce is not None:
+            return "debounce"
+        return "throttle" if self.throttle is not None else None
 
     @classmethod
     def taken(cls, options: Mapping[str, Any], *, by: str, routing: bool) -> JobOptions:

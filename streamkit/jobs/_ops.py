@@ -39,9 +39,13 @@ ENQUEUE = _lua.script("jobs/enqueue")
 LINK = _lua.script("jobs/link")
 
 
-def send_plan(plan: EnqueuePlan, queue: str) -> Op[None]:
+def send_plan(plan: EnqueuePlan, queue: str) -> Op[list[tuple[str, int, bool]]]:
     """Send ``plan``'s calls on ``queue`` (its full name): its links if it has remote
-    dependencies, then its enqueue calls, :data:`CALLS_PER_BATCH` at a time.
+    dependencies, then its enqueue calls, :data:`CALLS_PER_BATCH` at a time; return
+    per call the job that runs for it, ``(id, shard, added)``: the plan's own, but for
+    a debounced or throttled job the one its key's script call said
+    (:meth:`EnqueuePlan.effective <streamkit.jobs._plan.EnqueuePlan.effective>`; the
+    replies of other plans are not kept).
 
     An enqueue is not idempotent (without ``job_id``): a call is sent again only while
     it surely never reached Redis.
@@ -55,8 +59,14 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[None]:
     linked = (yield from send_links(plan.link_calls(queue))) if plan.remote else None
     calls = [Call.run(ENQUEUE, keys.keys, args) for keys, args in plan.script_calls(queue, linked)]
     what = f"enqueueing jobs on {queue}"
-    for start in range(0, len(calls), CALLS_PER_BATCH):
-        todo = calls[start : start + CALLS_PER_BATCH]
+    # The replies, by call, where they say which job runs (debounce, throttle).
+    kept: dict[int, Any] | None = {} if plan.coalesced else None
+    # A debounced plan's calls one at a time: calls sent together may run in any order,
+    # and the last of a key's enqueues must be the one whose arguments stay.
+    per_batch = 1 if plan.coalesced else CALLS_PER_BATCH
+    for start in range(0, len(calls), per_batch):
+        todo = calls[start : start + per_batch]
+        numbers = list(range(start, start + len(todo)))
         started = yield NOW
         # Made on the batch's first failure only: the common path makes none.
         rule: RetryRule | None = None
@@ -70,9 +80,10 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[None]:
             else:
                 replies = yield CallBatch(tuple(todo))
             again: list[Call] = []
+            again_numbers: list[int] = []
             delay = 0.0
             now: float | None = None
-            for call, reply in zip(todo, replies, strict=True):
+            for number, call, reply in zip(numbers, todo, replies, strict=True):
                 if isinstance(reply, RedisUnavailable):
                     if now is None:
                         now = yield NOW
@@ -81,11 +92,17 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[None]:
                     # OutcomeUnknown: raised at once (it may have been enqueued).
                     delay = max(delay, rule.next_delay(reply, now))
                     again.append(call)
+                    again_numbers.append(number)
                 elif isinstance(reply, StreamkitError):
                     raise reply
-            todo = again
+                elif kept is not None:
+                    kept[number] = reply
+            todo, numbers = again, again_numbers
             if todo:
                 yield Sleep(delay)
+    if kept is None:
+        return [(job_id, shard, True) for job_id, shard in plan.placed]
+    return plan.effective([kept[n] for n in range(len(calls))])
 
 
 def send_workflow(plan: WorkflowPlan) -> Op[None]:

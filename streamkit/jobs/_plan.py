@@ -20,6 +20,7 @@ import attrs
 import orjson
 
 from .._errors import ConfigError, EncodeError
+from .._lua import CONSTANTS
 from .._validate import positive_number
 from ._batches import chunks
 from ._layout import ShardKeys, shard_for
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
+    "DEBOUNCE_KEEP_MS",
     "ENQUEUE_CHUNK",
     "OPTION_KEYS",
     "EnqueuePlan",
@@ -46,6 +48,10 @@ __all__ = [
 
 #: Jobs per enqueue script call.
 ENQUEUE_CHUNK = 250
+
+#: How long a debounce key outlives its pending job's time (ms): while its job is
+#: scheduled and its key lives, an enqueue of the key merges into the job.
+DEBOUNCE_KEEP_MS = int(CONSTANTS["DEBOUNCE_KEEP_MS"])
 
 #: The enqueue script's per-job options, by the short key each travels under in the
 #: job's options JSON: the one place the keys are named here (the script names them in
@@ -70,6 +76,8 @@ OPTION_KEYS: Mapping[str, str] = MappingProxyType(
         "dedupe_window_s": "dw",
         "feed": "f",
         "order": "o",
+        "debounce": "b",
+        "throttle": "th",
     }
 )
 _O = OPTION_KEYS
@@ -196,10 +204,16 @@ def add_call_times(opts: dict[str, Any], call: JobCall) -> None:
 
 
 def _options(
-    call: JobCall, after: list[str], key: str | None = None, headers: bytes | None = None
+    call: JobCall,
+    after: list[str],
+    key: str | None = None,
+    headers: bytes | None = None,
+    coalesce: tuple[str, list[Any]] | None = None,
 ) -> bytes:
     """The per-job options field of the enqueue script: "" when there are none."""
     opts: dict[str, Any] = {}
+    if coalesce is not None:
+        opts[_O[coalesce[0]]] = coalesce[1]
     if key is not None:
         opts[_O["limit_key"]] = key
     if headers is not None:
@@ -242,6 +256,37 @@ def _place(
     return call.job_id, shard
 
 
+def _coalesce(job: JobLike, call: JobCall, delay: When | None) -> tuple[str, tuple[str, list[Any]]]:
+    """A debounced or throttled call's key and its enqueue script option: ``b`` (key,
+    debounce and max_wait in ms, 0 for none) or ``th`` (key, period in ms).
+
+    Error handling:
+        :class:`~streamkit.ConfigError` for a call with options the key replaces: an id
+        of its own, dependencies, or (debounced) its own time.
+    """
+    options, name = job.options, job.name
+    what = options.coalesced
+    assert what is not None
+    for given, option in ((call.job_id, "job_id"), (call.after or None, "after")):
+        if given is not None:
+            raise ConfigError(
+                option, f"job {name} is {what}d by its key: leave {option}= out of its enqueues"
+            )
+    if what == "debounce" and (call.delay, call.at, delay) != (None, None, None):
+        raise ConfigError(
+            "delay", f"job {name} is debounced: its debounce sets when it runs (no delay= or at=)"
+        )
+    key = ""
+    if options.key is not None:
+        key = limit_key_of(name, options.key, job.bind_arguments, call.args, call.kwargs, "key")
+    if what == "debounce":
+        assert options.debounce is not None
+        wait = 0 if options.max_wait is None else _ms(options.max_wait, "max_wait")
+        return key, ("debounce", [key, _ms(options.debounce, "debounce"), wait])
+    assert options.throttle is not None
+    return key, ("throttle", [key, _ms(options.throttle, "throttle")])
+
+
 def _ref(ref: JobRef | str, shards: int) -> tuple[str, int]:
     if isinstance(ref, str):
         return ref, shard_for(ref, shards)
@@ -267,6 +312,26 @@ class EnqueuePlan:
     costs: dict[int, list[int]] = attrs.field(factory=dict)
     #: Per job (id) with dependencies on other shards: those, ``(id, shard)`` each.
     remote: dict[str, list[tuple[str, int]]] = attrs.field(factory=dict)
+    #: Whether its jobs are debounced or throttled: the script's replies then say which
+    #: job each call is (see :meth:`effective`).
+    coalesced: bool = False
+
+    def effective(self, replies: Sequence[Sequence[Any]]) -> list[tuple[str, int, bool]]:
+        """Per call, in order, the job that runs for it, ``(id, shard, added)``: its own
+        (``added``), or the pending job a debounce merged it into, or the job a throttle
+        kept (not ``added``); ``replies``: the script calls' replies, in the order of
+        :meth:`script_calls`."""
+        answers = iter(reply for call in replies for reply in call)
+        merged: dict[str, str] = {}
+        for fields in self.per_shard.values():
+            for job_id in fields[::3]:
+                reply = next(answers)
+                if isinstance(reply, bytes | str):
+                    merged[job_id] = reply.decode() if isinstance(reply, bytes) else reply
+        return [
+            (merged.get(job_id, job_id), shard, job_id not in merged)
+            for job_id, shard in self.placed
+        ]
 
     def link_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
         """The link script's calls to make first, for the jobs depending on jobs of
@@ -373,7 +438,8 @@ def plan_enqueue(
     trace = inject_trace()
     keyed = options.limit_key
     home = limit_shard(name, None, options.limited_by_name, shards)
-    simple = not trace and keyed is None and home is None
+    coalesced = options.coalesced
+    simple = not trace and keyed is None and home is None and coalesced is None
     single = per_shard.setdefault(0, []) if shards == 1 else None
     remote: dict[str, list[tuple[str, int]]] = {}
     for item in calls:
@@ -401,6 +467,12 @@ def plan_enqueue(
             shard_home = (
                 home if home is not None or key is None else (limit_shard(name, key, False, shards))
             )
+            coalesce = None
+            if coalesced is not None:
+                # Every job of one key on one shard, whose script sees them all.
+                ckey, coalesce = _coalesce(job, call, delay)
+                if shard_home is None and shards > 1:
+                    shard_home = shard_for(f"{coalesced}:{name}:{ckey}", shards)
             job_id, shard = _place(call, after, shards, new_id, shard_home)
             args = encode_arguments(name, call.args, call.kwargs, max_bytes)
             elsewhere = [(dep, s) for dep, s in after if s != shard]
@@ -411,6 +483,7 @@ def plan_enqueue(
                 [ref_id for ref_id, s in after if s == shard],
                 key,
                 _headers(call.headers, trace),
+                coalesce,
             )
         fields = single if single is not None else per_shard.setdefault(shard, [])
         if after or shard in costs:
@@ -431,7 +504,14 @@ def plan_enqueue(
         -_ms(expires, "expires") if expires is not None else 0,
         options.limits,
     )
-    return EnqueuePlan(placed, defaults, {s: f for s, f in per_shard.items() if f}, costs, remote)
+    return EnqueuePlan(
+        placed,
+        defaults,
+        {s: f for s, f in per_shard.items() if f},
+        costs,
+        remote,
+        coalesced is not None,
+    )
 
 
 def link_answers(args: Sequence[Any], replies: Sequence[Any]) -> dict[tuple[str, str], Any]:

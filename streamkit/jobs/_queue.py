@@ -250,6 +250,16 @@ class JobQueue:
             grace (float | None): seconds a running job of this kind may take to end when its worker
                 stops gracefully, instead of the worker's grace period (longer, say, for a job that
                 should finish during a deploy).
+            debounce (timedelta | float | None): merge a burst of enqueues of one ``key`` into one
+                job, run with the latest arguments this long after the latest enqueue (see the
+                jobs guide, "Debounce and throttle"); enqueues return the merged job's handle.
+            max_wait (timedelta | float | None): run a debounced burst at most this long after its
+                first enqueue (no bound by default).
+            key (str | Callable | None): the key of ``debounce`` or ``throttle``: the name of one
+                of its parameters, or a function of its arguments returning a string or an
+                integer; without it, every enqueue of the job is one key.
+            throttle (timedelta | float | None): accept at most one enqueue per ``key`` in this
+                period, keeping the first; the others return the kept job's handle.
 
         Returns:
             the :class:`Job`, which is still callable as the plain function.
@@ -494,8 +504,8 @@ class JobQueue:
         # Checked and encoded as every client does (jobs._plan), then sent in bounded
         # calls, a few at a time.
         plan = plan_enqueue(job, calls, self._placement, priority=priority, delay=delay)
-        await send_plan(self, plan)
-        return [JobHandle(self, job_id, shard) for job_id, shard in plan.placed]
+        placed = await send_plan(self, plan)
+        return [JobHandle(self, job_id, shard, added=added) for job_id, shard, added in placed]
 
     async def enqueue_workflow(self, workflow: Workflow) -> WorkflowHandle:
         """Enqueue a workflow: a :func:`~streamkit.jobs.chain`, a

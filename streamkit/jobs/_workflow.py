@@ -398,6 +398,12 @@ def plan_workflow(
             # The result fed in is not known yet: its parameter is not checked.
             job.check_arguments((*(FED for _ in fed), *call.args), call.kwargs)
             options = job.options
+            if options.coalesced is not None:
+                raise ConfigError(
+                    options.coalesced,
+                    f"job {job.name} is {options.coalesced}d: a workflow's steps run once "
+                    f"each, so it cannot be one; enqueue it on its own",
+                )
             if options.limit_key is not None:
                 key = limit_key_of(
                     job.name, options.limit_key, job.bind_arguments, (*fed, *call.args), call.kwargs

@@ -1,8 +1,11 @@
-"""Scenario 5: a one-minute churn soak, workers joining and leaving every few seconds."""
+"""Scenario 5: a churn soak, workers joining and leaving every few seconds: a minute
+of it in ``nox -s reliability`` (``STREAMKIT_CHURN_SOAK=60``), 24 s (two rounds of every
+change) in the suite."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 from typing import TYPE_CHECKING
 
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from streamkit import Redis
     from tests.workers import WorkerProcess
 
-SOAK = 60.0  # seconds of churn, as the issue asks
+SOAK = float(os.environ.get("STREAMKIT_CHURN_SOAK", "24"))  # seconds of churn
 TICK = 3.0  # one join or leave every TICK seconds
 INTERVAL = 0.075  # KEYS events every INTERVAL: about 430 events/s, 25k in the minute
 # Joins and leaves in turn; every other leave is a kill -9, the others SIGTERM.

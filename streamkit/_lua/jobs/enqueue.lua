@@ -4,6 +4,12 @@
 -- partition's outbox (option r: its source's marker key, under this shard's tag, and
 -- its outbox entry id) is added only if its entry is after the marker's, which it then
 -- becomes: a relay repeated after a crash adds nothing twice (streamkit._state_relay).
+-- A debounced job (option b) merges into its key's pending job while that one is still
+-- scheduled: the latest arguments, run debounce_ms from now but at most max_wait_ms
+-- after the burst's first enqueue; else it becomes its key's pending job
+-- (__jobs:{Q.S}:db:NAME:KEY, kept DEBOUNCE_KEEP_MS past its time). A throttled job
+-- (option th) is dropped while its key's job accepted in the period lives
+-- (__jobs:{Q.S}:th:NAME:KEY, expiring with the period).
 --
 -- KEYS: ready_high, ready_normal, ready_low, schedule, dead, done, counts
 -- TAG: {shard}
@@ -11,7 +17,8 @@
 --   dedupe_window_s (for jobs with an id of the caller's), expires_ms (absolute;
 --   negative: relative to now; 0: none), limits (the lim field; "" for none),
 --   (id, args, options)...
--- REPLY: [int] (per job: 1 new, 0 a duplicate)
+-- REPLY: [int | str] (per job: 1 new, 0 a duplicate, or the id of the job a debounce
+--   merged it into or a throttle kept)
 --#include lib/clock
 --#include lib/jobs/options
 --#include lib/jobs/record
@@ -39,6 +46,35 @@ local function relayed_before(r)
   if last and not later(r[2], last) then return true end
   redis.call('SET', r[1], r[2])
   return false
+end
+
+-- A debounced call of job id (b = {key, debounce_ms, max_wait_ms or 0}): the id of its
+-- key's pending job, given the call's arguments and headers and pushed back, or nil when
+-- none is pending (job id becomes the key's pending job).
+local function debounced(id, name, b, args, hdr, now)
+  local dk = B .. ':db:' .. name .. ':' .. b[1]
+  local pending = redis.call('GET', dk)
+  local due = now + b[2]
+  if pending and redis.call('HGET', jkey(pending), 'status') == 'scheduled' then
+    local pk = jkey(pending)
+    local cap = tonumber(redis.call('HGET', pk, 'enqueued')) + b[3]
+    if b[3] > 0 and due > cap then due = cap end
+    redis.call('HSET', pk, 'args', args, 'due', due)
+    if hdr then redis.call('HSET', pk, 'hdr', hdr) else redis.call('HDEL', pk, 'hdr') end
+    redis.call('ZADD', SCHED, due, pending)
+    redis.call('PEXPIRE', dk, math.max(due - now, 0) + K.DEBOUNCE_KEEP_MS)
+    return pending
+  end
+  redis.call('SET', dk, id, 'PX', b[2] + K.DEBOUNCE_KEEP_MS)
+  return nil
+end
+
+-- A throttled call of job id (th = {key, period_ms}): the id of the job its key
+-- accepted in the period, or nil when there is none (job id is accepted).
+local function throttled(id, name, th)
+  local tk = B .. ':th:' .. name .. ':' .. th[1]
+  if redis.call('SET', tk, id, 'NX', 'PX', th[2]) then return nil end
+  return redis.call('GET', tk)
 end
 
 local now = now_ms()
@@ -70,6 +106,14 @@ for i = 10, #ARGV, 3 do
   end
   local k = jkey(id)
   local fresh = not (o[OPT.relayed] and relayed_before(o[OPT.relayed]))
+  local into = nil
+  if fresh and o[OPT.debounce] then
+    into = debounced(id, name, o[OPT.debounce], args, o[OPT.headers], now)
+    delay, at = o[OPT.debounce][2], 0
+  elseif fresh and o[OPT.throttle] then
+    into = throttled(id, name, o[OPT.throttle])
+  end
+  if into then fresh = false end
   if dedupe and fresh then
     local st = redis.call('HGET', k, 'status')
     local marked = redis.call('SET', B .. ':once:' .. id, '1', 'NX', 'EX', win)
@@ -158,7 +202,7 @@ for i = 10, #ARGV, 3 do
     job_event(id, name, 'enqueued', nil)
     table.insert(out, 1)
   else
-    table.insert(out, 0)
+    table.insert(out, into or 0)
   end
 end
 return out

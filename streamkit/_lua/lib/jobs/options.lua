@@ -21,4 +21,7 @@ local OPT = {
   dedupe_window_s = 'dw',
   feed = 'f',             -- c, n, f or g (see hand_to)
   order = 'o',            -- every dependency's id, in order
+  -- coalescing by a key of the job's (streamkit.jobs._plan._coalesce):
+  debounce = 'b',         -- {key, debounce_ms, max_wait_ms (0: none)}
+  throttle = 'th',        -- {key, period_ms}
 }
