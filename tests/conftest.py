@@ -129,8 +129,27 @@ async def fault_proxies(redis_url: str, redis_server: RedisServer) -> AsyncItera
         nursery.cancel_scope.cancel()
 
 
+#: The longest files (a minute or more of tests each, measured with --durations), run
+#: first: the whole suite hands its files to its processes in collection order (xdist's
+#: loadfile), and a long file handed out last would be the tail every other process
+#: waits for.
+LONGEST_FIRST = (
+    "tests/test_spark.py",
+    "tests/test_worker_logs.py",
+    "tests/test_examples_spark_stream.py",
+    "tests/test_jobs_state.py",
+    "tests/test_acl.py",
+    "tests/test_jobs_crash.py",
+    "tests/test_cli_jobs.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Refuse ``usefixtures`` naming an async fixture: pytest-trio never runs those."""
+    """Run the longest files first (:data:`LONGEST_FIRST`), each file's tests together
+    and in order; refuse ``usefixtures`` naming an async fixture: pytest-trio never
+    runs those."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:

@@ -304,7 +304,10 @@ def use_controls(url: str, held_id: str, dead_id: str) -> dict[str, str]:
             def shown(d: Any, selector: str = selector) -> Any:
                 return d.find_element(By.CSS_SELECTOR, selector)
 
-            wait.until(shown).click()
+            button = wait.until(shown)
+            if action == "abort":  # the running job's progress, as its try reported it
+                said["progress"] = text_of("job", "25% holding")
+            button.click()
             if question:
                 wait.until(expected_conditions.alert_is_present())
                 driver.switch_to.alert.accept()
@@ -333,6 +336,9 @@ async def test_the_controls_in_a_real_browser(
         assert await fleet.app.job_queue.paused() == []
     assert said["paused"] == "the queue is paused"
     assert said["resumed"] == "running"
+    assert (
+        "progress\t25% holding" in said["progress"] or "progress 25% holding" in said["progress"]
+    ), said["progress"]
     assert said["abort"] == "abort: executing"
     assert said["replay"] == "replay: done"
     assert (aborted.value.status, aborted.value.message) == (

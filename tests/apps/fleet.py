@@ -3,7 +3,8 @@
 
 - ``clicks`` (4 partitions) processed by ``count``, which adds each click to the
   Redis counter ``fleet:counted``;
-- jobs ``hold`` (sleeps ``seconds``, to keep a worker busy while others wait) and
+- jobs ``hold`` (reports 25% progress, "holding", then sleeps ``seconds``, to keep a
+  worker busy while others wait) and
   ``tally`` (returns at once), and ``fail`` (retried once, then dead).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import trio
 
 from streamkit import App, Backoff, Events, Record
+from streamkit.jobs import progress
 
 app = App("fleet")
 COUNTED = "fleet:counted"
@@ -33,6 +35,7 @@ async def count(events: Events[Click]) -> None:
 
 @app.job
 async def hold(seconds: float) -> None:
+    await progress(0.25, "holding")
     await trio.sleep(seconds)
 
 
