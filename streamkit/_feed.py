@@ -219,5 +219,8 @@ class PartitionFeed(Protocol):
             RedisUnavailable: Redis could not be reached; the entries stay pending.
                 With changes, the feed stops too: a commit is never sent again (one
                 whose outcome is unknown would repeat its appends).
+            StreamkitError: the feed stopped before (:attr:`failure`): nothing is
+                sent, since what was processed since a commit of unknown outcome
+                builds on that commit's writes.
         """
         ...

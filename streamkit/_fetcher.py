@@ -196,6 +196,15 @@ class _Feed:
                 self.changes_due.append(changes)
 
     async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
+        if self.failure is not None:
+            # Stopped: nothing more is acknowledged or committed. After a commit whose
+            # outcome is unknown, what the consumer did since rests on its writes (its
+            # table values are cached as committed): a later commit would store them
+            # while its events stay pending, to be counted again, and an
+            # acknowledgement of its events alone would lose their writes. The
+            # partition starts over from what Redis holds.
+            await trio.lowlevel.checkpoint()
+            raise self.failure
         # With a commit in flight (the fetcher sending changes handed over earlier),
         # wait for it: it has landed (or failed) when this returns, as the consumer
         # relies on before it lets the partition go.
@@ -206,6 +215,9 @@ class _Feed:
             await self._ack(ids, [changes] if changes else [])
 
     async def _ack(self, ids: Sequence[bytes], changes: list[Changes]) -> None:
+        if self.failure is not None:
+            # Failed while this waited for the commit in flight (see ack).
+            raise self.failure
         due, self.acks_due = self.acks_due, []
         due_changes, self.changes_due = self.changes_due, []
         due_changes.extend(changes)

@@ -586,8 +586,14 @@ class Rebalancer:
         except StreamkitError:
             return reason
         # Taken by someone with a token no greater than ours: the fencing counter
-        # (kept without a TTL) vanished too, so the lock did before it was taken.
-        if holder is not None and holder.token > held.token:
+        # (kept without a TTL) vanished too, so the lock did before it was taken. Still
+        # ours: lost here only (the local deadline, a little before the TTL's end,
+        # passed before an extension landed: a worker starved of CPU, or Redis out of
+        # reach until then), nothing vanished.
+        if holder is not None and (
+            holder.token > held.token
+            or (holder.token == held.token and holder.owner == held.lease.owner)
+        ):
             return reason
         reason = f"{VANISHED} ({reason})"
         health_of(self.locks.redis).vanished.report(held.name, "lease", detail=reason)

@@ -36,7 +36,7 @@ from . import _keys
 from ._codec import _DATA_FIELDS
 from ._commit import Changes
 from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
-from ._errors import ConfigError, EncodeError
+from ._errors import ConfigError, EncodeError, RedisUnavailable, StreamkitError
 from ._event import UNDECODED
 from ._json_converter import converter
 from ._partitioner import canonical_key_bytes
@@ -273,6 +273,10 @@ class PartitionState:
         self.relay: OutboxRelay | None = None
         self._tentative_out: list[tuple[str, list[bytes | str | int | float]]] = []
         self._done_out: list[tuple[str, list[bytes | str | int | float]]] = []
+        # Why a settling round was cut short, if one was: its windows may be closed here
+        # with their results lost with the error, so nothing of this state is committed
+        # any more (the partition starts over from what Redis holds).
+        self._unsettled: StreamkitError | None = None
 
     async def open(self) -> None:
         """Check the output streams' metadata (commits write them) and, with windows,
@@ -411,7 +415,30 @@ class PartitionState:
     async def settle(self, *, clock: int | None = None) -> None:
         """Close the windows the watermark has passed (their final values become done
         outputs, written with the next commit) and delete the keys expired by
-        ``clock`` (the partition's clock by default)."""
+        ``clock`` (the partition's clock by default).
+
+        Error handling:
+            A round cut short (Redis lost while it read, say) may have closed windows
+            whose results go with the error: its error is raised again by every later
+            ``settle`` and :meth:`take_changes`, so that nothing of this state is
+            committed and the partition starts over from what Redis holds.
+        """
+        self._check_settled()
+        try:
+            await self._settle(clock)
+        except BaseException as exc:
+            self._unsettled = (
+                exc
+                if isinstance(exc, StreamkitError)
+                else RedisUnavailable("redis", "closing the windows was cut short")
+            )
+            raise
+
+    def _check_settled(self) -> None:
+        if self._unsettled is not None:
+            raise self._unsettled
+
+    async def _settle(self, clock: int | None) -> None:
         if self._moved_pending:
             self._moved_at = trio.current_time()  # the batch's end: when it moved, closely
             self._moved_pending = False
@@ -630,7 +657,12 @@ class PartitionState:
                 view.watermark = self.watermark
 
     def take_changes(self) -> Changes | None:
-        """The done effects, as changes for the next commit; ``None`` if there are none."""
+        """The done effects, as changes for the next commit; ``None`` if there are none.
+
+        Error handling:
+            The error that cut a settling round short, if one did (:meth:`settle`).
+        """
+        self._check_settled()
         pins: list[tuple[TableView | FixedWindowView, list[Any]]] = []
         changes = Changes()
         for feeding, feeds in self._feeding:

@@ -18,6 +18,9 @@ it accepts to the server behind it, byte for byte, until told to misbehave:
 * :meth:`~FaultProxy.reset_all`: every connection reset now;
 * :meth:`~FaultProxy.heal`: every fault removed.
 
+:meth:`~FaultProxy.dropped_data` tells what a blackhole dropped (which requests never
+reached Redis, say).
+
 Run it with ``proxy = await nursery.start(FaultProxy(host, port).run)``; the
 ``fault_proxies`` fixture (``tests/conftest.py``) puts proxies in front of the test's
 ``redis-server``. A small proxy of our own: toxiproxy, the well-known one, is a Go
@@ -47,6 +50,8 @@ Direction = Literal["both", "requests", "replies"]
 CHUNK = 16 * 1024
 #: Chunks read ahead of what was forwarded, per direction of a connection.
 READ_AHEAD = 64
+#: Bytes a proxy keeps of what its blackholes dropped, per way (the first ones).
+KEEP_DROPPED = 1 << 20
 
 
 def _ways(direction: Direction) -> frozenset[str]:
@@ -142,6 +147,9 @@ class FaultProxy:
         init=False, factory=lambda: {"requests": 0, "replies": 0}
     )
     _resets: int = attrs.field(init=False, default=0)
+    _dropped_data: dict[str, bytearray] = attrs.field(
+        init=False, factory=lambda: {"requests": bytearray(), "replies": bytearray()}
+    )
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -217,6 +225,11 @@ class FaultProxy:
             dropped=dict(self._dropped),
             resets=self._resets,
         )
+
+    def dropped_data(self, way: str) -> bytes:
+        """The bytes blackholes dropped going ``way`` (``"requests"``, ``"replies"``), the
+        first :data:`KEEP_DROPPED` of them: which requests never reached Redis."""
+        return bytes(self._dropped_data[way])
 
     def __repr__(self) -> str:
         return (
@@ -313,6 +326,8 @@ class FaultProxy:
                 faults = await self._faults.wait_value(lambda f: way not in f.held)
                 if way in faults.blackholed:
                     self._dropped[way] += len(data)
+                    kept = self._dropped_data[way]
+                    kept += data[: max(0, KEEP_DROPPED - len(kept))]
                     link.broken = True
                     continue
                 cut = way == "replies" and self._rng.random() < faults.reset_probability

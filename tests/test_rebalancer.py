@@ -30,6 +30,8 @@ from streamkit._rebalancer import (
     open_rebalancer,
     plan_rebalance,
 )
+from streamkit._redis import health_of
+from streamkit._vanished import VANISHED
 from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
@@ -648,3 +650,26 @@ async def test_thousands_of_partitions_start_at_once_without_a_lost_lease(redis:
                 )
                 stats = rebalancer.statistics()
                 assert (stats.lost, stats.starts) == (0, len(partitions))
+
+
+async def test_a_lease_lost_here_while_its_lock_is_still_ours_did_not_vanish(
+    redis: Redis,
+) -> None:
+    """A lease lost at its local deadline (a little before its TTL ends in Redis: the
+    worker starved of CPU, or Redis out of reach until then) whose lock still holds it
+    is lost here only: not a lock that vanished (a reset soak's workers said so)."""
+    assigned = trio_util.AsyncValue(frozenset[int]())
+    reason = "the lease ran out before it could be extended"
+    with trio.fail_after(WAIT):
+        async with (
+            open_lock_manager(redis) as locks,
+            open_rebalancer(
+                assigned, locks, lock_name=lock_name, run=Recorder().runner("x")
+            ) as rebalancer,
+        ):
+            held = HeldLease(await locks.acquire(lock_name(0), ttl=30))
+            assert await rebalancer._why_lost(held, reason) == reason
+            assert health_of(redis).vanished.reports.value == 0
+            # Gone while valid: vanished.
+            await redis.delete([lock_key(lock_name(0))])
+            assert (await rebalancer._why_lost(held, reason)).startswith(VANISHED)

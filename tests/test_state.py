@@ -7,6 +7,7 @@ and a processor cannot write another partition's keys.
 
 from __future__ import annotations
 
+import operator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,22 +21,28 @@ from streamkit import (
     Events,
     ExceptionPolicy,
     LockLost,
+    ProcessorKeys,
     Record,
+    RedisUnavailable,
     Table,
     WrongPartition,
     open_events,
     open_fetcher,
+    open_lock_manager,
+    partition_for,
     tumbling,
 )
 from streamkit._commit import MAX_VALUES_PER_OP, Changes, change_arguments
 from streamkit._lua import script
-from streamkit._redis import LuaScript
+from streamkit._redis import LuaScript, open_redis
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
-from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, ticks_for
+from tests.apps.stateful import PARTITIONS as PARTITIONS_8, Number, Stateful, make_app
+from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, serving, ticks_for
 
 if TYPE_CHECKING:
     from streamkit import Fetcher, LockManager, Redis, Stream
+    from tests.netfaults import FaultProxies, FaultProxy
 
 FAST: dict[str, Any] = {
     "lease_ttl": 1.0,
@@ -483,3 +490,218 @@ async def test_the_commit_script_applies_each_kind_of_change_in_order(redis: Red
         {b"a": b"3"},
     ]
     assert await redis.zrange("{s}z", 0, -1, withscores=True) == ((b"m1", 1.0), (b"m3", 3.0))
+
+
+# ------------------------------------------------- commits of unknown outcome
+
+
+async def consume_pending(
+    fetcher: Fetcher[Tick], locks: LockManager, counts: Table[int], events_sent: int
+) -> None:
+    """Count what partition 1 holds pending, as its next owner would, to the end."""
+    async with serving(fetcher, locks, 1, tables=[counts], redis=fetcher.redis) as events:
+        async for tick in events.records():
+            counts.set(tick.key, await counts.get(tick.key) + 1)
+            if tick.n == events_sent - 1:
+                break
+
+
+#: The digests of the scripts that commit (a commit goes with a read, or alone).
+COMMITS = (script("commit/read").sha.encode(), script("commit/ack").sha.encode())
+
+
+async def commit_blackholed(proxy: FaultProxy) -> None:
+    """Wait until a commit went into the proxy's blackhole: it never reaches Redis."""
+    await wait_until(
+        lambda: any(sha in proxy.dropped_data("requests") for sha in COMMITS),
+        what="a commit sent into the blackhole",
+        within=5,
+    )
+
+
+async def cut_once_sent(proxy: FaultProxy) -> None:
+    """Once a commit went into the proxy's blackhole, reset its connection: its caller
+    hears only that the connection was lost, its outcome unknown."""
+    await commit_blackholed(proxy)
+    proxy.heal()
+
+
+async def commit_behind_a_lost_one(
+    proxy: FaultProxy, fetcher: Fetcher[Tick], locks: LockManager, counts: Table[int]
+) -> None:
+    """Count ticks 0-2 of partition 1 through ``proxy``: the commit of tick 0 goes into
+    a blackhole; tick 1's waits behind it, then the first is cut."""
+    async with (
+        locks.hold(lock_name(1), ttl=30) as held,
+        fetcher.partition(1, held) as feed,
+        open_events(feed, tables=[counts], redis=fetcher.redis, ack_batch=1) as events,
+    ):
+        async for tick in events.records():
+            counts.set(tick.key, await counts.get(tick.key) + 1)
+            if tick.n == 0:
+                # The fetcher waits for more on a connection it has (a wait sent into
+                # the blackhole would give up after its command_timeout).
+                await wait_until(lambda: fetcher.statistics().blocks >= 2, what="waits", within=5)
+                # Moving past it hands its commit to the fetcher: into a void.
+                proxy.blackhole("requests")
+            elif tick.n == 1:
+                await commit_blackholed(proxy)
+            else:
+                # Tick 1's commit (count 2) waits behind the first: cut that one.
+                proxy.heal()
+                await wait_until(lambda: feed.failure is not None, what="failed", within=5)
+
+
+@pytest.mark.timeout(30)
+async def test_no_commit_lands_behind_a_commit_of_unknown_outcome(
+    fault_proxies: FaultProxies, redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """A commit lost with its connection (here: it never reached Redis) stops the
+    partition; the commits handed over behind it store counts that include its writes,
+    so none may land: the lost commit's event stays pending and would be counted twice
+    (a soak of random resets counted keys once too many)."""
+    proxy = await fault_proxies.open()
+    counts = Table("counts", int, 0, stream=ticks.spec, processor=GROUP.rpartition(".")[2])
+    await ticks.send_many(ticks_for(1, range(3)))
+    async with (
+        open_redis(proxy.url) as cut,
+        open_fetcher(cut, ticks, group=GROUP, idle_block=0.05, command_timeout=1) as fetcher,
+    ):
+        with trio.fail_after(10), pytest.raises(RedisUnavailable):
+            await commit_behind_a_lost_one(proxy, fetcher, locks, counts)
+        # Whatever landed is consistent: the count is that of the ticks acknowledged.
+        pending = await pending_ids(redis, ticks, 1)
+        assert await counts.read(key_for(1), redis=redis) == 3 - len(pending)
+    async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+        await consume_pending(fetcher, locks, counts, 3)
+    assert await counts.read(key_for(1), redis=redis) == 3
+
+
+async def leave_after_a_lost_flush(
+    proxy: FaultProxy, fetcher: Fetcher[Tick], locks: LockManager, counts: Table[int]
+) -> None:
+    """Count ticks of partition 1 through ``proxy``; at tick 1, flush (tick 0, count 1)
+    into a blackhole, cut it, and leave with its error, tick 1 in flight."""
+    async with serving(fetcher, locks, 1, tables=[counts], redis=fetcher.redis) as events:
+        async for tick in events.records():
+            counts.set(tick.key, await counts.get(tick.key) + 1)
+            if tick.n == 1:
+                break
+        proxy.blackhole("requests")
+        lost: list[RedisUnavailable] = []
+
+        async def flush() -> None:
+            try:
+                await events.flush()
+            except RedisUnavailable as exc:
+                lost.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flush)
+            await cut_once_sent(proxy)
+        [error] = lost
+        raise error
+
+
+@pytest.mark.timeout(30)
+async def test_a_commit_of_unknown_outcome_is_not_acknowledged_without_its_writes(
+    fault_proxies: FaultProxies, redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """An explicit flush lost with its connection: leaving the partition must not
+    acknowledge its events afterwards (their writes went with the lost call; an
+    acknowledgement alone would lose the events)."""
+    proxy = await fault_proxies.open()
+    counts = Table("counts", int, 0, stream=ticks.spec, processor=GROUP.rpartition(".")[2])
+    await ticks.send_many(ticks_for(1, range(3)))
+    async with open_redis(proxy.url) as cut, open_fetcher(cut, ticks, group=GROUP) as fetcher:
+        with trio.fail_after(10), pytest.raises(RedisUnavailable):
+            await leave_after_a_lost_flush(proxy, fetcher, locks, counts)
+        pending = await pending_ids(redis, ticks, 1)
+        assert await counts.read(key_for(1), redis=redis) == 3 - len(pending)
+    async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+        await consume_pending(fetcher, locks, counts, 3)
+    assert await counts.read(key_for(1), redis=redis) == 3
+
+
+async def close_windows_cut_short(
+    proxy: FaultProxy, fetcher: Fetcher[Number], locks: LockManager, stateful: Stateful
+) -> None:
+    """Fold numbers 100 and 3000 of partition 0 into ``tens`` through ``proxy``, then
+    commit: the settling round closes window 0 (known here), then reads window 1000
+    (stored by an earlier owner) from Redis, and that read is cut."""
+    async with (
+        locks.hold(fetcher.keys.lock_name(0), ttl=30) as held,
+        fetcher.partition(0, held) as feed,
+        open_events(feed, tables=[stateful.tens], redis=fetcher.redis) as events,
+    ):
+        async for number in events.records():
+            await stateful.tens.update(number.key, number, operator.add, number.n)
+            if number.n == 3000:
+                break
+        proxy.blackhole("requests")
+        lost: list[RedisUnavailable] = []
+
+        async def commit() -> None:
+            try:
+                await events.commit()
+            except RedisUnavailable as exc:
+                lost.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit)
+            await wait_until(
+                lambda: b"HSCAN" in proxy.dropped_data("requests"), what="a read cut", within=5
+            )
+            proxy.heal()
+        [error] = lost
+        raise error
+
+
+@pytest.mark.timeout(30)
+async def test_a_settling_round_cut_short_loses_no_window(
+    fault_proxies: FaultProxies, redis_url: str, redis: Redis
+) -> None:
+    """A window closed in a settling round whose next read failed keeps its result: the
+    partition commits nothing more and starts over (a soak of random resets lost a
+    window's result, its values deleted by the commit made as the partition was left)."""
+    proxy = await fault_proxies.open()
+    stateful = make_app(redis_url=redis_url)
+    key = next(f"k{i}" for i in range(100) if partition_for(f"k{i}", PARTITIONS_8) == 0)
+    tens_keys = ProcessorKeys(app="stateful", stream="numbers", processor="count")
+    async with stateful.app, open_lock_manager(redis) as locks:
+        await stateful.numbers.send_many([Number(key=key, n=1000)])
+        async with open_fetcher(redis, stateful.numbers, group=tens_keys) as fetcher:
+            await consume_numbers(fetcher, locks, stateful, last=1000)
+        await stateful.numbers.send_many([Number(key=key, n=100), Number(key=key, n=3000)])
+        async with (
+            open_redis(proxy.url) as cut,
+            open_fetcher(cut, stateful.numbers, group=tens_keys) as fetcher,
+        ):
+            with trio.fail_after(10), pytest.raises(RedisUnavailable):
+                await close_windows_cut_short(proxy, fetcher, locks, stateful)
+        pending: Any = await redis.xpending(stateful.numbers.key(0), tens_keys.group)
+        if pending.pending:
+            # Left pending (nothing committed since the cut): the next owner does them.
+            async with open_fetcher(redis, stateful.numbers, group=tens_keys) as fetcher:
+                await consume_numbers(fetcher, locks, stateful, last=3000)
+        entries: Any = await redis.xrange(stateful.tens_out.key(partition_for(key, 4)))
+        got = [stateful.tens_out.codec.decode(e.field_values, stream="tens_out") for e in entries]
+        assert sorted((r["start"][-15:], r["value"]) for r in got) == [
+            ("T00:00:00+00:00", 100),
+            ("T00:00:01+00:00", 1000),
+        ]
+
+
+async def consume_numbers(
+    fetcher: Fetcher[Number], locks: LockManager, stateful: Stateful, *, last: int
+) -> None:
+    """Fold partition 0's numbers into ``tens``, until number ``last``."""
+    async with (
+        locks.hold(fetcher.keys.lock_name(0), ttl=30) as held,
+        fetcher.partition(0, held) as feed,
+        open_events(feed, tables=[stateful.tens], redis=fetcher.redis) as events,
+    ):
+        async for number in events.records():
+            await stateful.tens.update(number.key, number, operator.add, number.n)
+            if number.n == last:
+                break

@@ -393,8 +393,9 @@ async def test_latency_and_jitter_on_every_link(
         assert "Traceback" not in worker.log(), worker.log()
 
 
-#: The chance that a reply chunk of a worker's link is cut and the link reset.
-RESET_PROBABILITY = 0.01
+#: The chance that a reply chunk of a worker's link is cut and the link reset (more
+#: for a harsher soak: ``STREAMKIT_NET_RESET_PROBABILITY=0.03``).
+RESET_PROBABILITY = float(os.environ.get("STREAMKIT_NET_RESET_PROBABILITY", "0.01"))
 
 
 @pytest.mark.timeout(SOAK_TIMEOUT)
@@ -406,9 +407,11 @@ async def test_resets_mid_reply_at_random(
     workers: list[WorkerProcess],
 ) -> None:
     """Every worker's connections reset in the middle of replies at random: nothing
-    lost, nothing counted twice, each key's echoes in send order. (Open bug: the
-    minute-long soak, ``nox -s netsoak``, has counted a few keys once or twice too
-    many in 2 of 4 runs; this short form has passed every run so far.)"""
+    lost, nothing counted twice, each key's echoes in send order. (The minute-long
+    soak, ``nox -s netsoak``, counted a few keys once too many or too few in about a
+    third of its runs while a feed stopped by a commit of unknown outcome still
+    committed as its partition was left; ``tests/test_state.py`` has that case
+    deterministically.)"""
     began = trio.current_time()
     stateful = make_app(redis_url=redis_url)
     sent = Sent()

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import ProcessorKeys, open_redis
+from streamkit import ProcessorKeys, open_redis, partition_for
+from streamkit._keys import state_key
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
 from tests.apps.stateful import GRACE, WINDOW, Echo, Number, Stateful, make_app
@@ -110,6 +111,27 @@ async def assert_exact(redis: Redis, sent: Sent, app: Stateful, *, min_closed: i
     await assert_windows_exact(redis, sent, app, min_closed)
 
 
+async def describe_windows(redis: Redis, app: Stateful, windows: list[tuple[str, int]]) -> str:
+    """What Redis holds of the windows ``(key, start)`` of ``tens`` (a missing result's
+    diagnosis): the partition's watermark and late count, the window's index entry and
+    hashes."""
+    lines = [f"windows without a result: {windows}"]
+    tens = app.tens
+    for key, start in windows:
+        partition = partition_for(key, app.numbers.partition_count)
+        state = state_key("stateful", "numbers", "count", partition)
+        with redis_errors():
+            index: Any = await redis.zrange(tens.windows_key(partition), 0, -1, withscores=True)
+            fields: Any = await redis.hgetall(state)
+            values: Any = await redis.hgetall(tens.values_key(partition, start))
+            closed: Any = await redis.hgetall(tens.closed_key(partition, start))
+        lines.append(
+            f"{key}@{start} (partition {partition}): state {fields}, index {index[:8]}, "
+            f"open {values}, closed {closed}"
+        )
+    return "\n".join(lines)
+
+
 async def assert_windows_exact(redis: Redis, sent: Sent, app: Stateful, min_closed: int) -> None:
     """Each closed window's result once, with the sum of its events; every window the
     last events closed is among them."""
@@ -138,7 +160,8 @@ async def assert_windows_exact(redis: Redis, sent: Sent, app: Stateful, min_clos
 
     with contextlib.suppress(trio.TooSlowError):
         await wait_until(closed, what="the closed windows emitted", within=30, interval=0.2)
-    assert must_close <= set(got), sorted(must_close - set(got))[:5]
+    missing = sorted(must_close - set(got))
+    assert not missing, await describe_windows(redis, app, missing[:3])
     assert {w: (vs, expected[w]) for w, vs in got.items() if vs != [expected[w]]} == {}
 
 
