@@ -41,6 +41,8 @@ from tests.apps.stateful import PARTITIONS as PARTITIONS_8, Number, Stateful, ma
 from tests.consume import GROUP, Tick, key_for, lock_name, pending_ids, serving, ticks_for
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from streamkit import Fetcher, LockManager, Redis, Stream
     from tests.netfaults import FaultProxies, FaultProxy
 
@@ -519,11 +521,37 @@ async def commit_blackholed(proxy: FaultProxy) -> None:
     )
 
 
-async def cut_once_sent(proxy: FaultProxy) -> None:
-    """Once a commit went into the proxy's blackhole, reset its connection: its caller
-    hears only that the connection was lost, its outcome unknown."""
-    await commit_blackholed(proxy)
-    proxy.heal()
+async def lost_with_its_link(
+    proxy: FaultProxy, call: Callable[[], Awaitable[object]], sent: Callable[[], Awaitable[None]]
+) -> RedisUnavailable:
+    """Run ``call`` with the proxy's requests blackholed and, once ``sent`` returns (what
+    must not reach Redis went into the blackhole), reset the connection: the caller
+    hears only that it was lost, its outcome unknown. Returns what ``call`` raised."""
+    proxy.blackhole("requests")
+    lost: list[RedisUnavailable] = []
+
+    async def run() -> None:
+        try:
+            await call()
+        except RedisUnavailable as exc:
+            lost.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await sent()
+        proxy.heal()
+    [error] = lost
+    return error
+
+
+async def counted_once_by_the_next_owner(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager, counts: Table[int]
+) -> None:
+    """Partition 1's next owner, on a link that works, counts what was left pending:
+    every tick is then counted once."""
+    async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+        await consume_pending(fetcher, locks, counts, 3)
+    assert await counts.read(key_for(1), redis=redis) == 3
 
 
 async def commit_behind_a_lost_one(
@@ -572,9 +600,7 @@ async def test_no_commit_lands_behind_a_commit_of_unknown_outcome(
         # Whatever landed is consistent: the count is that of the ticks acknowledged.
         pending = await pending_ids(redis, ticks, 1)
         assert await counts.read(key_for(1), redis=redis) == 3 - len(pending)
-    async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
-        await consume_pending(fetcher, locks, counts, 3)
-    assert await counts.read(key_for(1), redis=redis) == 3
+    await counted_once_by_the_next_owner(redis, ticks, locks, counts)
 
 
 async def leave_after_a_lost_flush(
@@ -587,20 +613,7 @@ async def leave_after_a_lost_flush(
             counts.set(tick.key, await counts.get(tick.key) + 1)
             if tick.n == 1:
                 break
-        proxy.blackhole("requests")
-        lost: list[RedisUnavailable] = []
-
-        async def flush() -> None:
-            try:
-                await events.flush()
-            except RedisUnavailable as exc:
-                lost.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(flush)
-            await cut_once_sent(proxy)
-        [error] = lost
-        raise error
+        raise await lost_with_its_link(proxy, events.flush, lambda: commit_blackholed(proxy))
 
 
 @pytest.mark.timeout(30)
@@ -618,9 +631,7 @@ async def test_a_commit_of_unknown_outcome_is_not_acknowledged_without_its_write
             await leave_after_a_lost_flush(proxy, fetcher, locks, counts)
         pending = await pending_ids(redis, ticks, 1)
         assert await counts.read(key_for(1), redis=redis) == 3 - len(pending)
-    async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
-        await consume_pending(fetcher, locks, counts, 3)
-    assert await counts.read(key_for(1), redis=redis) == 3
+    await counted_once_by_the_next_owner(redis, ticks, locks, counts)
 
 
 async def close_windows_cut_short(
@@ -638,23 +649,13 @@ async def close_windows_cut_short(
             await stateful.tens.update(number.key, number, operator.add, number.n)
             if number.n == 3000:
                 break
-        proxy.blackhole("requests")
-        lost: list[RedisUnavailable] = []
 
-        async def commit() -> None:
-            try:
-                await events.commit()
-            except RedisUnavailable as exc:
-                lost.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(commit)
+        async def read_sent() -> None:
             await wait_until(
                 lambda: b"HSCAN" in proxy.dropped_data("requests"), what="a read cut", within=5
             )
-            proxy.heal()
-        [error] = lost
-        raise error
+
+        raise await lost_with_its_link(proxy, events.commit, read_sent)
 
 
 @pytest.mark.timeout(30)
