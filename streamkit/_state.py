@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import orjson
 import trio
@@ -60,10 +60,8 @@ from .jobs._committed import CommittedJobs
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    #: What emits plain JSON dicts to an output: each one's (stream key, entry fields).
-    PlainEmitter = Callable[
-        [list[dict[str, Any]]], list[tuple[str, list[bytes | str | int | float]]]
-    ]
+    #: What emits plain JSON dicts to an output, into a list of emitted entries.
+    PlainEmitter = Callable[[list[dict[str, Any]], list["Emitted"]], None]
 
     from ._locks import HeldLease
     from ._redis import Redis
@@ -139,6 +137,27 @@ def default_result(key: str, window: Window, value: Any) -> dict[str, Any]:
         "end": window.end.isoformat(),
         "value": converter.unstructure(value),
     }
+
+
+Value = bytes | str | int | float
+
+
+@final
+class Run:
+    """Entries of one field each, to one partition of an output, in order: what a
+    window's closing or a join emits in bulk (a commit appends them as one run)."""
+
+    __slots__ = ("field", "target", "values")
+
+    def __init__(self, target: str, field: bytes, values: list[Value]) -> None:
+        self.target = target
+        self.field = field
+        self.values = values
+
+
+#: An emitted entry: ``(stream key, entry fields)`` (an empty key: a job, for the
+#: relay), or a :class:`Run` of single-field entries.
+Emitted = tuple[str, list[Value]] | Run
 
 
 def _is_windowed(table: TableLike) -> bool:
@@ -271,8 +290,8 @@ class PartitionState:
         self._source = f"{stream.app}.{stream.name}.{partition}.{keys.processor}"
         self._replicas = replicas
         self.relay: OutboxRelay | None = None
-        self._tentative_out: list[tuple[str, list[bytes | str | int | float]]] = []
-        self._done_out: list[tuple[str, list[bytes | str | int | float]]] = []
+        self._tentative_out: list[Emitted] = []
+        self._done_out: list[Emitted] = []
         # Why a settling round was cut short, if one was: its windows may be closed here
         # with their results lost with the error, so nothing of this state is committed
         # any more (the partition starts over from what Redis holds).
@@ -456,7 +475,7 @@ class PartitionState:
                 results: list[Any] = closed
                 fast = self._plain_emitter_of(join.output) if join.plain else None
                 if fast is not None:
-                    self._done_out.extend(fast(results))
+                    fast(results, self._done_out)
                 else:
                     self._done_out.extend(self._encode_output(join.output, r) for r in results)
                 continue
@@ -490,7 +509,7 @@ class PartitionState:
                     )
                 fast = self._plain_emitter_of(output)
                 if fast is not None:
-                    done.extend(fast(records))
+                    fast(records, done)
                 else:
                     done.extend(encode(output, record) for record in records)
                 continue
@@ -521,8 +540,9 @@ class PartitionState:
     def _plain_emitter(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
         """For an output of plain JSON ``dict`` records, what emits dicts already made of
         JSON values (a window's default results, a join's) with one ``orjson.dumps``
-        each and their partitions found in one loop: as the codec would, without its
-        checks of each item; ``None`` for other outputs."""
+        each, their partitions found in one loop and each partition's entries added as
+        one :class:`Run`: as the codec would, without its checks of each item; ``None``
+        for other outputs."""
         emitter = self._emitters.get(id(stream))
         if emitter is None or emitter[0] is not stream:
             emitter = self._emitter(stream)
@@ -535,22 +555,26 @@ class PartitionState:
         partitions_of = spec.partitioner.partitions_of
         dumps = orjson.dumps
 
-        def emit(
-            records: list[dict[str, Any]],
-        ) -> list[tuple[str, list[bytes | str | int | float]]]:
-            out: list[tuple[str, list[bytes | str | int | float]]] = []
-            append = out.append
+        def emit(records: list[dict[str, Any]], into: list[Emitted]) -> None:
+            runs: dict[int, list[Value]] = {}
             for record, partition in zip(records, partitions_of(records), strict=True):
                 try:
                     payload = dumps(record)
                 except TypeError:
-                    append(self._encode_output(stream, record))  # the codec says why
+                    payload = b""
+                if not payload or len(payload) > limit:
+                    # The codec says why, or encodes it otherwise (compressed, say):
+                    # after what went before it to the same partition.
+                    into.extend(Run(keys[p], field, values) for p, values in runs.items())
+                    runs = {}
+                    into.append(self._encode_output(stream, record))
                     continue
-                if len(payload) > limit:
-                    append(self._encode_output(stream, record))
+                run = runs.get(partition)
+                if run is None:
+                    runs[partition] = [payload]
                 else:
-                    append((keys[partition], [field, payload]))
-            return out
+                    run.append(payload)
+            into.extend(Run(keys[p], field, values) for p, values in runs.items())
 
         return emit
 
@@ -564,13 +588,11 @@ class PartitionState:
         """Emit ``record``, a ``dict`` already made of JSON values (a join's default
         result), to ``stream`` (tentatively, in order): one ``orjson.dumps`` where the
         output takes plain JSON dicts, else as :meth:`emit`."""
-        self._tentative_out.append(self._encode_plain(stream, record))
-
-    def _encode_plain(
-        self, stream: StreamSpec[Any] | HasSpec[Any], record: dict[str, Any]
-    ) -> tuple[str, list[bytes | str | int | float]]:
         fast = self._plain_emitter_of(stream)
-        return self._encode_output(stream, record) if fast is None else fast([record])[0]
+        if fast is None:
+            self._tentative_out.append(self._encode_output(stream, record))
+        else:
+            fast([record], self._tentative_out)
 
     def _encode_output(
         self, stream: StreamSpec[Any] | HasSpec[Any], record: Any
@@ -699,7 +721,17 @@ class PartitionState:
                 # Entries of one field (a JSON record) go to each target as one run: the
                 # order per target is kept, and a commit carries 2 values per entry, not 5.
                 runs: dict[tuple[str, Any], list[bytes | str | int | float]] = {}
-                for target, pairs in self._done_out:
+                for item in self._done_out:
+                    if type(item) is Run:
+                        target = item.target
+                        run = runs.get((target, item.field))
+                        if run is None:
+                            runs[target, item.field] = item.values
+                        else:
+                            run.extend(item.values)
+                        appended[target] = appended.get(target, 0) + len(item.values)
+                        continue
+                    target, pairs = item
                     if not target:  # a job, for the relay
                         changes.xadd(self._job_outbox, pairs)  # type: ignore[arg-type]
                         continue
@@ -717,7 +749,10 @@ class PartitionState:
                 for (key, field), values in runs.items():
                     changes.xadd_run(key, field, values)
             else:
-                for target, pairs in self._done_out:
+                for item in self._done_out:
+                    # (No runs: an output through the outbox has no plain emitter.)
+                    assert type(item) is not Run
+                    target, pairs = item
                     changes.xadd(outbox, pairs)
                     if target:
                         appended[target] = appended.get(target, 0) + 1
