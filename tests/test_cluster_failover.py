@@ -40,15 +40,30 @@ killed master is restarted (it comes back as its successor's replica, so that wa
 for one replica succeed again). Expectation: every table equals the events in the
 stream (not "at least"), each echo is emitted once in order, and each closed window's
 result once with the sum of its events.
+
+The joins ride them too: two more workers run ``tests.apps.joined:app`` (orders
+left-joined with payments within 500 ms of event time, a table-table join of their
+counts and a global table, with ``state_replicas=1``) while a fourth producer sends
+both sides with ``replicas=1``. The join's inner partition 2 and the global table's
+slot are node 2's (the manual failover), inner partitions 0 and 3 node 1's (the killed
+master). Expectation: the join's output equals the model over its inner stream as
+multisets (each pair and each unmatched order once, none twice), the counting tables
+hold each order id as often as its stream does, the derived table is both counts and
+the global table the payments' counts. A read of the global table racing the failovers
+(this process reads it all along) may be refused for a moment; one that answers gives
+a committed value, never a count greater than the final one: the read is not part of
+any commit, so that is all a reader can be promised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import pytest
 import trio
 
@@ -60,6 +75,7 @@ from tests.apps.expiring import (
     assert_latest_then_expired,
     make_app as expiring_app,
 )
+from tests.apps.joined import Order, Payment, make_app as joined_app
 from tests.apps.scenario import Numbered
 from tests.apps.stateful import Number, make_app as stateful_app
 from tests.cluster_scenarios import (
@@ -75,13 +91,18 @@ from tests.cluster_scenarios import (
     replica_of,
     stream_contents,
 )
+from tests.reliability.test_join_faults import (
+    APP as JOINED,
+    assert_joined_exactly,
+    close_windows,
+)
 from tests.reliability.test_state_faults import APP as STATEFUL, Sent, assert_exact
 from tests.workers import start_worker
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from streamkit import Stream
+    from streamkit import Redis, Stream
     from tests.workers import WorkerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -111,10 +132,87 @@ async def produce_timed(timed: Stream[Timed], stop: trio.Event) -> None:
         await trio.sleep(0.01)
 
 
+@attrs.define
+class JoinProducer:
+    """Orders 10 ms apart in event time and their payments (most within the window,
+    some late by up to the grace, some never), shuffled in small batches, sent with
+    ``replicas=1``. A refused send is not sent again: what counts is what the streams
+    hold."""
+
+    sent: int = 0  # order ids 0 .. sent - 1 were sent (or tried)
+    refused: int = 0
+
+    async def run(self, orders: Stream[Order], payments: Stream[Payment], stop: trio.Event) -> None:
+        rng = random.Random(13)
+        while not stop.is_set():
+            ids = range(self.sent, self.sent + 10)
+            self.sent += 10
+            batches: list[tuple[Stream[Any], list[Any]]] = [
+                (orders, [Order(order_id=n, at=n * 10) for n in ids]),
+                (payments, [Payment(order_id=n, at=n * 10 + rng.choice([0, 100, 450, 800]))
+                            for n in ids if n % 7]),
+            ]  # fmt: skip
+            for stream, batch in batches:
+                rng.shuffle(batch)
+                try:
+                    await stream.send_many(batch, replicas=1, replica_timeout=2)
+                except StreamkitError:
+                    self.refused += 1
+            await trio.sleep(0.05)
+
+
+@attrs.define
+class GlobalReads:
+    """Reads of the join app's global table (``payments_seen``) all along, from this
+    process: the greatest value each key was read with, and how many reads were refused
+    (a failover in progress)."""
+
+    greatest: dict[str, int] = attrs.field(factory=dict)
+    answered: int = 0
+    refused: int = 0
+
+    async def run(self, table: Any, redis: Redis, producer: JoinProducer, stop: trio.Event) -> None:
+        while not stop.is_set():
+            keys = [str(n) for n in range(max(0, producer.sent - 40), producer.sent)]
+            try:
+                values = await table.read_many(keys, redis=redis)
+            except StreamkitError:
+                self.refused += 1
+            else:
+                self.answered += 1
+                for key, value in zip(keys, values, strict=True):
+                    if value is not None:
+                        self.greatest[key] = max(self.greatest.get(key, 0), value)
+            await trio.sleep(0.05)
+
+
+async def join_results(redis: Redis, paid: Stream[Any]) -> int | None:
+    """How many results the join emitted so far (``None`` while the cluster refuses)."""
+    try:
+        with redis_errors():
+            return sum([await redis.xlen(paid.key(p)) for p in range(paid.partition_count)])
+    except RedisUnavailable:
+        return None
+
+
+async def join_results_at_least(redis: Redis, paid: Stream[Any], n: int) -> bool:
+    return (await join_results(redis, paid) or 0) >= n
+
+
+async def count_join_results(redis: Redis, paid: Stream[Any]) -> int:
+    """How many results the join emitted; asks again while the cluster refuses."""
+    while True:
+        count = await join_results(redis, paid)
+        if count is not None:
+            return count
+        await trio.sleep(0.05)
+
+
 # The partitions whose master (node 1) is killed.
 KILLED_PARTITIONS = {1, 5}
 
 
+@pytest.mark.timeout(180)
 async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_master(
     tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
@@ -131,6 +229,12 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
         workers.append(
             start_worker(cluster.url, tmp_path, app="tests.apps.expiring:app", env=stateful_env)
         )
+        joined_env = {"STREAMKIT_STATE_REPLICAS": "1", "JOINED_BATCH": "20"}
+        workers.extend(
+            start_worker(cluster.url, tmp_path, app=JOINED, env=joined_env) for _ in range(2)
+        )
+        joined, orders, payments, paid, _ = joined_app(redis_url=cluster.url)
+        join_producer, global_reads = JoinProducer(), GlobalReads()
         timed_app, timed, latest = expiring_app(redis_url=cluster.url)
         stateful = stateful_app(redis_url=cluster.url)
         state_sent = Sent()
@@ -140,16 +244,25 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
         )
         safe, plain = Producer("s", replicas=1), Producer("p", replicas=0)
         stop = trio.Event()
-        async with app, stateful.app, timed_app:
+        async with app, stateful.app, timed_app, joined:
             redis = app.redis
             async with trio.open_nursery() as producers:
                 producers.start_soon(safe.run, stream, stop)
                 producers.start_soon(plain.run, stream, stop)
                 producers.start_soon(produce_numbers, stateful.numbers, state_sent, stop)
                 producers.start_soon(produce_timed, timed, stop)
+                producers.start_soon(join_producer.run, orders, payments, stop)
+                producers.start_soon(
+                    global_reads.run, joined.tables["payments_seen"], redis, join_producer, stop
+                )
 
                 await wait_until(
                     lambda: processed_at_least(redis, 400), what="400 processed", within=60
+                )
+                await wait_until(
+                    lambda: join_results_at_least(redis, paid, 50),
+                    what="50 join results",
+                    within=60,
                 )
 
                 # 1. Manual failover of node 2 (membership, seen list, 4 partitions).
@@ -163,9 +276,15 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
                 )
                 await wait_until(lambda: cluster_ok(nodes), what="cluster_state:ok", within=20)
                 count = await count_processed(redis)
+                results = await count_join_results(redis, paid)
                 await wait_until(
                     lambda: processed_at_least(redis, count + 400),
                     what="progress after the manual failover",
+                    within=30,
+                )
+                await wait_until(
+                    lambda: join_results_at_least(redis, paid, results + 50),
+                    what="join results after the manual failover",
                     within=30,
                 )
 
@@ -189,12 +308,19 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
                     within=30,
                 )
                 count = await count_processed(redis)
+                results = await count_join_results(redis, paid)
                 await wait_until(
                     lambda: processed_at_least(redis, count + 400),
                     what="progress after the killed master",
                     within=30,
                 )
+                await wait_until(
+                    lambda: join_results_at_least(redis, paid, results + 50),
+                    what="join results after the killed master",
+                    within=30,
+                )
                 stop.set()
+            await close_windows(orders, payments, join_producer.sent, retry=True)
 
             # Everything in the streams now is processed, eventually.
             in_streams = await stream_contents(redis, stream)
@@ -235,6 +361,23 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
 
             await wait_until(caught_up_latest, what="latest caught up", within=30)
             await assert_latest_then_expired(redis, latest, greatest)
+            # The joins: each result once, the tables exact (from what the streams hold).
+            keys = await assert_joined_exactly(
+                redis, joined, orders, payments, paid, from_streams=True
+            )
+            assert len(keys) > join_producer.sent // 2, (len(keys), join_producer.sent)
+            # The global table's reads during the failovers: committed values only.
+            applied: dict[str, Any] = {
+                k: v async for k, v in joined.tables["payments_seen"].items()
+            }
+            assert global_reads.answered > 0
+            beyond = {k: v for k, v in global_reads.greatest.items() if v > applied.get(k, 0)}
+            assert not beyond, f"read greater than the final count: {sorted(beyond.items())[:5]}"
+            print(
+                f"join: {join_producer.sent} orders, {join_producer.refused} sends refused, "
+                f"{len(keys)} keys emitted; global reads: {global_reads.answered} answered, "
+                f"{global_reads.refused} refused"
+            )
 
         for worker in workers:
             assert worker.process.poll() is None, worker.log()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import open_redis
+from streamkit import StreamkitError, open_redis
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
 from tests.apps.joined import GRACE, PARTITIONS, Order, Payment, forwarded_row, make_app, model
@@ -67,14 +67,34 @@ async def produce(orders: Stream[Order], payments: Stream[Payment], rng: random.
         await orders.send_many(batch_orders)
         await payments.send_many(batch_payments)
         await trio.sleep(0.02)
-    # Event time far beyond, on every partition: every window closes.
-    last = ORDERS * 10 + 10 * GRACE
+    await close_windows(orders, payments, ORDERS)
+
+
+async def close_windows(
+    orders: Stream[Order], payments: Stream[Payment], sent: int, *, retry: bool = False
+) -> None:
+    """One order and one payment far beyond the ``sent`` orders in event time, on every
+    partition (ids from 10**6): every window closes. With ``retry``, a refused send is
+    sent again (it may then be in a stream twice, which the checks allow)."""
+    last = sent * 10 + 10 * GRACE
     closing = [
         next(n for n in range(10**6, 10**7) if orders.partition_of(Order(order_id=n, at=0)) == p)
         for p in range(PARTITIONS)
     ]
-    await orders.send_many([Order(order_id=n, at=last) for n in closing])
-    await payments.send_many([Payment(order_id=n, at=last) for n in closing])
+    await _send(orders, [Order(order_id=n, at=last) for n in closing], retry=retry)
+    await _send(payments, [Payment(order_id=n, at=last) for n in closing], retry=retry)
+
+
+async def _send(stream: Stream[Any], batch: list[Any], *, retry: bool) -> None:
+    while True:
+        try:
+            await stream.send_many(batch)
+        except StreamkitError:
+            if not retry:
+                raise
+            await trio.sleep(0.1)
+            continue
+        return
 
 
 @pytest.mark.timeout(180)
@@ -123,10 +143,18 @@ async def _at_least(emitted: Any, n: int) -> bool:
 
 
 async def assert_joined_exactly(
-    redis: Redis, app: Any, orders: Stream[Order], payments: Stream[Payment], paid: Any
+    redis: Redis,
+    app: Any,
+    orders: Stream[Order],
+    payments: Stream[Payment],
+    paid: Any,
+    *,
+    from_streams: bool = False,
 ) -> set[int]:
     """Wait until both sides' closing events were forwarded and the results are in;
-    then the output equals the model over the forwarded order, as multisets."""
+    then the output equals the model over the forwarded order, as multisets, and the
+    tables are exact (each event counted once, or with ``from_streams`` as often as its
+    stream holds it: for producers whose sends a fault may refuse or repeat)."""
     inner = app.streams["pay__in"]
 
     async def emitted() -> int:
@@ -134,8 +162,8 @@ async def assert_joined_exactly(
 
     async def settled() -> bool:
         rows = await forwarded(redis, inner, orders, payments)
-        closing = sum(1 for partition in rows for _, key, _ in partition if key >= 10**6)
-        return closing == 2 * PARTITIONS and await emitted() >= sum(model(rows).values())
+        closing = {(side, key) for partition in rows for side, key, _ in partition if key >= 10**6}
+        return len(closing) == 2 * PARTITIONS and await emitted() >= sum(model(rows).values())
 
     with contextlib.suppress(trio.TooSlowError):  # what is missing is said below
         await wait_until(settled, what="every result emitted", within=90, interval=0.5)
@@ -149,13 +177,38 @@ async def assert_joined_exactly(
     missing, extra = expected - got, got - expected
     assert got == expected, f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
     async with app:  # (re-entered, or entered again after the workers ran)
-        await assert_tables_exact(app)
+        await assert_tables_exact(
+            app, await sent_counts(redis, orders, payments) if from_streams else None
+        )
     return {int(key) for key, _, _ in got}
 
 
-async def assert_tables_exact(app: Any) -> None:
-    """Each order and payment counted once; the table join is both counts of each key,
-    and the global table the payments' counts, once the changes were applied."""
+Counts = dict[str, int]
+
+
+async def sent_counts(
+    redis: Redis, orders: Stream[Order], payments: Stream[Payment]
+) -> tuple[Counts, Counts]:
+    """How many times each order id is in the orders stream and in the payments stream
+    (where a send refused during a failover may or may not have landed, or landed twice
+    after a retry): what the counting tables must hold, exactly."""
+    out: list[Counts] = []
+    for stream in (orders, payments):
+        counts: Counter[str] = Counter()
+        for partition in range(stream.partition_count):
+            with redis_errors():
+                entries: Any = await redis.xrange(stream.key(partition))
+            for entry in entries:
+                record = stream.codec.decode(entry.field_values, stream=stream.name)
+                counts[str(record.order_id)] += 1
+        out.append(dict(counts))
+    return out[0], out[1]
+
+
+async def assert_tables_exact(app: Any, expected: tuple[Counts, Counts] | None = None) -> None:
+    """Each order and payment counted once (or ``expected``: as often as its stream
+    holds it); the table join is both counts of each key, and the global table the
+    payments' counts, once the changes were applied."""
 
     async def read(name: str) -> dict[str, Any]:
         return {key: value async for key, value in app.tables[name].items()}
@@ -171,9 +224,13 @@ async def assert_tables_exact(app: Any) -> None:
     with contextlib.suppress(trio.TooSlowError):  # what differs is said below
         await wait_until(agree, what="the derived and global tables", within=30, interval=0.5)
     orders, payments = await read("order_counts"), await read("payment_counts")
-    assert set(orders.values()) == {1}, "an order counted twice, or not at all"
-    assert set(payments.values()) == {1}
-    assert len(orders) == ORDERS + PARTITIONS
+    if expected is None:
+        assert set(orders.values()) == {1}, "an order counted twice, or not at all"
+        assert set(payments.values()) == {1}
+        assert len(orders) == ORDERS + PARTITIONS
+    else:
+        assert orders == expected[0], "an order counted more or less often than it was sent"
+        assert payments == expected[1], "a payment counted more or less often than it was sent"
     derived, seen = await read("counted"), await read("payments_seen")
     assert {k: v["left"] for k, v in derived.items() if v["left"] is not None} == orders
     assert {k: v["right"] for k, v in derived.items() if v["right"] is not None} == payments
