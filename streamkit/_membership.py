@@ -356,9 +356,12 @@ class Membership:
         redis = self.redis
         keys = self.keys
         others = sorted(set(members) - {self.id})
-        async with redis.pipeline(transaction=False) as probe:
-            requests = [probe.exists([keys.heartbeat(m)]) for m in others]
-        silent = [m for m, r in zip(others, requests, strict=True) if not await r]
+        # Translated like every call: a raw client error here (a refused connection to
+        # a master that just died, say) would end the reaper, and the worker with it.
+        with redis_errors():
+            async with redis.pipeline(transaction=False) as probe:
+                requests = [probe.exists([keys.heartbeat(m)]) for m in others]
+            silent = [m for m, r in zip(others, requests, strict=True) if not await r]
         if not silent:
             return None, []
 

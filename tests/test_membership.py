@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 
-from streamkit import ConfigError, MetadataMismatch
+from streamkit import ConfigError, MetadataMismatch, RedisUnavailable
 from streamkit._membership import Membership, open_membership
 from streamkit._membership_admin import read_membership, reset_membership
 from streamkit._membership_state import GroupState, membership_keys, plan_removal
@@ -419,6 +419,28 @@ async def test_a_hung_server_counts_as_unreachable(private_redis: RedisServer) -
         assert m.connected.value
         assert m.statistics().heartbeat_failures > 0
         assert m.assignment.value.generation == 1
+
+
+async def test_the_reapers_probe_meets_an_unreachable_server_as_an_outage(
+    private_redis: RedisServer,
+) -> None:
+    """Once the fast path finds a heartbeat missing, the reaper probes each silent
+    member's: that probe's refused connection is :class:`RedisUnavailable`, which the
+    reaper rides out, not the client library's own error, which ended the member and
+    the worker (seen in ``tests/test_cluster_failover.py``: just after a master was
+    killed, the probe still went to it)."""
+    async with (
+        open_redis(private_redis.url) as redis,
+        open_membership(redis, GROUP, partitions=4, member_id="a", **FAST) as m,
+    ):
+        await trio.to_thread.run_sync(private_redis.stop)
+        try:
+            with pytest.raises(RedisUnavailable):
+                await m._transact_reap(["a", "b"])
+        finally:
+            await trio.to_thread.run_sync(private_redis.start)
+        with trio.fail_after(WAIT):
+            await heartbeats(m, 2)
 
 
 @pytest.mark.cluster
