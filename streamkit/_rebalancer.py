@@ -555,6 +555,12 @@ class Rebalancer:
                 # lost, say. (A LockLost about some other lock run() holds is fatal.)
                 reason = exc.reason if isinstance(exc, LockLost) else f"{exc}"
                 return self._lease_lost(slot, await self._why_lost(claim.held, reason))
+            if claim is not None and isinstance(exc, LockLost) and exc.name == name:
+                # This very lease, lost by run()'s own account before the hold noticed:
+                # the events found its local deadline passed (a worker starved of CPU
+                # during a failover). Lost too; the hold has released the lock since,
+                # so it is not asked whether the lock vanished.
+                return self._lease_lost(slot, exc.reason)
             if isinstance(exc, RedisUnavailable):
                 # Redis restarting or failing over: not fatal. Start the partition
                 # again (after a backoff) once Redis answers; what run() had not

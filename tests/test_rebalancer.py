@@ -589,6 +589,41 @@ async def test_hold_errors_are_not_swallowed(redis: Redis) -> None:
                 await trio.sleep_forever()
 
 
+async def test_run_losing_its_lease_before_the_hold_noticed_runs_again(redis: Redis) -> None:
+    """The events find the lease's local deadline passed and raise :class:`LockLost`
+    about it before the hold's renewal noticed (a worker starved of CPU during a
+    cluster failover, in ``tests/test_cluster_failover.py``): a lost lease, taken
+    again, not a fatal error that stopped every partition and the worker."""
+    noticed: list[bool] = []
+    again = trio.Event()
+    well_behaved = Recorder().runner("x")
+
+    async def run(claim: Claim) -> None:
+        noticed.append(claim.held.lost.value)
+        if len(noticed) == 1:
+            raise LockLost(claim.held.name, "the lease ran out before it could be extended")
+        again.set()
+        await well_behaved(claim)
+
+    with trio.fail_after(WAIT):
+        async with (
+            open_lock_manager(redis) as locks,
+            open_rebalancer(
+                trio_util.AsyncValue(frozenset({0})),
+                locks,
+                lock_name=lock_name,
+                run=run,
+                lease_ttl=LEASE_TTL,
+                acquire_backoff=Backoff(initial=0.05, maximum=0.05, jitter=0),
+            ) as rebalancer,
+        ):
+            await again.wait()
+            assert noticed == [False, False]
+            assert rebalancer.statistics().lost == 1
+            # Lost here only: the lock did not vanish (the hold released it).
+            assert health_of(redis).vanished.reports.value == 0
+
+
 async def test_statistics_count_rebalances_until_every_partition_runs(redis: Redis) -> None:
     rec = Recorder()
     assigned = trio_util.AsyncValue(frozenset({0}))
