@@ -11,7 +11,10 @@ leader lease and the ``scenario:seen`` list the processor appends to on node 2.
 
 What is done: ``CLUSTER FAILOVER`` on node 2's replica (a manual failover: the master
 hands over once its replica has everything), then ``kill -9`` of node 1 (its replica
-is promoted after ``cluster-node-timeout``).
+is promoted after ``cluster-node-timeout``). Added with the joins: node 1's replica is
+held back for half a second before the kill (:func:`lag_then_kill`), so that the kill
+loses that half second of writes, as a failover does where replication lags; before,
+on one machine the replica had every write and the kill lost none.
 
 Expectation, written before the first run:
 
@@ -103,6 +106,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from streamkit import Redis, Stream
+    from streamkit.testing import RedisServer
     from tests.workers import WorkerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -208,6 +212,31 @@ async def count_join_results(redis: Redis, paid: Stream[Any]) -> int:
         await trio.sleep(0.05)
 
 
+# A key of node 1's slots (slot 7365), for the value that holds its replica back.
+LAG_KEY = "{c}lag"
+LAG_BYTES = 32 << 20
+# How long node 1 goes on before it is killed, its replica holding nothing of it.
+LAG = 0.5
+
+
+async def lag_then_kill(master: RedisServer, replica: RedisServer) -> None:
+    """``kill -9`` of ``master`` once it has taken :data:`LAG` seconds of writes that
+    its replica will never have: the replica is frozen, then the master takes a value
+    larger than what the kernel buffers between them, and every write after it (the
+    workers' commits and relays, the producers' sends) waits in the master's output
+    buffer, lost with it. Without that, on one machine the replica has every write
+    before the master's death, and the kill would lose nothing."""
+    replica.pause()
+    try:
+        async with open_redis(master.url) as redis:
+            with redis_errors():
+                await redis.set(LAG_KEY, b"x" * LAG_BYTES)
+        await trio.sleep(LAG)  # the injected fault's duration
+        master.stop()
+    finally:
+        replica.resume()
+
+
 # The partitions whose master (node 1) is killed.
 KILLED_PARTITIONS = {1, 5}
 
@@ -288,9 +317,9 @@ async def test_workers_and_producers_ride_out_a_manual_failover_and_a_killed_mas
                     within=30,
                 )
 
-                # 2. kill -9 of node 1 (partitions 1 and 5).
+                # 2. kill -9 of node 1 (partitions 1 and 5), its replica lagging.
                 successor = await replica_of(nodes[1])
-                nodes[1].stop()
+                await lag_then_kill(nodes[1], next(n for n in nodes if n.port == successor))
                 killed_at = time.monotonic()
                 await wait_until(
                     lambda: has_role(successor, "master"),
