@@ -216,7 +216,9 @@ class NotReplicated(StreamkitError):
     node that took it): the entries *are* in the stream on the master, and may reach
     the replicas later, but a failover before they do would lose them. Sending them
     again would append them twice if they survive; whether to do so is the caller's
-    choice (consumers that tolerate duplicates may).
+    choice (consumers that tolerate duplicates may). Raised too, with none
+    acknowledged, when the node became a replica between the write and its ``WAIT``
+    (a failover on Redis Cluster): the write ran while it was the master.
 
     Attributes:
         wanted: the number of replicas asked for.

@@ -13,7 +13,7 @@ from streamkit._idempotent import _APPEND, MARKER_TTL, marker_key
 from streamkit._keys import stream_key
 from streamkit._redis import replicated
 from streamkit.lowlevel import redis_errors
-from streamkit.testing import RedisServer, wait_until
+from streamkit.testing import RedisServer, free_port, wait_until
 from tests.consume import PARTITIONS, Tick, ticks_for
 
 if TYPE_CHECKING:
@@ -114,6 +114,25 @@ async def test_a_lost_replica_fails_the_send_after_the_timeout(
         with trio.fail_after(5), pytest.raises(NotReplicated) as caught:
             await ticks.send(*ticks_for(1, range(3, 6)), replicas=1, replica_timeout=0.2)
         assert caught.value.acknowledged == 0
+
+
+async def test_a_wait_refused_by_a_node_turned_replica_is_too_few_replicas(
+    private_redis: RedisServer,
+) -> None:
+    """A node that became a replica between a command and its ``WAIT`` (a failover on a
+    cluster; the relay of emitted records met it in ``tests/test_cluster_failover.py``)
+    refuses the ``WAIT``: that is :class:`NotReplicated` with none counted (the command
+    ran; no replica is known to have it), which the relay retries, not a
+    :class:`~streamkit.BackendError` that stopped the worker."""
+    async with open_redis(private_redis.url) as redis:
+        await redis.replicaof("127.0.0.1", free_port())
+        try:
+            with replicated(redis, 1, 0.5), pytest.raises(NotReplicated) as caught, redis_errors():
+                # A script that writes nothing runs on a replica; the WAIT after it not.
+                await redis.eval("#!lua flags=no-writes\nreturn 1", [], [])
+        finally:
+            await redis.replicaof("no", "one")
+    assert (caught.value.wanted, caught.value.acknowledged) == (1, 0)
 
 
 async def test_replica_options_are_checked(redis_url: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, cast
 
+import coredis.exceptions
 from coredis.client import Client
 from coredis.commands.constants import CommandName
 from coredis.globals import READONLY_COMMANDS
@@ -31,6 +32,8 @@ __all__ = ["CountingReplicas", "replicated"]
 
 # Reads wrote nothing to wait for; nor did SCRIPT LOAD (a script's first call on a server).
 _NOTHING_TO_WAIT_FOR = READONLY_COMMANDS | {CommandName.SCRIPT_LOAD}
+# How a replica refuses WAIT.
+_WAIT_ON_A_REPLICA = "WAIT cannot be used with replica instances"
 
 
 class CountingReplicas(Client[bytes]):
@@ -42,7 +45,15 @@ class CountingReplicas(Client[bytes]):
         wait = self._waitcontext.get()
         if not wait or wait[0] <= 0 or command.name in _NOTHING_TO_WAIT_FOR:
             return
-        reply = await connection.create_request(CommandName.WAIT, *wait, decode=False)
+        try:
+            reply = await connection.create_request(CommandName.WAIT, *wait, decode=False)
+        except coredis.exceptions.ResponseError as exc:
+            if _WAIT_ON_A_REPLICA not in str(exc):
+                raise
+            # The node became a replica between the command and its WAIT (a failover):
+            # the command ran while it was the master, and no replica is known to have
+            # it. Too few replicas (none counted), not an error of the command's own.
+            raise TooFewReplicas(command.name, wait[0], wait[1], 0) from exc
         acknowledged = int(cast("int", reply))
         if acknowledged < wait[0]:
             raise TooFewReplicas(command.name, wait[0], wait[1], acknowledged)
