@@ -40,7 +40,7 @@ import trio_util
 
 from ._backoff import Backoff
 from ._defaults import DEFAULT_GRACE, DEFAULT_LEASE_TTL
-from ._errors import LockLost, RedisUnavailable, StreamkitError
+from ._errors import LockLost, NotReplicated, RedisUnavailable, StreamkitError
 from ._locks import lost_to_outage
 from ._logs import log_context, partitions_text
 from ._nurseries import open_service_nursery
@@ -566,6 +566,19 @@ class Rebalancer:
                 # again (after a backoff) once Redis answers; what run() had not
                 # acknowledged stays pending and is processed first.
                 return self._unavailable(slot, exc)
+            if isinstance(exc, NotReplicated):
+                # A write ran, but too few replicas acknowledged it in time (a replica
+                # lagging or gone, a failover under way: the relay's last round as the
+                # partition is handed over, say). Not fatal either: what it carried is
+                # retried by whoever runs the partition next.
+                return self._stopped(
+                    slot,
+                    logging.WARNING,
+                    "run() for partition %d stopped: %s; %s",
+                    exc,
+                    again="restarting it",
+                    otherwise="it is being handed back",
+                )
             self._fail(p, exc)
             raise _Fatal from None
         if slot.leaving is not None:

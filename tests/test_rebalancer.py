@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio_util
 
-from streamkit import ConfigError, LockLost
+from streamkit import ConfigError, LockLost, NotReplicated
 from streamkit._backoff import Backoff
 from streamkit._locks import HeldLease, Lease, LockManager, lock_key, open_lock_manager
 from streamkit._membership import Membership, open_membership
@@ -622,6 +622,37 @@ async def test_run_losing_its_lease_before_the_hold_noticed_runs_again(redis: Re
             assert rebalancer.statistics().lost == 1
             # Lost here only: the lock did not vanish (the hold released it).
             assert health_of(redis).vanished.reports.value == 0
+
+
+async def test_run_failing_for_want_of_replicas_runs_again(redis: Redis) -> None:
+    """:class:`NotReplicated` out of run() (the relay's last round, as a partition is
+    handed over during a cluster failover, met a master without its replica) is not
+    fatal: the write ran, what it carried is retried, the partition runs again."""
+    runs: list[int] = []
+    again = trio.Event()
+    well_behaved = Recorder().runner("x")
+
+    async def run(claim: Claim) -> None:
+        runs.append(claim.partition)
+        if len(runs) == 1:
+            raise NotReplicated(1, 0, 2.0)
+        again.set()
+        await well_behaved(claim)
+
+    with trio.fail_after(WAIT):
+        async with (
+            open_lock_manager(redis) as locks,
+            open_rebalancer(
+                trio_util.AsyncValue(frozenset({0})),
+                locks,
+                lock_name=lock_name,
+                run=run,
+                lease_ttl=LEASE_TTL,
+                acquire_backoff=Backoff(initial=0.05, maximum=0.05, jitter=0),
+            ),
+        ):
+            await again.wait()
+            assert runs == [0, 0]
 
 
 async def test_statistics_count_rebalances_until_every_partition_runs(redis: Redis) -> None:
