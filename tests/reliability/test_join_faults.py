@@ -24,7 +24,16 @@ import trio
 from streamkit import StreamkitError, open_redis
 from streamkit.lowlevel import redis_errors
 from streamkit.testing import wait_until
-from tests.apps.joined import GRACE, PARTITIONS, Order, Payment, forwarded_row, make_app, model
+from tests.apps.joined import (
+    GRACE,
+    PARTITIONS,
+    Order,
+    Payment,
+    Result,
+    forwarded_row,
+    make_app,
+    model,
+)
 from tests.workers import start_worker, wait_members
 
 if TYPE_CHECKING:
@@ -175,12 +184,30 @@ async def assert_joined_exactly(
             result = paid.codec.decode(fields, stream="paid")
             got[result["key"], result["order"], result["payment"]] += 1
     missing, extra = expected - got, got - expected
-    assert got == expected, f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
+    assert got == expected, f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}; " + explain(
+        await forwarded(redis, inner, orders, payments), [*missing, *extra][:4]
+    )
     async with app:  # (re-entered, or entered again after the workers ran)
         await assert_tables_exact(
             app, await sent_counts(redis, orders, payments) if from_streams else None
         )
     return {int(key) for key, _, _ in got}
+
+
+def explain(rows: list[list[tuple[bytes, int, int]]], results: list[Result]) -> str:
+    """Where each result's key is in the join's inner stream, as the model saw it:
+    partition, position, side, event time and the watermark before it."""
+    wanted = {int(key) for key, _, _ in results}
+    seen = []
+    for partition, entries in enumerate(rows):
+        watermark = -1
+        for position, (side, key, at) in enumerate(entries):
+            if key in wanted:
+                seen.append(
+                    f"p{partition}#{position} {side.decode()} {key} at {at} (wm {watermark})"
+                )
+            watermark = max(watermark, at)
+    return "forwarded: " + "; ".join(seen)
 
 
 Counts = dict[str, int]
