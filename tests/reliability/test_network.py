@@ -371,23 +371,19 @@ async def test_blackholed_worker_hands_over_and_rejoins(
             within=30,
         )
 
-        async def ran(since: float, *, ended: bool = True) -> bool:
-            """Whether the victim started a job after ``since`` (one still running,
-            with ``ended=False``)."""
+        async def ran(since: float | None = None) -> bool:
+            """Whether the victim started a job after ``since`` (without: whether it
+            is in the first half of a run, as of the reply)."""
             recent = await read_runs(redis, last=100)
+            after = time.time() - CHORE / 2 if since is None else since
             return any(
-                r.pid == victim.pid and r.started > since and (ended or r.ended is None)
+                r.pid == victim.pid and r.started > after and (since is not None or r.ended is None)
                 for runs in recent.values()
                 for r in runs
             )
 
         # Cut it off in the first half of a run: a run of it is cut off for sure.
-        await wait_until(
-            lambda: ran(time.time() - CHORE / 2, ended=False),
-            what="the victim starting a job",
-            within=30,
-            interval=0.01,
-        )
+        await wait_until(ran, what="the victim starting a job", within=30, interval=0.01)
         cut_at, cut_wall = trio.current_time(), time.time()
         link.blackhole(direction)
         held = watch.held_by(victim.pid)

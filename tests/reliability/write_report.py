@@ -177,7 +177,7 @@ def _jobs_sentence(report: dict[str, Any]) -> str:
     return (
         f" {report['jobs']} jobs enqueued ({report['jobs_per_second']:.0f}/s), "
         f"{report['job_runs']} runs, {report['job_reruns']} run again "
-        f"(≤ {report['job_rerun_bound']}, the jobs running on a worker when it was cut off)."
+        f"(≤ {report['job_rerun_bound']}, the jobs the cut-off worker ran around the cut)."
     )
 
 
