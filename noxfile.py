@@ -583,9 +583,9 @@ def compat(session: nox.Session) -> None:
 @nox.session
 def netsoak(session: nox.Session) -> None:
     """The network fault scenarios as a soak (``tests/reliability/test_network.py``
-    with ``STREAMKIT_NET_SOAK=60``: latency and random resets for a minute each, the
-    clients' faults for 30 rounds); prints their reports as the reliability page
-    would show them."""
+    with ``STREAMKIT_NET_SOAK=60``: latency (with jobs enqueued throughout) and random
+    resets for a minute each, the clients' faults for 30 rounds); prints their reports
+    as the reliability page would show them, job runs and reruns included."""
     tmp = Path(session.create_tmp())
     report, page = tmp / "netsoak.jsonl", tmp / "netsoak.md"
     report.unlink(missing_ok=True)
