@@ -15,9 +15,10 @@ window reads its hash in pages (:data:`CLOSE_BATCH` keys a round), emits each ke
 result and removes the page, in the commit that carries the results, so a window of
 many keys closes over several commits of bounded size, each exactly once.
 
-Three layers, as a table's (:mod:`streamkit._state_views`): the tentative values of
-the events in flight, the done ones waiting for the commit, and a cache of committed
-ones, each kept per window. A window with a commit in flight (pinned) is not closed
+Two layers, each kept per window: the values written since the last commit (done, or
+tentative: of the events in flight, with what each replaced in an undo log, so that
+an event done costs nothing and one failed is taken back), and a cache of committed
+ones. A window with a commit in flight (pinned) is not closed
 until that commit lands, so the page read from Redis is the whole truth.
 """
 
@@ -54,8 +55,8 @@ __all__ = [
 #: Keys of one window a settling round closes, at most (the rest close in later rounds).
 CLOSE_BATCH = 500
 
-#: A window closed now: ``(key field, start ms, end ms, final value)``.
-Closed = tuple[bytes, int, int, Any]
+#: Keys of a window closed now: ``(start ms, end ms, {key field: final value})``.
+Closed = tuple[int, int, dict[bytes, Any]]
 
 _ABSENT: Any = object()
 #: What :meth:`FixedWindowView.fold` says when a value must be read from Redis first.
@@ -141,10 +142,11 @@ class FixedWindowView:
         self._late_tentative = 0
         self.next_due: float = math.inf
         self.on_time: Callable[[int], None] = lambda at: None
-        # The writes of the events in flight, by (window start, key field); the done
-        # ones and the cache, per window: key field -> value.
-        self._tentative: dict[tuple[int, bytes], Any] = {}
+        # The writes since the last commit and the cache, per window: key field ->
+        # value; of those writes, the ones of the events in flight, as (window start,
+        # key field, the value it replaced or _ABSENT), oldest first.
         self._dirty: dict[int, dict[bytes, Any]] = {}
+        self._undo: list[tuple[int, bytes, Any]] = []
         self._cache: dict[int, dict[bytes, Any]] = {}
         self._cached = 0
         # The open windows that exist (committed, or done), by start: their due time.
@@ -196,16 +198,23 @@ class FixedWindowView:
 
     def _known(self, start: int, field: bytes) -> Any:
         """The value of ``field`` in window ``start`` if known here, else absent."""
-        value = self._tentative.get((start, field), _ABSENT)
+        value = _ABSENT
+        values = self._dirty.get(start)
+        if values is not None:
+            value = values.get(field, _ABSENT)
         if value is _ABSENT:
-            values = self._dirty.get(start)
+            values = self._cache.get(start)
             if values is not None:
                 value = values.get(field, _ABSENT)
-            if value is _ABSENT:
-                values = self._cache.get(start)
-                if values is not None:
-                    value = values.get(field, _ABSENT)
         return value
+
+    def _write(self, start: int, field: bytes, value: Any) -> None:
+        """Write ``value`` tentatively (its event is in flight)."""
+        values = self._dirty.get(start)
+        if values is None:
+            values = self._dirty[start] = {}
+        self._undo.append((start, field, values.get(field, _ABSENT)))
+        values[field] = value
 
     async def _read(self, start: int, field: bytes, key: object) -> Any:
         """The value of ``field`` in window ``start``, not known here."""
@@ -251,17 +260,15 @@ class FixedWindowView:
         if due <= self.watermark:
             self._late_tentative += 1
             return True
-        tentative = self._tentative
-        value = tentative.get((start, field), _ABSENT)
+        # The writes since the commit, then the cache (_known and _write, inlined:
+        # once per event).
+        written = self._dirty.get(start)
+        value = _ABSENT if written is None else written.get(field, _ABSENT)
+        replaced = value
         if value is _ABSENT:
-            # The done layer, then the cache (_known, inlined: once per event).
-            values = self._dirty.get(start)
+            values = self._cache.get(start)
             if values is not None:
                 value = values.get(field, _ABSENT)
-            if value is _ABSENT:
-                values = self._cache.get(start)
-                if values is not None:
-                    value = values.get(field, _ABSENT)
             if value is _ABSENT:
                 if start in self._stored and start not in self._complete:
                     return NEEDS_READ
@@ -269,7 +276,11 @@ class FixedWindowView:
                 if field not in self._checked:
                     self._check(field, key)
                 value = self.window.initial
-        tentative[start, field] = fn(value, *args)
+        value = fn(value, *args)
+        if written is None:
+            written = self._dirty[start] = {}
+        self._undo.append((start, field, replaced))
+        written[field] = value
         if start not in self._open and start not in self._created:
             self._created[start] = due
             if due < self.next_due:
@@ -285,7 +296,6 @@ class FixedWindowView:
         field = key.encode() if type(key) is str else canonical_key_bytes(key)
         watermark = self.watermark
         grace = self._grace
-        tentative = self._tentative
         spans = (
             self._spans(at)
             if self._spans is not None
@@ -296,12 +306,10 @@ class FixedWindowView:
             if end + grace <= watermark:
                 continue
             late = False
-            value = tentative.get((start, field), _ABSENT)
+            value = self._known(start, field)
             if value is _ABSENT:
-                value = self._known(start, field)
-                if value is _ABSENT:
-                    value = await self._read(start, field, key)
-            tentative[start, field] = fn(value, *args)
+                value = await self._read(start, field, key)
+            self._write(start, field, fn(value, *args))
             if start not in self._open and start not in self._created:
                 self._created[start] = end + grace
                 if end + grace < self.next_due:
@@ -315,15 +323,8 @@ class FixedWindowView:
     # -- the layers --
 
     def promote(self) -> None:
-        if self._tentative:
-            dirty = self._dirty
-            for (start, field), value in self._tentative.items():
-                done = dirty.get(start)
-                if done is None:
-                    dirty[start] = {field: value}
-                else:
-                    done[field] = value
-            self._tentative.clear()
+        if self._undo:
+            self._undo.clear()
         if self._created:
             self._open.update(self._created)
             self._unindexed.update(self._created)
@@ -334,7 +335,8 @@ class FixedWindowView:
             self._late_tentative = 0
 
     def discard(self) -> None:
-        self._tentative = {}
+        if self._undo:
+            self._undo_writes()
         self._created = {}
         self._late_tentative = 0
         self._recompute_due()
@@ -343,6 +345,9 @@ class FixedWindowView:
         """Add the done writes, closings and drops to ``changes``; they count as
         committed from now."""
         dirty = self._dirty
+        # The writes of the events in flight are not done: out of what is committed,
+        # and written again over it (replacing nothing: the committed values are cached).
+        tentative = self._take_tentative() if self._undo else None
         if dirty:
             self._dirty = {}
             encode = self.table.encode_value
@@ -375,6 +380,9 @@ class FixedWindowView:
                     scored.append(open_member(start, start + self._size))
             self._unindexed = {}
             changes.zadd(self._index, scored)
+        if tentative:
+            for (start, field), value in tentative.items():
+                self._write(start, field, value)
         for op, key, args, start in self._ops:
             if op == "delete":
                 changes.delete(key)
@@ -384,6 +392,27 @@ class FixedWindowView:
                 self._queued.discard(start)
                 self._pin(start, pinned)
         self._ops = []
+
+    def _take_tentative(self) -> dict[tuple[int, bytes], Any]:
+        """Take the writes of the events in flight back out of the layer of writes:
+        their newest values, by (window start, key field)."""
+        dirty = self._dirty
+        newest = {(start, field): dirty[start][field] for start, field, _ in self._undo}
+        self._undo_writes()
+        return newest
+
+    def _undo_writes(self) -> None:
+        """Undo the writes of the events in flight (newest first)."""
+        dirty = self._dirty
+        for start, field, replaced in reversed(self._undo):
+            values = dirty[start]
+            if replaced is _ABSENT:
+                del values[field]
+                if not values:
+                    del dirty[start]
+            else:
+                values[field] = replaced
+        self._undo.clear()
 
     def _pin(self, start: int, pinned: list[Any]) -> None:
         self._pins[start] = self._pins.get(start, 0) + 1
@@ -408,7 +437,8 @@ class FixedWindowView:
 
     async def settle(self, watermark: int) -> list[Closed]:
         """Close the windows ``watermark`` has passed and drop those past the retention
-        (as done writes); return the keys' windows closed now, to emit once.
+        (as done writes); return the windows closed now with their keys' values, to
+        emit once.
 
         A window with writes of events in flight, or a commit in flight, waits for a
         later round.
@@ -416,10 +446,12 @@ class FixedWindowView:
         if watermark < self.next_due:
             return []
         closed: list[Closed] = []
-        busy = self._pins.keys() | self._queued | {start for start, _ in self._tentative}
+        busy = self._pins.keys() | self._queued | {start for start, _, _ in self._undo}
         for start, due in sorted(self._open.items()):
             if due <= watermark and start not in busy:
-                closed.extend(await self._close_some(start))
+                values = await self._close_some(start)
+                if values:
+                    closed.append((start, start + self._size, values))
         for start, due in sorted(self._kept.items()):
             if due <= watermark and start not in busy:
                 await self._drop_some(start)
@@ -432,7 +464,7 @@ class FixedWindowView:
             cursor, page = await self._redis.hscan(key, 0, count=CLOSE_BATCH)
         return int(cursor) == 0, dict(page)
 
-    async def _close_some(self, start: int) -> list[Closed]:
+    async def _close_some(self, start: int) -> dict[bytes, Any]:
         end = start + self._size
         values_key = self._values_key(self.partition, start)
         done = self._dirty.pop(start, {})
@@ -459,7 +491,6 @@ class FixedWindowView:
             # A done value may replace one committed earlier, on a page still to come:
             # removed too, so that no later page shows the older value again.
             stored = list(values)
-        closed = [(field, start, end, value) for field, value in values.items()]
         ops = self._ops
         if last and start in self._stored:
             # The whole window goes (every key of it is in this page): one delete, not a
@@ -489,7 +520,7 @@ class FixedWindowView:
             # The rest of the window closes in a later round, once this page's removal
             # has landed (a read before would show it again).
             self._queued.add(start)
-        return closed
+        return values
 
     async def _drop_some(self, start: int) -> None:
         closed_key = self._closed_key(self.partition, start)

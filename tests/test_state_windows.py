@@ -13,8 +13,10 @@ import pytest
 import trio
 
 from streamkit import App, Events, Record, hopping, session, tumbling
+from streamkit._commit import Changes
 from streamkit._events_delivery import Delivery
 from streamkit._state import PartitionState
+from streamkit._state_windows import _ABSENT, FixedWindowView
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 
@@ -445,3 +447,35 @@ async def test_a_backlog_in_event_time_order_has_no_late_event(
     async with app:
         snapshot = await take_snapshot(app)
     assert [p.late for p in snapshot.processors] == [0]
+
+
+async def test_a_commit_with_an_event_in_flight_leaves_its_writes_out(
+    redis_url: str, redis: Redis
+) -> None:
+    """Writes of the events in flight go straight into the layer of writes, with what
+    each replaced: a commit taken meanwhile carries only the done ones, and a failed
+    event's writes are taken back to the committed value, however often it wrote."""
+    _, _, _, revenue = revenue_app(redis_url)
+    view = FixedWindowView(revenue, 0, 1, redis, 100)
+    view.watermark = 0
+    assert view.fold("a", 1_000, operator.add, (5,)) is False  # done: a = 5
+    view.promote()
+    view.fold("a", 2_000, operator.add, (1,))  # in flight: a = 6, then 8, b = 1
+    view.fold("a", 3_000, operator.add, (2,))
+    view.fold("b", 3_000, operator.add, (1,))
+
+    changes = Changes()
+    view.contribute(changes, [])
+    written = [(op, values) for op, _, values in changes.ops if op == "h"]
+    assert written == [("h", [b"a", b"5"])], "only the done write is committed"
+    assert view._known(0, b"a") == 8  # the event in flight still sees its own writes
+
+    view.discard()  # the event failed
+    assert view._known(0, b"a") == 5, "back to the committed value"
+    assert view._known(0, b"b") is _ABSENT, "a key the failed event made is gone"
+
+    view.fold("a", 4_000, operator.add, (10,))
+    view.promote()  # done this time
+    changes = Changes()
+    view.contribute(changes, [])
+    assert [values for op, _, values in changes.ops if op == "h"] == [[b"a", b"15"]]
