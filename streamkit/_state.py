@@ -322,8 +322,9 @@ class PartitionState:
 
     @property
     def prefetches(self) -> bool:
-        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables."""
-        return bool(self._prefetched)
+        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables,
+        or tumbling or hopping windows with values in Redis not known here."""
+        return bool(self._prefetched) or any(v.prefetches for v in self.fixed_views.values())
 
     async def prefetch(self, records: list[Any]) -> None:
         """Read the partition keys of a batch's ``records`` that the plain tables do not
@@ -341,6 +342,9 @@ class PartitionState:
             return
         for view in self._prefetched:
             await view.prefetch(fields, checked=False)
+        for window in self.fixed_views.values():
+            if window.prefetches:
+                await window.prefetch(records, key_of)
 
     # -- the watermark --
 

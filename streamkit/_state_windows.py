@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from ._errors import WrongPartition
+from ._event import UNDECODED
 from ._keys import (
     closed_window_member as closed_member,
     open_window_member as open_member,
@@ -40,7 +41,7 @@ from ._partitioner import canonical_key_bytes, partition_for
 from ._redis import hot_hget, redis_errors
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
     from ._commit import Changes
     from ._redis import Redis
@@ -87,6 +88,11 @@ class FixedWindowLike(Protocol):
     def encode_value(self, value: Any) -> bytes: ...
 
     def decode_value(self, raw: bytes) -> Any: ...
+
+    @property
+    def time(self) -> object: ...
+
+    def time_of(self, at: object) -> int: ...
 
     def windows_key(self, partition: int) -> str: ...
 
@@ -237,16 +243,93 @@ class FixedWindowView:
         if self._cached > self._cache_size:
             self._evict()
 
-    def _evict(self) -> None:
+    def _evict(self, keep: Collection[int] = (), room: int = 0) -> None:
         # Whole windows, oldest first, but for those with a commit in flight (a read of
-        # Redis would not show their values yet).
+        # Redis would not show their values yet) and those of ``keep``, until ``room``
+        # more values fit.
         for start in sorted(self._cache):
-            if self._cached <= self._cache_size:
+            if self._cached + room <= self._cache_size:
                 return
-            if start in self._pins:
+            if start in self._pins or start in keep:
                 continue
             self._cached -= len(self._cache.pop(start))
             self._complete.discard(start)
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` may read anything: the table finds its events' times
+        itself (``time=``) and some window's values are in Redis, not all known here
+        (an earlier owner's, or a window evicted from the cache)."""
+        return self.table.time is not None and not self._complete.issuperset(self._stored)
+
+    async def prefetch(self, records: list[Any], key_of: Callable[[Any], object]) -> None:
+        """Read into the cache the values a batch's ``records`` will update, keyed by
+        ``key_of`` (the stream's partition key) at the table's time of each, that are
+        in Redis and not known here: one round trip for the batch, not one per event.
+        Room is made first, and the windows the batch updates are kept."""
+        time_of, time = self.table.time_of, self.table.time
+        name = time if type(time) is str else None
+        count, partition, checked = self._partition_count, self.partition, self._checked
+        size, spans = self._size, self._spans
+        # Windows whose values are in Redis and not all known here.
+        partial = self._stored - self._complete
+        touched: set[int] = set()
+        wanted: dict[int, dict[bytes, None]] = {}
+        try:
+            for record in records:
+                if record is UNDECODED:
+                    continue
+                at = getattr(record, name) if name is not None else time(record)  # type: ignore[operator]
+                ms = round(at * 1_000_000) // 1000 if type(at) is float else time_of(at)
+                if spans is None:
+                    start = ms - ms % size
+                    touched.add(start)
+                    if start not in partial:
+                        continue
+                    starts: list[int] = [start]
+                else:
+                    starts = [start for start, _ in spans(ms)]
+                    touched.update(starts)
+                    starts = [start for start in starts if start in partial]
+                    if not starts:
+                        continue
+                key = key_of(record)
+                field = key.encode() if type(key) is str else canonical_key_bytes(key)
+                if field not in checked and partition_for(field, count) != partition:
+                    continue  # not of this partition: its update raises WrongPartition
+                for start in starts:
+                    fields = wanted.get(start)
+                    if fields is None:
+                        wanted[start] = {field: None}
+                    else:
+                        fields[field] = None
+        except Exception:  # a bad key or time: the processor meets it, its policy decides
+            return
+        missing: dict[int, list[bytes]] = {}
+        for start, fields in wanted.items():
+            written, cached = self._dirty.get(start, {}), self._cache.get(start, {})
+            needed = [f for f in fields if f not in written and f not in cached]
+            if needed:
+                missing[start] = needed
+        if not missing:
+            return
+        self._evict(keep=touched, room=sum(len(f) for f in missing.values()))
+        with redis_errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                requests = [
+                    pipe.hmget(self._values_key(self.partition, start), unknown)
+                    for start, unknown in missing.items()
+                ]
+            replies = [await request for request in requests]
+        decode, initial = self.table.decode_value, self.window.initial
+        for (start, unknown), raws in zip(missing.items(), replies, strict=True):
+            values = self._cache.get(start)
+            if values is None:
+                values = self._cache[start] = {}
+            for field, raw in zip(unknown, raws, strict=True):
+                if field not in values:
+                    self._cached += 1
+                values[field] = initial if raw is None else decode(raw)
 
     def fold(self, key: object, at: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """:meth:`update` without a checkpoint when every value it needs is known here
