@@ -537,3 +537,10 @@ async def test_windows_larger_than_the_cache_stay_exact(redis_url: str, redis: R
 
 async def _at_least(redis: Redis, stream: Stream[Any], n: int) -> bool:
     return len(await results(redis, stream)) >= n
+
+
+def test_an_event_time_is_the_same_millisecond_however_it_is_given() -> None:
+    _, _, _, revenue = revenue_app("redis://unused")  # time="at"
+    assert revenue.time_of(2.01) == 2010  # 2.00999... s: to_ms's millisecond, not floored
+    assert revenue.time_of(T0) == revenue.time_of(T0.timestamp()) == int(T0.timestamp()) * 1000
+    assert revenue.time_of(sale("a", 1, 2.01)) == revenue.time_of(T0.timestamp() + 2.01)
