@@ -566,6 +566,17 @@ class PartitionState:
         dumps = orjson.dumps
 
         def emit(records: list[dict[str, Any]], into: list[Emitted]) -> None:
+            if len(records) == 1:  # a join's pair, say: an entry, no run
+                record = records[0]
+                try:
+                    payload = dumps(record)
+                except TypeError:
+                    payload = b""
+                if not payload or len(payload) > limit:
+                    into.append(self._encode_output(stream, record))
+                else:
+                    into.append((keys[partitions_of(records)[0]], [field, payload]))
+                return
             runs: dict[int, list[Value]] = {}
             for record, partition in zip(records, partitions_of(records), strict=True):
                 try:
