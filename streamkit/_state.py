@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import orjson
 import trio
@@ -52,7 +52,7 @@ from ._state_views import (
     WindowLike,
     WindowView,
 )
-from ._state_windows import FixedWindowView
+from ._state_windows import Closed, FixedWindowView
 from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
 from .jobs._committed import CommittedJobs
@@ -60,10 +60,8 @@ from .jobs._committed import CommittedJobs
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    #: What emits plain JSON dicts to an output: each one's (stream key, entry fields).
-    PlainEmitter = Callable[
-        [list[dict[str, Any]]], list[tuple[str, list[bytes | str | int | float]]]
-    ]
+    #: What emits plain JSON dicts to an output, into a list of emitted entries.
+    PlainEmitter = Callable[[list[dict[str, Any]], list["Emitted"]], None]
 
     from ._locks import HeldLease
     from ._redis import Redis
@@ -139,6 +137,27 @@ def default_result(key: str, window: Window, value: Any) -> dict[str, Any]:
         "end": window.end.isoformat(),
         "value": converter.unstructure(value),
     }
+
+
+Value = bytes | str | int | float
+
+
+@final
+class Run:
+    """Entries of one field each, to one partition of an output, in order: what a
+    window's closing or a join emits in bulk (a commit appends them as one run)."""
+
+    __slots__ = ("field", "target", "values")
+
+    def __init__(self, target: str, field: bytes, values: list[Value]) -> None:
+        self.target = target
+        self.field = field
+        self.values = values
+
+
+#: An emitted entry: ``(stream key, entry fields)`` (an empty key: a job, for the
+#: relay), or a :class:`Run` of single-field entries.
+Emitted = tuple[str, list[Value]] | Run
 
 
 def _is_windowed(table: TableLike) -> bool:
@@ -271,8 +290,8 @@ class PartitionState:
         self._source = f"{stream.app}.{stream.name}.{partition}.{keys.processor}"
         self._replicas = replicas
         self.relay: OutboxRelay | None = None
-        self._tentative_out: list[tuple[str, list[bytes | str | int | float]]] = []
-        self._done_out: list[tuple[str, list[bytes | str | int | float]]] = []
+        self._tentative_out: list[Emitted] = []
+        self._done_out: list[Emitted] = []
         # Why a settling round was cut short, if one was: its windows may be closed here
         # with their results lost with the error, so nothing of this state is committed
         # any more (the partition starts over from what Redis holds).
@@ -303,8 +322,9 @@ class PartitionState:
 
     @property
     def prefetches(self) -> bool:
-        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables."""
-        return bool(self._prefetched)
+        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables,
+        or tumbling or hopping windows with values in Redis not known here."""
+        return bool(self._prefetched) or any(v.prefetches for v in self.fixed_views.values())
 
     async def prefetch(self, records: list[Any]) -> None:
         """Read the partition keys of a batch's ``records`` that the plain tables do not
@@ -322,6 +342,9 @@ class PartitionState:
             return
         for view in self._prefetched:
             await view.prefetch(fields, checked=False)
+        for window in self.fixed_views.values():
+            if window.prefetches:
+                await window.prefetch(records, key_of)
 
     # -- the watermark --
 
@@ -449,54 +472,60 @@ class PartitionState:
                     await expiring.sweep(at)
         if self.watermark == -math.inf:
             return
+        watermark = int(self.watermark)
         for view in self.windows:
-            closed = await view.settle(int(self.watermark))
             if isinstance(view, JoinView):  # unmatched events, their results made
                 join: Any = view.window
-                results: list[Any] = closed
+                results: list[Any] = await view.settle(watermark)
                 fast = self._plain_emitter_of(join.output) if join.plain else None
                 if fast is not None:
-                    self._done_out.extend(fast(results))
+                    fast(results, self._done_out)
                 else:
                     self._done_out.extend(self._encode_output(join.output, r) for r in results)
                 continue
-            table = view.window
-            output = getattr(table, "output", None)
-            if output is None or not closed:
-                continue
-            result = getattr(table, "result", default_result)
-            done = self._done_out
-            encode = self._encode_output
-            if result is default_result:
-                # The keys of one window share its bounds: written once per window.
-                unstructure = converter.unstructure
-                bounds: dict[tuple[int, int], tuple[str, str]] = {}
-                records: list[dict[str, Any]] = []
-                for field, start, end, value in closed:
-                    iso = bounds.get((start, end))
-                    if iso is None:
-                        window = Window.from_ms(start, end)
-                        iso = bounds[start, end] = (
-                            window.start.isoformat(),
-                            window.end.isoformat(),
-                        )
-                    records.append(
-                        {
-                            "key": field.decode(),
-                            "start": iso[0],
-                            "end": iso[1],
-                            "value": value if type(value) in _JSON_SCALARS else unstructure(value),
-                        }
-                    )
-                fast = self._plain_emitter_of(output)
-                if fast is not None:
-                    done.extend(fast(records))
-                else:
-                    done.extend(encode(output, record) for record in records)
-                continue
-            for field, start, end, value in closed:
-                record = result(field.decode(), Window.from_ms(start, end), value)
-                done.append(encode(output, record))
+            closed: list[Closed]
+            if isinstance(view, FixedWindowView):
+                closed = await view.settle(watermark)
+            else:  # sessions: each key's own bounds
+                sessions = await view.settle(watermark)
+                closed = [(start, end, {field: value}) for field, start, end, value in sessions]
+            output = getattr(view.window, "output", None)
+            if output is not None and closed:
+                self._emit_closed(view.window, output, closed)
+
+    def _emit_closed(
+        self, table: Any, output: StreamSpec[Any] | HasSpec[Any], closed: list[Closed]
+    ) -> None:
+        """Emit the results of the windows closed now, ``(start, end, {key field:
+        value})`` each, to ``output`` (done)."""
+        result = getattr(table, "result", default_result)
+        done = self._done_out
+        encode = self._encode_output
+        if result is not default_result:
+            for start, end, values in closed:
+                window = Window.from_ms(start, end)
+                for field, value in values.items():
+                    done.append(encode(output, result(field.decode(), window, value)))
+            return
+        fast = self._plain_emitter_of(output)
+        unstructure = converter.unstructure
+        for start, end, values in closed:
+            window = Window.from_ms(start, end)
+            # The keys of one window share its bounds: written once per window.
+            first, last = window.start.isoformat(), window.end.isoformat()
+            records = [
+                {
+                    "key": field.decode(),
+                    "start": first,
+                    "end": last,
+                    "value": value if type(value) in _JSON_SCALARS else unstructure(value),
+                }
+                for field, value in values.items()
+            ]
+            if fast is not None:
+                fast(records, done)
+            else:
+                done.extend(encode(output, record) for record in records)
 
     def emit_raw(
         self, stream: StreamSpec[Any] | HasSpec[Any], partition: int, pairs: list[Any]
@@ -521,8 +550,9 @@ class PartitionState:
     def _plain_emitter(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
         """For an output of plain JSON ``dict`` records, what emits dicts already made of
         JSON values (a window's default results, a join's) with one ``orjson.dumps``
-        each and their partitions found in one loop: as the codec would, without its
-        checks of each item; ``None`` for other outputs."""
+        each, their partitions found in one loop and each partition's entries added as
+        one :class:`Run`: as the codec would, without its checks of each item; ``None``
+        for other outputs."""
         emitter = self._emitters.get(id(stream))
         if emitter is None or emitter[0] is not stream:
             emitter = self._emitter(stream)
@@ -535,22 +565,37 @@ class PartitionState:
         partitions_of = spec.partitioner.partitions_of
         dumps = orjson.dumps
 
-        def emit(
-            records: list[dict[str, Any]],
-        ) -> list[tuple[str, list[bytes | str | int | float]]]:
-            out: list[tuple[str, list[bytes | str | int | float]]] = []
-            append = out.append
+        def emit(records: list[dict[str, Any]], into: list[Emitted]) -> None:
+            if len(records) == 1:  # a join's pair, say: an entry, no run
+                record = records[0]
+                try:
+                    payload = dumps(record)
+                except TypeError:
+                    payload = b""
+                if not payload or len(payload) > limit:
+                    into.append(self._encode_output(stream, record))
+                else:
+                    into.append((keys[partitions_of(records)[0]], [field, payload]))
+                return
+            runs: dict[int, list[Value]] = {}
             for record, partition in zip(records, partitions_of(records), strict=True):
                 try:
                     payload = dumps(record)
                 except TypeError:
-                    append(self._encode_output(stream, record))  # the codec says why
+                    payload = b""
+                if not payload or len(payload) > limit:
+                    # The codec says why, or encodes it otherwise (compressed, say):
+                    # after what went before it to the same partition.
+                    into.extend(Run(keys[p], field, values) for p, values in runs.items())
+                    runs = {}
+                    into.append(self._encode_output(stream, record))
                     continue
-                if len(payload) > limit:
-                    append(self._encode_output(stream, record))
+                run = runs.get(partition)
+                if run is None:
+                    runs[partition] = [payload]
                 else:
-                    append((keys[partition], [field, payload]))
-            return out
+                    run.append(payload)
+            into.extend(Run(keys[p], field, values) for p, values in runs.items())
 
         return emit
 
@@ -564,13 +609,11 @@ class PartitionState:
         """Emit ``record``, a ``dict`` already made of JSON values (a join's default
         result), to ``stream`` (tentatively, in order): one ``orjson.dumps`` where the
         output takes plain JSON dicts, else as :meth:`emit`."""
-        self._tentative_out.append(self._encode_plain(stream, record))
-
-    def _encode_plain(
-        self, stream: StreamSpec[Any] | HasSpec[Any], record: dict[str, Any]
-    ) -> tuple[str, list[bytes | str | int | float]]:
         fast = self._plain_emitter_of(stream)
-        return self._encode_output(stream, record) if fast is None else fast([record])[0]
+        if fast is None:
+            self._tentative_out.append(self._encode_output(stream, record))
+        else:
+            fast([record], self._tentative_out)
 
     def _encode_output(
         self, stream: StreamSpec[Any] | HasSpec[Any], record: Any
@@ -699,7 +742,17 @@ class PartitionState:
                 # Entries of one field (a JSON record) go to each target as one run: the
                 # order per target is kept, and a commit carries 2 values per entry, not 5.
                 runs: dict[tuple[str, Any], list[bytes | str | int | float]] = {}
-                for target, pairs in self._done_out:
+                for item in self._done_out:
+                    if type(item) is Run:
+                        target = item.target
+                        run = runs.get((target, item.field))
+                        if run is None:
+                            runs[target, item.field] = item.values
+                        else:
+                            run.extend(item.values)
+                        appended[target] = appended.get(target, 0) + len(item.values)
+                        continue
+                    target, pairs = item
                     if not target:  # a job, for the relay
                         changes.xadd(self._job_outbox, pairs)  # type: ignore[arg-type]
                         continue
@@ -717,7 +770,10 @@ class PartitionState:
                 for (key, field), values in runs.items():
                     changes.xadd_run(key, field, values)
             else:
-                for target, pairs in self._done_out:
+                for item in self._done_out:
+                    # (No runs: an output through the outbox has no plain emitter.)
+                    assert type(item) is not Run
+                    target, pairs = item
                     changes.xadd(outbox, pairs)
                     if target:
                         appended[target] = appended.get(target, 0) + 1

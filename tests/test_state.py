@@ -706,3 +706,18 @@ async def consume_numbers(
             await stateful.tens.update(number.key, number, operator.add, number.n)
             if number.n == last:
                 break
+
+
+async def test_tables_larger_than_the_cache_stay_exact(redis_url: str, redis: Redis) -> None:
+    """A cache of a few values for hundreds of keys, written again and again: values
+    are evicted (never one whose commit has not landed) and read back, every count and
+    total exact."""
+    app, orders, _, totals, counts = shop(redis_url, state_cache_size=7)
+    sent = orders_for(customers=300, per_customer=4)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many(sent)
+        await wait_counts(counts, {f"c{c}": 4 for c in range(300)})
+        await worker.stop()
+    async with app:
+        assert await totals.read_many(["c0", "c299"]) == [10.0, 10.0]
