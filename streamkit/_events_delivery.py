@@ -265,6 +265,21 @@ class Delivery(Generic[R]):
         if self.ledger.done_count() >= self.ack_batch:
             self.commit_soon()
 
+    async def settle_and_commit_if_due(self) -> None:
+        """:meth:`commit_if_due`, closing the windows due (and expiring the keys due)
+        first, as between batches: a window closed before the commit goes from memory
+        straight to its results, where one closed after it would have its values
+        written by this commit only for the next to remove them."""
+        if self.ledger.done_count() < self.ack_batch:
+            return
+        state = self.state
+        if state is not None and state.settles:
+            try:
+                await state.settle()
+            except StreamkitError as exc:
+                raise self.failed(exc) from None
+        self.commit_soon()
+
     async def commit_now(self) -> None:
         """Commit the done events (and their effects) now, fenced by the lease.
 

@@ -97,7 +97,7 @@ class OneByOne(AsyncIterator[T]):
             # Move past the previous event.
             if ledger.has_inflight():
                 ledger.move_past()
-                delivery.commit_if_due()
+                await delivery.settle_and_commit_if_due()
             if delivery.is_draining():
                 delivery.drain()
                 await delivery.stop()
@@ -184,7 +184,7 @@ class Batches(AsyncIterator[list[T]]):
                 delivery.time_batch(ledger.inflight_ids(), self._handed_at)
                 self._handed_at = 0.0
             ledger.move_past()
-            delivery.commit_if_due()
+            await delivery.settle_and_commit_if_due()
         # Every event gathered may be diverted: then gather again, until a batch has
         # something to yield or the iteration stops.
         while True:

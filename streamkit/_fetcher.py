@@ -1114,12 +1114,12 @@ class Fetcher(Generic[R]):
             self._fail(feed, error)
         return error
 
-    def _fail(self, feed: _Feed, error: StreamkitError) -> None:
+    def _fail(self, feed: _Feed, error: StreamkitError, *, quiet: bool = False) -> None:
         if feed.failure is None:
             log.log(
                 # A lost lease is said by the partition's owner (the rebalancer), which
-                # gets it from the feed: not twice.
-                logging.DEBUG if isinstance(error, LockLost) else logging.WARNING,
+                # gets it from the feed: not twice; a cancellation by whoever cancelled.
+                logging.DEBUG if quiet or isinstance(error, LockLost) else logging.WARNING,
                 "stopped fetching %s partition %d: %s",
                 self.stream.name,
                 feed.partition,
@@ -1159,6 +1159,19 @@ class Fetcher(Generic[R]):
             except RedisUnavailable as unavailable:
                 if changes:
                     self._fail(feed, unavailable)
+                raise
+            except trio.Cancelled:
+                if changes:
+                    # Cancelled in flight (by the caller's own cancel scope, say): it
+                    # may have landed or not, so, as for a lost connection, the
+                    # partition starts over from what Redis holds.
+                    self._fail(
+                        feed,
+                        OutcomeUnknown(
+                            "redis", "a commit was cancelled in flight: it may have landed"
+                        ),
+                        quiet=True,
+                    )
                 raise
             if acked == -1:
                 raise self._fenced_out(feed, "acknowledgement")

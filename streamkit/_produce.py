@@ -540,6 +540,15 @@ def append_reply(reply: Any) -> tuple[list[str], int, bool]:
     """The idempotent append's reply: (new entry ids, entries the cap dropped, whether
     the call was applied before, by an attempt whose reply was lost)."""
     ids = reply[0]
+    if type(ids) is not list:  # the first of consecutive ids, and their number
+        ms, _, seq = text(ids).partition("-")
+        start = int(seq)
+        prefix = ms + "-"
+        return (
+            [prefix + str(s) for s in range(start, start + int(reply[3]))],
+            int(reply[1]),
+            bool(reply[2]),
+        )
     if ids and type(ids[0]) is bytes:
         return list(map(bytes.decode, ids)), int(reply[1]), bool(reply[2])
     return [text(i) for i in ids], int(reply[1]), bool(reply[2])

@@ -52,7 +52,7 @@ from ._state_views import (
     WindowLike,
     WindowView,
 )
-from ._state_windows import FixedWindowView
+from ._state_windows import Closed, FixedWindowView
 from ._streams import Stream, check_metadata
 from ._windows import Window, idle_watermark
 from .jobs._committed import CommittedJobs
@@ -322,8 +322,9 @@ class PartitionState:
 
     @property
     def prefetches(self) -> bool:
-        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables."""
-        return bool(self._prefetched)
+        """Whether :meth:`prefetch` reads anything: the processor keeps plain tables,
+        or tumbling or hopping windows with values in Redis not known here."""
+        return bool(self._prefetched) or any(v.prefetches for v in self.fixed_views.values())
 
     async def prefetch(self, records: list[Any]) -> None:
         """Read the partition keys of a batch's ``records`` that the plain tables do not
@@ -341,6 +342,9 @@ class PartitionState:
             return
         for view in self._prefetched:
             await view.prefetch(fields, checked=False)
+        for window in self.fixed_views.values():
+            if window.prefetches:
+                await window.prefetch(records, key_of)
 
     # -- the watermark --
 
@@ -468,54 +472,60 @@ class PartitionState:
                     await expiring.sweep(at)
         if self.watermark == -math.inf:
             return
+        watermark = int(self.watermark)
         for view in self.windows:
-            closed = await view.settle(int(self.watermark))
             if isinstance(view, JoinView):  # unmatched events, their results made
                 join: Any = view.window
-                results: list[Any] = closed
+                results: list[Any] = await view.settle(watermark)
                 fast = self._plain_emitter_of(join.output) if join.plain else None
                 if fast is not None:
                     fast(results, self._done_out)
                 else:
                     self._done_out.extend(self._encode_output(join.output, r) for r in results)
                 continue
-            table = view.window
-            output = getattr(table, "output", None)
-            if output is None or not closed:
-                continue
-            result = getattr(table, "result", default_result)
-            done = self._done_out
-            encode = self._encode_output
-            if result is default_result:
-                # The keys of one window share its bounds: written once per window.
-                unstructure = converter.unstructure
-                bounds: dict[tuple[int, int], tuple[str, str]] = {}
-                records: list[dict[str, Any]] = []
-                for field, start, end, value in closed:
-                    iso = bounds.get((start, end))
-                    if iso is None:
-                        window = Window.from_ms(start, end)
-                        iso = bounds[start, end] = (
-                            window.start.isoformat(),
-                            window.end.isoformat(),
-                        )
-                    records.append(
-                        {
-                            "key": field.decode(),
-                            "start": iso[0],
-                            "end": iso[1],
-                            "value": value if type(value) in _JSON_SCALARS else unstructure(value),
-                        }
-                    )
-                fast = self._plain_emitter_of(output)
-                if fast is not None:
-                    fast(records, done)
-                else:
-                    done.extend(encode(output, record) for record in records)
-                continue
-            for field, start, end, value in closed:
-                record = result(field.decode(), Window.from_ms(start, end), value)
-                done.append(encode(output, record))
+            closed: list[Closed]
+            if isinstance(view, FixedWindowView):
+                closed = await view.settle(watermark)
+            else:  # sessions: each key's own bounds
+                sessions = await view.settle(watermark)
+                closed = [(start, end, {field: value}) for field, start, end, value in sessions]
+            output = getattr(view.window, "output", None)
+            if output is not None and closed:
+                self._emit_closed(view.window, output, closed)
+
+    def _emit_closed(
+        self, table: Any, output: StreamSpec[Any] | HasSpec[Any], closed: list[Closed]
+    ) -> None:
+        """Emit the results of the windows closed now, ``(start, end, {key field:
+        value})`` each, to ``output`` (done)."""
+        result = getattr(table, "result", default_result)
+        done = self._done_out
+        encode = self._encode_output
+        if result is not default_result:
+            for start, end, values in closed:
+                window = Window.from_ms(start, end)
+                for field, value in values.items():
+                    done.append(encode(output, result(field.decode(), window, value)))
+            return
+        fast = self._plain_emitter_of(output)
+        unstructure = converter.unstructure
+        for start, end, values in closed:
+            window = Window.from_ms(start, end)
+            # The keys of one window share its bounds: written once per window.
+            first, last = window.start.isoformat(), window.end.isoformat()
+            records = [
+                {
+                    "key": field.decode(),
+                    "start": first,
+                    "end": last,
+                    "value": value if type(value) in _JSON_SCALARS else unstructure(value),
+                }
+                for field, value in values.items()
+            ]
+            if fast is not None:
+                fast(records, done)
+            else:
+                done.extend(encode(output, record) for record in records)
 
     def emit_raw(
         self, stream: StreamSpec[Any] | HasSpec[Any], partition: int, pairs: list[Any]
@@ -556,6 +566,17 @@ class PartitionState:
         dumps = orjson.dumps
 
         def emit(records: list[dict[str, Any]], into: list[Emitted]) -> None:
+            if len(records) == 1:  # a join's pair, say: an entry, no run
+                record = records[0]
+                try:
+                    payload = dumps(record)
+                except TypeError:
+                    payload = b""
+                if not payload or len(payload) > limit:
+                    into.append(self._encode_output(stream, record))
+                else:
+                    into.append((keys[partitions_of(records)[0]], [field, payload]))
+                return
             runs: dict[int, list[Value]] = {}
             for record, partition in zip(records, partitions_of(records), strict=True):
                 try:

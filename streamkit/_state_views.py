@@ -262,15 +262,19 @@ class TableView:
     def _evict(self) -> None:
         cache = self._cache
         pinned = self._pinned
-        # Oldest first; keys whose commit has not landed stay (a read of Redis would
-        # not see their value yet).
-        for _ in range(len(cache)):
-            if len(cache) <= self._cache_size:
-                return
-            field = next(iter(cache))
-            value = cache.pop(field)
-            if field in pinned:
-                cache[field] = value
+        # Oldest first, a tenth of the cache at a time (one pass over the oldest, not a
+        # pass per key: popping a dict's first key one at a time scans the holes the
+        # pops before left); keys whose commit has not landed stay (a read of Redis
+        # would not see their value yet).
+        excess = len(cache) - (self._cache_size - self._cache_size // 10)
+        gone: list[bytes] = []
+        for field in cache:
+            if len(gone) >= excess:
+                break
+            if field not in pinned:
+                gone.append(field)
+        for field in gone:
+            del cache[field]
 
     # -- the layers --
 

@@ -15,9 +15,10 @@ window reads its hash in pages (:data:`CLOSE_BATCH` keys a round), emits each ke
 result and removes the page, in the commit that carries the results, so a window of
 many keys closes over several commits of bounded size, each exactly once.
 
-Three layers, as a table's (:mod:`streamkit._state_views`): the tentative values of
-the events in flight, the done ones waiting for the commit, and a cache of committed
-ones, each kept per window. A window with a commit in flight (pinned) is not closed
+Two layers, each kept per window: the values written since the last commit (done, or
+tentative: of the events in flight, with what each replaced in an undo log, so that
+an event done costs nothing and one failed is taken back), and a cache of committed
+ones. A window with a commit in flight (pinned) is not closed
 until that commit lands, so the page read from Redis is the whole truth.
 """
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from ._errors import WrongPartition
+from ._event import UNDECODED
 from ._keys import (
     closed_window_member as closed_member,
     open_window_member as open_member,
@@ -39,7 +41,7 @@ from ._partitioner import canonical_key_bytes, partition_for
 from ._redis import hot_hget, redis_errors
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
     from ._commit import Changes
     from ._redis import Redis
@@ -54,8 +56,8 @@ __all__ = [
 #: Keys of one window a settling round closes, at most (the rest close in later rounds).
 CLOSE_BATCH = 500
 
-#: A window closed now: ``(key field, start ms, end ms, final value)``.
-Closed = tuple[bytes, int, int, Any]
+#: Keys of a window closed now: ``(start ms, end ms, {key field: final value})``.
+Closed = tuple[int, int, dict[bytes, Any]]
 
 _ABSENT: Any = object()
 #: What :meth:`FixedWindowView.fold` says when a value must be read from Redis first.
@@ -86,6 +88,11 @@ class FixedWindowLike(Protocol):
     def encode_value(self, value: Any) -> bytes: ...
 
     def decode_value(self, raw: bytes) -> Any: ...
+
+    @property
+    def time(self) -> object: ...
+
+    def time_of(self, at: object) -> int: ...
 
     def windows_key(self, partition: int) -> str: ...
 
@@ -141,10 +148,11 @@ class FixedWindowView:
         self._late_tentative = 0
         self.next_due: float = math.inf
         self.on_time: Callable[[int], None] = lambda at: None
-        # The writes of the events in flight, by (window start, key field); the done
-        # ones and the cache, per window: key field -> value.
-        self._tentative: dict[tuple[int, bytes], Any] = {}
+        # The writes since the last commit and the cache, per window: key field ->
+        # value; of those writes, the ones of the events in flight, as (window start,
+        # key field, the value it replaced or _ABSENT), oldest first.
         self._dirty: dict[int, dict[bytes, Any]] = {}
+        self._undo: list[tuple[int, bytes, Any]] = []
         self._cache: dict[int, dict[bytes, Any]] = {}
         self._cached = 0
         # The open windows that exist (committed, or done), by start: their due time.
@@ -196,16 +204,23 @@ class FixedWindowView:
 
     def _known(self, start: int, field: bytes) -> Any:
         """The value of ``field`` in window ``start`` if known here, else absent."""
-        value = self._tentative.get((start, field), _ABSENT)
+        value = _ABSENT
+        values = self._dirty.get(start)
+        if values is not None:
+            value = values.get(field, _ABSENT)
         if value is _ABSENT:
-            values = self._dirty.get(start)
+            values = self._cache.get(start)
             if values is not None:
                 value = values.get(field, _ABSENT)
-            if value is _ABSENT:
-                values = self._cache.get(start)
-                if values is not None:
-                    value = values.get(field, _ABSENT)
         return value
+
+    def _write(self, start: int, field: bytes, value: Any) -> None:
+        """Write ``value`` tentatively (its event is in flight)."""
+        values = self._dirty.get(start)
+        if values is None:
+            values = self._dirty[start] = {}
+        self._undo.append((start, field, values.get(field, _ABSENT)))
+        values[field] = value
 
     async def _read(self, start: int, field: bytes, key: object) -> Any:
         """The value of ``field`` in window ``start``, not known here."""
@@ -228,16 +243,93 @@ class FixedWindowView:
         if self._cached > self._cache_size:
             self._evict()
 
-    def _evict(self) -> None:
+    def _evict(self, keep: Collection[int] = (), room: int = 0) -> None:
         # Whole windows, oldest first, but for those with a commit in flight (a read of
-        # Redis would not show their values yet).
+        # Redis would not show their values yet) and those of ``keep``, until ``room``
+        # more values fit.
         for start in sorted(self._cache):
-            if self._cached <= self._cache_size:
+            if self._cached + room <= self._cache_size:
                 return
-            if start in self._pins:
+            if start in self._pins or start in keep:
                 continue
             self._cached -= len(self._cache.pop(start))
             self._complete.discard(start)
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` may read anything: the table finds its events' times
+        itself (``time=``) and some window's values are in Redis, not all known here
+        (an earlier owner's, or a window evicted from the cache)."""
+        return self.table.time is not None and not self._complete.issuperset(self._stored)
+
+    async def prefetch(self, records: list[Any], key_of: Callable[[Any], object]) -> None:
+        """Read into the cache the values a batch's ``records`` will update, keyed by
+        ``key_of`` (the stream's partition key) at the table's time of each, that are
+        in Redis and not known here: one round trip for the batch, not one per event.
+        Room is made first, and the windows the batch updates are kept."""
+        time_of, time = self.table.time_of, self.table.time
+        name = time if type(time) is str else None
+        count, partition, checked = self._partition_count, self.partition, self._checked
+        size, spans = self._size, self._spans
+        # Windows whose values are in Redis and not all known here.
+        partial = self._stored - self._complete
+        touched: set[int] = set()
+        wanted: dict[int, dict[bytes, None]] = {}
+        try:
+            for record in records:
+                if record is UNDECODED:
+                    continue
+                at = getattr(record, name) if name is not None else time(record)  # type: ignore[operator]
+                ms = round(at * 1_000_000) // 1000 if type(at) is float else time_of(at)
+                if spans is None:
+                    start = ms - ms % size
+                    touched.add(start)
+                    if start not in partial:
+                        continue
+                    starts: list[int] = [start]
+                else:
+                    starts = [start for start, _ in spans(ms)]
+                    touched.update(starts)
+                    starts = [start for start in starts if start in partial]
+                    if not starts:
+                        continue
+                key = key_of(record)
+                field = key.encode() if type(key) is str else canonical_key_bytes(key)
+                if field not in checked and partition_for(field, count) != partition:
+                    continue  # not of this partition: its update raises WrongPartition
+                for start in starts:
+                    fields = wanted.get(start)
+                    if fields is None:
+                        wanted[start] = {field: None}
+                    else:
+                        fields[field] = None
+        except Exception:  # a bad key or time: the processor meets it, its policy decides
+            return
+        missing: dict[int, list[bytes]] = {}
+        for start, fields in wanted.items():
+            written, cached = self._dirty.get(start, {}), self._cache.get(start, {})
+            needed = [f for f in fields if f not in written and f not in cached]
+            if needed:
+                missing[start] = needed
+        if not missing:
+            return
+        self._evict(keep=touched, room=sum(len(f) for f in missing.values()))
+        with redis_errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                requests = [
+                    pipe.hmget(self._values_key(self.partition, start), unknown)
+                    for start, unknown in missing.items()
+                ]
+            replies = [await request for request in requests]
+        decode, initial = self.table.decode_value, self.window.initial
+        for (start, unknown), raws in zip(missing.items(), replies, strict=True):
+            values = self._cache.get(start)
+            if values is None:
+                values = self._cache[start] = {}
+            for field, raw in zip(unknown, raws, strict=True):
+                if field not in values:
+                    self._cached += 1
+                values[field] = initial if raw is None else decode(raw)
 
     def fold(self, key: object, at: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """:meth:`update` without a checkpoint when every value it needs is known here
@@ -251,17 +343,15 @@ class FixedWindowView:
         if due <= self.watermark:
             self._late_tentative += 1
             return True
-        tentative = self._tentative
-        value = tentative.get((start, field), _ABSENT)
+        # The writes since the commit, then the cache (_known and _write, inlined:
+        # once per event).
+        written = self._dirty.get(start)
+        value = _ABSENT if written is None else written.get(field, _ABSENT)
+        replaced = value
         if value is _ABSENT:
-            # The done layer, then the cache (_known, inlined: once per event).
-            values = self._dirty.get(start)
+            values = self._cache.get(start)
             if values is not None:
                 value = values.get(field, _ABSENT)
-            if value is _ABSENT:
-                values = self._cache.get(start)
-                if values is not None:
-                    value = values.get(field, _ABSENT)
             if value is _ABSENT:
                 if start in self._stored and start not in self._complete:
                     return NEEDS_READ
@@ -269,7 +359,11 @@ class FixedWindowView:
                 if field not in self._checked:
                     self._check(field, key)
                 value = self.window.initial
-        tentative[start, field] = fn(value, *args)
+        value = fn(value, *args)
+        if written is None:
+            written = self._dirty[start] = {}
+        self._undo.append((start, field, replaced))
+        written[field] = value
         if start not in self._open and start not in self._created:
             self._created[start] = due
             if due < self.next_due:
@@ -285,7 +379,6 @@ class FixedWindowView:
         field = key.encode() if type(key) is str else canonical_key_bytes(key)
         watermark = self.watermark
         grace = self._grace
-        tentative = self._tentative
         spans = (
             self._spans(at)
             if self._spans is not None
@@ -296,12 +389,10 @@ class FixedWindowView:
             if end + grace <= watermark:
                 continue
             late = False
-            value = tentative.get((start, field), _ABSENT)
+            value = self._known(start, field)
             if value is _ABSENT:
-                value = self._known(start, field)
-                if value is _ABSENT:
-                    value = await self._read(start, field, key)
-            tentative[start, field] = fn(value, *args)
+                value = await self._read(start, field, key)
+            self._write(start, field, fn(value, *args))
             if start not in self._open and start not in self._created:
                 self._created[start] = end + grace
                 if end + grace < self.next_due:
@@ -315,15 +406,8 @@ class FixedWindowView:
     # -- the layers --
 
     def promote(self) -> None:
-        if self._tentative:
-            dirty = self._dirty
-            for (start, field), value in self._tentative.items():
-                done = dirty.get(start)
-                if done is None:
-                    dirty[start] = {field: value}
-                else:
-                    done[field] = value
-            self._tentative.clear()
+        if self._undo:
+            self._undo.clear()
         if self._created:
             self._open.update(self._created)
             self._unindexed.update(self._created)
@@ -334,7 +418,8 @@ class FixedWindowView:
             self._late_tentative = 0
 
     def discard(self) -> None:
-        self._tentative = {}
+        if self._undo:
+            self._undo_writes()
         self._created = {}
         self._late_tentative = 0
         self._recompute_due()
@@ -343,6 +428,9 @@ class FixedWindowView:
         """Add the done writes, closings and drops to ``changes``; they count as
         committed from now."""
         dirty = self._dirty
+        # The writes of the events in flight are not done: out of what is committed,
+        # and written again over it (replacing nothing: the committed values are cached).
+        tentative = self._take_tentative() if self._undo else None
         if dirty:
             self._dirty = {}
             encode = self.table.encode_value
@@ -375,6 +463,9 @@ class FixedWindowView:
                     scored.append(open_member(start, start + self._size))
             self._unindexed = {}
             changes.zadd(self._index, scored)
+        if tentative:
+            for (start, field), value in tentative.items():
+                self._write(start, field, value)
         for op, key, args, start in self._ops:
             if op == "delete":
                 changes.delete(key)
@@ -384,6 +475,27 @@ class FixedWindowView:
                 self._queued.discard(start)
                 self._pin(start, pinned)
         self._ops = []
+
+    def _take_tentative(self) -> dict[tuple[int, bytes], Any]:
+        """Take the writes of the events in flight back out of the layer of writes:
+        their newest values, by (window start, key field)."""
+        dirty = self._dirty
+        newest = {(start, field): dirty[start][field] for start, field, _ in self._undo}
+        self._undo_writes()
+        return newest
+
+    def _undo_writes(self) -> None:
+        """Undo the writes of the events in flight (newest first)."""
+        dirty = self._dirty
+        for start, field, replaced in reversed(self._undo):
+            values = dirty[start]
+            if replaced is _ABSENT:
+                del values[field]
+                if not values:
+                    del dirty[start]
+            else:
+                values[field] = replaced
+        self._undo.clear()
 
     def _pin(self, start: int, pinned: list[Any]) -> None:
         self._pins[start] = self._pins.get(start, 0) + 1
@@ -408,7 +520,8 @@ class FixedWindowView:
 
     async def settle(self, watermark: int) -> list[Closed]:
         """Close the windows ``watermark`` has passed and drop those past the retention
-        (as done writes); return the keys' windows closed now, to emit once.
+        (as done writes); return the windows closed now with their keys' values, to
+        emit once.
 
         A window with writes of events in flight, or a commit in flight, waits for a
         later round.
@@ -416,10 +529,12 @@ class FixedWindowView:
         if watermark < self.next_due:
             return []
         closed: list[Closed] = []
-        busy = self._pins.keys() | self._queued | {start for start, _ in self._tentative}
+        busy = self._pins.keys() | self._queued | {start for start, _, _ in self._undo}
         for start, due in sorted(self._open.items()):
             if due <= watermark and start not in busy:
-                closed.extend(await self._close_some(start))
+                values = await self._close_some(start)
+                if values:
+                    closed.append((start, start + self._size, values))
         for start, due in sorted(self._kept.items()):
             if due <= watermark and start not in busy:
                 await self._drop_some(start)
@@ -432,7 +547,7 @@ class FixedWindowView:
             cursor, page = await self._redis.hscan(key, 0, count=CLOSE_BATCH)
         return int(cursor) == 0, dict(page)
 
-    async def _close_some(self, start: int) -> list[Closed]:
+    async def _close_some(self, start: int) -> dict[bytes, Any]:
         end = start + self._size
         values_key = self._values_key(self.partition, start)
         done = self._dirty.pop(start, {})
@@ -459,7 +574,6 @@ class FixedWindowView:
             # A done value may replace one committed earlier, on a page still to come:
             # removed too, so that no later page shows the older value again.
             stored = list(values)
-        closed = [(field, start, end, value) for field, value in values.items()]
         ops = self._ops
         if last and start in self._stored:
             # The whole window goes (every key of it is in this page): one delete, not a
@@ -489,7 +603,7 @@ class FixedWindowView:
             # The rest of the window closes in a later round, once this page's removal
             # has landed (a read before would show it again).
             self._queued.add(start)
-        return closed
+        return values
 
     async def _drop_some(self, start: int) -> None:
         closed_key = self._closed_key(self.partition, start)

@@ -50,7 +50,7 @@ PINS = {
     "membership/heartbeat": "0c4d497e72c96b1df1d0aae4845e1ed4fd19491a",
     "spark/ids": "dae4979cfcf0d38a89abfa0926ba365690e5ec0a",
     "spark/write": "6d29426a1d4c002325ce48fb2fa457d23dea9347",
-    "streams/append": "9fb83ee5deaddf8fe1d61c63281f67613d35e847",
+    "streams/append": "928d7fe5f7dff94065c008e5f60c6690cdc73eee",
     "streams/metadata": "a28ef5fd0daf55e4dccd016c7f7e13eb9f8aaaee",
     "streams/outbox_delete": "ee8b96c3e8d3401f066cbfa875e8ab9594e90906",
     "streams/outbox_read": "440b0aa9a46c302270ff24407d12e9e467be0c35",

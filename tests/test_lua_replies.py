@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from streamkit import _keys, _lua, _redispy
-from streamkit._produce import marker_key
+from streamkit._produce import append_reply, marker_key
 from streamkit._redis import NOT_LOADED, LuaScript, run_blocking_between
 from streamkit.jobs._layout import ShardKeys
 from streamkit.spark._client import connect
@@ -60,7 +60,17 @@ async def streams(call: Calls) -> None:
     again = await call(
         "streams/append", [STREAM, marker, marker_key(STREAM, "t0")], [*head, 1, 1, b"f", b"v"]
     )
-    assert (len(first[0]), first[2], again[2], again[0]) == (3, 0, 1, first[0])
+    ids, _, _ = append_reply(first)
+    assert (len(ids), first[2], first[3]) == (3, 0, 3), "consecutive: the first and a count"
+    assert append_reply(again) == (ids, 0, True)
+    # Ids that cannot be said as a first and a count (a sequence number past 2^53):
+    # one by one, in the reply and in the marker.
+    far_stream = _keys.stream_key("shop", "orders", 4)
+    await redis.xadd(far_stream, {"f": "v"}, identifier="99999999999999-1000000000000000")
+    far_marker = marker_key(far_stream, "t2")
+    far = await call("streams/append", [far_stream, far_marker], [*head, 0, 1, b"f", b"v"])
+    far_again = await call("streams/append", [far_stream, far_marker], [*head, 1, 1, b"f", b"v"])
+    assert far[0] == far_again[0] == [b"99999999999999-1000000000000001"]
     spark = _keys.spark_marker_key("shop", "orders", 3, "w", "b", 0, 0)
     assert await call("spark/write", [STREAM, spark], [*head, 1, b"f", b"v"]) == [1, 0]
     assert await call("spark/write", [STREAM, spark], [*head, 1, b"f", b"v"]) == [-1, 0]

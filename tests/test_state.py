@@ -21,6 +21,7 @@ from streamkit import (
     Events,
     ExceptionPolicy,
     LockLost,
+    OutcomeUnknown,
     ProcessorKeys,
     Record,
     RedisUnavailable,
@@ -706,3 +707,63 @@ async def consume_numbers(
             await stateful.tens.update(number.key, number, operator.add, number.n)
             if number.n == last:
                 break
+
+
+async def test_tables_larger_than_the_cache_stay_exact(redis_url: str, redis: Redis) -> None:
+    """A cache of a few values for hundreds of keys, written again and again: values
+    are evicted (never one whose commit has not landed) and read back, every count and
+    total exact."""
+    app, orders, _, totals, counts = shop(redis_url, state_cache_size=7)
+    sent = orders_for(customers=300, per_customer=4)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many(sent)
+        await wait_counts(counts, {f"c{c}": 4 for c in range(300)})
+        await worker.stop()
+    async with app:
+        assert await totals.read_many(["c0", "c299"]) == [10.0, 10.0]
+
+
+async def echo_partition_1(
+    fetcher: Fetcher[Tick], locks: LockManager, echoes: Stream[Tick], proxy: FaultProxy | None
+) -> None:
+    """Echo partition 1's ticks (0-2); with ``proxy``, at tick 1 flush (tick 0's echo)
+    into its blackhole and cancel the flush there, as a caller's timeout would."""
+    async with serving(fetcher, locks, 1, outputs=[echoes], redis=fetcher.redis) as events:
+        async for tick in events.records():
+            events.emit(echoes, tick)
+            if tick.n == 1 and proxy is not None:
+                proxy.blackhole("requests")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(events.flush)
+                    await commit_blackholed(proxy)
+                    nursery.cancel_scope.cancel()
+                proxy.heal()
+            elif tick.n == 2:
+                break
+
+
+@pytest.mark.timeout(30)
+async def test_a_commit_cancelled_in_flight_stops_the_partition(
+    app: App,
+    fault_proxies: FaultProxies,
+    redis: Redis,
+    ticks: Stream[Tick],
+    locks: LockManager,
+) -> None:
+    """A commit cancelled in flight (by the caller's own timeout, say) may have landed
+    or not, as one lost with its connection: the partition stops, saying so, and its
+    next owner emits each tick's echo once (an acknowledgement of tick 0 without the
+    echo the cancelled commit carried would lose it)."""
+    proxy = await fault_proxies.open()
+    echoes = app.stream("echoes", record=Tick, partition_by="key", partition_count=1)
+    await ticks.send_many(ticks_for(1, range(3)))
+    async with open_redis(proxy.url) as cut, open_fetcher(cut, ticks, group=GROUP) as fetcher:
+        with trio.fail_after(10), pytest.raises(OutcomeUnknown, match="cancelled in flight"):
+            await echo_partition_1(fetcher, locks, echoes, proxy)
+    async with open_fetcher(redis, ticks, group=GROUP) as fetcher:
+        with trio.fail_after(10):
+            await echo_partition_1(fetcher, locks, echoes, None)
+    echoed: Any = await redis.xrange(echoes.key(0))
+    got = [echoes.codec.decode(e.field_values, stream="echoes").n for e in echoed]
+    assert got == [0, 1, 2]

@@ -13,8 +13,10 @@ import pytest
 import trio
 
 from streamkit import App, Events, Record, hopping, session, tumbling
+from streamkit._commit import Changes
 from streamkit._events_delivery import Delivery
 from streamkit._state import PartitionState
+from streamkit._state_windows import _ABSENT, FixedWindowView
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 
@@ -445,3 +447,100 @@ async def test_a_backlog_in_event_time_order_has_no_late_event(
     async with app:
         snapshot = await take_snapshot(app)
     assert [p.late for p in snapshot.processors] == [0]
+
+
+async def test_a_commit_with_an_event_in_flight_leaves_its_writes_out(
+    redis_url: str, redis: Redis
+) -> None:
+    """Writes of the events in flight go straight into the layer of writes, with what
+    each replaced: a commit taken meanwhile carries only the done ones, and a failed
+    event's writes are taken back to the committed value, however often it wrote."""
+    _, _, _, revenue = revenue_app(redis_url)
+    view = FixedWindowView(revenue, 0, 1, redis, 100)
+    view.watermark = 0
+    assert view.fold("a", 1_000, operator.add, (5,)) is False  # done: a = 5
+    view.promote()
+    view.fold("a", 2_000, operator.add, (1,))  # in flight: a = 6, then 8, b = 1
+    view.fold("a", 3_000, operator.add, (2,))
+    view.fold("b", 3_000, operator.add, (1,))
+
+    changes = Changes()
+    view.contribute(changes, [])
+    written = [(op, values) for op, _, values in changes.ops if op == "h"]
+    assert written == [("h", [b"a", b"5"])], "only the done write is committed"
+    assert view._known(0, b"a") == 8  # the event in flight still sees its own writes
+
+    view.discard()  # the event failed
+    assert view._known(0, b"a") == 5, "back to the committed value"
+    assert view._known(0, b"b") is _ABSENT, "a key the failed event made is gone"
+
+    view.fold("a", 4_000, operator.add, (10,))
+    view.promote()  # done this time
+    changes = Changes()
+    view.contribute(changes, [])
+    assert [values for op, _, values in changes.ops if op == "h"] == [[b"a", b"15"]]
+
+
+async def test_windows_larger_than_the_cache_stay_exact(redis_url: str, redis: Redis) -> None:
+    """Many windows open per key and a cache of a few values: windows are evicted,
+    their values read back from Redis a batch at a time (prefetched), and every
+    window's result is still the sum of its events."""
+    app = App("wincache", redis_url=redis_url, state_cache_size=8, **FAST)
+    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=1)
+    totals = app.stream("totals", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    revenue = app.window(
+        "revenue",
+        tumbling(timedelta(seconds=1)),
+        value=int,
+        initial=0,
+        grace=timedelta(hours=1),
+        time="at",
+        output=totals,
+    )
+
+    @app.processor(sales, tables=[revenue])
+    async def add_up(events: Events[Sale]) -> None:
+        async for item in events.records():
+            await revenue.update(item.shop, item, operator.add, item.amount)
+
+    expected: dict[tuple[str, int], int] = {}
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        for round_ in range(4):
+            # Every other round the other windows: the last round's are evicted.
+            seconds = range(20) if round_ % 2 == 0 else range(20, 40)
+            batch = [
+                sale(f"s{k}", round_ + k, second + 0.5) for second in seconds for k in range(5)
+            ]
+            for s in batch:
+                key = (s.shop, int((s.at - T0).total_seconds()))
+                expected[key] = expected.get(key, 0) + s.amount
+            await sales.send_many(batch)
+
+            async def committed(n: int = 100 * (round_ + 1)) -> bool:
+                pending: Any = await redis.xpending(sales.key(0), "wincache.sales.add_up")
+                return bool(await redis.xlen(sales.key(0)) == n and pending[0] == 0)
+
+            await wait_until(committed, what=f"round {round_} committed", within=20)
+        await sales.send(sale("s0", 0, 2 * 3600))  # closes every window
+        await wait_until(
+            lambda: _at_least(redis, totals, len(expected)), what="every result", within=20
+        )
+        await worker.stop()
+    got = {
+        (r["key"], int((datetime.fromisoformat(r["start"]) - T0).total_seconds())): r["value"]
+        for r in await results(redis, totals)
+    }
+    assert len(await results(redis, totals)) == len(expected), "a result emitted twice"
+    assert got == expected
+
+
+async def _at_least(redis: Redis, stream: Stream[Any], n: int) -> bool:
+    return len(await results(redis, stream)) >= n
+
+
+def test_an_event_time_is_the_same_millisecond_however_it_is_given() -> None:
+    _, _, _, revenue = revenue_app("redis://unused")  # time="at"
+    assert revenue.time_of(2.01) == 2010  # 2.00999... s: to_ms's millisecond, not floored
+    assert revenue.time_of(T0) == revenue.time_of(T0.timestamp()) == int(T0.timestamp()) * 1000
+    assert revenue.time_of(sale("a", 1, 2.01)) == revenue.time_of(T0.timestamp() + 2.01)

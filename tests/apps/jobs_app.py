@@ -52,8 +52,9 @@ def log_key(tag: str) -> str:
     return f"jobs:log:{tag}"
 
 
-def _with_markers(app: App) -> App:
-    """Give ``app``'s workers the markers client (a background task holds it open)."""
+def with_markers(app: App) -> App:
+    """Give ``app``'s workers the markers client (a background task holds it open), on
+    the server of ``JOBS_MARKERS_URL`` (the app's own by default)."""
 
     @app.task
     async def markers_client() -> None:
@@ -67,13 +68,19 @@ def _with_markers(app: App) -> App:
     return app
 
 
-async def _record(kind: str, tag: str) -> int:
-    """Record a start or end of job ``tag``; return how many there are now."""
+async def markers() -> Redis:
+    """The markers client of a worker of an app given it by :func:`with_markers`."""
     await _markers_ready.wait()
     assert _markers is not None
+    return _markers
+
+
+async def _record(kind: str, tag: str) -> int:
+    """Record a start or end of job ``tag``; return how many there are now."""
+    client = await markers()
     # The log entry first: a test that sees the count sees the entry too.
-    await _markers.rpush(log_key(tag), [f"{kind} {PID} {time.time()}"])
-    count: int = await _markers.incr(f"jobs:{kind}s:{tag}")
+    await client.rpush(log_key(tag), [f"{kind} {PID} {time.time()}"])
+    count: int = await client.incr(f"jobs:{kind}s:{tag}")
     return count
 
 
@@ -83,7 +90,7 @@ def _current_job_id() -> str:
     return current_job().id
 
 
-app = _with_markers(App("jobs"))
+app = with_markers(App("jobs"))
 
 
 @app.job
@@ -136,7 +143,7 @@ async def limited(tag: str, account: str, seconds: float) -> int:
     return PID
 
 
-cron_app = _with_markers(App("jobcron"))
+cron_app = with_markers(App("jobcron"))
 
 
 @cron_app.cron("* * * * * *")  # croniter's optional sixth field: seconds
@@ -151,7 +158,7 @@ class Note(Record):
     n: int
 
 
-mixed = _with_markers(App("jobmixed"))
+mixed = with_markers(App("jobmixed"))
 notes = mixed.stream("notes", record=Note, partition_by="key", partition_count=2)
 
 

@@ -75,6 +75,12 @@ class ScenarioReport:
         recovery: how the recovery time is defined in this scenario.
         duration_seconds: the scenario's wall-clock time.
         notes: anything else worth reading in the report.
+        jobs: jobs enqueued during the scenario (``None``: it ran no jobs).
+        jobs_per_second: the pace they were enqueued at.
+        job_runs: runs of their functions, repeats included.
+        job_reruns: jobs that ran more than once.
+        job_rerun_bound: how many jobs the leases allowed to run again: those
+            running on a worker when it was cut off (the suite fails beyond them).
     """
 
     scenario: str
@@ -90,6 +96,11 @@ class ScenarioReport:
     recovery: str
     duration_seconds: float
     notes: str = ""
+    jobs: int | None = None
+    jobs_per_second: float | None = None
+    job_runs: int | None = None
+    job_reruns: int | None = None
+    job_rerun_bound: int | None = None
 
     @classmethod
     def from_tally(cls, result: Tally, **fields: Any) -> ScenarioReport:

@@ -6,11 +6,17 @@ stream, all committed with the acknowledgements) talks to Redis through a
 Redis directly and never pause. Afterwards every count, sum, window and echo must
 equal what was sent: a commit that landed from a worker whose lease had lapsed would
 count its events twice.
+
+In the blackhole and latency scenarios the workers run ``tests.apps.netjobs:app``,
+the same processor and a job, and jobs are enqueued throughout too (directly): each
+run of a job is recorded on the server, and the runs are counted against what the
+job leases allow.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -26,8 +32,10 @@ from streamkit import App, OutcomeUnknown, ProcessorKeys, Record, RedisUnavailab
 from streamkit._locks import lock_key
 from streamkit._membership_state import membership_keys
 from streamkit._retrying import DEFAULT_RETRY_FOR
+from streamkit.jobs import JobCall
 from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
+from tests.apps import netjobs
 from tests.apps.stateful import PARTITIONS, Number, make_app
 from tests.reliability.harness import ScenarioReport, record_report
 from tests.reliability.test_state_faults import (
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from streamkit import Redis, Stream
+    from streamkit.jobs import Job, JobInfo, JobQueue
     from tests.apps.stateful import Stateful
     from tests.netfaults import Direction, FaultProxies, FaultProxy
     from tests.workers import WorkerProcess
@@ -155,11 +164,158 @@ async def produce(numbers: Stream[Number], sent: Sent, stop: trio.Event) -> None
         await trio.sleep(INTERVAL)
 
 
+# --------------------------------------------------------------------------- jobs
+
+#: The workers of the scenarios with jobs: ``tests.apps.stateful``'s processor and a job.
+JOBS_APP = "tests.apps.netjobs:app"
+#: The workers' job lease (``job_lease_ttl``): their partitions' lease.
+JOB_LEASE_TTL = LEASE_TTL
+#: How often a worker renews the leases of its running jobs (``min(lease_ttl / 3, 1 s)``).
+RENEW_PERIOD = min(JOB_LEASE_TTL / 3, 1.0)
+#: Seconds each job takes, and :data:`JOB_ROUND` of them enqueued every
+#: :data:`JOB_INTERVAL`: 25 jobs/s, about 8 running at a time across the fleet.
+CHORE = 0.3
+JOB_ROUND = 5
+JOB_INTERVAL = 0.2
+#: A run on the cut-off worker may start this long after the cut (a claim's reply
+#: already on its way).
+CUT_SLACK = 0.5
+
+
+def jobs_env(redis_url: str) -> dict[str, str]:
+    """The environment of a worker of :data:`JOBS_APP`: its runs are recorded on the
+    server itself, not through the worker's link."""
+    return {**ENV, "STREAMKIT_JOB_LEASE_TTL": f"{JOB_LEASE_TTL:g}", "JOBS_MARKERS_URL": redis_url}
+
+
+def consumer_pid(consumer: str | None) -> int | None:
+    """The pid in a job worker's name (``<host>-<pid>-<random>``)."""
+    return None if consumer is None else int(consumer.rsplit("-", 2)[-2])
+
+
+@attrs.frozen
+class Run:
+    """One run of a job's function, as it recorded itself (unix times)."""
+
+    pid: int
+    started: float
+    ended: float | None
+
+
+async def read_runs(redis: Redis, *, last: int = 0) -> dict[str, list[Run]]:
+    """Every run recorded in :data:`tests.apps.netjobs.RUNS` (the ``last`` ones only,
+    if given), per job in order of start."""
+    entries: list[bytes] = await redis.lrange(netjobs.RUNS, -last if last else 0, -1)
+    runs: dict[str, list[Run]] = {}
+    for entry in entries:
+        job, kind, pid, at = entry.decode().split()
+        mine = runs.setdefault(job, [])
+        if kind == "start":
+            mine.append(Run(int(pid), float(at), None))
+        else:
+            index = next(
+                (i for i, r in enumerate(mine) if r.pid == int(pid) and r.ended is None), None
+            )
+            if index is not None:  # (its start fell before the ``last`` entries)
+                mine[index] = attrs.evolve(mine[index], ended=float(at))
+    return runs
+
+
+@attrs.define(eq=False)
+class JobFeed:
+    """Enqueues :data:`JOB_ROUND` jobs every :data:`JOB_INTERVAL` until ``stop``, each
+    with an id of its own; Redis is reached directly, never through a proxy."""
+
+    chore: Job[[float], int]
+    ids: list[str] = attrs.field(factory=list)
+    began: float = 0.0
+    ended: float = 0.0
+    #: Set once the feed stopped, its last jobs enqueued.
+    finished: trio.Event = attrs.field(factory=trio.Event)
+
+    async def run(self, stop: trio.Event) -> None:
+        self.began = trio.current_time()
+        while not stop.is_set():
+            ids = [f"chore-{len(self.ids) + i}" for i in range(JOB_ROUND)]
+            await self.chore.enqueue_many([JobCall(args=(CHORE,), job_id=i) for i in ids])
+            self.ids.extend(ids)
+            await trio.sleep(JOB_INTERVAL)
+        self.ended = trio.current_time()
+        self.finished.set()
+
+    @property
+    def rate(self) -> float:
+        """Jobs enqueued per second."""
+        return len(self.ids) / max(self.ended - self.began, 1e-9)
+
+
+@attrs.frozen
+class JobTally:
+    """What became of the jobs a feed enqueued."""
+
+    #: Per job, its record.
+    infos: dict[str, JobInfo]
+    #: Per job, the pid its result names: the worker whose success was recorded.
+    finished_by: dict[str, int]
+    #: Per job, its runs.
+    runs: dict[str, list[Run]]
+
+    @property
+    def run_count(self) -> int:
+        return sum(len(r) for r in self.runs.values())
+
+    @property
+    def rerun(self) -> dict[str, list[Run]]:
+        """The jobs that ran more than once."""
+        return {job: runs for job, runs in self.runs.items() if len(runs) > 1}
+
+    def describe(self, jobs: Collection[str]) -> str:
+        """A few of ``jobs``: their runs, who finished them and their tries."""
+        return "; ".join(
+            f"{job}: runs {self.runs.get(job)}, finished by {self.finished_by.get(job)}, "
+            f"tries {[(t.worker, t.outcome) for t in self.infos[job].history]}"
+            for job in sorted(jobs)[:5]
+        )
+
+    def failed(self) -> dict[str, str]:
+        """The jobs that did not succeed, with their status, or ran no run (none may)."""
+        return {
+            job: info.status if info.status != "success" else "success, not run"
+            for job, info in self.infos.items()
+            if info.status != "success" or not self.runs.get(job)
+        }
+
+
+async def tally_jobs(redis: Redis, queue: JobQueue, feed: JobFeed) -> tuple[JobTally, float]:
+    """Wait until ``feed`` stopped and every job it enqueued is over; what became of
+    them, and how many seconds after it stopped they all were over."""
+    await feed.finished.wait()
+
+    async def over() -> bool:
+        return (await queue.counts()).pending == 0
+
+    await wait_until(over, what="every job over", within=60, interval=0.02)
+    done = trio.current_time() - feed.ended
+    infos, finished_by = {}, {}
+    for job in feed.ids:
+        handle = queue.handle(job)
+        infos[job] = info = await handle.info()
+        if info.status == "success":
+            finished_by[job] = await handle.result(timeout=5)
+    return JobTally(infos, finished_by, await read_runs(redis)), done
+
+
 async def start_fleet(
-    fault_proxies: FaultProxies, tmp_path: Path, workers: list[WorkerProcess], count: int
+    fault_proxies: FaultProxies,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+    count: int,
+    *,
+    app: str = APP,
+    env: dict[str, str] = ENV,
 ) -> list[FaultProxy]:
     proxies = [await fault_proxies.open() for _ in range(count)]
-    workers.extend(start_worker(p.url, tmp_path, app=APP, env=ENV) for p in proxies)
+    workers.extend(start_worker(p.url, tmp_path, app=app, env=env) for p in proxies)
     return proxies
 
 
@@ -177,13 +333,28 @@ async def test_blackholed_worker_hands_over_and_rejoins(
     Redis, replies do not): the cut-off worker must stop announcing itself and stop
     re-taking its partitions, so the others take over within the lease plus the
     session timeout; whatever it committed after its lease lapsed is refused (the
-    state stays exact); it rejoins when the link heals."""
+    state stays exact); it rejoins when the link heals, and runs jobs again.
+
+    Jobs are enqueued throughout, and each run of one is recorded on the server
+    directly (so even a run on the cut-off worker is seen). Proven: every job ran
+    to success; a job ran more than once only if its first run was on the cut-off
+    worker when it was cut off, and then once more, on another worker, started no
+    sooner than a job lease after the victim's last renewal could have landed (the
+    cut less one renewal period), the success recorded being that other worker's
+    (the victim's finish was refused, and it logged so: fencing). Cut off both ways,
+    it is cut off in the middle of a run, that job runs again, and no outcome of the
+    victim's lands during the fault; cut off one way, its requests still reach
+    Redis, so the outcomes of its runs under way land (and none runs again)."""
     began = trio.current_time()
-    stateful = make_app(redis_url=redis_url)
+    net = netjobs.make_app(redis_url=redis_url, job_lease_ttl=JOB_LEASE_TTL)
+    stateful = net.stateful
     sent = Sent()
+    feed = JobFeed(net.chore)
     stop = trio.Event()
     async with stateful.app, trio.open_nursery() as nursery, trio.open_nursery() as watching:
-        proxies = await start_fleet(fault_proxies, tmp_path, workers, 3)
+        proxies = await start_fleet(
+            fault_proxies, tmp_path, workers, 3, app=JOBS_APP, env=jobs_env(redis_url)
+        )
         await wait_members(redis, 3, group=GROUP)
         victim, link = workers[0], proxies[0]
         snapshot = await read_membership(redis, GROUP)
@@ -192,13 +363,28 @@ async def test_blackholed_worker_hands_over_and_rejoins(
         watch = HolderWatch(redis, membership_keys(GROUP).heartbeat(member))
         watching.start_soon(watch.run)
         nursery.start_soon(produce, stateful.numbers, sent, stop)
+        nursery.start_soon(feed.run, stop)
         await wait_until(lambda: sent.total > 500, what="500 events sent", within=30)
         await wait_until(
             lambda: bool(watch.samples) and bool(watch.held_by(victim.pid)),
             what="the victim holding a partition",
             within=30,
         )
-        cut_at = trio.current_time()
+
+        async def ran(since: float | None = None) -> bool:
+            """Whether the victim started a job after ``since`` (without: whether it
+            is in the first half of a run, as of the reply)."""
+            recent = await read_runs(redis, last=100)
+            after = time.time() - CHORE / 2 if since is None else since
+            return any(
+                r.pid == victim.pid and r.started > after and (since is not None or r.ended is None)
+                for runs in recent.values()
+                for r in runs
+            )
+
+        # Cut it off in the first half of a run: a run of it is cut off for sure.
+        await wait_until(ran, what="the victim starting a job", within=30, interval=0.01)
+        cut_at, cut_wall = trio.current_time(), time.time()
         link.blackhole(direction)
         held = watch.held_by(victim.pid)
 
@@ -216,7 +402,7 @@ async def test_blackholed_worker_hands_over_and_rejoins(
         fault_end = max(trio.current_time(), cut_at + 3 * SESSION_TIMEOUT) + LEASE_TTL
         await trio.sleep_until(fault_end)
         link.heal()
-        healed_at = trio.current_time()
+        healed_at, healed_wall = trio.current_time(), time.time()
         retaken = watch.retaken(victim.pid, held, cut_at, healed_at)
         # Its heartbeat in flight at the cut lands and lasts a session timeout; no
         # other one after it (before the fix, one landed every session timeout).
@@ -230,10 +416,63 @@ async def test_blackholed_worker_hands_over_and_rejoins(
 
         await wait_until(rejoined, what="the victim back, holding partitions", within=30)
         rejoin = trio.current_time() - healed_at
+        await wait_until(
+            partial(ran, healed_wall),
+            what="the victim running jobs again",
+            within=30,
+        )
         await wait_until(lambda: sent.total > 3000, what="3,000 events sent", within=60)
         stop.set()
+        jobs, jobs_done = await tally_jobs(redis, net.app.job_queue, feed)
+
+        def refused() -> set[str]:
+            """The jobs run again whose finish the victim was refused, as it logs."""
+            log = victim.log()
+            return {job for job in jobs.rerun if f"job {job}: not recorded" in log}
+
+        with contextlib.suppress(trio.TooSlowError):
+            await wait_until(
+                lambda: refused() == set(jobs.rerun),
+                what="the victim's finishes of the jobs run again refused",
+                within=15,
+            )
         watching.cancel_scope.cancel()
     await assert_exact(redis, sent, stateful)
+    # The jobs the victim was running at the cut: those that may run again.
+    cut_off = {
+        job
+        for job, (first, *_) in jobs.runs.items()
+        if first.pid == victim.pid
+        and first.started <= cut_wall + CUT_SLACK
+        and (first.ended is None or first.ended >= cut_wall - CUT_SLACK)
+    }
+    # What the leases do not allow: a second run of a job not cut off with its worker,
+    # one started before the cut-off run's lease could have lapsed (its last renewal
+    # at most a period before the cut), a third run, or a success recorded from the
+    # cut-off worker for a job another worker ran too (its finish was to be refused).
+    beyond = {
+        job
+        for job, (first, *later) in jobs.rerun.items()
+        if job not in cut_off
+        or len(later) > 1
+        or later[0].pid == victim.pid
+        or later[0].started < cut_wall + JOB_LEASE_TTL - RENEW_PERIOD
+        or jobs.finished_by[job] != later[0].pid
+    }
+    by_victim = {job for job, pid in jobs.finished_by.items() if pid == victim.pid}
+    # Claimed by it in a reply it never got, taken over after a lease, never run on it.
+    blind = {
+        job
+        for job, info in jobs.infos.items()
+        if job not in cut_off
+        and any(t.outcome == "lost" and consumer_pid(t.worker) == victim.pid for t in info.history)
+    }
+    finished_cut_off = sorted(
+        job
+        for job in by_victim
+        if (at := jobs.infos[job].finished_at) is not None
+        and cut_wall + CUT_SLACK < at.timestamp() < healed_wall
+    )
     for worker in workers:
         assert worker.process.poll() is None, worker.log()
         assert "Traceback" not in worker.log(), worker.log()
@@ -261,18 +500,37 @@ async def test_blackholed_worker_hands_over_and_rejoins(
             recovery_seconds=takeover,
             recovery="from the cut until every partition it held was leased by another worker",
             duration_seconds=trio.current_time() - began,
+            jobs=len(feed.ids),
+            jobs_per_second=feed.rate,
+            job_runs=jobs.run_count,
+            job_reruns=len(jobs.rerun),
+            job_rerun_bound=len(cut_off),
             notes=(
                 f"reaped {reaped_at - cut_at:.2f}s after the cut; its heartbeat seen "
                 f"{'again' if beat_on else 'no more'} after the one in flight; partitions "
                 f"it took again during the fault: {sorted(retaken)}; back in the "
                 f"group and holding partitions {rejoin:.2f}s after the heal; counts, sums, "
-                f"windows and echoes exact"
+                f"windows and echoes exact; jobs not successful: {len(jobs.failed())}; "
+                f"{len(cut_off)} jobs running on it at the cut, {len(jobs.rerun)} run again "
+                f"elsewhere after their lease lapsed, {len(beyond)} beyond that; "
+                f"{len(by_victim)} jobs finished by it, {len(finished_cut_off)} during "
+                f"the fault; {len(blind)} claimed for it by requests whose replies were "
+                f"lost, run elsewhere after a lease; every job over {jobs_done:.2f}s "
+                f"after the last enqueue"
             ),
         )
     )
     assert not beat_on, "the cut-off worker went on announcing itself"
     assert not retaken, f"the cut-off worker re-took {sorted(retaken)} during the fault"
     assert takeover <= TAKEOVER_BOUND
+    assert not jobs.failed(), f"jobs not run to success: {jobs.failed()}"
+    assert not beyond, f"jobs run again beyond what the leases allow: {jobs.describe(beyond)}"
+    assert refused() == set(jobs.rerun), "the victim's finish of a job run again not refused"
+    if direction == "both":
+        # Nothing it sends is heard: no outcome of its lands during the fault, and the
+        # run it was cut off in is run again (and its finish refused).
+        assert not finished_cut_off, f"finished while cut off: {jobs.describe(finished_cut_off)}"
+        assert jobs.rerun, "no job cut off with the victim ran again"
 
 
 async def settled_fleet(
@@ -283,13 +541,15 @@ async def settled_fleet(
     watch: HolderWatch,
     *,
     before: Callable[[FaultProxy], None] = lambda proxy: None,
+    app: str = APP,
+    env: dict[str, str] = ENV,
 ) -> list[FaultProxy]:
-    """Three workers, each behind a proxy (``before`` applied to each first), holding
-    every partition between them, the last one to join holding some."""
+    """Three workers of ``app``, each behind a proxy (``before`` applied to each
+    first), holding every partition between them, the last one to join holding some."""
     proxies = [await fault_proxies.open() for _ in range(3)]
     for proxy in proxies:
         before(proxy)
-    workers.extend(start_worker(p.url, tmp_path, app=APP, env=ENV) for p in proxies)
+    workers.extend(start_worker(p.url, tmp_path, app=app, env=env) for p in proxies)
     await wait_members(redis, 3, group=GROUP)
 
     def settled() -> bool:
@@ -327,10 +587,14 @@ async def test_latency_and_jitter_on_every_link(
     workers: list[WorkerProcess],
 ) -> None:
     """50 ms round trips, give or take 20 ms, on every worker's link: no lease lost
-    and no member reaped that did not have to be, the state exact."""
+    and no member reaped that did not have to be, the state exact; and of the jobs
+    enqueued throughout, each ran once and succeeded (no job taken over from the
+    worker running it, none lost a try)."""
     began = trio.current_time()
-    stateful = make_app(redis_url=redis_url)
+    net = netjobs.make_app(redis_url=redis_url, job_lease_ttl=JOB_LEASE_TTL)
+    stateful = net.stateful
     sent = Sent()
+    feed = JobFeed(net.chore)
     stop = trio.Event()
     watch = HolderWatch(redis)
     async with stateful.app, trio.open_nursery() as nursery, trio.open_nursery() as watching:
@@ -342,16 +606,22 @@ async def test_latency_and_jitter_on_every_link(
             workers,
             watch,
             before=lambda proxy: proxy.delay(0.025, jitter=0.01),
+            app=JOBS_APP,
+            env=jobs_env(redis_url),
         )
         settled = watch.samples[-1]
         nursery.start_soon(produce, stateful.numbers, sent, stop)
+        nursery.start_soon(feed.run, stop)
         # The injected fault's duration, producing throughout: enough events for
         # windows to close (assert_exact checks them).
         await trio.sleep(SOAK)
         await wait_until(lambda: sent.total > 4000, what="4,000 events sent", within=60)
         stop.set()
         drain = await drain_time(redis, sent, stateful)
+        jobs, jobs_done = await tally_jobs(redis, net.app.job_queue, feed)
         watching.cancel_scope.cancel()
+    # A job taken over from a worker that was running it: spent a try, ran again.
+    taken_over = {job for job, info in jobs.infos.items() if info.lost or info.tries != 1}
     changed = {
         p for s in watch.samples if s.at >= settled.at for p in range(PARTITIONS)
         if s.leases[p] != settled.leases[p]
@@ -375,12 +645,23 @@ async def test_latency_and_jitter_on_every_link(
             recovery_seconds=None,
             recovery="not applicable: nothing fails",
             duration_seconds=trio.current_time() - began,
+            jobs=len(feed.ids),
+            jobs_per_second=feed.rate,
+            job_runs=jobs.run_count,
+            job_reruns=len(jobs.rerun),
+            job_rerun_bound=0,
             notes=(
                 f"every event counted {drain:.2f}s after the last send; leases taken "
-                f"again: {sorted(changed)}; members lost: {len(reaped)} polls"
+                f"again: {sorted(changed)}; members lost: {len(reaped)} polls; "
+                f"jobs of {CHORE:g}s enqueued at {feed.rate:.0f}/s, every one over "
+                f"{jobs_done:.2f}s after the last enqueue; jobs not successful: "
+                f"{len(jobs.failed())}; jobs taken over: {len(taken_over)}"
             ),
         )
     )
+    assert not jobs.failed(), f"jobs not run to success: {jobs.failed()}"
+    assert not jobs.rerun, f"jobs run twice under latency: {jobs.describe(jobs.rerun)}"
+    assert not taken_over, f"jobs taken over under latency: {jobs.describe(taken_over)}"
     moves = [
         (round(s.at - settled.at, 2), p, settled.leases[p], s.leases[p])
         for s in watch.samples
