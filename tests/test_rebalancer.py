@@ -9,6 +9,7 @@ ever run by two members at once; every wait is on a condition under
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -589,6 +590,25 @@ async def test_hold_errors_are_not_swallowed(redis: Redis) -> None:
                 await trio.sleep_forever()
 
 
+@contextlib.asynccontextmanager
+async def rebalancing_partition_0(
+    redis: Redis, run: Callable[[Claim], Awaitable[None]]
+) -> AsyncIterator[Rebalancer]:
+    """A rebalancer running ``run`` for partition 0, retaking a lost lease at once."""
+    async with (
+        open_lock_manager(redis) as locks,
+        open_rebalancer(
+            trio_util.AsyncValue(frozenset({0})),
+            locks,
+            lock_name=lock_name,
+            run=run,
+            lease_ttl=LEASE_TTL,
+            acquire_backoff=Backoff(initial=0.05, maximum=0.05, jitter=0),
+        ) as rebalancer,
+    ):
+        yield rebalancer
+
+
 async def test_run_losing_its_lease_before_the_hold_noticed_runs_again(redis: Redis) -> None:
     """The events find the lease's local deadline passed and raise :class:`LockLost`
     about it before the hold's renewal noticed (a worker starved of CPU during a
@@ -606,17 +626,7 @@ async def test_run_losing_its_lease_before_the_hold_noticed_runs_again(redis: Re
         await well_behaved(claim)
 
     with trio.fail_after(WAIT):
-        async with (
-            open_lock_manager(redis) as locks,
-            open_rebalancer(
-                trio_util.AsyncValue(frozenset({0})),
-                locks,
-                lock_name=lock_name,
-                run=run,
-                lease_ttl=LEASE_TTL,
-                acquire_backoff=Backoff(initial=0.05, maximum=0.05, jitter=0),
-            ) as rebalancer,
-        ):
+        async with rebalancing_partition_0(redis, run) as rebalancer:
             await again.wait()
             assert noticed == [False, False]
             assert rebalancer.statistics().lost == 1
@@ -640,17 +650,7 @@ async def test_run_failing_for_want_of_replicas_runs_again(redis: Redis) -> None
         await well_behaved(claim)
 
     with trio.fail_after(WAIT):
-        async with (
-            open_lock_manager(redis) as locks,
-            open_rebalancer(
-                trio_util.AsyncValue(frozenset({0})),
-                locks,
-                lock_name=lock_name,
-                run=run,
-                lease_ttl=LEASE_TTL,
-                acquire_backoff=Backoff(initial=0.05, maximum=0.05, jitter=0),
-            ),
-        ):
+        async with rebalancing_partition_0(redis, run):
             await again.wait()
             assert runs == [0, 0]
 
