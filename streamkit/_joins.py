@@ -52,18 +52,22 @@ R = TypeVar("R")
 
 JoinHow = Literal["inner", "left", "outer"]
 
-#: A forwarded event is one entry of one field (a run of them is cheap to commit and
-#: to read): the JSON array ``[side, key, time, form, stored]``: its side (``L``,
-#: ``R``), its key (canonical, as latin-1 text: bytes one to one), its event time (ms),
-#: and its record as stored in its stream: the JSON value itself if its codec is plain
-#: JSON (``form`` 0), else its fields, flat, as latin-1 text (``form`` 1).
-FORWARDED_FIELD = _DATA_FIELDS[None]
+#: A forwarded event is one entry of three fields: ``k``, its side (``L``, ``R``) then
+#: its key (canonical bytes); ``t``, its event time (ms); then its record as stored in
+#: its stream: ``j``, the JSON value itself, if its codec is plain JSON
+#: (:data:`JSON_FORM`), else ``f``, its fields, flat, as a JSON array of latin-1 text
+#: (:data:`FLAT_FORM`). The join reads it without parsing the record's JSON, and keeps
+#: the record as those bytes until a result needs it.
+SIDE_KEY, TIME, JSON_RECORD, FLAT_RECORD = b"k", b"t", b"j", b"f"
 JSON_FORM = 0
 FLAT_FORM = 1
+#: The field of the one-field form of earlier versions (a JSON array ``[side, key,
+#: time, form, stored]``), still read.
+FORWARDED_FIELD = _DATA_FIELDS[None]
 
-#: A forwarded event, prepared: its side, its key (the tail of its buffer's field), and
-#: it as buffered (see :data:`streamkit._state_joins.Buffered`).
-Prepared = tuple[bytes, bytes, Buffered]
+#: A forwarded event, prepared: its side, its key (the tail of its buffer's field), its
+#: time (ms), its form and its record's JSON.
+Prepared = tuple[bytes, bytes, int, int, bytes]
 
 #: Events a forwarder or the join takes at a time.
 BATCH = 500
@@ -137,25 +141,21 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     # -- its buffered events, as stored --
 
-    def encode(self, value: list[Buffered]) -> bytes:
+    def encode(self, value: tuple[Buffered, ...]) -> bytes:
         return encode_buffer(value)
 
-    def decode(self, raw: bytes) -> list[Buffered]:
+    def decode(self, raw: bytes) -> tuple[Buffered, ...]:
         return decode_buffer(raw)
 
     def _record(self, side: bytes, event: Buffered) -> Any:
-        """The record of a buffered event, decoded once."""
-        if len(event) > 4:
-            return event[4]
+        """The record of a buffered event, decoded."""
         spec = self.left if side == b"L" else self.right
         if event[2] == JSON_FORM:
-            fields = {FORWARDED_FIELD: orjson.dumps(event[3])}
+            fields = {FORWARDED_FIELD: event[3]}
         else:
-            parts = [part.encode("latin-1") for part in event[3]]
+            parts = [part.encode("latin-1") for part in orjson.loads(event[3])]
             fields = dict(zip(parts[::2], parts[1::2], strict=True))
-        record = spec.codec.decode(fields, stream=spec.name)
-        event.append(record)
-        return record
+        return spec.codec.decode(fields, stream=spec.name)
 
     @property
     def plain(self) -> bool:
@@ -165,9 +165,9 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     def _value(self, side: bytes, event: Buffered) -> Any:
         """A side's record in a default result, as the converter unstructures it: the
-        JSON its stream stored, if a plain JSON codec stored it."""
+        JSON its stream stored, in place, if a plain JSON codec stored it."""
         if event[2] == JSON_FORM:
-            return event[3]
+            return orjson.Fragment(event[3])
         return converter.unstructure(self._record(side, event))
 
     def _result(self, key: str, side: bytes, mine: Buffered, theirs: Buffered | None) -> Any:
@@ -200,61 +200,67 @@ class StreamJoin(KeyedState, Generic[L, R]):
         value = getattr(record, spec) if isinstance(spec, str) else spec(record)
         return to_ms(value)
 
-    def forwarded(self, side: bytes, event: Event[Any]) -> bytes:
-        """The inner stream's value for ``event`` of ``side`` (see :data:`FORWARDED_FIELD`)."""
+    def forwarded(self, side: bytes, event: Event[Any]) -> list[bytes]:
+        """The inner stream's entry for ``event`` of ``side`` (see :data:`SIDE_KEY`)."""
         spec = self.left if side == b"L" else self.right
         record = event.record
-        key = canonical_key_bytes(spec.partitioner.key_of(record)).decode("latin-1")
+        key = canonical_key_bytes(spec.partitioner.key_of(record))
         at = self.time_of(side, record, int(event.entry_id.partition("-")[0]))
         flat = event.flat
         if len(flat) == 2 and flat[0] == FORWARDED_FIELD and spec.codec.name == "json":
-            stored: Any = orjson.Fragment(flat[1])
-            form = JSON_FORM
-        else:
-            stored = [part.decode("latin-1") for part in flat]
-            form = FLAT_FORM
-        return orjson.dumps([side.decode(), key, at, form, stored])
+            return [SIDE_KEY, side + key, TIME, b"%d" % at, JSON_RECORD, flat[1]]
+        stored = orjson.dumps([part.decode("latin-1") for part in flat])
+        return [SIDE_KEY, side + key, TIME, b"%d" % at, FLAT_RECORD, stored]
 
     # -- inside the join's processor --
 
-    def prepare(self, fields: dict[bytes, bytes]) -> Prepared:
-        """A forwarded event as the join sees it (see :data:`Prepared`)."""
+    def prepare_flat(self, flat: list[bytes]) -> Prepared:
+        """A forwarded event, as an entry's flat field list, as the join sees it (see
+        :data:`Prepared`)."""
+        if len(flat) == 6 and flat[0] == SIDE_KEY and flat[2] == TIME:
+            side_key = flat[1]
+            side = side_key[:1]
+            form = flat[4]
+            try:
+                at = int(flat[3])
+            except ValueError:
+                at = None
+            if at is not None and (side == b"L" or side == b"R"):
+                if form == JSON_RECORD:
+                    return side, side_key[1:], at, JSON_FORM, flat[5]
+                if form == FLAT_RECORD:
+                    return side, side_key[1:], at, FLAT_FORM, flat[5]
+        elif len(flat) == 2 and flat[0] == FORWARDED_FIELD:
+            return self._prepare_json(flat[1])
+        raise DecodeError(f"not a forwarded event: {flat[:6]!r}", stream=self.name)
+
+    def _prepare_json(self, value: bytes) -> Prepared:
+        """:meth:`prepare_flat` of the one-field form of earlier versions."""
         try:
-            tag, key, at, form, stored = orjson.loads(fields[FORWARDED_FIELD])
-            side = b"L" if tag == "L" else b"R"
-            return side, key.encode("latin-1"), [int(at), 0, int(form), stored]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            tag, key, at, form, stored = orjson.loads(value)
+            if tag not in ("L", "R") or form not in (JSON_FORM, FLAT_FORM):
+                raise ValueError(f"side {tag!r}, form {form!r}")
+            return tag.encode(), key.encode("latin-1"), int(at), form, orjson.dumps(stored)
+        except (TypeError, ValueError, AttributeError, orjson.JSONEncodeError) as exc:
             raise DecodeError(f"not a forwarded event: {exc}", stream=self.name) from exc
 
-    def prepare_flat(self, flat: list[bytes]) -> Prepared:
-        """:meth:`prepare` of an entry's flat field list (as a batch holds it)."""
-        if len(flat) == 2 and flat[0] == FORWARDED_FIELD:
-            try:
-                tag, key, at, form, stored = orjson.loads(flat[1])
-                side = b"L" if tag == "L" else b"R"
-                return side, key.encode("latin-1"), [int(at), 0, int(form), stored]
-            except (TypeError, ValueError, AttributeError) as exc:
-                raise DecodeError(f"not a forwarded event: {exc}", stream=self.name) from exc
-        return self.prepare(dict(zip(flat[::2], flat[1::2], strict=True)))
-
-    async def fold(self, fields: dict[bytes, bytes]) -> None:
-        """Join one forwarded event: emit the pairs it makes, buffer it (tentatively)."""
-        await self.fold_prepared(self.prepare(fields))
-
     async def fold_prepared(self, event: Prepared) -> None:
-        """Join one prepared event (see :meth:`prepare`)."""
+        """Join one prepared event (see :meth:`prepare_flat`)."""
         state: PartitionState | None = _current.get()
         assert state is not None, "a join's processor runs with its state"
         view: JoinView = state.views[self]  # type: ignore[assignment]
-        side, key_field, buffered = event
-        matched = await view.add(side, key_field, buffered)
+        side, key_field, at, form, stored = event
+        added = await view.add(side, key_field, at, form, stored)
+        if added is None:
+            return
+        mine, matched = added
         if not matched:
             return
         key = key_field.decode()
         output = self.output
         emit = state.emit_plain if self.plain else state.emit
         for theirs in matched:
-            emit(output, self._result(key, side, buffered, theirs))
+            emit(output, self._result(key, side, mine, theirs))
 
     def __repr__(self) -> str:
         return (
@@ -273,7 +279,7 @@ async def forward(
     partition = events.partition
     async for batch in events.take_raw(BATCH, within=0.002):
         for event in batch:
-            state.emit_raw(merged, partition, [FORWARDED_FIELD, join.forwarded(side, event)])
+            state.emit_raw(merged, partition, join.forwarded(side, event))
 
 
 async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
@@ -284,7 +290,8 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     view: JoinView = state.views[join]  # type: ignore[assignment]
     async for batch in events.take_raw(BATCH, within=0.002):
         prepared = [join.prepare_flat(event.flat) for event in batch]
-        await view.prefetch({b"L" + p[1] for p in prepared} | {b"R" + p[1] for p in prepared})
+        keys = {p[1] for p in prepared}
+        await view.prefetch([b"L" + key for key in keys] + [b"R" + key for key in keys])
         for event in prepared:
             await join.fold_prepared(event)
 

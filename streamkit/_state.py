@@ -164,6 +164,14 @@ def _is_windowed(table: TableLike) -> bool:
     return getattr(table, "kind", None) is not None
 
 
+def _resolved(record: Any) -> Any:
+    """``record`` with the JSON it holds in place (``orjson.Fragment``: a join's default
+    result) made values, for a codec that takes values only."""
+    if type(record) is dict and any(type(v) is orjson.Fragment for v in record.values()):
+        return orjson.loads(orjson.dumps(record))
+    return record
+
+
 class PartitionState:
     """The state of one partition of one processor: its tables, emitted records and
     enqueued jobs.
@@ -481,7 +489,9 @@ class PartitionState:
                 if fast is not None:
                     fast(results, self._done_out)
                 else:
-                    self._done_out.extend(self._encode_output(join.output, r) for r in results)
+                    self._done_out.extend(
+                        self._encode_output(join.output, _resolved(r)) for r in results
+                    )
                 continue
             closed: list[Closed]
             if isinstance(view, FixedWindowView):
@@ -611,7 +621,7 @@ class PartitionState:
         output takes plain JSON dicts, else as :meth:`emit`."""
         fast = self._plain_emitter_of(stream)
         if fast is None:
-            self._tentative_out.append(self._encode_output(stream, record))
+            self._tentative_out.append(self._encode_output(stream, _resolved(record)))
         else:
             fast([record], self._tentative_out)
 

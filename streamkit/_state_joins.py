@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Buffered", "JoinLike", "JoinView", "decode_buffer", "encode_buffer"]
 
-#: A buffered event: ``[time (ms), matched (0 or 1), form, stored]``, its record as
-#: forwarded (see :data:`streamkit._joins.FORWARDED_FIELD`), then its record once
-#: decoded (not stored).
-Buffered = list[Any]
+#: A buffered event: ``(time (ms), matched (0 or 1), form, stored)``, its record as
+#: forwarded, JSON (see :data:`streamkit._joins.JSON_FORM`). A field's value is a tuple
+#: of them. Tuples of ints and bytes, never changed in place (a mark is a new tuple):
+#: the garbage collector stops tracking them, so a join holding hundreds of thousands
+#: of events costs its collections nothing.
+Buffered = tuple[int, int, int, bytes]
 
 
 #: What a buffer set and not yet committed holds for its encoding.
@@ -68,19 +70,24 @@ class JoinLike(Protocol):
     def unmatched(self, side: bytes, field: bytes, event: Buffered) -> Any: ...
 
 
-def encode_buffer(events: list[Buffered]) -> bytes:
-    """A field's buffered events as stored: JSON, ``[[time, matched, form, stored], ...]``."""
-    return orjson.dumps([e[:4] if len(e) > 4 else e for e in events])
+def encode_buffer(events: tuple[Buffered, ...]) -> bytes:
+    """A field's buffered events as stored: JSON, ``[[time, matched, form, record],
+    ...]``, each record the JSON it was forwarded as, in place."""
+    return b"[" + b",".join([b"[%d,%d,%d,%s]" % e for e in events]) + b"]"
 
 
-def decode_buffer(raw: bytes) -> list[Buffered]:
-    """A field's stored buffered events, decoded (records not yet)."""
+def decode_buffer(raw: bytes) -> tuple[Buffered, ...]:
+    """A field's stored buffered events, decoded (their records kept as JSON)."""
     try:
-        events: list[Buffered] = orjson.loads(raw)
+        events: list[Any] = orjson.loads(raw)
+        decoded = []
         for e in events:
-            if len(e) != 4 or type(e[0]) is not int or type(e[2]) is not int:
+            if len(e) != 4 or type(e[0]) is not int or type(e[1]) is not int:
                 raise ValueError(f"not a buffered event: {e!r}")
-        return events
+            if e[2] not in (0, 1):
+                raise ValueError(f"not a buffered event: {e!r}")
+            decoded.append((e[0], e[1], e[2], orjson.dumps(e[3])))
+        return tuple(decoded)
     except Exception as exc:
         raise DecodeError(f"stored join buffer: {exc}", stream="join") from exc
 
@@ -116,11 +123,12 @@ class JoinView(WindowView):
         by partition number): nothing to check."""
 
     def set(self, key: object, value: Any) -> None:
-        """Buffer ``value`` under the field ``key`` (tentatively), encoded when
-        committed (a field set by several events of a batch is encoded once)."""
+        """Buffer ``value`` (a tuple of events) under the field ``key`` (tentatively),
+        encoded when committed (a field set by several events of a batch is encoded
+        once)."""
         assert type(key) is bytes
         old = self._known(key)
-        self._buffered_tentative += len(value) - (len(old) if type(old) is list else 0)
+        self._buffered_tentative += len(value) - (len(old) if type(old) is tuple else 0)
         self._tentative[key] = (value, _UNENCODED)
         score = self._score(value)
         if score is not None:
@@ -156,7 +164,7 @@ class JoinView(WindowView):
     ) -> tuple[bool, Any, list[Any]]:
         join = self._join
         span = join.within + join.grace
-        kept = [e for e in events if e[0] + span > watermark]
+        kept = tuple([e for e in events if e[0] + span > watermark])
         if len(kept) == len(events):
             return False, events, []
         self.buffered_delta -= len(events) - len(kept)  # gone as done writes
@@ -170,14 +178,15 @@ class JoinView(WindowView):
             ]
         return True, kept, closed
 
-    async def add(self, side: bytes, key_field: bytes, event: Buffered) -> list[Buffered] | None:
-        """Buffer ``event`` of ``side`` (``b"L"``, ``b"R"``) and the key ``key_field``
-        (tentatively); return the other side's buffered events it matches (marked
-        matched), or ``None`` if it is late (its window closed: it can match nothing
-        that is left)."""
+    async def add(
+        self, side: bytes, key_field: bytes, at: int, form: int, stored: bytes
+    ) -> tuple[Buffered, list[Buffered]] | None:
+        """Buffer the event of ``side`` (``b"L"``, ``b"R"``), the key ``key_field``,
+        the time ``at`` and the record ``stored`` (tentatively); return it as buffered
+        and the other side's buffered events it matches (marked matched), or ``None``
+        if it is late (its window closed: it can match nothing that is left)."""
         join = self._join
         watermark = self.watermark
-        at = event[0]
         if at + join.within + join.grace <= watermark:
             self._late_tentative += 1
             return None
@@ -186,7 +195,7 @@ class JoinView(WindowView):
         # Read with their batch (see prefetch): known here, but for one evicted since.
         others: Any = self._known(other_field)
         if others is UNKNOWN:
-            others = await self.get(other_field, [])
+            others = await self.get(other_field, ())
         elif others is MISSING:
             others = ()
         within = join.within
@@ -194,20 +203,22 @@ class JoinView(WindowView):
         # so what an event meets does not depend on where batches begin.
         closes = watermark - join.within - join.grace
         matched = [o for o in others if o[0] > closes and abs(o[0] - at) <= within]
-        if matched:
-            event[1] = 1
-            if self._flags[other_field[:1]]:
-                # Marked matched (their side's unmatched are emitted), as new lists:
-                # the buffered ones may be the committed value (a discarded write must
-                # leave it as it was).
-                fresh = {id(o): [o[0], 1, *o[2:]] for o in matched}
-                self.set(other_field, [fresh.get(id(o), o) for o in others])
+        event = (at, 1 if matched else 0, form, stored)
+        if matched and self._flags[other_field[:1]]:
+            # Marked matched (their side's unmatched are emitted): new tuples, in a
+            # new value (a discarded write leaves the committed one as it was).
+            marked = {id(o) for o in matched if not o[1]}
+            if marked:
+                self.set(
+                    other_field,
+                    tuple([(o[0], 1, o[2], o[3]) if id(o) in marked else o for o in others]),
+                )
         own: Any = self._known(own_field)
         if own is UNKNOWN:
-            own = await self.get(own_field, [])
-        self.set(own_field, [event] if own is MISSING else [*own, event])
+            own = await self.get(own_field, ())
+        self.set(own_field, (event,) if own is MISSING else (*own, event))
         self.on_time(at)
-        return matched
+        return event, matched
 
     def __repr__(self) -> str:
         return (

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import App, ConfigError, Record
+from streamkit import App, ConfigError, DecodeError, Record
 from streamkit._cli._fleet import take_snapshot
-from streamkit._state_joins import decode_buffer
+from streamkit._state_joins import decode_buffer, encode_buffer
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 
@@ -213,3 +213,79 @@ async def test_a_late_event_matches_nothing_and_is_counted(redis_url: str, redis
     got = [(r["key"], r["right"]) for r in await results(redis, paid)]
     assert ("1", None) in got
     assert all(right is None for _, right in got)
+
+
+def test_forwarded_events_are_read_in_both_forms_and_refused_otherwise() -> None:
+    """The join reads the three fields its forwarders write, and the one JSON field of
+    earlier versions (an inner stream written before an upgrade); anything else is a
+    decode error, not a crash of the partition."""
+    app = App("joinforms")
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=1)
+    payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=1)
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    joined = app.join("forms", orders, payments, within=60, output=paid)
+    record = b'{"order_id":7,"amount":70.0,"at":"2026-01-01T00:00:00Z"}'
+    new = joined.prepare_flat([b"k", b"L7", b"t", b"1767225600000", b"j", record])
+    old = joined.prepare_flat(
+        [b"data", b'["L","7",1767225600000,0,' + record + b"]"]
+    )  # fmt: skip
+    assert new == old == (b"L", b"7", 1_767_225_600_000, 0, record)
+    flat = joined.prepare_flat([b"k", b"R7", b"t", b"5", b"f", b'["data:zlib","x"]'])
+    assert flat == (b"R", b"7", 5, 1, b'["data:zlib","x"]')
+    for bad in (
+        [b"k", b"X7", b"t", b"5", b"j", record],  # no such side
+        [b"k", b"L7", b"t", b"soon", b"j", record],  # no time
+        [b"k", b"L7", b"t", b"5", b"q", record],  # no such form
+        [b"data", b'["L","7"]'],
+        [b"data", b"not json"],
+        [b"other", b"field"],
+    ):
+        with pytest.raises(DecodeError):
+            joined.prepare_flat(bad)
+    # Buffers keep each record's JSON as forwarded, in place, both ways.
+    events = ((5, 0, 0, record), (6, 1, 1, b'["data:zlib","x"]'))
+    assert decode_buffer(encode_buffer(events)) == events
+    with pytest.raises(DecodeError):
+        decode_buffer(b'[[5, 0, 2, "x"]]')
+
+
+async def test_a_compressed_side_is_joined_with_a_custom_result(
+    redis_url: str, redis: Redis
+) -> None:
+    """A side whose codec is not plain JSON (compressed) is forwarded as its fields and
+    decoded for the result; a custom result gets both records."""
+    app = App("joinzip", redis_url=redis_url, **FAST)
+    orders = app.stream(
+        "orders", record=Order, partition_by="order_id", partition_count=1, compression="zstd"
+    )
+    payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=1)
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    app.join(
+        "zipped",
+        orders,
+        payments,
+        within=timedelta(minutes=10),
+        grace=timedelta(hours=1),
+        output=paid,
+        left_time="at",
+        right_time="at",
+        result=lambda key, o, p: {"key": key, "amount": o and o.amount, "paid": p and p.paid},
+        idle=False,
+    )
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many([order(1, 0), order(2, 10)])
+        await payments.send_many([payment(2, 20), payment(1, 30)])
+
+        async def paired() -> bool:
+            return len(await results(redis, paid)) >= 2
+
+        await wait_until(paired, what="both pairs", within=30)
+        await worker.stop()
+    forms = {
+        (e.field_values[b"k"][:1], b"j" in e.field_values)
+        for e in await redis.xrange(app.streams["zipped__in"].key(0))
+    }
+    assert forms == {(b"L", False), (b"R", True)}  # orders forwarded as their fields
+    got = sorted((r["key"], r["amount"], r["paid"]) for r in await results(redis, paid))
+    assert got == [("1", 10.0, 10.0), ("2", 20.0, 20.0)]

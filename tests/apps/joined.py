@@ -18,8 +18,6 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
 from streamkit import App, Events, Record, Stream, StreamJoin, Table
 
 if TYPE_CHECKING:
@@ -58,8 +56,8 @@ Result = tuple[str, int | None, int | None]
 def forwarded_row(fields: Mapping[Any, Any]) -> tuple[bytes, int, int]:
     """An entry of the join's inner stream as the model takes it: its side, order id
     and event time (ms), as the forwarder wrote them."""
-    side, key, at, _, _ = orjson.loads(fields[b"data"])
-    return side.encode(), int(key), at
+    side_key = fields[b"k"]
+    return side_key[:1], int(side_key[1:]), int(fields[b"t"])
 
 
 def make_app(**settings: Any) -> Joined:
