@@ -40,7 +40,7 @@ from ._defaults import DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
-from ._events_iterators import Batches, OneByOne, Traced
+from ._events_iterators import Batches, Entries, EntrySpan, OneByOne, Traced
 from ._events_middleware import MiddlewarePump
 from ._nurseries import open_service_nursery
 from ._state import PartitionState
@@ -130,6 +130,18 @@ class Events(Generic[R]):
     def take_raw(self, n: int, *, within: float | None = None) -> AsyncIterator[list[Event[R]]]:
         """As :meth:`take`, yielding lists of :class:`Event` objects."""
         return self._traced(Batches(self._delivery, n, within, decode=False), batch=True)
+
+    def _entries(self, n: int) -> AsyncIterator[EntrySpan]:
+        """Batches of up to ``n`` entries as stored (ids, flat field lists), no event
+        objects: for streamkit's own processors (a join's). See :class:`Entries`."""
+        entries: AsyncIterator[EntrySpan] = Entries(self._delivery, n)  # type: ignore[assignment]
+        return self._traced(entries, batch=True)
+
+    def _decode_entry(self, flat: list[bytes], entry_id: bytes) -> R:
+        """The record of an entry (from :meth:`_entries`), as :attr:`Event.record`
+        decodes it."""
+        record: R = self._delivery.decode(flat, entry_id)
+        return record
 
     def _traced(self, iterator: AsyncIterator[T], *, batch: bool) -> AsyncIterator[T]:
         # With a tracer provider set, each record (or batch) is handled in a span

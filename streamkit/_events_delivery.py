@@ -364,6 +364,8 @@ class Delivery(Generic[R]):
     def _load(self, batch: Batch) -> list[Any] | None:
         records = None
         clean = False
+        deliveries = batch.deliveries
+        screened = deliveries is None or max(deliveries) <= self.max_deliveries
         if self._decoding:
             # The whole batch at once; what the batch decoding misses is decoded (and
             # refused) one by one, when handed out.
@@ -373,9 +375,8 @@ class Delivery(Generic[R]):
                 records, missed = self._decode_payloads(payloads)
             else:
                 records, missed = self._decode_batch(batch.fields)
-            deliveries = batch.deliveries
-            clean = not missed and (deliveries is None or max(deliveries) <= self.max_deliveries)
-        self.ledger.load(batch, records, clean=clean)
+            clean = not missed and screened
+        self.ledger.load(batch, records, clean=clean, screened=screened)
         if TIMING.on:
             self._loaded_at = time.perf_counter()
         return records

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
     from ._events_delivery import Delivery
     from ._tracing import ProcessorSpans
 
-__all__ = ["Batches", "OneByOne", "Traced"]
+__all__ = ["Batches", "Entries", "OneByOne", "Traced"]
+
+#: Entries as :class:`Entries` hands them out: their ids and their flat field lists.
+EntrySpan = tuple[list[bytes], list[list[bytes]]]
 
 T = TypeVar("T")
 
@@ -263,6 +266,57 @@ class Batches(AsyncIterator[list[T]]):
                     raise
                 batch.append(event)
         return batch, out
+
+
+class Entries(Batches[Any]):
+    """Batches of up to ``n`` entries as stored, their ids and flat field lists, for
+    streamkit's own processors that read entries as they are (a join's forwarders and
+    the join): straight from the buffer, no event objects, whatever is buffered (up to
+    ``n``) at once; else gathered as :class:`Batches` gathers events (replayed events,
+    poison to screen), and given the same way."""
+
+    __slots__ = ()
+
+    def __init__(self, delivery: Delivery[Any], n: int) -> None:
+        super().__init__(delivery, n, 0, decode=False)
+
+    def __aiter__(self) -> Entries:
+        return self
+
+    async def __anext__(self) -> EntrySpan:  # type: ignore[override]
+        delivery = self._delivery
+        ledger = delivery.ledger
+        if ledger.has_inflight():
+            if self._handed_at:
+                delivery.time_batch(ledger.inflight_ids(), self._handed_at)
+                self._handed_at = 0.0
+            ledger.move_past()
+            await delivery.settle_and_commit_if_due()
+        while True:
+            if self._stopped or delivery.is_draining():
+                await delivery.stop()
+            if self._direct and not ledger.has_replay():
+                await trio.lowlevel.checkpoint_if_cancelled()
+                if not ledger.has_buffered():
+                    try:
+                        await delivery.next_batch(math.inf, wake=True)
+                    except Stop:
+                        self._stopped = True
+                        continue
+                span = ledger.take_entry_span(self._n)
+                if span is not None:
+                    delivery.check_lease()
+                    if TIMING.on:
+                        self._handed_at = time.perf_counter()
+                    batch, lo, hi = span
+                    return batch.ids[lo:hi], batch.fields[lo:hi]
+            events, _ = await self._gather()
+            if events:
+                delivery.check_lease()
+                ledger.hand_out(events)
+                if TIMING.on:
+                    self._handed_at = time.perf_counter()
+                return [e._id for e in events], [e.flat for e in events]
 
 
 class Traced(AsyncIterator[T]):

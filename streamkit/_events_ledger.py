@@ -90,6 +90,7 @@ class Ledger(Generic[R]):
         "_run_end",
         "_run_lo",
         "_run_records",
+        "_screened",
         "_size",
         "_span_hi",
         "_span_lo",
@@ -116,6 +117,9 @@ class Ledger(Generic[R]):
         # Whether every entry is decoded and none is poison: its records may be handed
         # out straight.
         self._clean = False
+        # Whether no entry is poison (delivered too often): its entries may be handed
+        # out straight, undecoded (take_entry_span).
+        self._screened = False
         # The buffer's event objects, once made.
         self._events: list[Event[R]] | None = None
         # Events a dead middleware chain had taken, handed on before the buffer.
@@ -141,13 +145,21 @@ class Ledger(Generic[R]):
 
     # -- the buffer --
 
-    def load(self, batch: Batch, records: list[Any] | None = None, *, clean: bool = False) -> None:
+    def load(
+        self,
+        batch: Batch,
+        records: list[Any] | None = None,
+        *,
+        clean: bool = False,
+        screened: bool = False,
+    ) -> None:
         """Buffer ``batch``, to be handed on from its first entry.
 
         Args:
             batch: the batch.
             records: its entries' records, decoded at once (or ``None``).
             clean: whether every record is decoded and no entry is poison.
+            screened: whether no entry is poison.
         """
         self._settle()
         if self._span_hi > self._span_lo:
@@ -159,6 +171,7 @@ class Ledger(Generic[R]):
         self._size = len(batch.ids)
         self._pos = 0
         self._clean = clean and records is not None
+        self._screened = screened or self._clean
         self._events = None
 
     def finish_batch(self) -> tuple[Batch, int] | None:
@@ -220,6 +233,22 @@ class Ledger(Generic[R]):
             self._pos = pos + n
             return pos, pos + n
         return pos, pos
+
+    def take_entry_span(self, n: int) -> tuple[Batch, int, int] | None:
+        """Hand out up to ``n`` buffered entries as they are (no event objects, no
+        records), if nothing comes before them and none is poison: the batch and the
+        positions now in flight, else ``None``."""
+        self._settle()
+        pos = self._pos
+        end = min(self._size, pos + n)
+        if not self._screened or self._replay or self._front or end <= pos:
+            return None
+        assert self._batch is not None
+        self._pos = end
+        self._handed = []
+        self._span_lo = pos
+        self._span_hi = end
+        return self._batch, pos, end
 
     def has_replay(self) -> bool:
         """Whether rewound (or put back) events are to be handed out first."""

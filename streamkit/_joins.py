@@ -39,7 +39,6 @@ from ._windows import to_ms
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._event import Event
     from ._events import Events
     from ._spec import StreamSpec
     from ._state import PartitionState
@@ -200,13 +199,14 @@ class StreamJoin(KeyedState, Generic[L, R]):
         value = getattr(record, spec) if isinstance(spec, str) else spec(record)
         return to_ms(value)
 
-    def forwarded(self, side: bytes, event: Event[Any]) -> list[bytes]:
-        """The inner stream's entry for ``event`` of ``side`` (see :data:`SIDE_KEY`)."""
+    def forwarded(
+        self, side: bytes, entry_id: bytes, flat: list[bytes], record: Any
+    ) -> list[bytes]:
+        """The inner stream's entry for the entry ``entry_id`` of ``side`` (its fields
+        ``flat``, its record ``record``; see :data:`SIDE_KEY`)."""
         spec = self.left if side == b"L" else self.right
-        record = event.record
         key = canonical_key_bytes(spec.partitioner.key_of(record))
-        at = self.time_of(side, record, int(event.entry_id.partition("-")[0]))
-        flat = event.flat
+        at = self.time_of(side, record, int(entry_id.partition(b"-")[0]))
         if len(flat) == 2 and flat[0] == FORWARDED_FIELD and spec.codec.name == "json":
             return [SIDE_KEY, side + key, TIME, b"%d" % at, JSON_RECORD, flat[1]]
         stored = orjson.dumps([part.decode("latin-1") for part in flat])
@@ -273,13 +273,18 @@ async def forward(
     events: Events[Any], join: StreamJoin[Any, Any], side: bytes, merged: StreamSpec[Any]
 ) -> None:
     """A forwarder's body: every event of its stream to the same partition of the join's
-    inner stream, with its side, key and time (see :data:`FORWARDED_FIELD`)."""
+    inner stream, with its side, key and time (see :data:`SIDE_KEY`)."""
     state: PartitionState | None = _current.get()
     assert state is not None
     partition = events.partition
-    async for batch in events.take_raw(BATCH, within=0.002):
-        for event in batch:
-            state.emit_raw(merged, partition, join.forwarded(side, event))
+    decode = events._decode_entry
+    forwarded = join.forwarded
+    async for ids, flats in events._entries(BATCH):
+        state.emit_raw_many(
+            merged,
+            partition,
+            [forwarded(side, i, f, decode(f, i)) for i, f in zip(ids, flats, strict=True)],
+        )
 
 
 async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
@@ -288,12 +293,14 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     state: PartitionState | None = _current.get()
     assert state is not None, "a join's processor runs with its state"
     view: JoinView = state.views[join]  # type: ignore[assignment]
-    async for batch in events.take_raw(BATCH, within=0.002):
-        prepared = [join.prepare_flat(event.flat) for event in batch]
+    prepare = join.prepare_flat
+    fold = join.fold_prepared
+    async for _, flats in events._entries(BATCH):
+        prepared = [prepare(flat) for flat in flats]
         keys = {p[1] for p in prepared}
         await view.prefetch([b"L" + key for key in keys] + [b"R" + key for key in keys])
         for event in prepared:
-            await join.fold_prepared(event)
+            await fold(event)
 
 
 def check_copartitioned(left: StreamSpec[Any], right: StreamSpec[Any]) -> None:

@@ -550,6 +550,20 @@ class PartitionState:
             pairs = [b"__to", targets[partition], *pairs]
         self._tentative_out.append((keys[partition], pairs))
 
+    def emit_raw_many(
+        self, stream: StreamSpec[Any] | HasSpec[Any], partition: int, entries: list[list[Any]]
+    ) -> None:
+        """:meth:`emit_raw` of each of ``entries``, in order."""
+        emitter = self._emitters.get(id(stream))
+        if emitter is None or emitter[0] is not stream:
+            emitter = self._emitter(stream)
+        _, _, keys, targets = emitter
+        key = keys[partition]
+        if targets is not None:
+            target = targets[partition]
+            entries = [[b"__to", target, *pairs] for pairs in entries]
+        self._tentative_out.extend([(key, pairs) for pairs in entries])
+
     def _plain_emitter_of(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
         """:meth:`_plain_emitter` of ``stream``, made once."""
         known = self._plain_emitters.get(id(stream))

@@ -1391,3 +1391,30 @@ def test_a_flat_batch_builds_its_entries_field_lists_on_demand() -> None:
     assert uniform.entry_fields(1) == [b"data", b"y"]
     assert Batch([b"1-0"], [[b"data", b"z"]]).payloads() == [b"z"]
     assert Batch([b"1-0"], [[b"other", b"z"]]).payloads() is None
+
+
+async def test_entries_hand_out_spans_as_stored_and_fall_back_for_poison_and_replays() -> None:
+    """The join's entry batches (``Events._entries``): clean buffers as spans (ids and
+    fields, no event objects), whatever is buffered up to ``n``; a buffer with poison
+    screened event by event (its poison to the hook); rewound events again first;
+    each entry acknowledged once, after it was moved past."""
+    feed = CannedFeed(batches([3, 4, 2], deliveries={5: 9}), then="wait")
+    hook = Diverted()
+    got: list[list[int]] = []
+    with trio.fail_after(5):
+        async with open_events(feed, max_deliveries=3, divert=hook, ack_batch=1) as events:
+            entries = events._entries(2)
+            async for entry_ids, fields in entries:
+                assert len(fields) == len(entry_ids)
+                assert all(fields)
+                got.append([number_of(i.decode()) for i in entry_ids])
+                if len(got) == 1:
+                    assert events._decode_entry(fields[0], entry_ids[0]).n == 1
+                    events.rewind()  # 1 and 2 again, first
+                if got[-1][-1] == 9:
+                    break
+    # (The fallback gathers across feed batches, as take() does: 7 and 8.)
+    assert got == [[1, 2], [1, 2], [3], [4, 6], [7, 8], [9]]
+    assert hook.calls == [(5, "poison", None)]
+    assert sorted(feed.acked) == ids(range(1, 10))
+    assert len(feed.acked) == 9
