@@ -51,22 +51,26 @@ R = TypeVar("R")
 
 JoinHow = Literal["inner", "left", "outer"]
 
-#: A forwarded event is one entry of three fields: ``k``, its side (``L``, ``R``) then
-#: its key (canonical bytes); ``t``, its event time (ms); then its record as stored in
-#: its stream: ``j``, the JSON value itself, if its codec is plain JSON
-#: (:data:`JSON_FORM`), else ``f``, its fields, flat, as a JSON array of latin-1 text
-#: (:data:`FLAT_FORM`). The join reads it without parsing the record's JSON, and keeps
-#: the record as those bytes until a result needs it.
-SIDE_KEY, TIME, JSON_RECORD, FLAT_RECORD = b"k", b"t", b"j", b"f"
+#: A forwarded event is an entry of one field, ``j``: its side (``L``, ``R``) and its
+#: record's form, then its event time (ms) and the length of its key, then its key
+#: (canonical bytes) and its record as stored in its stream: ``L0 1767225600000 2
+#: 42{"order_id":42,...}``. The record is the JSON value itself if its codec is plain
+#: JSON (form ``0``, :data:`JSON_FORM`), else its fields, flat, as a JSON array of
+#: latin-1 text (form ``1``, :data:`FLAT_FORM`). One field, so that a batch of them is
+#: one run of the commit; read with one ``split``, the record's JSON never parsed
+#: until a result needs it.
+FORWARDED = b"j"
 JSON_FORM = 0
 FLAT_FORM = 1
-#: The field of the one-field form of earlier versions (a JSON array ``[side, key,
-#: time, form, stored]``), still read.
+#: The field of the form of earlier versions (a JSON array ``[side, key, time, form,
+#: stored]``), still read.
 FORWARDED_FIELD = _DATA_FIELDS[None]
 
 #: A forwarded event, prepared: its side, its key (the tail of its buffer's field), its
 #: time (ms), its form and its record's JSON.
 Prepared = tuple[bytes, bytes, int, int, bytes]
+
+_FORMS = {b"0": JSON_FORM, b"1": FLAT_FORM}
 
 #: Events a forwarder or the join takes at a time.
 BATCH = 500
@@ -199,40 +203,36 @@ class StreamJoin(KeyedState, Generic[L, R]):
         value = getattr(record, spec) if isinstance(spec, str) else spec(record)
         return to_ms(value)
 
-    def forwarded(
-        self, side: bytes, entry_id: bytes, flat: list[bytes], record: Any
-    ) -> list[bytes]:
-        """The inner stream's entry for the entry ``entry_id`` of ``side`` (its fields
-        ``flat``, its record ``record``; see :data:`SIDE_KEY`)."""
+    def forwarded(self, side: bytes, entry_id: bytes, flat: list[bytes], record: Any) -> bytes:
+        """The inner stream's value for the entry ``entry_id`` of ``side`` (its fields
+        ``flat``, its record ``record``; see :data:`FORWARDED`)."""
         spec = self.left if side == b"L" else self.right
         key = canonical_key_bytes(spec.partitioner.key_of(record))
         at = self.time_of(side, record, int(entry_id.partition(b"-")[0]))
         if len(flat) == 2 and flat[0] == FORWARDED_FIELD and spec.codec.name == "json":
-            return [SIDE_KEY, side + key, TIME, b"%d" % at, JSON_RECORD, flat[1]]
+            return b"%s0 %d %d %s%s" % (side, at, len(key), key, flat[1])
         stored = orjson.dumps([part.decode("latin-1") for part in flat])
-        return [SIDE_KEY, side + key, TIME, b"%d" % at, FLAT_RECORD, stored]
+        return b"%s1 %d %d %s%s" % (side, at, len(key), key, stored)
 
     # -- inside the join's processor --
 
     def prepare_flat(self, flat: list[bytes]) -> Prepared:
         """A forwarded event, as an entry's flat field list, as the join sees it (see
         :data:`Prepared`)."""
-        if len(flat) == 6 and flat[0] == SIDE_KEY and flat[2] == TIME:
-            side_key = flat[1]
-            side = side_key[:1]
-            form = flat[4]
-            try:
-                at = int(flat[3])
-            except ValueError:
-                at = None
-            if at is not None and (side == b"L" or side == b"R"):
-                if form == JSON_RECORD:
-                    return side, side_key[1:], at, JSON_FORM, flat[5]
-                if form == FLAT_RECORD:
-                    return side, side_key[1:], at, FLAT_FORM, flat[5]
-        elif len(flat) == 2 and flat[0] == FORWARDED_FIELD:
-            return self._prepare_json(flat[1])
-        raise DecodeError(f"not a forwarded event: {flat[:6]!r}", stream=self.name)
+        if len(flat) == 2:
+            name, value = flat
+            if name == FORWARDED:
+                try:
+                    head, at, length, rest = value.split(b" ", 3)
+                    n = int(length)
+                    side, form = head[:1], _FORMS[head[1:]]
+                    if (side == b"L" or side == b"R") and 0 <= n <= len(rest):
+                        return side, rest[:n], int(at), form, rest[n:]
+                except (ValueError, KeyError):
+                    pass
+            elif name == FORWARDED_FIELD:
+                return self._prepare_json(value)
+        raise DecodeError(f"not a forwarded event: {flat[:4]!r}", stream=self.name)
 
     def _prepare_json(self, value: bytes) -> Prepared:
         """:meth:`prepare_flat` of the one-field form of earlier versions."""
@@ -273,18 +273,15 @@ async def forward(
     events: Events[Any], join: StreamJoin[Any, Any], side: bytes, merged: StreamSpec[Any]
 ) -> None:
     """A forwarder's body: every event of its stream to the same partition of the join's
-    inner stream, with its side, key and time (see :data:`SIDE_KEY`)."""
+    inner stream, with its side, key and time (see :data:`FORWARDED`)."""
     state: PartitionState | None = _current.get()
     assert state is not None
     partition = events.partition
     decode = events._decode_entry
     forwarded = join.forwarded
     async for ids, flats in events._entries(BATCH):
-        state.emit_raw_many(
-            merged,
-            partition,
-            [forwarded(side, i, f, decode(f, i)) for i, f in zip(ids, flats, strict=True)],
-        )
+        values = [forwarded(side, i, f, decode(f, i)) for i, f in zip(ids, flats, strict=True)]
+        state.emit_run(merged, partition, FORWARDED, values)
 
 
 async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:

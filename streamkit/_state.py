@@ -537,32 +537,27 @@ class PartitionState:
             else:
                 done.extend(encode(output, record) for record in records)
 
-    def emit_raw(
-        self, stream: StreamSpec[Any] | HasSpec[Any], partition: int, pairs: list[Any]
+    def emit_run(
+        self,
+        stream: StreamSpec[Any] | HasSpec[Any],
+        partition: int,
+        field: bytes,
+        values: list[Any],
     ) -> None:
-        """Emit an entry of ``pairs`` (names and values, as stored: no codec) to
-        ``partition`` of ``stream`` (tentatively, in order): a join's forwarder."""
-        emitter = self._emitters.get(id(stream))
-        if emitter is None or emitter[0] is not stream:
-            emitter = self._emitter(stream)
-        _, _, keys, targets = emitter
-        if targets is not None:
-            pairs = [b"__to", targets[partition], *pairs]
-        self._tentative_out.append((keys[partition], pairs))
-
-    def emit_raw_many(
-        self, stream: StreamSpec[Any] | HasSpec[Any], partition: int, entries: list[list[Any]]
-    ) -> None:
-        """:meth:`emit_raw` of each of ``entries``, in order."""
+        """Emit entries of the one field ``field``, one per value of ``values``, as
+        stored (no codec), to ``partition`` of ``stream`` (tentatively, in order): a
+        join's forwarder, a batch at a time (one :class:`Run`; one entry each through
+        an outbox)."""
         emitter = self._emitters.get(id(stream))
         if emitter is None or emitter[0] is not stream:
             emitter = self._emitter(stream)
         _, _, keys, targets = emitter
         key = keys[partition]
-        if targets is not None:
+        if targets is None:
+            self._tentative_out.append(Run(key, field, values))
+        else:
             target = targets[partition]
-            entries = [[b"__to", target, *pairs] for pairs in entries]
-        self._tentative_out.extend([(key, pairs) for pairs in entries])
+            self._tentative_out.extend([(key, [b"__to", target, field, v]) for v in values])
 
     def _plain_emitter_of(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
         """:meth:`_plain_emitter` of ``stream``, made once."""

@@ -225,20 +225,22 @@ def test_forwarded_events_are_read_in_both_forms_and_refused_otherwise() -> None
     paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=1)
     joined = app.join("forms", orders, payments, within=60, output=paid)
     record = b'{"order_id":7,"amount":70.0,"at":"2026-01-01T00:00:00Z"}'
-    new = joined.prepare_flat([b"k", b"L7", b"t", b"1767225600000", b"j", record])
-    old = joined.prepare_flat(
-        [b"data", b'["L","7",1767225600000,0,' + record + b"]"]
-    )  # fmt: skip
+    new = joined.prepare_flat([b"j", b"L0 1767225600000 1 7" + record])
+    old = joined.prepare_flat([b"data", b'["L","7",1767225600000,0,' + record + b"]"])
     assert new == old == (b"L", b"7", 1_767_225_600_000, 0, record)
-    flat = joined.prepare_flat([b"k", b"R7", b"t", b"5", b"f", b'["data:zlib","x"]'])
-    assert flat == (b"R", b"7", 5, 1, b'["data:zlib","x"]')
+    # A key of any bytes (spaces too), a record in its fields (form 1).
+    flat = joined.prepare_flat([b"j", b'R1 5 3 a b["data:zstd","x"]'])
+    assert flat == (b"R", b"a b", 5, 1, b'["data:zstd","x"]')
     for bad in (
-        [b"k", b"X7", b"t", b"5", b"j", record],  # no such side
-        [b"k", b"L7", b"t", b"soon", b"j", record],  # no time
-        [b"k", b"L7", b"t", b"5", b"q", record],  # no such form
+        [b"j", b"X0 5 1 7" + record],  # no such side
+        [b"j", b"L0 soon 1 7" + record],  # no time
+        [b"j", b"L2 5 1 7" + record],  # no such form
+        [b"j", b"L0 5 99 7"],  # a key longer than what follows
+        [b"j", b"L0 5"],
         [b"data", b'["L","7"]'],
         [b"data", b"not json"],
         [b"other", b"field"],
+        [b"j", b"L0 5 1 7", b"t", b"5"],
     ):
         with pytest.raises(DecodeError):
             joined.prepare_flat(bad)
@@ -282,10 +284,7 @@ async def test_a_compressed_side_is_joined_with_a_custom_result(
 
         await wait_until(paired, what="both pairs", within=30)
         await worker.stop()
-    forms = {
-        (e.field_values[b"k"][:1], b"j" in e.field_values)
-        for e in await redis.xrange(app.streams["zipped__in"].key(0))
-    }
-    assert forms == {(b"L", False), (b"R", True)}  # orders forwarded as their fields
+    forms = {e.field_values[b"j"][:2] for e in await redis.xrange(app.streams["zipped__in"].key(0))}
+    assert forms == {b"L1", b"R0"}  # orders forwarded as their fields
     got = sorted((r["key"], r["amount"], r["paid"]) for r in await results(redis, paid))
     assert got == [("1", 10.0, 10.0), ("2", 20.0, 20.0)]

@@ -56,8 +56,8 @@ Result = tuple[str, int | None, int | None]
 def forwarded_row(fields: Mapping[Any, Any]) -> tuple[bytes, int, int]:
     """An entry of the join's inner stream as the model takes it: its side, order id
     and event time (ms), as the forwarder wrote them."""
-    side_key = fields[b"k"]
-    return side_key[:1], int(side_key[1:]), int(fields[b"t"])
+    head, at, length, rest = fields[b"j"].split(b" ", 3)
+    return head[:1], int(rest[: int(length)]), int(at)
 
 
 def make_app(**settings: Any) -> Joined:
