@@ -244,23 +244,19 @@ class StreamJoin(KeyedState, Generic[L, R]):
         except (TypeError, ValueError, AttributeError, orjson.JSONEncodeError) as exc:
             raise DecodeError(f"not a forwarded event: {exc}", stream=self.name) from exc
 
-    async def fold_prepared(self, event: Prepared) -> None:
-        """Join one prepared event (see :meth:`prepare_flat`)."""
-        state: PartitionState | None = _current.get()
-        assert state is not None, "a join's processor runs with its state"
-        view: JoinView = state.views[self]  # type: ignore[assignment]
-        side, key_field, at, form, stored = event
-        added = await view.add(side, key_field, at, form, stored)
-        if added is None:
-            return
-        mine, matched = added
-        if not matched:
-            return
-        key = key_field.decode()
-        output = self.output
-        emit = state.emit_plain if self.plain else state.emit
-        for theirs in matched:
-            emit(output, self._result(key, side, mine, theirs))
+    async def fold(self, view: JoinView, events: list[Prepared]) -> list[Any]:
+        """Join prepared events (see :meth:`prepare_flat`) in order: buffer each
+        (tentatively), return the results of the pairs they make."""
+        results: list[Any] = []
+        add = view.add
+        result = self._result
+        for side, key_field, at, form, stored in events:
+            added = await add(side, key_field, at, form, stored)
+            if added is not None and added[1]:
+                mine, matched = added
+                key = key_field.decode()
+                results.extend([result(key, side, mine, theirs) for theirs in matched])
+        return results
 
     def __repr__(self) -> str:
         return (
@@ -291,13 +287,15 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     assert state is not None, "a join's processor runs with its state"
     view: JoinView = state.views[join]  # type: ignore[assignment]
     prepare = join.prepare_flat
-    fold = join.fold_prepared
+    output = join.output
+    emit = state.emit_plain if join.plain else state.emit_many
     async for _, flats in events._entries(BATCH):
         prepared = [prepare(flat) for flat in flats]
         keys = {p[1] for p in prepared}
         await view.prefetch([b"L" + key for key in keys] + [b"R" + key for key in keys])
-        for event in prepared:
-            await fold(event)
+        results = await join.fold(view, prepared)
+        if results:
+            emit(output, results)
 
 
 def check_copartitioned(left: StreamSpec[Any], right: StreamSpec[Any]) -> None:

@@ -624,15 +624,21 @@ class PartitionState:
         """Emit ``record`` to ``stream`` (tentatively, in order)."""
         self._tentative_out.append(self._encode_output(stream, record))
 
-    def emit_plain(self, stream: StreamSpec[Any] | HasSpec[Any], record: dict[str, Any]) -> None:
-        """Emit ``record``, a ``dict`` already made of JSON values (a join's default
-        result), to ``stream`` (tentatively, in order): one ``orjson.dumps`` where the
-        output takes plain JSON dicts, else as :meth:`emit`."""
+    def emit_many(self, stream: StreamSpec[Any] | HasSpec[Any], records: list[Any]) -> None:
+        """Emit ``records`` to ``stream`` (tentatively, in order)."""
+        self._tentative_out.extend([self._encode_output(stream, r) for r in records])
+
+    def emit_plain(
+        self, stream: StreamSpec[Any] | HasSpec[Any], records: list[dict[str, Any]]
+    ) -> None:
+        """Emit ``records``, ``dict`` s already made of JSON values (a join's default
+        results), to ``stream`` (tentatively, in order): one ``orjson.dumps`` each
+        where the output takes plain JSON dicts, else as :meth:`emit`."""
         fast = self._plain_emitter_of(stream)
         if fast is None:
-            self._tentative_out.append(self._encode_output(stream, _resolved(record)))
+            self._tentative_out.extend([self._encode_output(stream, _resolved(r)) for r in records])
         else:
-            fast([record], self._tentative_out)
+            fast(records, self._tentative_out)
 
     def _encode_output(
         self, stream: StreamSpec[Any] | HasSpec[Any], record: Any

@@ -227,7 +227,8 @@ class TableView:
 
     def _unknown(self, fields: Iterable[bytes], *, checked: bool) -> list[bytes]:
         """Those of ``fields`` not known here (of this partition, unless ``checked``)."""
-        unknown = [f for f in fields if self._known(f) is _ABSENT]
+        tentative, dirty, cache = self._tentative, self._dirty, self._cache
+        unknown = [f for f in fields if f not in tentative and f not in dirty and f not in cache]
         if not checked:
             count, partition = self._partition_count, self.partition
             unknown = [f for f in unknown if partition_for(f, count) == partition]
