@@ -28,12 +28,55 @@ from ._validate import non_negative_number
 if TYPE_CHECKING:
     from ._event import Event
     from ._events_delivery import Delivery
+    from ._feed import Batch
     from ._tracing import ProcessorSpans
 
-__all__ = ["Batches", "Entries", "OneByOne", "Traced"]
+__all__ = ["Batches", "Entries", "EntrySpan", "OneByOne", "Traced"]
 
-#: Entries as :class:`Entries` hands them out: their ids and their flat field lists.
-EntrySpan = tuple[list[bytes], list[list[bytes]]]
+
+class EntrySpan:
+    """Entries as :class:`Entries` hands them out: their ids, and their flat field
+    lists (:attr:`fields`), or the values of their one field (:meth:`values_of`).
+
+    Attributes:
+        ids: the entries' ids, in order.
+    """
+
+    __slots__ = ("_batch", "_fields", "_hi", "_lo", "ids")
+
+    def __init__(
+        self,
+        ids: list[bytes],
+        fields: list[list[bytes]] | None = None,
+        batch: Batch | None = None,
+        lo: int = 0,
+        hi: int = 0,
+    ) -> None:
+        self.ids = ids
+        self._fields = fields
+        self._batch = batch
+        self._lo = lo
+        self._hi = hi
+
+    @property
+    def fields(self) -> list[list[bytes]]:
+        """Each entry's flat field list ``[name, value, ...]``."""
+        fields = self._fields
+        if fields is None:
+            assert self._batch is not None
+            fields = self._fields = self._batch.fields[self._lo : self._hi]
+        return fields
+
+    def values_of(self, field: bytes) -> list[bytes] | None:
+        """Each entry's value of ``field``, if that is every entry's one field (without
+        a list per entry), else ``None``."""
+        if self._batch is not None and self._fields is None:
+            return self._batch.values_of(field, self._lo, self._hi)
+        fields = self.fields
+        if all(len(f) == 2 and f[0] == field for f in fields):
+            return [f[1] for f in fields]
+        return None
+
 
 T = TypeVar("T")
 
@@ -309,14 +352,14 @@ class Entries(Batches[Any]):
                     if TIMING.on:
                         self._handed_at = time.perf_counter()
                     batch, lo, hi = span
-                    return batch.ids[lo:hi], batch.fields[lo:hi]
+                    return EntrySpan(batch.ids[lo:hi], batch=batch, lo=lo, hi=hi)
             events, _ = await self._gather()
             if events:
                 delivery.check_lease()
                 ledger.hand_out(events)
                 if TIMING.on:
                     self._handed_at = time.perf_counter()
-                return [e._id for e in events], [e.flat for e in events]
+                return EntrySpan([e._id for e in events], [e.flat for e in events])
 
 
 class Traced(AsyncIterator[T]):

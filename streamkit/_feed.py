@@ -101,6 +101,19 @@ class Batch:
             return self._flat[index * widths : (index + 1) * widths]
         return self.fields[index]
 
+    def values_of(self, field: bytes, lo: int, hi: int) -> list[bytes] | None:
+        """The values of ``field`` of entries ``lo`` to ``hi``, if it is each one's only
+        field, else ``None``."""
+        if self._fields is None and self._widths == 2:
+            flat = self._flat
+            if flat[2 * lo : 2 * hi : 2].count(field) == hi - lo:
+                return flat[2 * lo + 1 : 2 * hi : 2]
+            return None
+        fields = self.fields[lo:hi]
+        if all(len(f) == 2 and f[0] == field for f in fields):
+            return [f[1] for f in fields]
+        return None
+
     def payloads(self) -> list[bytes] | None:
         """Every entry's ``data`` field, if that is each entry's only field (the layout
         of JSON records without compression), else ``None``."""

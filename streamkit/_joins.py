@@ -220,19 +220,23 @@ class StreamJoin(KeyedState, Generic[L, R]):
         """A forwarded event, as an entry's flat field list, as the join sees it (see
         :data:`Prepared`)."""
         if len(flat) == 2:
-            name, value = flat
-            if name == FORWARDED:
-                try:
-                    head, at, length, rest = value.split(b" ", 3)
-                    n = int(length)
-                    side, form = head[:1], _FORMS[head[1:]]
-                    if (side == b"L" or side == b"R") and 0 <= n <= len(rest):
-                        return side, rest[:n], int(at), form, rest[n:]
-                except (ValueError, KeyError):
-                    pass
-            elif name == FORWARDED_FIELD:
-                return self._prepare_json(value)
+            if flat[0] == FORWARDED:
+                return self.prepare_forwarded(flat[1])
+            if flat[0] == FORWARDED_FIELD:
+                return self._prepare_json(flat[1])
         raise DecodeError(f"not a forwarded event: {flat[:4]!r}", stream=self.name)
+
+    def prepare_forwarded(self, value: bytes) -> Prepared:
+        """:meth:`prepare_flat` of the value of a forwarded event's one field."""
+        try:
+            head, at, length, rest = value.split(b" ", 3)
+            n = int(length)
+            side, form = head[:1], _FORMS[head[1:]]
+            if (side == b"L" or side == b"R") and 0 <= n <= len(rest):
+                return side, rest[:n], int(at), form, rest[n:]
+        except (ValueError, KeyError):
+            pass
+        raise DecodeError(f"not a forwarded event: {value[:40]!r}", stream=self.name)
 
     def _prepare_json(self, value: bytes) -> Prepared:
         """:meth:`prepare_flat` of the one-field form of earlier versions."""
@@ -275,8 +279,11 @@ async def forward(
     partition = events.partition
     decode = events._decode_entry
     forwarded = join.forwarded
-    async for ids, flats in events._entries(BATCH):
-        values = [forwarded(side, i, f, decode(f, i)) for i, f in zip(ids, flats, strict=True)]
+    async for entries in events._entries(BATCH):
+        values = [
+            forwarded(side, i, f, decode(f, i))
+            for i, f in zip(entries.ids, entries.fields, strict=True)
+        ]
         state.emit_run(merged, partition, FORWARDED, values)
 
 
@@ -287,10 +294,15 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     assert state is not None, "a join's processor runs with its state"
     view: JoinView = state.views[join]  # type: ignore[assignment]
     prepare = join.prepare_flat
+    prepare_value = join.prepare_forwarded
     output = join.output
     emit = state.emit_plain if join.plain else state.emit_many
-    async for _, flats in events._entries(BATCH):
-        prepared = [prepare(flat) for flat in flats]
+    async for entries in events._entries(BATCH):
+        values = entries.values_of(FORWARDED)
+        if values is not None:
+            prepared = [prepare_value(value) for value in values]
+        else:
+            prepared = [prepare(flat) for flat in entries.fields]
         keys = {p[1] for p in prepared}
         await view.prefetch([b"L" + key for key in keys] + [b"R" + key for key in keys])
         results = await join.fold(view, prepared)

@@ -1404,9 +1404,12 @@ async def test_entries_hand_out_spans_as_stored_and_fall_back_for_poison_and_rep
     with trio.fail_after(5):
         async with open_events(feed, max_deliveries=3, divert=hook, ack_batch=1) as events:
             entries = events._entries(2)
-            async for entry_ids, fields in entries:
+            async for span in entries:
+                entry_ids, fields = span.ids, span.fields
                 assert len(fields) == len(entry_ids)
                 assert all(fields)
+                assert span.values_of(b"data") == [f[1] for f in fields]
+                assert span.values_of(b"other") is None
                 got.append([number_of(i.decode()) for i in entry_ids])
                 if len(got) == 1:
                     assert events._decode_entry(fields[0], entry_ids[0]).n == 1
