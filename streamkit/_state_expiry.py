@@ -31,7 +31,7 @@ from ._redis import LuaScript, redis_errors
 from ._state_views import MISSING, UNKNOWN, TableView
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Container, Iterable, Sequence
 
     from ._commit import Changes
     from ._redis import Redis
@@ -198,8 +198,8 @@ class ExpiringTableView(TableView):
         changes.zadd(self._expiry_key, scored)
         changes.zrem(self._expiry_key, gone)
 
-    def _evict(self) -> None:
-        super()._evict()
+    def _evict(self, keep: Container[bytes] = (), room: int = 0) -> None:
+        super()._evict(keep, room)
         deadlines = self._deadlines
         if len(deadlines) > 2 * self._cache_size:
             cache = self._cache

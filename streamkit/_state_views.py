@@ -23,7 +23,7 @@ from ._redis import hot_hget, redis_errors
 from ._windows import Slot, apply, next_action, settle
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Container, Iterable, Sequence
 
     from ._commit import Changes
     from ._redis import Redis
@@ -216,14 +216,21 @@ class TableView:
         """Read into the cache, in one ``HMGET``, those of ``fields`` (canonical keys)
         not known here: a batch's reads that follow cost no round trip each. Unless
         ``checked`` (known to be of this partition), a key of another partition is
-        left out (its ``get`` raises :class:`WrongPartition` as it should)."""
+        left out (its ``get`` raises :class:`WrongPartition` as it should). Room is
+        made first, and never by evicting one of ``fields``: what the batch reads
+        next is all here."""
+        fields = list(fields)
         unknown = self._unknown(fields, checked=checked)
         if not unknown:
             return
         with redis_errors():
             raws = await self._redis.hmget(self.key, unknown)
+        cache = self._cache
+        if len(cache) + len(unknown) > self._cache_size:
+            self._evict(keep=set(fields), room=len(unknown))
+        decode = self.table.decode
         for field, raw in zip(unknown, raws, strict=True):
-            self._remember(field, MISSING if raw is None else self.table.decode(raw))
+            cache[field] = MISSING if raw is None else decode(raw)
 
     def _unknown(self, fields: Iterable[bytes], *, checked: bool) -> list[bytes]:
         """Those of ``fields`` not known here (of this partition, unless ``checked``)."""
@@ -260,19 +267,21 @@ class TableView:
         if len(self._cache) > self._cache_size:
             self._evict()
 
-    def _evict(self) -> None:
+    def _evict(self, keep: Container[bytes] = (), room: int = 0) -> None:
+        """Make the cache a tenth smaller than its size, with ``room`` more to spare,
+        oldest first, never evicting a field of ``keep``."""
         cache = self._cache
         pinned = self._pinned
         # Oldest first, a tenth of the cache at a time (one pass over the oldest, not a
         # pass per key: popping a dict's first key one at a time scans the holes the
         # pops before left); keys whose commit has not landed stay (a read of Redis
         # would not see their value yet).
-        excess = len(cache) - (self._cache_size - self._cache_size // 10)
+        excess = len(cache) + room - (self._cache_size - self._cache_size // 10)
         gone: list[bytes] = []
         for field in cache:
             if len(gone) >= excess:
                 break
-            if field not in pinned:
+            if field not in pinned and field not in keep:
                 gone.append(field)
         for field in gone:
             del cache[field]
