@@ -10,17 +10,22 @@
 
 local function append_and_trim(key, first, keep, cap)
   local ids = {}
+  local n = 0
   local i = first
-  while i <= #ARGV do
+  local last = #ARGV
+  local call = redis.call
+  while i <= last do
     local count = tonumber(ARGV[i])
     if count > 0 then
-      ids[#ids + 1] = redis.call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
+      n = n + 1
+      ids[n] = call('XADD', key, '*', unpack(ARGV, i + 1, i + 2 * count))
       i = i + 1 + 2 * count
     else
       -- A run: -count entries of one field, its name once, then each one's value.
       local field = ARGV[i + 1]
       for j = i + 2, i + 1 - count do
-        ids[#ids + 1] = redis.call('XADD', key, '*', field, ARGV[j])
+        n = n + 1
+        ids[n] = call('XADD', key, '*', field, ARGV[j])
       end
       i = i + 2 - count
     end
