@@ -99,6 +99,7 @@ R = TypeVar("R")
 log = logging.getLogger("streamkit.fetcher")
 
 DEFAULT_IDLE_BLOCK = 1.0
+DEFAULT_QUIET_BLOCK = 5.0
 DEFAULT_BUSY_POLL = 0.01
 DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
@@ -194,6 +195,9 @@ class _Feed:
             self.acks_due.extend(ids)
             if changes:
                 self.changes_due.append(changes)
+            if self.fetcher._quiet:
+                # A quiet wait's timeout is the long one: these go now, not then.
+                self.fetcher._wake()
 
     async def ack(self, ids: Sequence[bytes], changes: Changes | None = None) -> None:
         if self.failure is not None:
@@ -298,6 +302,9 @@ class Fetcher(Generic[R]):
     command_timeout: float
     # Entries a partition keeps when acknowledging trims it (0: no trimming).
     trim_to: int
+    quiet_block: float = DEFAULT_QUIET_BLOCK
+    # Whether the blocking wait in progress is a quiet one (quiet_block long).
+    _quiet: bool = attrs.field(default=False, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _feeds: dict[int, _Feed] = attrs.field(factory=dict, init=False)
     # The partitions served here since the fetcher opened (their groups existed).
@@ -503,7 +510,18 @@ class Fetcher(Generic[R]):
                         # only); the next round sees what changed meanwhile.
                         await self._send_due_acks(self._commits_due(active))
                     elif idle and len(has_room) == len(active):
-                        if not await self._wait_for_entries(idle, block=self.idle_block):
+                        # With nothing handed out nor due, no acknowledgement can come
+                        # but by a wake-up (ack_later wakes a quiet wait): the wait
+                        # renews itself seldom, for what an idle partition costs Redis.
+                        self._quiet = all(
+                            not (f.batches_out or f.acks_due or f.changes_due) for f in active
+                        )
+                        block = self.quiet_block if self._quiet else self.idle_block
+                        try:
+                            woken = await self._wait_for_entries(idle, block=block)
+                        finally:
+                            self._quiet = False
+                        if not woken:
                             # Quiet for a while: acknowledge what the consumers
                             # finished rather than wait for a read to carry it.
                             await self._send_due_acks(active)
@@ -1215,6 +1233,7 @@ async def open_fetcher(
     busy_poll: float = DEFAULT_BUSY_POLL,
     command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
     trim_to: int | None = None,
+    quiet_block: float = DEFAULT_QUIET_BLOCK,
 ) -> AsyncIterator[Fetcher[R]]:
     """Run a :class:`Fetcher` for ``stream``'s consumer group ``group``.
 
@@ -1234,7 +1253,12 @@ async def open_fetcher(
         prefetch: batches buffered per partition, including the one being processed:
             at most ``prefetch * batch_size`` entries per partition are in memory,
             whatever the backlog.
-        idle_block: seconds one blocking ``XREAD`` waits before it is renewed.
+        idle_block: seconds one blocking ``XREAD`` waits before it is renewed (and
+            the acknowledgements the consumers queued meanwhile are sent).
+        quiet_block: the same while nothing is handed out nor due to be acknowledged
+            on any partition: what quiet partitions cost Redis is a look at each of
+            them per wait, so an idle fleet waits longer (a queued acknowledgement
+            ends such a wait at once).
         busy_poll: while some partition's buffer is full, idle partitions are polled
             this often instead of blocking.
         command_timeout: seconds after which a Redis command counts as failed.
@@ -1251,6 +1275,7 @@ async def open_fetcher(
     positive_int.check("batch_size", batch_size)
     positive_int.check("prefetch", prefetch)
     positive_finite_number.check("idle_block", idle_block)
+    positive_finite_number.check("quiet_block", quiet_block)
     positive_finite_number.check("busy_poll", busy_poll)
     positive_finite_number.check("command_timeout", command_timeout)
     positive_int.or_none().check("trim_to", trim_to)
@@ -1265,6 +1290,7 @@ async def open_fetcher(
         busy_poll,
         command_timeout,
         trim_to or 0,
+        max(quiet_block, idle_block),
     )
     fetcher._transact = can_transact(redis)
     async with open_service_nursery(reason="fetcher closed") as nursery:

@@ -663,3 +663,47 @@ async def test_consuming_a_full_redis_frees_memory_for_producers(
         await ticks.send_many(ticks_for(0, range(1000)))
     finally:
         await redis.config_set({"maxmemory": 0})
+
+
+async def test_a_quiet_fetcher_waits_long_and_an_acknowledgement_ends_the_wait(
+    redis: Redis, ticks: Stream[Tick], locks: LockManager
+) -> None:
+    """With events handed out, a blocking wait lasts ``idle_block`` (the consumers'
+    acknowledgements go when it ends); with nothing handed out nor due, ``quiet_block``
+    (what idle partitions cost Redis is a look at each per wait). An acknowledgement
+    queued during a quiet wait (a windowed table's tick commits without a batch) ends
+    it: it is sent at once, not a quiet wait later."""
+    await ticks.send_many(ticks_for(0, range(3)))
+    with trio.fail_after(20):
+        async with (
+            open_fetcher(redis, ticks, group=GROUP, idle_block=0.05, quiet_block=60) as fetcher,
+            locks.hold(lock_name(0), ttl=30) as held,
+            fetcher.partition(0, held) as feed,
+        ):
+            batch = await feed.receive()
+            # Handed out: short waits, renewed again and again.
+            await wait_until(
+                lambda: fetcher.statistics().blocks >= 5, what="short waits", within=10
+            )
+            feed.ack_later(batch.ids[:1])
+            feed.done(batch)
+
+            async def pending(n: int) -> bool:
+                return await pending_count(redis, ticks, 0) == n
+
+            await wait_until(
+                lambda: pending(2), what="the acknowledgement after a short wait", within=10
+            )
+            # Nothing out nor due: one long wait.
+            await wait_until(
+                functools.partial(blocked_clients, redis), what="a quiet wait", within=10
+            )
+            blocks = fetcher.statistics().blocks
+            await trio.sleep(0.5)  # ten short waits' worth: the quiet one goes on
+            assert fetcher.statistics().blocks == blocks
+            feed.ack_later(batch.ids[1:])
+            await wait_until(
+                lambda: pending(0),
+                what="the acknowledgements queued in a quiet wait, sent at once",
+                within=5,
+            )
