@@ -16,14 +16,18 @@ when the later of the two is processed, whichever side it is.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from ._errors import DecodeError
+from ._redis import redis_errors
 from ._state_views import MISSING, UNKNOWN, WindowView
 
 if TYPE_CHECKING:
+    from collections.abc import Container, Iterable, Sequence
+
     from ._commit import Changes
     from ._redis import Redis
 
@@ -104,7 +108,14 @@ class JoinView(WindowView):
             :data:`streamkit._state.BUFFERED_FIELD`).
     """
 
-    __slots__ = ("_buffered_tentative", "_flags", "_join", "buffered_delta")
+    __slots__ = (
+        "_buffered_tentative",
+        "_complete",
+        "_evicted",
+        "_flags",
+        "_join",
+        "buffered_delta",
+    )
 
     def __init__(
         self, table: JoinLike, partition: int, partition_count: int, redis: Redis, cache_size: int
@@ -117,6 +128,56 @@ class JoinView(WindowView):
         self._flags = {b"L": outer or left, b"R": outer}
         self.buffered_delta = 0
         self._buffered_tentative = 0
+        # Whether every field Redis holds is known here or in _evicted (the partition's
+        # buffers were empty when it started here, and every field since was written
+        # by this view): then a field neither knows is in no buffer, and no read of
+        # Redis needs to say so.
+        self._complete = False
+        # The fields evicted from the cache that Redis holds.
+        self._evicted: set[bytes] = set()
+
+    async def open(self) -> None:
+        await super().open()
+        # The index scores every buffered field: none, no buffer.
+        self._complete = self.next_due == math.inf
+
+    async def prefetch(self, fields: Iterable[bytes], *, checked: bool = True) -> None:
+        """As a table's, but a field in no buffer is known so without reading Redis,
+        when every buffered field is known here (see ``_complete``)."""
+        if not self._complete:
+            await super().prefetch(fields, checked=checked)
+            return
+        fields = list(fields)
+        unknown = self._unknown(fields, checked=checked)
+        if not unknown:
+            return
+        evicted = self._evicted
+        stored = [f for f in unknown if f in evicted]
+        raws: Sequence[bytes | None] = ()
+        if stored:
+            with redis_errors():
+                raws = await self._redis.hmget(self.key, stored)
+        cache = self._cache
+        if len(cache) + len(unknown) > self._cache_size:
+            self._evict(keep=set(fields), room=len(unknown))
+        for field in unknown:
+            cache[field] = MISSING
+        decode = self.table.decode
+        for field, raw in zip(stored, raws, strict=True):
+            evicted.discard(field)
+            cache[field] = MISSING if raw is None else decode(raw)
+
+    def _remember(self, field: bytes, value: Any) -> None:
+        self._evicted.discard(field)
+        super()._remember(field, value)
+
+    def _evict(self, keep: Container[bytes] = (), room: int = 0) -> None:
+        cache = self._cache
+        evicted = self._evicted
+        for field in self._to_evict(keep, room):
+            # (A field in no buffer is known as such again without Redis.)
+            if cache.pop(field) is not MISSING:
+                evicted.add(field)
 
     def _check(self, key: object) -> None:
         """Fields are a side and a key of this partition (its events were routed here

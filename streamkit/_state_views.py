@@ -271,6 +271,12 @@ class TableView:
         """Make the cache a tenth smaller than its size, with ``room`` more to spare,
         oldest first, never evicting a field of ``keep``."""
         cache = self._cache
+        for field in self._to_evict(keep, room):
+            del cache[field]
+
+    def _to_evict(self, keep: Container[bytes], room: int) -> list[bytes]:
+        """The fields :meth:`_evict` evicts."""
+        cache = self._cache
         pinned = self._pinned
         # Oldest first, a tenth of the cache at a time (one pass over the oldest, not a
         # pass per key: popping a dict's first key one at a time scans the holes the
@@ -283,8 +289,7 @@ class TableView:
                 break
             if field not in pinned and field not in keep:
                 gone.append(field)
-        for field in gone:
-            del cache[field]
+        return gone
 
     # -- the layers --
 

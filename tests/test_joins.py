@@ -288,3 +288,61 @@ async def test_a_compressed_side_is_joined_with_a_custom_result(
     assert forms == {b"L1", b"R0"}  # orders forwarded as their fields
     got = sorted((r["key"], r["amount"], r["paid"]) for r in await results(redis, paid))
     assert got == [("1", 10.0, 10.0), ("2", 20.0, 20.0)]
+
+
+async def test_buffers_larger_than_the_cache_join_exactly(redis_url: str, redis: Redis) -> None:
+    """With a cache of a few buffers, buffered events are evicted and read back: a
+    partition that started with empty buffers knows which keys buffer nothing without
+    asking Redis, and every key evicted is read again, so every pair is found and every
+    unmatched order is emitted once."""
+    app = App("joincache", redis_url=redis_url, state_cache_size=6, **FAST)
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=1)
+    payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=1)
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    app.join(
+        "cached",
+        orders,
+        payments,
+        within=timedelta(minutes=10),
+        grace=timedelta(hours=1),
+        how="left",
+        output=paid,
+        left_time="at",
+        right_time="at",
+        idle=False,
+    )
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        # 60 orders, 20 more, then the payments of the first ones' even ones: each
+        # payment's order was evicted before (a cache of 6 buffers).
+        await orders.send_many([order(n, n) for n in range(60)])
+
+        async def buffered(n: int) -> bool:  # the orders joined and committed
+            async with app:
+                snapshot = await take_snapshot(app)
+            (joiner,) = [p for p in snapshot.processors if p.name == "cached"]
+            return [row.buffered for row in joiner.partitions] == [{"cached": n}]
+
+        await wait_until(lambda: buffered(60), what="the orders buffered", within=30)
+        # More orders, committed after the first ones landed: those are evicted.
+        await orders.send_many([order(n, n) for n in range(100, 120)])
+        await wait_until(lambda: buffered(80), what="more orders buffered", within=30)
+        await payments.send_many([payment(n, n + 30) for n in range(0, 60, 2)])
+        await orders.send(order(999, 5 * 3600))  # every window closes
+        await payments.send(payment(999, 5 * 3600))
+
+        async def emitted() -> bool:
+            return len(await results(redis, paid)) >= 81
+
+        await wait_until(emitted, what="the pairs and the unmatched orders", within=30)
+        await worker.stop()
+    got = sorted(
+        (int(r["key"]), None if r["right"] is None else r["right"]["paid"])
+        for r in await results(redis, paid)
+    )
+    expected = [
+        *((n, 10.0 * n if n % 2 == 0 else None) for n in range(60)),
+        *((n, None) for n in range(100, 120)),
+        (999, 9990.0),
+    ]
+    assert got == expected
