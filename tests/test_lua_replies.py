@@ -61,7 +61,9 @@ async def streams(call: Calls) -> None:
         "streams/append", [STREAM, marker, marker_key(STREAM, "t0")], [*head, 1, 1, b"f", b"v"]
     )
     ids, _, _ = append_reply(first)
-    assert (len(ids), first[2], first[3]) == (3, 0, 3), "consecutive: the first and a count"
+    assert (len(ids), first[1], first[2]) == (3, 0, 0)
+    if type(first[0]) is not list:  # a call that crossed a millisecond says its ids one by one
+        assert first[3] == 3, "consecutive: the first and a count"
     assert append_reply(again) == (ids, 0, True)
     # Ids that cannot be said as a first and a count (a sequence number past 2^53):
     # one by one, in the reply and in the marker.
