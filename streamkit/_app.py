@@ -43,6 +43,7 @@ from ._table_joins import (
     run_table_join,
 )
 from ._tables import Table
+from ._tables_versioned import VersionedTable
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
 from ._windows import Window, positive_ms, to_ms
 from .jobs._cron import cron_decorator
@@ -323,6 +324,52 @@ class App:
             ttl=None if ttl is None else positive_ms("ttl", ttl),
             connection=lambda: self.redis,
         )
+        self.tables[name] = table
+        return table
+
+    def versioned_table(
+        self,
+        name: str,
+        *,
+        value: type[V] | Any,
+        retention: timedelta | float,
+        default: V | None = None,
+        ttl: timedelta | float | None = None,
+    ) -> VersionedTable[V]:
+        """Declare a versioned table: a table that keeps each key's values over time, so
+        that a read gets the value in force as of a time (an event's) rather than now.
+        See :doc:`joins`, "As-of lookups".
+
+        For example, currency rates, read as of each payment's time::
+
+            rates = app.versioned_table("rates", value=float, retention=timedelta(days=1))
+
+        Its writer (``tables=[rates]``) writes ``await rates.put(key, value, at=...)``;
+        anyone reads ``await rates.get(key, as_of=...)``.
+
+        Args:
+            name: the table's name (unique in the app).
+            value: the type of its values.
+            retention: how much of each key's history is kept behind its newest
+                version (a timedelta, or seconds).
+            default: what reading a missing key (or a time before its history) returns.
+            ttl: how long a key, with its history, lives after its last write.
+
+        Error handling:
+            :class:`ConfigError` for a bad name, a name declared twice, a ``default``
+            that is not a valid ``value``, or a ``retention`` or ``ttl`` not positive.
+        """
+        if name in self.tables:
+            raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
+        table: VersionedTable[V] = VersionedTable(
+            name,
+            value,
+            default,
+            ttl=None if ttl is None else positive_ms("ttl", ttl),
+            retention=positive_ms("retention", retention),
+            connection=lambda: self.redis,
+        )
+        self._inner_tables.append(table.versions)
         self.tables[name] = table
         return table
 
@@ -691,6 +738,8 @@ class App:
                 raise ConfigError("processor", f"{processor_name!r} is already registered")
             for table in tables:
                 table.bind(stream.spec, processor_name)
+            # A versioned table's versions are written by its processor too.
+            written = (*tables, *(t.versions for t in tables if isinstance(t, VersionedTable)))
             self.processors[processor_name] = Processor(
                 name=processor_name,
                 stream=stream,
@@ -698,7 +747,7 @@ class App:
                 policy=policy or ExceptionPolicy(),
                 middleware=tuple(middleware),
                 settings=settings,
-                tables=tuple(tables),
+                tables=written,
                 outputs=tuple(outputs),
                 jobs=tuple(jobs),
             )

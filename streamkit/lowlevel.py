@@ -72,6 +72,7 @@ from ._replay import (
     ResetRefused as ResetRefused,
 )
 from ._table_joins import GlobalTable as GlobalTable
+from ._tables_versioned import VersionedTable as VersionedTable
 
 __all__ = [
     "Assignment",
@@ -106,6 +107,7 @@ __all__ = [
     "ResetIncomplete",
     "ResetPlan",
     "ResetRefused",
+    "VersionedTable",
     "assign",
     "call_once",
     "canonical_key_bytes",

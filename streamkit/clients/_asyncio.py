@@ -341,11 +341,16 @@ class AsyncioClient(ClientBase):
     # ------------------------------------------------------------------ tables
 
     async def read(
-        self, table: Table[Any] | WindowedTable[Any], key: object, default: Any = _NO_DEFAULT
+        self,
+        table: Table[Any] | WindowedTable[Any],
+        key: object,
+        default: Any = _NO_DEFAULT,
+        *,
+        as_of: object = None,
     ) -> Any:
         """The committed value of ``key`` in ``table`` (as :meth:`BlockingClient.read
         <streamkit.clients.BlockingClient.read>`)."""
-        return await self.run(_ops.table_read(table, key, default))
+        return await self.run(_ops.table_read(table, key, default, as_of))
 
     async def read_many(
         self, table: Table[Any] | WindowedTable[Any], keys: Iterable[object]

@@ -355,13 +355,18 @@ class BlockingClient(ClientBase):
     # ------------------------------------------------------------------ tables
 
     def read(
-        self, table: Table[Any] | WindowedTable[Any], key: object, default: Any = _NO_DEFAULT
+        self,
+        table: Table[Any] | WindowedTable[Any],
+        key: object,
+        default: Any = _NO_DEFAULT,
+        *,
+        as_of: object = None,
     ) -> Any:
         """The committed value of ``key`` in ``table`` (``default``, or the table's,
         when missing); for a windowed table, its windows and their values (as
         :meth:`Table.read <streamkit.Table.read>`, :meth:`WindowedTable.read
         <streamkit.WindowedTable.read>`)."""
-        return self.run(_ops.table_read(table, key, default))
+        return self.run(_ops.table_read(table, key, default, as_of))
 
     def read_many(
         self, table: Table[Any] | WindowedTable[Any], keys: Iterable[object]

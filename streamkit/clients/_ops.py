@@ -42,6 +42,7 @@ from .._produce import (
     windows,
 )
 from .._retrying import RetryRule
+from .._tables_versioned import VersionedTable, as_of_ms
 from .._tables_windowed import WindowedTable
 from .._windows import Window
 from ..jobs._layout import ShardKeys, routed_queue, shard_for
@@ -473,9 +474,19 @@ def _missing(table: Table[Any] | WindowedTable[Any], default: Any) -> Any:
 _NO_DEFAULT: Any = object()
 
 
-def table_read(table: Table[Any] | WindowedTable[Any], key: object, default: Any) -> Op[Any]:
+def table_read(
+    table: Table[Any] | WindowedTable[Any], key: object, default: Any, as_of: object = None
+) -> Op[Any]:
     """The committed value of ``key`` (see :meth:`Table.read <streamkit.Table.read>`,
-    :meth:`WindowedTable.read <streamkit.WindowedTable.read>`)."""
+    :meth:`WindowedTable.read <streamkit.WindowedTable.read>`); of a versioned table,
+    the one in force ``as_of`` a time (see :meth:`VersionedTable.read
+    <streamkit.lowlevel.VersionedTable.read>`)."""
+    if as_of is not None:
+        if not isinstance(table, VersionedTable):
+            raise ConfigError("as_of", f"{table!r} is not a versioned table: it has no history")
+        moment = as_of_ms(as_of)
+        versions = yield from table_read(table.versions, key, None)
+        return table.value_as_of(versions, moment, default)
     partition = table.partition_of(key)
     field = canonical_key_bytes(key)
     if isinstance(table, WindowedTable) and table.fixed:
