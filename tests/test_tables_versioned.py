@@ -176,7 +176,7 @@ async def test_each_event_reads_the_value_in_force_at_its_time(
         assert client.read(rates, "EUR") == 1.30
         assert client.read(rates, "USD", 0.0, as_of=minutes(45)) == 0.0
         with pytest.raises(ConfigError, match="not a versioned table"):
-            client.read(app.tables["rates"].versions, "EUR", as_of=minutes(45))
+            client.read(rates.versions, "EUR", as_of=minutes(45))
     got_cli = await streamkit("table", "get", APP, "rates", "EUR", redis_url=redis_url)
     assert (got_cli.code, got_cli.out.strip()) == (0, "1.3"), got_cli.err
 
