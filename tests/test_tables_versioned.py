@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
 import trio
 from hypothesis import given, strategies as st
@@ -179,6 +180,30 @@ async def test_each_event_reads_the_value_in_force_at_its_time(
             client.read(rates.versions, "EUR", as_of=minutes(45))
     got_cli = await streamkit("table", "get", APP, "rates", "EUR", redis_url=redis_url)
     assert (got_cli.code, got_cli.out.strip()) == (0, "1.3"), got_cli.err
+    then = await streamkit(
+        "table", "get", APP, "rates", "EUR", "--as-of", "2026-01-01T00:45:00Z",
+        redis_url=redis_url,
+    )  # fmt: skip
+    assert (then.code, then.out.strip()) == (0, "1.2"), then.err
+    kept = await streamkit("table", "get", APP, "rates", "GBP", "--history", redis_url=redis_url)
+    assert kept.code == 0, kept.err
+    assert orjson.loads(kept.out) == [
+        {"at": "2026-01-01T00:10:00+00:00", "value": 0.8},
+        {"at": "2026-01-01T00:50:00+00:00", "value": None},
+        {"at": "2026-01-01T01:30:00+00:00", "value": 0.85},
+    ]
+    for args, says in [
+        (["rates", "EUR", "--as-of", "teatime"], "is not a time"),
+        (["rates", "EUR", "--as-of", "0", "--history"], "give one of them"),
+    ]:
+        refused = await streamkit("table", "get", APP, *args, redis_url=redis_url)
+        assert (refused.code, says in refused.err) == (2, True), refused.err
+        assert "Traceback" not in refused.err
+    plain = "tests.test_table_joins:app"
+    refused = await streamkit(
+        "table", "get", plain, "profiles", "u1", "--as-of", "0", redis_url=redis_url
+    )
+    assert (refused.code, "not a versioned table" in refused.err) == (2, True), refused.err
 
 
 async def test_a_replay_rebuilds_the_same_versions(redis_url: str) -> None:

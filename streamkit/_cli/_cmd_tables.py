@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import asyncclick as click
@@ -10,6 +11,7 @@ import orjson
 from .._errors import StreamkitError
 from .._json_converter import converter
 from .._literal import printable
+from .._tables_versioned import VersionedTable
 from ._exits import fail
 from ._loading import load_app
 from ._options import redis_url_option
@@ -50,19 +52,60 @@ def _windows(windows: list[Any]) -> str:
     )
 
 
+def _time(text: str) -> datetime | float:
+    """A ``--as-of`` time: ISO 8601 (``2026-01-01T10:00:00Z``; naive is UTC) or
+    seconds since the epoch."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        fail(
+            f"--as-of: {text!r} is not a time (ISO 8601, e.g. 2026-01-01T10:00:00Z, or "
+            "seconds since the epoch)",
+            exit_code=2,
+        )
+
+
 @table.command("get")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("name", metavar="TABLE")
 @click.argument("key", metavar="KEY")
+@click.option(
+    "--as-of",
+    "as_of",
+    metavar="TIME",
+    default=None,
+    help="A versioned table: the value in force at TIME (ISO 8601, or epoch seconds).",
+)
+@click.option(
+    "--history", is_flag=True, help="A versioned table: every version kept, oldest first."
+)
 @redis_url_option
-async def table_get(app_path: str, name: str, key: str, redis_url: str | None) -> None:
+async def table_get(
+    app_path: str, name: str, key: str, as_of: str | None, history: bool, redis_url: str | None
+) -> None:
     """Print KEY's committed value as JSON (the table's default when missing; a
-    windowed table's windows as a list)."""
+    windowed table's windows as a list; a versioned table's value as of a time, or its
+    versions)."""
     app = load_app(app_path, redis_url)
     found = _table(app, name)
+    if (as_of is not None or history) and not isinstance(found, VersionedTable):
+        option = "--history" if history else "--as-of"
+        fail(f"{option}: table {name!r} is not a versioned table: it keeps no history", exit_code=2)
+    if as_of is not None and history:
+        fail("--as-of and --history: give one of them", exit_code=2)
+    moment = None if as_of is None else _time(as_of)
     try:
         async with app:
-            if hasattr(found, "kind"):
+            if isinstance(found, VersionedTable) and history:
+                versions = await found.history(key)
+                text = _json([{"at": at.isoformat(), "value": value} for at, value in versions])
+            elif isinstance(found, VersionedTable) and moment is not None:
+                text = _json(await found.read(key, as_of=moment))
+            elif hasattr(found, "kind"):
                 text = _windows(await found.read(key))
             else:
                 text = _json(await found.read(key))
