@@ -162,6 +162,10 @@ class VersionedTable(Table[V]):
                 Table.set(self, key, value)  # type: ignore[misc]
             else:
                 Table.delete(self, key)
+        elif self.ttl is not None and len(versions[-1]) == 2:
+            # The latest value lives as long as the history it heads (a ttl counts from
+            # the last write of either).
+            Table.set(self, key, self._decode_version(versions[-1][1]))
 
     # -- from anywhere --
 
