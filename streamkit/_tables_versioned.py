@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
+import orjson
 
 from ._errors import ConfigError, DecodeError
 from ._event import Event
@@ -77,6 +78,25 @@ def insert_version(versions: Versions, version: list[Any]) -> bool:
 
 
 @attrs.define(eq=False, repr=False)
+class _Versions(Table[Versions]):
+    """The table of a versioned table's versions: JSON arrays, stored as they are."""
+
+    def encode(self, value: Versions) -> bytes:
+        return orjson.dumps(value)
+
+    def decode(self, raw: bytes) -> Versions:
+        try:
+            versions = orjson.loads(raw)
+            if type(versions) is not list or not all(
+                type(v) is list and 1 <= len(v) <= 2 and type(v[0]) is int for v in versions
+            ):
+                raise ValueError("not a list of [time, value] and [time]")
+        except ValueError as exc:
+            raise DecodeError(f"stored versions: {exc}", stream=f"table {self.name!r}") from exc
+        return versions
+
+
+@attrs.define(eq=False, repr=False)
 class VersionedTable(Table[V]):
     """A table keeping each key's values over time, for ``retention``; declared with
     :meth:`streamkit.App.versioned_table`.
@@ -103,7 +123,7 @@ class VersionedTable(Table[V]):
             raise ConfigError("retention", f"must be milliseconds, got {self.retention!r}")
         if self.retention <= 0:
             raise ConfigError("retention", f"must be positive, got {self.retention!r}")
-        self.versions = Table(
+        self.versions = _Versions(
             f"{self.name}__versions", list, None, ttl=self.ttl, connection=self._connection
         )
 

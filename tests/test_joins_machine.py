@@ -9,6 +9,7 @@ in the test's Trio loop, where the workers keep running between steps.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,7 +25,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from streamkit import App, Stream
+from streamkit import App, Stream, _keys
 from streamkit._worker import Worker, run_worker
 from streamkit.testing import wait_until
 from tests.apps.joined import Order, Payment, forwarded_row, model
@@ -194,10 +195,31 @@ class JoinMachine(RuleBasedStateMachine):
 
         with trio.move_on_after(SETTLE_TIMEOUT):
             await wait_until(settled, what="every result emitted", within=SETTLE_TIMEOUT)
-        expected = model(await forwarded(), within=WITHIN, grace=GRACE, how=HOW)
+        rows = await forwarded()
+        expected = model(rows, within=WITHIN, grace=GRACE, how=HOW)
         emitted = await got()
         missing, extra = sorted(expected - emitted)[:5], sorted(emitted - expected)[:5]
-        assert emitted == expected, f"missing {missing}, extra {extra}"
+        assert emitted == expected, (
+            f"missing {missing}, extra {extra}; forwarded {rows}; "
+            f"join state {await self._join_state()}"
+        )
+
+    async def _join_state(self) -> list[Any]:
+        """What Redis holds of the join's partitions: buffers, index, state hash."""
+        redis = self.world.redis
+        app = self.example.app
+        join: Any = app.tables["j"]
+        out: list[Any] = []
+        for partition in range(PARTITIONS):
+            state = _keys.state_key(app.name, "j__in", "j", partition)
+            out.append(
+                {
+                    "buffers": await redis.hgetall(join.key(partition)),
+                    "index": await redis.zrange(join.index_key(partition), 0, -1, withscores=True),
+                    "state": await redis.hgetall(state),
+                }
+            )
+        return out
 
 
 async def test_a_join_equals_its_semantics_one_event_at_a_time(
@@ -206,7 +228,8 @@ async def test_a_join_equals_its_semantics_one_event_at_a_time(
     async with trio.open_nursery() as nursery:
         world = World(redis, redis_url, nursery, trio.lowlevel.current_trio_token())
         config = settings(
-            max_examples=4,
+            # (JOIN_MACHINE_EXAMPLES=200 for a long hunt.)
+            max_examples=int(os.environ.get("JOIN_MACHINE_EXAMPLES", "4")),
             stateful_step_count=8,
             deadline=None,
             phases=[Phase.generate],
