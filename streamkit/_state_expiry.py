@@ -60,6 +60,7 @@ class ExpiringTableView(TableView):
         "_deadlines",
         "_done_deadlines",
         "_expiry_key",
+        "_landing",
         "_tentative_deadlines",
         "_ttl",
         "_unknown_head",
@@ -79,6 +80,8 @@ class ExpiringTableView(TableView):
         self._deadlines: dict[bytes, int] = {}
         self._tentative_deadlines: dict[bytes, int] = {}
         self._done_deadlines: dict[bytes, int] = {}
+        # The deadlines of commits in flight, by field (not in Redis's index yet).
+        self._landing: dict[bytes, int] = {}
         self.now: Callable[[], int] = lambda: 0
         self.next_due: float = math.inf
         # Whether Redis may hold keys due earlier than next_due (not read since a sweep).
@@ -185,6 +188,7 @@ class ExpiringTableView(TableView):
             if encoded is None:
                 gone.append(field)
                 self._deadlines.pop(field, None)
+                self._landing.pop(field, None)
             else:
                 deadline = done_deadlines.get(field)
                 if deadline is None:
@@ -192,11 +196,15 @@ class ExpiringTableView(TableView):
                 scored.append(deadline)
                 scored.append(field)
                 self._deadlines[field] = deadline
+                self._landing[field] = deadline
                 self.next_due = min(self.next_due, deadline)
         done_deadlines.clear()
         super().contribute(changes, pinned)
         changes.zadd(self._expiry_key, scored)
         changes.zrem(self._expiry_key, gone)
+
+    def _landed(self, field: bytes) -> None:
+        self._landing.pop(field, None)
 
     def _evict(self, keep: Container[bytes] = (), room: int = 0) -> None:
         super()._evict(keep, room)
@@ -212,11 +220,14 @@ class ExpiringTableView(TableView):
         keys written since, whose deadline here is later, stay."""
         if clock < self.next_due and not self._unknown_head:
             return
+        # Keys whose commit is in flight: one landing while the index is read may be in
+        # neither what the read returns nor in flight after it (see WindowView.settle).
+        landing = [f for f, d in self._landing.items() if d <= clock]
         with redis_errors():
             reply: Any = await _DUE(self._redis, keys=[self._expiry_key], args=[clock, SWEEP_BATCH])
         due, after = reply
         expired: list[bytes] = []
-        for field in due[::2]:
+        for field in dict.fromkeys([*due[::2], *landing]):
             known = self._done_deadlines.get(field) or self._deadlines.get(field)
             if known is not None and known > clock:
                 continue  # written again since: a later deadline

@@ -505,12 +505,16 @@ class WindowView(TableView):
         """
         if watermark < self.next_due:
             return []
+        # The keys whose commit is in flight, as they are before the read: one landing
+        # while the index is read (on another connection) may be neither in what the
+        # read returns nor pending after it, and would wait for a later watermark.
+        pending = dict(self._pending)
         with redis_errors():
             ranked: Any = await self._redis.zrange(self.index, 0, SETTLE_BATCH, withscores=True)
         due = {member for member, score in ranked if score <= watermark}
         later = [score for _, score in ranked if score > watermark]
         more = len(ranked) > SETTLE_BATCH and not later
-        due.update(f for f, score in self._pending.items() if score <= watermark)
+        due.update(f for f, score in pending.items() if score <= watermark)
         for field, (slots, _) in self._dirty.items():
             score = self._score(slots)
             if score is not None and score <= watermark:
@@ -537,7 +541,7 @@ class WindowView(TableView):
         # Keys with writes not yet handed over count by those; then the handed over
         # and not landed; then what Redis's index says.
         upcoming = [watermark if more else (later[0] if later else math.inf)]
-        upcoming.extend(s for f, s in self._pending.items() if f not in self._dirty)
+        upcoming.extend(s for f, s in pending.items() if f not in self._dirty)
         for layer in (self._dirty, self._tentative):
             for slots, _ in layer.values():
                 score = self._score(slots)

@@ -208,7 +208,7 @@ class JoinMachine(RuleBasedStateMachine):
         """What Redis holds of the join's partitions: buffers, index, state hash."""
         redis = self.world.redis
         app = self.example.app
-        join: Any = app.tables["j"]
+        join: Any = app.processors["j"].tables[0]
         out: list[Any] = []
         for partition in range(PARTITIONS):
             state = _keys.state_key(app.name, "j__in", "j", partition)

@@ -214,3 +214,29 @@ async def test_a_key_expired_during_a_handover_is_not_read_by_anyone(
         await wait_until(third, what="ada's third visit", within=10)
         await worker.stop()
     assert seen[-1] == ("ada", 3, 1)  # counted from nothing: the old count had expired
+
+
+async def test_a_key_whose_commit_lands_while_the_index_is_read_still_expires(
+    redis_url: str, redis: Redis
+) -> None:
+    """A key whose commit is in flight is due from memory, not from the index; if that
+    commit lands while a sweep reads the index, the key is in neither what the read
+    returned nor in flight after it, and was left unexpired (for ever on a quiet
+    partition: nothing due was left to sweep again)."""
+    from streamkit._commit import Changes
+    from streamkit._state_expiry import ExpiringTableView
+    from streamkit._state_views import MISSING
+    from tests.test_joins import LandsDuringRead
+
+    _, _, counts = visits_app(redis_url, [])
+    view = ExpiringTableView(counts, 0, 2, redis, 100)
+    await view.open()
+    clock = 1_000_000
+    view.now = lambda: clock
+    view.set("ada", 1)
+    view.promote()
+    pinned: list[bytes] = []
+    view.contribute(Changes(), pinned)  # handed to a commit, not landed yet
+    view._redis = LandsDuringRead(redis, "evalsha", lambda: view.unpin(pinned))  # type: ignore[assignment]
+    await view.sweep(clock + int(TTL * 1000))
+    assert view.done_writes() == {b"ada": (MISSING, None)}, "swept"
