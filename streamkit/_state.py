@@ -85,6 +85,10 @@ WATERMARK_FIELD = b"watermark"
 LATE_FIELD = "late:"
 #: The state hash's field (then the join's name) counting a join's buffered events.
 BUFFERED_FIELD = "buffered:"
+#: Seconds after which a partition waiting for events settles again when some window
+#: or join buffer is due but was put off (its commit in flight, or more due than one
+#: round closes): the watermark passed it, and no later event need come to close it.
+SETTLE_RETRY = 0.02
 #: The one field of an entry carrying a table's change on (see PartitionState._feed).
 CHANGE_FIELD = _DATA_FIELDS[None]
 
@@ -398,13 +402,20 @@ class PartitionState:
 
     def idle_deadline(self) -> float:
         """The Trio time at which idleness would close a window or expire a key of this
-        partition (``inf`` if none): see :func:`~streamkit._windows.idle_watermark`."""
+        partition, or a settling round put off is tried again (``inf`` if none): see
+        :func:`~streamkit._windows.idle_watermark`."""
         deadline = math.inf
+        if self.watermark != -math.inf and any(
+            view.next_due <= self.watermark for view in self.windows
+        ):
+            # Due and put off (see SETTLE_RETRY), whatever the idle rule.
+            deadline = trio.current_time() + SETTLE_RETRY
         idle = [view for view in self.windows if view.window.idle]
         if idle and self.watermark != -math.inf:
             due = min(view.next_due for view in idle)
             if due != math.inf:
-                deadline = self.moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+                at = self.moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+                deadline = min(deadline, at)
         if self.expiring and self._clock != -math.inf:
             due = min(view.next_due for view in self.expiring)
             if due != math.inf:
@@ -426,9 +437,9 @@ class PartitionState:
         self._moved_pending = False
 
     async def tick(self) -> None:
-        """The partition is idle: move the watermark on by the time it has been idle,
-        and settle."""
-        if self.watermark != -math.inf:
+        """The partition is idle: move the watermark on by the time it has been idle
+        (if a window or join follows the idle rule), and settle."""
+        if self.watermark != -math.inf and any(view.window.idle for view in self.windows):
             idle_for = math.floor((trio.current_time() - self.moved_at) * 1000)
             self._advance(idle_watermark(int(self.watermark), idle_for))
         await self.settle(clock=self._idle_clock())

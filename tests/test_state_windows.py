@@ -544,3 +544,44 @@ def test_an_event_time_is_the_same_millisecond_however_it_is_given() -> None:
     assert revenue.time_of(2.01) == 2010  # 2.00999... s: to_ms's millisecond, not floored
     assert revenue.time_of(T0) == revenue.time_of(T0.timestamp()) == int(T0.timestamp()) * 1000
     assert revenue.time_of(sale("a", 1, 2.01)) == revenue.time_of(T0.timestamp() + 2.01)
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+async def test_without_the_idle_rule_the_last_event_closes_every_window_it_passes(
+    redis_url: str, redis: Redis, kind: str
+) -> None:
+    """With ``idle=False`` only events move the watermark; the last one closes every
+    window it passes, also those whose commit was in flight as it came (put off by that
+    round, they close once the commit lands, not with a later event that never comes)."""
+    app = App("noidle", redis_url=redis_url, batch_size=7, **FAST)
+    sales = app.stream("sales", record=Sale, partition_by="shop", partition_count=1)
+    totals = app.stream("totals", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+    shape = (
+        tumbling(timedelta(seconds=1)) if kind == "tumbling" else session(timedelta(seconds=0.5))
+    )
+    revenue = app.window(
+        "revenue", shape, value=int, initial=0, time="at", output=totals, idle=False
+    )
+
+    @app.processor(sales, tables=[revenue])
+    async def add_up(events: Events[Sale]) -> None:
+        async for item in events.records():
+            await revenue.update(item.shop, item, operator.add, item.amount)
+
+    # Three shops, two windows (one session) a shop in each of three blocks, then each
+    # shop's last event far after: batches of 7, each commit in flight while the next
+    # batch is processed.
+    sent = [sale(f"s{i % 3}", 1, block * 3 + i / 10) for block in range(3) for i in range(20)]
+    sent += [sale(f"s{i}", 0, 1000) for i in range(3)]
+    windows = 18 if kind == "tumbling" else 9
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await sales.send_many(sent)
+
+        async def closed() -> bool:
+            return len(await results(redis, totals)) >= windows
+
+        await wait_until(closed, what="every window the last events passed", within=20)
+        await worker.stop()
+    got = await results(redis, totals)
+    assert (len(got), sum(r["value"] for r in got)) == (windows, 60)
