@@ -326,11 +326,11 @@ class Membership:
 
     async def _reap_once(self) -> None:
         current: Assignment = self.assignment.value
-        candidates = [m for m in current.members if m != self.id]
+        candidates = _watched_by(self.id, current.members)
         if not candidates:
             return
-        # Fast path, every tick: one EXISTS for everybody. Only if a heartbeat is
-        # missing do we pay for a transaction.
+        # Fast path, every tick: one EXISTS for the members this one watches. Only if a
+        # heartbeat is missing do we pay for a transaction (which looks at everybody).
         with redis_errors():
             alive = await self.redis.exists([self.keys.heartbeat(m) for m in candidates])
         if alive == len(candidates):
@@ -542,6 +542,26 @@ class Membership:
         with redis_errors():
             last = await self.redis.xrevrange(self.keys.control, count=1)
         return last[0].identifier if last else b"0-0"
+
+
+#: How many members each member watches for a missing heartbeat, every tick: the ones
+#: after it in the order of their ids, around the ring. Each member is watched by as
+#: many others (all of them in a smaller group), so a fleet of W members costs Redis W
+#: EXISTS of this many keys a tick, not W EXISTS of W - 1 keys (at 128 members, 16,256
+#: lookups a second). A member whose watchers all died with it is watched by new ones
+#: once they are reaped (by theirs) and the ring closes over them.
+REAP_WATCHES = 3
+
+
+def _watched_by(member: str, members: Collection[str]) -> list[str]:
+    """The members whose heartbeats ``member`` looks at each tick: the
+    :data:`REAP_WATCHES` after it in the ring of ``members`` sorted by id (all the others
+    in a group that small; the ones after where it would be, if it is not listed)."""
+    ring = sorted(set(members) - {member})
+    if len(ring) <= REAP_WATCHES:
+        return ring
+    start = sum(1 for m in ring if m < member)
+    return [ring[(start + i) % len(ring)] for i in range(REAP_WATCHES)]
 
 
 def _members(count: int) -> str:

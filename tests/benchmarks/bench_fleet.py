@@ -34,6 +34,7 @@ Printed per fleet:
   each round's figures after it;
 * **lost**: leases the workers' logs say were lost (the rebalancer's "lease on partition
   N lost" line), at start-up, then in all the joins and all the leaves;
+* **load**: the machine's 1-minute load average at the end of the idle window;
 * **RSS**: the workers' resident memory (``VmRSS``) at the end of the idle window, the
   median worker process and the partitions its members own; for a fleet of worker
   processes, also the joiner's RSS once settled after its first join, and the memory
@@ -197,6 +198,7 @@ def run_fleet(
             time.sleep(args.seconds)
             cpu1, ran1, stats1 = counters(plain)
             elapsed = time.perf_counter() - t0
+            result["load"] = os.getloadavg()[0]
             owned = owned_by_pid(plain)
             result["rss"] = [(rss_kib(p.pid), owned.get(p.pid, 0)) for p in procs]
             # The bench's own INFO calls (two before, two after) are not the fleet's.
@@ -295,11 +297,13 @@ def main() -> None:
     print(
         f"  {'fleet':<14}{'start s':>9}{'cmds/s':>10}{'/worker':>9}{'/part.':>8}"
         f"{'CPU %':>8}{'join s':>8}{'leave s':>9}{'lost':>12}{'RSS MiB':>9}{'owns':>6}"
+        f"{'load':>6}"
     )
     print(
         "  (cmds/s: Redis's commands while idle, those inside scripts included; CPU %: of "
         "one core; join and leave: medians of the rounds; lost: at start-up/in the "
-        "joins/in the leaves; RSS: the median worker process)"
+        "joins/in the leaves; RSS: the median worker process; load: the 1-minute load "
+        "average at the end of the idle window)"
     )
     with tempfile.TemporaryDirectory() as tmp:
         logs = args.keep_logs or Path(tmp)
@@ -312,7 +316,7 @@ def main() -> None:
                 f"  {f'{workers} x {partitions:,}':<14}{r['startup']:>9.1f}{r['ran']:>10,.0f}"
                 f"{r['ran'] / workers:>9.1f}{r['ran'] / partitions:>8.2f}"
                 f"{r['cpu'] * 100:>8.2f}{median(r['joins']):>8.2f}{median(r['leaves']):>9.2f}"
-                f"{lost:>12}{rss / 1024:>9.1f}{owns:>6}",
+                f"{lost:>12}{rss / 1024:>9.1f}{owns:>6}{r['load']:>6.1f}",
                 flush=True,
             )
             if args.rounds > 1:
