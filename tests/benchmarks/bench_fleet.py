@@ -28,19 +28,19 @@ Printed per fleet:
   and redis-server's CPU (``INFO cpu``, user + system) as a share of one core;
   ``--profile`` also prints the idle window's commands by Redis time;
 * **join s / leave s**: ``--rounds`` times, one more worker process started (seconds
-  until settled with W + 1 members: moved partitions drained, released and taken),
-  then the same process sent SIGTERM (seconds until settled with W members again: its
-  partitions drained, released and taken by the others); the median of the rounds,
-  each round's figures after it;
+  from its joining the group until settled with W + 1 members: moved partitions
+  drained, released and taken), then the same process sent SIGTERM (seconds from the
+  signal until settled with W members again: its partitions drained, released and
+  taken by the others); the median of the rounds, each round's figures after it;
 * **lost**: leases the workers' logs say were lost (the rebalancer's "lease on partition
   N lost" line), at start-up, then in all the joins and all the leaves;
 * **load**: the machine's 1-minute load average at the end of the idle window;
 * **RSS**: the workers' resident memory (``VmRSS``) at the end of the idle window, the
-  median worker process and the partitions its members own; for a fleet of worker
-  processes, also the joiner's RSS once settled after its first join, and the memory
-  per owned partition: (RSS of a fleet worker - the joiner's) / (their owned partitions'
-  difference), two processes that differ only in how many partitions they own (with
-  ``1x4096``, 4,096 against 2,048).
+  median worker process and the partitions its members own; with worker processes
+  and fleets whose workers own different numbers of partitions (``--fleets
+  8x256,1x4096,2x4096,4x4096``: 32 to 4,096 each), the memory per owned partition: the
+  slope of a least-squares line through the fleets' (partitions owned, RSS), and its
+  intercept, a worker owning none.
 
 Targets (issue 38): idle cost grows with the number of workers, not of partitions;
 128 workers over 4,096 partitions cost at most 2% of one Redis core while idle; no
@@ -128,6 +128,14 @@ def settled(plain: redis_py.Redis, partitions: int, members: int) -> bool:
         if owner_of.setdefault(member_of[p], owner) != owner:
             return False
     return len(set(owner_of.values())) == len(owner_of)
+
+
+def wait_members(plain: redis_py.Redis, members: int, within: float) -> None:
+    began = time.perf_counter()
+    while (state := group_state(plain)) is None or len(state.members) != members:
+        if time.perf_counter() - began > within:
+            raise TimeoutError(f"the group never had {members} members")
+        time.sleep(0.01)
 
 
 def wait_settled(plain: redis_py.Redis, partitions: int, members: int, within: float) -> float:
@@ -219,20 +227,16 @@ def run_fleet(
                 paths.append(path)
                 files.append(path.open("wb"))
                 lost = lost_so_far(paths)
-                began = time.perf_counter()
                 joiner = start_worker(server.url, partitions, files[-1])
+                # From the moment the new member is in the group: the rebalance, not
+                # the new process's interpreter start-up.
+                wait_members(plain, workers + 1, within=args.within)
                 result["joins"].append(
                     wait_settled(plain, partitions, workers + 1, within=args.within)
                 )
-                if i == 0:
-                    result["joiner_rss"] = (
-                        rss_kib(joiner.pid),
-                        owned_by_pid(plain).get(joiner.pid, 0),
-                    )
                 time.sleep(1)
                 result["lost_join"] += lost_so_far(paths) - lost
                 lost = lost_so_far(paths)
-                began = time.perf_counter()
                 joiner.send_signal(signal.SIGTERM)
                 result["leaves"].append(
                     wait_settled(plain, partitions, workers, within=args.within)
@@ -308,9 +312,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logs = args.keep_logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
+        points: list[tuple[int, int]] = []
         for workers, partitions in fleets:
             r = run_fleet(workers, partitions, args, logs)
             rss, owns = sorted(r["rss"])[len(r["rss"]) // 2]
+            points.append((owns, rss))
             lost = f"{r['lost_startup'] + r['lost_idle']}/{r['lost_join']}/{r['lost_leave']}"
             print(
                 f"  {f'{workers} x {partitions:,}':<14}{r['startup']:>9.1f}{r['ran']:>10,.0f}"
@@ -326,13 +332,6 @@ def main() -> None:
                     + "; leaves s: "
                     + ", ".join(f"{s:.2f}" for s in r["leaves"])
                 )
-            if "joiner_rss" in r and args.per_process == 1:
-                joiner_rss, joiner_owns = r["joiner_rss"]
-                line = f"    joiner: {joiner_rss / 1024:.1f} MiB owning {joiner_owns}"
-                if owns != joiner_owns:
-                    per = (rss - joiner_rss) / (owns - joiner_owns)
-                    line += f"; {per:.2f} KiB per owned partition (median worker - joiner)"
-                print(line)
             if args.profile:
                 top = sorted(r["profile"].items(), key=lambda kv: -kv[1][1])[:10]
                 print(
@@ -342,6 +341,23 @@ def main() -> None:
                         for c, (calls, usec) in top
                     )
                 )
+
+    if args.per_process == 1 and len({owns for owns, _ in points}) > 1:
+        slope, intercept = fit(points)
+        print(
+            f"memory: {slope:.1f} KiB per owned partition, {intercept / 1024:.1f} MiB for a "
+            "worker owning none (a least-squares line through the fleets' median worker RSS "
+            "against the partitions it owns)"
+        )
+
+
+def fit(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """The slope and intercept of the least-squares line through ``points``."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return slope, my - slope * mx
 
 
 if __name__ == "__main__":
