@@ -47,7 +47,7 @@ PINS = {
     "locks/extend_many": "a29e39ed433d86d916e44e99d6843af58b8e9f2a",
     "locks/inspect": "4c1c5320cc80a8bc64d2a333841f5eefa0b0c808",
     "locks/release": "916f618acf6cc07353371188389edef2796f4a02",
-    "membership/heartbeat": "0c4d497e72c96b1df1d0aae4845e1ed4fd19491a",
+    "membership/heartbeat": "532f2e5eed4b2db1c7f0b1ac511212925f06b183",
     "spark/ids": "dae4979cfcf0d38a89abfa0926ba365690e5ec0a",
     "spark/write": "bb37580a2dd51ec2a0ab81eaf6e6d0da66d883be",
     "streams/append": "b4a7415def3b2fa3a7471e909e1a437af65beebe",
@@ -308,7 +308,10 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
     ),
     "group": (
         "{shop.orders.printer}",
-        {"beat": [_keys.heartbeat_key(_keys.processor_group(_APP, _STREAM, _PROC), "m1")]},
+        {
+            "beat": [_keys.heartbeat_key(_keys.processor_group(_APP, _STREAM, _PROC), "m1")],
+            "watched": [_keys.heartbeat_key(_keys.processor_group(_APP, _STREAM, _PROC), "m2")],
+        },
     ),
     "shard": (
         "{shop.mail.2}",

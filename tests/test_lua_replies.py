@@ -151,7 +151,11 @@ async def locks(call: Calls) -> None:
     assert await call("locks/release", [lock], [value]) == [1]
     assert await call("locks/release", [lock], [value]) == [0, None]
     group = _keys.processor_group("shop", "orders", "printer")
-    await call("membership/heartbeat", [_keys.heartbeat_key(group, "m1")], ["alive", 1000])
+    assert (
+        await call("membership/heartbeat", [_keys.heartbeat_key(group, "m1")], ["alive", 1000]) == 0
+    )
+    beats = [_keys.heartbeat_key(group, m) for m in ("m2", "m1", "m3")]
+    assert await call("membership/heartbeat", beats, ["alive", 1000]) == 1
 
 
 async def jobs(call: Calls) -> None:

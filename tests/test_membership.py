@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from streamkit import ConfigError, MetadataMismatch, RedisUnavailable
-from streamkit._membership import Membership, open_membership
+from streamkit._membership import REAP_WATCHES, Membership, _watched_by, open_membership
 from streamkit._membership_admin import read_membership, reset_membership
 from streamkit._membership_state import GroupState, membership_keys, plan_removal
 from streamkit._redis import Redis, open_redis
@@ -178,6 +178,34 @@ async def test_a_dead_member_is_reaped(redis: Redis, nursery: trio.Nursery) -> N
     last = (await control_events(redis))[-1]
     assert last[b"event"] == b"reap"
     assert last[b"member"] == b"b"
+
+
+def test_each_member_watches_the_next_three_and_is_watched_by_three() -> None:
+    members = [f"m{i:02d}" for i in range(10)]
+    watches = {m: _watched_by(m, members) for m in members}
+    assert watches["m03"] == ["m04", "m05", "m06"]
+    assert watches["m09"] == ["m00", "m01", "m02"]
+    for m in members:
+        assert len(watches[m]) == REAP_WATCHES
+        assert sum(m in w for w in watches.values()) == REAP_WATCHES
+    # A small group: everybody else; a member not (yet) listed: the ones after its place.
+    assert _watched_by("b", ["a", "b", "c"]) == ["a", "c"]
+    assert _watched_by("m035", members) == ["m04", "m05", "m06"]
+
+
+async def test_dead_members_of_a_bigger_group_are_reaped_even_with_a_watcher(
+    redis: Redis, nursery: trio.Nursery
+) -> None:
+    """Six members, each watching three: two neighbours crash together (one of them a
+    watcher of the other); the others reap both."""
+    ids = ["a", "b", "c", "d", "e", "f"]
+    running = [await start_member(nursery, redis, m) for m in ids]
+    await all_see([r.member for r in running], with_members(*ids))
+    await running[1].crash()
+    await running[2].crash()
+    alive = [r.member for r in running if r.member.id not in {"b", "c"}]
+    await all_see(alive, with_members("a", "d", "e", "f"))
+    assert_balanced(alive[0].assignment.value)
 
 
 async def test_a_static_member_back_within_its_grace_moves_nothing(
