@@ -72,9 +72,9 @@ def insert_version(versions: Versions, version: list[Any]) -> bool:
     place = bisect_right(versions, at, key=lambda v: v[0])
     if place and versions[place - 1][0] == at:
         versions[place - 1] = version
-    else:
-        versions.insert(place, version)
-    return place >= len(versions) - 1
+        return place == len(versions)
+    versions.insert(place, version)
+    return place == len(versions) - 1
 
 
 @attrs.define(eq=False, repr=False)

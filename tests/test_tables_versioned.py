@@ -206,12 +206,21 @@ async def test_each_event_reads_the_value_in_force_at_its_time(
     assert (refused.code, "not a versioned table" in refused.err) == (2, True), refused.err
 
 
-async def test_a_replay_rebuilds_the_same_versions(redis_url: str) -> None:
+async def test_a_replay_rebuilds_the_same_versions(redis_url: str, redis: Redis) -> None:
     app, updates, _, rates, _ = rates_app(redis_url)
 
     async def histories() -> dict[str, Any]:
         async with app:
             return {c: await rates.history(c) for c in ("EUR", "GBP", "JPY")}
+
+    async def caught_up() -> bool:
+        """Every update processed again since the reset (none pending, none unread)."""
+        for partition in range(updates.partition_count):
+            groups: Any = await redis.xinfo_groups(updates.key(partition))
+            for group in groups:
+                if int(group[b"pending"]) or int(group.get(b"lag") or 0):
+                    return False
+        return True
 
     async with trio.open_nursery() as nursery:
         worker = await nursery.start(run_worker, app)
@@ -227,25 +236,18 @@ async def test_a_replay_rebuilds_the_same_versions(redis_url: str) -> None:
     before = await histories()
     for state in ("keep", "clear"):
         reset = await streamkit(
-            "reset",
-            APP,
-            "keep_rates",
-            "--to",
-            "start",
-            "--state",
-            state,
-            "--yes",
+            "reset", APP, "keep_rates", "--to", "start", "--state", state, "--yes",
             redis_url=redis_url,
-        )
+        )  # fmt: skip
         assert reset.code == 0, reset.err
+        assert not await caught_up(), "the reset put the updates back"
         async with trio.open_nursery() as nursery:
             worker = await nursery.start(run_worker, app)
-
-            async def replayed() -> bool:
-                return await histories() == before and await rates.read("EUR") == 1.30
-
-            await wait_until(replayed, what=f"the replay with state {state}", within=30)
+            await wait_until(caught_up, what=f"the replay with state {state}", within=30)
             await worker.stop()
+        assert await histories() == before, f"the versions after a replay with state {state}"
+        async with app:
+            assert await rates.read("EUR") == 1.30
 
 
 async def test_writes_outside_the_writer_and_bad_settings_are_refused(redis_url: str) -> None:
@@ -273,7 +275,8 @@ def test_pruned_versions_answer_as_every_version_would(
 ) -> None:
     versions: list[list[Any]] = []
     for at, value in writes:
-        insert_version(versions, [at] if value is None else [at, value])
+        newest = not versions or at >= versions[-1][0]
+        assert insert_version(versions, [at] if value is None else [at, value]) is newest
         versions = prune_versions(versions, retention)
     assert [v[0] for v in versions] == sorted({v[0] for v in versions})
     if not writes:
