@@ -177,12 +177,16 @@ class RedisServer(_StartedInWith):
         executable: the server program to run: ``redis-server`` (found on ``PATH``)
             by default; a ``valkey-server`` (Valkey 8, which streamkit is tested on
             too) takes the same arguments.
+        cluster_bus: a cluster node: its bus port (``--cluster-port``) is chosen free
+            with each port tried at the first start, and kept across restarts.
     """
 
     _requested_port: int | None = attrs.field(default=None, kw_only=True, alias="port")
     appendonly: bool = attrs.field(default=False, kw_only=True)
     extra_args: Sequence[str] = attrs.field(default=(), kw_only=True)
     executable: str | None = attrs.field(default=None, kw_only=True)
+    cluster_bus: bool = attrs.field(default=False, kw_only=True)
+    _bus_port: int | None = attrs.field(default=None, init=False)
     _port: int | None = attrs.field(default=None, init=False)
     _dir: Path | None = attrs.field(default=None, init=False)
     _process: subprocess.Popen[bytes] | None = attrs.field(default=None, init=False)
@@ -241,6 +245,10 @@ class RedisServer(_StartedInWith):
             "--logfile", str(log),
             *self.extra_args,
         ]  # fmt: skip
+        if self.cluster_bus:
+            if self._bus_port is None:
+                self._bus_port = free_port()
+            args += ["--cluster-port", str(self._bus_port)]
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
 
     def _check_alive(self, port: int) -> None:
@@ -288,6 +296,7 @@ class RedisServer(_StartedInWith):
                 self._wait_ready(port)
             except _PortTaken as exc:
                 if may_retry:
+                    self._bus_port = None  # (the one taken may be the bus port)
                     continue
                 raise self._port_error(exc) from None
             self._port = port
@@ -352,6 +361,7 @@ class RedisServer(_StartedInWith):
                 )
             except _PortTaken as exc:
                 if may_retry:
+                    self._bus_port = None  # (the one taken may be the bus port)
                     continue
                 raise self._port_error(exc) from None
             except trio.TooSlowError:
@@ -465,7 +475,7 @@ class RedisCluster(_StartedInWith):
     def _new_nodes(self) -> None:
         count = self.masters * (1 + self.replicas)
         self._nodes = [
-            RedisServer(extra_args=self._node_args(), executable=self.executable)
+            RedisServer(extra_args=self._node_args(), executable=self.executable, cluster_bus=True)
             for _ in range(count)
         ]
 
@@ -474,9 +484,8 @@ class RedisCluster(_StartedInWith):
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(self.node_timeout),
-            # The bus port defaults to port + 10000, which may be taken or beyond
-            # 65535: choose a free one.
-            "--cluster-port", str(free_port()),
+            # (The bus port, by default port + 10000, which may be taken or beyond
+            # 65535, is chosen free by each node: cluster_bus.)
             # Replicas sync at once (the default waits 5 s for more replicas to come).
             "--repl-diskless-sync-delay", "0",
             *self.extra_args,

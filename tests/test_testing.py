@@ -81,6 +81,24 @@ def test_the_synchronous_start_retries_too(
         assert server.running
 
 
+async def test_a_cluster_nodes_taken_bus_port_is_retried_with_another(
+    monkeypatch: pytest.MonkeyPatch, taken_port: int
+) -> None:
+    """The port taken may be the cluster bus's, not the client's: both are chosen
+    again (a bus port kept across attempts failed every one, and a whole test run's
+    cluster tests with it)."""
+    chosen_ports(monkeypatch, streamkit.testing.free_port(), taken_port)
+    node = RedisServer(
+        cluster_bus=True, extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "n.conf"]
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server: RedisServer = await nursery.start(node.run)
+            assert await answers(server)
+            assert server._bus_port not in (None, taken_port)
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_given_port_that_is_taken_is_an_error(taken_port: int) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
