@@ -35,6 +35,7 @@ BENCHMARKS = [
     "bench_jobs.py",
     "bench_state.py",
     "bench_joins.py",
+    "bench_versioned.py",
     "bench_jobs_commit.py",
     "bench_expiry.py",
     "bench_clients.py",
@@ -52,6 +53,7 @@ BENCHMARK_TITLES = {
     "bench_jobs.py": "Job queues",
     "bench_state.py": "State",
     "bench_joins.py": "Joins",
+    "bench_versioned.py": "Versioned tables",
     "bench_jobs_commit.py": "Jobs in the commit",
     "bench_expiry.py": "Expiry over time",
     "bench_clients.py": "Blocking and asyncio clients",
@@ -114,6 +116,15 @@ BENCHMARK_NOTES = {
         "25% of stateless.** Then the memory of the join's buffers (`MEMORY USAGE` of its "
         "hashes and index) per buffered event, for records of an int and a time. One run "
         "alone: `python tests/benchmarks/bench_joins.py` inside `.venv`."
+    ),
+    "bench_versioned.py": (
+        "One worker writes a backlog of 100,000 updates of 1,000 keys over 8 partitions "
+        "(each key's updates an hour apart by event time) to a versioned table with a "
+        "day of retention (`await table.put(key, value, at=...)`, about 24 versions a "
+        "key kept), against the same updates written to a plain table (`table.set`), "
+        "rounds alternating in one run, timed from the worker's start until every update "
+        "is acknowledged. No target: what a version costs beside a plain write. One run "
+        "alone: `python tests/benchmarks/bench_versioned.py` inside `.venv`."
     ),
     "bench_expiry.py": (
         "A producer sends 1,000 events/s, each of a key never seen before (a session id), "
