@@ -87,8 +87,8 @@ RENEWALS_PER_TTL = 3
 CLOCK_DRIFT_FACTOR = 0.01
 CLOCK_DRIFT_MINIMUM = 0.002
 
-#: How long releasing a lease may take while leaving ``hold()``; after that the lease
-#: is left to expire on its own.
+#: How long releasing a lease may take while leaving ``hold()``, at least (it may take
+#: until the lease would expire anyway); after that the lease is left to expire.
 RELEASE_TIMEOUT = 1.0
 
 
@@ -689,8 +689,9 @@ class LockManager:
             wait: how long to wait for the lock (``None``: forever; ``0``: one try).
 
         Cancellation:
-            Cancelling the block releases the lease (shielded, for at most
-            :data:`RELEASE_TIMEOUT` seconds; otherwise it expires after ``ttl``).
+            Cancelling the block releases the lease (shielded, until the lease would
+            expire anyway, at least :data:`RELEASE_TIMEOUT` seconds; otherwise it
+            expires after ``ttl``).
 
         Error handling:
             :class:`LockNotAcquired` or :class:`RedisUnavailable` from acquiring,
@@ -753,7 +754,10 @@ class LockManager:
         if held.lost_reason is not None:
             # Refused already, or its TTL ran out: not ours to release.
             return
-        with trio.move_on_after(RELEASE_TIMEOUT) as scope:
+        # Until the lease would expire anyway (at least RELEASE_TIMEOUT): a worker
+        # handing thousands of partitions over at once releases them all together, and
+        # a release given up early leaves the lock to its TTL (the new owner waits).
+        with trio.move_on_after(max(RELEASE_TIMEOUT, held.lease.remaining())) as scope:
             scope.shield = True
             try:
                 await self.release(held.lease)
