@@ -141,11 +141,15 @@ async def test_a_try_lost_after_emitting_emits_nothing(
         if fault == "zombie":
             first.send_signal(signal.SIGCONT)
             # Its try's outcome refused, or the try cancelled by the renewal that noticed.
-            await wait_until(
-                lambda: "took it over" in first.log() or "taken over" in first.log(),
-                what="the zombie to notice",
-                within=20,
-            )
+            try:
+                await wait_until(
+                    lambda: "took it over" in first.log() or "taken over" in first.log(),
+                    what="the zombie to notice",
+                    within=20,
+                )
+            except trio.TooSlowError:
+                said = first.log()
+                raise AssertionError(f"the zombie did not say so; its log:\n{said}") from None
         info = await handle.info()
     assert info.tries == 2
     announced = await read_all(redis, emitting.announced)
