@@ -101,6 +101,7 @@ async def test_a_derived_table_follows_both_sides(redis_url: str, redis: Redis) 
                 and account is not None
                 and account.city == "Rome"
                 and await inner.read("u4") is None
+                and sum(await inner.sizes()) == 9
                 and sum(await outer.sizes()) == 21
             )
 
