@@ -121,6 +121,18 @@ PAYMENTS = [
 ]
 
 
+async def wait_applied(rates: VersionedTable[float]) -> None:
+    """Wait until every one of UPDATES is in the rates' versions (the last of each
+    currency's updates applied)."""
+
+    async def applied() -> bool:
+        return await rates.read("JPY") == 152.0 and [
+            len(await rates.history(c)) for c in ("EUR", "GBP")
+        ] == [3, 3]
+
+    await wait_until(applied, what="the rates' versions", within=30)
+
+
 @pytest.mark.cluster
 async def test_each_event_reads_the_value_in_force_at_its_time(
     redis_url: str, redis: Redis
@@ -130,12 +142,7 @@ async def test_each_event_reads_the_value_in_force_at_its_time(
         worker = await nursery.start(run_worker, app)
         await updates.send_many(UPDATES)
 
-        async def applied() -> bool:
-            return await rates.read("JPY") == 152.0 and [
-                len(await rates.history(c)) for c in ("EUR", "GBP")
-            ] == [3, 3]
-
-        await wait_until(applied, what="the rates' versions", within=30)
+        await wait_applied(rates)
         await payments.send_many(
             [Payment(payment=n, currency=c, amount=1.0, at=at) for n, c, at in PAYMENTS]
         )
@@ -226,12 +233,7 @@ async def test_a_replay_rebuilds_the_same_versions(redis_url: str, redis: Redis)
         worker = await nursery.start(run_worker, app)
         await updates.send_many(UPDATES)
 
-        async def applied() -> bool:
-            return await rates.read("JPY") == 152.0 and [
-                len(await rates.history(c)) for c in ("EUR", "GBP")
-            ] == [3, 3]
-
-        await wait_until(applied, what="the rates' versions", within=30)
+        await wait_applied(rates)
         await worker.stop()
     before = await histories()
     for state in ("keep", "clear"):
