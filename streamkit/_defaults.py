@@ -72,8 +72,10 @@ DEFAULT_LEASE_TTL = 10.0
 #: How long a moving partition's processor has to finish and acknowledge the event or
 #: batch in hand.
 DEFAULT_GRACE = 5.0
-#: Seconds between heartbeats (and looks for dead members).
-DEFAULT_HEARTBEAT_INTERVAL = 1.0
+#: Seconds between heartbeats (and looks for dead members): a fifth of the session, so
+#: a member survives four missed beats, and a fleet's heartbeats cost Redis half what
+#: one a second did (about a third of an idle fleet's calls; see docs/performance.md).
+DEFAULT_HEARTBEAT_INTERVAL = 2.0
 #: Seconds a heartbeat lasts: how long a silent member stays in the group.
 DEFAULT_SESSION_TIMEOUT = 10.0
 #: Seconds a static member's place is kept after it exits.

@@ -99,7 +99,11 @@ R = TypeVar("R")
 log = logging.getLogger("streamkit.fetcher")
 
 DEFAULT_IDLE_BLOCK = 1.0
-DEFAULT_QUIET_BLOCK = 5.0
+#: A quiet fetcher's wait (nothing handed out nor due): what a partition costs Redis
+#: while nothing happens is a wait and its fenced look every this many seconds (shared by
+#: all of a worker's partitions); a dead connection is noticed within it plus
+#: ``command_timeout``.
+DEFAULT_QUIET_BLOCK = 10.0
 DEFAULT_BUSY_POLL = 0.01
 DEFAULT_COMMAND_TIMEOUT = 10.0
 # Acknowledgements sent per script call.
@@ -969,6 +973,8 @@ class Fetcher(Generic[R]):
         if not isinstance(replies, list):
             self._read_unknown(behind)
             return True
+        if behind and not replies:
+            return woken  # nothing new in any of them (the wait timed out)
         delivered = [f for f, one in zip(behind, replies, strict=True) if self._took_woken(f, one)]
         # The consumers first, sending the next wait after them: Trio runs the tasks
         # made runnable together in either order, so this task may go first once.

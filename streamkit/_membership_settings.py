@@ -30,8 +30,9 @@ __all__ = [
     "MembershipSettings",
 ]
 
-#: The longest a member goes without re-reading the state.
-DEFAULT_REFRESH_INTERVAL = 5.0
+#: The longest a member goes without re-reading the state: the safety net behind the
+#: control stream, every change of which makes it re-read the state at once.
+DEFAULT_REFRESH_INTERVAL = 10.0
 #: The longest leaving may take on exit.
 DEFAULT_LEAVE_TIMEOUT = 2.0
 

@@ -26,7 +26,8 @@ Printed per fleet:
   per second, those its scripts ran included (``INFO commandstats``; Redis 7 counts
   those in ``total_commands_processed`` too), in all, per worker and per partition,
   and redis-server's CPU (``INFO cpu``, user + system) as a share of one core;
-  ``--profile`` also prints the idle window's commands by Redis time;
+  ``--profile`` also prints the idle window's commands by Redis time, and then, over
+  another ``--seconds``, the calls the clients sent by kind (each script by name);
 * **join s / leave s**: ``--rounds`` times, one more worker process started (seconds
   from its joining the group until settled with W + 1 members: moved partitions
   drained, released and taken), then the same process sent SIGTERM (seconds from the
@@ -68,7 +69,7 @@ from typing import IO, Any, cast
 
 import redis as redis_py
 
-from streamkit import _keys
+from streamkit import _keys, _lua
 from streamkit._membership_state import GroupState
 from streamkit.testing import RedisServer
 
@@ -156,6 +157,41 @@ def counters(plain: redis_py.Redis) -> tuple[float, int, dict[str, Any]]:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), ran, commands
 
 
+def calls_by_kind(plain: redis_py.Redis, seconds: float) -> dict[str, tuple[float, float]]:
+    """Over ``seconds``, the calls clients sent by kind (a script by its name, an
+    ``XREAD`` by whether it blocks and what it reads) with their count and Redis time
+    per second: every call is logged (``SLOWLOG`` with no threshold), so the window
+    costs Redis more than the idle one measured before it. A blocking ``XREAD`` that
+    times out is not logged (Redis logs a blocked command only when it is served)."""
+    names = {_lua.script(name).sha: name for name in _lua.names()}
+    plain.config_set("slowlog-max-len", 1_000_000)
+    plain.config_set("slowlog-log-slower-than", 0)
+    plain.slowlog_reset()
+    time.sleep(seconds)
+    plain.config_set("slowlog-log-slower-than", 10_000)
+    entries: Any = cast("Any", plain).execute_command("SLOWLOG", "GET", -1)
+    plain.slowlog_reset()
+    found: dict[str, tuple[float, float]] = {}
+    for entry in entries:
+        if entry[4] == b"?:0":
+            continue  # a command a script ran: counted in the script's time
+        argv = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in entry[3]]
+        command = argv[0].upper()
+        if command == "EVALSHA":
+            kind = names.get(argv[1], argv[1][:8])
+        elif command == "XREAD":
+            upper = [a.upper() for a in argv]
+            stream = argv[upper.index("STREAMS") + 1]
+            kind = f"XREAD {'BLOCK ' if 'BLOCK' in upper else ''}{stream.split(':')[0]}"
+        else:
+            kind = command
+        if kind.startswith(("SLOWLOG", "CONFIG")):
+            continue
+        calls, usec = found.get(kind, (0.0, 0.0))
+        found[kind] = (calls + 1 / seconds, usec + int(entry[2]) / seconds)
+    return found
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -221,6 +257,8 @@ def run_fleet(
                 )
                 for command in stats1
             }
+            if args.profile:
+                result["by_kind"] = calls_by_kind(plain, args.seconds)
             result["lost_idle"] = lost_so_far(paths) - result["lost_startup"]
             for i in range(args.rounds):
                 path = logs / f"{name}-join{i}.log"
@@ -339,6 +377,13 @@ def main() -> None:
                     + "; ".join(
                         f"{c.removeprefix('cmdstat_')} {calls:,.0f}/s {usec / 1000:.2f} ms/s"
                         for c, (calls, usec) in top
+                    )
+                )
+                kinds = sorted(r["by_kind"].items(), key=lambda kv: -kv[1][1])[:10]
+                print(
+                    "    then the calls clients sent, by Redis time (every call logged): "
+                    + "; ".join(
+                        f"{k} {calls:,.1f}/s {usec / 1000:.2f} ms/s" for k, (calls, usec) in kinds
                     )
                 )
 

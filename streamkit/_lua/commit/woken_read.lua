@@ -19,7 +19,7 @@
 --   the last entry its reader saw; last: the id its wait waited after)
 -- REPLY: [0 (the lease is not ours) | -1 (read it the usual way)
 --   | {ids: [str], fields: [str], widths: int | [int]} (as commit/read's; empty when
---   nothing new came)]
+--   nothing new came)] (per partition; none at all when nothing came in any)
 --#include lib/flat
 --#include lib/unseen
 
@@ -44,6 +44,9 @@ for first = 1, partitions, LOOK_STREAMS do
   for p = first, last do look[#look + 1] = ARGV[4 * p + 2] end
   for _, stream in ipairs(redis.call(unpack(look)) or {}) do busy[stream[1]] = true end
 end
+
+-- Nothing new anywhere (the wait timed out): an empty reply, not one per partition.
+if next(busy) == nil then return {} end
 
 local replies = {}
 for p = 1, partitions do

@@ -7,10 +7,13 @@
 -- ARGV: ttl (in ms), value... (each lease's, owner:token, in the order of KEYS)
 -- REPLY: [1 (extended) | {0, current: str | nil (the lock's value now)}] (per lease)
 
+-- One MGET reads them all (a call per lease would cost Redis a conversion each: at
+-- 4,096 partitions a fleet renews about 1,200 leases a second).
 local ttl = ARGV[1]
+local values = redis.call('MGET', unpack(KEYS))
 local replies = {}
 for i, lock in ipairs(KEYS) do
-  local current = redis.call('GET', lock)
+  local current = values[i]
   if current == ARGV[i + 1] then
     redis.call('PEXPIRE', lock, ttl)
     replies[i] = 1
