@@ -174,6 +174,10 @@ class Membership:
     _reaped: int = attrs.field(default=0, init=False)
     # The last heartbeat found a heartbeat of a member this one watches missing.
     _watched_missing: bool = attrs.field(default=False, init=False)
+    # The last heartbeat found the group's state gone: refresh (and so rejoin) now.
+    _state_gone: bool = attrs.field(default=False, init=False)
+    # A refresh from the watch and one from a heartbeat's finding take turns.
+    _refresh_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _refreshes: int = attrs.field(default=0, init=False)
     _backoff: Backoff = attrs.field(factory=Backoff, init=False)
     # Test hook: False makes exiting behave like a crash (no leave, heartbeat lapses).
@@ -418,12 +422,17 @@ class Membership:
                     await self.redis.ping()
                 else:
                     watched = _watched_by(self.id, self.assignment.value.members)
-                    alive = await _HEARTBEAT(
-                        self.redis,
-                        keys=[self.keys.heartbeat(m) for m in [self.id, *watched]],
-                        args=[str(time.time()), _ms(session)],
+                    beats = [self.keys.heartbeat(m) for m in watched]
+                    alive = int(
+                        await _HEARTBEAT(
+                            self.redis,
+                            keys=[self.keys.heartbeat(self.id), self.keys.state, *beats],
+                            args=[str(time.time()), _ms(session)],
+                        )
                     )
-                    if int(alive) < len(watched):
+                    if alive < 0:
+                        self._state_gone = True
+                    elif alive < len(watched):
                         self._watched_missing = True
         except RedisUnavailable as exc:
             self._heartbeat_failures += 1
@@ -436,6 +445,11 @@ class Membership:
 
     async def _reap(self) -> None:
         try:
+            if self._state_gone:
+                self._state_gone = False
+                with _timeout(self.settings.session_timeout, "rejoining"):
+                    async with self._refresh_lock:
+                        await self._refresh()
             with _timeout(self.settings.session_timeout, "looking for dead members"):
                 await self._reap_once()
         except ServerRefused as exc:
@@ -521,7 +535,8 @@ class Membership:
                             "member %s saw %s", self.id, [dict(e.field_values) for e in entries]
                         )
                     # Any message, or a quiet refresh_interval, means: look again.
-                    await self._refresh()
+                    async with self._refresh_lock:
+                        await self._refresh()
             except ServerRefused as exc:
                 # Reachable, but refusing to record a change (a rejoin, say).
                 self._refused("updating the group", exc)

@@ -47,7 +47,7 @@ PINS = {
     "locks/extend_many": "5683f2727b7ee7db7a66ee1eb7ec404962aa65f3",
     "locks/inspect": "4c1c5320cc80a8bc64d2a333841f5eefa0b0c808",
     "locks/release": "916f618acf6cc07353371188389edef2796f4a02",
-    "membership/heartbeat": "532f2e5eed4b2db1c7f0b1ac511212925f06b183",
+    "membership/heartbeat": "809cd2060fcfd0eb708ab0c2fed8fdae35808da2",
     "spark/ids": "dae4979cfcf0d38a89abfa0926ba365690e5ec0a",
     "spark/write": "bb37580a2dd51ec2a0ab81eaf6e6d0da66d883be",
     "streams/append": "b4a7415def3b2fa3a7471e909e1a437af65beebe",
@@ -310,6 +310,7 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
         "{shop.orders.printer}",
         {
             "beat": [_keys.heartbeat_key(_keys.processor_group(_APP, _STREAM, _PROC), "m1")],
+            "state": [_keys.membership_key(_keys.processor_group(_APP, _STREAM, _PROC))],
             "watched": [_keys.heartbeat_key(_keys.processor_group(_APP, _STREAM, _PROC), "m2")],
         },
     ),

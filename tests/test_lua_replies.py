@@ -151,11 +151,14 @@ async def locks(call: Calls) -> None:
     assert await call("locks/release", [lock], [value]) == [1]
     assert await call("locks/release", [lock], [value]) == [0, None]
     group = _keys.processor_group("shop", "orders", "printer")
-    assert (
-        await call("membership/heartbeat", [_keys.heartbeat_key(group, "m1")], ["alive", 1000]) == 0
-    )
-    beats = [_keys.heartbeat_key(group, m) for m in ("m2", "m1", "m3")]
-    assert await call("membership/heartbeat", beats, ["alive", 1000]) == 1
+    state = _keys.membership_key(group)
+    me = _keys.heartbeat_key(group, "m1")
+    # No state: the member is told so, whatever it watches.
+    assert await call("membership/heartbeat", [me, state], ["alive", 1000]) == -1
+    await call.redis.set(state, "{}")
+    assert await call("membership/heartbeat", [me, state], ["alive", 1000]) == 0
+    watched = [_keys.heartbeat_key(group, m) for m in ("m1", "m3")]
+    assert await call("membership/heartbeat", [me, state, *watched], ["alive", 1000]) == 1
 
 
 async def jobs(call: Calls) -> None:

@@ -63,9 +63,9 @@ HOW = {
     "flushall": (
         "leases are refused at the next read, acknowledgement or renewal and taken "
         "again, consumer groups re-created, and the members rejoin at their next "
-        "membership refresh (every 5 s)"
+        "heartbeat, which finds the group's state gone"
     ),
-    "membership": "the members rejoin at their next membership refresh (every 5 s)",
+    "membership": "the members rejoin at their next heartbeat, which finds the state gone",
     "locks": "each lease is refused at the next fenced read, ack or renewal and taken again",
     "heartbeats": "the next heartbeat (every 0.1 s) writes them again before anyone is reaped",
     "partition": "the next fenced read finds no group and re-creates it",
