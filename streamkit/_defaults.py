@@ -72,10 +72,11 @@ DEFAULT_LEASE_TTL = 10.0
 #: How long a moving partition's processor has to finish and acknowledge the event or
 #: batch in hand.
 DEFAULT_GRACE = 5.0
-#: Seconds between heartbeats (and looks for dead members): a fifth of the session, so
-#: a member survives four missed beats, and a fleet's heartbeats cost Redis half what
-#: one a second did (about a third of an idle fleet's calls; see docs/performance.md).
-DEFAULT_HEARTBEAT_INTERVAL = 2.0
+#: Seconds between heartbeats (and looks for dead members): under a third of the
+#: session, so a member survives three missed beats (7 s without one, more than the 6.7 s
+#: its leases survive), and a fleet's heartbeats cost Redis a third of what one a second
+#: did (they were about two fifths of an idle fleet's calls; see docs/performance.md).
+DEFAULT_HEARTBEAT_INTERVAL = 3.0
 #: Seconds a heartbeat lasts: how long a silent member stays in the group.
 DEFAULT_SESSION_TIMEOUT = 10.0
 #: Seconds a static member's place is kept after it exits.
