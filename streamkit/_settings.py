@@ -62,7 +62,11 @@ ENV_PREFIX = "STREAMKIT_"
 #: ``STREAMKIT_*`` variables that are not settings but are read elsewhere.
 OTHER_VARIABLES = frozenset(
     {
+        # the project's own test sessions (nox -s reliability, compat)
         "STREAMKIT_RELIABILITY_REPORT",
+        "STREAMKIT_CHURN_SOAK",
+        "STREAMKIT_NET_SOAK",
+        "STREAMKIT_TEST_SERVER",
         "STREAMKIT_WORKER_INDEX",
         # streamkit worker --processes N: its --redis-url and --metrics-token, for the
         # worker processes

@@ -294,6 +294,15 @@ async def test_the_quickstart_works_pasted_into_a_shell(tmp_path: Path) -> None:
 async def the_server_keeps_nothing_in_place(port: str) -> None:
     """The page's Redis writes no data, and its pid file (which a daemonized server
     writes, to /var/run/redis.pid unless told) goes to /tmp, where the page says."""
+
+    async def answers() -> bool:
+        # ``--daemonize yes`` returns once the server has forked, maybe before it listens.
+        done = await trio.run_process(
+            ["redis-cli", "-p", port, "ping"], capture_stdout=True, capture_stderr=True, check=False
+        )
+        return done.returncode == 0 and done.stdout.strip() == b"PONG"
+
+    await wait_until(answers, what=f"the page's Redis answering on port {port}", within=10)
     config = {}
     for name in ("pidfile", "save", "appendonly"):
         done = await trio.run_process(
