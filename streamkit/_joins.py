@@ -21,6 +21,7 @@ meet in the slot of ``JOIN__in``'s partition N.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import attrs
@@ -194,25 +195,30 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     # -- forwarding --
 
-    def time_of(self, side: bytes, record: Any, appended: int) -> int:
-        """An event's time (ms): its side's ``left_time``/``right_time``, or when it
-        was appended to its stream."""
-        spec = self.left_time if side == b"L" else self.right_time
-        if spec is None:
-            return appended
-        value = getattr(record, spec) if isinstance(spec, str) else spec(record)
-        return to_ms(value)
-
-    def forwarded(self, side: bytes, entry_id: bytes, flat: list[bytes], record: Any) -> bytes:
-        """The inner stream's value for the entry ``entry_id`` of ``side`` (its fields
-        ``flat``, its record ``record``; see :data:`FORWARDED`)."""
+    def forwarder(self, side: bytes) -> Callable[[bytes, list[bytes], Any], bytes]:
+        """What gives the inner stream's value (see :data:`FORWARDED`) of an entry of
+        ``side``: from its id, its fields (flat) and its record. Its event time is its
+        side's ``left_time``/``right_time``, or when it was appended to its stream."""
         spec = self.left if side == b"L" else self.right
-        key = canonical_key_bytes(spec.partitioner.key_of(record))
-        at = self.time_of(side, record, int(entry_id.partition(b"-")[0]))
-        if len(flat) == 2 and flat[0] == FORWARDED_FIELD and spec.codec.name == "json":
-            return b"%s0 %d %d %s%s" % (side, at, len(key), key, flat[1])
-        stored = orjson.dumps([part.decode("latin-1") for part in flat])
-        return b"%s1 %d %d %s%s" % (side, at, len(key), key, stored)
+        key_of = spec.partitioner.key_of
+        json = spec.codec.name == "json"
+        time_spec = self.left_time if side == b"L" else self.right_time
+        time_of = attrgetter(time_spec) if isinstance(time_spec, str) else time_spec
+        json_head = side + b"0 %d %d %s%s"
+        flat_head = side + b"1 %d %d %s%s"
+
+        def forwarded(entry_id: bytes, flat: list[bytes], record: Any) -> bytes:
+            key = canonical_key_bytes(key_of(record))
+            if time_of is None:
+                at = int(entry_id.partition(b"-")[0])
+            else:
+                at = to_ms(time_of(record))
+            if json and len(flat) == 2 and flat[0] == FORWARDED_FIELD:
+                return json_head % (at, len(key), key, flat[1])
+            stored = orjson.dumps([part.decode("latin-1") for part in flat])
+            return flat_head % (at, len(key), key, stored)
+
+        return forwarded
 
     # -- inside the join's processor --
 
@@ -251,15 +257,31 @@ class StreamJoin(KeyedState, Generic[L, R]):
     async def fold(self, view: JoinView, events: list[Prepared]) -> list[Any]:
         """Join prepared events (see :meth:`prepare_flat`) in order: buffer each
         (tentatively), return the results of the pairs they make."""
+        matches = await view.add_many(events)
+        if not matches:
+            return []
         results: list[Any] = []
-        add = view.add
-        result = self._result
-        for side, key_field, at, form, stored in events:
-            added = await add(side, key_field, at, form, stored)
-            if added is not None and added[1]:
-                mine, matched = added
+        if not self.plain:
+            result = self._result
+            for side, key_field, mine, matched in matches:
                 key = key_field.decode()
                 results.extend([result(key, side, mine, theirs) for theirs in matched])
+            return results
+        # Default results, as _result makes them: each side's record the JSON its
+        # stream stored, in place.
+        value = self._value
+        fragment = orjson.Fragment
+        for side, key_field, mine, matched in matches:
+            key = key_field.decode()
+            a = fragment(mine[3]) if mine[2] == JSON_FORM else value(side, mine)
+            other = b"R" if side == b"L" else b"L"
+            for theirs in matched:
+                b = fragment(theirs[3]) if theirs[2] == JSON_FORM else value(other, theirs)
+                results.append(
+                    {"key": key, "left": a, "right": b}
+                    if side == b"L"
+                    else {"key": key, "left": b, "right": a}
+                )
         return results
 
     def __repr__(self) -> str:
@@ -278,11 +300,10 @@ async def forward(
     assert state is not None
     partition = events.partition
     decode = events._decode_entry
-    forwarded = join.forwarded
+    forwarded = join.forwarder(side)
     async for entries in events._entries(BATCH):
         values = [
-            forwarded(side, i, f, decode(f, i))
-            for i, f in zip(entries.ids, entries.fields, strict=True)
+            forwarded(i, f, decode(f, i)) for i, f in zip(entries.ids, entries.fields, strict=True)
         ]
         state.emit_run(merged, partition, FORWARDED, values)
 

@@ -142,30 +142,43 @@ class JoinView(WindowView):
         self._complete = self.next_due == math.inf
 
     async def prefetch(self, fields: Iterable[bytes], *, checked: bool = True) -> None:
-        """As a table's, but a field in no buffer is known so without reading Redis,
-        when every buffered field is known here (see ``_complete``)."""
+        """As a table's, but when every buffered field is known here (see
+        ``_complete``) only the evicted ones are read: a field in no buffer is known so
+        without Redis, and without an entry in the cache (see :meth:`_lookup`)."""
         if not self._complete:
             await super().prefetch(fields, checked=checked)
             return
-        fields = list(fields)
-        unknown = self._unknown(fields, checked=checked)
-        if not unknown:
-            return
         evicted = self._evicted
-        stored = [f for f in unknown if f in evicted]
-        raws: Sequence[bytes | None] = ()
-        if stored:
-            with redis_errors():
-                raws = await self._redis.hmget(self.key, stored)
+        if not evicted:
+            return
+        fields = list(fields)
+        tentative, dirty = self._tentative, self._dirty
+        stored = [f for f in fields if f in evicted and f not in tentative and f not in dirty]
+        if not stored:
+            return
+        with redis_errors():
+            raws: Sequence[bytes | None] = await self._redis.hmget(self.key, stored)
         cache = self._cache
-        if len(cache) + len(unknown) > self._cache_size:
-            self._evict(keep=set(fields), room=len(unknown))
-        for field in unknown:
-            cache[field] = MISSING
+        if len(cache) + len(stored) > self._cache_size:
+            self._evict(keep=set(fields), room=len(stored))
         decode = self.table.decode
         for field, raw in zip(stored, raws, strict=True):
             evicted.discard(field)
             cache[field] = MISSING if raw is None else decode(raw)
+
+    def _lookup(self, field: bytes) -> Any:
+        """The buffered events of ``field`` known here (``MISSING``: none), else
+        ``UNKNOWN``: a field neither here nor evicted is in no buffer when every
+        buffered field is known (``_complete``)."""
+        value = self._tentative.get(field, UNKNOWN)
+        if value is UNKNOWN:
+            value = self._dirty.get(field, UNKNOWN)
+            if value is UNKNOWN:
+                value = self._cache.get(field, UNKNOWN)
+                if value is UNKNOWN and self._complete and field not in self._evicted:
+                    return MISSING
+                return value
+        return value[0]
 
     def _remember(self, field: bytes, value: Any) -> None:
         self._evicted.discard(field)
@@ -239,47 +252,67 @@ class JoinView(WindowView):
             ]
         return True, kept, closed
 
-    async def add(
-        self, side: bytes, key_field: bytes, at: int, form: int, stored: bytes
-    ) -> tuple[Buffered, list[Buffered]] | None:
-        """Buffer the event of ``side`` (``b"L"``, ``b"R"``), the key ``key_field``,
-        the time ``at`` and the record ``stored`` (tentatively); return it as buffered
-        and the other side's buffered events it matches (marked matched), or ``None``
-        if it is late (its window closed: it can match nothing that is left)."""
+    async def add_many(
+        self, events: Iterable[tuple[bytes, bytes, int, int, bytes]]
+    ) -> list[tuple[bytes, bytes, Buffered, list[Buffered]]]:
+        """Buffer each event, in order (tentatively): its side (``b"L"``, ``b"R"``), key
+        (``key_field``), time (ms), form and record as stored. Return, for each that
+        matched some of the other side's buffered events of its key (marked matched),
+        ``(side, key_field, event as buffered, those events)``. A late event (its window
+        closed: it can match nothing that is left) is counted, not buffered.
+
+        The fields a batch needs are read first (see :meth:`prefetch`): a field not
+        known here then costs an ``HGET``."""
         join = self._join
-        watermark = self.watermark
-        if at + join.within + join.grace <= watermark:
-            self._late_tentative += 1
-            return None
-        other_field = (b"R" if side == b"L" else b"L") + key_field
-        own_field = side + key_field
-        # Read with their batch (see prefetch): known here, but for one evicted since.
-        others: Any = self._known(other_field)
-        if others is UNKNOWN:
-            others = await self.get(other_field, ())
-        elif others is MISSING:
-            others = ()
         within = join.within
-        # What the watermark closed is gone, settled yet or not (a batch's end settles):
-        # so what an event meets does not depend on where batches begin.
-        closes = watermark - join.within - join.grace
-        matched = [o for o in others if o[0] > closes and abs(o[0] - at) <= within]
-        event = (at, 1 if matched else 0, form, stored)
-        if matched and self._flags[other_field[:1]]:
-            # Marked matched (their side's unmatched are emitted): new tuples, in a
-            # new value (a discarded write leaves the committed one as it was).
-            marked = {id(o) for o in matched if not o[1]}
-            if marked:
-                self.set(
-                    other_field,
-                    tuple([(o[0], 1, o[2], o[3]) if id(o) in marked else o for o in others]),
-                )
-        own: Any = self._known(own_field)
-        if own is UNKNOWN:
-            own = await self.get(own_field, ())
-        self.set(own_field, (event,) if own is MISSING else (*own, event))
-        self.on_time(at)
-        return event, matched
+        span = within + join.grace
+        flags = self._flags
+        lookup = self._lookup
+        matches: list[tuple[bytes, bytes, Buffered, list[Buffered]]] = []
+        for side, key_field, at, form, stored in events:
+            watermark = self.watermark
+            if at + span <= watermark:
+                self._late_tentative += 1
+                continue
+            other_field = (b"R" if side == b"L" else b"L") + key_field
+            own_field = side + key_field
+            others = lookup(other_field)
+            if others is UNKNOWN:
+                others = await self.get(other_field, ())
+            if others is MISSING or not others:
+                matched = []
+            else:
+                # What the watermark closed is gone, settled yet or not (a batch's end
+                # settles): so what an event meets does not depend on where batches
+                # begin.
+                closes = watermark - span
+                matched = [o for o in others if o[0] > closes and abs(o[0] - at) <= within]
+            event = (at, 1 if matched else 0, form, stored)
+            if matched:
+                matches.append((side, key_field, event, matched))
+                if flags[other_field[:1]] and any(not o[1] for o in matched):
+                    # Marked matched (their side's unmatched are emitted): new tuples,
+                    # in a new value (a discarded write leaves the committed one as it
+                    # was).
+                    marked = {id(o) for o in matched if not o[1]}
+                    self.set(
+                        other_field,
+                        tuple([(o[0], 1, o[2], o[3]) if id(o) in marked else o for o in others]),
+                    )
+            own = lookup(own_field)
+            if own is UNKNOWN:
+                own = await self.get(own_field, ())
+            if own is MISSING or not own:
+                # set(), for a field of one event.
+                self._tentative[own_field] = ((event,), _UNENCODED)
+                self._buffered_tentative += 1
+                if at + span < self.next_due:
+                    self.next_due = at + span
+            else:
+                self.set(own_field, (*own, event))
+            if at > watermark:
+                self.on_time(at)
+        return matches
 
     def __repr__(self) -> str:
         return (

@@ -58,6 +58,8 @@ def to_ms(value: datetime | timedelta | float) -> int:
     microsecond a datetime has (so that ``2.01`` seconds, ``2.00999...`` as a float, is
     2010 ms, not 2009).
     """
+    if (type(value) is float or type(value) is int) and math.isfinite(value):  # usual: first
+        return round(value * 1_000_000) // 1000
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)

@@ -391,7 +391,7 @@ async def test_a_buffer_whose_commit_lands_while_the_index_is_read_still_closes(
     view = JoinView(join, 0, 1, redis, 100)
     view.watermark = 10_009
     stored = b'{"order_id":4,"amount":40.0,"at":"2026-01-01T00:00:10.009000+00:00"}'
-    await view.add(b"L", b"4", 10_009, 0, stored)
+    await view.add_many([(b"L", b"4", 10_009, 0, stored)])
     view.promote()
     pinned: list[bytes] = []
     view.contribute(Changes(), pinned)  # handed to a commit, not landed yet
