@@ -22,7 +22,6 @@
 --#include lib/jobs/numbers
 --#include lib/jobs/slots
 --#include lib/jobs/settling
---#include lib/jobs/events
 --#include lib/trim
 
 batch_moves()
@@ -106,15 +105,15 @@ while a <= #ARGV do
     else
       local ended_here = ENDED[p]
       ended_here[#ended_here + 1] = e
-      redis.call('HDEL', k, 'entry')
       if outcome == 'ok' then
-        -- the hot path, inlined: mark_final and settle with the fields read above
+        -- the hot path, inlined: mark_final and settle with the fields read above (its
+        -- entry emptied, not deleted: a final job's entry is never read again)
         if number == 1 then
           redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
-            'result', data, 'hist', hist)
+            'entry', '', 'result', data, 'hist', hist)
         else
           redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
-            'hist', hist)
+            'entry', '', 'hist', hist)
         end
         move(name, 'executing', 'success')
         job_event(id, name, 'succeeded', nil)
@@ -127,16 +126,19 @@ while a <= #ARGV do
         if ttl and ttl > 0 then redis.call('EXPIRE', k, f[7]) end
         if f[8] then settle(id, true) end
       elseif outcome == 'retry' then
+        redis.call('HDEL', k, 'entry')
         redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
         redis.call('ZADD', SCHED, now + number, id)
         move(name, 'executing', 'retry')
         job_event(id, name, 'retried', data)
       elseif outcome == 'aborted' then
+        redis.call('HDEL', k, 'entry')
         if f[15] then end_output(id, 'aborted', nil) end
         redis.call('HSET', k, 'error', data, 'hist', hist)
         mark_final(id, k, name, 'executing', 'aborted', now)
         settle(id, false)
       else
+        redis.call('HDEL', k, 'entry')
         if f[15] then end_output(id, 'dead', nil) end
         redis.call('HSET', k, 'hist', hist)
         mark_dead(id, k, name, 'executing', data, now)
