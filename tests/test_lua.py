@@ -31,7 +31,7 @@ PINS = {
     "jobs/deliver": "dc8cdc0eb44a84f5ec322df442ac62f963dd8615",
     "jobs/delivered": "5097b575ac3133876ca797e3c93bd232666c4466",
     "jobs/enqueue": "1b77f65c7f81c3d508f937dd9e155e521034dbaa",
-    "jobs/finish": "48701fa6165ccb50ed4fcea3faee6e62f3176c78",
+    "jobs/finish": "07924b16d22bc65f09676752cd929ba44c845656",
     "jobs/link": "1e8856aed2d54d3a14520295ab7fdb01951323ca",
     "jobs/progress": "90d3e6a58bfb8ea66ccf3272389d5af673a6cc0d",
     "jobs/purge": "83db6065520e5ca7ee311b3ffebcea94c4e3280d",

@@ -23,13 +23,14 @@
 --#include lib/jobs/slots
 --#include lib/jobs/settling
 --#include lib/trim
+--#include lib/jobs/ended
 
 batch_moves()
 local lease = tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
--- Per priority, the entries of the jobs that ended: acknowledged and deleted at the
--- end of the call, two commands for them all (XACK and XDEL each take many ids).
+-- Per priority, the entries of the jobs that ended: acknowledged and removed at the
+-- end of the call, a few commands for them all (lib/jobs/ended).
 local ENDED = {{}, {}, {}}
 -- Append the records a successful try emitted (ARGV from `at`, `n` of them).
 local function append_emitted(at, n)
@@ -149,10 +150,7 @@ while a <= #ARGV do
   end
 end
 for p = 1, 3 do
-  if #ENDED[p] > 0 then
-    redis.call('XACK', Q[p], GROUP, unpack(ENDED[p]))
-    redis.call('XDEL', Q[p], unpack(ENDED[p]))
-  end
+  if #ENDED[p] > 0 then remove_ended(p, ENDED[p]) end
 end
 local settling = settle_some(now, K.SETTLE_BUDGET)
 flush_moves()
