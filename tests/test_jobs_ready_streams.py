@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from streamkit._wire import text
 from streamkit.jobs import open_job_queue
 from streamkit.jobs._claim import ensure_groups
 from streamkit.jobs._scripts import GROUP
@@ -32,7 +33,7 @@ async def queue(redis: Redis) -> AsyncIterator[JobQueue]:
 async def entries(queue: JobQueue) -> list[str]:
     """The job ids of the normal priority's ready stream, oldest first."""
     stream = await queue.redis.xrange(queue.shard_keys[0].ready(1))
-    return [entry.field_values[b"id"].decode() for entry in stream]
+    return [text(entry.field_values[b"id"]) for entry in stream]
 
 
 async def test_entries_of_ended_jobs_go_whatever_order_they_end_in(queue: JobQueue) -> None:
