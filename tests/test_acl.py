@@ -183,6 +183,14 @@ async def test_a_worker_runs_under_its_user(
     await wait_until(handled_everything, what="handle done with every event", within=60)
     # strict halted on the failing events' partition.
     assert await admin.keys("__halt:{shop.orders.*}.strict")
+    # The second worker renews its leases (a script of its own) before it stops.
+    lease = min(await admin.keys("__lock:{shop.orders.*"))
+    ttl_before = await admin.pttl(lease)
+
+    async def renewed() -> bool:
+        return await admin.pttl(lease) > ttl_before
+
+    await wait_until(renewed, what=f"a renewal of {lease!r}", within=30)
     second.send_signal(signal.SIGTERM)
     assert await second.wait_exit() == 0, second.log()
     for worker in (first, second):

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from streamkit import App, Backoff, ConfigError
-from streamkit.jobs import JobEvent, JobFailed, current_job
+from streamkit.jobs import JobCall, JobEvent, JobFailed, current_job
 from streamkit.testing import wait_until
 from tests.apps import jobbing
 from tests.test_cli import ROOT, streamkit
@@ -169,3 +169,43 @@ async def test_the_command_prints_and_follows_events(
         await process.stdout.aclose()
     assert handle.id.encode() not in seen
     assert code in (0, 130, -signal.SIGINT), code
+
+
+async def test_a_call_s_events_are_one_entry_and_resume_inside_it(redis_url: str) -> None:
+    """A script call that changes many jobs (here an enqueue of five) writes their
+    events as one entry: each event has a place of its own in it, and a reader resumes
+    after any of them, in the Trio queue and in both clients, following or not."""
+    app = App("batched", redis_url=redis_url, job_shards=1)
+    odd_ids = ["plain", "new\nline", 'quo"te', "ünï,cöde", "tab\there"]
+
+    @app.job
+    async def step(n: int) -> None: ...
+
+    async with app:
+        queue = app.job_queue
+        await step.enqueue_many([JobCall(args=(i,), job_id=j) for i, j in enumerate(odd_ids)])
+        kept = [e async for e in queue.events(follow=False)]
+        assert [(e.job_id, e.kind, e.name) for e in kept] == [
+            (j, "enqueued", "step") for j in odd_ids
+        ]
+        assert len({e.id for e in kept}) == 5
+        assert len({e.id.split(".")[0] for e in kept}) == 1  # one entry
+        for at in (0, 2, 4):
+            resumed = [e async for e in queue.events(after=kept[at].cursor, follow=False)]
+            assert resumed == kept[at + 1 :]
+        got: list[JobEvent] = []
+
+        async def follow() -> None:
+            async for event in queue.events(after=kept[1].cursor):
+                got.append(event)  # noqa: PERF401 (a follower, until cancelled)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await wait_until(lambda: len(got) >= 3, what="the followed events", within=10)
+            nursery.cancel_scope.cancel()
+        assert got == kept[2:]
+    assert await trio.to_thread.run_sync(_blocking_events, app, kept[2].cursor) == kept[3:]
+    from_asyncio = await trio.to_thread.run_sync(
+        lambda: asyncio.run(_asyncio_events(app, kept[0].cursor))
+    )
+    assert from_asyncio == kept[1:]

@@ -50,8 +50,9 @@ from ..jobs._ops import send_plan, send_workflow
 from ..jobs._plan import JobIds, Placement, plan_enqueue
 from ..jobs._replies import (
     abort_reply,
-    decode_event,
+    decode_events,
     decode_output,
+    events_after,
     info_reply,
     status_reply,
     watch_reply,
@@ -438,19 +439,21 @@ def job_events(state: ClientState, cursors: list[str], *, follow: bool) -> Op[li
     for shard in range(state.shards):
         key = f"{state.keys(shard).base}:events"
         if follow and state.shards == 1:
+            start = events_after(cursors[0])
             reply = yield from retried(
                 Call.command(
-                    "XREAD", "COUNT", 500, "BLOCK", EVENTS_BLOCK_MS, "STREAMS", key, cursors[0]
+                    "XREAD", "COUNT", 500, "BLOCK", EVENTS_BLOCK_MS, "STREAMS", key, start
                 ),
                 what="reading job events",
             )
             entries = [entry for _, stream_entries in reply or () for entry in stream_entries]
         else:
             entries = yield from retried(
-                Call.command("XRANGE", key, f"({cursors[shard]}", "+", "COUNT", 500),
+                Call.command("XRANGE", key, f"({events_after(cursors[shard])}", "+", "COUNT", 500),
                 what="reading job events",
             )
-        events.extend(decode_event(eid, fields, shard, cursors) for eid, fields in entries)
+        for eid, fields in entries:
+            events.extend(decode_events(eid, fields, shard, cursors))
     if follow and not events and state.shards > 1:
         yield Sleep(EVENTS_POLL)
     return events

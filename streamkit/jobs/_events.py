@@ -20,7 +20,7 @@ import trio
 
 from .._lua import CONSTANTS
 from .._redis import redis_errors, retry_idempotent, run_blocking
-from ._replies import decode_event, event_cursors
+from ._replies import decode_events, event_cursors, events_after
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -55,9 +55,10 @@ async def follow_events(
         for shard, shard_keys in enumerate(keys):
             events_key = f"{shard_keys.base}:events"
             if single and follow:
+                start = events_after(cursors[0])
                 reply: Any = await run_blocking(
                     redis,
-                    lambda r, key=events_key, cursor=cursors[0]: r.xread(  # type: ignore[misc]
+                    lambda r, key=events_key, cursor=start: r.xread(  # type: ignore[misc]
                         {key: cursor}, count=500, block=BLOCK_MS
                     ),
                     within=BLOCK_MS / 1000 + 10,
@@ -68,14 +69,15 @@ async def follow_events(
                 entries = await retry_idempotent(
                     redis.xrange,  # type: ignore[arg-type]
                     events_key,
-                    f"({cursors[shard]}",
+                    f"({events_after(cursors[shard])}",
                     "+",
                     500,
                     what="reading job events",
                 )
             for entry in entries:
-                got += 1
-                yield decode_event(entry.identifier, entry.field_values, shard, cursors)
+                for event in decode_events(entry.identifier, entry.field_values, shard, cursors):
+                    got += 1
+                    yield event
         if not got:
             if not follow:
                 return

@@ -279,7 +279,9 @@ class JobEvent:
             for ``progress``, the error (``{"type", "message", ...}``) for ``retried``
             and ``dead``; ``None`` otherwise.
         shard: the queue shard of the job.
-        id: the event's entry id in its shard's event stream.
+        id: the event's place in its shard's event stream: its entry's id, with ``.N``
+            after it for the Nth event of an entry holding several (a script call that
+            changes many jobs, a claim or a finish, writes their events as one entry).
         cursor: where a reader was after this event, in every shard: pass it as
             ``after=`` to resume after it.
     """

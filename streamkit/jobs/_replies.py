@@ -19,11 +19,12 @@ from ._model import JobChunk, JobErrorInfo, JobEvent, JobInfo, JobStatus, JobTry
 
 __all__ = [
     "abort_reply",
-    "decode_event",
+    "decode_events",
     "decode_history",
     "decode_info",
     "decode_output",
     "event_cursors",
+    "events_after",
     "info_reply",
     "outcome",
     "progress_value",
@@ -182,7 +183,9 @@ def _detail(raw: bytes) -> Any:
 
 def event_cursors(after: str | None, shards: int) -> list[str]:
     """The per-shard positions a job events cursor (:attr:`JobEvent.cursor`) says;
-    every shard's start without one.
+    every shard's start without one. A position is an entry id of the shard's event
+    stream (every event up to that entry read), or an entry id and ``.N`` (its first N
+    events read: a script call that changes many jobs writes their events as one entry).
 
     Error handling:
         :class:`~streamkit.ConfigError` for a cursor of another queue.
@@ -190,30 +193,68 @@ def event_cursors(after: str | None, shards: int) -> list[str]:
     if after is None:
         return ["0-0"] * shards
     parts = after.split(",")
-    if len(parts) != shards or not all(_is_id(p) for p in parts):
+    if len(parts) != shards or not all(_is_position(p) for p in parts):
         raise ConfigError(
             "after", f"must be a cursor of this queue's {shards} shard(s), got {after!r}"
         )
     return parts
 
 
-def _is_id(value: str) -> bool:
-    ms, _, seq = value.partition("-")
-    return ms.isdigit() and seq.isdigit()
+def _is_position(value: str) -> bool:
+    entry, dot, index = value.partition(".")
+    ms, _, seq = entry.partition("-")
+    return ms.isdigit() and seq.isdigit() and (not dot or (index.isdigit() and int(index) > 0))
 
 
-def decode_event(entry_id: Any, fields: Any, shard: int, cursors: list[str]) -> JobEvent:
-    """The :class:`JobEvent` of an event stream entry of ``shard``; moves ``cursors``
-    (every shard's position) past it."""
-    event_id = text(entry_id)
-    cursors[shard] = event_id
-    ms = int(event_id.split("-", 1)[0])
+def events_after(position: str) -> str:
+    """The entry id to read a shard's event stream after (exclusively) from
+    ``position``: the entry itself, or the one before it if only part of it was read."""
+    entry, dot, _ = position.partition(".")
+    if not dot:
+        return entry
+    ms, seq = (int(n) for n in entry.split("-"))
+    if seq:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{2**64 - 1}" if ms else "0-0"
+
+
+def decode_events(entry_id: Any, fields: Any, shard: int, cursors: list[str]) -> list[JobEvent]:
+    """The :class:`JobEvent` s of an event stream entry of ``shard`` (one event: fields
+    ``j``, ``n``, ``e``, ``d``; the events of a script call that changed many jobs: field
+    ``b``, a JSON array of id, name, kind and detail per event), but those before
+    ``cursors[shard]``; moves ``cursors`` (every shard's position) past each."""
+    entry = text(entry_id)
+    at = datetime.fromtimestamp(int(entry.split("-", 1)[0]) / 1000, UTC)
+    batch = fields.get(b"b")
+    if batch is None:
+        cursors[shard] = entry
+        raw = (fields.get(b"j", b""), fields.get(b"n", b""), fields.get(b"e", b""))
+        one = (text(raw[0]), text(raw[1]), text(raw[2]), _detail(fields.get(b"d", b"")))
+        return [_event(one, at, shard, entry, cursors)]
+    values = orjson.loads(batch)
+    count = len(values) // 4
+    position, _, read = cursors[shard].partition(".")
+    skip = int(read) if read and position == entry else 0
+    events = []
+    for index in range(skip + 1, count + 1):
+        job_id, name, kind, detail = values[4 * index - 4 : 4 * index]
+        cursors[shard] = entry if index == count else f"{entry}.{index}"
+        decoded = (job_id, name, kind, _detail(detail.encode()) if detail else None)
+        events.append(_event(decoded, at, shard, f"{entry}.{index}", cursors))
+    cursors[shard] = entry
+    return events
+
+
+def _event(
+    values: tuple[str, str, str, Any], at: datetime, shard: int, event_id: str, cursors: list[str]
+) -> JobEvent:
+    job_id, name, kind, detail = values
     return JobEvent(
-        kind=text(fields.get(b"e", b"")),
-        job_id=text(fields.get(b"j", b"")),
-        name=text(fields.get(b"n", b"")),
-        at=datetime.fromtimestamp(ms / 1000, UTC),
-        detail=_detail(fields.get(b"d", b"")),
+        kind=kind,
+        job_id=job_id,
+        name=name,
+        at=at,
+        detail=detail,
         shard=shard,
         id=event_id,
         cursor=",".join(cursors),

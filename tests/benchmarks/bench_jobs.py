@@ -126,6 +126,9 @@ QUEUE_NAME = "bench"
 #: key over LIMIT_KEYS keys, round robin.
 LIMITED_RATE = "100000/s"
 LIMIT_KEYS = 100
+#: Issue 38's targets: Redis time per no-op job, plain and limited (us), and limited jobs'
+#: throughput at least this share of plain ones in every round.
+PLAIN_US_TARGET, LIMITED_US_TARGET, RATIO_TARGET = 12.0, 16.0, 0.85
 LEASE_TTL: float = inspect.signature(open_job_queue).parameters["lease_ttl"].default
 
 
@@ -773,7 +776,11 @@ def _ratio(ours: float | str | None, theirs: float | str | None, width: int = 11
 
 
 def report_streamkit(
-    plain: Throughput | str, limited: Throughput | str, flows: Workflows | str, rounds: int
+    plain: Throughput | str,
+    limited: Throughput | str,
+    flows: Workflows | str,
+    rounds: int,
+    by_round: list[dict[str, Throughput]],
 ) -> None:
     """streamkit's limits and workflows (no peer has them)."""
     print("streamkit alone: limits and workflows (1 worker process, concurrency 32)")
@@ -796,6 +803,20 @@ def report_streamkit(
             f"target >= 0.80: {'met' if ratio >= 0.8 else 'NOT met'}); the limits cost "
             f"{limited.script_us - plain.script_us:.1f} us of server time per job"
         )
+        paired = [r for r in by_round if "noop" in r and "limited" in r]
+        if paired:
+            ratios = [r["limited"].rate / r["noop"].rate for r in paired]
+            plain_us = statistics.median(r["noop"].script_us for r in paired)
+            limited_us = statistics.median(r["limited"].script_us for r in paired)
+            print(
+                f"  targets (issue 38, Redis time per job, median of {len(paired)} rounds): "
+                f"plain {plain_us:.1f} us <= {PLAIN_US_TARGET:g} us "
+                f"({'met' if plain_us <= PLAIN_US_TARGET else 'NOT met'}), limited "
+                f"{limited_us:.1f} us <= {LIMITED_US_TARGET:g} us "
+                f"({'met' if limited_us <= LIMITED_US_TARGET else 'NOT met'}); limited / plain "
+                f"by round {', '.join(f'{x:.2f}' for x in ratios)} >= {RATIO_TARGET:g} in every "
+                f"round ({'met' if min(ratios) >= RATIO_TARGET else 'NOT met'})"
+            )
     if isinstance(flows, str):
         print(f"  workflows failed: {flows}")
     else:
@@ -1076,7 +1097,9 @@ async def run(args: argparse.Namespace) -> None:
             ours = contestants[0]
             plain: Throughput | str = "not run"
             limited: Throughput | str = "not run"
+            by_round: list[dict[str, Throughput]] = []
             for _ in range(args.limit_rounds):
+                by_round.append({})
                 for kind in ("noop", "limited"):
                     try:
                         got = await throughput(redis, url, ours, kind, args.jobs, 1, args.timeout)
@@ -1087,6 +1110,7 @@ async def run(args: argparse.Namespace) -> None:
                         f"  streamkit {kind} x1: {got.rate:,.0f}/s, "
                         f"{got.script_us:.1f} us of scripts per job"
                     )
+                    by_round[-1][kind] = got
                     best = plain if kind == "noop" else limited
                     if not isinstance(best, Throughput) or got.rate > best.rate:
                         if kind == "noop":
@@ -1134,7 +1158,7 @@ async def run(args: argparse.Namespace) -> None:
         lifecycle=lifecycle,
         redis_version=redis_version,
     )
-    report_streamkit(plain, limited, flows, args.limit_rounds)
+    report_streamkit(plain, limited, flows, args.limit_rounds, by_round)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@
 local function unqueue(k)
   local prio = tonumber(redis.call('HGET', k, 'prio') or '1')
   local e = redis.call('HGET', k, 'entry')
-  if e then
+  if e and e ~= '' then
     redis.call('XACK', Q[prio + 1], GROUP, e)
     redis.call('XDEL', Q[prio + 1], e)
   end

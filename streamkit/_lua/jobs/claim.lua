@@ -22,7 +22,6 @@
 --#include lib/jobs/history
 --#include lib/jobs/limits
 --#include lib/jobs/settling
---#include lib/jobs/events
 
 -- The paused job names ('*': the whole queue) while a claim runs; nil when none.
 local PAUSED = nil

@@ -19,13 +19,13 @@
 --   (id, args, options)...
 -- REPLY: [int | str] (per job: 1 new, 0 a duplicate, or the id of the job a debounce
 --   merged it into or a throttle kept)
+--#include lib/jobs/batched
 --#include lib/clock
 --#include lib/jobs/options
 --#include lib/jobs/record
 --#include lib/jobs/queue
 --#include lib/jobs/handed
 --#include lib/jobs/dependents
---#include lib/jobs/events
 
 -- The failure a failure callback gets for a job that is unknown.
 local function unknown_job(id)
@@ -77,6 +77,7 @@ local function throttled(id, name, th)
   return redis.call('GET', tk)
 end
 
+batch_moves()
 local now = now_ms()
 local d_name = ARGV[2]
 local d_prio, d_delay, d_tries, d_ttl = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -205,4 +206,5 @@ for i = 10, #ARGV, 3 do
     table.insert(out, into or 0)
   end
 end
+flush_moves()
 return out

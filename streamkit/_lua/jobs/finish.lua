@@ -22,15 +22,15 @@
 --#include lib/jobs/numbers
 --#include lib/jobs/slots
 --#include lib/jobs/settling
---#include lib/jobs/events
 --#include lib/trim
+--#include lib/jobs/ended
 
 batch_moves()
 local lease = tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
--- Per priority, the entries of the jobs that ended: acknowledged and deleted at the
--- end of the call, two commands for them all (XACK and XDEL each take many ids).
+-- Per priority, the entries of the jobs that ended: acknowledged and removed at the
+-- end of the call, a few commands for them all (lib/jobs/ended).
 local ENDED = {{}, {}, {}}
 -- Append the records a successful try emitted (ARGV from `at`, `n` of them).
 local function append_emitted(at, n)
@@ -106,15 +106,15 @@ while a <= #ARGV do
     else
       local ended_here = ENDED[p]
       ended_here[#ended_here + 1] = e
-      redis.call('HDEL', k, 'entry')
       if outcome == 'ok' then
-        -- the hot path, inlined: mark_final and settle with the fields read above
+        -- the hot path, inlined: mark_final and settle with the fields read above (its
+        -- entry emptied, not deleted: a final job's entry is never read again)
         if number == 1 then
           redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
-            'result', data, 'hist', hist)
+            'entry', '', 'result', data, 'hist', hist)
         else
           redis.call('HSET', k, 'status', 'success', 'finished', num(now), 'owner', '',
-            'hist', hist)
+            'entry', '', 'hist', hist)
         end
         move(name, 'executing', 'success')
         job_event(id, name, 'succeeded', nil)
@@ -127,16 +127,19 @@ while a <= #ARGV do
         if ttl and ttl > 0 then redis.call('EXPIRE', k, f[7]) end
         if f[8] then settle(id, true) end
       elseif outcome == 'retry' then
+        redis.call('HDEL', k, 'entry')
         redis.call('HSET', k, 'status', 'retry', 'error', data, 'owner', '', 'hist', hist)
         redis.call('ZADD', SCHED, now + number, id)
         move(name, 'executing', 'retry')
         job_event(id, name, 'retried', data)
       elseif outcome == 'aborted' then
+        redis.call('HDEL', k, 'entry')
         if f[15] then end_output(id, 'aborted', nil) end
         redis.call('HSET', k, 'error', data, 'hist', hist)
         mark_final(id, k, name, 'executing', 'aborted', now)
         settle(id, false)
       else
+        redis.call('HDEL', k, 'entry')
         if f[15] then end_output(id, 'dead', nil) end
         redis.call('HSET', k, 'hist', hist)
         mark_dead(id, k, name, 'executing', data, now)
@@ -147,10 +150,7 @@ while a <= #ARGV do
   end
 end
 for p = 1, 3 do
-  if #ENDED[p] > 0 then
-    redis.call('XACK', Q[p], GROUP, unpack(ENDED[p]))
-    redis.call('XDEL', Q[p], unpack(ENDED[p]))
-  end
+  if #ENDED[p] > 0 then remove_ended(p, ENDED[p]) end
 end
 local settling = settle_some(now, K.SETTLE_BUDGET)
 flush_moves()

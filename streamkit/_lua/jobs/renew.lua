@@ -11,7 +11,7 @@ local lost, aborts = {}, {}
 for a = 3, #ARGV, 2 do
   local id, token = ARGV[a], ARGV[a + 1]
   local f = redis.call('HMGET', jkey(id), 'owner', 'prio', 'entry', 'abort')
-  if f[1] == token and f[3] then
+  if f[1] == token and f[3] and f[3] ~= '' then
     redis.call('XCLAIM', Q[tonumber(f[2]) + 1], GROUP, consumer, 0, f[3], 'JUSTID')
     if f[4] then table.insert(aborts, {id, f[4]}) end
   else
