@@ -21,6 +21,7 @@ from . import _keys
 from ._background import BackgroundTask
 from ._errors import ConfigError, NotConnected
 from ._joins import (
+    JOIN_SHARE,
     JoinHow,
     StreamJoin,
     check_copartitioned,
@@ -536,7 +537,13 @@ class App:
         async def joiner(events: Events[Any]) -> None:
             await run_join(events, joined)
 
-        self.processor(inner, name=name, tables=[joined], outputs=[output], **overrides)(joiner)
+        # Each entry of the inner stream is a forwarder's batch (up to batch_size
+        # events): the join reads a 32nd as many entries at a time.
+        batch = overrides.get("batch_size", self.settings.batch_size)
+        joiner_settings = {**overrides, "batch_size": max(1, -(-batch // JOIN_SHARE))}
+        self.processor(inner, name=name, tables=[joined], outputs=[output], **joiner_settings)(
+            joiner
+        )
         return joined
 
     def join_tables(

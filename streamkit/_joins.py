@@ -45,22 +45,36 @@ if TYPE_CHECKING:
     from ._state import PartitionState
     from ._state_joins import JoinView
 
-__all__ = ["FORWARDED_FIELD", "JoinHow", "StreamJoin", "default_join_result"]
+__all__ = [
+    "FORWARDED_FIELD",
+    "JOIN_SHARE",
+    "JoinHow",
+    "StreamJoin",
+    "default_join_result",
+    "pack_forwarded",
+    "unpack_forwarded",
+]
 
 L = TypeVar("L")
 R = TypeVar("R")
 
 JoinHow = Literal["inner", "left", "outer"]
 
-#: A forwarded event is an entry of one field, ``j``: its side (``L``, ``R``) and its
-#: record's form, then its event time (ms) and the length of its key, then its key
-#: (canonical bytes) and its record as stored in its stream: ``L0 1767225600000 2
-#: 42{"order_id":42,...}``. The record is the JSON value itself if its codec is plain
-#: JSON (form ``0``, :data:`JSON_FORM`), else its fields, flat, as a JSON array of
-#: latin-1 text (form ``1``, :data:`FLAT_FORM`). One field, so that a batch of them is
-#: one run of the commit; read with one ``split``, the record's JSON never parsed
-#: until a result needs it.
+#: A forwarded event's value: its side (``L``, ``R``) and its record's form, then its
+#: event time (ms) and the length of its key, then its key (canonical bytes) and its
+#: record as stored in its stream: ``L0 1767225600000 2 42{"order_id":42,...}``. The
+#: record is the JSON value itself if its codec is plain JSON (form ``0``,
+#: :data:`JSON_FORM`), else its fields, flat, as a JSON array of latin-1 text (form
+#: ``1``, :data:`FLAT_FORM`). Read with one ``split``, the record's JSON never parsed
+#: until a result needs it. Earlier versions wrote an entry of one field, ``j``, per
+#: event (still read).
 FORWARDED = b"j"
+#: A forwarder's batch of events is an entry of one field, ``J``: each event's value
+#: after its length and a space (``34 L0 1767225600000 2 42{...}34 L0 ...``), at most
+#: :data:`PACK_BYTES` of them an entry (or one larger event). So the inner stream holds,
+#: and Redis appends, reads and acknowledges, an entry per batch rather than per event.
+PACKED = b"J"
+PACK_BYTES = 64 * 1024
 JSON_FORM = 0
 FLAT_FORM = 1
 #: The field of the form of earlier versions (a JSON array ``[side, key, time, form,
@@ -73,8 +87,48 @@ Prepared = tuple[bytes, bytes, int, int, bytes]
 
 _FORMS = {b"0": JSON_FORM, b"1": FLAT_FORM}
 
-#: Events a forwarder or the join takes at a time.
+#: Events a forwarder takes at a time (the most a packed entry holds).
 BATCH = 500
+#: The join's processor reads ``batch_size / JOIN_SHARE`` entries of its inner stream
+#: at a time (16 by default), each a forwarder's batch of up to ``batch_size`` events:
+#: so a partition's buffered reads stay near what another processor's are.
+JOIN_SHARE = 32
+
+
+def pack_forwarded(values: list[bytes]) -> list[bytes]:
+    """Forwarded events' values as the entries' values of :data:`PACKED`."""
+    packs: list[bytes] = []
+    part: list[bytes] = []
+    size = 0
+    for value in values:
+        framed = b"%d %s" % (len(value), value)
+        if part and size + len(framed) > PACK_BYTES:
+            packs.append(b"".join(part))
+            part, size = [], 0
+        part.append(framed)
+        size += len(framed)
+    if part:
+        packs.append(b"".join(part))
+    return packs
+
+
+def unpack_forwarded(data: bytes) -> list[bytes]:
+    """The forwarded events' values of a :data:`PACKED` entry's value (``ValueError``
+    if it is not one)."""
+    values: list[bytes] = []
+    at, end = 0, len(data)
+    find = data.find
+    while at < end:
+        space = find(b" ", at)
+        length = data[at:space]
+        if space < 0 or not length.isdigit():
+            raise ValueError(f"not a forwarded batch at {at}: {data[at : at + 20]!r}")
+        stop = space + 1 + int(length)
+        if stop > end:
+            raise ValueError(f"a forwarded batch cut short at {at}")
+        values.append(data[space + 1 : stop])
+        at = stop
+    return values
 
 
 def default_join_result(key: str, left: Any, right: Any) -> dict[str, Any]:
@@ -232,6 +286,23 @@ class StreamJoin(KeyedState, Generic[L, R]):
                 return self._prepare_json(flat[1])
         raise DecodeError(f"not a forwarded event: {flat[:4]!r}", stream=self.name)
 
+    def prepare_entry(self, flat: list[bytes]) -> list[Prepared]:
+        """The forwarded events of an inner stream's entry (its flat field list): a
+        batch (:data:`PACKED`), or one event of earlier versions (see
+        :meth:`prepare_flat`)."""
+        if len(flat) == 2 and flat[0] == PACKED:
+            return self.prepare_packed(flat[1])
+        return [self.prepare_flat(flat)]
+
+    def prepare_packed(self, data: bytes) -> list[Prepared]:
+        """:meth:`prepare_entry` of the value of a :data:`PACKED` entry."""
+        try:
+            values = unpack_forwarded(data)
+        except ValueError as exc:
+            raise DecodeError(str(exc), stream=self.name) from exc
+        prepare = self.prepare_forwarded
+        return [prepare(value) for value in values]
+
     def prepare_forwarded(self, value: bytes) -> Prepared:
         """:meth:`prepare_flat` of the value of a forwarded event's one field."""
         try:
@@ -305,7 +376,7 @@ async def forward(
         values = [
             forwarded(i, f, decode(f, i)) for i, f in zip(entries.ids, entries.fields, strict=True)
         ]
-        state.emit_run(merged, partition, FORWARDED, values)
+        state.emit_run(merged, partition, PACKED, pack_forwarded(values))
 
 
 async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
@@ -314,16 +385,16 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     state: PartitionState | None = _current.get()
     assert state is not None, "a join's processor runs with its state"
     view: JoinView = state.views[join]  # type: ignore[assignment]
-    prepare = join.prepare_flat
-    prepare_value = join.prepare_forwarded
+    prepare = join.prepare_entry
+    prepare_packed = join.prepare_packed
     output = join.output
     emit = state.emit_plain if join.plain else state.emit_many
     async for entries in events._entries(BATCH):
-        values = entries.values_of(FORWARDED)
-        if values is not None:
-            prepared = [prepare_value(value) for value in values]
+        packs = entries.values_of(PACKED)
+        if packs is not None:
+            prepared = [p for data in packs for p in prepare_packed(data)]
         else:
-            prepared = [prepare(flat) for flat in entries.fields]
+            prepared = [p for flat in entries.fields for p in prepare(flat)]
         keys = {p[1] for p in prepared}
         await view.prefetch([b"L" + key for key in keys] + [b"R" + key for key in keys])
         results = await join.fold(view, prepared)

@@ -12,6 +12,7 @@ import trio
 
 from streamkit import App, ConfigError, DecodeError, Record
 from streamkit._cli._fleet import take_snapshot
+from streamkit._joins import pack_forwarded, unpack_forwarded
 from streamkit._state_joins import decode_buffer, encode_buffer
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
@@ -217,9 +218,9 @@ async def test_a_late_event_matches_nothing_and_is_counted(redis_url: str, redis
 
 
 def test_forwarded_events_are_read_in_both_forms_and_refused_otherwise() -> None:
-    """The join reads the three fields its forwarders write, and the one JSON field of
-    earlier versions (an inner stream written before an upgrade); anything else is a
-    decode error, not a crash of the partition."""
+    """The join reads the batches its forwarders write, and the one field per event
+    and the one JSON field of earlier versions (an inner stream written before an
+    upgrade); anything else is a decode error, not a crash of the partition."""
     app = App("joinforms")
     orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=1)
     payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=1)
@@ -245,6 +246,19 @@ def test_forwarded_events_are_read_in_both_forms_and_refused_otherwise() -> None
     ):
         with pytest.raises(DecodeError):
             joined.prepare_flat(bad)
+    # A forwarder's batch: its events in order, whatever their bytes (spaces, digits);
+    # one cut short or not framed is a decode error.
+    values = [b"L0 1767225600000 1 7" + record, b'R1 5 3 a b["data:zstd","x"]', b"L0 1 2 12"]
+    [packed] = pack_forwarded(values)
+    assert unpack_forwarded(packed) == values
+    assert joined.prepare_entry([b"J", packed]) == [new, flat, (b"L", b"12", 1, 0, b"")]
+    assert joined.prepare_entry([b"j", values[0]]) == [new]  # one event, as before
+    many = pack_forwarded([b"L0 1 1 7" + b"x" * 20_000] * 4)  # 64 KiB an entry
+    assert len(many) == 2
+    assert sum(len(unpack_forwarded(p)) for p in many) == 4
+    for bad_pack in (packed[:-1], b"x" + packed, b"12", b"3 L0 5 1 7"):
+        with pytest.raises(DecodeError):
+            joined.prepare_entry([b"J", bad_pack])
     # Buffers keep each record's JSON as forwarded, in place, both ways.
     events = ((5, 0, 0, record), (6, 1, 1, b'["data:zlib","x"]'))
     assert decode_buffer(encode_buffer(events)) == events
@@ -285,7 +299,8 @@ async def test_a_compressed_side_is_joined_with_a_custom_result(
 
         await wait_until(paired, what="both pairs", within=30)
         await worker.stop()
-    forms = {e.field_values[b"j"][:2] for e in await redis.xrange(app.streams["zipped__in"].key(0))}
+    inner = await redis.xrange(app.streams["zipped__in"].key(0))
+    forms = {v[:2] for e in inner for v in unpack_forwarded(e.field_values[b"J"])}
     assert forms == {b"L1", b"R0"}  # orders forwarded as their fields
     got = sorted((r["key"], r["amount"], r["paid"]) for r in await results(redis, paid))
     assert got == [("1", 10.0, 10.0), ("2", 20.0, 20.0)]

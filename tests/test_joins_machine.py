@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 from streamkit import App, Stream, _keys
 from streamkit._worker import Worker, run_worker
 from streamkit.testing import wait_until
-from tests.apps.joined import Order, Payment, forwarded_row, model
+from tests.apps.joined import Order, Payment, forwarded_rows, model
 from tests.test_state_machine import FAST, World
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class JoinMachine(RuleBasedStateMachine):
             out = []
             for partition in range(PARTITIONS):
                 entries = await redis.xrange(inner.key(partition))
-                out.append([forwarded_row(entry.field_values) for entry in entries])
+                out.append([row for entry in entries for row in forwarded_rows(entry.field_values)])
             return out
 
         async def got() -> Counter[tuple[str, int | None, int | None]]:

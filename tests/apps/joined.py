@@ -19,6 +19,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
 from streamkit import App, Events, Record, Stream, StreamJoin, Table
+from streamkit._joins import unpack_forwarded
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -53,11 +54,14 @@ Joined = tuple[
 Result = tuple[str, int | None, int | None]
 
 
-def forwarded_row(fields: Mapping[Any, Any]) -> tuple[bytes, int, int]:
-    """An entry of the join's inner stream as the model takes it: its side, order id
-    and event time (ms), as the forwarder wrote them."""
-    head, at, length, rest = fields[b"j"].split(b" ", 3)
-    return head[:1], int(rest[: int(length)]), int(at)
+def forwarded_rows(fields: Mapping[Any, Any]) -> list[tuple[bytes, int, int]]:
+    """An entry of the join's inner stream (a forwarder's batch) as the model takes
+    it: each event's side, order id and event time (ms), as the forwarder wrote them."""
+    rows = []
+    for value in unpack_forwarded(fields[b"J"]):
+        head, at, length, rest = value.split(b" ", 3)
+        rows.append((head[:1], int(rest[: int(length)]), int(at)))
+    return rows
 
 
 def make_app(**settings: Any) -> Joined:

@@ -30,7 +30,7 @@ from tests.apps.joined import (
     Order,
     Payment,
     Result,
-    forwarded_row,
+    forwarded_rows,
     make_app,
     model,
 )
@@ -57,7 +57,7 @@ async def forwarded(
     for partition in range(inner.partition_count):
         with redis_errors():
             entries: Any = await redis.xrange(inner.key(partition))
-        out.append([forwarded_row(entry.field_values) for entry in entries])
+        out.append([row for entry in entries for row in forwarded_rows(entry.field_values)])
     return out
 
 
