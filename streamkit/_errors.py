@@ -429,11 +429,18 @@ class LockNotAcquired(StreamkitError):
 
 
 class NotLockOwner(StreamkitError):
-    """An extend or release was refused because the lease is no longer ours."""
+    """An extend or release was refused because the lease is no longer ours.
 
-    def __init__(self, name: str) -> None:
+    Attributes:
+        name: the lock's name.
+        holder_token: the fencing token of the lease that holds the lock now, if one
+            does (``None``: it expired or was deleted).
+    """
+
+    def __init__(self, name: str, *, holder_token: int | None = None) -> None:
         super().__init__(f"lease on {name!r} is no longer held by this owner")
         self.name = name
+        self.holder_token = holder_token
 
 
 class LockLost(StreamkitError):

@@ -361,6 +361,10 @@ async def _extend_before(
                         # Redis started the TTL after we sent the last extension, so
                         # the lock cannot have expired yet: it was deleted, or lost.
                         return f"{VANISHED}: extension refused: {detail}"
+                    if exc.holder_token is not None and exc.holder_token < lease.token:
+                        # Tokens only grow: a holder with a smaller one took the lock
+                        # after its fencing counter vanished (Redis lost its data).
+                        return f"{VANISHED}: extension refused: {detail}"
                     return "extension refused" + (f": {detail}" if detail else "")
                 except RedisUnavailable as exc:
                     failure = exc
@@ -624,7 +628,8 @@ class LockManager:
         (``locks/extend``'s, or one of ``locks/extend_many``'s); or raise
         :class:`NotLockOwner` (with a note saying who holds the lock now)."""
         if result != 1 and int(result[0]) != 1:
-            exc = NotLockOwner(lease.name)
+            holder = None if result[1] is None else _parse_value(result[1])[1]
+            exc = NotLockOwner(lease.name, holder_token=holder)
             exc.add_note(_describe_holder(result[1]))
             raise exc
         self._extended += 1

@@ -30,6 +30,7 @@ from streamkit._locks import (
     tagged,
 )
 from streamkit._redis import open_redis
+from streamkit._vanished import lost_to_vanishing
 from streamkit.testing import wait_until
 
 if TYPE_CHECKING:
@@ -329,6 +330,29 @@ async def test_takeover_cancels_the_body_and_leaves_the_new_lease_alone(
     assert f"held by 'bob' (token {theirs.token})" in info.value.reason
     assert await redis.get(theirs.key) == theirs.value
     assert await redis.pttl(theirs.key) > 9000
+
+
+@pytest.mark.cluster
+async def test_a_holder_with_a_smaller_token_means_the_lock_vanished(
+    redis: Redis, locks: LockManager, other: LockManager
+) -> None:
+    """Tokens only grow: a lock taken under a smaller token than this lease's was taken
+    after its fencing counter vanished (Redis lost its data), so the loss is reported
+    as a vanished lock (said once by the worker), not as a takeover."""
+    await locks.release(await locks.acquire("jobs", ttl=10))  # this lease's token is 2
+
+    async def body(held: HeldLease) -> None:
+        await next_extension(held)
+        await redis.delete([held.lease.key, held.lease.fence_key])  # as a FLUSHALL would
+        theirs = await other.acquire("jobs", ttl=10)
+        assert theirs.token < held.token
+        await trio.sleep_forever()
+
+    with trio.fail_after(5), pytest.raises(LockLost) as info:
+        async with locks.hold("jobs", ttl=0.6) as held:
+            await body(held)
+    assert lost_to_vanishing(info.value.reason), info.value.reason
+    assert "held by 'bob' (token 1)" in info.value.reason
 
 
 async def test_body_exception_wins_over_lock_lost(redis: Redis, locks: LockManager) -> None:
