@@ -300,7 +300,8 @@ async def test_a_compressed_side_is_joined_with_a_custom_result(
         await wait_until(paired, what="both pairs", within=30)
         await worker.stop()
     inner = await redis.xrange(app.streams["zipped__in"].key(0))
-    forms = {v[:2] for e in inner for v in unpack_forwarded(e.field_values[b"J"])}
+    packs: list[Any] = [e.field_values[b"J"] for e in inner]
+    forms = {v[:2] for pack in packs for v in unpack_forwarded(pack)}
     assert forms == {b"L1", b"R0"}  # orders forwarded as their fields
     got = sorted((r["key"], r["amount"], r["paid"]) for r in await results(redis, paid))
     assert got == [("1", 10.0, 10.0), ("2", 20.0, 20.0)]
