@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,7 @@ import trio
 import trio.testing
 
 from streamkit import ConfigError
-from streamkit._worker import Worker, run_worker
+from streamkit._worker import YOUNG_COLLECTION_EVERY, Worker, run_worker
 from streamkit.testing import free_port, wait_until
 from tests.apps.scenario import SEEN, Numbered, make_app
 from tests.scenarios import numbered_events, seen, tally
@@ -32,6 +33,27 @@ async def wait_processed(redis: Redis, count: int) -> None:
         return await redis.llen(SEEN) >= count
 
     await wait_until(enough, what=f"{count} processings in {SEEN}", within=30)
+
+
+async def test_young_collections_are_spaced_while_workers_run(redis_url: str) -> None:
+    """While any worker of the process runs, the collector's young generation waits
+    for YOUNG_COLLECTION_EVERY allocations; the last worker to stop puts back the
+    thresholds it found, whatever order overlapping workers stop in."""
+    found = gc.get_threshold()
+    gc.set_threshold(700, *found[1:])
+    try:
+        async with trio.open_nursery() as nursery:
+            first_app, _ = make_app(redis_url=redis_url, worker="w0", **FAST)
+            second_app, _ = make_app(redis_url=redis_url, worker="w1", **FAST)
+            first = await nursery.start(run_worker, first_app)
+            assert gc.get_threshold() == (YOUNG_COLLECTION_EVERY, *found[1:])
+            second = await nursery.start(run_worker, second_app)
+            await first.stop()  # the first to start stops first
+            assert gc.get_threshold()[0] == YOUNG_COLLECTION_EVERY
+            await second.stop()
+        assert gc.get_threshold() == (700, *found[1:])
+    finally:
+        gc.set_threshold(*found)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
