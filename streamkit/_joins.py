@@ -60,21 +60,23 @@ R = TypeVar("R")
 
 JoinHow = Literal["inner", "left", "outer"]
 
-#: A forwarded event's value: its side (``L``, ``R``) and its record's form, then its
-#: event time (ms) and the length of its key, then its key (canonical bytes) and its
-#: record as stored in its stream: ``L0 1767225600000 2 42{"order_id":42,...}``. The
+#: A forwarder's batch of events is an entry of one field, ``J``: its side (``L``,
+#: ``R``) and a space, then a JSON array of four numbers per event (its event time in
+#: ms, the length of its key, the length of its record and its record's form), a
+#: newline, and then each event's key (canonical bytes) and record as stored in its
+#: stream, back to back: ``L [1767225600000,2,30,0]\n42{"order_id":42,...}``. The
 #: record is the JSON value itself if its codec is plain JSON (form ``0``,
 #: :data:`JSON_FORM`), else its fields, flat, as a JSON array of latin-1 text (form
-#: ``1``, :data:`FLAT_FORM`). Read with one ``split``, the record's JSON never parsed
-#: until a result needs it. Earlier versions wrote an entry of one field, ``j``, per
-#: event (still read).
-FORWARDED = b"j"
-#: A forwarder's batch of events is an entry of one field, ``J``: each event's value
-#: after its length and a space (``34 L0 1767225600000 2 42{...}34 L0 ...``), at most
-#: :data:`PACK_BYTES` of them an entry (or one larger event). So the inner stream holds,
-#: and Redis appends, reads and acknowledges, an entry per batch rather than per event.
+#: ``1``, :data:`FLAT_FORM`): never parsed until a result needs it. An entry holds up
+#: to :data:`PACK_BYTES` of keys and records (or one larger event). So the inner
+#: stream holds, and Redis appends, reads and acknowledges, an entry per batch rather
+#: than per event, and the join reads a batch with one ``orjson.loads`` and slices.
 PACKED = b"J"
 PACK_BYTES = 64 * 1024
+#: Earlier versions wrote an entry per event, of one field ``j``: its side and form,
+#: its time and key length, then its key and record: ``L0 1767225600000 2 42{...}``
+#: (still read).
+FORWARDED = b"j"
 JSON_FORM = 0
 FLAT_FORM = 1
 #: The field of the form of earlier versions (a JSON array ``[side, key, time, form,
@@ -84,8 +86,63 @@ FORWARDED_FIELD = _DATA_FIELDS[None]
 #: A forwarded event, prepared: its side, its key (the tail of its buffer's field), its
 #: time (ms), its form and its record's JSON.
 Prepared = tuple[bytes, bytes, int, int, bytes]
+#: A forwarded event as a forwarder makes it: its time (ms), key, form and record.
+Forwarded = tuple[int, bytes, int, bytes]
 
 _FORMS = {b"0": JSON_FORM, b"1": FLAT_FORM}
+_SIDES = (b"L", b"R")
+
+
+def pack_forwarded(side: bytes, events: list[Forwarded]) -> list[bytes]:
+    """A forwarder's ``events`` of ``side`` as the values of :data:`PACKED` entries."""
+    packs: list[bytes] = []
+    head = side + b" "
+    meta: list[int] = []
+    parts: list[bytes] = []
+    size = 0
+    for at, key, form, stored in events:
+        if parts and size + len(key) + len(stored) > PACK_BYTES:
+            packs.append(head + orjson.dumps(meta) + b"\n" + b"".join(parts))
+            meta, parts, size = [], [], 0
+        meta += (at, len(key), len(stored), form)
+        parts += (key, stored)
+        size += len(key) + len(stored)
+    if parts:
+        packs.append(head + orjson.dumps(meta) + b"\n" + b"".join(parts))
+    return packs
+
+
+def unpack_forwarded(data: bytes) -> list[Prepared]:
+    """The forwarded events of a :data:`PACKED` entry's value (``ValueError`` if it is
+    not one)."""
+    side, newline = data[:1], data.find(b"\n")
+    if side not in _SIDES or data[1:2] != b" " or newline < 0:
+        raise ValueError(f"not a forwarded batch: {data[:20]!r}")
+    events: list[Prepared] = []
+    at = newline + 1
+    try:
+        meta = orjson.loads(data[2:newline])
+        # (Numbers not whole fail the slicing below: no check per number.)
+        ok = (
+            type(meta) is list
+            and len(meta) % 4 == 0
+            and (not meta or min(meta) >= 0)
+            and set(meta[3::4]) <= {JSON_FORM, FLAT_FORM}
+        )
+        numbers = iter(meta if ok else ())
+        for time, key_length, length, form in zip(numbers, numbers, numbers, numbers, strict=True):
+            key_end = at + key_length
+            end = key_end + length
+            events.append((side, data[at:key_end], time, form, data[key_end:end]))
+            at = end
+    except (orjson.JSONDecodeError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"not a forwarded batch: {data[:40]!r}")
+    if at != len(data):
+        raise ValueError(f"a forwarded batch of {len(data)} bytes, {at} described")
+    return events
+
 
 #: Events a forwarder takes at a time (the most a packed entry holds).
 BATCH = 500
@@ -93,42 +150,6 @@ BATCH = 500
 #: at a time (16 by default), each a forwarder's batch of up to ``batch_size`` events:
 #: so a partition's buffered reads stay near what another processor's are.
 JOIN_SHARE = 32
-
-
-def pack_forwarded(values: list[bytes]) -> list[bytes]:
-    """Forwarded events' values as the entries' values of :data:`PACKED`."""
-    packs: list[bytes] = []
-    part: list[bytes] = []
-    size = 0
-    for value in values:
-        framed = b"%d %s" % (len(value), value)
-        if part and size + len(framed) > PACK_BYTES:
-            packs.append(b"".join(part))
-            part, size = [], 0
-        part.append(framed)
-        size += len(framed)
-    if part:
-        packs.append(b"".join(part))
-    return packs
-
-
-def unpack_forwarded(data: bytes) -> list[bytes]:
-    """The forwarded events' values of a :data:`PACKED` entry's value (``ValueError``
-    if it is not one)."""
-    values: list[bytes] = []
-    at, end = 0, len(data)
-    find = data.find
-    while at < end:
-        space = find(b" ", at)
-        length = data[at:space]
-        if space < 0 or not length.isdigit():
-            raise ValueError(f"not a forwarded batch at {at}: {data[at : at + 20]!r}")
-        stop = space + 1 + int(length)
-        if stop > end:
-            raise ValueError(f"a forwarded batch cut short at {at}")
-        values.append(data[space + 1 : stop])
-        at = stop
-    return values
 
 
 def default_join_result(key: str, left: Any, right: Any) -> dict[str, Any]:
@@ -249,28 +270,25 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     # -- forwarding --
 
-    def forwarder(self, side: bytes) -> Callable[[bytes, list[bytes], Any], bytes]:
-        """What gives the inner stream's value (see :data:`FORWARDED`) of an entry of
-        ``side``: from its id, its fields (flat) and its record. Its event time is its
-        side's ``left_time``/``right_time``, or when it was appended to its stream."""
+    def forwarder(self, side: bytes) -> Callable[[bytes, list[bytes], Any], Forwarded]:
+        """What gives the forwarded event (see :data:`PACKED`) of an entry of ``side``:
+        from its id, its fields (flat) and its record. Its event time is its side's
+        ``left_time``/``right_time``, or when it was appended to its stream."""
         spec = self.left if side == b"L" else self.right
         key_of = spec.partitioner.key_of
         json = spec.codec.name == "json"
         time_spec = self.left_time if side == b"L" else self.right_time
         time_of = attrgetter(time_spec) if isinstance(time_spec, str) else time_spec
-        json_head = side + b"0 %d %d %s%s"
-        flat_head = side + b"1 %d %d %s%s"
 
-        def forwarded(entry_id: bytes, flat: list[bytes], record: Any) -> bytes:
+        def forwarded(entry_id: bytes, flat: list[bytes], record: Any) -> Forwarded:
             key = canonical_key_bytes(key_of(record))
             if time_of is None:
                 at = int(entry_id.partition(b"-")[0])
             else:
                 at = to_ms(time_of(record))
             if json and len(flat) == 2 and flat[0] == FORWARDED_FIELD:
-                return json_head % (at, len(key), key, flat[1])
-            stored = orjson.dumps([part.decode("latin-1") for part in flat])
-            return flat_head % (at, len(key), key, stored)
+                return at, key, JSON_FORM, flat[1]
+            return at, key, FLAT_FORM, orjson.dumps([part.decode("latin-1") for part in flat])
 
         return forwarded
 
@@ -297,11 +315,9 @@ class StreamJoin(KeyedState, Generic[L, R]):
     def prepare_packed(self, data: bytes) -> list[Prepared]:
         """:meth:`prepare_entry` of the value of a :data:`PACKED` entry."""
         try:
-            values = unpack_forwarded(data)
+            return unpack_forwarded(data)
         except ValueError as exc:
             raise DecodeError(str(exc), stream=self.name) from exc
-        prepare = self.prepare_forwarded
-        return [prepare(value) for value in values]
 
     def prepare_forwarded(self, value: bytes) -> Prepared:
         """:meth:`prepare_flat` of the value of a forwarded event's one field."""
@@ -366,7 +382,7 @@ async def forward(
     events: Events[Any], join: StreamJoin[Any, Any], side: bytes, merged: StreamSpec[Any]
 ) -> None:
     """A forwarder's body: every event of its stream to the same partition of the join's
-    inner stream, with its side, key and time (see :data:`FORWARDED`)."""
+    inner stream, with its side, key and time (see :data:`PACKED`)."""
     state: PartitionState | None = _current.get()
     assert state is not None
     partition = events.partition
@@ -376,7 +392,7 @@ async def forward(
         values = [
             forwarded(i, f, decode(f, i)) for i, f in zip(entries.ids, entries.fields, strict=True)
         ]
-        state.emit_run(merged, partition, PACKED, pack_forwarded(values))
+        state.emit_run(merged, partition, PACKED, pack_forwarded(side, values))
 
 
 async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:

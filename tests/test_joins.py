@@ -246,19 +246,36 @@ def test_forwarded_events_are_read_in_both_forms_and_refused_otherwise() -> None
     ):
         with pytest.raises(DecodeError):
             joined.prepare_flat(bad)
-    # A forwarder's batch: its events in order, whatever their bytes (spaces, digits);
-    # one cut short or not framed is a decode error.
-    values = [b"L0 1767225600000 1 7" + record, b'R1 5 3 a b["data:zstd","x"]', b"L0 1 2 12"]
-    [packed] = pack_forwarded(values)
-    assert unpack_forwarded(packed) == values
-    assert joined.prepare_entry([b"J", packed]) == [new, flat, (b"L", b"12", 1, 0, b"")]
-    assert joined.prepare_entry([b"j", values[0]]) == [new]  # one event, as before
-    many = pack_forwarded([b"L0 1 1 7" + b"x" * 20_000] * 4)  # 64 KiB an entry
+    # A forwarder's batch: its events in order, whatever their bytes (spaces, digits,
+    # newlines); one cut short, too long or badly described is a decode error.
+    sent = [(1767225600000, b"7", 0, record), (5, b"a\nb", 1, b'["data:zstd","x"]')]
+    sent.append((1, b"12", 0, b""))
+    [packed] = pack_forwarded(b"L", sent)
+    assert packed.startswith(b"L [1767225600000,1,")
+    assert unpack_forwarded(packed) == [(b"L", k, at, form, r) for at, k, form, r in sent]
+    assert joined.prepare_entry([b"J", packed])[0] == new
+    assert joined.prepare_entry([b"j", b"L0 1767225600000 1 7" + record]) == [new]  # earlier
+    many = pack_forwarded(b"R", [(1, b"7", 0, b"x" * 20_000)] * 4)  # 64 KiB an entry
     assert len(many) == 2
     assert sum(len(unpack_forwarded(p)) for p in many) == 4
-    for bad_pack in (packed[:-1], b"x" + packed, b"12", b"3 L0 5 1 7"):
+    head, _, body = packed.partition(b"\n")
+    for bad_pack in (
+        packed[:-1],  # cut short
+        packed + b"x",  # more than described
+        b"X" + packed[1:],  # no such side
+        b"L" + packed[2:],
+        body,  # no description
+        b"L [1,1,1]\n77",  # not four numbers per event
+        b"L [1,1,-1,0]\n7",  # a negative length
+        b"L [1,1,1.5,0]\n77",  # not whole
+        b"L [1,1,1,2]\n77",  # no such form
+        b'L [1,1,"1",0]\n77',
+        b"L {}\n",
+        b"L [1,1,1,0\n77",
+    ):
         with pytest.raises(DecodeError):
             joined.prepare_entry([b"J", bad_pack])
+    assert head.endswith(b"]")
     # Buffers keep each record's JSON as forwarded, in place, both ways.
     events = ((5, 0, 0, record), (6, 1, 1, b'["data:zlib","x"]'))
     assert decode_buffer(encode_buffer(events)) == events
@@ -301,8 +318,8 @@ async def test_a_compressed_side_is_joined_with_a_custom_result(
         await worker.stop()
     inner = await redis.xrange(app.streams["zipped__in"].key(0))
     packs: list[Any] = [e.field_values[b"J"] for e in inner]
-    forms = {v[:2] for pack in packs for v in unpack_forwarded(pack)}
-    assert forms == {b"L1", b"R0"}  # orders forwarded as their fields
+    forms = {(e[0], e[3]) for pack in packs for e in unpack_forwarded(pack)}
+    assert forms == {(b"L", 1), (b"R", 0)}  # orders forwarded as their fields
     got = sorted((r["key"], r["amount"], r["paid"]) for r in await results(redis, paid))
     assert got == [("1", 10.0, 10.0), ("2", 20.0, 20.0)]
 

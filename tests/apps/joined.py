@@ -57,11 +57,7 @@ Result = tuple[str, int | None, int | None]
 def forwarded_rows(fields: Mapping[Any, Any]) -> list[tuple[bytes, int, int]]:
     """An entry of the join's inner stream (a forwarder's batch) as the model takes
     it: each event's side, order id and event time (ms), as the forwarder wrote them."""
-    rows = []
-    for value in unpack_forwarded(fields[b"J"]):
-        head, at, length, rest = value.split(b" ", 3)
-        rows.append((head[:1], int(rest[: int(length)]), int(at)))
-    return rows
+    return [(side, int(key), at) for side, key, at, _, _ in unpack_forwarded(fields[b"J"])]
 
 
 def make_app(**settings: Any) -> Joined:
