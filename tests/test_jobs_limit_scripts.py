@@ -106,6 +106,18 @@ async def statuses(handles: list[JobHandle[Any]]) -> list[JobStatus]:
 # ---------------------------------------------------------------------- rate windows
 
 
+async def starts_in(redis: Redis, window: str) -> int:
+    """The starts rate window ``window`` counts (its count, kept beside it)."""
+    raw = await redis.get(window.replace(":rl:", ":rn:", 1))
+    return int(raw or 0)
+
+
+def starts_of(member: Any) -> int:
+    """The starts of a member of a rate window (a group of a call's places)."""
+    text = member.decode() if isinstance(member, bytes) else member
+    return int(text.rpartition("#")[2]) if "#" in text else 1
+
+
 async def test_one_claim_takes_no_more_places_in_a_window_than_the_rate_allows(
     redis: Redis, queue: JobQueue
 ) -> None:
@@ -116,13 +128,15 @@ async def test_one_claim_takes_no_more_places_in_a_window_than_the_rate_allows(
     started = await claim(queue, 20)
     assert ids(started) == [h.id for h in handles[:5]]
     window = key(queue, f"rl:n:{NAME}")
-    assert await redis.zcard(window) == 5
+    assert await starts_in(redis, window) == 5
+    assert await redis.zcard(window) == 1  # one group: the call's 5 places
     assert 59_000 < await redis.pttl(window) <= 60_000
+    assert 59_000 < await redis.pttl(window.replace(":rl:", ":rn:")) <= 60_000
     assert await statuses(handles[5:]) == [JobStatus.HELD] * 15
     assert await claim(queue, 20) == []
     await finish(queue, started)
     assert await claim(queue, 20) == []  # the window is full still
-    assert await redis.zcard(window) == 5
+    assert await starts_in(redis, window) == 5
 
 
 async def test_the_places_of_a_claim_that_leaves_room_are_in_the_window_after_it(
@@ -133,8 +147,9 @@ async def test_the_places_of_a_claim_that_leaves_room_are_in_the_window_after_it
 
     await job.enqueue_many([("a", n) for n in range(6)])
     assert len(await claim(queue, 3, "w1")) == 3
-    assert await redis.zcard(key(queue, f"rl:k:{NAME}:a")) == 3
+    assert await starts_in(redis, key(queue, f"rl:k:{NAME}:a")) == 3
     assert len(await claim(queue, 3, "w2")) == 1
+    assert await starts_in(redis, key(queue, f"rl:k:{NAME}:a")) == 4
 
 
 async def test_a_claim_that_fills_a_window_of_old_starts_drops_them_and_counts_its_own(
@@ -154,10 +169,35 @@ async def test_a_claim_that_fills_a_window_of_old_starts_drops_them_and_counts_i
     second = await claim(queue, 10)
     assert ids(second) == [h.id for h in handles[3:6]]
     window = key(queue, f"rl:n:{NAME}")
-    scores = [score for _, score in await redis.zrange(window, 0, -1, withscores=True)]
-    assert len(scores) == 3
-    assert min(scores) >= before_ms
+    groups = await redis.zrange(window, 0, -1, withscores=True)
+    assert [starts_of(member) for member, _ in groups] == [3]  # the old group dropped
+    assert min(score for _, score in groups) >= before_ms
+    assert await starts_in(redis, window) == 3
     assert await statuses(handles[6:]) == [JobStatus.HELD] * 4
+
+
+async def test_a_window_of_a_member_per_start_is_counted_and_trimmed(
+    redis: Redis, queue: JobQueue
+) -> None:
+    """A window written before groups and counts (a member per start, no count) still
+    limits: its members are counted once, and dropped as they leave the window."""
+
+    @queue.job(name=NAME, rate_limit=RateLimit(4, per=0.5))
+    async def job(n: int) -> None: ...
+
+    window = key(queue, f"rl:n:{NAME}")
+    now = await redis_ms(redis)
+    await redis.zadd(window, {f"old{n}:1:{now}": now for n in range(3)})
+    await redis.pexpire(window, 500)
+    handles = await job.enqueue_many([(n,) for n in range(6)])
+    first = await claim(queue, 6)
+    assert ids(first) == [handles[0].id]  # 3 old starts and this one fill the window
+    assert await starts_in(redis, window) == 4
+    await wait_redis_past(redis, 0.5)
+    second = await claim(queue, 6)
+    assert ids(second) == [h.id for h in handles[1:5]]
+    assert await starts_in(redis, window) == 4
+    assert [starts_of(m) for m, _ in await redis.zrange(window, 0, -1, withscores=True)] == [4]
 
 
 async def test_a_claim_of_more_places_than_one_call_of_zadd_takes(
@@ -170,7 +210,7 @@ async def test_a_claim_of_more_places_than_one_call_of_zadd_takes(
     started = await claim(queue, 1200)
     assert len(started) == 1000
     for window in (key(queue, f"rl:n:{NAME}"), key(queue, f"rl:k:{NAME}:a")):
-        assert await redis.zcard(window) == 1000
+        assert await starts_in(redis, window) == 1000
         assert await redis.pttl(window) > 59_000
 
 

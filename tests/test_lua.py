@@ -25,7 +25,7 @@ PINS = {
     "commit/read": "da3d8598b778afd24fd16c30872d4d7f401f6540",
     "commit/woken_read": "c9ff584b2c48ebdf2840fd13a465fa46448c2307",
     "jobs/abort": "b41721240bf550358810377e56467a59b80eb6c4",
-    "jobs/claim": "5851b3ce93b4455adbc48bb8b4ae651a64f250f9",
+    "jobs/claim": "14adb42b52e9ba99450ecb23750780a1199d0237",
     "jobs/control": "c03b873fe78e53bd391b636f1f2d0a733023f005",
     "jobs/counts": "d1a349e1c16ebfa21a44e0bddbc0706c3b5c1972",
     "jobs/deliver": "dc8cdc0eb44a84f5ec322df442ac62f963dd8615",

@@ -26,8 +26,9 @@ key                                   what it holds
 ``__jobs:{Q.S}:out:ID``               the chunks job ID streamed, then its outcome
 ``__jobs:{Q.S}:obox``                 records successes emitted, to relay (Cluster)
 ``__jobs:{Q.S}:ctl``                  the paused job names (``*``: the whole queue)
-``__jobs:{Q.S}:rl:*``, ``:cc:*``,     rate windows, concurrency slots, held jobs and
-``:park:*``, ``:wake``, ``:lims``     their wake-ups (see ``_scripts``)
+``__jobs:{Q.S}:rl:*``, ``:rn:*``,     rate windows and their counts, concurrency
+``:cc:*``, ``:park:*``, ``:wake``,    slots, held jobs and their wake-ups (see
+``:lims``                             ``_scripts``)
 ``__jobs:{Q.0}:crontab``              the runtime schedules (shard 0; ``:crontab:v``
                                       its version)
 ====================================  ================================================

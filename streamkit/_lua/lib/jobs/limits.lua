@@ -25,16 +25,43 @@ end
 -- What a reason says of it: NAME or NAME:KEY.
 local function limited_as(key) return string.sub(key, #B + 7) end
 
+-- A rate window is a sorted set of the starts in it, grouped: a member per call that
+-- took places, scored by the call's time (all its places have it), named after the
+-- call's first place and followed by '#' and the number of places (a window written
+-- before groups holds a member per start, with no '#'). Its count of starts is kept
+-- beside it, in B .. ':rn:' .. SCOPE, with the same expiry. So a job's place costs no
+-- command of its own, and a window moves a group at a time: every start of a group
+-- leaves the window at the same moment.
+local function starts_of(member) return tonumber(string.match(member, '#(%d+)$') or '1') end
+local function count_key(rk) return B .. ':rn:' .. string.sub(rk, #B + 5) end
+-- The starts in window rk: its count, or (a window written before counts) its members'.
+local function rate_count(rk)
+  local n = redis.call('GET', count_key(rk))
+  if n then return tonumber(n) end
+  local members = redis.call('ZRANGE', rk, 0, -1)
+  if #members == 0 then return 0 end
+  local total = 0
+  for _, m in ipairs(members) do total = total + starts_of(m) end
+  local ttl = redis.call('PTTL', rk)
+  if ttl > 0 then
+    redis.call('SET', count_key(rk), total, 'PX', ttl)
+  else
+    redis.call('SET', count_key(rk), total)
+  end
+  return total
+end
+
 -- What this call knows of the rate windows, kept up to date by its own writes (a script
--- runs alone): RATE[window key], {size, longest window, places to add} of a rate window
--- (its ZCARD, read once, plus the places this call took). The places a call takes
--- are added in one ZADD (and one PEXPIRE) per window: before the window is read
--- again (rate_flush), and when the claim ends (flush_limits).
+-- runs alone): RATE[window key], {size, longest window, places to add, the first of
+-- them, their time} of a rate window (its count, read once, plus the places this call
+-- took). The places a call takes are added as one group (a ZADD, an INCRBY and their
+-- PEXPIREs) per window: before the window is read again (rate_flush), and when the
+-- claim ends (flush_limits).
 local RATE, RATED = {}, {}
 local function rate_window(rk)
   local w = RATE[rk]
   if not w then
-    w = {redis.call('ZCARD', rk), 0, {}}
+    w = {rate_count(rk), 0, 0, nil, nil}
     RATE[rk] = w
     RATED[#RATED + 1] = rk
   end
@@ -42,14 +69,33 @@ local function rate_window(rk)
 end
 local function rate_flush(rk)
   local w = RATE[rk]
-  if w and #w[3] > 0 then
-    local places = w[3]
-    for i = 1, #places, 1000 do
-      redis.call('ZADD', rk, unpack(places, i, math.min(i + 999, #places)))
+  if w and w[3] > 0 then
+    local ck = count_key(rk)
+    -- (a group added again, the same call's reply lost and the call made again in the
+    -- same millisecond, is counted once)
+    if redis.call('ZADD', rk, w[5], w[4] .. '#' .. w[3]) == 1 then
+      redis.call('INCRBY', ck, w[3])
     end
     redis.call('PEXPIRE', rk, w[2])
-    w[3] = {}
+    redis.call('PEXPIRE', ck, w[2])
+    w[3], w[4] = 0, nil
   end
+end
+-- Drop the groups of window rk that started at or before now - window; its count after.
+local function rate_trim(rk, now, window)
+  rate_flush(rk)
+  local before = rate_count(rk)
+  local old = redis.call('ZRANGEBYSCORE', rk, '-inf', now - window)
+  if #old == 0 then return before end
+  local size = before
+  for _, m in ipairs(old) do size = size - starts_of(m) end
+  redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - window)
+  if size <= 0 or redis.call('EXISTS', rk) == 0 then
+    redis.call('DEL', count_key(rk))
+    return 0
+  end
+  redis.call('DECRBY', count_key(rk), before - size)
+  return size
 end
 local function flush_limits()
   for _, rk in ipairs(RATED) do rate_flush(rk) end
@@ -96,9 +142,7 @@ local function rate_held(rk, count, window, waiting, now)
     -- Starts out of the window are dropped only when they could matter: a window
     -- under its limit with them is under it without them (and holds at most the
     -- limit's count either way).
-    rate_flush(rk)
-    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now - window)
-    w[1] = redis.call('ZCARD', rk)
+    w[1] = rate_trim(rk, now, window)
     full = w[1] >= count
   end
   if full or (waiting and redis.call('EXISTS', park_of(rk)) == 1) then
@@ -116,16 +160,17 @@ end
 local function conc_take(id, ck)
   if ck and redis.call('SADD', ck, id) == 1 and CONC[ck] then CONC[ck] = CONC[ck] + 1 end
 end
-local function rate_take(rk, window, place, now)
-  -- its place in the window, added when the claim ends (see flush_limits); a place
-  -- taken twice (the same try in the same millisecond) counts once in Redis and
-  -- twice here, which errs on the safe side until the window is read again
+local function rate_take(rk, window, id, tries, now)
+  -- its place in the window, added with the call's others when the claim ends (see
+  -- flush_limits)
   if not rk then return end
   local w = RATE[rk]
-  local places = w[3]
-  places[#places + 1] = now
-  places[#places + 1] = place
+  if w[3] == 0 then
+    w[4] = id .. ':' .. num(tries) .. ':' .. now
+    w[5] = now
+  end
   w[1] = w[1] + 1
+  w[3] = w[3] + 1
   if window > w[2] then w[2] = window end
 end
 local function limits_take(id, tries, name, lim, lk, up, now)
@@ -149,9 +194,8 @@ local function limits_take(id, tries, name, lim, lk, up, now)
   conc_take(id, kc)
   if nr or kr then
     local at = num(now)
-    local place = id .. ':' .. num(tries) .. ':' .. at
-    rate_take(nr, v[2], place, at)
-    rate_take(kr, v[5], place, at)
+    rate_take(nr, v[2], id, tries, at)
+    rate_take(kr, v[5], id, tries, at)
   end
   return nil
 end
@@ -172,9 +216,7 @@ local function wake_some(now, budget)
       local sk = B .. ':' .. scope
       local free, at
       if string.sub(scope, 1, 2) == 'rl' then
-        rate_flush(sk)
-        redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - per)
-        local size = redis.call('ZCARD', sk)
+        local size = rate_trim(sk, now, per)
         if RATE[sk] then RATE[sk][1] = size end
         free = n - size
         local oldest = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')[2]
