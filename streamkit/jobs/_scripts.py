@@ -39,14 +39,14 @@ field          meaning
 ``hdr``        its headers, JSON (absent without headers)
 =============  =================================================================
 
-Limits and pauses (see :mod:`streamkit.jobs._limits`) keep their state under the
-shard's base too: ``:rl:SCOPE`` (a sorted set, the starts in the rate window, a
-member per claim that took places: ``PLACE#N``, scored by the claim's time),
-``:rn:SCOPE`` (the number of starts in it, with its expiry), ``:cc:SCOPE`` (a set, the jobs holding a concurrency slot), ``:park:KIND:SCOPE`` (a
-list, the jobs held back, in order), ``:wake`` (a sorted set, the scopes to look at
-again, by when), ``:lims`` (a hash, each parked scope's limit) and ``:ctl`` (a hash,
-the paused job names; ``*`` for the whole queue). A scope is ``n:NAME`` (a job name's
-limit) or ``k:NAME:KEY`` (a limit key's).
+Limits and pauses (see :mod:`streamkit.jobs._limits`) keep their state under the shard's
+base too: ``:rl:SCOPE`` (a sorted set, the starts in the rate window, a member per claim
+that took places: ``PLACE#N``, scored by the claim's time), ``:rn:SCOPE`` (the number of
+starts in it, with its expiry), ``:cc:SCOPE`` (a set, the jobs holding a concurrency
+slot), ``:park:KIND:SCOPE`` (a list, the jobs held back, in order), ``:wake`` (a sorted
+set, the scopes to look at again, by when), ``:lims`` (a hash, each parked scope's
+limit) and ``:ctl`` (a hash, the paused job names; ``*`` for the whole queue). A scope
+is ``n:NAME`` (a job name's limit) or ``k:NAME:KEY`` (a limit key's).
 """
 
 from __future__ import annotations
