@@ -83,6 +83,12 @@ async def test_each_event_enqueues_its_job_once(redis_url: str, redis: Redis) ->
         await nursery.start(run_worker, app)
         await orders.send_many(sent)
         await wait_until(lambda: len(ran) >= len(sent), what="every job run", within=30)
+
+        async def all_succeeded() -> bool:
+            # (a job's body runs before its success is committed)
+            return (await app.job_queue.counts()).succeeded >= len(sent)
+
+        await wait_until(all_succeeded, what="every job's success", within=30)
         counts = await app.job_queue.counts()
         nursery.cancel_scope.cancel()
     # Each order's job once, the two failed processings' jobs discarded with them.
