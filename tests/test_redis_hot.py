@@ -36,6 +36,10 @@ pytestmark = pytest.mark.timeout(60)
         (b"EVALSHA", "abc", 0, 0.1 + 0.2, 1e16, -0.0, 1.5, 3.0),
         (b"EVALSHA", "abc", 0, True, False),
         (b"EVALSHA", "abc", 0, b"", ""),
+        # Long commands, packed by pack itself: every type, and arguments of 8 KiB and
+        # more (no length prefix made in advance).
+        (b"EVALSHA", "abc", 1, "k", *[b"id-%d" % i for i in range(40)], "é", 7, -1.5, True),
+        (b"EVALSHA", "abc", 0, *[b"x" * n for n in (0, 8191, 8192, 70_000)] * 8),
     ],
 )
 def test_pack_sends_what_coredis_sends(command: tuple[Any, ...]) -> None:
@@ -48,6 +52,8 @@ def test_pack_refuses_what_coredis_refuses(value: object) -> None:
         b"".join(Packer("utf-8").pack_commands([cast("Any", (b"EVALSHA", "abc", 0, value))]))
     with pytest.raises(TypeError, match="cannot send a"):
         pack((b"EVALSHA", "abc", 0, value))
+    with pytest.raises(TypeError, match="cannot send a"):
+        pack((b"EVALSHA", "abc", 0, *[b"v"] * 40, value))
 
 
 REPLIES = {

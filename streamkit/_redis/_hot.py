@@ -1,4 +1,4 @@
-"""The hot path: the scripts run per batch of events or jobs, packed and parsed by hiredis.
+"""The hot path: the scripts run per batch of events or jobs, packed here, parsed by hiredis.
 
 A consumed event costs its share of a fenced read script call, which also carries the
 acknowledgement of the event before it; a sent record its share of an append script
@@ -14,8 +14,8 @@ see :func:`~._commands.run_blocking_between`):
 * a hot connection is a coredis connection in every other respect: connecting, TLS,
   authentication, the handshake, the pool and its slot accounting (:mod:`._pool`),
   the end of the connection and the failing of the requests in flight on it;
-* its requests are packed by ``hiredis.pack_command`` (with the same bytes as coredis
-  would send: floats as ``%.15g``, bools as integers), and written by the calling
+* its requests are packed by :func:`pack` (with the same bytes as coredis would send:
+  floats as ``%.15g``, bools as integers), and written by the calling
   task at once when the connection's writer task has nothing to write (a plain
   socket: no TLS), else by the writer task, several requests per write;
 * its replies are parsed by ``hiredis.Reader`` into the Python objects coredis gives
@@ -95,8 +95,6 @@ _ERRORS = Parser()
 _NOT_ENOUGH_DATA = object()
 # The command of a write queue item that is a request packed already.
 _PACKED = b"\x00packed"
-# Argument types hiredis packs exactly as coredis does.
-_DIRECT = frozenset({bytes, str, int})
 # Replies of a cluster node that ran nothing: coredis's cluster client follows them.
 _REDIRECTIONS = (
     coredis.exceptions.AskError,  # MovedError is an AskError
@@ -109,24 +107,58 @@ def _reply_error(message: str) -> coredis.exceptions.RedisError:
     return _ERRORS.parse_error(message)
 
 
-def _as_coredis_sends(value: object) -> bytes | str | int:
-    # coredis's request and packer: bools are ints, floats are written %.15g.
+def _as_coredis_sends(value: object) -> bytes:
+    # coredis's request and packer: bools are ints, floats are written %.15g, text is
+    # UTF-8.
     if isinstance(value, bool):
-        return int(value)
+        return b"%d" % value
     if isinstance(value, float):
         return b"%.15g" % value
-    if isinstance(value, bytes | str | int):
-        return value
+    if isinstance(value, int):
+        return b"%d" % value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return bytes(value)
     # As coredis's packer: nothing else (None, a bytearray, ...) is sent.
     raise TypeError(f"cannot send a {type(value).__name__} to Redis")
 
 
+#: Argument types hiredis packs exactly as coredis does.
+_DIRECT = frozenset({bytes, str, int})
+#: Commands of this many arguments or more are packed by :func:`pack` itself.
+_LONG = 24
+#: The RESP length prefixes of the usual argument lengths, made once.
+_PREFIXES = [b"$%d" % n for n in range(8192)]
+
+
 def pack(command: Sequence[object]) -> bytes:
-    """``command`` in RESP, byte for byte as coredis would send it."""
-    if not _DIRECT.issuperset(map(type, command)):
-        command = [_as_coredis_sends(value) for value in command]
-    packed: bytes = hiredis.pack_command(cast("Any", tuple(command)))
-    return packed
+    """``command`` in RESP, byte for byte as coredis would send it.
+
+    A long command (a commit of thousands of arguments) is packed here rather than by
+    ``hiredis.pack_command``, about twice as fast: its arguments (bytes mostly, and
+    ints) are joined once, each after its length prefix, made once for every length
+    under 8 KiB."""
+    if len(command) < _LONG:
+        if not _DIRECT.issuperset(map(type, command)):
+            command = [_as_coredis_sends(value) for value in command]
+        packed: bytes = hiredis.pack_command(cast("Any", tuple(command)))
+        return packed
+    args = [
+        a if a.__class__ is bytes else b"%d" % a if a.__class__ is int else _as_coredis_sends(a)
+        for a in command
+    ]
+    n = len(args)
+    try:
+        prefixes = [_PREFIXES[len(a)] for a in args]
+    except IndexError:
+        prefixes = [b"$%d" % len(a) for a in args]
+    # "*N\r\n" then "$LEN\r\nARG\r\n" for each argument: one join.
+    parts = [b""] * (2 * n + 1)
+    parts[0 : 2 * n : 2] = prefixes
+    parts[1 : 2 * n : 2] = args
+    parts[0] = b"*%d\r\n%s" % (n, parts[0])
+    return b"\r\n".join(parts)
 
 
 class HotRequest:
