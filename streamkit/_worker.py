@@ -402,9 +402,12 @@ class _Watchdog:
 #: While a worker runs, the cyclic collector's young generation is collected every
 #: this many allocations (Python's default: 700). A processor allocates a few objects
 #: per event, most of them kept until its batch is committed (a join's buffers, a
-#: table's values): at 700 the collector ran every few events and cost a join 15% of
-#: its time (docs/performance.md). Garbage cycles wait a little longer to be freed.
-YOUNG_COLLECTION_EVERY = 10_000
+#: table's values): the count then climbs by tens of thousands a batch (a join's batch
+#: is 8,000 events), and a threshold below that collects every batch, several times,
+#: scanning all it holds. At 700 the collector cost a join 15% of its time, at 10,000
+#: 6% (121 collections of 1.4 ms in the bench's run), at 50,000 about 1% (12)
+#: (docs/performance.md). Garbage cycles wait a little longer to be freed.
+YOUNG_COLLECTION_EVERY = 50_000
 #: Workers running in this process (the collector is tuned while any does).
 _tuned: list[tuple[int, int, int]] = []
 
