@@ -33,7 +33,7 @@ import os
 import socket
 import ssl
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Generic, NotRequired, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, NotRequired, TypedDict, TypeVar, Unpack, cast
 
 import attrs
 import redis
@@ -111,7 +111,8 @@ _REFUSAL_TYPES = code_types(redis.exceptions)
 if redis.utils.HIREDIS_AVAILABLE:
     from redis.connection import HiredisRespSerializer
 
-    _PACKER: HiredisRespSerializer | None = HiredisRespSerializer()
+    # (Through Any: redis-py 8.2's constructor has no annotations, earlier ones do.)
+    _PACKER: HiredisRespSerializer | None = cast("Any", HiredisRespSerializer)()
 else:  # pragma: no cover - hiredis is a dependency
     _PACKER = None
 
