@@ -131,10 +131,11 @@ class Events(Generic[R]):
         """As :meth:`take`, yielding lists of :class:`Event` objects."""
         return self._traced(Batches(self._delivery, n, within, decode=False), batch=True)
 
-    def _entries(self, n: int) -> AsyncIterator[EntrySpan]:
-        """Batches of up to ``n`` entries as stored (ids, flat field lists), no event
-        objects: for streamkit's own processors (a join's). See :class:`Entries`."""
-        entries: AsyncIterator[EntrySpan] = Entries(self._delivery, n)  # type: ignore[assignment]
+    def _entries(self, n: int, *, decode: bool = False) -> AsyncIterator[EntrySpan]:
+        """Batches of up to ``n`` entries as stored (ids, flat field lists, and with
+        ``decode`` their records), no event objects: for streamkit's own processors (a
+        join's). See :class:`Entries`."""
+        entries: AsyncIterator[EntrySpan] = Entries(self._delivery, n, decode=decode)  # type: ignore[assignment]
         return self._traced(entries, batch=True)
 
     def _decode_entry(self, flat: list[bytes], entry_id: bytes) -> R:

@@ -40,9 +40,10 @@ class EntrySpan:
 
     Attributes:
         ids: the entries' ids, in order.
+        records: their records, if the iterator decodes them (else ``None``).
     """
 
-    __slots__ = ("_batch", "_fields", "_hi", "_lo", "ids")
+    __slots__ = ("_batch", "_fields", "_hi", "_lo", "ids", "records")
 
     def __init__(
         self,
@@ -51,12 +52,14 @@ class EntrySpan:
         batch: Batch | None = None,
         lo: int = 0,
         hi: int = 0,
+        records: list[Any] | None = None,
     ) -> None:
         self.ids = ids
         self._fields = fields
         self._batch = batch
         self._lo = lo
         self._hi = hi
+        self.records = records
 
     @property
     def fields(self) -> list[list[bytes]]:
@@ -316,12 +319,17 @@ class Entries(Batches[Any]):
     streamkit's own processors that read entries as they are (a join's forwarders and
     the join): straight from the buffer, no event objects, whatever is buffered (up to
     ``n``) at once; else gathered as :class:`Batches` gathers events (replayed events,
-    poison to screen), and given the same way."""
+    poison to screen), and given the same way.
+
+    With ``decode``, each span carries its entries' records too, decoded a batch at a
+    time as :meth:`~streamkit.Events.records` decodes them; a batch with an entry that
+    does not decode is gathered, and that entry diverted (dead-lettered, by default)
+    alone, as by ``records()``."""
 
     __slots__ = ()
 
-    def __init__(self, delivery: Delivery[Any], n: int) -> None:
-        super().__init__(delivery, n, 0, decode=False)
+    def __init__(self, delivery: Delivery[Any], n: int, *, decode: bool = False) -> None:
+        super().__init__(delivery, n, 0, decode=decode)
 
     def __aiter__(self) -> Entries:
         return self
@@ -346,20 +354,26 @@ class Entries(Batches[Any]):
                     except Stop:
                         self._stopped = True
                         continue
-                span = ledger.take_entry_span(self._n)
+                decode = self._decode
+                span = ledger.take_entry_span(self._n, decoded=decode)
                 if span is not None:
                     delivery.check_lease()
                     if TIMING.on:
                         self._handed_at = time.perf_counter()
                     batch, lo, hi = span
-                    return EntrySpan(batch.ids[lo:hi], batch=batch, lo=lo, hi=hi)
-            events, _ = await self._gather()
+                    records = ledger.records_of(lo, hi) if decode else None
+                    return EntrySpan(batch.ids[lo:hi], batch=batch, lo=lo, hi=hi, records=records)
+            events, out = await self._gather()
             if events:
                 delivery.check_lease()
                 ledger.hand_out(events)
                 if TIMING.on:
                     self._handed_at = time.perf_counter()
-                return EntrySpan([e._id for e in events], [e.flat for e in events])
+                return EntrySpan(
+                    [e._id for e in events],
+                    [e.flat for e in events],
+                    records=out if self._decode else None,
+                )
 
 
 class Traced(AsyncIterator[T]):

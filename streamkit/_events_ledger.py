@@ -234,14 +234,17 @@ class Ledger(Generic[R]):
             return pos, pos + n
         return pos, pos
 
-    def take_entry_span(self, n: int) -> tuple[Batch, int, int] | None:
+    def take_entry_span(self, n: int, *, decoded: bool = False) -> tuple[Batch, int, int] | None:
         """Hand out up to ``n`` buffered entries as they are (no event objects, no
-        records), if nothing comes before them and none is poison: the batch and the
-        positions now in flight, else ``None``."""
+        records), if nothing comes before them and none is poison (with ``decoded``:
+        and the buffer is clean, every record decoded, see :meth:`records_of`): the
+        batch and the positions now in flight, else ``None``."""
         self._settle()
         pos = self._pos
         end = min(self._size, pos + n)
         if not self._screened or self._replay or self._front or end <= pos:
+            return None
+        if decoded and not self._clean:
             return None
         assert self._batch is not None
         self._pos = end
@@ -353,6 +356,11 @@ class Ledger(Generic[R]):
         self._settle()
         self._span_lo = self._span_hi = 0
         self._handed = events
+
+    def records_of(self, lo: int, hi: int) -> list[Any]:
+        """The records of buffer positions ``lo`` to ``hi`` of a clean buffer."""
+        assert self._records is not None
+        return self._records[lo:hi]
 
     def hand_out_span(self, lo: int, hi: int) -> list[Any]:
         """Buffer positions ``lo`` to ``hi`` (from :meth:`take_span`) are now in flight,

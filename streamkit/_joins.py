@@ -38,7 +38,7 @@ from ._tables_base import KeyedState
 from ._windows import to_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from ._events import Events
     from ._spec import StreamSpec
@@ -270,25 +270,49 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     # -- forwarding --
 
-    def forwarder(self, side: bytes) -> Callable[[bytes, list[bytes], Any], Forwarded]:
-        """What gives the forwarded event (see :data:`PACKED`) of an entry of ``side``:
-        from its id, its fields (flat) and its record. Its event time is its side's
-        ``left_time``/``right_time``, or when it was appended to its stream."""
+    def forwarder(
+        self, side: bytes
+    ) -> Callable[[Sequence[bytes], list[list[bytes]], list[Any]], list[Forwarded]]:
+        """What gives the forwarded events (see :data:`PACKED`) of entries of ``side``:
+        from their ids, their fields (flat) and their records. An event's time is its
+        side's ``left_time``/``right_time``, or when it was appended to its stream."""
         spec = self.left if side == b"L" else self.right
         key_of = spec.partitioner.key_of
         json = spec.codec.name == "json"
         time_spec = self.left_time if side == b"L" else self.right_time
         time_of = attrgetter(time_spec) if isinstance(time_spec, str) else time_spec
+        isfinite = math.isfinite
 
-        def forwarded(entry_id: bytes, flat: list[bytes], record: Any) -> Forwarded:
-            key = canonical_key_bytes(key_of(record))
-            if time_of is None:
-                at = int(entry_id.partition(b"-")[0])
-            else:
-                at = to_ms(time_of(record))
-            if json and len(flat) == 2 and flat[0] == FORWARDED_FIELD:
-                return at, key, JSON_FORM, flat[1]
-            return at, key, FLAT_FORM, orjson.dumps([part.decode("latin-1") for part in flat])
+        def forwarded(
+            ids: Sequence[bytes], flats: list[list[bytes]], records: list[Any]
+        ) -> list[Forwarded]:
+            out: list[Forwarded] = []
+            append = out.append
+            for entry_id, flat, record in zip(ids, flats, records, strict=True):
+                raw = key_of(record)
+                # canonical_key_bytes, its usual types first
+                if type(raw) is int:
+                    key = b"%d" % raw
+                elif type(raw) is str:
+                    key = raw.encode()
+                else:
+                    key = canonical_key_bytes(raw)
+                if time_of is None:
+                    at = int(entry_id.partition(b"-")[0])
+                else:
+                    t = time_of(record)
+                    # to_ms, for seconds as a float first
+                    at = (
+                        round(t * 1_000_000) // 1000
+                        if type(t) is float and isfinite(t)
+                        else to_ms(t)
+                    )
+                if json and len(flat) == 2 and flat[0] == FORWARDED_FIELD:
+                    append((at, key, JSON_FORM, flat[1]))
+                else:
+                    stored = orjson.dumps([part.decode("latin-1") for part in flat])
+                    append((at, key, FLAT_FORM, stored))
+            return out
 
         return forwarded
 
@@ -386,12 +410,12 @@ async def forward(
     state: PartitionState | None = _current.get()
     assert state is not None
     partition = events.partition
-    decode = events._decode_entry
     forwarded = join.forwarder(side)
-    async for entries in events._entries(BATCH):
-        values = [
-            forwarded(i, f, decode(f, i)) for i, f in zip(entries.ids, entries.fields, strict=True)
-        ]
+    # (Decoded a batch at a time; an event that does not decode is dead-lettered alone,
+    # as by records().)
+    async for entries in events._entries(BATCH, decode=True):
+        assert entries.records is not None
+        values = forwarded(entries.ids, entries.fields, entries.records)
         state.emit_run(merged, partition, PACKED, pack_forwarded(side, values))
 
 

@@ -77,6 +77,8 @@ class JoinLike(Protocol):
 def encode_buffer(events: tuple[Buffered, ...]) -> bytes:
     """A field's buffered events as stored: JSON, ``[[time, matched, form, record],
     ...]``, each record the JSON it was forwarded as, in place."""
+    if len(events) == 1:  # most fields: a key's one event
+        return b"[[%d,%d,%d,%s]]" % events[0]
     return b"[" + b",".join([b"[%d,%d,%d,%s]" % e for e in events]) + b"]"
 
 
@@ -268,11 +270,16 @@ class JoinView(WindowView):
         span = within + join.grace
         flags = self._flags
         lookup = self._lookup
+        tentative = self._tentative
         matches: list[tuple[bytes, bytes, Buffered, list[Buffered]]] = []
+        # The partition's watermark as the events move it (told once, at the end), the
+        # late ones, the single-event fields set and the earliest of their closes.
+        watermark = start = self.watermark
+        late = added = 0
+        due = self.next_due
         for side, key_field, at, form, stored in events:
-            watermark = self.watermark
             if at + span <= watermark:
-                self._late_tentative += 1
+                late += 1
                 continue
             other_field = (b"R" if side == b"L" else b"L") + key_field
             own_field = side + key_field
@@ -304,14 +311,20 @@ class JoinView(WindowView):
                 own = await self.get(own_field, ())
             if own is MISSING or not own:
                 # set(), for a field of one event.
-                self._tentative[own_field] = ((event,), _UNENCODED)
-                self._buffered_tentative += 1
-                if at + span < self.next_due:
-                    self.next_due = at + span
+                tentative[own_field] = ((event,), _UNENCODED)
+                added += 1
+                if at + span < due:
+                    due = at + span
             else:
                 self.set(own_field, (*own, event))
             if at > watermark:
-                self.on_time(at)
+                watermark = at
+        self._late_tentative += late
+        self._buffered_tentative += added
+        if due < self.next_due:
+            self.next_due = due
+        if watermark > start:
+            self.on_time(int(watermark))  # (an event's time)
         return matches
 
     def __repr__(self) -> str:

@@ -432,3 +432,34 @@ async def test_a_buffer_whose_commit_lands_while_the_index_is_read_still_closes(
     closed = await view.settle(35_000)
     assert [(r["key"], r["right"]) for r in closed] == [("4", None)]
     assert view.next_due == math.inf
+
+
+async def test_an_undecodable_event_of_a_joined_stream_is_dead_lettered_by_its_forwarder(
+    redis_url: str, redis: Redis
+) -> None:
+    """A forwarder decodes each event for its key and time, a batch at once: an event
+    that does not decode goes to the forwarder's dead letters, as one of any processor
+    would, and the events around it are joined."""
+    from streamkit import _keys
+
+    app, orders, payments, paid = shop(redis_url, "inner", partitions=1)
+    letters_key = _keys.dead_letter_key(app.name, "orders", "paid_orders__left")
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send_many([order(1, 0), order(2, 10)])
+        await redis.xadd(orders.key(0), {"data": b"not json"})
+        await redis.xadd(orders.key(0), {"data": b'{"order_id": "three"}'})
+        await orders.send_many([order(4, 20)])
+        await payments.send_many([payment(n, 30) for n in (1, 2, 4)])
+
+        async def done() -> bool:
+            return len(await results(redis, paid)) >= 3 and await redis.xlen(letters_key) >= 2
+
+        await wait_until(done, what="the pairs and the dead letters", within=30)
+        await worker.stop()
+    assert sorted(r["left"]["order_id"] for r in await results(redis, paid)) == [1, 2, 4]
+    letters: Any = await redis.xrange(letters_key)
+    assert len(letters) == 2
+    text = b" ".join(v for e in letters for v in e.field_values.values() if isinstance(v, bytes))
+    assert b"not json" in text
+    assert b"three" in text
