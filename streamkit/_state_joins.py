@@ -220,12 +220,49 @@ class JoinView(WindowView):
         self._buffered_tentative = 0
 
     def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
+        """As a windowed table's (its index, then its hash), in one pass over the done
+        writes: each buffer encoded (once, however many events of the batch set it) and
+        scored by when its earliest event goes."""
         dirty = self._dirty
-        encode = self._join.encode
+        if not dirty:
+            return
+        self._dirty = {}
+        join = self._join
+        encode = join.encode
+        span = join.within + join.grace
+        cache, pins, pending = self._cache, self._pinned, self._pending
+        pairs: list[bytes | str | int | float] = []
+        deleted: list[bytes | str | int | float] = []
+        scored: list[bytes | str | int | float] = []
+        gone: list[bytes | str | int | float] = []
+        due = self.next_due
         for field, (value, encoded) in dirty.items():
-            if encoded is _UNENCODED:
-                dirty[field] = (value, encode(value))
-        super().contribute(changes, pinned)
+            if encoded is None:
+                deleted.append(field)
+            else:
+                pairs.append(field)
+                pairs.append(encode(value) if encoded is _UNENCODED else encoded)
+            if value is MISSING or not value:
+                gone.append(field)
+                pending.pop(field, None)
+            else:
+                # (_score: an int, sent to Redis as it is)
+                score = (value[0][0] if len(value) == 1 else min(e[0] for e in value)) + span
+                scored.append(score)
+                scored.append(field)
+                pending[field] = score
+                if score < due:
+                    due = score
+            cache[field] = value
+            pins[field] = pins.get(field, 0) + 1
+        pinned.extend(dirty)
+        self.next_due = due
+        changes.zadd(self.index, scored)
+        changes.zrem(self.index, gone)
+        changes.hset(self.key, pairs)
+        changes.hdel(self.key, deleted)
+        if len(cache) > self._cache_size:
+            self._evict()
 
     def _score(self, events: Any) -> float | None:
         if events is MISSING or not events:
