@@ -16,6 +16,7 @@ import trio
 from coredis.tokens import PureToken
 
 from streamkit.testing import free_port, wait_until
+from tests import cli_forkserver
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -34,18 +35,12 @@ class Result:
 
 
 async def streamkit(*args: str, redis_url: str, stdin: bytes = b"") -> Result:
+    """``python -m streamkit ARGS`` run to its end, a process of its own (forked from one
+    that imported streamkit already: see tests/cli_forkserver.py)."""
     env = {**os.environ, "STREAMKIT_REDIS_URL": redis_url, "STREAMKIT_CONNECT_GIVE_UP_AFTER": "0"}
     with trio.fail_after(60):
-        done = await trio.run_process(
-            [sys.executable, "-m", "streamkit", *args],
-            cwd=ROOT,
-            env=env,
-            stdin=stdin,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+        code, out, err = await cli_forkserver.run(list(args), cwd=ROOT, env=env, stdin=stdin)
+    return Result(code, out.decode(), err.decode())
 
 
 async def signalled_while_paused(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from typing import TYPE_CHECKING
 
 import asyncclick as click
@@ -12,6 +11,7 @@ import pytest
 import trio
 
 from streamkit.testing import free_port
+from tests import cli_forkserver
 from tests.test_cli import ORDERS, ROOT, Result, assert_no_traceback, streamkit
 
 if TYPE_CHECKING:
@@ -49,16 +49,10 @@ async def run_in(directory: Path, *args: str, env: dict[str, str], stdin: bytes 
         **env,
     }
     with trio.fail_after(60):
-        done = await trio.run_process(
-            [sys.executable, "-m", "streamkit", *args],
-            cwd=directory,
-            env=environment,
-            stdin=stdin,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
+        code, out, err = await cli_forkserver.run(
+            list(args), cwd=directory, env=environment, stdin=stdin
         )
-    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+    return Result(code, out.decode(), err.decode())
 
 
 async def test_app_keyword_arguments_win_over_the_environment(

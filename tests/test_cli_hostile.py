@@ -23,6 +23,7 @@ from streamkit._keys import halt_key, partition_lock_name
 from streamkit._locks import lock_key
 from streamkit.jobs import JobCall
 from streamkit.testing import wait_until
+from tests import cli_forkserver
 from tests.apps import jobbing
 from tests.test_cli import ROOT, Result, read_into
 from tests.test_cli_jobs import run_until
@@ -65,15 +66,8 @@ def assert_literal(result: Result, *shown: str, traceback: bool = False) -> None
 async def run_wide(*args: str, redis_url: str) -> Result:
     env = {**os.environ, **WIDE, "STREAMKIT_REDIS_URL": redis_url}
     with trio.fail_after(60):
-        done = await trio.run_process(
-            [sys.executable, "-m", "streamkit", *args],
-            cwd=ROOT,
-            env=env,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+        code, out, err = await cli_forkserver.run(list(args), cwd=ROOT, env=env)
+    return Result(code, out.decode(), err.decode())
 
 
 async def hostile_halt(redis: Redis) -> None:
