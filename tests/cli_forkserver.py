@@ -190,6 +190,106 @@ def _control() -> socket.socket | None:
     return ours
 
 
+def _request(
+    args: list[str], cwd: Path | str, env: Mapping[str, str], stdio: tuple[int, int, int]
+) -> socket.socket | None:
+    """Ask the fork server for ``python -m streamkit ARGS`` on the file descriptors
+    ``stdio`` (stdin, stdout, stderr; the caller still closes its own): the socket its
+    pid and then its exit code come on, or None if the server is not there."""
+    control = _control()
+    if control is None:
+        return None
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    request = json.dumps({"argv": args, "env": dict(env), "cwd": str(cwd)}).encode()
+    try:
+        socket.send_fds(control, [request], [theirs.fileno(), *stdio])
+    except OSError:
+        mine.close()
+        return None
+    finally:
+        theirs.close()
+    return mine
+
+
+class Forked:
+    """A command the fork server started, with what tests use of a ``Popen``: its
+    ``pid``, ``returncode``, ``poll()``, ``wait()``, ``send_signal()`` and ``kill()``;
+    ``wait_async()`` waits in Trio."""
+
+    def __init__(self, pid: int, replies: socket.socket) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._replies = replies
+
+    def _ended(self, data: bytes) -> int:
+        if not data:
+            raise RuntimeError(f"the CLI fork server ended while process {self.pid} ran")
+        self.returncode = int(json.loads(data)["code"])
+        self._replies.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                data = self._replies.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            self._ended(data)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        self._replies.settimeout(timeout)
+        try:
+            data = self._replies.recv(4096)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(["streamkit"], timeout or 0) from None
+        finally:
+            self._replies.settimeout(None)
+        return self._ended(data)
+
+    async def wait_async(self) -> int:
+        import trio
+
+        while (code := self.poll()) is None:
+            await trio.lowlevel.wait_readable(self._replies)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(
+    args: list[str], *, cwd: Path | str, env: Mapping[str, str], stdout: int
+) -> Forked | None:
+    """Start ``python -m streamkit ARGS``, its stdin empty and its stdout and stderr
+    file descriptor ``stdout``, without waiting for it; None if the fork server is not
+    there (the caller starts the command itself)."""
+    global _unavailable
+    with open(os.devnull, "rb") as devnull:
+        replies = _request(args, cwd, env, (devnull.fileno(), stdout, stdout))
+    if replies is None:
+        return None
+    started = replies.recv(4096)
+    if not started:
+        replies.close()
+        _unavailable = True
+        return None
+    _count()
+    return Forked(json.loads(started)["pid"], replies)
+
+
+def _count() -> None:
+    global _forked_count
+    _forked_count += 1
+
+
 async def run(
     args: list[str], *, cwd: Path | str, env: Mapping[str, str], stdin: bytes = b""
 ) -> tuple[int, bytes, bytes]:
@@ -219,60 +319,49 @@ async def _forked(
     """:func:`run` through the fork server; None if it is not there."""
     import trio
 
-    control = _control()
-    if control is None:
-        return None
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pipes = [*os.pipe(), *os.pipe(), *os.pipe()]
-    in_r, in_w, out_r, out_w, err_r, err_w = pipes
-    request = json.dumps({"argv": args, "env": dict(env), "cwd": str(cwd)}).encode()
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        socket.send_fds(control, [request], [theirs.fileno(), in_r, out_w, err_w])
-    except OSError:
-        sent = False
-    else:
-        sent = True
+        mine = _request(args, cwd, env, (in_r, out_w, err_w))
     finally:
-        theirs.close()
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-    replies = trio.socket.from_stdlib_socket(mine)
-    with replies:
-        started = await replies.recv(4096) if sent else b""
-        if not started:
-            # the server is gone (streamkit did not import): a real subprocess says why
-            for fd in (in_w, out_r, err_r):
-                os.close(fd)
-            return None
-        pid = json.loads(started)["pid"]
-        out, err = bytearray(), bytearray()
+    started = b""
+    if mine is not None:
+        started = await trio.socket.from_stdlib_socket(mine).recv(4096)
+    if mine is None or not started:
+        # the server is gone (streamkit did not import): a real subprocess says why
+        for fd in (in_w, out_r, err_r):
+            os.close(fd)
+        if mine is not None:
+            mine.close()
+        return None
+    _count()
+    process = Forked(json.loads(started)["pid"], mine)
+    out, err = bytearray(), bytearray()
 
-        async def drain(fd: int, into: bytearray) -> None:
-            async with trio.lowlevel.FdStream(fd) as stream:
-                async for data in stream:
-                    into.extend(data)
+    async def drain(fd: int, into: bytearray) -> None:
+        async with trio.lowlevel.FdStream(fd) as stream:
+            async for data in stream:
+                into.extend(data)
 
-        async def feed() -> None:
-            async with trio.lowlevel.FdStream(in_w) as stream:
-                if stdin:
-                    with contextlib.suppress(trio.BrokenResourceError):
-                        await stream.send_all(stdin)
+    async def feed() -> None:
+        async with trio.lowlevel.FdStream(in_w) as stream:
+            if stdin:
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await stream.send_all(stdin)
 
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(feed)
-                nursery.start_soon(drain, out_r, out)
-                nursery.start_soon(drain, err_r, err)
-                ended = await replies.recv(4096)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            raise
-    global _forked_count
-    _forked_count += 1
-    if not ended:
-        raise RuntimeError(f"the CLI fork server ended while `streamkit {args}` ran")
-    return json.loads(ended)["code"], bytes(out), bytes(err)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed)
+            nursery.start_soon(drain, out_r, out)
+            nursery.start_soon(drain, err_r, err)
+            code = await process.wait_async()
+    except BaseException:
+        process.kill()
+        raise
+    return code, bytes(out), bytes(err)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from streamkit import ProcessorKeys
 from streamkit._locks import lock_key
 from streamkit.lowlevel import read_membership
 from streamkit.testing import wait_until
+from tests import cli_forkserver
 
 if TYPE_CHECKING:
     from streamkit import Redis
@@ -37,7 +38,7 @@ FAST_ENV = {
 class WorkerProcess:
     """A ``streamkit worker`` subprocess whose output goes to a log file."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | cli_forkserver.Forked
     log_path: Path
     _log: IO[bytes]
 
@@ -58,6 +59,8 @@ class WorkerProcess:
     async def wait_exit(self, within: float = 30) -> int:
         """Wait until the process exits; return its exit code (``-N``: killed by signal N)."""
         with trio.fail_after(within):
+            if isinstance(self.process, cli_forkserver.Forked):
+                return await self.process.wait_async()
             if self.process.poll() is None:
                 # Not reaped yet, so the pid is still this process's: its pidfd turns
                 # readable when it exits.
@@ -88,10 +91,17 @@ def start_worker(
     ``cwd`` (the repository, whose ``tests.apps`` it imports, by default)."""
     log_path = log_dir / f"worker-{len(list(log_dir.glob('worker-*')))}.log"
     log = log_path.open("wb")
+    environment = {**os.environ, **FAST_ENV, "STREAMKIT_REDIS_URL": redis_url, **(env or {})}
+    command = ["worker", app, *args]
+    # Forked from a process that imported streamkit already (see tests/cli_forkserver.py),
+    # a process of its own all the same: killed, stopped and signalled like any.
+    forked = cli_forkserver.spawn(command, cwd=cwd, env=environment, stdout=log.fileno())
+    if forked is not None:
+        return WorkerProcess(forked, log_path, log)
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamkit", "worker", app, *args],
+        [sys.executable, "-m", "streamkit", *command],
         cwd=cwd,
-        env={**os.environ, **FAST_ENV, "STREAMKIT_REDIS_URL": redis_url, **(env or {})},
+        env=environment,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
