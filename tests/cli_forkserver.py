@@ -12,10 +12,12 @@ exception). The command's code runs in the child exactly as in a fresh process; 
 is shared is only the modules imported before it (streamkit, its dependencies), which
 read nothing from the environment at import time.
 
-A cold start is still tested where it matters: the tests that send signals, the
-worker processes and the docs' commands run ``python -m streamkit`` itself. If the
-fork server cannot start (streamkit does not import), :func:`run` falls back to a real
-subprocess, so the error is the one a user sees.
+:func:`run` runs a command to its end; :func:`spawn` starts one (a worker, see
+tests/workers.py) and gives a handle with what tests use of a ``Popen``. The commands
+a test reads while they run (``--follow``, ``--watch``, a dashboard) and the docs'
+commands run ``python -m streamkit`` itself, a cold start. If the fork server cannot
+start (streamkit does not import), both fall back to a real subprocess, so the error
+is the one a user sees.
 
 The protocol, over ``AF_UNIX`` ``SOCK_SEQPACKET`` sockets: the caller sends the
 server, on its control socket, one message per command: JSON (argv, env, cwd) and
