@@ -27,6 +27,7 @@ On the command's socket the server answers the child's pid, then its exit code.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -86,8 +87,6 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         except BaseException:
             sys.excepthook(*sys.exc_info())
             code = 1
-        import atexit
-
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
@@ -189,7 +188,16 @@ def _control() -> socket.socket | None:
     )
     theirs.close()
     _server = (process, ours)
+    atexit.register(_stop, process, ours)
     return ours
+
+
+def _stop(process: subprocess.Popen[bytes], control: socket.socket) -> None:
+    """At exit: the server sees its control socket close and ends (killing what still
+    runs); it is waited for."""
+    control.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
 
 
 def _request(

@@ -437,6 +437,17 @@ async def test_brief_outage_is_ridden_out(private_redis: RedisServer) -> None:
                 assert await client.get(held.lease.key) == held.lease.value
 
 
+async def loop_lag(*, task_status: trio.TaskStatus[list[float]]) -> None:
+    """How late this event loop wakes a task, at worst, while this runs (in seconds,
+    ``[lag]``, updated every 20 ms)."""
+    lag = [0.0]
+    task_status.started(lag)
+    while True:
+        due = trio.current_time() + 0.02
+        await trio.sleep_until(due)
+        lag[0] = max(lag[0], trio.current_time() - due)
+
+
 async def test_long_outage_loses_the_lease(private_redis: RedisServer) -> None:
     async with open_redis(private_redis.url) as client, open_lock_manager(client) as locks:
 
@@ -444,9 +455,13 @@ async def test_long_outage_loses_the_lease(private_redis: RedisServer) -> None:
             private_redis.pause()
             try:
                 with trio.fail_after(2):
-                    await held.wait_lost()
-                # Noticed at the local deadline, not later.
-                assert trio.current_time() <= local_deadline(held.lease) + 0.3
+                    async with trio.open_nursery() as nursery:
+                        lag = await nursery.start(loop_lag)
+                        await held.wait_lost()
+                        nursery.cancel_scope.cancel()
+                # Noticed at the local deadline, not later: later only by as much as
+                # this event loop ran late meanwhile (a loaded machine runs it late).
+                assert trio.current_time() <= local_deadline(held.lease) + 0.3 + lag[0]
                 await trio.sleep_forever()
             finally:
                 private_redis.resume()
