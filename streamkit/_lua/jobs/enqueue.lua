@@ -26,24 +26,22 @@
 --#include lib/jobs/queue
 --#include lib/jobs/handed
 --#include lib/jobs/dependents
+--#include lib/stream_ids
 
 -- The failure a failure callback gets for a job that is unknown.
 local function unknown_job(id)
   return '{"id":' .. cjson.encode(id) .. ',"name":"","status":"unknown","error":null}'
 end
 
--- Whether stream id a comes after stream id b.
-local function later(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
-  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
-end
-
 -- A relayed job (r = {marker key, outbox id}): whether an earlier call added it.
 local function relayed_before(r)
   local last = redis.call('GET', r[1])
-  if last and not later(r[2], last) then return true end
+  if last then
+    local am, as = parse_id(r[2])
+    local bm, bs = parse_id(last)
+    -- (not after the last one relayed: relayed before)
+    if am < bm or (am == bm and as <= bs) then return true end
+  end
   redis.call('SET', r[1], r[2])
   return false
 end

@@ -6,12 +6,7 @@
 -- the head makes Redis look for the new first entry past every deleted one of its node:
 -- it was a finish's most costly command.
 --#include lib/jobs/shard
-
--- Stream id a, as two numbers.
-local function parse_id(a)
-  local ms, seq = string.match(a, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
+--#include lib/stream_ids
 
 -- The id of the last entry the group delivered from stream q.
 local function last_delivered(q)
