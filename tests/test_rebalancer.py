@@ -51,6 +51,9 @@ FAST: dict[str, Any] = {
     "leave_timeout": 1.0,
 }
 LEASE_TTL = 0.6
+#: What a test of the path without failures runs with (see start_worker's ``patient``).
+PATIENT: dict[str, Any] = {**FAST, "session_timeout": 3.0, "leave_timeout": 3.0}
+PATIENT_LEASE_TTL = 3.0
 GRACE = 0.5
 TICK = 0.005
 WAIT = 5.0
@@ -238,14 +241,19 @@ async def start_worker(
     run: Callable[[Claim], Awaitable[None]] | None = None,
     grace: float = GRACE,
     ticking: bool = False,
+    patient: bool = False,
 ) -> Worker:
+    """A worker of the test group; ``patient``: with timeouts that a loaded machine's
+    stalls (the event loop or Redis late by a second) do not reach, for a test of what
+    happens when nothing fails."""
     stopping, done = trio.Event(), trio.Event()
+    timings = PATIENT if patient else FAST
 
     async def main(*, task_status: trio.TaskStatus[Worker]) -> None:
         try:
             async with (
                 open_membership(
-                    redis, GROUP, partitions=PARTITIONS, member_id=member_id, **FAST
+                    redis, GROUP, partitions=PARTITIONS, member_id=member_id, **timings
                 ) as member,
                 open_lock_manager(redis, owner=member_id) as locks,
                 open_rebalancer(
@@ -253,7 +261,7 @@ async def start_worker(
                     locks,
                     lock_name=lock_name,
                     run=run or rec.runner(member_id, ticking=ticking),
-                    lease_ttl=LEASE_TTL,
+                    lease_ttl=PATIENT_LEASE_TTL if patient else LEASE_TTL,
                     grace=grace,
                 ) as rebalancer,
             ):
@@ -336,8 +344,10 @@ async def test_join_moves_partitions_without_overlap(redis: Redis, nursery: trio
 
 async def test_leave_moves_partitions_and_drains(redis: Redis, nursery: trio.Nursery) -> None:
     rec = Recorder()
-    a = await start_worker(nursery, redis, "a", rec)
-    b = await start_worker(nursery, redis, "b", rec)
+    # (Patient: a second's stall of a loaded machine would lose b's leases before it
+    # leaves, and its partitions would be cancelled, not drained.)
+    a = await start_worker(nursery, redis, "a", rec, patient=True)
+    b = await start_worker(nursery, redis, "b", rec, patient=True)
     await a.wait_settled()
     await b.wait_settled()
     from_b = b.member.partitions.value
