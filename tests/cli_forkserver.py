@@ -3,7 +3,7 @@
 The suite runs the command line a few hundred times. A fresh interpreter spends about
 half a second of CPU importing streamkit and its dependencies before it parses its
 arguments, minutes over the suite on two cores. So each test process starts one *fork
-server* (this file, run as a script): it imports ``streamkit.cli`` once and then, for
+server* (this file, run as a script): it imports ``streamkit._cli`` once and then, for
 each command, forks a child that becomes ``python -m streamkit ARGS``: its own
 process, its own pid, its standard streams the caller's pipes, the caller's
 environment, working directory and ``sys.path`` (``PYTHONPATH`` included), the exit
@@ -305,12 +305,19 @@ async def run(
 ) -> tuple[int, bytes, bytes]:
     """``python -m streamkit ARGS`` run to its end: its exit code, stdout and stderr."""
     global _unavailable
-    import trio
-
     forked = await _forked(args, cwd=cwd, env=env, stdin=stdin)
     if forked is not None:
         return forked
     _unavailable = True
+    return await cold(args, cwd=cwd, env=env, stdin=stdin)
+
+
+async def cold(
+    args: list[str], *, cwd: Path | str, env: Mapping[str, str], stdin: bytes = b""
+) -> tuple[int, bytes, bytes]:
+    """:func:`run` as a fresh ``python -m streamkit ARGS``, a cold start."""
+    import trio
+
     done = await trio.run_process(
         [sys.executable, "-m", "streamkit", *args],
         cwd=cwd,

@@ -5,7 +5,6 @@ and PYTHONPATH."""
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING
 
 import trio
@@ -30,21 +29,6 @@ items = app.stream("items", record=Item, partition_by="key", partition_count=2)
 """
 
 
-async def cold(
-    args: list[str], *, cwd: Path, env: dict[str, str], stdin: bytes = b""
-) -> tuple[int, bytes, bytes]:
-    done = await trio.run_process(
-        [sys.executable, "-m", "streamkit", *args],
-        cwd=cwd,
-        env=env,
-        stdin=stdin,
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    return done.returncode, done.stdout, done.stderr
-
-
 async def test_forked_commands_say_what_cold_ones_say(redis_url: str, tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "forkedapp.py").write_text(MODULE)
@@ -67,7 +51,7 @@ async def test_forked_commands_say_what_cold_ones_say(redis_url: str, tmp_path: 
     for args, stdin in cases:
         with trio.fail_after(60):
             forked = await cli_forkserver.run(args, cwd=tmp_path, env=env, stdin=stdin)
-            expected = await cold(args, cwd=tmp_path, env=env, stdin=stdin)
+            expected = await cli_forkserver.cold(args, cwd=tmp_path, env=env, stdin=stdin)
         assert forked[0] == expected[0], (args, forked, expected)
         assert forked[1] == expected[1], args
         assert forked[2] == expected[2], args
