@@ -301,7 +301,8 @@ def tests(session: nox.Session) -> None:
     (pytest-xdist): most of its time is spent waiting (on workers, servers, Spark),
     not computing, so files run side by side even on two cores. Each process has its
     own servers, cluster and Spark session. Given arguments (a file, ``-k``), pytest
-    runs them as it is told.
+    runs them as it is told. The tests marked ``alone`` (a load of their own, which the
+    others running beside them would make fail) run after the others, by themselves.
     """
     # The project's own modules compiled first (a second when up to date): the tests
     # start hundreds of Python processes, which would each compile them again where
@@ -310,7 +311,8 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         session.run("pytest", *session.posargs)
     else:
-        session.run("pytest", "-n", str(TEST_PROCESSES), "--dist", "loadfile")
+        session.run("pytest", "-n", str(TEST_PROCESSES), "--dist", "loadfile", "-m", "not alone")
+        session.run("pytest", "-m", "alone")
 
 
 @nox.session

@@ -700,6 +700,7 @@ async def test_statistics_count_rebalances_until_every_partition_runs(redis: Red
                 assert (stats.rebalances, stats.rebalancing) == (3, False)
 
 
+@pytest.mark.alone  # its load is the test: the suite's others beside it made it fail
 async def test_thousands_of_partitions_start_at_once_without_a_lost_lease(redis: Redis) -> None:
     """4,096 partitions assigned at once: the rebalancer publishes their states once
     per scheduling round, not once per change (which looked at every partition each
