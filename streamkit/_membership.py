@@ -600,6 +600,7 @@ async def open_membership(
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
     leave_timeout: float = DEFAULT_LEAVE_TIMEOUT,
     assignor: Assignor = assign,
+    ride_out_outages: bool = False,
 ) -> AsyncIterator[Membership]:
     """Join ``group`` for the duration of the block; leave on exit.
 
@@ -629,6 +630,10 @@ async def open_membership(
         leave_timeout: see :class:`~streamkit.lowlevel.MembershipSettings`.
         assignor: computes assignments; :func:`streamkit.lowlevel.assign` by default. All
             members of a group must use the same one.
+        ride_out_outages: while entering, retry an unreachable Redis for as long as it
+            takes (saying so), as a member does once joined, rather than give up after
+            ``session_timeout``: for a service that reached Redis already (a worker
+            starting its processors while Redis restarts).
 
     Cancellation:
         Leaving on exit runs shielded for at most ``leave_timeout`` seconds, so
@@ -637,11 +642,11 @@ async def open_membership(
     Error handling:
         :class:`ConfigError` for invalid settings. :class:`MetadataMismatch` if the
         group's live members use other partitions. While entering, an unreachable
-        Redis is retried with backoff for ``session_timeout`` seconds, then
-        :class:`RedisUnavailable` is raised. Once joined, Redis outages are logged
-        and retried forever, keeping the last known assignment. A failure to leave
-        is logged, not raised: the others reap this member once its heartbeat
-        expires. An error in the block propagates unwrapped.
+        Redis is retried with backoff for ``session_timeout`` seconds (forever with
+        ``ride_out_outages``), then :class:`RedisUnavailable` is raised. Once joined,
+        Redis outages are logged and retried forever, keeping the last known
+        assignment. A failure to leave is logged, not raised: the others reap this
+        member once its heartbeat expires. An error in the block propagates unwrapped.
     """
     settings = MembershipSettings(
         partitions=partitions,
@@ -674,7 +679,7 @@ async def open_membership(
     state = await retry_unavailable(
         join_when_accepted,
         backoff=member._backoff,
-        give_up_after=settings.session_timeout,
+        give_up_after=None if ride_out_outages else settings.session_timeout,
         what=f"joining membership group {group!r} as {member.id!r}",
         outage=health_of(redis).outage,
     )

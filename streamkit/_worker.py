@@ -20,6 +20,7 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -46,7 +47,7 @@ from ._logs import line_for_signal_handler, log_context, worker_name
 from ._membership import Membership, open_membership
 from ._policies import run_processor
 from ._rebalancer import Claim, Rebalancer, open_rebalancer
-from ._redis import ride_out_refusals
+from ._redis import retry_idempotent, ride_out_refusals
 from ._signals import signal_handlers
 from ._validate import positive_finite_number
 from .jobs._layout import DEFAULT_QUEUE
@@ -246,7 +247,8 @@ async def run_worker(
 
     Error handling:
         :class:`ConfigError` for unknown processors; :class:`RedisUnavailable` when
-        Redis stays unreachable for ``connect_give_up_after`` seconds at start. A
+        Redis stays unreachable for ``connect_give_up_after`` seconds at start (once
+        reached, an outage is ridden out, while the processors start too). A
         processor's policy halting stops that partition only (see
         :doc:`policies`): the worker keeps running.
     """
@@ -507,8 +509,15 @@ async def _run_executor(
         # Refuse to consume a stream whose recorded layout differs from ours: reading
         # the wrong partition count would silently skip partitions.
         # Refused (Redis out of memory, say, for a new stream): wait, saying so, rather
-        # than exit; nothing else would drain a full Redis.
-        await ride_out_refusals(stream.check_metadata, what=f"recording stream {stream.name!r}")
+        # than exit; nothing else would drain a full Redis. The worker reached Redis
+        # already: an outage now (a restart while it starts its processors) is ridden
+        # out as one while they run, not a reason to exit.
+        what = f"recording stream {stream.name!r}"
+        await retry_idempotent(
+            functools.partial(ride_out_refusals, stream.check_metadata, what=what),
+            what=what,
+            give_up_after=math.inf,
+        )
 
         async with (
             open_membership(
@@ -520,6 +529,7 @@ async def _run_executor(
                 heartbeat_interval=settings.heartbeat_interval,
                 session_timeout=settings.session_timeout,
                 static_grace=settings.static_grace,
+                ride_out_outages=True,
             ) as membership,
             open_fetcher(
                 app.redis,

@@ -1426,6 +1426,40 @@ async def test_a_worker_rides_out_redis_pausing_longer_than_the_lease(
     assert runs == ["run"]
 
 
+async def test_a_worker_started_while_redis_restarts_waits_for_it(
+    private_redis: RedisServer,
+) -> None:
+    """A job worker whose queue reached Redis, started while Redis is down for longer
+    than a command's retries (5 s): it waits for Redis (it used to give up creating the
+    ready streams' groups, and exit), then runs jobs."""
+    async with (
+        open_redis(private_redis.url) as client,
+        open_job_queue(client, "work", lease_ttl=1.0) as queue,
+        trio.open_nursery() as nursery,
+    ):
+
+        @queue.job
+        async def hello() -> str:
+            return "hello"
+
+        await trio.to_thread.run_sync(private_redis.stop)
+        try:
+            starting = trio.Event()
+
+            async def serve() -> None:
+                starting.set()
+                await nursery.start(queue.serve)
+
+            nursery.start_soon(serve)
+            await starting.wait()
+            await trio.sleep(6.0)  # the outage: past a command's 5 s of retries
+        finally:
+            await trio.to_thread.run_sync(private_redis.start)
+        handle = await hello.delay()
+        assert await handle.result(timeout=10) == "hello"
+        nursery.cancel_scope.cancel()
+
+
 # ---------------------------------------------------------------------- App binding
 
 

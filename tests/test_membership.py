@@ -471,6 +471,40 @@ async def test_the_reapers_probe_meets_an_unreachable_server_as_an_outage(
             await heartbeats(m, 2)
 
 
+async def test_entering_gives_up_after_the_session_timeout_or_rides_the_outage_out(
+    private_redis: RedisServer,
+) -> None:
+    """An unreachable Redis while entering: a member gives up after its session timeout,
+    or, with ``ride_out_outages`` (a worker starting its processors), waits for Redis
+    for as long as it takes and joins once it is back."""
+    async with open_redis(private_redis.url) as redis:
+        await trio.to_thread.run_sync(private_redis.stop)
+        try:
+            with trio.fail_after(WAIT), pytest.raises(RedisUnavailable):
+                async with open_membership(redis, GROUP, partitions=4, member_id="a", **FAST):
+                    pass
+            entered = trio.Event()
+
+            async def join() -> None:
+                async with open_membership(
+                    redis, GROUP, partitions=4, member_id="b", ride_out_outages=True, **FAST
+                ) as m:
+                    assert m.partitions.value == frozenset(range(4))
+                    entered.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(join)
+                # the outage: three times the session timeout the other gave up after
+                await trio.sleep(3 * FAST["session_timeout"])
+                assert not entered.is_set()
+                await trio.to_thread.run_sync(private_redis.start)
+                with trio.fail_after(WAIT):
+                    await entered.wait()
+        finally:
+            if not private_redis.running:
+                await trio.to_thread.run_sync(private_redis.start)
+
+
 @pytest.mark.cluster
 async def test_read_and_reset(redis: Redis) -> None:
     assert await read_membership(redis, GROUP) is None

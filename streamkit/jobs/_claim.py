@@ -79,7 +79,9 @@ async def hand_back(queue: QueueLike, consumer: str, shard: int, running: Sequen
 
 
 async def ensure_groups(queue: QueueLike, shard: int) -> None:
-    """Create the consumer group of ``shard``'s ready streams, if they have none."""
+    """Create the consumer group of ``shard``'s ready streams, if they have none,
+    retrying an unreachable Redis for as long as it takes (a worker starting while
+    Redis restarts waits for it, as its claim loops do)."""
     keys = queue.shard_keys[shard]
     for priority in range(3):
         with contextlib.suppress(GroupExists):
@@ -92,6 +94,7 @@ async def ensure_groups(queue: QueueLike, shard: int) -> None:
                     mkstream=True,
                 ),
                 what="creating a job queue's consumer group",
+                give_up_after=math.inf,
             )
 
 

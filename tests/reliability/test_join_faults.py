@@ -13,6 +13,7 @@ multisets (each pair and each unmatched order exactly once).
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import signal
 from collections import Counter
@@ -298,6 +299,59 @@ async def test_each_result_once_across_a_redis_restart(
         await assert_joined_exactly(redis, app, orders, payments, paid)
     for worker in workers:
         assert "Traceback" not in worker.log(), worker.log()
+
+
+@pytest.mark.timeout(180)
+async def test_a_worker_rides_out_a_redis_restart_while_it_starts(
+    private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """Redis killed (AOF on) when a worker has started some of its processors and not
+    the others: past its session timeout, and past the retries of a single command, the
+    worker waits for Redis as it does once running (it used to exit: the membership
+    join gave up after the session timeout, the stream's metadata check at once), then
+    starts them all, and every result is emitted once."""
+    url = private_redis.url
+    app, orders, payments, paid, _ = make_app(redis_url=url)
+    every = len(app.processors)
+    for _ in range(5):  # until the fault falls inside the start-up (the first time, all but surely)
+        worker = start_worker(url, tmp_path, app=APP, env={"JOINED_BATCH": "20"})
+        workers.append(worker)
+        await wait_until(
+            functools.partial(_has_joined, worker),
+            what="a first processor",
+            within=30,
+            interval=0.002,
+        )
+        worker.send_signal(signal.SIGSTOP)  # frozen where it stands in its start-up
+        started = worker.log().count(JOINED)
+        if started < every:
+            break
+        worker.kill()
+    else:
+        pytest.fail(f"each worker started all {every} processors before it could be stopped")
+    private_redis.stop()  # SIGKILL: only what the AOF holds survives
+    worker.send_signal(signal.SIGCONT)
+    await trio.sleep(RESTARTING)  # the injected fault's duration
+    assert worker.process.poll() is None, worker.log()
+    await trio.to_thread.run_sync(private_redis.start)
+    await wait_until(lambda: RUNNING in worker.log(), what="the worker's start", within=60)
+    assert worker.log().count(JOINED) >= every, worker.log()
+    async with open_redis(url) as redis, app:
+        await produce(orders, payments, random.Random(5))
+        await assert_joined_exactly(redis, app, orders, payments, paid)
+    assert worker.process.poll() is None, worker.log()
+    assert "Traceback" not in worker.log(), worker.log()
+
+
+def _has_joined(worker: WorkerProcess) -> bool:
+    return JOINED in worker.log()
+
+
+#: The log line of a processor that joined its group, and the worker's once all did.
+JOINED = "streamkit.membership: joined "
+RUNNING = "worker of joined running"
+#: Longer than the workers' session timeout and than a command's retries (5 s).
+RESTARTING = 6.0
 
 
 async def _at_least_in(redis: Redis, paid: Any, n: int) -> bool:
