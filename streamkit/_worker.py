@@ -218,7 +218,8 @@ async def run_worker(
     """Run ``app``'s processors and background tasks until stopped.
 
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
-    :meth:`Worker.stop`; while it is still connecting, it simply stops, and
+    :meth:`Worker.stop`; while it is still connecting or starting its processors and
+    queues, it simply stops, and
     ``nursery.start()`` gets the worker with :attr:`Worker.stop_requested` set), and a second
     signal, at any time after the first, exits the process at once with code 128 +
     the signal number (130 for SIGINT, 143 for SIGTERM), even while synchronous code
@@ -257,6 +258,7 @@ async def run_worker(
     if blocked_warning is not None:
         positive_finite_number.check("blocked_warning", blocked_warning)
     worker = Worker(app)
+    started = False
     with (
         _young_collections_spaced(),
         _watch_event_loop(blocked_warning) as watchdog,
@@ -311,10 +313,13 @@ async def run_worker(
                         # partition for tens of milliseconds on a big heap.
                         gc.freeze()
                         task_status.started(worker)
+                        started = True
                 finally:
                     worker._nursery = None
                     worker._phase = "stopped"
-    if worker._starting.cancelled_caught:
+    if not started:
+        # Stopped while connecting, or while its processors and queues started (a
+        # signal, Worker.stop: an exception would have propagated).
         log.info("worker of %s stopped before it started", app.name)
         # nursery.start() gets the worker (with stop_requested set) rather than a
         # RuntimeError for a task that never started: the stop was asked for.

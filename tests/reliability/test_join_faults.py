@@ -312,9 +312,42 @@ async def test_a_worker_rides_out_a_redis_restart_while_it_starts(
     starts them all, and every result is emitted once."""
     url = private_redis.url
     app, orders, payments, paid, _ = make_app(redis_url=url)
-    every = len(app.processors)
+    worker = await _redis_lost_while_starting(private_redis, tmp_path, workers)
+    await trio.sleep(RESTARTING)  # the injected fault's duration
+    assert worker.process.poll() is None, worker.log()
+    await trio.to_thread.run_sync(private_redis.start)
+    await wait_until(lambda: RUNNING in worker.log(), what="the worker's start", within=60)
+    assert worker.log().count(JOINED) >= len(app.processors), worker.log()
+    async with open_redis(url) as redis, app:
+        await produce(orders, payments, random.Random(5))
+        await assert_joined_exactly(redis, app, orders, payments, paid)
+    assert worker.process.poll() is None, worker.log()
+    assert "Traceback" not in worker.log(), worker.log()
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_waiting_for_redis_in_its_start_stops_on_sigterm(
+    private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """A worker waiting out an outage in the middle of its start stops on SIGTERM, as
+    asked (exit status 0), without a traceback (it ended with one: its start never
+    finished)."""
+    worker = await _redis_lost_while_starting(private_redis, tmp_path, workers)
+    await wait_until(lambda: "unreachable" in worker.log(), what="the outage noticed", within=10)
+    worker.send_signal(signal.SIGTERM)
+    assert await worker.wait_exit(within=30) == 0, worker.log()
+    assert "worker of joined stopped before it started" in worker.log(), worker.log()
+    assert "Traceback" not in worker.log(), worker.log()
+
+
+async def _redis_lost_while_starting(
+    private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
+) -> WorkerProcess:
+    """A worker of the joined app, and Redis killed (AOF on) when the worker has
+    started some of its processors and not the others."""
+    every = len(make_app(redis_url=private_redis.url)[0].processors)
     for _ in range(5):  # until the fault falls inside the start-up (the first time, all but surely)
-        worker = start_worker(url, tmp_path, app=APP, env={"JOINED_BATCH": "20"})
+        worker = start_worker(private_redis.url, tmp_path, app=APP, env={"JOINED_BATCH": "20"})
         workers.append(worker)
         await wait_until(
             functools.partial(_has_joined, worker),
@@ -323,24 +356,14 @@ async def test_a_worker_rides_out_a_redis_restart_while_it_starts(
             interval=0.002,
         )
         worker.send_signal(signal.SIGSTOP)  # frozen where it stands in its start-up
-        started = worker.log().count(JOINED)
-        if started < every:
+        if worker.log().count(JOINED) < every:
             break
         worker.kill()
     else:
         pytest.fail(f"each worker started all {every} processors before it could be stopped")
     private_redis.stop()  # SIGKILL: only what the AOF holds survives
     worker.send_signal(signal.SIGCONT)
-    await trio.sleep(RESTARTING)  # the injected fault's duration
-    assert worker.process.poll() is None, worker.log()
-    await trio.to_thread.run_sync(private_redis.start)
-    await wait_until(lambda: RUNNING in worker.log(), what="the worker's start", within=60)
-    assert worker.log().count(JOINED) >= every, worker.log()
-    async with open_redis(url) as redis, app:
-        await produce(orders, payments, random.Random(5))
-        await assert_joined_exactly(redis, app, orders, payments, paid)
-    assert worker.process.poll() is None, worker.log()
-    assert "Traceback" not in worker.log(), worker.log()
+    return worker
 
 
 def _has_joined(worker: WorkerProcess) -> bool:
