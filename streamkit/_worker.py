@@ -219,11 +219,11 @@ async def run_worker(
 
     With ``handle_signals``, SIGINT and SIGTERM stop the worker gracefully (see
     :meth:`Worker.stop`; while it is still connecting or starting its processors and
-    queues, it simply stops, and
-    ``nursery.start()`` gets the worker with :attr:`Worker.stop_requested` set), and a second
-    signal, at any time after the first, exits the process at once with code 128 +
-    the signal number (130 for SIGINT, 143 for SIGTERM), even while synchronous code
-    blocks the event loop. Signal handling needs the main thread.
+    queues, it simply stops, and ``nursery.start()`` gets the worker with
+    :attr:`Worker.stop_requested` set), and a second signal, at any time after the
+    first, exits the process at once with code 128 + the signal number (130 for
+    SIGINT, 143 for SIGTERM), even while synchronous code blocks the event loop.
+    Signal handling needs the main thread.
 
     A watchdog thread warns when the event loop has not run for ``blocked_warning``
     seconds (``None``: no watchdog), naming the processor and partition whose
