@@ -434,7 +434,9 @@ async def test_lost_lease_restarts_the_partition(
                 locks,
                 lock_name=lock_name,
                 run=run,
-                lease_ttl=LEASE_TTL,
+                # patient: nothing here waits for an expiry (the loss is a refused
+                # extension), and a loaded machine must not lose partition 1's lease
+                lease_ttl=PATIENT_LEASE_TTL,
                 acquire_backoff=Backoff(initial=0.2, maximum=0.2, jitter=0),
             ) as rebalancer,
         ):

@@ -183,6 +183,11 @@ async def test_each_event_reads_the_value_in_force_at_its_time(
         assert client.read(rates, "EUR", as_of=minutes(45)) == 1.20
         assert client.read(rates, "EUR") == 1.30
         assert client.read(rates, "USD", 0.0, as_of=minutes(45)) == 0.0
+        # no value then (never written, deleted, before the first): the default, as
+        # the Trio side reads it (the clients once handed out their own placeholder)
+        assert client.read(rates, "USD", as_of=minutes(45)) is None
+        assert client.read(rates, "GBP", as_of=minutes(60)) is None
+        assert client.read(rates, "EUR", as_of=minutes(-10)) is None
         with pytest.raises(ConfigError, match="not a versioned table"):
             client.read(rates.versions, "EUR", as_of=minutes(45))
     got_cli = await streamkit("table", "get", APP, "rates", "EUR", redis_url=redis_url)

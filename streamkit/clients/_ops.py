@@ -42,6 +42,7 @@ from .._produce import (
     windows,
 )
 from .._retrying import RetryRule
+from .._tables import _NO_DEFAULT
 from .._tables_versioned import VersionedTable, as_of_ms
 from .._tables_windowed import WindowedTable
 from .._windows import Window
@@ -472,9 +473,6 @@ def _missing(table: Table[Any] | WindowedTable[Any], default: Any) -> Any:
     if isinstance(table, WindowedTable):
         return []
     return table.default if default is _NO_DEFAULT else default
-
-
-_NO_DEFAULT: Any = object()
 
 
 def table_read(
