@@ -504,12 +504,12 @@ class App:
                 raise ConfigError("join", f"{stream!r} is not a stream of app {self.name!r}")
         check_copartitioned(left.spec, right.spec)
         _keys.validate_name("join name", name)
-        inner = self.stream(
-            f"{name}__in",
-            record=dict,
-            partition_by=_forwarded_key,
-            partition_count=left.spec.partition_count,
-        )
+        # Everything checked before anything is declared: a refused join leaves the app
+        # as it was, so the call, corrected, can be made again.
+        parts = (name, f"{name}__left", f"{name}__right")
+        if f"{name}__in" in self.streams or any(p in self.processors for p in parts):
+            raise ConfigError("join name", f"{name!r} is used already in app {self.name!r}")
+        check_setting_names(overrides, where=f" for join {name!r}")
         joined: StreamJoin[L, JR] = StreamJoin(
             name,
             left=left.spec,
@@ -523,6 +523,12 @@ class App:
             right_time=right_time,
             idle=idle,
             connection=lambda: self.redis,
+        )
+        inner = self.stream(
+            f"{name}__in",
+            record=dict,
+            partition_by=_forwarded_key,
+            partition_count=left.spec.partition_count,
         )
         for side, stream in ((b"L", left), (b"R", right)):
             suffix = "left" if side == b"L" else "right"

@@ -136,6 +136,27 @@ async def test_co_partitioning_is_required() -> None:
         app.join("j", orders, payments, within=60, output=out)
 
 
+async def test_a_refused_join_leaves_the_app_as_it_was() -> None:
+    """A join refused for a bad argument declares nothing, so the corrected call works;
+    a name used twice is refused as the join's, not as one of its inner parts'."""
+    app = App("redo")
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=4)
+    payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=4)
+    out = app.stream("out", record=dict, partition_by=lambda r: r["key"])
+    streams, processors = dict(app.streams), dict(app.processors)
+    for bad in ({"within": 0}, {"within": 60, "grace": -1}, {"within": 60, "how": "full"}):
+        with pytest.raises(ConfigError):
+            app.join("j", orders, payments, output=out, **bad)
+        assert (app.streams, app.processors) == (streams, processors)
+    with pytest.raises(ConfigError, match="no_such_setting"):
+        app.join("j", orders, payments, within=60, output=out, no_such_setting=1)
+    assert (app.streams, app.processors) == (streams, processors)
+    app.join("j", orders, payments, within=60, output=out)
+    assert {"j", "j__left", "j__right"} <= set(app.processors)
+    with pytest.raises(ConfigError, match="'j' is used already"):
+        app.join("j", orders, payments, within=60, output=out)
+
+
 async def test_buffers_stay_flat_at_a_steady_rate(redis_url: str, redis: Redis) -> None:
     """Events go once their window and grace passed: at a steady rate the buffers hold
     about rate x (within + grace) events, and what status counts is what they hold."""

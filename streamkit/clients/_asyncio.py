@@ -23,6 +23,7 @@ from .. import _redispy
 from .._errors import StreamkitError
 from .._ops import drive
 from .._produce import DEFAULT_REPLICA_TIMEOUT
+from .._tables import _NO_DEFAULT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from ..jobs._replies import event_cursors
 from . import _ops
@@ -41,7 +42,7 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
+from ._ops import Call, CallBatch, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence

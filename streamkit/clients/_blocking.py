@@ -26,6 +26,7 @@ from .. import _redispy
 from .._errors import StreamkitError
 from .._ops import drive_blocking
 from .._produce import DEFAULT_REPLICA_TIMEOUT
+from .._tables import _NO_DEFAULT
 from ..jobs._model import JobCall, P as JobParams, R as JobResult, TypedJob
 from ..jobs._replies import event_cursors
 from . import _ops
@@ -44,7 +45,7 @@ from ._driving import (
     to_load,
     untyped,
 )
-from ._ops import _NO_DEFAULT, Call, CallBatch, Sleep
+from ._ops import Call, CallBatch, Sleep
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
