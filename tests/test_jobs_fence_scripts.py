@@ -16,7 +16,7 @@ from streamkit._lua import script
 from streamkit._redis import LuaScript
 from streamkit.jobs import JobStatus, open_job_queue
 from streamkit.jobs._claim import ensure_groups
-from tests.test_jobs_limit_scripts import wait_redis_past
+from tests.test_jobs_limit_scripts import claim, wait_redis_past
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from streamkit import Redis
     from streamkit.jobs import JobQueue
 
-_CLAIM = LuaScript(script("jobs/claim"))
 _FINISH = LuaScript(script("jobs/finish"))
 LEASE = 0.2
 
@@ -34,21 +33,6 @@ async def queue(redis: Redis) -> AsyncIterator[JobQueue]:
     async with open_job_queue(redis, "fence", lease_ttl=LEASE) as queue:
         await ensure_groups(queue, 0)
         yield queue
-
-
-async def claim(queue: JobQueue, consumer: str, *, reclaim: bool = False) -> list[Any]:
-    keys = queue.shard_keys[0]
-    args = (
-        keys.base,
-        consumer,
-        10,
-        math.ceil(queue.lease_ttl * 1000),
-        "1" if reclaim else "0",
-        queue.max_deliveries,
-        b"{}",
-    )
-    reply: list[Any] = await _CLAIM(queue.redis, keys.keys, args)
-    return list(reply[0])
 
 
 async def finish(queue: JobQueue, token: Any, job_id: Any) -> int:
@@ -70,7 +54,7 @@ async def test_a_finish_sent_again_is_known_and_a_stale_one_refused(
 
     job = queue.job(noop)
     first = await job.enqueue()
-    [started] = await claim(queue, "w1")
+    [started] = await claim(queue, 10, "w1")
     assert text(started[4]) == "w1:1"
     assert await finish(queue, started[4], started[0]) == 1
     # the same outcome again (its reply was lost): known, nothing written twice
@@ -80,9 +64,9 @@ async def test_a_finish_sent_again_is_known_and_a_stale_one_refused(
     assert info.tries == 1
 
     second = await job.enqueue()
-    [stale] = await claim(queue, "w1")
+    [stale] = await claim(queue, 10, "w1")
     await wait_redis_past(redis, LEASE)
-    [taken] = await claim(queue, "w2", reclaim=True)
+    [taken] = await claim(queue, 10, "w2", reclaim=True)
     assert text(taken[4]) == "w2:2"  # w1 held it when its lease ran out: that try is spent
     assert await finish(queue, stale[4], stale[0]) == 0
     assert (await second.info()).status is JobStatus.EXECUTING
@@ -97,9 +81,9 @@ async def test_a_worker_taking_back_its_own_lost_claim_does_not_spend_a_try(
         pass
 
     handle = await queue.job(noop).enqueue()
-    [lost] = await claim(queue, "w1")  # as if its reply never reached w1
+    [lost] = await claim(queue, 10, "w1")  # as if its reply never reached w1
     await wait_redis_past(redis, LEASE)
-    [again] = await claim(queue, "w1", reclaim=True)
+    [again] = await claim(queue, 10, "w1", reclaim=True)
     assert text(lost[4]) == text(again[4]) == "w1:1"
     assert await finish(queue, again[4], again[0]) == 1
     info = await handle.info()
