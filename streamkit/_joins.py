@@ -33,6 +33,7 @@ from ._errors import ConfigError, DecodeError
 from ._json_converter import converter
 from ._partitioner import canonical_key_bytes
 from ._state import _current
+from ._state_join_sides import HEARTBEAT, heartbeat, read_heartbeat
 from ._state_joins import Buffered, decode_buffer, encode_buffer
 from ._tables_base import KeyedState
 from ._windows import to_ms
@@ -79,6 +80,8 @@ PACK_BYTES = 64 * 1024
 FORWARDED = b"j"
 JSON_FORM = 0
 FLAT_FORM = 1
+#: The form of a heartbeat as a prepared event (see :meth:`StreamJoin.prepare_entry`).
+HEARTBEAT_FORM = -1
 #: The field of the form of earlier versions (a JSON array ``[side, key, time, form,
 #: stored]``), still read.
 FORWARDED_FIELD = _DATA_FIELDS[None]
@@ -268,6 +271,14 @@ class StreamJoin(KeyedState, Generic[L, R]):
         """The result of an event never matched, its window closed."""
         return self._result(field[1:].decode(), side, event, None)
 
+    def sources(self, partition: int) -> tuple[tuple[str, str], tuple[str, str]]:
+        """Where ``partition``'s events come from: each side's partition and its
+        forwarder's group."""
+        return (
+            (self.left.key(partition), self.left.processor(f"{self.name}__left").group),
+            (self.right.key(partition), self.right.processor(f"{self.name}__right").group),
+        )
+
     # -- forwarding --
 
     def forwarder(
@@ -330,10 +341,18 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     def prepare_entry(self, flat: list[bytes]) -> list[Prepared]:
         """The forwarded events of an inner stream's entry (its flat field list): a
-        batch (:data:`PACKED`), or one event of earlier versions (see
-        :meth:`prepare_flat`)."""
-        if len(flat) == 2 and flat[0] == PACKED:
-            return self.prepare_packed(flat[1])
+        batch (:data:`PACKED`), a side's heartbeat (see
+        :mod:`streamkit._state_join_sides`: an event of form :data:`HEARTBEAT_FORM`,
+        of no key), or one event of earlier versions (see :meth:`prepare_flat`)."""
+        if len(flat) == 2:
+            if flat[0] == PACKED:
+                return self.prepare_packed(flat[1])
+            if flat[0] == HEARTBEAT:
+                try:
+                    side, at = read_heartbeat(flat[1])
+                except ValueError as exc:
+                    raise DecodeError(str(exc), stream=self.name) from exc
+                return [(_SIDES[side], b"", at, HEARTBEAT_FORM, b"")]
         return [self.prepare_flat(flat)]
 
     def prepare_packed(self, data: bytes) -> list[Prepared]:
@@ -429,17 +448,24 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
     prepare_packed = join.prepare_packed
     output = join.output
     emit = state.emit_plain if join.plain else state.emit_many
+    inner, partition = join._home(), events.partition
     async for entries in events._entries(BATCH):
         packs = entries.values_of(PACKED)
         if packs is not None:
             prepared = [p for data in packs for p in prepare_packed(data)]
         else:
             prepared = [p for flat in entries.fields for p in prepare(flat)]
-        keys = {p[1] for p in prepared}
+        keys = {p[1] for p in prepared if p[3] >= 0}  # (not heartbeats')
         await view.prefetch([b"L" + key for key in keys] + [b"R" + key for key in keys])
         results = await join.fold(view, prepared)
         if results:
             emit(output, results)
+        # A side behind the other that keeps a buffer open: if it is only quiet, a
+        # heartbeat moves it on (see _state_join_sides).
+        if view.withholding() and view.sides.due():
+            top = max(view.sides.seen)
+            for side in await view.sides.caught_up(top):
+                state.emit_run(inner, partition, HEARTBEAT, [heartbeat(side, int(top))])
 
 
 def check_copartitioned(left: StreamSpec[Any], right: StreamSpec[Any]) -> None:

@@ -43,6 +43,7 @@ from ._partitioner import canonical_key_bytes
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_expiry import ExpiringTableView
+from ._state_join_sides import HEARTBEAT, heartbeat
 from ._state_joins import JoinView
 from ._state_relay import OutboxRelay
 from ._state_views import (
@@ -85,6 +86,9 @@ WATERMARK_FIELD = b"watermark"
 LATE_FIELD = "late:"
 #: The state hash's field (then the join's name) counting a join's buffered events.
 BUFFERED_FIELD = "buffered:"
+#: The state hash's field (a prefix, then the join's name) of how far each side of a
+#: join has come (see :meth:`streamkit._state_join_sides.Sides.stored`).
+SIDES_FIELD = "sides:"
 #: Seconds after which a partition waiting for events settles again when some window
 #: or join buffer is due but was put off (its commit in flight, or more due than one
 #: round closes): the watermark passed it, and no later event need come to close it.
@@ -221,13 +225,17 @@ class PartitionState:
         self._clock_id: bytes | None = None
         self._clock_ms = 0
         count = stream.partition_count
+        # The joins' views: their sides bound the watermark (see _state_join_sides).
+        self._joins: list[JoinView] = []
         for table in tables:
             if getattr(table, "joins", False):
                 joined = JoinView(table, partition, count, redis, cache_size)  # type: ignore[arg-type]
                 joined.on_time = self.observe
+                self._joins.append(joined)
                 self.views[table] = joined
                 self.windows.append(joined)
-                outputs = [*outputs, table.output]  # type: ignore[attr-defined]
+                # (its inner stream, this processor's own, for the sides' heartbeats)
+                outputs = [*outputs, table.output, stream]  # type: ignore[attr-defined]
             elif _is_windowed(table):
                 window: WindowView | FixedWindowView
                 if getattr(table, "fixed", False):
@@ -329,6 +337,7 @@ class PartitionState:
                 if isinstance(view, JoinView):
                     stored_count = fields.get(BUFFERED_FIELD + view.table.name, 0)
                     self._buffered_base[view.table.name] = int(stored_count)
+                    view.sides.load(fields.get(SIDES_FIELD + view.table.name))
                 view.watermark = self.watermark
                 await view.open()
 
@@ -411,10 +420,13 @@ class PartitionState:
             # Due and put off (see SETTLE_RETRY), whatever the idle rule.
             deadline = trio.current_time() + SETTLE_RETRY
         idle = [view for view in self.windows if view.window.idle]
-        if idle and self.watermark != -math.inf:
+        base = self._idle_base()
+        if idle and base != -math.inf:
             due = min(view.next_due for view in idle)
             if due != math.inf:
-                at = self.moved_at + max(0.0, (due - self.watermark) / 1000) + 0.001
+                at = self.moved_at + max(0.0, (due - base) / 1000) + 0.001
+                for join in self._joins:  # Redis asked at most so often
+                    at = max(at, join.sides.next_check)
                 deadline = min(deadline, at)
         if self.expiring and self._clock != -math.inf:
             due = min(view.next_due for view in self.expiring)
@@ -436,12 +448,31 @@ class PartitionState:
         self._moved_at = self._clock_at = trio.current_time()
         self._moved_pending = False
 
+    def _idle_base(self) -> float:
+        """What idle time counts on from: the watermark, or a join's newest event
+        (which its sides may not let the watermark reach yet)."""
+        base = self.watermark
+        for join in self._joins:
+            base = max(base, *join.sides.seen)
+        return base
+
     async def tick(self) -> None:
         """The partition is idle: move the watermark on by the time it has been idle
-        (if a window or join follows the idle rule), and settle."""
-        if self.watermark != -math.inf and any(view.window.idle for view in self.windows):
+        (if a window or join follows the idle rule), and settle. A join's moves only
+        with its sides: each side whose forwarder has nothing left to forward, Redis
+        says, gets a heartbeat of that time (see :mod:`streamkit._state_join_sides`)."""
+        base = self._idle_base()
+        if base != -math.inf and any(view.window.idle for view in self.windows):
             idle_for = math.floor((trio.current_time() - self.moved_at) * 1000)
-            self._advance(idle_watermark(int(self.watermark), idle_for))
+            target = idle_watermark(int(base), idle_for)
+            if not self._joins:
+                self._advance(target)
+            for join in self._joins:
+                sides = join.sides
+                if sides.limit() < target and sides.due():
+                    beats = [heartbeat(side, target) for side in await sides.caught_up(target)]
+                    if beats:
+                        self.emit_run(self._stream, self.partition, HEARTBEAT, beats, done=True)
         await self.settle(clock=self._idle_clock())
 
     def _advance(self, watermark: float) -> None:
@@ -554,21 +585,24 @@ class PartitionState:
         partition: int,
         field: bytes,
         values: list[Any],
+        *,
+        done: bool = False,
     ) -> None:
         """Emit entries of the one field ``field``, one per value of ``values``, as
-        stored (no codec), to ``partition`` of ``stream`` (tentatively, in order): a
-        join's forwarder, a batch at a time (one :class:`Run`; one entry each through
-        an outbox)."""
+        stored (no codec), to ``partition`` of ``stream`` (tentatively, in order; or
+        ``done``, for the next commit): a join's forwarder, a batch at a time (one
+        :class:`Run`; one entry each through an outbox)."""
         emitter = self._emitters.get(id(stream))
         if emitter is None or emitter[0] is not stream:
             emitter = self._emitter(stream)
         _, _, keys, targets = emitter
         key = keys[partition]
+        out = self._done_out if done else self._tentative_out
         if targets is None:
-            self._tentative_out.append(Run(key, field, values))
+            out.append(Run(key, field, values))
         else:
             target = targets[partition]
-            self._tentative_out.extend([(key, [b"__to", target, field, v]) for v in values])
+            out.extend([(key, [b"__to", target, field, v]) for v in values])
 
     def _plain_emitter_of(self, stream: StreamSpec[Any] | HasSpec[Any]) -> PlainEmitter | None:
         """:meth:`_plain_emitter` of ``stream``, made once."""
@@ -764,6 +798,10 @@ class PartitionState:
                     )
                     view.buffered_delta = 0
                     state += [BUFFERED_FIELD + name, max(self._buffered_base[name], 0)]
+                if isinstance(view, JoinView):
+                    sides = view.sides.stored()
+                    if sides is not None:
+                        state += [SIDES_FIELD + view.table.name, sides]
                 if view.late:
                     name = view.table.name
                     self._late_base[name] = self._late_base.get(name, 0) + view.late

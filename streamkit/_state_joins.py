@@ -23,6 +23,7 @@ import orjson
 
 from ._errors import DecodeError
 from ._redis import redis_errors
+from ._state_join_sides import Sides
 from ._state_views import MISSING, UNKNOWN, WindowView
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from ._commit import Changes
     from ._redis import Redis
+    from ._state_join_sides import Source
 
 __all__ = ["Buffered", "JoinLike", "JoinView", "decode_buffer", "encode_buffer"]
 
@@ -73,6 +75,8 @@ class JoinLike(Protocol):
 
     def unmatched(self, side: bytes, field: bytes, event: Buffered) -> Any: ...
 
+    def sources(self, partition: int) -> tuple[Source, Source]: ...
+
 
 def encode_buffer(events: tuple[Buffered, ...]) -> bytes:
     """A field's buffered events as stored: JSON, ``[[time, matched, form, record],
@@ -108,6 +112,8 @@ class JoinView(WindowView):
         buffered_delta: how many more events are buffered (done) than the last commit
             handed over said (the state hash keeps the partition's count: see
             :data:`streamkit._state.BUFFERED_FIELD`).
+        sides: how far each side has come, which bounds the watermark (see
+            :mod:`streamkit._state_join_sides`).
     """
 
     __slots__ = (
@@ -117,6 +123,7 @@ class JoinView(WindowView):
         "_flags",
         "_join",
         "buffered_delta",
+        "sides",
     )
 
     def __init__(
@@ -137,6 +144,7 @@ class JoinView(WindowView):
         self._complete = False
         # The fields evicted from the cache that Redis holds.
         self._evicted: set[bytes] = set()
+        self.sides = Sides(*table.sources(partition), redis)
 
     async def open(self) -> None:
         await super().open()
@@ -212,10 +220,17 @@ class JoinView(WindowView):
         super().promote()
         self.buffered_delta += self._buffered_tentative
         self._buffered_tentative = 0
+        self.sides.promote()
 
     def discard(self) -> None:
         super().discard()
         self._buffered_tentative = 0
+        self.sides.discard()
+
+    def withholding(self) -> bool:
+        """Whether a side behind the other keeps a buffer open that the other's newest
+        event would close (see :mod:`streamkit._state_join_sides`)."""
+        return self.watermark < self.next_due <= max(self.sides.seen)
 
     def contribute(self, changes: Changes, pinned: list[bytes]) -> None:
         """As a windowed table's (its index, then its hash), in one pass over the done
@@ -311,8 +326,19 @@ class JoinView(WindowView):
         # late ones, the single-event fields set and the earliest of their closes.
         watermark = start = self.watermark
         late = added = 0
+        # Each side's newest time: the watermark is the newest time both sides
+        # reached (see streamkit._state_join_sides).
+        seen = self.sides.seen
+        seen_l, seen_r = seen
         due = self.next_due
         for side, key_field, at, form, stored in events:
+            if form < 0:  # a heartbeat: the side has reached `at`, and that is all
+                if side == b"L":
+                    seen_l = max(seen_l, at)
+                else:
+                    seen_r = max(seen_r, at)
+                watermark = max(watermark, min(seen_l, seen_r))
+                continue
             if at + span <= watermark:
                 late += 1
                 continue
@@ -352,8 +378,15 @@ class JoinView(WindowView):
                     due = at + span
             else:
                 self.set(own_field, (*own, event))
-            if at > watermark:
-                watermark = at
+            if side == b"L":
+                if at > seen_l:
+                    seen_l = at
+            elif at > seen_r:
+                seen_r = at
+            limit = seen_l if seen_l < seen_r else seen_r
+            if limit > watermark:
+                watermark = limit
+        seen[0], seen[1] = seen_l, seen_r
         self._late_tentative += late
         self._buffered_tentative += added
         if due < self.next_due:

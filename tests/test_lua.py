@@ -51,6 +51,7 @@ PINS = {
     "spark/ids": "dae4979cfcf0d38a89abfa0926ba365690e5ec0a",
     "spark/write": "bb37580a2dd51ec2a0ab81eaf6e6d0da66d883be",
     "streams/append": "b4a7415def3b2fa3a7471e909e1a437af65beebe",
+    "streams/caught_up": "4d31d35f6290a5c4d4d14c77675598673623256e",
     "streams/metadata": "a28ef5fd0daf55e4dccd016c7f7e13eb9f8aaaee",
     "streams/outbox_delete": "ee8b96c3e8d3401f066cbfa875e8ab9594e90906",
     "streams/outbox_read": "440b0aa9a46c302270ff24407d12e9e467be0c35",

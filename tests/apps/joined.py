@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from streamkit import App, Events, Record, Stream, StreamJoin, Table
 from streamkit._joins import unpack_forwarded
+from streamkit._state_join_sides import HEARTBEAT, read_heartbeat
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -56,8 +57,16 @@ Result = tuple[str, int | None, int | None]
 
 def forwarded_rows(fields: Mapping[Any, Any]) -> list[tuple[bytes, int, int]]:
     """An entry of the join's inner stream (a forwarder's batch) as the model takes
-    it: each event's side, order id and event time (ms), as the forwarder wrote them."""
+    it: each event's side, order id and event time (ms), as the forwarder wrote them;
+    a side's heartbeat as its side, key :data:`BEAT` and time."""
+    if HEARTBEAT in fields:
+        side, at = read_heartbeat(fields[HEARTBEAT])
+        return [(b"LR"[side : side + 1], BEAT, at)]
     return [(side, int(key), at) for side, key, at, _, _ in unpack_forwarded(fields[b"J"])]
+
+
+#: The key of a heartbeat's row (see :func:`forwarded_rows`).
+BEAT = -1
 
 
 def make_app(**settings: Any) -> Joined:
@@ -121,13 +130,19 @@ def model(
     how: str = HOW,
 ) -> Counter[Result]:
     """What the join emits for events that reached it in this order, per partition:
-    ``(side, key, at)`` each. The join's semantics, one event at a time."""
+    ``(side, key, at)`` each. The join's semantics, one event at a time: the watermark
+    is the newest time both sides have reached, by their events and heartbeats."""
     span = within + grace
     out: Counter[Result] = Counter()
     for entries in forwarded:
         watermark = float("-inf")
+        seen = {b"L": float("-inf"), b"R": float("-inf")}
         buffers: dict[tuple[bytes, int], list[list[Any]]] = {}
         for side, key, at in entries:
+            if key == BEAT:
+                seen[side] = max(seen[side], at)
+                watermark = max(watermark, min(seen.values()))
+                continue
             if at + span <= watermark:
                 continue  # late: it matches nothing, and is dropped
             closes = watermark - span
@@ -138,7 +153,8 @@ def model(
                 pair = (at, o[0]) if side == b"L" else (o[0], at)
                 out[str(key), pair[0], pair[1]] += 1
             buffers.setdefault((side, key), []).append([at, bool(met)])
-            watermark = max(watermark, at)
+            seen[side] = max(seen[side], at)
+            watermark = max(watermark, min(seen.values()))
         for (side, key), events in buffers.items():
             emits = how == "outer" or (how == "left" and side == b"L")
             for at, matched in events:

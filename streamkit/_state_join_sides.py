@@ -1,0 +1,145 @@
+"""How far each side of a stream-stream join has come: its partition's watermark.
+
+A join's two sides reach it through their forwarders, each at its own pace: one may be
+down (its worker killed, its partitions not yet moved), restarting or slow while the
+other goes on. If the newest event of either side moved the watermark, the events of
+the side behind would find their windows closed when they came (late, or unmatched),
+and the result would depend on the fault. So the watermark of a join's partition is
+the newest event time *both* sides have reached, the lesser of each side's newest: a
+side behind holds the windows open until its events come.
+
+A side that is quiet rather than behind must not hold them for ever. When a side holds
+back a buffer that the other side's newest event would close (asked at most every
+:data:`CHECK_INTERVAL` seconds), or when the partition is idle and a buffer is due by
+the idle rule, Redis is asked whether that side's forwarder has processed every entry
+of its partition (``streams/caught_up``). If it has, the join writes a *heartbeat* of
+that side to its inner stream, with its commit: "this side has reached time T", T being
+the other side's newest event time (or, idle, the watermark the idle rule gives). The
+heartbeat is read back in order like the events, and moves the side on as an event of
+that time would, matching nothing. Every event the side had forwarded before the
+question is before the heartbeat in the inner stream, so nothing of it is overtaken;
+and since what moves the watermark is all in the inner stream, a replay of the join
+computes the same watermarks, and the same results, as the first run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._lua import script
+from ._redis import LuaScript, redis_errors
+
+if TYPE_CHECKING:
+    from ._redis import Redis
+
+__all__ = ["CHECK_INTERVAL", "HEARTBEAT", "Sides", "Source", "heartbeat", "read_heartbeat"]
+
+#: Seconds between two questions to Redis of a partition a side holds back.
+CHECK_INTERVAL = 0.5
+
+#: The field of a heartbeat entry of a join's inner stream; its value is the side and
+#: the time (ms): ``L 1767225600000``.
+HEARTBEAT = b"W"
+
+_CAUGHT_UP = LuaScript(script("streams/caught_up"))
+
+#: A stream partition's key and the group that reads it.
+Source = tuple[str, str]
+
+_SIDES = (b"L", b"R")
+
+
+def heartbeat(side: int, at: int) -> bytes:
+    """The value of a heartbeat of ``side`` (0: left, 1: right) at time ``at`` (ms)."""
+    return b"%s %d" % (_SIDES[side], at)
+
+
+def read_heartbeat(value: bytes) -> tuple[int, int]:
+    """The side (0, 1) and time (ms) of a heartbeat's value (``ValueError`` if it is
+    not one)."""
+    side, _, at = value.partition(b" ")
+    if side not in _SIDES or not at.isdigit():
+        raise ValueError(f"not a join heartbeat: {value[:40]!r}")
+    return _SIDES.index(side), int(at)
+
+
+class Sides:
+    """What one partition of a join knows of its two sides (see the module docs).
+
+    Args:
+        left, right: each side's partition and its forwarder's group.
+        redis: the client.
+
+    Attributes:
+        seen: the newest time (ms) of each side (left, right), of its events and
+            heartbeats processed here.
+        next_check: the Trio time before which Redis is not asked again.
+    """
+
+    __slots__ = ("_done", "_redis", "_sources", "_written", "next_check", "seen")
+
+    def __init__(self, left: Source, right: Source, redis: Redis) -> None:
+        self._sources = (left, right)
+        self._redis = redis
+        self.seen = [-math.inf, -math.inf]
+        self.next_check = -math.inf
+        # What promote() last kept: discard() goes back to it.
+        self._done = (-math.inf, -math.inf)
+        # What the state hash holds (see stored()).
+        self._written = self._done
+
+    def limit(self) -> float:
+        """The newest time both sides have reached."""
+        return min(self.seen)
+
+    def promote(self) -> None:
+        """The events in flight were processed."""
+        self._done = (self.seen[0], self.seen[1])
+
+    def discard(self) -> None:
+        """The events in flight failed: what they showed of the sides is forgotten."""
+        self.seen[0], self.seen[1] = self._done
+
+    def load(self, raw: bytes | str | None) -> None:
+        """Start from what :meth:`stored` gave, as the state hash holds it."""
+        if raw is None:
+            return
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        left, right = (-math.inf if n == "-" else int(n) for n in text.split())
+        self.seen[0], self.seen[1] = left, right
+        self._done = self._written = (left, right)
+
+    def stored(self) -> str | None:
+        """How far each side has come (done), as the state hash keeps it for the next
+        worker of the partition (``"1767225600000 -"``: the left side's time, the right
+        side's none yet); ``None`` if the hash has that already."""
+        if self._done == self._written:
+            return None
+        self._written = self._done
+        return " ".join("-" if n == -math.inf else str(int(n)) for n in self._done)
+
+    def due(self) -> bool:
+        """Whether Redis may be asked again."""
+        return trio.current_time() >= self.next_check
+
+    async def caught_up(self, below: float) -> list[int]:
+        """Of the sides that have not reached ``below``, those whose forwarder has
+        processed every entry of its partition.
+
+        Error handling:
+            :class:`~streamkit.RedisUnavailable` and the like, as any state read.
+        """
+        self.next_check = trio.current_time() + CHECK_INTERVAL
+        found: list[int] = []
+        with redis_errors():
+            for side in (0, 1):
+                if self.seen[side] >= below:
+                    continue  # not holding it back
+                key, group = self._sources[side]
+                reply: Any = await _CAUGHT_UP(self._redis, keys=[key], args=[group])
+                if int(reply[0]):
+                    found.append(side)
+        return found

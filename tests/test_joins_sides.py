@@ -1,0 +1,122 @@
+"""A join's two sides: a side whose forwarder is down holds the windows open until its
+events come; a side that is only quiet is moved on by heartbeats (see
+``streamkit._state_join_sides``)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from streamkit import App
+from streamkit._state_join_sides import HEARTBEAT, Sides, heartbeat, read_heartbeat
+from streamkit._worker import run_worker
+from streamkit.testing import wait_until
+from tests.test_joins import FAST, Order, Payment, results
+
+if TYPE_CHECKING:
+    from streamkit import Redis, Stream
+
+
+def shop(redis_url: str, *, idle: bool) -> tuple[App, Stream[Order], Stream[Payment], Any]:
+    app = App("sides", redis_url=redis_url, **FAST)
+    orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=1)
+    payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=1)
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    app.join(
+        "j",
+        orders,
+        payments,
+        within=timedelta(seconds=1),
+        grace=timedelta(seconds=0.5),
+        how="left",
+        output=paid,
+        left_time="at",
+        right_time="at",
+        idle=idle,
+    )
+    return app, orders, payments, paid
+
+
+async def heartbeats(redis: Redis, app: App) -> list[tuple[int, int]]:
+    entries: Any = await redis.xrange(app.streams["j__in"].key(0))
+    return [
+        read_heartbeat(e.field_values[HEARTBEAT]) for e in entries if HEARTBEAT in e.field_values
+    ]
+
+
+async def test_a_side_whose_forwarder_is_down_holds_the_windows_open(
+    redis_url: str, redis: Redis
+) -> None:
+    # The trial's case: the worker of the right side's forwarder is gone, the payment
+    # sent 0.3 s after its order waits in its stream. The idle rule must not close the
+    # order's window (emitting it unmatched) while the payment has not reached the join.
+    app, orders, payments, paid = shop(redis_url, idle=True)
+    now = datetime.now(UTC)
+    span = 1.5  # within + grace, seconds
+    async with trio.open_nursery() as nursery:
+        first = await nursery.start(partial(run_worker, app, processors=["j", "j__left"]))
+        await orders.send(Order(order_id=1, amount=10.0, at=now))
+        await payments.send(Payment(order_id=1, paid=10.0, at=now + timedelta(seconds=0.3)))
+
+        async def left_moved_on() -> bool:
+            # The left side is quiet: the idle rule moves it on past the order's
+            # window, by heartbeats, while the right side holds the watermark.
+            close = (now.timestamp() + span) * 1000
+            return any(side == 0 and at > close for side, at in await heartbeats(redis, app))
+
+        await wait_until(left_moved_on, what="a left heartbeat past the window", within=30)
+        assert await results(redis, paid) == []
+        second = await nursery.start(partial(run_worker, app, processors=["j__right"]))
+
+        async def emitted() -> bool:
+            return bool(await results(redis, paid))
+
+        await wait_until(emitted, what="the pair", within=30)
+        await second.stop()
+        await first.stop()
+    got = [(r["key"], r["left"]["order_id"], r["right"]) for r in await results(redis, paid)]
+    assert got == [
+        ("1", 1, {"order_id": 1, "paid": 10.0, "at": (now + timedelta(seconds=0.3)).isoformat()})
+    ]
+
+
+async def test_a_quiet_side_does_not_hold_the_other_back(redis_url: str, redis: Redis) -> None:
+    # No payment at all, no idle rule: the orders' own times close their windows, the
+    # payments' side moved on by a heartbeat once Redis says its forwarder has nothing.
+    app, orders, _, paid = shop(redis_url, idle=False)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send(Order(order_id=1, amount=10.0, at=t0))
+        await orders.send(Order(order_id=2, amount=20.0, at=t0 + timedelta(seconds=5)))
+
+        async def emitted() -> bool:
+            return bool(await results(redis, paid))
+
+        await wait_until(emitted, what="order 1 unmatched", within=30)
+        await worker.stop()
+    assert [(r["key"], r["right"]) for r in await results(redis, paid)] == [("1", None)]
+    # What moved the right side on is in the inner stream: a replay sees it too.
+    assert (1, int((t0 + timedelta(seconds=5)).timestamp() * 1000)) in await heartbeats(redis, app)
+
+
+def test_the_sides_state_survives_its_stored_form() -> None:
+    sides = Sides(("a", "g"), ("b", "h"), None)  # type: ignore[arg-type]
+    assert sides.stored() is None  # nothing yet: nothing to write
+    sides.seen[0] = 1767225600000
+    sides.promote()
+    stored = sides.stored()
+    assert stored == "1767225600000 -"
+    assert sides.stored() is None  # written once
+    again = Sides(("a", "g"), ("b", "h"), None)  # type: ignore[arg-type]
+    again.load(stored.encode())
+    assert again.seen == [1767225600000, -math.inf]
+    assert again.limit() == -math.inf
+    again.seen[1] = 5
+    again.discard()  # an event in flight failed: forgotten
+    assert again.seen == [1767225600000, -math.inf]
+    assert read_heartbeat(heartbeat(1, 42)) == (1, 42)
