@@ -25,6 +25,7 @@ from ._joins import (
     JoinHow,
     StreamJoin,
     check_copartitioned,
+    check_time_field,
     default_join_result,
     forward,
     positive_window,
@@ -486,8 +487,11 @@ class App:
                 and each event of either side that matched nothing.
             grace: how long beyond ``within`` an event waits for late events of the
                 other side (a timedelta, or seconds).
-            left_time, right_time: each side's event time: a field name, a function of
-                a record, or ``None`` for when its event was appended to its stream.
+            left_time, right_time: each side's event time: a field name (of a
+                ``dict`` record, a key), a function of a record, or ``None`` for when
+                its event was appended to its stream. The time is a datetime or
+                seconds since the epoch; an event without one halts its forwarder's
+                partition, as its policy says, naming the join and the entry.
             result: builds a result from ``(key, left record or None, right record or
                 None)``; by default a ``dict`` with ``key``, ``left`` and ``right``.
             idle: whether a quiet partition's event time moves on with the wall clock,
@@ -503,6 +507,8 @@ class App:
             if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
                 raise ConfigError("join", f"{stream!r} is not a stream of app {self.name!r}")
         check_copartitioned(left.spec, right.spec)
+        check_time_field(left.spec, "left_time", left_time)
+        check_time_field(right.spec, "right_time", right_time)
         _keys.validate_name("join name", name)
         # Everything checked before anything is declared: a refused join leaves the app
         # as it was, so the call, corrected, can be made again.

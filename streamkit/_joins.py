@@ -21,7 +21,8 @@ meet in the slot of ``JOIN__in``'s partition N.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
+from collections.abc import Mapping
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import attrs
@@ -291,8 +292,9 @@ class StreamJoin(KeyedState, Generic[L, R]):
         key_of = spec.partitioner.key_of
         json = spec.codec.name == "json"
         time_spec = self.left_time if side == b"L" else self.right_time
-        time_of = attrgetter(time_spec) if isinstance(time_spec, str) else time_spec
+        time_of = time_getter(spec, time_spec)
         isfinite = math.isfinite
+        what = f"join {self.name!r}, " + ("left_time" if side == b"L" else "right_time")
 
         def forwarded(
             ids: Sequence[bytes], flats: list[list[bytes]], records: list[Any]
@@ -311,13 +313,19 @@ class StreamJoin(KeyedState, Generic[L, R]):
                 if time_of is None:
                     at = int(entry_id.partition(b"-")[0])
                 else:
-                    t = time_of(record)
-                    # to_ms, for seconds as a float first
-                    at = (
-                        round(t * 1_000_000) // 1000
-                        if type(t) is float and isfinite(t)
-                        else to_ms(t)
-                    )
+                    try:
+                        t = time_of(record)
+                        # to_ms, for seconds as a float first
+                        at = (
+                            round(t * 1_000_000) // 1000
+                            if type(t) is float and isfinite(t)
+                            else to_ms(t)
+                        )
+                    except (ConfigError, AttributeError, LookupError, TypeError) as exc:
+                        raise ConfigError(
+                            what,
+                            f"no event time for entry {entry_id.decode()} of {spec.name}: {exc}",
+                        ) from None
                 if json and len(flat) == 2 and flat[0] == FORWARDED_FIELD:
                     append((at, key, JSON_FORM, flat[1]))
                 else:
@@ -466,6 +474,31 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
             top = max(view.sides.seen)
             for side in await view.sides.caught_up(top):
                 state.emit_run(inner, partition, HEARTBEAT, [heartbeat(side, int(top))])
+
+
+def time_getter(
+    spec: StreamSpec[Any], time: str | Callable[[Any], Any] | None
+) -> Callable[[Any], Any] | None:
+    """What reads a record's event time: a field name read as an attribute, or as a
+    key of ``dict`` records; a function as it is."""
+    if not isinstance(time, str):
+        return time
+    return itemgetter(time) if issubclass(spec.record, Mapping) else attrgetter(time)
+
+
+def check_time_field(spec: StreamSpec[Any], name: str, time: object) -> None:
+    """Refuse an event time field its stream's records do not have (when their class
+    says what fields it has)."""
+    if not isinstance(time, str) and time is not None and not callable(time):
+        raise ConfigError(name, f"expected a field name, a function or None, got {time!r}")
+    if isinstance(time, str) and attrs.has(spec.record):
+        fields = attrs.fields_dict(spec.record)
+        if time not in fields:
+            raise ConfigError(
+                name,
+                f"{spec.record.__qualname__} (the records of {spec.name}) has no field "
+                f"{time!r} (its fields: {', '.join(fields)})",
+            )
 
 
 def check_copartitioned(left: StreamSpec[Any], right: StreamSpec[Any]) -> None:

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import trio
 
-from streamkit import App
+from streamkit import App, ConfigError
 from streamkit._state_join_sides import HEARTBEAT, Sides, heartbeat, read_heartbeat
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
@@ -120,3 +121,35 @@ def test_the_sides_state_survives_its_stored_form() -> None:
     again.discard()  # an event in flight failed: forgotten
     assert again.seen == [1767225600000, -math.inf]
     assert read_heartbeat(heartbeat(1, 42)) == (1, 42)
+
+
+def test_an_event_time_field_is_checked_where_the_join_is_declared() -> None:
+    app = App("times")
+    orders = app.stream("orders", record=Order, partition_by="order_id")
+    payments = app.stream("payments", record=Payment, partition_by="order_id")
+    paid = app.stream("paid", record=dict, partition_by=lambda r: r["key"])
+    with pytest.raises(ConfigError, match=r"Order .* has no field 'nope'"):
+        app.join("j", orders, payments, within=1, output=paid, left_time="nope")
+    with pytest.raises(ConfigError, match="expected a field name, a function or None"):
+        app.join("j", orders, payments, within=1, output=paid, right_time=5)  # type: ignore[arg-type]
+    app.join("j", orders, payments, within=1, output=paid, left_time="at", right_time="at")
+
+
+async def test_a_dict_record_s_time_field_is_its_key_and_a_bad_time_is_named(
+    redis_url: str, redis: Redis
+) -> None:
+    app = App("dicts", redis_url=redis_url, **FAST)
+    orders = app.stream("orders", record=dict, partition_by=lambda r: r["id"], partition_count=1)
+    pays = app.stream("pays", record=dict, partition_by=lambda r: r["id"], partition_count=1)
+    out = app.stream("out", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    join = app.join(
+        "j", orders, pays, within=5, how="left", output=out, left_time="t", right_time="t"
+    )
+    forwarded = join.forwarder(b"L")
+    assert forwarded([b"1-0"], [[b"d", b"{}"]], [{"id": 1, "t": 1767225600.5}])[0][0] == (
+        1767225600500
+    )
+    with pytest.raises(ConfigError, match=r"join 'j', left_time.*entry 2-0 of orders.*'garbage'"):
+        forwarded([b"2-0"], [[b"d", b"{}"]], [{"id": 1, "t": "garbage"}])
+    with pytest.raises(ConfigError, match=r"join 'j', left_time.*entry 3-0 of orders.*'t'"):
+        forwarded([b"3-0"], [[b"d", b"{}"]], [{"id": 1}])
