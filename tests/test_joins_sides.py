@@ -15,6 +15,7 @@ import trio
 from streamkit import App, ConfigError
 from streamkit._state_join_sides import HEARTBEAT, Sides, heartbeat, read_heartbeat
 from streamkit._worker import run_worker
+from streamkit.clients import _ops
 from streamkit.testing import wait_until
 from tests.test_joins import FAST, Order, Payment, results
 
@@ -153,3 +154,17 @@ async def test_a_dict_record_s_time_field_is_its_key_and_a_bad_time_is_named(
         forwarded([b"2-0"], [[b"d", b"{}"]], [{"id": 1, "t": "garbage"}])
     with pytest.raises(ConfigError, match=r"join 'j', left_time.*entry 3-0 of orders.*'t'"):
         forwarded([b"3-0"], [[b"d", b"{}"]], [{"id": 1}])
+
+
+def test_the_clients_refuse_a_stream_join_as_a_table() -> None:
+    app, _, _, _ = shop("redis://127.0.0.1:1", idle=False)
+    join: Any = app.processors["j"].tables[0]
+    # (What the blocking and asyncio clients run: refused before any call to Redis.)
+    for op in (
+        lambda: next(_ops.table_read(join, 1, None)),
+        lambda: next(_ops.table_page(join, 0, 0)),
+        lambda: _ops.table_partitions(join, None),
+        lambda: next(_ops.table_sizes(join)),
+    ):
+        with pytest.raises(ConfigError, match="is a stream-stream join, not a table"):
+            op()

@@ -206,6 +206,8 @@ async def test_each_event_reads_the_value_in_force_at_its_time(
     ]
     for args, says in [
         (["rates", "EUR", "--as-of", "teatime"], "is not a time"),
+        (["rates", "EUR", "--as-of", "nan"], "is not a time"),
+        (["rates", "EUR", "--as-of", "1e400"], "is not a time"),
         (["rates", "EUR", "--as-of", "0", "--history"], "give one of them"),
     ]:
         refused = await streamkit("table", "get", APP, *args, redis_url=redis_url)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +58,13 @@ def _time(text: str) -> datetime | float:
     """A ``--as-of`` time: ISO 8601 (``2026-01-01T10:00:00Z``; naive is UTC) or
     seconds since the epoch."""
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(seconds) and abs(seconds) < 1e11:  # (year 5138 and before)
+            return seconds
+        fail(f"--as-of: {text!r} is not a time (seconds since the epoch)", exit_code=2)
     try:
         return datetime.fromisoformat(text)
     except ValueError:

@@ -475,6 +475,16 @@ def _missing(table: Table[Any] | WindowedTable[Any], default: Any) -> Any:
     return table.default if default is _NO_DEFAULT else default
 
 
+def _check_table(table: object) -> None:
+    """Refuse what is not a table the clients read (a stream-stream join, say)."""
+    if getattr(table, "joins", False):
+        raise ConfigError(
+            "table",
+            f"{table!r} is a stream-stream join, not a table: its results are records of "
+            f"its output stream (read them with the stream's reader)",
+        )
+
+
 def table_read(
     table: Table[Any] | WindowedTable[Any], key: object, default: Any, as_of: object = None
 ) -> Op[Any]:
@@ -482,6 +492,7 @@ def table_read(
     :meth:`WindowedTable.read <streamkit.WindowedTable.read>`); of a versioned table,
     the one in force ``as_of`` a time (see :meth:`VersionedTable.read
     <streamkit.lowlevel.VersionedTable.read>`)."""
+    _check_table(table)
     if as_of is not None:
         if not isinstance(table, VersionedTable):
             raise ConfigError("as_of", f"{table!r} is not a versioned table: it has no history")
@@ -556,6 +567,7 @@ def table_read_many(
     table: Table[Any] | WindowedTable[Any], keys: Iterable[object]
 ) -> Op[list[Any]]:
     """The committed values of ``keys``, in order; one batch of one ``HMGET`` per partition."""
+    _check_table(table)
     keys = list(keys)
     by_partition: dict[int, list[int]] = {}
     for i, key in enumerate(keys):
@@ -583,6 +595,7 @@ def table_page(
 ) -> Op[tuple[int, list[tuple[str, Any]]]]:
     """One ``HSCAN`` page of a partition: the next cursor (0: done) and its items (for
     tumbling and hopping windows, the whole partition: its keys' windows span hashes)."""
+    _check_table(table)
     if isinstance(table, WindowedTable) and table.fixed:
         by_key: dict[bytes, list[tuple[int, int, Any]]] = {}
         for start, end, key in (yield from _window_hashes(table, partition)):
@@ -620,6 +633,7 @@ def table_partitions(
     table: Table[Any] | WindowedTable[Any], partition: int | None
 ) -> range | list[int]:
     """The partitions an iteration over ``table`` reads."""
+    _check_table(table)
     count = table.partition_total()  # raises the table's ConfigError if nothing writes it
     return range(count) if partition is None else [partition]
 
@@ -627,6 +641,7 @@ def table_partitions(
 def table_sizes(table: Table[Any] | WindowedTable[Any]) -> Op[list[int]]:
     """The number of keys in each partition, in partition order (as
     :meth:`WindowedTable.sizes <streamkit.WindowedTable.sizes>` for windows)."""
+    _check_table(table)
     what = f"reading table {table.name}"
     if isinstance(table, WindowedTable) and table.fixed:
         sizes = []
