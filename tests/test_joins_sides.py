@@ -9,21 +9,24 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pytest
 import trio
 
 from streamkit import App, ConfigError
+from streamkit._joins import pack_forwarded
 from streamkit._state_join_sides import HEARTBEAT, Sides, heartbeat, read_heartbeat
 from streamkit._worker import run_worker
 from streamkit.clients import _ops
 from streamkit.testing import wait_until
+from tests.test_cli import streamkit
 from tests.test_joins import FAST, Order, Payment, results
 
 if TYPE_CHECKING:
     from streamkit import Redis, Stream
 
 
-def shop(redis_url: str, *, idle: bool) -> tuple[App, Stream[Order], Stream[Payment], Any]:
+def shop(redis_url: str | None, *, idle: bool) -> tuple[App, Stream[Order], Stream[Payment], Any]:
     app = App("sides", redis_url=redis_url, **FAST)
     orders = app.stream("orders", record=Order, partition_by="order_id", partition_count=1)
     payments = app.stream("payments", record=Payment, partition_by="order_id", partition_count=1)
@@ -168,3 +171,42 @@ def test_the_clients_refuse_a_stream_join_as_a_table() -> None:
     ):
         with pytest.raises(ConfigError, match="is a stream-stream join, not a table"):
             op()
+
+
+#: For the CLI (``tests.test_joins_sides:j__in``).
+CLI_APP = shop(None, idle=False)[0]  # (its Redis: the --redis-url the CLI is given)
+
+
+async def test_streamkit_read_shows_a_join_s_inner_entries(redis_url: str, redis: Redis) -> None:
+    key = CLI_APP.streams["j__in"].key(0)
+    forwarded = [
+        (1767225600000, b"7", 0, b'{"order_id":7}'),
+        (1767225600500, b"8", 1, b'["x","y"]'),
+    ]
+    (packed,) = pack_forwarded(b"L", forwarded)
+    await redis.xadd(key, {b"J": packed})
+    await redis.xadd(key, {HEARTBEAT: heartbeat(1, 1767225601000)})
+    shown = await streamkit("read", "tests.test_joins_sides:j__in", "--json", redis_url=redis_url)
+    assert shown.code == 0, shown.err
+    rows = [orjson.loads(line) for line in shown.out.splitlines()]
+    assert [{k: v for k, v in r.items() if k not in ("id", "partition")} for r in rows] == [
+        {
+            "side": "left",
+            "key": "7",
+            "time": "2026-01-01T00:00:00.000+00:00",
+            "record": {"order_id": 7},
+        },
+        {
+            "side": "left",
+            "key": "8",
+            "time": "2026-01-01T00:00:00.500+00:00",
+            "record": {"fields": ["x", "y"]},
+        },
+        {"heartbeat": "right", "time": "2026-01-01T00:00:01.000+00:00"},
+    ]
+    one = await streamkit("read", "tests.test_joins_sides:j__in", "--key", "8", redis_url=redis_url)
+    assert one.code == 0, one.err
+    assert one.out.splitlines()[0].endswith(
+        'left 8 at 2026-01-01T00:00:00.500+00:00: {"fields":["x","y"]}'
+    )
+    assert len(one.out.splitlines()) == 1

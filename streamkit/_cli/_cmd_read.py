@@ -26,10 +26,12 @@ import orjson
 import trio
 
 from .._errors import ConfigError, DecodeError, StreamkitError
+from .._joins import JSON_FORM, PACKED, unpack_forwarded
 from .._json_converter import converter
 from .._literal import printable
 from .._partitioner import canonical_key_bytes, partition_for
 from .._redis import redis_errors
+from .._state_join_sides import HEARTBEAT, read_heartbeat
 from .._wire import text
 from ._exits import fail
 from ._loading import load_stream
@@ -225,6 +227,10 @@ class Shower:
     def line(self, entry: Entry) -> str | None:
         """The entry's line, or ``None`` for a record of another key."""
         head: dict[str, Any] = {"partition": entry.partition, "id": entry.id}
+        if len(entry.fields) == 1 and (PACKED in entry.fields or HEARTBEAT in entry.fields):
+            joined = self._join_lines(entry, head)
+            if joined is not None:
+                return joined
         try:
             record = self.stream.codec.decode(
                 entry.fields, stream=self.stream.name, partition=entry.partition, entry_id=entry.id
@@ -250,6 +256,56 @@ class Shower:
         if self.as_json:
             return printable(orjson.dumps({**head, "record": orjson.Fragment(value)}).decode())
         return f"{entry.partition}\t{printable(entry.id)}\t{printable(value)}"
+
+    def _join_lines(self, entry: Entry, head: dict[str, Any]) -> str | None:
+        """A join's inner entry (see :mod:`streamkit._joins`): a line per forwarded
+        event (its side, key, event time and record), or the heartbeat of a side;
+        ``None`` if it is not one (then said undecodable)."""
+        try:
+            if HEARTBEAT in entry.fields:
+                side, at = read_heartbeat(entry.fields[HEARTBEAT])
+                events: list[Any] = []
+                beat = (("left", "right")[side], at)
+            else:
+                events, beat = unpack_forwarded(entry.fields[PACKED]), None
+        except ValueError:
+            return None
+
+        def when(ms: int) -> str:
+            return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+        if beat is not None:
+            if self.key is not None:
+                return None
+            if self.as_json:
+                body = {**head, "heartbeat": beat[0], "time": when(beat[1])}
+                return printable(orjson.dumps(body).decode())
+            said = f"heartbeat: {beat[0]} side at {when(beat[1])}"
+            return f"{entry.partition}\t{printable(entry.id)}\t{said}"
+        lines = []
+        for side, key, at, form, stored in events:
+            if self.key is not None and key != self.key:
+                continue
+            record = (
+                orjson.Fragment(stored) if form == JSON_FORM else {"fields": orjson.loads(stored)}
+            )
+            name = "left" if side == b"L" else "right"
+            if self.as_json:
+                body = {
+                    **head,
+                    "side": name,
+                    "key": key.decode("utf-8", "replace"),
+                    "time": when(at),
+                    "record": record,
+                }
+                lines.append(printable(orjson.dumps(body).decode()))
+            else:
+                value = orjson.dumps(record).decode()
+                lines.append(
+                    f"{entry.partition}\t{printable(entry.id)}\t{name} "
+                    f"{printable(key.decode('utf-8', 'replace'))} at {when(at)}: {printable(value)}"
+                )
+        return "\n".join(lines) if lines else None
 
 
 # -- the commands ----------------------------------------------------------------------
