@@ -472,7 +472,7 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
         # heartbeat moves it on (see _state_join_sides).
         if view.withholding() and view.sides.due():
             top = max(view.sides.seen)
-            for side in await view.sides.caught_up(top):
+            for side, _ in await view.sides.caught_up(top):
                 state.emit_run(inner, partition, HEARTBEAT, [heartbeat(side, int(top))])
 
 

@@ -470,7 +470,13 @@ class PartitionState:
             for join in self._joins:
                 sides = join.sides
                 if sides.limit() < target and sides.due():
-                    beats = [heartbeat(side, target) for side in await sides.caught_up(target)]
+                    # (Never beyond the clock: the side may get an event of now yet.)
+                    found = await sides.caught_up(target)
+                    behind = sum(1 for seen in sides.seen if seen < target)
+                    # (Only if every side behind can move: one alone moves nothing.)
+                    beats = [heartbeat(side, min(target, now)) for side, now in found]
+                    if len(found) < behind:
+                        beats = []
                     if beats:
                         self.emit_run(self._stream, self.partition, HEARTBEAT, beats, done=True)
         await self.settle(clock=self._idle_clock())

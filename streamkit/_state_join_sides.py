@@ -14,7 +14,8 @@ back a buffer that the other side's newest event would close (asked at most ever
 the idle rule, Redis is asked whether that side's forwarder has processed every entry
 of its partition (``streams/caught_up``). If it has, the join writes a *heartbeat* of
 that side to its inner stream, with its commit: "this side has reached time T", T being
-the other side's newest event time (or, idle, the watermark the idle rule gives). The
+the other side's newest event time (or, idle, the watermark the idle rule gives, but
+never beyond the server's clock when the side was found caught up). The
 heartbeat is read back in order like the events, and moves the side on as an event of
 that time would, matching nothing. Every event the side had forwarded before the
 question is before the heartbeat in the inner stream, so nothing of it is overtaken;
@@ -125,15 +126,16 @@ class Sides:
         """Whether Redis may be asked again."""
         return trio.current_time() >= self.next_check
 
-    async def caught_up(self, below: float) -> list[int]:
+    async def caught_up(self, below: float) -> list[tuple[int, int]]:
         """Of the sides that have not reached ``below``, those whose forwarder has
-        processed every entry of its partition.
+        processed every entry of its partition, each with the server's clock (ms) when
+        it had.
 
         Error handling:
             :class:`~streamkit.RedisUnavailable` and the like, as any state read.
         """
         self.next_check = trio.current_time() + CHECK_INTERVAL
-        found: list[int] = []
+        found: list[tuple[int, int]] = []
         with redis_errors():
             for side in (0, 1):
                 if self.seen[side] >= below:
@@ -141,5 +143,5 @@ class Sides:
                 key, group = self._sources[side]
                 reply: Any = await _CAUGHT_UP(self._redis, keys=[key], args=[group])
                 if int(reply[0]):
-                    found.append(side)
+                    found.append((side, int(reply[1])))
         return found
