@@ -60,20 +60,28 @@ async def test_a_side_whose_forwarder_is_down_holds_the_windows_open(
     # sent 0.3 s after its order waits in its stream. The idle rule must not close the
     # order's window (emitting it unmatched) while the payment has not reached the join.
     app, orders, payments, paid = shop(redis_url, idle=True)
+    # Beside it, a join of the same window whose both sides run: its order, emitted
+    # alone by the idle rule, shows that the first's window would have closed by then.
+    others = app.stream("others", record=Order, partition_by="order_id", partition_count=1)
+    nobody = app.stream("nobody", record=Payment, partition_by="order_id", partition_count=1)
+    alone = app.stream("alone", record=dict, partition_by=lambda r: r["key"], partition_count=1)
+    app.join(
+        "k", others, nobody, within=1, grace=0.5, how="left", output=alone,
+        left_time="at", right_time="at",
+    )  # fmt: skip
     now = datetime.now(UTC)
-    span = 1.5  # within + grace, seconds
+    running = ["j", "j__left", "k", "k__left", "k__right"]
     async with trio.open_nursery() as nursery:
-        first = await nursery.start(partial(run_worker, app, processors=["j", "j__left"]))
+        first = await nursery.start(partial(run_worker, app, processors=running))
         await orders.send(Order(order_id=1, amount=10.0, at=now))
+        # (its window closes 0.3 s after the first's)
+        await others.send(Order(order_id=1, amount=10.0, at=now + timedelta(seconds=0.3)))
         await payments.send(Payment(order_id=1, paid=10.0, at=now + timedelta(seconds=0.3)))
 
-        async def left_moved_on() -> bool:
-            # The left side is quiet: the idle rule moves it on past the order's
-            # window, by heartbeats, while the right side holds the watermark.
-            close = (now.timestamp() + span) * 1000
-            return any(side == 0 and at > close for side, at in await heartbeats(redis, app))
+        async def closed_beside() -> bool:
+            return bool(await results(redis, alone))
 
-        await wait_until(left_moved_on, what="a left heartbeat past the window", within=30)
+        await wait_until(closed_beside, what="the other join's order alone", within=30)
         assert await results(redis, paid) == []
         second = await nursery.start(partial(run_worker, app, processors=["j__right"]))
 
