@@ -69,8 +69,10 @@ OTHER_VARIABLES = frozenset(
         "STREAMKIT_TEST_SERVER",
         "STREAMKIT_WORKER_INDEX",
         # streamkit worker --processes N: its --redis-url and --metrics-token, for the
-        # worker processes
+        # worker processes, and the descriptor of each worker's lifeline (the
+        # supervisor's LIFELINE_VARIABLE)
         "STREAMKIT_WORKER_REDIS_URL",
+        "STREAMKIT_SUPERVISOR_FD",
         "STREAMKIT_WORKER_METRICS_TOKEN",
         # streamkit worker --log-format, --log-level
         "STREAMKIT_LOG_FORMAT",

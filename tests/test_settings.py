@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from streamkit import App, ConfigError, Settings
+from streamkit import App, ConfigError, Settings, _settings as settings_module
+from streamkit._cli._supervisor import LIFELINE_VARIABLE, WORKER_INDEX_VARIABLE, worker_environment
 from streamkit.lowlevel import MembershipSettings, RebalancerSettings
 
 
@@ -59,6 +60,23 @@ def test_the_worker_index_variable_is_no_unknown_setting(
     with caplog.at_level(logging.WARNING, logger="streamkit.settings"):
         Settings.from_env({"STREAMKIT_WORKER_INDEX": "1"})
     assert not caplog.records
+
+
+def test_the_variables_a_supervisor_gives_its_workers_are_no_unknown_settings(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # streamkit worker --processes N: every worker warned that STREAMKIT_SUPERVISOR_FD
+    # "is not a streamkit setting".
+    monkeypatch.setattr(settings_module, "_warned", set())
+    env = worker_environment(1, {"STREAMKIT_MEMBER_ID": "host"})
+    env[LIFELINE_VARIABLE] = "7"
+    env[WORKER_INDEX_VARIABLE] = "1"
+    env["STREAMKIT_SUPERVISOR_DF"] = "7"
+    with caplog.at_level(logging.WARNING, logger="streamkit.settings"):
+        assert Settings.from_env(env).member_id == "host-1"
+    # A real typo is still warned about, and only it.
+    [record] = caplog.records
+    assert "STREAMKIT_SUPERVISOR_DF" in record.message
 
 
 @pytest.mark.parametrize(
