@@ -108,9 +108,12 @@ def test_a_call_the_queue_cannot_schedule_is_refused_before_anything_is_sent(
     # Refused while planning (no Redis), as a ConfigError naming the option.
     call = JobCall(args=(1,), **{option: value})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=message):
-        plan_enqueue(_job(lambda n: n), [call], Placement(1, lambda: "id"))
+        plan_enqueue(_job(lambda n: n), [call], Placement(1, lambda: "id"), queue="q")
     plan = plan_enqueue(
-        _job(lambda n: n), [JobCall(args=(1,), delay=MAX_WAIT)], Placement(1, lambda: "id")
+        _job(lambda n: n),
+        [JobCall(args=(1,), delay=MAX_WAIT)],
+        Placement(1, lambda: "id"),
+        queue="q",
     )
     assert len(plan.placed) == 1
 

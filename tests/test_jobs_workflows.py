@@ -246,6 +246,56 @@ async def test_after_across_shards_waits_for_every_dependency(redis: Redis, redi
     assert "Broken: part -1" in caught.value.message
 
 
+@pytest.mark.parametrize("shards", [1, 4])
+async def test_after_a_job_of_another_queue(redis_url: str, shards: int) -> None:
+    # A dependent on the app's queue, its dependencies on its named queue "gpu": it
+    # ended dead, "depends on ... is unknown" (looked up on its own queue).
+    app = App(f"afterq{shards}", redis_url=redis_url, job_shards=shards)
+    release = trio.Event()
+
+    @app.job(queue="gpu", retries=0)
+    async def render(n: int) -> str:
+        await release.wait()
+        if n < 0:
+            raise Broken(f"frame {n}")
+        return f"frame {n}"
+
+    @app.job
+    async def publish(tag: str) -> str:
+        return tag
+
+    async with app:
+        gpu, main = app.job_queues["gpu"], app.job_queue
+        async with serving(main), serving(gpu):
+            frames = [await render.delay(n) for n in range(3)]
+            assert {f.queue.name for f in frames} == {gpu.name}
+            published = await publish.enqueue("done", after=frames)
+            mixed = await publish.enqueue("mixed", after=[frames[0], await publish.delay("first")])
+            doomed = await publish.enqueue("never", after=[frames[1], await render.delay(-1)])
+            assert await published.status() is JobStatus.WAITING
+            release.set()
+            assert await published.result(timeout=10) == "done"
+            assert await mixed.result(timeout=10) == "mixed"
+            with pytest.raises(JobFailed) as caught:
+                await doomed.result(timeout=10)
+            assert caught.value.error_type == "DependencyFailed"
+            assert "Broken: frame -1" in caught.value.message
+            # after jobs of the other queue that ended already; and from a blocking client
+            late = await publish.enqueue("late", after=frames[:2])
+            assert await late.result(timeout=10) == "late"
+
+            def blocking() -> Any:
+                with app.blocking() as client:
+                    frame = client.enqueue(render, 9)
+                    return client.enqueue(publish, "from a client", after=[frame]).result(10)
+
+            assert await trio.to_thread.run_sync(blocking) == "from a client"
+            for queue in (main, gpu):
+                await wait_settled(app.redis, queue)
+        for queue in (main, gpu):
+            await assert_drained(app.redis, queue)
+
+
 def test_workflows_are_checked_before_anything_is_sent() -> None:
     app = App("checks")
 

@@ -270,7 +270,7 @@ async def test_a_debounced_enqueue_keeps_the_replies_of_its_retried_calls(
     )
 
     def make(key: str) -> Callable[[list[str]], Op[Any]]:
-        plan = plan_enqueue(job, [("a",), ("b",), ("a",)], Placement(1, JobIds()))
+        plan = plan_enqueue(job, [("a",), ("b",), ("a",)], Placement(1, JobIds()), queue="q")
         queue = f"ops-{key.split('.')[1]}"
         return lambda transcript: faulty(send_plan(plan, queue), iter(["unreachable"]), transcript)
 

@@ -293,8 +293,9 @@ def enqueue(
     An enqueue is not idempotent (without ``job_id``): like the Trio queue's, a call
     is sent again only while it surely never reached Redis.
     """
-    plan = plan_enqueue(job, calls, state.placement, priority=priority, delay=delay)
-    return (yield from send_plan(plan, state.queue_of(job)))
+    queue = state.queue_of(job)
+    plan = plan_enqueue(job, calls, state.placement, queue=queue, priority=priority, delay=delay)
+    return (yield from send_plan(plan, queue))
 
 
 def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, str, int]]:

@@ -78,7 +78,7 @@ class CommittedJobs:
 
         Error handling:
             :class:`~streamkit.ConfigError` for a job the processor does not declare,
-            or dependencies (``after=``) on another shard; as
+            or dependencies (``after=``) on another shard or queue; as
             :meth:`Job.enqueue <streamkit.jobs.Job.enqueue>` for the call.
         """
         if self.jobs.get(id(job)) is not job:
@@ -93,12 +93,13 @@ class CommittedJobs:
             placement = Placement(queue.shards, JobIds(), queue.max_bytes)
             self._placements[queue.name] = placement
         plain = call == JobCall(args=call.args)  # arguments only: the planner's fast path
-        plan = plan_enqueue(job, [call.args if plain else call], placement)
+        plan = plan_enqueue(job, [call.args if plain else call], placement, queue=queue.name)
         if plan.remote:
             raise ConfigError(
                 "after",
                 f"job {job.name}: a job enqueued in a commit may depend (after=) only on "
-                f"jobs of its own shard; give it a job_id on their shard, or use one shard",
+                f"jobs of its own shard of its queue; give it a job_id on their shard, or "
+                f"use one shard",
             )
         ((job_id, shard),) = plan.placed
         # The enqueue script's call, as plan.script_calls would make it for this one job

@@ -445,9 +445,10 @@ class Job(Generic[P, R]):
             priority: ``"high"``, ``"normal"`` or ``"low"``; the job's by default.
             expires: end as ``expired`` unless started within this long (or by this
                 time); the job's ``expires`` by default.
-            after: jobs (handles or ids, on the same shard) that must all succeed
-                before this one runs; if one ends dead, aborted or expired, this one
-                ends dead.
+            after: jobs that must all succeed before this one runs: handles (of jobs
+                on any shard of this queue or of another queue on the same Redis) or
+                ids (of jobs of this queue); if one ends dead, aborted or expired, this
+                one ends dead.
             headers: text values the job sees in its :class:`JobContext` (the
                 enqueuer's trace context is added to them when it traces with
                 OpenTelemetry).

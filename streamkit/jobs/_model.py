@@ -104,7 +104,8 @@ def dumps(value: object, what: str) -> bytes:
 
 
 class JobRef(Protocol):
-    """Anything naming a job on a queue shard (a :class:`JobHandle`)."""
+    """Anything naming a job on a queue shard (a :class:`JobHandle`): a ``queue``
+    attribute too (a queue, or its name) says which queue, else it is the enqueuer's."""
 
     @property
     def id(self) -> str: ...

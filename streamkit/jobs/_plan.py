@@ -234,9 +234,9 @@ def _place(
     home: int | None = None,
 ) -> tuple[str, int]:
     """The id and shard of a new job: the shard its id maps to, which for a job with
-    limits must be its limits' (``home``); a job with dependencies and a generated id
-    goes on the shard of its first dependency (a generated id is drawn until it fits),
-    and is linked to those on other shards."""
+    limits must be its limits' (``home``); a job with dependencies (``after``: those on
+    its own queue) and a generated id goes on the shard of its first dependency (a
+    generated id is drawn until it fits), and is linked to those on other shards."""
     if call.job_id is not None and (not isinstance(call.job_id, str) or not call.job_id):
         raise ConfigError("job_id", f"must be a non-empty string, got {call.job_id!r}")
     if shards == 1 or (home is None and (call.job_id is not None or not after)):
@@ -287,10 +287,16 @@ def _coalesce(job: JobLike, call: JobCall, delay: When | None) -> tuple[str, tup
     return key, ("throttle", [key, _ms(options.throttle, "throttle")])
 
 
-def _ref(ref: JobRef | str, shards: int) -> tuple[str, int]:
+def _ref(ref: JobRef | str, shards: int, queue: str) -> tuple[str, int, str | None]:
+    """A dependency's id, shard and queue: ``None`` for one of ``queue`` (an id, or a
+    handle of a job on it), else the name of the other queue its handle is of."""
     if isinstance(ref, str):
-        return ref, shard_for(ref, shards)
-    return ref.id, ref.shard
+        return ref, shard_for(ref, shards), None
+    # A Trio handle's queue is the queue (its name an attribute), a client handle's
+    # its name (None: the client's own queue).
+    of = getattr(ref, "queue", None)
+    name = of if of is None or isinstance(of, str) else getattr(of, "name", None)
+    return ref.id, ref.shard, None if name is None or name == queue else name
 
 
 @attrs.frozen
@@ -310,8 +316,9 @@ class EnqueuePlan:
     defaults: tuple[Any, ...]
     per_shard: dict[int, list[Any]]
     costs: dict[int, list[int]] = attrs.field(factory=dict)
-    #: Per job (id) with dependencies on other shards: those, ``(id, shard)`` each.
-    remote: dict[str, list[tuple[str, int]]] = attrs.field(factory=dict)
+    #: Per job (id) with dependencies on other shards or queues: those, ``(id, shard,
+    #: queue)`` each (``queue``: ``None`` for the plan's own).
+    remote: dict[str, list[tuple[str, int, str | None]]] = attrs.field(factory=dict)
     #: Whether its jobs are debounced or throttled: the script's replies then say which
     #: job each call is (see :meth:`effective`).
     coalesced: bool = False
@@ -335,16 +342,16 @@ class EnqueuePlan:
 
     def link_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
         """The link script's calls to make first, for the jobs depending on jobs of
-        other shards (none for most plans): per call, the dependencies' shard's keys
-        and its arguments."""
-        links: dict[int, list[Any]] = {}
+        other shards or queues (none for most plans): per call, the dependencies'
+        shard's keys and its arguments."""
+        links: dict[tuple[str, int], list[Any]] = {}
         shard_of = dict(self.placed)
         for job_id, deps in self.remote.items():
             member = orjson.dumps([queue, shard_of[job_id], job_id])
-            for dep_id, dep_shard in deps:
-                links.setdefault(dep_shard, []).extend((dep_id, member))
-        for shard, flat in links.items():
-            keys = ShardKeys(queue, shard)
+            for dep_id, dep_shard, dep_queue in deps:
+                links.setdefault((dep_queue or queue, dep_shard), []).extend((dep_id, member))
+        for (of, shard), flat in links.items():
+            keys = ShardKeys(of, shard)
             for i in range(0, len(flat), 2 * ENQUEUE_CHUNK):
                 yield keys, (keys.base, *flat[i : i + 2 * ENQUEUE_CHUNK])
 
@@ -369,7 +376,7 @@ class EnqueuePlan:
                         opts = orjson.loads(fields[i + 2] or b"{}")
                         opts[_O["remote"]] = {
                             dep: answer(linked[(dep, fields[i])]) if linked else ["unknown"]
-                            for dep, _ in deps
+                            for dep, _, _ in deps
                         }
                         fields[i + 2] = orjson.dumps(opts)
             keys = ShardKeys(queue, shard)
@@ -403,6 +410,7 @@ def plan_enqueue(
     calls: Iterable[JobCall | tuple[Any, ...] | Mapping[str, Any]],
     placement: Placement,
     *,
+    queue: str,
     priority: Priority | None = None,
     delay: When | None = None,
 ) -> EnqueuePlan:
@@ -414,6 +422,8 @@ def plan_enqueue(
         calls: a tuple (positional arguments), a mapping (keyword arguments) or a
             :class:`~streamkit.jobs.JobCall` per job.
         placement: the queue's shards and limit on arguments.
+        queue: the queue's full name (a dependency's handle of another queue is
+            linked to its job there).
         priority: the priority of the calls that name none.
         delay: the delay of the calls that name none.
 
@@ -441,9 +451,9 @@ def plan_enqueue(
     coalesced = options.coalesced
     simple = not trace and keyed is None and home is None and coalesced is None
     single = per_shard.setdefault(0, []) if shards == 1 else None
-    remote: dict[str, list[tuple[str, int]]] = {}
+    remote: dict[str, list[tuple[str, int, str | None]]] = {}
     for item in calls:
-        after: list[tuple[str, int]] = []
+        after: list[tuple[str, int, str | None]] = []
         if isinstance(item, tuple) and simple:
             check(item, {})
             job_id = new_id()
@@ -463,7 +473,7 @@ def plan_enqueue(
             key = None
             if keyed is not None:
                 key = limit_key_of(name, keyed, job.bind_arguments, call.args, call.kwargs)
-            after = [_ref(ref, shards) for ref in call.after]
+            after = [_ref(ref, shards, queue) for ref in call.after]
             shard_home = (
                 home if home is not None or key is None else (limit_shard(name, key, False, shards))
             )
@@ -473,14 +483,15 @@ def plan_enqueue(
                 ckey, coalesce = _coalesce(job, call, delay)
                 if shard_home is None and shards > 1:
                     shard_home = shard_for(f"{coalesced}:{name}:{ckey}", shards)
-            job_id, shard = _place(call, after, shards, new_id, shard_home)
+            own = [(dep, s) for dep, s, of in after if of is None]
+            job_id, shard = _place(call, own, shards, new_id, shard_home)
             args = encode_arguments(name, call.args, call.kwargs, max_bytes)
-            elsewhere = [(dep, s) for dep, s in after if s != shard]
+            elsewhere = [(dep, s, of) for dep, s, of in after if of is not None or s != shard]
             if elsewhere:
                 remote[job_id] = elsewhere
             opts = _options(
                 call,
-                [ref_id for ref_id, s in after if s == shard],
+                [dep for dep, s, of in after if of is None and s == shard],
                 key,
                 _headers(call.headers, trace),
                 coalesce,

@@ -503,7 +503,9 @@ class JobQueue:
         """Enqueue ``job`` once per call (see :meth:`Job.enqueue_many`)."""
         # Checked and encoded as every client does (jobs._plan), then sent in bounded
         # calls, a few at a time.
-        plan = plan_enqueue(job, calls, self._placement, priority=priority, delay=delay)
+        plan = plan_enqueue(
+            job, calls, self._placement, queue=self.name, priority=priority, delay=delay
+        )
         placed = await send_plan(self, plan)
         return [JobHandle(self, job_id, shard, added=added) for job_id, shard, added in placed]
 
