@@ -33,7 +33,7 @@ from streamkit import (
     open_redis,
 )
 from streamkit.clients import AsyncioClient, BlockingClient
-from streamkit.jobs import JobFailed, JobNotFound, JobStatus
+from streamkit.jobs import JobCall, JobFailed, JobNotFound, JobStatus
 from streamkit.testing import RedisServer, wait_until
 from tests.jobs_serving import serving
 
@@ -384,12 +384,18 @@ async def test_job_ids_dedupe_across_the_trio_queue_and_the_clients(redis_url: s
 
     def enqueue_blocking() -> str:
         with app.blocking() as client:
-            return client.enqueue("add", 2, job_id="order-7").id
+            handle = client.enqueue("add", 2, job_id="order-7")
+            [many] = client.enqueue_many("add", [JobCall(args=(2,), job_id="order-7")])
+            assert (handle.added, many.added) == (False, False)  # duplicates: nothing added
+            return handle.id
 
     async def enqueue_asyncio() -> str:
         async with app.asyncio() as client:
-            return (await client.enqueue("add", 3, job_id="order-7")).id
+            handle = await client.enqueue("add", 3, job_id="order-7")
+            assert not handle.added
+            return handle.id
 
+    assert first.added
     assert await blocking(enqueue_blocking) == first.id
     assert await in_asyncio(enqueue_asyncio) == first.id
     async with app:

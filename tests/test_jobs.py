@@ -746,11 +746,21 @@ async def test_a_job_id_makes_enqueue_idempotent(redis: Redis, queue: JobQueue) 
     first = await charge.enqueue(10, job_id="order-1")
     again = await charge.enqueue(99, job_id="order-1")
     assert first.id == again.id == "order-1"
+    # The duplicate added nothing (it said added=True).
+    assert (first.added, again.added) == (True, False)
     assert (await again.info()).args == (10,)
     assert (await queue.counts()).queued["normal"] == 1
     async with serving(queue):
         assert await again.result(timeout=5) == 10
-    assert runs == [10]
+        # In a batch too, where an id given twice is added once.
+        batch = await charge.enqueue_many(
+            [JobCall(args=(n,), job_id=job_id) for n, job_id in enumerate(["order-2", "order-1"])]
+            + [(7,), JobCall(args=(8,), job_id="order-2")]
+        )
+        assert [h.added for h in batch] == [True, False, True, False]
+        assert [h.id for h in batch][::3] == ["order-2", "order-2"]
+        assert [await h.result(timeout=5) for h in batch] == [0, 10, 7, 0]
+    assert sorted(runs) == [0, 7, 10]
     await assert_drained(redis, queue)
 
 

@@ -386,7 +386,9 @@ class AsyncioJobHandle(JobHandleBase, Generic[JobResult]):
         shard: the queue shard it lives on.
         added: whether the enqueue that returned it added the job: ``False`` when
             it merged into a debounced job of its key or was dropped by a throttle
-            (the handle is then that job's); ``True`` for every other handle.
+            (the handle is then that job's), or when its ``job_id`` named a job that
+            was there already (a duplicate: the handle is that job's); ``True`` for
+            every other handle.
     """
 
     _client: AsyncioClient = attrs.field(repr=False)

@@ -121,7 +121,9 @@ class JobHandle(Generic[R]):
         shard: the queue shard it lives on.
         added: whether the enqueue that returned it added the job: ``False`` when
             it merged into a debounced job of its key or was dropped by a throttle
-            (the handle is then that job's); ``True`` for every other handle.
+            (the handle is then that job's), or when its ``job_id`` named a job that
+            was there already (a duplicate: the handle is that job's); ``True`` for
+            every other handle.
     """
 
     queue: QueueLike = attrs.field(repr=False)

@@ -43,7 +43,8 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[list[tuple[str, int, bool]]]:
     """Send ``plan``'s calls on ``queue`` (its full name): its links if it has remote
     dependencies, then its enqueue calls, :data:`CALLS_PER_BATCH` at a time; return
     per call the job that runs for it, ``(id, shard, added)``: the plan's own, but for
-    a debounced or throttled job the one its key's script call said
+    a debounced or throttled job the one its key's script call said, and not added for
+    a duplicate of a job id
     (:meth:`EnqueuePlan.effective <streamkit.jobs._plan.EnqueuePlan.effective>`; the
     replies of other plans are not kept).
 
@@ -60,7 +61,7 @@ def send_plan(plan: EnqueuePlan, queue: str) -> Op[list[tuple[str, int, bool]]]:
     calls = [Call.run(ENQUEUE, keys.keys, args) for keys, args in plan.script_calls(queue, linked)]
     what = f"enqueueing jobs on {queue}"
     # The replies, by call, where they say which job runs (debounce, throttle).
-    kept: dict[int, Any] | None = {} if plan.coalesced else None
+    kept: dict[int, Any] | None = {} if plan.coalesced or plan.deduped else None
     # A debounced plan's calls one at a time: calls sent together may run in any order,
     # and the last of a key's enqueues must be the one whose arguments stay.
     per_batch = 1 if plan.coalesced else CALLS_PER_BATCH

@@ -22,6 +22,7 @@ import orjson
 from .._errors import ConfigError, EncodeError
 from .._lua import CONSTANTS
 from .._validate import positive_number
+from .._wire import text
 from ._batches import chunks
 from ._layout import ShardKeys, shard_for
 from ._limits import limit_key_of, limit_shard
@@ -322,23 +323,30 @@ class EnqueuePlan:
     #: Whether its jobs are debounced or throttled: the script's replies then say which
     #: job each call is (see :meth:`effective`).
     coalesced: bool = False
+    #: Whether some of its jobs have ids of the caller's: the script's replies then say
+    #: which were duplicates (see :meth:`effective`).
+    deduped: bool = False
 
     def effective(self, replies: Sequence[Sequence[Any]]) -> list[tuple[str, int, bool]]:
         """Per call, in order, the job that runs for it, ``(id, shard, added)``: its own
-        (``added``), or the pending job a debounce merged it into, or the job a throttle
-        kept (not ``added``); ``replies``: the script calls' replies, in the order of
+        (``added``, unless a job of its id was there already: a duplicate), or the
+        pending job a debounce merged it into, or the job a throttle kept (not
+        ``added``); ``replies``: the script calls' replies, in the order of
         :meth:`script_calls`."""
         answers = iter(reply for call in replies for reply in call)
-        merged: dict[str, str] = {}
-        for fields in self.per_shard.values():
-            for job_id in fields[::3]:
-                reply = next(answers)
-                if isinstance(reply, bytes | str):
-                    merged[job_id] = reply.decode() if isinstance(reply, bytes) else reply
-        return [
-            (merged.get(job_id, job_id), shard, job_id not in merged)
-            for job_id, shard in self.placed
-        ]
+        # Per shard, its calls' replies in order: the order of its jobs in ``placed``.
+        per_shard = {
+            shard: iter([next(answers) for _ in fields[::3]])
+            for shard, fields in self.per_shard.items()
+        }
+        effective: list[tuple[str, int, bool]] = []
+        for job_id, shard in self.placed:
+            reply = next(per_shard[shard])
+            if isinstance(reply, bytes | str):  # the job a debounce or throttle kept
+                effective.append((text(reply), shard, False))
+            else:  # 1: added; 0: a duplicate, the job of its id
+                effective.append((job_id, shard, reply != 0))
+        return effective
 
     def link_calls(self, queue: str) -> Iterator[tuple[ShardKeys, tuple[Any, ...]]]:
         """The link script's calls to make first, for the jobs depending on jobs of
@@ -452,6 +460,7 @@ def plan_enqueue(
     simple = not trace and keyed is None and home is None and coalesced is None
     single = per_shard.setdefault(0, []) if shards == 1 else None
     remote: dict[str, list[tuple[str, int, str | None]]] = {}
+    deduped = False
     for item in calls:
         after: list[tuple[str, int, str | None]] = []
         if isinstance(item, tuple) and simple:
@@ -485,6 +494,7 @@ def plan_enqueue(
                     shard_home = shard_for(f"{coalesced}:{name}:{ckey}", shards)
             own = [(dep, s) for dep, s, of in after if of is None]
             job_id, shard = _place(call, own, shards, new_id, shard_home)
+            deduped = deduped or call.job_id is not None
             args = encode_arguments(name, call.args, call.kwargs, max_bytes)
             elsewhere = [(dep, s, of) for dep, s, of in after if of is not None or s != shard]
             if elsewhere:
@@ -522,6 +532,7 @@ def plan_enqueue(
         costs,
         remote,
         coalesced is not None,
+        deduped,
     )
 
 
