@@ -8,13 +8,17 @@ private Redis.
 from __future__ import annotations
 
 import re
+import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import asyncclick as click
 import attrs
 import orjson
 import pytest
 import trio
 
+from streamkit._cli import cli
 from streamkit.jobs import JobCall, JobNotFound, JobStatus, open_job_queue
 from streamkit.jobs._inspect import _DEAD_CHUNK as DEAD_CHUNK
 from streamkit.testing import free_port, wait_until
@@ -512,3 +516,40 @@ async def test_show_a_jobs_history_try_by_try(app: App, redis_url: str) -> None:
     assert text.code == 0, text.err
     assert "  history   oldest first\n" in text.out
     assert "failed; tried again (RuntimeError)" in text.out
+
+
+def shown_jobs_commands() -> list[tuple[str, list[str]]]:
+    """The ``streamkit jobs`` command lines of the docs' console blocks, as arguments:
+    an optional part given (``[--id JOB_ID ...]`` as ``--id JOB_ID``), a placeholder
+    (``JOB_ID``, ``N``) as a value, comments left out."""
+    root = Path(__file__).parent.parent
+    shown: list[tuple[str, list[str]]] = []
+    for page in (root / "README.md", root / "docs" / "jobs.md", root / "docs" / "cli.md"):
+        for block in re.findall(r"```console\n(.*?)```", page.read_text(), re.DOTALL):
+            for line in block.splitlines():
+                if line.startswith("streamkit jobs "):
+                    args = shlex.split(line, comments=True)[1:]
+                    args = [a.strip("[]") for a in args if a.strip("[]") not in ("", "...")]
+                    args = ["1" if a == "N" else a for a in args]
+                    shown.append((f"{page.name}: {line}", args))
+    return shown
+
+
+async def test_the_jobs_commands_the_docs_show_are_the_commands_syntax() -> None:
+    # jobs.md showed `jobs dlq replay shop:app [JOB_ID ...]`: the command takes --id.
+    shown = shown_jobs_commands()
+    assert any("dlq replay" in line for line, _ in shown)
+    for line, args in shown:
+        command: click.Command = cli
+        context: click.Context | None = None
+        try:
+            while isinstance(command, click.Group):  # (no group options in these lines)
+                context = await command.make_context(
+                    command.name, [], parent=context, resilient_parsing=True
+                )
+                found = command.get_command(context, args[0])
+                assert found is not None, f"{line}: no command {args[0]!r}"
+                command, args = found, args[1:]
+            await command.make_context(command.name, args, parent=context)
+        except click.UsageError as exc:
+            pytest.fail(f"{line}: {exc.format_message()}")
