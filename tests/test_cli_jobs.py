@@ -471,6 +471,13 @@ async def test_a_bad_queue_is_one_line_never_a_traceback(redis_url: str) -> None
         "both": (2, ["info", APP, "--queue", "jobbing"], "give MODULE:APP or --queue NAME, not"),
         "bad queue name": (2, ["info", "--queue", "no{good}"], "--queue: must be letters"),
         "shards with an app": (2, ["info", APP, "--shards", "2"], "--shards goes with --queue"),
+        # exit code 1, a ConfigError raised while reading
+        "bad cursor": (2, ["events", APP, "--after", "garbage"], "--after: after: must be a"),
+        "bad cursor, no redis": (
+            2,
+            ["events", APP, "--after", "1-0,2-0", "--redis-url", unreachable],
+            "cursor of this queue's 1 shard(s), got '1-0,2-0'",
+        ),
         "no redis": (
             1,
             ["info", APP, "--redis-url", unreachable],

@@ -19,6 +19,7 @@ from .._redis import open_redis
 from .._settings import Settings
 from .._urls import mask_url
 from ..jobs import JobEvent, JobNotFound, JobQueue, JobStatus, open_job_queue
+from ..jobs._replies import event_cursors
 from ._confirm import BulkAction, bulk_options, confirm_and_act
 from ._exits import fail
 from ._fleet import counts_by_name, counts_json, iso, job_json
@@ -320,6 +321,10 @@ async def jobs_events(
 
     Each shard keeps about 10,000 events. With --json, one JSON object a line.
     """
+    try:  # checked before connecting: a cursor of this queue's shards
+        event_cursors(after, target.shards)
+    except ConfigError as exc:
+        fail(f"--after: {exc}", 2)
     # --follow runs until Ctrl-C (or SIGTERM), which ends it cleanly.
     async with (
         open_target(target) as queue,
