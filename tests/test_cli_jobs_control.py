@@ -9,6 +9,7 @@ import attrs
 import orjson
 import pytest
 
+from streamkit.jobs import open_job_queue
 from tests.apps import jobbing
 from tests.test_cli import assert_no_traceback, streamkit
 
@@ -49,6 +50,21 @@ async def test_pause_and_resume_a_job_name_and_the_queue(app: App, redis_url: st
     assert typo.err.strip() == (
         "Error: job: queue 'jobbing' has no job 'ad' (known: add, crawl, explode, flaky)"
     )
+    assert await app.job_queue.paused() == []
+    # resume refuses the typo as pause does (it said "resumed job ad"); a paused name the
+    # app no longer declares is still resumed.
+    typo = await streamkit("jobs", "resume", APP, "--job", "ad", redis_url=redis_url)
+    assert typo.code == 2, typo
+    assert_no_traceback(typo)
+    assert typo.err.strip() == (
+        "Error: job: queue 'jobbing' has no job 'ad' (known: add, crawl, explode, flaky)"
+    )
+    queue = app.job_queue
+    async with open_job_queue(queue.redis, queue.name, shards=queue.shards) as by_name:
+        await by_name.pause("gone")  # (a queue by name alone knows no jobs to check)
+    assert await queue.paused() == ["gone"]
+    gone = await streamkit("jobs", "resume", APP, "--job", "gone", redis_url=redis_url)
+    assert gone.code == 0, gone
     assert await app.job_queue.paused() == []
 
 

@@ -66,7 +66,10 @@ async def jobs_resume(
     """Resume a queue, or one job name, paused by `streamkit jobs pause`: the jobs it
     held are queued again, in order."""
     async with open_target(target) as queue:
-        released = await queue.resume(job_name)
+        try:
+            released = await queue.resume(job_name)
+        except ConfigError as exc:  # a job the app does not declare: a typo
+            fail(str(exc), 2)
         paused = await queue.paused()
     let_out = f", {released:,} held job(s) queued again" if job_name else ""
     still = f" (still paused: {', '.join(paused)})" if paused else ""

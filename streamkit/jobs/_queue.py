@@ -447,10 +447,21 @@ class JobQueue:
 
     async def resume(self, job: Job[Any, Any] | str | None = None) -> int:
         """Resume the queue, or one job name, paused by :meth:`pause`: its held jobs are
-        queued again, in order, in steps of 100. Returns how many were let out."""
+        queued again, in order, in steps of 100. Returns how many were let out.
+
+        Error handling:
+            :class:`~streamkit.ConfigError`, as :meth:`pause`, for a job name the queue
+            does not declare and that is not paused (a paused name no longer declared
+            can still be resumed).
+        """
         name = "*" if job is None else job if isinstance(job, str) else job.name
         if name != "*":
             validate_name("job name", name)
+            try:
+                self._declared(name)
+            except ConfigError:
+                if name not in await self.paused():
+                    raise
         released = 0
         for keys in self.shard_keys:
             left = 1
