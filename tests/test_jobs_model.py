@@ -98,7 +98,7 @@ def test_a_job_call_refuses_an_unknown_priority() -> None:
         ("delay", 1e300, r"^delay: must be at most a century"),
         ("delay", math.inf, r"^delay: must be at most a century"),
         ("expires", timedelta(days=365 * 101), r"^expires: must be at most a century"),
-        ("delay", -1, r"^delay: must be a number > 0"),
+        ("delay", -1, r"^delay: must be a number >= 0, got -1"),
         ("at", datetime(2030, 1, 1), r"^at: must be a timezone-aware datetime"),
     ],
 )
@@ -109,6 +109,13 @@ def test_a_call_the_queue_cannot_schedule_is_refused_before_anything_is_sent(
     call = JobCall(args=(1,), **{option: value})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=message):
         plan_enqueue(_job(lambda n: n), [call], Placement(1, lambda: "id"), queue="q")
+    # delay=0 is accepted (no delay: now), as the message says
+    assert (
+        plan_enqueue(
+            _job(lambda n: n), [JobCall(args=(1,), delay=0)], Placement(1, lambda: "id"), queue="q"
+        ).per_shard[0][2]
+        == b'{"d":0}'
+    )  # (the script runs a job of delay 0 now)
     plan = plan_enqueue(
         _job(lambda n: n),
         [JobCall(args=(1,), delay=MAX_WAIT)],

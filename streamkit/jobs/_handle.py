@@ -442,7 +442,8 @@ class Job(Generic[P, R]):
                 it was enqueued, enqueueing it again returns the existing job instead
                 of adding one (concurrent enqueues included). Without it, the job gets
                 a random id.
-            delay: run no sooner than this long from now (a ``timedelta`` or seconds).
+            delay: run no sooner than this long from now (a ``timedelta`` or seconds,
+                ``>= 0``; 0: now).
             at: run no sooner than this (timezone-aware) time.
             priority: ``"high"``, ``"normal"`` or ``"low"``; the job's by default.
             expires: end as ``expired`` unless started within this long (or by this

@@ -21,7 +21,7 @@ import orjson
 
 from .._errors import ConfigError, EncodeError
 from .._lua import CONSTANTS
-from .._validate import positive_number
+from .._validate import non_negative_number
 from .._wire import text
 from ._batches import chunks
 from ._layout import ShardKeys, shard_for
@@ -159,7 +159,9 @@ def _ms(value: When | None, name: str) -> int:
     if value is None:
         return 0
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    positive_number.check(name, seconds) if seconds != 0 else None
+    # 0 is accepted, meaning none (a delay of 0: now); the refusal of a negative one
+    # says so (it said "> 0").
+    non_negative_number.check(name, seconds)
     if seconds > MAX_WAIT:
         raise ConfigError(name, f"must be at most a century ({MAX_WAIT:,} s), got {seconds!r}")
     return math.ceil(seconds * 1000)
