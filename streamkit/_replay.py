@@ -205,6 +205,8 @@ class ResetPlan:
         partitions: what happens to each partition reset.
         tables: the tables and windowed tables the processor writes.
         outputs: the streams it emits to (emitted again by a replay).
+        batched: whether its stream's entries are a join's (each a forwarder's batch of
+            events, or a side's heartbeat), so counted as entries, not events.
     """
 
     processor: str
@@ -214,6 +216,7 @@ class ResetPlan:
     partitions: tuple[PartitionReplay, ...]
     tables: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    batched: bool = False
 
     @property
     def events(self) -> int:
@@ -241,10 +244,15 @@ class ResetPlan:
     def describe(self) -> list[str]:
         """The lines the confirmation prompt shows (what happens, and to what)."""
         count = len(self.partitions)
+        what = (
+            "entries (each a forwarder's batch of events, or a side's heartbeat)"
+            if self.batched
+            else "event(s)"
+        )
         lines = [
             (
                 f"Reset {self.processor} to read {self.stream} {self.where()} "
-                f"({count} partition{'s' if count != 1 else ''}): {self.events:,} event(s) "
+                f"({count} partition{'s' if count != 1 else ''}): {self.events:,} {what} "
                 f"will be processed{' again' if self.to != 'end' else ''}."
             )
         ]
@@ -373,6 +381,7 @@ async def plan_reset(
         partitions=tuple(replays),
         tables=tables,
         outputs=_outputs(processor),
+        batched=any(getattr(table, "joins", False) for table in processor.tables),
     )
 
 

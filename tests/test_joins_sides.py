@@ -218,3 +218,19 @@ async def test_streamkit_read_shows_a_join_s_inner_entries(redis_url: str, redis
         'left 8 at 2026-01-01T00:00:00.500+00:00: {"fields":["x","y"]}'
     )
     assert len(one.out.splitlines()) == 1
+
+
+async def test_a_join_s_reset_counts_its_inner_entries_as_entries(
+    redis_url: str, redis: Redis
+) -> None:
+    key = CLI_APP.streams["j__in"].key(0)
+    (packed,) = pack_forwarded(b"L", [(1767225600000, b"7", 0, b'{"order_id":7}')] * 3)
+    await redis.xadd(key, {b"J": packed})
+    await redis.xadd(key, {HEARTBEAT: heartbeat(1, 1767225601000)})
+    asked = await streamkit(
+        "reset", "tests.test_joins_sides:CLI_APP", "j", "--to", "start", "--state", "clear",
+        redis_url=redis_url, stdin=b"n\n",
+    )  # fmt: skip
+    assert "2 entries (each a forwarder's batch of events, or a side's heartbeat)" in asked.err, (
+        asked.err
+    )
