@@ -5,6 +5,7 @@ events come; a side that is only quiet is moved on by heartbeats (see
 from __future__ import annotations
 
 import math
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import trio
 
 from streamkit import App, ConfigError
 from streamkit._joins import pack_forwarded
+from streamkit._replay import apply_reset, plan_reset
 from streamkit._state_join_sides import HEARTBEAT, Sides, heartbeat, read_heartbeat
 from streamkit._worker import run_worker
 from streamkit.clients import _ops
@@ -234,3 +236,57 @@ async def test_a_join_s_reset_counts_its_inner_entries_as_entries(
     assert "2 entries (each a forwarder's batch of events, or a side's heartbeat)" in asked.err, (
         asked.err
     )
+
+
+async def test_a_replay_of_the_join_emits_what_the_first_run_did(
+    redis_url: str, redis: Redis
+) -> None:
+    # Orders first, the payments' side quiet (heartbeats move it on, some orders close
+    # alone), then payments, some late by then: what the replay emits depends on where
+    # the watermark was at each entry, which the heartbeats in the inner stream say.
+    app, orders, payments, paid = shop(redis_url, idle=False)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    processor: Any = app.processors["j"]
+
+    def seen(rows: list[dict[str, Any]]) -> Counter[tuple[str, Any, Any]]:
+        return Counter(
+            (r["key"], r["left"] and r["left"]["at"], r["right"] and r["right"]["at"]) for r in rows
+        )
+
+    async def run_until(count: int) -> list[dict[str, Any]]:
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(run_worker, app)
+
+            async def closed() -> bool:  # the closing pair, the last result
+                return sum(1 for r in await results(redis, paid) if r["key"] == "99") >= count
+
+            await wait_until(closed, what="the closing pair", within=30)
+            await worker.stop()
+        return await results(redis, paid)
+
+    async with app:
+        for n in range(1, 21):
+            await orders.send(Order(order_id=n, amount=1.0, at=t0 + timedelta(seconds=n)))
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+
+        async def alone() -> bool:
+            return len(await results(redis, paid)) >= 5
+
+        await wait_until(alone, what="orders closed alone", within=30)
+        await worker.stop()
+    async with app:
+        for n in range(5, 25):
+            await payments.send(Payment(order_id=n, paid=1.0, at=t0 + timedelta(seconds=n + 0.2)))
+        await orders.send(Order(order_id=99, amount=1.0, at=t0 + timedelta(hours=1)))
+        await payments.send(Payment(order_id=99, paid=1.0, at=t0 + timedelta(hours=1)))
+    first = seen(await run_until(1))
+    assert await heartbeats(redis, app)  # (what the replay must read to be exact)
+    assert ("3", (t0 + timedelta(seconds=3)).isoformat(), None) in first
+    assert any(left and right for _, left, right in first)
+    async with app:
+        plan = await plan_reset(app, processor, to="start", state="clear")
+        await apply_reset(app, processor, plan)
+    before = len(await results(redis, paid))
+    again = seen((await run_until(2))[before:])
+    assert again == first
