@@ -52,6 +52,9 @@ async def streams(call: Calls) -> None:
     meta = _keys.meta_key("shop", "orders")
     assert await call("streams/metadata", [meta], ["partition_count", "4"]) == []
     assert len(await call("streams/metadata", [meta], ["partition_count", "8"])) == 2
+    # (a join asks whether a forwarder's group has every entry behind it)
+    caught_up = await call("streams/caught_up", [STREAM + ":none"], ["g"])
+    assert caught_up[0] == 1  # no entries: nothing to forward
     marker = marker_key(STREAM, "t1")
     head = [1000, 0, 300]
     first = await call(
@@ -77,6 +80,11 @@ async def streams(call: Calls) -> None:
     assert await call("spark/write", [STREAM, spark], [*head, 1, b"f", b"v"]) == [1, 0]
     assert await call("spark/write", [STREAM, spark], [*head, 1, b"f", b"v"]) == [-1, 0]
     assert len(await call("spark/ids", [STREAM], ["-", "+", 10])) == 4
+    assert (await call("streams/caught_up", [STREAM], ["nobody"]))[0] == 0  # no such group
+    await redis.xgroup_create(STREAM, "behind", "0")
+    assert (await call("streams/caught_up", [STREAM], ["behind"]))[0] == 0
+    await redis.xgroup_create(STREAM, "level", "$")
+    assert (await call("streams/caught_up", [STREAM], ["level"]))[0] == 1
     relayed = _keys.relay_key(STREAM, "shop.in.1")
     assert await call("streams/relay", [STREAM, relayed], [0, "5-0", 1, b"f", b"v"]) == 1
     assert await call("streams/relay", [STREAM, relayed], [0, "5-0", 1, b"f", b"v"]) == 0
