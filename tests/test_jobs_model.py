@@ -99,6 +99,9 @@ def test_a_job_call_refuses_an_unknown_priority() -> None:
         ("delay", math.inf, r"^delay: must be at most a century"),
         ("expires", timedelta(days=365 * 101), r"^expires: must be at most a century"),
         ("delay", -1, r"^delay: must be a number >= 0, got -1"),
+        # (within no time at all: refused, as the job option is; it read as no expiry)
+        ("expires", 0, r"^expires: must be a number > 0, got 0"),
+        ("expires", timedelta(0), r"^expires: must be a number > 0"),
         ("at", datetime(2030, 1, 1), r"^at: must be a timezone-aware datetime"),
     ],
 )

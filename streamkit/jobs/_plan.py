@@ -21,7 +21,7 @@ import orjson
 
 from .._errors import ConfigError, EncodeError
 from .._lua import CONSTANTS
-from .._validate import non_negative_number
+from .._validate import non_negative_number, positive_number
 from .._wire import text
 from ._batches import chunks
 from ._layout import ShardKeys, shard_for
@@ -197,6 +197,15 @@ def add_call_times(opts: dict[str, Any], call: JobCall) -> None:
     if call.at is not None:
         opts[_O["at_ms"]] = _at_ms(call.at, "at")
     if call.expires is not None:
+        if not isinstance(call.expires, datetime):
+            # (A job that must start within no time at all: the job option refuses it
+            # too; 0 would read as "no expiry".)
+            seconds = (
+                call.expires.total_seconds()
+                if isinstance(call.expires, timedelta)
+                else call.expires
+            )
+            positive_number.check("expires", seconds)
         opts[_O["expires_ms"]] = (
             _at_ms(call.expires, "expires")
             if isinstance(call.expires, datetime)
