@@ -430,6 +430,12 @@ async def test_a_queue_without_an_app(redis: Redis, redis_url: str) -> None:
             assert (await queue.counts()).queued["normal"] == 8
     report = orjson.loads(info.out)
     assert (report["queue"], report["app"], report["shards"]) == ("loose", None, 4)
+    assert "has nothing in this Redis" not in info.err  # (a queue that is there)
+    # A mistyped name is said so, not shown as an empty queue (which it also is).
+    typo = await streamkit("jobs", "info", "--queue", "lose", "--json", redis_url=redis_url)
+    assert typo.code == 0, typo.err
+    assert "note: queue lose (1 shard) has nothing in this Redis" in typo.err
+    assert orjson.loads(typo.out)["counts"]["dead"] == 0
     assert report["counts"]["dead"] == 8
     assert shown.code == 0, shown.err
     assert f"job {some.id} of queue loose" in shown.out

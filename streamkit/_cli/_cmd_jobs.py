@@ -15,7 +15,7 @@ from rich.console import Console
 from .._errors import ConfigError, StreamkitError
 from .._keys import validate_name
 from .._literal import printable
-from .._redis import open_redis
+from .._redis import open_redis, redis_errors
 from .._settings import Settings
 from .._urls import mask_url
 from ..jobs import JobEvent, JobNotFound, JobQueue, JobStatus, open_job_queue
@@ -25,7 +25,7 @@ from ._exits import fail
 from ._fleet import counts_by_name, counts_json, iso, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
 from ._loading import load_app, one_shot_settings
-from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option
+from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option, stderr
 from ._watch import until_signal
 
 if TYPE_CHECKING:
@@ -93,14 +93,36 @@ def queue_target(
 
 
 @contextlib.asynccontextmanager
-async def open_target(target: QueueTarget) -> AsyncIterator[JobQueue]:
+async def open_target(target: QueueTarget, *, whole: bool = False) -> AsyncIterator[JobQueue]:
     """Connect, and yield the target's queue. An error of streamkit's, connecting or
-    raised by the block, ends the command with it as one line (exit code 1)."""
+    raised by the block, ends the command with it as one line (exit code 1). For a
+    command reading the ``whole`` queue, a ``--queue`` with nothing in Redis is said
+    so first."""
     try:
         async with _open_queue(target) as queue:
+            if whole and target.app is None:  # (a command that reads the whole queue)
+                await _say_if_unknown(queue)
             yield queue
     except StreamkitError as exc:
         fail(str(exc))
+
+
+async def _say_if_unknown(queue: JobQueue) -> None:
+    """Say (on stderr) when nothing of a queue named by ``--queue`` is in this Redis:
+    no job was ever enqueued, paused or served there, so a mistyped name, a wrong
+    ``--shards`` or ``--redis-url`` does not read as an empty queue."""
+    found = 0
+    with redis_errors():
+        for keys in queue.shard_keys:
+            found += await queue.redis.exists([*keys.keys, keys.control])
+    if not found:
+        stderr.print(
+            f"note: queue {queue.name} ({queue.shards} shard{'s' if queue.shards != 1 else ''})"
+            f" has nothing in this Redis: no job was ever enqueued or served there (check the"
+            f" name, --shards and --redis-url)",
+            markup=False,
+            highlight=False,
+        )
 
 
 @contextlib.asynccontextmanager
@@ -226,7 +248,7 @@ async def jobs_info(
     Queued, scheduled, waiting, running, retrying and dead are the jobs in that state
     now; succeeded, aborted and expired are running totals.
     """
-    async with open_target(target) as queue:
+    async with open_target(target, whole=True) as queue:
         counts = await queue.counts()
     undeclared = target.app is not None and not target.app.jobs
     if undeclared and not holds_any(counts):
@@ -327,7 +349,7 @@ async def jobs_events(
         fail(f"--after: {exc}", 2)
     # --follow runs until Ctrl-C (or SIGTERM), which ends it cleanly.
     async with (
-        open_target(target) as queue,
+        open_target(target, whole=True) as queue,
         until_signal() if follow else contextlib.nullcontext(),
     ):
         async for event in queue.events(after=after, follow=follow):
@@ -405,7 +427,7 @@ async def jobs_dlq_list(
     as_json: bool,
 ) -> None:
     """Show a queue's dead jobs, oldest first, with their last errors."""
-    async with open_target(target) as queue:
+    async with open_target(target, whole=True) as queue:
         dead = await queue.dead_letters(limit=limit)
         total = (await queue.counts()).dead
     total = max(total, len(dead))
