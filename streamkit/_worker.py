@@ -138,15 +138,21 @@ class Worker:
             return
         self._stopping = True
         log.debug("stopping: draining %d processor(s)", len(self.executors))
-        async with trio.open_nursery() as nursery:
-            for executor in self.executors:
-                with log_context(processor=executor.processor.name, member=executor.membership.id):
-                    nursery.start_soon(executor.rebalancer.drain, grace)
-            for job_worker in self.job_workers.values():
-                nursery.start_soon(
-                    job_worker.drain, self.app.settings.grace_period if grace is None else grace
-                )
-        self._cancel_scope.cancel("worker stopped")
+        try:
+            async with trio.open_nursery() as nursery:
+                for executor in self.executors:
+                    with log_context(
+                        processor=executor.processor.name, member=executor.membership.id
+                    ):
+                        nursery.start_soon(executor.rebalancer.drain, grace)
+                for job_worker in self.job_workers.values():
+                    nursery.start_soon(
+                        job_worker.drain, self.app.settings.grace_period if grace is None else grace
+                    )
+        finally:
+            # Whatever the drains met, the stop goes on: the clean-up that follows is
+            # shielded and time-limited.
+            self._cancel_scope.cancel("worker stopped")
 
     @property
     def stop_requested(self) -> bool:

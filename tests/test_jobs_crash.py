@@ -22,10 +22,11 @@ from coredis.response.types import StreamPending
 
 from streamkit import App, open_redis
 from streamkit.jobs import JobCall, JobFailed, JobHandle, JobQueue, JobStatus, open_job_queue
+from streamkit.jobs._serve import PUT_BACK_WITHIN
 from streamkit.testing import wait_until
 from tests.apps import jobs_app
 from tests.apps.jobs_app import Note, ends_key, log_key, starts_key
-from tests.workers import ROOT, WorkerProcess, start_worker
+from tests.workers import FAST_ENV, ROOT, WorkerProcess, start_worker
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -295,6 +296,58 @@ async def test_nothing_is_lost_across_a_redis_restart_with_aof(
     assert re.search(r"back after [\d.]+s", log), log
     assert "not recorded" not in log
     assert_clean(worker)
+
+
+@pytest.mark.timeout(40)
+async def test_sigterm_during_an_outage_stops_in_time_and_the_jobs_run_again(
+    private_redis: RedisServer,
+    redis_url: str,
+    redis: Redis,
+    tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    # Redis killed, then SIGTERM: the stop must not wait for Redis. Two jobs end during
+    # the grace (their outcomes cannot be recorded), two outlast it (cancelled, and
+    # they cannot be put back). The worker exits 0 within grace + the clean-up's 5 s,
+    # says once what was not recorded, and the jobs run again once Redis is back.
+    grace = float(FAST_ENV["STREAMKIT_GRACE_PERIOD"])
+    url = private_redis.url
+    env = {"JOBS_MARKERS_URL": redis_url, **FAST_LEASE}
+    worker = start_job_worker(url, tmp_path, env=env)
+    workers.append(worker)
+    ending, outlasting = ["ends-0", "ends-1"], ["outlasts-0", "outlasts-1"]
+    async with open_redis(url) as queue_redis, open_job_queue(queue_redis, "jobs") as queue:
+        handles = [await enqueue(queue, jobs_app.hold, tag, 1.5) for tag in ending]
+        handles += [await enqueue(queue, jobs_app.hold, tag, 60.0) for tag in outlasting]
+        await wait_serving(worker)
+        for tag in ending + outlasting:
+            await wait_started(redis, tag)
+        private_redis.stop()  # SIGKILL
+        await trio.sleep(0.5)  # the trial's timing: the signal comes during the outage
+        stopped_at = trio.current_time()
+        worker.send_signal(signal.SIGTERM)
+        code = await worker.wait_exit(within=grace + PUT_BACK_WITHIN + 3)
+        took = trio.current_time() - stopped_at
+        log = worker.log()
+        print(f"SIGTERM to exit during the outage: {took:.1f}s")
+        assert code == 0, log
+        assert took < grace + PUT_BACK_WITHIN + 1.5, log
+        for tag in ending:
+            assert await count(redis, ends_key(tag)) == 1  # ended while Redis was down
+        # Said once, with what it means; no end of the outage that did not end.
+        assert log.count("were not recorded") == 1, log
+        assert "the outcomes of 4 job(s) in flight were not recorded" in log, log
+        assert "back after" not in log, log
+        assert "Error:" not in log, log
+        assert_clean(worker)
+
+        # At-least-once: back up, another worker runs all four again.
+        await trio.to_thread.run_sync(private_redis.start)
+        workers.append(start_job_worker(url, tmp_path, env=env))
+        for handle in handles:
+            await handle.result(timeout=20)
+    for tag in ending + outlasting:
+        assert await count(redis, starts_key(tag)) == 2, tag
 
 
 @pytest.mark.timeout(40)

@@ -26,7 +26,7 @@ import trio
 
 from .._errors import ConfigError, RedisUnavailable
 from .._lua import script
-from .._redis import LuaScript, retry_idempotent
+from .._redis import LuaScript, health_of, retry_idempotent
 from .._wire import text
 from ._crontime import next_tick
 from ._layout import shard_for
@@ -406,7 +406,8 @@ async def run_schedules(
                             if scope is not None:
                                 running[name] = _Running(raw, scope)
             except RedisUnavailable as exc:
-                log.warning("reading the schedules: %s", exc)
+                # An outage: said once for the whole worker, by its outage log.
+                health_of(queue.redis).unavailable(exc, what="reading the schedules")
             await trio.sleep(SCHEDULES_POLL)
 
 

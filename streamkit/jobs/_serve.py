@@ -33,6 +33,7 @@ from .._errors import ConfigError, RedisUnavailable
 from .._logs import log_context
 from .._meter import JobMeter
 from .._nurseries import open_service_nursery
+from .._redis import health_of
 from ._claim import Claimer, ensure_groups, new_consumer
 from ._cron import run_schedules
 from ._drain import drain, put_back
@@ -54,6 +55,9 @@ log = logging.getLogger("streamkit.jobs")
 
 Handlers = Iterable[Job[Any, Any]] | Mapping[str, Callable[..., Any]]
 
+#: Seconds a stop's clean-up (recording outcomes, putting running jobs back) may take
+#: (it runs shielded; see docs/jobs.md, "Stopping a worker").
+PUT_BACK_WITHIN = 5.0
 #: Seconds a lifespan's shut-down code may take at a stop (it runs shielded).
 LIFESPAN_SHUTDOWN = 10.0
 
@@ -145,7 +149,9 @@ class JobWorker:
         running then, without spending a try.
 
         Returns:
-            whether every running job ended within ``grace``.
+            whether every running job ended within ``grace`` and had its outcome
+            recorded (Redis may be unreachable meanwhile: the wait for the outcomes
+            ends with the grace too).
         """
         return await drain(self._claimer, self._tries, self._outbox, grace)
 
@@ -180,18 +186,35 @@ class JobWorker:
                     task_status.started(self)
                     await trio.sleep_forever()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(5.0) as cleanup:
-                try:
-                    await put_back(self.queue, self.consumer, self._tries, self._outbox)
-                except RedisUnavailable as exc:
-                    log.warning(
-                        "stopping: could not put %d running jobs back (%s); they are taken "
-                        "over when their leases run out",
-                        len(self._tries.running),
-                        exc,
-                    )
-            if cleanup.cancelled_caught:
-                log.warning("stopping: putting running jobs back timed out")
+            await self._put_back()
+
+    async def _put_back(self) -> None:
+        """The stop's clean-up: record the ended tries' outcomes and put the running
+        ones back, shielded, for at most :data:`PUT_BACK_WITHIN` seconds. If Redis
+        cannot be reached (or does not answer) meanwhile, say so once: those jobs are
+        run again once their leases run out."""
+        subject = health_of(self.queue.redis).outage.subject
+        failure = f"{subject} did not answer within {PUT_BACK_WITHIN:g}s"
+        with trio.CancelScope(shield=True), trio.move_on_after(PUT_BACK_WITHIN):
+            try:
+                await put_back(self.queue, self.consumer, self._tries, self._outbox)
+            except RedisUnavailable as exc:
+                failure = str(exc)
+            else:
+                return
+        unrecorded = len(self._tries.running)
+        what = (
+            f"the outcomes of {unrecorded} job(s) in flight were not recorded: they are run"
+            if unrecorded
+            else "the jobs claimed and not started are not handed back: they are taken"
+        )
+        log.warning(
+            "stopping: %s; %s again (by another worker, or this one restarted) once their "
+            "leases run out, within %gs",
+            failure,
+            what,
+            self.queue.lease_ttl,
+        )
 
     def __repr__(self) -> str:
         return (
