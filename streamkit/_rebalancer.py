@@ -682,6 +682,9 @@ class Rebalancer:
         non_negative_number.check("grace", grace)
         self._closing = True
         owned = self.owned.value
+        # Also those waiting to take their lock again after Redis failed their run()
+        # (their release failed as well, during an outage).
+        handled = set(self._slots)
         log.debug("draining all partitions (%r, grace %ss)", self, grace)
         for slot in list(self._slots.values()):
             if slot.state == "acquiring":
@@ -705,7 +708,18 @@ class Rebalancer:
         # Published now, not in a scheduling round: drained means owned is empty.
         self._publish()
         log.debug("drained: %r", self)
-        if owned:
+        outage = health_of(self.locks.redis).outage
+        if handled and outage.down:
+            # The releases and the last acknowledgements failed with Redis (said at
+            # debug level, one by one): say what that means, once.
+            log.warning(
+                "stopping while %s is unreachable: %s not released; the leases run out "
+                "by themselves and the events not acknowledged are processed again by "
+                "the next owner",
+                outage.subject,
+                partitions_text(handled),
+            )
+        elif owned:
             log.info("released %s", partitions_text(owned))
 
     async def _wait_empty(self) -> None:

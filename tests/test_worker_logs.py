@@ -24,7 +24,7 @@ import trio
 from streamkit.testing import wait_until
 from tests.apps.scenario import SEEN, make_app
 from tests.scenarios import numbered_events
-from tests.workers import start_worker
+from tests.workers import FAST_ENV, start_worker
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -142,3 +142,38 @@ async def test_an_outage_is_said_once_summed_up_and_its_end_said(
     assert all(" WARNING " in line for line in outage), text
     assert "Traceback" not in worker.log()
     assert worker.process.poll() is None
+
+
+@pytest.mark.timeout(40)
+async def test_a_stop_during_an_outage_says_once_what_was_not_released(
+    private_redis: RedisServer, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    # Redis killed, SIGTERM half a second later: the worker stops in its grace, exits
+    # 0, and says once that its partitions were not released (nor their events in hand
+    # acknowledged), not that it released them nor that Redis is back.
+    grace = float(FAST_ENV["STREAMKIT_GRACE_PERIOD"])
+    env = {
+        "SCENARIO_PARTITIONS": "4",
+        "SCENARIO_DELAY": "1.0",
+        "SCENARIO_BATCH": "5",
+        "STREAMKIT_LEASE_TTL": "10",  # held through the stop: none lost before it
+    }
+    worker = start_worker(private_redis.url, tmp_path, env=env)
+    workers.append(worker)
+    await wait_until(
+        lambda: "owns partitions 0-3" in worker.log(), what="the partitions owned", within=20
+    )
+    app, stream = make_app(partitions=4, redis_url=private_redis.url)
+    async with app:
+        await stream.send_many(numbered_events(KEYS, 40))
+        await wait_until(lambda: app.redis.llen(SEEN), what="events processed", within=20)
+    private_redis.stop()  # SIGKILL
+    await trio.sleep(0.5)  # the trial's timing: the signal comes during the outage
+    worker.send_signal(signal.SIGTERM)
+    assert await worker.wait_exit(within=grace + 6) == 0, worker.log()
+    log = worker.log()
+    assert log.count("not released") == 1, log
+    assert f"stopping while Redis at {private_redis.url} is unreachable: partitions 0-3" in log
+    assert "released partitions" not in log, log
+    assert "back after" not in log, log
+    assert "Traceback" not in log, log
