@@ -285,6 +285,14 @@ async def test_dlq_list_replay_and_purge(app: App, redis: Redis, redis_url: str)
         )
         info = await second.info()
         assert (info.status, info.tries) == (JobStatus.SENT, 0)
+        assert info.replayed_at is not None
+        assert info.finished_at is None
+        shown = await streamkit("jobs", "show", APP, second.id, redis_url=redis_url)
+        history = shown.out[shown.out.index("history") :]
+        # its first life, then the replay, in time order
+        assert history.index("try 1 of 1 failed") < history.index(
+            "replayed from the dead letters (tries begin again)"
+        )
 
         purged = await streamkit("jobs", "dlq", "purge", APP, "-y", redis_url=redis_url)
         assert purged.code == 0, purged.err

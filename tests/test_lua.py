@@ -37,7 +37,7 @@ PINS = {
     "jobs/purge": "83db6065520e5ca7ee311b3ffebcea94c4e3280d",
     "jobs/recover": "991283f5adc65acf671ae496999c713f44c0bbee",
     "jobs/renew": "7dcd477d0dfc2f99cf9d23ea0475d0cfe2a9de30",
-    "jobs/replay": "2d822e2cc2881498fdbf1f1a52b6d4c2bb47ff5a",
+    "jobs/replay": "399f0015c352d3262e50c405fd78f4ffedc6f556",
     "jobs/schedule": "d50484ee229c2ca9e9c0258e44aca52ab55713f1",
     "jobs/settle": "3323ded4d0fec2e5201a4e1796a4ebf37d767be3",
     "jobs/stream": "2338129478ccd70cdaf05f32c78f9c5958228d79",

@@ -377,6 +377,8 @@ def job_history(info: JobInfo) -> list[tuple[datetime | None, str]]:
         events.append((info.enqueued_at, f"enqueued ({info.priority} priority)"))
     if info.due_at is not None:
         events.append((info.due_at, "due (delayed until then)"))
+    if info.replayed_at is not None:
+        events.append((info.replayed_at, "replayed from the dead letters (tries begin again)"))
     tries = info.history
     if not tries and info.started_at is not None:
         tries = (JobTry(number=info.tries, started_at=info.started_at, worker=info.worker),)
@@ -407,7 +409,14 @@ def job_json(info: JobInfo) -> dict[str, Any]:
     """What a queue knows of one job, as JSON (``jobs show --json``, ``/api/jobs/ID``):
     its tries (``history``) and, in words, its ``timeline`` (see :func:`job_history`)."""
     data = attrs.asdict(info)
-    for field in ("enqueued_at", "due_at", "started_at", "finished_at", "expires_at"):
+    for field in (
+        "enqueued_at",
+        "due_at",
+        "started_at",
+        "finished_at",
+        "expires_at",
+        "replayed_at",
+    ):
         data[field] = iso(data[field], "milliseconds")
     data["status"] = info.status.value
     data["history"] = [

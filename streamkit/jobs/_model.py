@@ -219,6 +219,8 @@ class JobInfo:
             or a pause, e.g. ``"concurrency 1 of sync_account:acct-7"``.
         limit_key: its limit key, for a job with limits per key.
         headers: the headers it was enqueued with (trace context among them).
+        replayed_at: when it was last queued again from the dead letters (its tries
+            then began again from 1), if it was.
     """
 
     id: str
@@ -245,6 +247,7 @@ class JobInfo:
     limit_key: str | None = None
     headers: dict[str, str] = attrs.field(factory=dict)
     progress_value: Any = None
+    replayed_at: datetime | None = None
 
 
 @attrs.frozen

@@ -129,6 +129,7 @@ def decode_info(queue: str, job_id: str, fields: dict[bytes, bytes]) -> JobInfo:
         limit_key=text(fields[b"lk"]) if fields.get(b"lk") else None,
         headers=_headers(fields.get(b"hdr")),
         progress_value=progress_value(fields.get(b"pv")),
+        replayed_at=_time(fields.get(b"replayed")),
     )
 
 
