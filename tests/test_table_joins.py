@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from streamkit import App, ConfigError, Events, Record, tumbling
+from streamkit._cli._fleet import take_snapshot
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 from tests.test_cli import streamkit
@@ -198,6 +199,10 @@ async def test_a_global_table_is_read_from_any_partition_by_any_key(
         await worker.stop()
     async with app:
         keys = {key async for key, _ in products.items()}
+        snapshot = await take_snapshot(app)
+    # One hash, whatever the partition: its keys counted once, on the first line.
+    (writer,) = [p for p in snapshot.processors if p.name == "keep_products"]
+    assert [row.tables.get("products") for row in writer.partitions] == [29, None, None]
 
     got: dict[str, Any] = {}
     for p in range(priced.partition_count):

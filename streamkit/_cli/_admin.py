@@ -164,8 +164,13 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             last_requests = [pipe.xrevrange(key, count=1) for key in keys]
             lease_requests = [pipe.get(key) for key in locks]
             halt_requests = [pipe.hgetall(key) for key in halts]
+            # (A global table is one hash, whatever the partition: counted once, on the
+            # first partition's line.)
             size_requests = {
-                table.name: [pipe.hlen(table.key(p)) for p in range(len(keys))]
+                table.name: [
+                    pipe.hlen(table.key(p))
+                    for p in range(1 if getattr(table, "is_global", False) else len(keys))
+                ]
                 for table in processor.tables
                 if not getattr(table, "fixed", False)
             }
@@ -225,7 +230,11 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
                 last_event_at=_entry_time(last[0].identifier) if last else None,
                 halted=decode_halt(partition, halt_fields[partition]),
                 entries_read=None if read is None else int(read),
-                tables={name: counts[partition] for name, counts in sizes.items()},
+                tables={
+                    name: counts[partition]
+                    for name, counts in sizes.items()
+                    if partition < len(counts)
+                },
                 reads_after=text(info["last-delivered-id"]) if info else None,
                 late=late[partition] if late else {},
                 buffered=buffered[partition] if buffered else {},

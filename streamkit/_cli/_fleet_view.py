@@ -260,7 +260,8 @@ def partitions_table(
                 str(row.partition),
                 _worker_cell(row, names, why=rates is not None),
                 *middle,
-                *(compact(row.tables.get(t)) for t in tables),
+                # (a global table's keys: on the first partition's line only)
+                *(compact(row.tables[t]) if t in row.tables else "" for t in tables),
                 *((compact(total_late(row.late)),) if late else ()),
                 *((compact(sum(row.buffered.values())),) if buffered else ()),
                 ago(row.last_event_at, now),
