@@ -528,6 +528,9 @@ class App:
             left_time=left_time,
             right_time=right_time,
             idle=idle,
+            # (longer than a failover takes: a side held back for that long is stalled)
+            stall_warning=float(overrides.get("session_timeout", self.settings.session_timeout))
+            + float(overrides.get("lease_ttl", self.settings.lease_ttl)),
             connection=lambda: self.redis,
         )
         inner = self.stream(

@@ -203,6 +203,10 @@ class StreamJoin(KeyedState, Generic[L, R]):
     left_time: str | Callable[[Any], Any] | None = attrs.field(kw_only=True, default=None)
     right_time: str | Callable[[Any], Any] | None = attrs.field(kw_only=True, default=None)
     idle: bool = attrs.field(kw_only=True, default=True)
+    #: Seconds a side may hold the join back, its forwarder not forwarding, before a
+    #: warning says so (:meth:`streamkit.App.join`: a failover's time, session timeout
+    #: plus lease).
+    stall_warning: float = attrs.field(kw_only=True, default=30.0)
 
     kind_name = "join"
     joins = True

@@ -25,6 +25,7 @@ computes the same watermarks, and the same results, as the first run.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from ._redis import Redis
 
 __all__ = ["CHECK_INTERVAL", "HEARTBEAT", "Sides", "Source", "heartbeat", "read_heartbeat"]
+
+log = logging.getLogger("streamkit.state")
 
 #: Seconds between two questions to Redis of a partition a side holds back.
 CHECK_INTERVAL = 0.5
@@ -73,6 +76,9 @@ class Sides:
     Args:
         left, right: each side's partition and its forwarder's group.
         redis: the client.
+        partition: the join's partition (for what a warning says).
+        warn_after: seconds a side may hold the partition back, not caught up and not
+            moving on, before a warning says so (and, once it comes, that it did).
 
     Attributes:
         seen: the newest time (ms) of each side (left, right), of its events and
@@ -80,11 +86,33 @@ class Sides:
         next_check: the Trio time before which Redis is not asked again.
     """
 
-    __slots__ = ("_done", "_redis", "_sources", "_written", "next_check", "seen")
+    __slots__ = (
+        "_done",
+        "_partition",
+        "_redis",
+        "_sources",
+        "_stalled",
+        "_warn_after",
+        "_written",
+        "next_check",
+        "seen",
+    )
 
-    def __init__(self, left: Source, right: Source, redis: Redis) -> None:
+    def __init__(
+        self,
+        left: Source,
+        right: Source,
+        redis: Redis,
+        *,
+        partition: int = 0,
+        warn_after: float = 30.0,
+    ) -> None:
         self._sources = (left, right)
+        self._partition = partition
         self._redis = redis
+        self._warn_after = warn_after
+        # Per side found behind: (since when, at what time it stood, warned yet).
+        self._stalled: list[tuple[float, float, bool] | None] = [None, None]
         self.seen = [-math.inf, -math.inf]
         self.next_check = -math.inf
         # What promote() last kept: discard() goes back to it.
@@ -144,4 +172,44 @@ class Sides:
                 reply: Any = await _CAUGHT_UP(self._redis, keys=[key], args=[group])
                 if int(reply[0]):
                     found.append((side, int(reply[1])))
+                    self._moving(side)
+                else:
+                    self._behind(side)
         return found
+
+    def _behind(self, side: int) -> None:
+        """``side`` has entries its forwarder has not processed: if it has not moved on
+        for ``warn_after``, say so once."""
+        now, seen = trio.current_time(), self.seen[side]
+        stalled = self._stalled[side]
+        if stalled is None or stalled[1] != seen:
+            self._moving(side)
+            self._stalled[side] = (now, seen, False)
+        elif not stalled[2] and now - stalled[0] >= self._warn_after:
+            self._stalled[side] = (stalled[0], seen, True)
+            log.warning(
+                "%s holds the join's windows open: its forwarder %s has forwarded nothing "
+                "for %.0fs while it has events to; the results wait for them, and the "
+                "other side's events stay buffered (is a worker running %s?)",
+                self._where(side),
+                self._forwarder(side),
+                now - stalled[0],
+                self._forwarder(side),
+            )
+
+    def _forwarder(self, side: int) -> str:
+        return self._sources[side][1].rpartition(".")[2]
+
+    def _where(self, side: int) -> str:
+        """``join pay, partition 3: the payments side``, from the forwarder's group
+        (``app.stream.processor``)."""
+        _, stream, forwarder = self._sources[side][1].split(".", 2)
+        join = forwarder.rpartition("__")[0]
+        return f"join {join}, partition {self._partition}: the {stream} side"
+
+    def _moving(self, side: int) -> None:
+        """``side`` caught up, or moved on."""
+        stalled = self._stalled[side]
+        self._stalled[side] = None
+        if stalled is not None and stalled[2]:
+            log.info("%s moves on again: the windows it held close as they come", self._where(side))

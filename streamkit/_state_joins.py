@@ -144,7 +144,10 @@ class JoinView(WindowView):
         self._complete = False
         # The fields evicted from the cache that Redis holds.
         self._evicted: set[bytes] = set()
-        self.sides = Sides(*table.sources(partition), redis)
+        warn_after = getattr(table, "stall_warning", 30.0)
+        self.sides = Sides(
+            *table.sources(partition), redis, partition=partition, warn_after=warn_after
+        )
 
     async def open(self) -> None:
         await super().open()

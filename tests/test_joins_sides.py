@@ -4,6 +4,7 @@ events come; a side that is only quiet is moved on by heartbeats (see
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -56,7 +57,7 @@ async def heartbeats(redis: Redis, app: App) -> list[tuple[int, int]]:
 
 
 async def test_a_side_whose_forwarder_is_down_holds_the_windows_open(
-    redis_url: str, redis: Redis
+    redis_url: str, redis: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The trial's case: the worker of the right side's forwarder is gone, the payment
     # sent 0.3 s after its order waits in its stream. The idle rule must not close the
@@ -85,12 +86,26 @@ async def test_a_side_whose_forwarder_is_down_holds_the_windows_open(
 
         await wait_until(closed_beside, what="the other join's order alone", within=30)
         assert await results(redis, paid) == []
+        caplog.set_level(logging.INFO, logger="streamkit.state")
+
+        async def warned() -> bool:  # held for longer than a failover (2 s here)
+            return any("holds the join's windows open" in r.getMessage() for r in caplog.records)
+
+        await wait_until(warned, what="the stalled side said", within=30)
+        (said,) = [r.getMessage() for r in caplog.records if "holds the join's" in r.getMessage()]
+        assert said.startswith("join j, partition 0: the payments side holds the join's")
+        assert "is a worker running j__right?" in said
         second = await nursery.start(partial(run_worker, app, processors=["j__right"]))
 
         async def emitted() -> bool:
             return bool(await results(redis, paid))
 
         await wait_until(emitted, what="the pair", within=30)
+
+        async def moving() -> bool:
+            return any("moves on again" in r.getMessage() for r in caplog.records)
+
+        await wait_until(moving, what="the side said moving again", within=30)
         await second.stop()
         await first.stop()
     got = [(r["key"], r["left"]["order_id"], r["right"]) for r in await results(redis, paid)]
