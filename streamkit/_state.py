@@ -43,7 +43,7 @@ from ._partitioner import canonical_key_bytes
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_expiry import ExpiringTableView
-from ._state_join_sides import HEARTBEAT, heartbeat
+from ._state_join_sides import HEARTBEAT
 from ._state_joins import JoinView
 from ._state_relay import OutboxRelay
 from ._state_views import (
@@ -467,18 +467,10 @@ class PartitionState:
             target = idle_watermark(int(base), idle_for)
             if not self._joins:
                 self._advance(target)
-            for join in self._joins:
-                sides = join.sides
-                if sides.limit() < target and sides.due():
-                    # (Never beyond the clock: the side may get an event of now yet.)
-                    found = await sides.caught_up(target)
-                    behind = sum(1 for seen in sides.seen if seen < target)
-                    # (Only if every side behind can move: one alone moves nothing.)
-                    beats = [heartbeat(side, min(target, now)) for side, now in found]
-                    if len(found) < behind:
-                        beats = []
-                    if beats:
-                        self.emit_run(self._stream, self.partition, HEARTBEAT, beats, done=True)
+            for join in self._joins:  # (moved on by the heartbeats, once read back)
+                beats = await join.sides.idle_heartbeats(target)
+                if beats:
+                    self.emit_run(self._stream, self.partition, HEARTBEAT, beats, done=True)
         await self.settle(clock=self._idle_clock())
 
     def _advance(self, watermark: float) -> None:

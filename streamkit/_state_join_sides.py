@@ -177,6 +177,19 @@ class Sides:
                     self._behind(side)
         return found
 
+    async def idle_heartbeats(self, target: int) -> list[bytes]:
+        """The heartbeats that move an idle partition's sides on to ``target`` (the
+        idle rule's watermark): one for each side behind it, if every side behind it
+        has nothing left to forward (one alone moves nothing), each at most the
+        server's clock then (the side may get an event of now yet); none if Redis was
+        asked too recently."""
+        if self.limit() >= target or not self.due():
+            return []
+        found = await self.caught_up(target)
+        if len(found) < sum(1 for seen in self.seen if seen < target):
+            return []
+        return [heartbeat(side, min(target, now)) for side, now in found]
+
     def _behind(self, side: int) -> None:
         """``side`` has entries its forwarder has not processed: if it has not moved on
         for ``warn_after``, say so once."""
