@@ -390,7 +390,7 @@ async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> No
     startups: dict[str, list[float]] = {"records": [], "take": []}
     cpu: dict[str, list[float]] = {name: [] for name in results}
     server: dict[str, list[float]] = {name: [] for name in results}
-    server.update({"records-steady": [], "take-steady": []})
+    server.update({"records-steady": [], "take-steady": [], "after": []})
     with RedisServer() as redis_server:
         async with App("bench", redis_url=redis_server.url) as app:
             for round_ in range(1, rounds + 1):
@@ -425,6 +425,15 @@ async def run(n: int, partitions: int, rounds: int, *, with_metrics: bool) -> No
                         on = await bench_worker(redis_server.url, n, partitions, mode, metrics=True)
                         results[f"{mode}+metrics"].append(on.rate)
                         cpu[f"{mode}+metrics"].append(on.cpu)
+                if with_hiredis:
+                    # The bare loop again after the workers: Redis's own speed drifts
+                    # from minute to minute on a shared machine, and the workers' cost
+                    # is read against the mean of the loops before and after them.
+                    await app.redis.flushall()
+                    _, busy = await bench_hiredis(
+                        app, redis_server.url, n, partitions, decode=False
+                    )
+                    server["after"].append(busy)
                 yardstick = results["decoding"][-1] if with_hiredis else coredis
                 records, take = results["records"][-1], results["take"][-1]
                 metrics_part = ""
@@ -525,11 +534,13 @@ def print_redis_cpu(server: dict[str, list[float]]) -> None:
     same rounds: the median of the per-round ratios, and what one Redis core consumes
     at that cost."""
     median = {name: statistics.median(v) * 1e6 for name, v in server.items() if v}
-    # Both hiredis loops send Redis the same commands (decoding is the client's work).
-    bare = [min(pair) for pair in zip(server["hiredis"], server["decoding"], strict=True)]
+    # Both hiredis loops send Redis the same commands (decoding is the client's work);
+    # each round's yardstick is the mean of the loops before the workers and after.
+    before = [min(pair) for pair in zip(server["hiredis"], server["decoding"], strict=True)]
+    bare = [(b + a) / 2 for b, a in zip(before, server["after"], strict=True)]
     print(
         f"  redis-server CPU per event (median of {len(bare)} rounds; INFO cpu, user + sys, "
-        "the worker's start-up included):"
+        "the worker's start-up included; the bare loop run before the workers and after):"
     )
     print(f"  {'':<46}{'us/event':>10}{'vs bare':>10}{'per Redis core':>16}")
     bare_us = statistics.median(bare) * 1e6
