@@ -473,10 +473,11 @@ async def run_join(events: Events[Any], join: StreamJoin[Any, Any]) -> None:
         if results:
             emit(output, results)
         # A side behind the other that keeps a buffer open: if it is only quiet, a
-        # heartbeat moves it on (see _state_join_sides).
+        # heartbeat moves it on, with the idle rule; without it only its events do (see
+        # _state_join_sides).
         if view.withholding() and view.sides.due():
             top = max(view.sides.seen)
-            for side, _ in await view.sides.caught_up(top):
+            for side, _ in await view.sides.caught_up(top, moves=join.idle):
                 state.emit_run(inner, partition, HEARTBEAT, [heartbeat(side, int(top))])
 
 

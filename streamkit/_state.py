@@ -428,6 +428,11 @@ class PartitionState:
                 for join in self._joins:  # Redis asked at most so often
                     at = max(at, join.sides.next_check)
                 deadline = min(deadline, at)
+        for join in self._joins:
+            # (without the idle rule, a side holding the windows open is watched until
+            # it has been said: see tick)
+            if not join.window.idle and join.withholding() and not join.sides.warned():
+                deadline = min(deadline, join.sides.next_check)
         if self.expiring and self._clock != -math.inf:
             due = min(view.next_due for view in self.expiring)
             if due != math.inf:
@@ -471,6 +476,11 @@ class PartitionState:
                 beats = await join.sides.idle_heartbeats(target)
                 if beats:
                     self.emit_run(self._stream, self.partition, HEARTBEAT, beats, done=True)
+        for join in self._joins:
+            # Without the idle rule only events move a side on: one that holds the
+            # windows open is watched, to be said (see _state_join_sides).
+            if not join.window.idle and join.withholding() and join.sides.due():
+                await join.sides.caught_up(max(join.sides.seen), moves=False)
         await self.settle(clock=self._idle_clock())
 
     def _advance(self, watermark: float) -> None:

@@ -8,19 +8,25 @@ and the result would depend on the fault. So the watermark of a join's partition
 the newest event time *both* sides have reached, the lesser of each side's newest: a
 side behind holds the windows open until its events come.
 
-A side that is quiet rather than behind must not hold them for ever. When a side holds
-back a buffer that the other side's newest event would close (asked at most every
-:data:`CHECK_INTERVAL` seconds), or when the partition is idle and a buffer is due by
-the idle rule, Redis is asked whether that side's forwarder has processed every entry
-of its partition (``streams/caught_up``). If it has, the join writes a *heartbeat* of
-that side to its inner stream, with its commit: "this side has reached time T", T being
-the other side's newest event time (or, idle, the watermark the idle rule gives, but
-never beyond the server's clock when the side was found caught up). The
-heartbeat is read back in order like the events, and moves the side on as an event of
-that time would, matching nothing. Every event the side had forwarded before the
+A join that follows the idle rule (``idle=True``, event times that keep up with the
+clock) does not let a side that is quiet rather than behind hold them for ever. When a
+side holds back a buffer that the other side's newest event would close (asked at most
+every :data:`CHECK_INTERVAL` seconds), or when the partition is idle and a buffer is due
+by the idle rule, Redis is asked whether that side's forwarder has processed every
+entry of its partition (``streams/caught_up``). If it has, the join writes a
+*heartbeat* of that side to its inner stream, with its commit: "this side has reached
+time T", T being the other side's newest event time (or, idle, the watermark the idle
+rule gives, but never beyond the server's clock when the side was found caught up).
+The heartbeat is read back in order like the events, and moves the side on as an event
+of that time would, matching nothing. Every event the side had forwarded before the
 question is before the heartbeat in the inner stream, so nothing of it is overtaken;
 and since what moves the watermark is all in the inner stream, a replay of the join
 computes the same watermarks, and the same results, as the first run.
+
+Without the idle rule (``idle=False``: times of their own, a backfill say), nothing but
+a side's events moves it on, so the results depend on the events alone, not on when
+each side's producer sent them: a quiet side holds the other's windows open until its
+events come, and once it has for ``warn_after`` the join's worker says so.
 """
 
 from __future__ import annotations
@@ -154,10 +160,15 @@ class Sides:
         """Whether Redis may be asked again."""
         return trio.current_time() >= self.next_check
 
-    async def caught_up(self, below: float) -> list[tuple[int, int]]:
+    def warned(self) -> bool:
+        """Whether a side holding the partition back has been said."""
+        return any(stalled is not None and stalled[2] for stalled in self._stalled)
+
+    async def caught_up(self, below: float, *, moves: bool = True) -> list[tuple[int, int]]:
         """Of the sides that have not reached ``below``, those whose forwarder has
         processed every entry of its partition, each with the server's clock (ms) when
-        it had.
+        it had. With ``moves`` false (no heartbeat will move them on), a side found so
+        is only watched, said once it has held the partition for ``warn_after``.
 
         Error handling:
             :class:`~streamkit.RedisUnavailable` and the like, as any state read.
@@ -170,11 +181,11 @@ class Sides:
                     continue  # not holding it back
                 key, group = self._sources[side]
                 reply: Any = await _CAUGHT_UP(self._redis, keys=[key], args=[group])
-                if int(reply[0]):
+                if int(reply[0]) and moves:
                     found.append((side, int(reply[1])))
                     self._moving(side)
                 else:
-                    self._behind(side)
+                    self._held(side, quiet=bool(int(reply[0])))
         return found
 
     async def idle_heartbeats(self, target: int) -> list[bytes]:
@@ -190,9 +201,10 @@ class Sides:
             return []
         return [heartbeat(side, min(target, now)) for side, now in found]
 
-    def _behind(self, side: int) -> None:
-        """``side`` has entries its forwarder has not processed: if it has not moved on
-        for ``warn_after``, say so once."""
+    def _held(self, side: int, *, quiet: bool) -> None:
+        """``side`` holds the partition back: its forwarder has entries it has not
+        processed, or (``quiet``) none, with no heartbeat to move it on. If it has not
+        moved on for ``warn_after``, say so once."""
         now, seen = trio.current_time(), self.seen[side]
         stalled = self._stalled[side]
         if stalled is None or stalled[1] != seen:
@@ -200,6 +212,15 @@ class Sides:
             self._stalled[side] = (now, seen, False)
         elif not stalled[2] and now - stalled[0] >= self._warn_after:
             self._stalled[side] = (stalled[0], seen, True)
+            if quiet:
+                log.warning(
+                    "%s holds the join's windows open: it has had no event for %.0fs, and "
+                    "without the idle rule (idle=False) only its events move it on; the "
+                    "other side's events stay buffered until they come",
+                    self._where(side),
+                    now - stalled[0],
+                )
+                return
             log.warning(
                 "%s holds the join's windows open: its forwarder %s has forwarded nothing "
                 "for %.0fs while it has events to; the results wait for them, and the "

@@ -9,9 +9,11 @@ event goes, so closing touches only what is due. Like a windowed table, the buff
 committed with the acknowledgements, so each pair, and each unmatched event, is emitted
 exactly once.
 
-An event at time ``t`` matches every buffered event of the other side and the same key
-whose time is within the window of ``t`` (``|t - u| <= within``): the pair is emitted
-when the later of the two is processed, whichever side it is.
+An event at time ``t`` matches the buffered events of the other side and the same key
+whose time is within the window of ``t`` (``|t - u| <= within``) and that neither side
+had passed when the other came (see :meth:`JoinView.add_many`): the pair is emitted
+when the later of the two is processed, whichever side it is. What meets depends on
+each side's order alone, not on how the sides' events interleave.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Buffered", "JoinLike", "JoinView", "decode_buffer", "encode_buffer"]
 
-#: A buffered event: ``(time (ms), matched (0 or 1), form, stored)``, its record as
-#: forwarded, JSON (see :data:`streamkit._joins.JSON_FORM`). A field's value is a tuple
-#: of them. Tuples of ints and bytes, never changed in place (a mark is a new tuple):
+#: A buffered event: ``(time (ms), matched (0 or 1), form, stored, reached)``, its
+#: record as forwarded, JSON (see :data:`streamkit._joins.JSON_FORM`), and the newest
+#: time its own side had reached before it (ms; ``-inf``: none yet), which decides what
+#: it may still meet (see :meth:`JoinView.add_many`). A field's value is a tuple of
+#: them. Tuples of numbers and bytes, never changed in place (a mark is a new tuple):
 #: the garbage collector stops tracking them, so a join holding hundreds of thousands
 #: of events costs its collections nothing.
-Buffered = tuple[int, int, int, bytes]
+Buffered = tuple[int, int, int, bytes, float]
 
 
 #: What a buffer set and not yet committed holds for its encoding.
@@ -78,12 +82,25 @@ class JoinLike(Protocol):
     def sources(self, partition: int) -> tuple[Source, Source]: ...
 
 
+_NONE = -math.inf
+
+
+def _encode_event(e: Buffered) -> bytes:
+    if e[4] == _NONE:  # (its side had reached nothing: as earlier versions stored it)
+        return b"[%d,%d,%d,%s]" % e[:4]
+    return b"[%d,%d,%d,%s,%d]" % e
+
+
 def encode_buffer(events: tuple[Buffered, ...]) -> bytes:
-    """A field's buffered events as stored: JSON, ``[[time, matched, form, record],
-    ...]``, each record the JSON it was forwarded as, in place."""
+    """A field's buffered events as stored: JSON, ``[[time, matched, form, record,
+    reached], ...]``, each record the JSON it was forwarded as, in place (``reached``
+    left out when its side had reached nothing, as earlier versions stored every
+    event)."""
     if len(events) == 1:  # most fields: a key's one event
-        return b"[[%d,%d,%d,%s]]" % events[0]
-    return b"[" + b",".join([b"[%d,%d,%d,%s]" % e for e in events]) + b"]"
+        e = events[0]
+        if e[4] != _NONE:
+            return b"[[%d,%d,%d,%s,%d]]" % e
+    return b"[" + b",".join([_encode_event(e) for e in events]) + b"]"
 
 
 def decode_buffer(raw: bytes) -> tuple[Buffered, ...]:
@@ -92,11 +109,12 @@ def decode_buffer(raw: bytes) -> tuple[Buffered, ...]:
         events: list[Any] = orjson.loads(raw)
         decoded = []
         for e in events:
-            if len(e) != 4 or type(e[0]) is not int or type(e[1]) is not int:
+            if len(e) not in (4, 5) or type(e[0]) is not int or type(e[1]) is not int:
                 raise ValueError(f"not a buffered event: {e!r}")
-            if e[2] not in (0, 1):
+            if e[2] not in (0, 1) or (len(e) == 5 and type(e[4]) is not int):
                 raise ValueError(f"not a buffered event: {e!r}")
-            decoded.append((e[0], e[1], e[2], orjson.dumps(e[3])))
+            reached = e[4] if len(e) == 5 else _NONE
+            decoded.append((e[0], e[1], e[2], orjson.dumps(e[3]), reached))
         return tuple(decoded)
     except Exception as exc:
         raise DecodeError(f"stored join buffer: {exc}", stream="join") from exc
@@ -313,8 +331,19 @@ class JoinView(WindowView):
         """Buffer each event, in order (tentatively): its side (``b"L"``, ``b"R"``), key
         (``key_field``), time (ms), form and record as stored. Return, for each that
         matched some of the other side's buffered events of its key (marked matched),
-        ``(side, key_field, event as buffered, those events)``. A late event (its window
-        closed: it can match nothing that is left) is counted, not buffered.
+        ``(side, key_field, event as buffered, those events)``.
+
+        What an event meets depends on each side's own order only, never on how the
+        two sides' events interleave (which forwarder ran first, or was down): with
+        ``reached`` the newest time of an event's own side before it, an event at
+        ``t`` is **late** (counted, not buffered, matching nothing) if ``t + within +
+        grace <= reached``; and events ``l`` and ``r`` of the two sides meet if
+        ``|t_l - t_r| <= within``, neither is late, and neither's side had passed the
+        other's window when it came (``t_r + within + grace > reached_l`` and ``t_l +
+        within + grace > reached_r``). A buffered event keeps its ``reached`` for the
+        second condition. So whichever of two events comes first, they meet or not
+        alike; and every event they could meet is still buffered (the watermark, the
+        lesser of the sides' newest, has not passed its window).
 
         The fields a batch needs are read first (see :meth:`prefetch`): a field not
         known here then costs an ``HGET``."""
@@ -342,7 +371,8 @@ class JoinView(WindowView):
                     seen_r = max(seen_r, at)
                 watermark = max(watermark, min(seen_l, seen_r))
                 continue
-            if at + span <= watermark:
+            reached = seen_l if side == b"L" else seen_r
+            if at + span <= reached:
                 late += 1
                 continue
             other_field = (b"R" if side == b"L" else b"L") + key_field
@@ -353,12 +383,14 @@ class JoinView(WindowView):
             if others is MISSING or not others:
                 matched = []
             else:
-                # What the watermark closed is gone, settled yet or not (a batch's end
-                # settles): so what an event meets does not depend on where batches
-                # begin.
-                closes = watermark - span
-                matched = [o for o in others if o[0] > closes and abs(o[0] - at) <= within]
-            event = (at, 1 if matched else 0, form, stored)
+                # (See above. What the watermark closed, gone whether settled yet or
+                # not, is never met: its window is behind `reached` too.)
+                closes = reached - span
+                opens = at + span
+                matched = [
+                    o for o in others if o[0] > closes and opens > o[4] and abs(o[0] - at) <= within
+                ]
+            event = (at, 1 if matched else 0, form, stored, reached)
             if matched:
                 matches.append((side, key_field, event, matched))
                 if flags[other_field[:1]] and any(not o[1] for o in matched):
@@ -368,7 +400,9 @@ class JoinView(WindowView):
                     marked = {id(o) for o in matched if not o[1]}
                     self.set(
                         other_field,
-                        tuple([(o[0], 1, o[2], o[3]) if id(o) in marked else o for o in others]),
+                        tuple(
+                            [(o[0], 1, o[2], o[3], o[4]) if id(o) in marked else o for o in others]
+                        ),
                     )
             own = lookup(own_field)
             if own is UNKNOWN:

@@ -1,6 +1,7 @@
 """A join's two sides: a side whose forwarder is down holds the windows open until its
-events come; a side that is only quiet is moved on by heartbeats (see
-``streamkit._state_join_sides``)."""
+events come; a side that is only quiet is moved on by heartbeats with the idle rule,
+by its events alone without it; what meets does not depend on how the sides
+interleave (see ``streamkit._state_join_sides`` and ``streamkit._state_joins``)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,23 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pytest
 import trio
+from hypothesis import given, settings, strategies as st
 
 from streamkit import App, ConfigError
+from streamkit._cli._fleet import take_snapshot
 from streamkit._joins import pack_forwarded
 from streamkit._replay import apply_reset, plan_reset
-from streamkit._state_join_sides import HEARTBEAT, Sides, heartbeat, read_heartbeat
+from streamkit._state_join_sides import (
+    _CAUGHT_UP,
+    HEARTBEAT,
+    Sides,
+    heartbeat,
+    read_heartbeat,
+)
 from streamkit._worker import run_worker
 from streamkit.clients import _ops
 from streamkit.testing import wait_until
+from tests.apps.joined import model
 from tests.test_cli import streamkit
 from tests.test_joins import FAST, Order, Payment, results
 
@@ -115,9 +125,9 @@ async def test_a_side_whose_forwarder_is_down_holds_the_windows_open(
 
 
 async def test_a_quiet_side_does_not_hold_the_other_back(redis_url: str, redis: Redis) -> None:
-    # No payment at all, no idle rule: the orders' own times close their windows, the
-    # payments' side moved on by a heartbeat once Redis says its forwarder has nothing.
-    app, orders, _, paid = shop(redis_url, idle=False)
+    # No payment at all: the orders' own times close their windows, the payments' side
+    # moved on by a heartbeat once Redis says its forwarder has nothing.
+    app, orders, _, paid = shop(redis_url, idle=True)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     async with trio.open_nursery() as nursery:
         worker = await nursery.start(run_worker, app)
@@ -129,9 +139,47 @@ async def test_a_quiet_side_does_not_hold_the_other_back(redis_url: str, redis: 
 
         await wait_until(emitted, what="order 1 unmatched", within=30)
         await worker.stop()
-    assert [(r["key"], r["right"]) for r in await results(redis, paid)] == [("1", None)]
+    # (order 2 too, maybe, by the idle rule by then)
+    assert ("1", None) in [(r["key"], r["right"]) for r in await results(redis, paid)]
     # What moved the right side on is in the inner stream: a replay sees it too.
     assert (1, int((t0 + timedelta(seconds=5)).timestamp() * 1000)) in await heartbeats(redis, app)
+
+
+async def test_without_the_idle_rule_only_a_side_s_events_move_it_on(
+    redis_url: str, redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The trial's backfill: orders sent, the payments a while later. With idle=False
+    # the payments' quiet side holds the orders' windows open (no heartbeat), so the
+    # payments are not late when they come, however long after; said once it held
+    # the partition for longer than a failover takes (2 s here).
+    app, orders, payments, paid = shop(redis_url, idle=False)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    caplog.set_level(logging.INFO, logger="streamkit.state")
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, app)
+        await orders.send(Order(order_id=1, amount=10.0, at=t0))
+        await orders.send(Order(order_id=2, amount=20.0, at=t0 + timedelta(seconds=5)))
+
+        async def warned() -> bool:
+            return any("has had no event" in r.getMessage() for r in caplog.records)
+
+        await wait_until(warned, what="the quiet side said", within=30)
+        (said,) = [r.getMessage() for r in caplog.records if "has had no event" in r.getMessage()]
+        assert said.startswith("join j, partition 0: the payments side holds the join's")
+        assert "idle=False" in said
+        assert await results(redis, paid) == []
+        assert await heartbeats(redis, app) == []
+        await payments.send(Payment(order_id=1, paid=10.0, at=t0 + timedelta(seconds=0.5)))
+        await payments.send(Payment(order_id=2, paid=20.0, at=t0 + timedelta(seconds=5.2)))
+
+        async def emitted() -> bool:  # order 1's window closed by the payments' times
+            return len(await results(redis, paid)) == 2
+
+        await wait_until(emitted, what="both pairs", within=30)
+        await worker.stop()
+    got = sorted((r["key"], r["right"]["order_id"]) for r in await results(redis, paid))
+    assert got == [("1", 1), ("2", 2)]
+    assert await heartbeats(redis, app) == []
 
 
 def test_the_sides_state_survives_its_stored_form() -> None:
@@ -259,7 +307,7 @@ async def test_a_replay_of_the_join_emits_what_the_first_run_did(
     # Orders first, the payments' side quiet (heartbeats move it on, some orders close
     # alone), then payments, some late by then: what the replay emits depends on where
     # the watermark was at each entry, which the heartbeats in the inner stream say.
-    app, orders, payments, paid = shop(redis_url, idle=False)
+    app, orders, payments, paid = shop(redis_url, idle=True)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     processor: Any = app.processors["j"]
 
@@ -305,3 +353,87 @@ async def test_a_replay_of_the_join_emits_what_the_first_run_did(
     before = len(await results(redis, paid))
     again = seen((await run_until(2))[before:])
     assert again == first
+
+
+async def test_what_meets_does_not_depend_on_which_forwarder_ran_first(
+    redis_url: str, redis: Redis
+) -> None:
+    # The trial's case: the same events, each side's forwarder run alone, the right's
+    # first, then the left's (as if the left's worker were down meanwhile), then the
+    # other way round. An event far behind its own side's newest (order 1 at 3 s, after
+    # one at 10 s) is late both ways; it met the payment of 3.2 s when the left side
+    # came first, before.
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    lefts = [(1, 10.0), (1, 3.0), (2, 20.0), (4, 25.0), (3, 30.0)]
+    rights = [(1, 3.2), (1, 10.5), (2, 19.8), (3, 40.0), (2, 18.0)]
+
+    async def run(processors: list[str], app: App, key: str, group: str) -> None:
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(partial(run_worker, app, processors=processors))
+
+            async def done() -> bool:
+                reply: Any = await _CAUGHT_UP(redis, keys=[key], args=[group])
+                return bool(int(reply[0])) and bool(await redis.xlen(key))
+
+            await wait_until(done, what=f"{processors} caught up", within=30)
+            await worker.stop()
+
+    outcomes = []
+    for first, second in (("j__right", "j__left"), ("j__left", "j__right")):
+        await redis.flushall()
+        app, orders, payments, paid = shop(redis_url, idle=False)
+        async with app:
+            for n, secs in lefts:
+                await orders.send(Order(order_id=n, amount=1.0, at=t0 + timedelta(seconds=secs)))
+            for n, secs in rights:
+                await payments.send(Payment(order_id=n, paid=1.0, at=t0 + timedelta(seconds=secs)))
+        for forwarder in (first, second):
+            stream = orders if forwarder == "j__left" else payments
+            await run([forwarder], app, stream.key(0), app.processors[forwarder].group)
+        await run(["j"], app, app.streams["j__in"].key(0), app.processors["j"].group)
+        async with app:
+            snapshot = await take_snapshot(app)
+        (joiner,) = [p for p in snapshot.processors if p.name == "j"]
+        rows = await results(redis, paid)
+        outcomes.append(
+            (
+                sorted((r["key"], r["left"]["at"], r["right"] and r["right"]["at"]) for r in rows),
+                joiner.late,
+            )
+        )
+
+    def at(seconds: float) -> str:
+        return (t0 + timedelta(seconds=seconds)).isoformat()
+
+    expected = [("1", at(10), at(10.5)), ("2", at(20), at(19.8)), ("4", at(25), None)]
+    assert outcomes == [(expected, 2), (expected, 2)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lefts=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=12),
+    rights=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=12),
+    picks=st.lists(st.booleans(), min_size=24, max_size=24),
+    how=st.sampled_from(["inner", "left", "outer"]),
+)
+def test_what_the_semantics_emit_does_not_depend_on_how_the_sides_interleave(
+    lefts: list[tuple[int, int]], rights: list[tuple[int, int]], picks: list[bool], how: str
+) -> None:
+    # Each side's events in their own order (out of order within and beyond the window
+    # and grace), the two sides interleaved every which way: the same results.
+    left = [(b"L", key, at * 1000) for key, at in lefts]
+    right = [(b"R", key, at * 1000) for key, at in rights]
+    mixed, i, j = [], 0, 0
+    for pick in picks + [True] * len(left) + [False] * len(right):
+        if pick and i < len(left):
+            mixed.append(left[i])
+            i += 1
+        elif not pick and j < len(right):
+            mixed.append(right[j])
+            j += 1
+    assert len(mixed) == len(left) + len(right)
+
+    def joined(order: list[tuple[bytes, int, int]]) -> Counter[Any]:
+        return model([order], within=5000, grace=2000, how=how)
+
+    assert joined(mixed) == joined(left + right) == joined(right + left)

@@ -130,34 +130,36 @@ def model(
     how: str = HOW,
 ) -> Counter[Result]:
     """What the join emits for events that reached it in this order, per partition:
-    ``(side, key, at)`` each. The join's semantics, one event at a time: the watermark
-    is the newest time both sides have reached, by their events and heartbeats."""
+    ``(side, key, at)`` each. The join's semantics, one event at a time: an event at
+    or behind its own side's newest time by ``within + grace`` is late; two events of
+    the two sides meet if they are ``within`` apart and neither's side had passed the
+    other's window when it came; the watermark, which closes windows, is the newest
+    time both sides have reached, by their events and heartbeats."""
     span = within + grace
     out: Counter[Result] = Counter()
     for entries in forwarded:
-        watermark = float("-inf")
         seen = {b"L": float("-inf"), b"R": float("-inf")}
         buffers: dict[tuple[bytes, int], list[list[Any]]] = {}
         for side, key, at in entries:
-            if key == BEAT:
-                seen[side] = max(seen[side], at)
-                watermark = max(watermark, min(seen.values()))
-                continue
-            if at + span <= watermark:
-                continue  # late: it matches nothing, and is dropped
-            closes = watermark - span
+            reached = seen[side]
+            seen[side] = max(reached, at)
+            if key == BEAT or at + span <= reached:
+                continue  # a heartbeat; or late: it matches nothing, and is dropped
             other = buffers.get((b"R" if side == b"L" else b"L", key), [])
-            met = [o for o in other if o[0] > closes and abs(o[0] - at) <= within]
+            met = [
+                o
+                for o in other
+                if abs(o[0] - at) <= within and o[0] + span > reached and at + span > o[2]
+            ]
             for o in met:
                 o[1] = True
                 pair = (at, o[0]) if side == b"L" else (o[0], at)
                 out[str(key), pair[0], pair[1]] += 1
-            buffers.setdefault((side, key), []).append([at, bool(met)])
-            seen[side] = max(seen[side], at)
-            watermark = max(watermark, min(seen.values()))
+            buffers.setdefault((side, key), []).append([at, bool(met), reached])
+        watermark = min(seen.values())
         for (side, key), events in buffers.items():
             emits = how == "outer" or (how == "left" and side == b"L")
-            for at, matched in events:
+            for at, matched, _ in events:
                 if emits and not matched and at + span <= watermark:
                     pair = (at, None) if side == b"L" else (None, at)
                     out[str(key), pair[0], pair[1]] += 1
