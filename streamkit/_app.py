@@ -486,7 +486,8 @@ class App:
                 nothing, once its window closed, with ``None`` for the right; ``"outer"``:
                 and each event of either side that matched nothing.
             grace: how long beyond ``within`` an event waits for late events of the
-                other side (a timedelta, or seconds).
+                other side (a timedelta, or seconds). An event ``within + grace`` or more
+                behind the newest of its own side is late: counted, matching nothing.
             left_time, right_time: each side's event time: a field name (of a
                 ``dict`` record, a key), a function of a record, or ``None`` for when
                 its event was appended to its stream. The time is a datetime or
@@ -496,7 +497,9 @@ class App:
                 None)``; by default a ``dict`` with ``key``, ``left`` and ``right``.
             idle: whether a quiet partition's event time moves on with the wall clock,
                 so that its windows close without a later event (as a windowed
-                table's).
+                table's), and a side with nothing to forward is moved on to the other
+                side's time; with ``False`` only a side's events move it on (event
+                times of their own: a backfill, say).
             **overrides: settings of the join's processors (``batch_size``, ...).
 
         Error handling:
