@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import trio
 
 from ._defaults import DEFAULT_STATE_CACHE_SIZE
-from ._errors import ConfigError, LockLost, RedisUnavailable, StreamkitError
+from ._errors import ConfigError, LateEvent, LockLost, RedisUnavailable, StreamkitError
 from ._event import DivertHook, Event, Middleware
 from ._events_delivery import DEFAULT_ACK_BATCH, Delivery
 from ._events_iterators import Batches, Entries, EntrySpan, OneByOne, Traced
@@ -277,11 +277,14 @@ class Events(Generic[R]):
         """The processing of the in-flight events failed: forget the table writes and
         emitted records it made (a policy runner calls this before it retries,
         dead-letters or skips them). With tracing on (see :doc:`observability`), their
-        span ends here, recording ``error``, the processor's, if given."""
+        span ends here, recording ``error``, the processor's, if given. A
+        :class:`~streamkit.LateEvent` (dead-lettered, whatever the policy) still counts
+        as its windowed table's late event."""
         spans = self._delivery.spans
         if spans is not None:
             spans.end(error)
-        self._delivery.ledger.discard()
+        late = error.table if isinstance(error, LateEvent) else None
+        self._delivery.ledger.discard(late=late)
 
     def rewind(self) -> None:
         """Hand the in-flight events out again, first and in order (a retry in place)."""

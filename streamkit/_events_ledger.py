@@ -61,8 +61,9 @@ class Effects(Protocol):
         """The events in flight were processed: their effects are done."""
         ...
 
-    def discard(self) -> None:
-        """The events in flight failed: forget their effects."""
+    def discard(self, *, late: str | None = None) -> None:
+        """The events in flight failed: forget their effects. ``late``: the windowed
+        table whose late event failed them (dead-lettered, so counted as late)."""
         ...
 
 
@@ -453,10 +454,11 @@ class Ledger(Generic[R]):
                 self._done.append(dispatched.popleft()._id)
         self._replay[:0] = inflight
 
-    def discard(self) -> None:
-        """The processing of the in-flight events failed: discard their effects."""
+    def discard(self, *, late: str | None = None) -> None:
+        """The processing of the in-flight events failed: discard their effects (see
+        :meth:`Effects.discard` for ``late``)."""
         if self._effects is not None:
-            self._effects.discard()
+            self._effects.discard(late=late)
 
     def skip(self, event: Event[R]) -> None:
         """``event`` never reached the processor and counts as done."""

@@ -766,10 +766,18 @@ class PartitionState:
             self._done_out.extend(self._tentative_out)
             self._tentative_out = []
 
-    def discard(self) -> None:
-        """The events in flight failed: forget their effects."""
+    def discard(self, *, late: str | None = None) -> None:
+        """The events in flight failed: forget their effects. ``late``: the windowed
+        table whose late event failed them (``update`` raised
+        :class:`~streamkit.LateEvent`): the event goes to the dead letters, and counts
+        as that table's late event, committed with the acknowledgement behind it as a
+        dropped one is."""
         for view in self._view_list:
             view.discard()
+        if late is not None:
+            for view in self.windows:
+                if view.table.name == late:
+                    view.late += 1
         self._tentative_out = []
         if self._watermark_tentative > self.watermark:
             self._advance(self.watermark)

@@ -121,8 +121,11 @@ async def test_a_tumbling_sum_is_emitted_once_when_its_window_closes(
 async def test_late_events_are_dropped_and_counted_or_dead_lettered(
     redis_url: str, redis: Redis
 ) -> None:
+    from streamkit._cli._fleet import take_snapshot
+
     app, sales, totals, _ = revenue_app(redis_url, late="dead_letter")
-    async with trio.open_nursery() as nursery:
+    state_key = "__stat:{win.sales.0}.add_up"
+    async with app, trio.open_nursery() as nursery:
         worker = await nursery.start(run_worker, app)
         await sales.send_many([sale("a", 1, 10), sale("a", 2, 100), sale("a", 4, 20)])
         dead = app.processors["add_up"].keys.dead_letter_key
@@ -131,11 +134,26 @@ async def test_late_events_are_dropped_and_counted_or_dead_lettered(
             return await redis.xlen(dead) == 1
 
         await wait_until(dead_lettered, what="the late event dead-lettered", within=20)
+
+        # Counted as late too, as a dropped one is (status's late column), once.
+        async def counted() -> bool:
+            return await redis.hget(state_key, "late:revenue") == b"1"
+
+        await wait_until(counted, what="the dead-lettered late event counted", within=20)
+        await sales.send(sale("a", 8, 300))  # more commits: still counted once
+
+        async def acked() -> bool:
+            return (await take_snapshot(app)).processors[0].partitions[0].lag == 0
+
+        await wait_until(acked, what="the last sale processed", within=20)
+        snapshot = await take_snapshot(app)
         await worker.stop()
     entry = (await redis.xrange(dead))[0]
     assert entry.field_values[b"dl.reason"] == b"late"
     got = [(r["start"], r["value"]) for r in await results(redis, totals)]
-    assert got == [(T0.isoformat(), 1)]
+    assert got[0] == (T0.isoformat(), 1)
+    assert snapshot.processors[0].late == 1
+    assert await redis.hget(state_key, "late:revenue") == b"1"
 
 
 async def test_late_events_show_in_status_in_a_metric_and_once_per_window_in_the_log(
