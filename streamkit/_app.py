@@ -1103,8 +1103,10 @@ class App:
         """Reset where ``processor`` reads its stream from, as ``streamkit reset`` does
         (see :meth:`plan_reset` for the arguments): one atomic step per partition,
         moving its consumer group and, with ``state="clear"``, deleting its state of
-        the partition. Run it while no worker runs the processor. Returns the plan
-        applied.
+        the partition. Best run while no worker runs the processor; a worker that does
+        loses the partition's lease to the reset's step, and starts the partition again
+        (within the lease's TTL) from the new position, with the state loaded afresh.
+        Returns the plan applied.
 
         Error handling:
             As :meth:`plan_reset`; :class:`~streamkit.lowlevel.ResetIncomplete` if Redis

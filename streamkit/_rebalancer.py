@@ -609,10 +609,10 @@ class Rebalancer:
         # ours: lost here only (the local deadline, a little before the TTL's end,
         # passed before an extension landed: a worker starved of CPU, or Redis out of
         # reach until then), nothing vanished.
-        if holder is not None and (
-            holder.token > held.token
-            or (holder.token == held.token and holder.owner == held.lease.owner)
-        ):
+        if holder is not None and holder.token > held.token:
+            # Taken over (by another worker, or a reset: `streamkit reset --force`).
+            return f"{reason}; it is now held by {holder.owner!r} (token {holder.token})"
+        if holder is not None and holder.token == held.token and holder.owner == held.lease.owner:
             return reason
         reason = f"{VANISHED} ({reason})"
         health_of(self.locks.redis).vanished.report(held.name, "lease", detail=reason)

@@ -1,9 +1,12 @@
 """Where a processor reads from, moved: to the start, the end, a time or an entry id.
 
-A reset is planned first (:func:`plan_reset`: pure decisions on what Redis says of each
-partition) and then applied (:func:`apply_reset`), one atomic script call per partition
-(``admin/reset``) that moves the processor's consumer group and, to rebuild state,
-deletes the processor's state of the partition in the same step.
+A reset is checked first (:func:`check_reset`: what was asked makes sense, before
+anything is read), planned (:func:`plan_reset`: pure decisions on what Redis says of
+each partition) and then applied (:func:`apply_reset`), one atomic script call per
+partition (``admin/reset``) that moves the processor's consumer group, takes the lease
+of a worker running the partition (which then starts it again, loading the state
+afresh) and, to rebuild state, deletes the processor's state of the partition, all in
+the same step.
 
 The state of a processor with tables, windows or outputs decides what a replay means:
 
@@ -17,7 +20,14 @@ The state of a processor with tables, windows or outputs decides what a replay m
   (a count then counts them twice): the operator's choice, never a default.
 * neither: refused, since either may be what was meant. A replay from a time or an
   entry id rebuilds nothing (the state would lack the events before it): only with
-  ``keep``.
+  ``keep``. ``clear`` with ``to="end"`` is refused too: nothing is replayed to rebuild
+  the state from, so it would only be wiped.
+
+A worker running a partition while it is reset (``streamkit reset --force``) loses its
+lease in the reset's own step: whatever it had in flight is refused at its next fenced
+commit, and it starts the partition again once the reset's hold on the lock ends (what
+was left of the worker's lease), reading from the new position with the state as Redis
+holds it. So a rebuild under running workers is as exact as one with them stopped.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ if TYPE_CHECKING:
     from ._redis import Redis
 
 __all__ = [
+    "RESET_OWNER",
     "PartitionReplay",
     "ResetIncomplete",
     "ResetPlan",
@@ -49,6 +60,7 @@ __all__ = [
     "ResetRefused",
     "StateChoice",
     "apply_reset",
+    "check_reset",
     "parse_position",
     "plan_reset",
     "read_reset",
@@ -85,6 +97,10 @@ class Processor(Protocol):
 MAX_SEQ = 2**64 - 1
 #: Entries a count of what a replay processes reads per round trip.
 COUNT_PAGE = 10_000
+
+#: The owner a reset takes a running worker's lease as (the lock's value is this, a
+#: colon and a fresh fencing token, until the worker's lease would have ended).
+RESET_OWNER = "streamkit reset"
 
 _RESET = LuaScript(script("admin/reset"))
 _ENTRY_ID = re.compile(r"(\d+)-(\d+)\Z")
@@ -205,6 +221,9 @@ class ResetPlan:
         partitions: what happens to each partition reset.
         tables: the tables and windowed tables the processor writes.
         outputs: the streams it emits to (emitted again by a replay).
+        windows: the windowed tables among ``tables``.
+        window_outputs: the streams among ``outputs`` only windowed tables emit to
+            (their windows' results).
         batched: whether its stream's entries are a join's (each a forwarder's batch of
             events, or a side's heartbeat), so counted as entries, not events.
     """
@@ -216,6 +235,8 @@ class ResetPlan:
     partitions: tuple[PartitionReplay, ...]
     tables: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    windows: tuple[str, ...] = ()
+    window_outputs: tuple[str, ...] = ()
     batched: bool = False
 
     @property
@@ -232,6 +253,31 @@ class ResetPlan:
     def nothing_to_do(self) -> bool:
         """A replay from a time or an id after every selected partition's newest event."""
         return self.to not in ("start", "end") and self.events == 0
+
+    def loss(self) -> str | None:
+        """The events gone (trimmed) that the replay cannot process, in words (no
+        final stop), or ``None`` if none are: before when they were sent (the newest
+        of the oldest retained events of the partitions that lost some) and where."""
+        losing = [p for p in self.partitions if p.gone]
+        if not losing:
+            return None
+        firsts = [p.first for p in losing]
+        since = None
+        if all(firsts):
+            since = _time_of(max((f for f in firsts if f), key=_ms_of))
+        numbers = [str(p.partition) for p in losing]
+        where = (
+            f"partition {numbers[0]}"
+            if len(numbers) == 1
+            else f"partitions {', '.join(numbers)}"
+            if len(numbers) <= 8
+            else f"{len(numbers)} partitions"
+        )
+        return (
+            f"{self.gone:,} event(s) sent before "
+            f"{since.isoformat(timespec='seconds') if since else 'now'} are no longer "
+            f"retained (trimmed, in {where}): they are not processed"
+        )
 
     def where(self) -> str:
         """Where the processor reads from, in words."""
@@ -256,27 +302,36 @@ class ResetPlan:
                 f"will be processed{' again' if self.to != 'end' else ''}."
             )
         ]
-        if self.gone:
-            oldest = [p.first for p in self.partitions if p.first]
-            since = _time_of(min(oldest, key=_ms_of)) if oldest else None
-            lines.append(
-                f"{self.gone:,} event(s) sent before "
-                f"{since.isoformat(timespec='seconds') if since else 'now'} are no "
-                f"longer retained (trimmed): they are not processed."
-            )
+        loss = self.loss()
+        if loss:
+            lines.append(f"{loss}.")
+        replayed = self.to != "end"
         if self.state == "clear":
             lines.append(
                 f"Its state ({', '.join(self.tables) or 'none'}) is cleared with the reset and "
                 f"rebuilt from the retained events."
             )
-        elif self.state == "keep" and self.tables and self.to != "end":
+        elif self.state == "keep" and replayed:
+            plain = [t for t in self.tables if t not in self.windows]
+            if plain:
+                lines.append(
+                    f"Its state ({', '.join(plain)}) is kept: the events are processed again "
+                    f"against it (counts include them twice)."
+                )
+            if self.windows:
+                lines.append(
+                    f"Its windows ({', '.join(self.windows)}) are kept, with the watermark: a "
+                    f"replayed event whose windows have all closed is late (dropped, or "
+                    f'dead-lettered for late="dead_letter"; counted as late), so closed '
+                    f"windows neither change nor emit again; windows still open fold the "
+                    f"replayed events again (counts include them twice)."
+                )
+        emitted = self.outputs
+        if self.state == "keep":
+            emitted = tuple(o for o in self.outputs if o not in self.window_outputs)
+        if emitted and replayed:
             lines.append(
-                f"Its state ({', '.join(self.tables)}) is kept: the events are processed again "
-                f"against it (counts include them twice)."
-            )
-        if self.outputs and self.to != "end":
-            lines.append(
-                f"What it emits to {', '.join(self.outputs)} during the replay is emitted again."
+                f"What it emits to {', '.join(emitted)} during the replay is emitted again."
             )
         return lines
 
@@ -286,12 +341,24 @@ def _stateful(processor: Processor) -> bool:
 
 
 def _outputs(processor: Processor) -> tuple[str, ...]:
-    names = [spec_name(o) for o in processor.outputs]
-    for table in processor.tables:
+    return _outputs_of(processor.outputs, processor.tables)
+
+
+def _outputs_of(outputs: Sequence[Any], tables: Sequence[Any]) -> tuple[str, ...]:
+    """The streams emitted to: ``outputs``, then those of ``tables`` with an ``output``
+    (a windowed table's results, say)."""
+    names = [spec_name(o) for o in outputs]
+    for table in tables:
         output = getattr(table, "output", None)
         if output is not None:
             names.append(spec_name(output))
     return tuple(dict.fromkeys(names))
+
+
+def _windowed(table: Any) -> bool:
+    """Whether ``table`` is a windowed table (tumbling, hopping or sessions): what
+    keeps a watermark, and not a join."""
+    return getattr(table, "kind", None) is not None and not getattr(table, "joins", False)
 
 
 def spec_name(stream: Any) -> str:
@@ -299,44 +366,23 @@ def spec_name(stream: Any) -> str:
     return str(spec.name)
 
 
-async def plan_reset(
-    app: App,
-    processor: Processor,
-    *,
-    to: str | datetime,
-    state: StateChoice | None = None,
-    partitions: Sequence[int] | None = None,
-) -> ResetPlan:
-    """Work out a reset of ``processor`` (see the module docs): where each partition
-    will read from and how many events it processes. Nothing changes.
-
-    Args:
-        to: ``"start"``, ``"end"``, an entry id (``"1700000000000-0"``: read from that
-            entry on), or a time (an aware datetime: read the events sent at or after it).
-        state: ``"clear"`` (rebuild the state from the start) or ``"keep"``; required
-            for a processor with tables, windows or outputs, except with ``"end"``.
-        partitions: the partitions to reset (default: all).
+def check_reset(processor: Processor, *, to: str | datetime, state: StateChoice | None) -> None:
+    """Check that a reset of ``processor`` to ``to`` says what becomes of its state as
+    it must (see the module docs), before anything is read: pure.
 
     Error handling:
-        :class:`ResetRefused` (one line, nothing changed) for a stateful processor
-        without ``state``, ``"clear"`` with anything but ``"start"`` or ``"end"``, or a
-        partition key holding something other than a stream; :class:`ConfigError` for
-        a partition the stream does not have; :class:`~streamkit.RedisUnavailable` if
-        Redis cannot be reached.
+        :class:`ResetRefused` (one line) for a processor with tables, windows or
+        outputs without ``state`` (except with ``"end"``), or ``"clear"`` with
+        anything but ``"start"``.
     """
-    stream = processor.stream
-    count = stream.partition_count
-    wanted = list(range(count)) if not partitions else sorted(set(partitions))
-    for partition in wanted:
-        if not 0 <= partition < count:
-            raise ConfigError(
-                "partition", f"{stream.name} has no partition {partition} (0..{count - 1})"
-            )
-    stateful = _stateful(processor)
-    tables = tuple(table.name for table in processor.tables)
     mid = to not in ("start", "end")
-    if stateful and state is None and to != "end":
-        kept = ", ".join((*tables, *(f"outputs {o}" for o in _outputs(processor))))
+    if _stateful(processor) and state is None and to != "end":
+        kept = ", ".join(
+            (
+                *(table.name for table in processor.tables),
+                *(f"outputs {o}" for o in _outputs(processor)),
+            )
+        )
         if mid:
             raise ResetRefused(
                 f"{processor.name} keeps state ({kept}): a replay {_where(to)} can only "
@@ -355,6 +401,51 @@ async def plan_reset(
             f"{_where(to)} cannot be exact (the state would lack the events before it); use "
             f"--to start --state clear, or --state keep; nothing was reset"
         )
+    if state == "clear" and to == "end":
+        raise ResetRefused(
+            "--state clear rebuilds the state from the retained events, and --to end "
+            "replays none: the state would only be wiped; use --to start --state clear to "
+            "rebuild it, or --to end alone to skip the events sent so far (the state "
+            "kept); nothing was reset"
+        )
+
+
+async def plan_reset(
+    app: App,
+    processor: Processor,
+    *,
+    to: str | datetime,
+    state: StateChoice | None = None,
+    partitions: Sequence[int] | None = None,
+) -> ResetPlan:
+    """Work out a reset of ``processor`` (see the module docs): where each partition
+    will read from and how many events it processes. Nothing changes.
+
+    Args:
+        to: ``"start"``, ``"end"``, an entry id (``"1700000000000-0"``: read from that
+            entry on), or a time (an aware datetime: read the events sent at or after it).
+        state: ``"clear"`` (rebuild the state from the start: only with ``"start"``)
+            or ``"keep"``; required for a processor with tables, windows or outputs,
+            except with ``"end"``.
+        partitions: the partitions to reset (default: all).
+
+    Error handling:
+        :class:`ResetRefused` (one line, nothing changed) as :func:`check_reset`
+        says, or for a partition key holding something other than a stream; :class:`ConfigError` for
+        a partition the stream does not have; :class:`~streamkit.RedisUnavailable` if
+        Redis cannot be reached.
+    """
+    stream = processor.stream
+    count = stream.partition_count
+    wanted = list(range(count)) if not partitions else sorted(set(partitions))
+    for partition in wanted:
+        if not 0 <= partition < count:
+            raise ConfigError(
+                "partition", f"{stream.name} has no partition {partition} (0..{count - 1})"
+            )
+    check_reset(processor, to=to, state=state)
+    stateful = _stateful(processor)
+    tables = tuple(table.name for table in processor.tables)
     if not stateful:
         state = None
     keys = [stream.key(p) for p in wanted]
@@ -373,6 +464,9 @@ async def plan_reset(
     replays = []
     for partition, key, kind in zip(wanted, keys, types, strict=True):
         replays.append(await _plan_partition(redis, partition, key, kind == "stream", to))
+    windows = [t for t in processor.tables if _windowed(t)]
+    others = [t for t in processor.tables if not _windowed(t)]
+    fed_by_others = set(_outputs_of(processor.outputs, others))
     return ResetPlan(
         processor=processor.name,
         stream=stream.name,
@@ -381,6 +475,8 @@ async def plan_reset(
         partitions=tuple(replays),
         tables=tables,
         outputs=_outputs(processor),
+        windows=tuple(t.name for t in windows),
+        window_outputs=tuple(o for o in _outputs_of((), windows) if o not in fed_by_others),
         batched=any(getattr(table, "joins", False) for table in processor.tables),
     )
 
@@ -495,9 +591,13 @@ def state_keys(app: App, processor: Processor, partition: int) -> tuple[list[str
     return indexes, others
 
 
-async def apply_reset(app: App, processor: Processor, plan: ResetPlan) -> None:
+async def apply_reset(app: App, processor: Processor, plan: ResetPlan) -> int:
     """Apply ``plan`` (from :func:`plan_reset`): one atomic step per partition, that
-    moves the group and, with ``state="clear"``, deletes the partition's state.
+    moves the group, takes the lease of a worker running the partition and, with
+    ``state="clear"``, deletes the partition's state. Returns the number of leases
+    taken: those workers start their partitions again once the reset's hold on the
+    lock ends (at most the lease's TTL), from the new position, loading the state as
+    Redis holds it (see the module docs).
 
     The partitions live in different Redis Cluster slots, so no transaction spans them:
     if Redis fails part-way, some partitions are reset and the others not yet, and
@@ -507,6 +607,7 @@ async def apply_reset(app: App, processor: Processor, plan: ResetPlan) -> None:
         :class:`ResetIncomplete` if Redis failed part-way.
     """
     stream = processor.stream
+    taken = 0
     for done, replay in enumerate(plan.partitions):
         indexes: list[str] = []
         others: list[str] = []
@@ -517,15 +618,30 @@ async def apply_reset(app: App, processor: Processor, plan: ResetPlan) -> None:
             tag_and_table = index.removeprefix("__wins:")
             prefixes += [f"__wval:{tag_and_table}:", f"__wcls:{tag_and_table}:"]
         entries_read = -1 if replay.entries_read is None else replay.entries_read
+        lock = processor.keys.lock_name(replay.partition)
         try:
             with redis_errors():
-                await _RESET(
+                reply: Any = await _RESET(
                     app.redis,
-                    keys=[stream.key(replay.partition), *indexes, *others],
-                    args=[processor.group, replay.after, entries_read, len(indexes), *prefixes],
+                    keys=[
+                        stream.key(replay.partition),
+                        _keys.lock_key(lock),
+                        _keys.fence_key(lock),
+                        *indexes,
+                        *others,
+                    ],
+                    args=[
+                        processor.group,
+                        replay.after,
+                        entries_read,
+                        RESET_OWNER,
+                        len(indexes),
+                        *prefixes,
+                    ],
                 )
         except StreamkitError as exc:
             raise ResetIncomplete(exc, done, len(plan.partitions)) from exc
+        taken += int(reply[1])
     with redis_errors():
         if plan.state == "clear":
             await app.redis.delete([_keys.data_loss_key(processor.group)])
@@ -536,8 +652,10 @@ async def apply_reset(app: App, processor: Processor, plan: ResetPlan) -> None:
             "where": f"{processor.stream.name} {plan.where()}",
             "partitions": None if len(moved) == count else ", ".join(map(str, moved)),
             "state": plan.state,
+            "gone": plan.gone,
         }
         await app.redis.set(_keys.reset_key(processor.group), orjson.dumps(record), ex=RECORD_TTL)
+    return taken
 
 
 #: Seconds the last reset stays recorded for ``streamkit status``.
@@ -553,12 +671,15 @@ class ResetRecord:
         where: where the processor reads from since (``orders from the start``).
         partitions: the partitions reset, when not all.
         state: what became of the state (``"clear"``, ``"keep"``, or ``None``).
+        gone: the events no longer retained (trimmed) that the replay could not
+            process.
     """
 
     at: datetime
     where: str
     partitions: str | None
     state: str | None
+    gone: int = 0
 
 
 async def read_reset(redis: Any, group: str) -> ResetRecord | None:
@@ -578,6 +699,7 @@ async def read_reset(redis: Any, group: str) -> ResetRecord | None:
             where=str(fields["where"]),
             partitions=None if fields.get("partitions") is None else str(fields["partitions"]),
             state=None if fields.get("state") is None else str(fields["state"]),
+            gone=int(fields.get("gone") or 0),
         )
     except (ValueError, KeyError, TypeError):
         return None

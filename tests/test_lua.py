@@ -19,7 +19,7 @@ from tests import luacheck
 #: Each script's SHA1 as assembled: a change to a script's text (or to what it includes)
 #: shows here, and is made on purpose by updating its pin.
 PINS = {
-    "admin/reset": "808af7075deba9a0fd5d69610c6709e57af97787",
+    "admin/reset": "9d7333b23c8d459cfa8f4f633d713822d3e8edc2",
     "commit/ack": "f164d3dd291193fd0c30067da6a06852f9757382",
     "commit/permit": "9774f181c38dd56b8b5b81317a031cd5dafa2645",
     "commit/read": "da3d8598b778afd24fd16c30872d4d7f401f6540",
@@ -268,6 +268,7 @@ KEY_EXAMPLES: dict[str, tuple[str, dict[str, list[str]]]] = {
         {
             "stream": [_PARTITION],
             "lock": [_keys.lock_key(_PARTITION_LOCK)],
+            "fence": [_keys.fence_key(_PARTITION_LOCK)],
             "permit": [_keys.permit_key(_keys.lock_key(_PARTITION_LOCK))],
             # the producer's append marker, and a Spark write's chunk marker
             "marker": [

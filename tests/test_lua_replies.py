@@ -48,7 +48,12 @@ class Calls:
 
 async def streams(call: Calls) -> None:
     redis = call.redis
-    assert await call("admin/reset", [STREAM], ["g", "0", -1, 0]) == 0
+    fence = _keys.fence_key(_keys.partition_lock_name("shop", "orders", "printer", 3))
+    assert await call("admin/reset", [STREAM, LOCK, fence], ["g", "0", -1, "reset", 0]) == [0, 0]
+    await redis.set(LOCK, LEASE, px=10_000)  # a worker runs the partition: its lease is taken
+    assert await call("admin/reset", [STREAM, LOCK, fence], ["g", "0", -1, "reset", 0]) == [0, 1]
+    assert await redis.get(LOCK) == b"reset:1"
+    await redis.delete([LOCK])
     meta = _keys.meta_key("shop", "orders")
     assert await call("streams/metadata", [meta], ["partition_count", "4"]) == []
     assert len(await call("streams/metadata", [meta], ["partition_count", "8"])) == 2

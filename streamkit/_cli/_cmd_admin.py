@@ -6,7 +6,14 @@ import asyncclick as click
 
 from .._errors import ConfigError, StreamkitError
 from .._literal import printable
-from .._replay import StateChoice, apply_reset, parse_position, plan_reset
+from .._replay import (
+    ResetRefused,
+    StateChoice,
+    apply_reset,
+    check_reset,
+    parse_position,
+    plan_reset,
+)
 from ._admin import delete_stream_keys, live_members, resume_partitions
 from ._confirm import confirm
 from ._exits import fail
@@ -31,9 +38,9 @@ __all__ = ["delete_stream", "reset", "resume"]
 @click.option(
     "--state",
     type=click.Choice(["clear", "keep"]),
-    help="For a processor with tables, windows or outputs: clear (with --to start) rebuilds "
-    "its state from the retained events; keep processes them again against the state "
-    "as it stands. Required with --to start or a time for such a processor.",
+    help="For a processor with tables, windows or outputs: clear (only with --to start) "
+    "rebuilds its state from the retained events; keep processes them again against the "
+    "state as it stands. Required with --to start, a time or an id for such a processor.",
 )
 @click.option(
     "--partition",
@@ -43,7 +50,13 @@ __all__ = ["delete_stream", "reset", "resume"]
     help="Reset only this partition (repeatable; default: every partition).",
 )
 @yes_option
-@click.option("--force", is_flag=True, help="Reset even while workers run the processor.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Reset even while workers run the processor: the reset takes their leases, and "
+    "they start the partitions again from the new position, with the state as Redis "
+    "holds it.",
+)
 @redis_url_option
 async def reset(
     app_path: str,
@@ -58,9 +71,10 @@ async def reset(
     """Move where a processor reads its stream from: the start, the end, a time, an id.
 
     Pending (delivered, unacknowledged) entries are forgotten. Stop the processor's
-    workers first: a reset under running workers is refused unless --force. For a
-    processor with state, say what becomes of it (--state): see docs/state.md,
-    "Replays".
+    workers first: a reset under running workers is refused unless --force (it then
+    takes their leases: they start the partitions again within the lease TTL, from the
+    new position). For a processor with state, say what becomes of it (--state): see
+    docs/state.md, "Replays".
     """
     try:
         to = parse_position(where)
@@ -68,6 +82,10 @@ async def reset(
         fail(str(exc), 2)
     app = load_app(app_path, redis_url)
     processor = load_processor(app, processor_name)
+    try:
+        check_reset(processor, to=to, state=state)
+    except ResetRefused as exc:
+        fail(str(exc), 2)
     try:
         async with app:
             alive = await live_members(app, processor)
@@ -90,7 +108,7 @@ async def reset(
                 return
             if not yes:
                 confirm("\n".join(plan.describe()) + "\nGo ahead?", refused="nothing was reset")
-            await apply_reset(app, processor, plan)
+            taken = await apply_reset(app, processor, plan)
     except ConfigError as exc:
         fail(str(exc), 2)
     except StreamkitError as exc:
@@ -103,6 +121,16 @@ async def reset(
     )
     cleared = ", its state cleared" if plan.state == "clear" else ""
     click.echo(f"{processor.name} now reads {processor.stream.name} {plan.where()}{scope}{cleared}")
+    loss = plan.loss()
+    if loss:
+        click.echo(f"{loss}.")
+    if taken:
+        click.echo(
+            f"took the lease{'s' if taken > 1 else ''} of {taken} partition(s) from the "
+            f"running worker(s): nothing they had in flight commits, and they start "
+            f"{'them' if taken > 1 else 'it'} again once their lease would have run out "
+            f"(lease_ttl at most), from the new position, with the state as Redis holds it"
+        )
 
 
 @click.command()
