@@ -465,6 +465,7 @@ def fleet_json(snapshot: FleetSnapshot, rates: FleetRates = NO_RATES) -> dict[st
                     "where": processor.last_reset.where,
                     "partitions": processor.last_reset.partitions,
                     "state": processor.last_reset.state,
+                    "gone": processor.last_reset.gone,
                 },
                 "workers": [
                     {**attrs.asdict(m), "joined_at": iso(m.joined_at)} for m in processor.members

@@ -486,14 +486,19 @@ def members_table(processor: ProcessorSnapshot, now: datetime, width: int = 80) 
 
 def reset_lines(processor: ProcessorSnapshot, now: datetime) -> list[Text]:
     """The last reset of the processor (``streamkit reset``), for a week: where its
-    partitions read from since."""
+    partitions read from since, and the events it could not replay (trimmed)."""
     reset = processor.last_reset
     if reset is None:
         return []
     where = printable(reset.where)
     scope = "" if reset.partitions is None else f" (partitions {reset.partitions})"
     state = {"clear": " · state rebuilt", "keep": " · state kept"}.get(reset.state or "", "")
-    return [_line(f"reset {ago(reset.at, now)}: reads {where}{scope}{state}", style="dim")]
+    lines = [_line(f"reset {ago(reset.at, now)}: reads {where}{scope}{state}", style="dim")]
+    if reset.gone:
+        lines.append(
+            _line(f"  {reset.gone:,} event(s) were gone (trimmed): not replayed", style="yellow")
+        )
+    return lines
 
 
 def data_loss_lines(processor: ProcessorSnapshot, now: datetime) -> list[Text]:
