@@ -241,6 +241,13 @@ async def test_usage_errors_come_first_and_exit_2(
     busy = await streamkit("reset", APP, "count", "--to", "end", "-y", redis_url=redis_url)
     assert busy.code == 1, busy
     assert "1 worker(s) run count right now" in busy.err
+    # With --force, the prompt says what becomes of the worker's partitions.
+    asked = await streamkit(
+        "reset", APP, "count", "--to", "end", "--force", redis_url=redis_url, stdin=b"n\n"
+    )
+    assert asked.code == 1, asked
+    assert "1 worker(s) run count: the reset takes their leases" in asked.err, asked.err
+    assert "nothing was reset" in asked.err
 
 
 class Hit(Record):

@@ -107,7 +107,15 @@ async def reset(
                 )
                 return
             if not yes:
-                confirm("\n".join(plan.describe()) + "\nGo ahead?", refused="nothing was reset")
+                lines = plan.describe()
+                if alive:
+                    lines.append(
+                        f"{len(alive)} worker(s) run {processor.name}: the reset takes their "
+                        f"leases, so nothing they have in flight commits, and they start the "
+                        f"partitions again from the new position, with the state as Redis "
+                        f"holds it."
+                    )
+                confirm("\n".join(lines) + "\nGo ahead?", refused="nothing was reset")
             taken = await apply_reset(app, processor, plan)
     except ConfigError as exc:
         fail(str(exc), 2)
