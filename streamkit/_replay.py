@@ -431,9 +431,9 @@ async def plan_reset(
 
     Error handling:
         :class:`ResetRefused` (one line, nothing changed) as :func:`check_reset`
-        says, or for a partition key holding something other than a stream; :class:`ConfigError` for
-        a partition the stream does not have; :class:`~streamkit.RedisUnavailable` if
-        Redis cannot be reached.
+        says, or for a partition key holding something other than a stream;
+        :class:`ConfigError` for a partition the stream does not have;
+        :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
     """
     stream = processor.stream
     count = stream.partition_count
