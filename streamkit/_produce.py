@@ -200,8 +200,11 @@ def encode_window(
 
     Error handling:
         :class:`~streamkit.EncodeError` for a record that cannot be encoded, is larger
-        than ``max_record_size`` or has a field longer than the server accepts, and the
-        partitioner's errors for a bad key: raised before anything is sent.
+        than ``max_record_size`` or has a field longer than the server accepts, or
+        whose partition key the partitioner refuses (a ``None``, a float, a list, ...;
+        a field of the wrong type is said as such first): raised before anything is
+        sent. A ``partition_by`` function that raises of a record that encodes raises
+        its own error.
     """
     window = SendWindow(
         spec.codec.payloads_encoder()[1], ids=[""] * len(records), trace=entry_trace()
@@ -230,9 +233,17 @@ def encode_into(
     chunk = records[start:end]
     try:
         partitions = spec.partitioner.partitions_of(chunk)
-    except ConfigError:
-        # A record of another type has no key field either: say what it is.
+    except Exception as exc:
+        # The record before its key: a record of another type, or one whose key field
+        # holds the wrong type, is refused naming what is wrong with it, as the codec
+        # would; only a key refused of a record that encodes is said as a key.
         _check_types(spec, chunk)
+        for record in chunk:
+            encode_entry(record)
+        if isinstance(exc, ConfigError):
+            reason = str(exc).removeprefix(f"{exc.setting}: ")
+            where = f"{spec.name}: partition key {_describe_key(spec)}"
+            raise EncodeError(f"{where}: {reason}") from exc
         raise
     # Most records are encoded by one comprehension, the rest one by one.
     payloads = encode_payloads(chunk)
@@ -302,6 +313,15 @@ def _check_types(spec: StreamSpec[Any], records: Sequence[Any]) -> None:
             raise EncodeError(
                 f"{spec.name}: expected a {record.__qualname__}, got {type(value).__qualname__}"
             )
+
+
+def _describe_key(spec: StreamSpec[Any]) -> str:
+    """Where a stream's records' partition key comes from: ``(field 'customer')`` or
+    ``(partition_by=key_of)``."""
+    by = spec.partitioner.partition_by
+    if isinstance(by, str):
+        return f"(field {by!r})"
+    return f"(partition_by={getattr(by, '__qualname__', repr(by))})"
 
 
 def _slot(window: SendWindow, partition: int) -> _Slot:

@@ -257,9 +257,11 @@ class Stream(Generic[R]):
         append. See ``docs/cluster.md``.
 
         Error handling:
-            :class:`~streamkit.EncodeError` for a record that cannot be encoded or is
-            too large: more than ``max_record_size`` encoded, or more than the server
-            accepts (its ``proto-max-bulk-len``); then nothing is sent.
+            :class:`~streamkit.EncodeError` for a record that cannot be encoded (a
+            field of the wrong type, the key field's too, is named), whose partition
+            key the partitioner refuses, or that is too large: more than
+            ``max_record_size`` encoded, or more than the server accepts (its
+            ``proto-max-bulk-len``); then nothing is sent.
             :class:`~streamkit.RedisUnavailable` if Redis cannot be
             reached; :class:`MetadataMismatch` if the stream disagrees with this one;
             :class:`~streamkit.NotReplicated` (with the count reached) when fewer than

@@ -38,7 +38,7 @@ from streamkit.testing import RedisServer, wait_until
 from tests.jobs_serving import serving
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Awaitable, Callable, Coroutine
 
     from streamkit import Redis, Stream
 
@@ -732,6 +732,72 @@ async def test_a_record_of_the_wrong_field_types_is_refused_by_every_producer(
             await orders.send(mistyped)
     assert str(from_blocking.value) == str(from_asyncio.value) == str(from_trio.value) == expected
     assert await entries_of(redis, orders) == before
+
+
+def amount_key(line: Line) -> object:
+    """A partition key function whose keys the partitioner refuses (floats)."""
+    return line.amount
+
+
+@pytest.mark.parametrize(
+    ("customer", "given"), [(None, "NoneType None"), (["c"], "list ['c']"), (1.5, "float 1.5")]
+)
+async def test_a_key_field_of_the_wrong_type_is_said_as_a_field_by_every_producer(
+    redis_url: str, redis: Redis, customer: object, given: str
+) -> None:
+    """The partition key's field holding the wrong type is refused as any field is (an
+    EncodeError naming it), not as a key the partitioner refuses, by every producer
+    and every send; a key function's refused result is an EncodeError too."""
+    app, orders = shop(redis_url)
+    keyed = app.stream("keyed", record=Line, partition_by=amount_key)
+    mistyped = Line(order=7, customer=customer, amount=1.5, tags=["a"])  # type: ignore[arg-type]
+    expected = f"orders: Line.customer: expected str, got {given}"
+    key_refused = "keyed: partition key (partition_by=amount_key): float keys such as 0.0"
+
+    def send_blocking() -> list[str]:
+        with app.blocking() as client:
+            errors = []
+            sends: list[Callable[[], object]] = [
+                lambda: client.send(orders, mistyped),
+                lambda: client.send_many(orders, [RECORDS[0], mistyped]),
+                lambda: client.send(keyed, RECORDS[0]),
+            ]
+            for send in sends:
+                with pytest.raises(EncodeError) as caught:
+                    send()
+                errors.append(str(caught.value))
+            return errors
+
+    async def send_asyncio() -> list[str]:
+        async with app.asyncio() as client:
+            errors = []
+            sends: list[Callable[[], Awaitable[object]]] = [
+                lambda: client.send(orders, mistyped),
+                lambda: client.send_many(orders, [RECORDS[0], mistyped]),
+                lambda: client.send(keyed, RECORDS[0]),
+            ]
+            for send in sends:
+                with pytest.raises(EncodeError) as caught:
+                    await send()
+                errors.append(str(caught.value))
+            return errors
+
+    from_trio = []
+    trio_sends: list[Callable[[], Awaitable[object]]] = [
+        lambda: orders.send(mistyped),
+        lambda: orders.send_many([RECORDS[0], mistyped]),
+        lambda: keyed.send(RECORDS[0]),
+    ]
+    async with app:
+        for send in trio_sends:
+            with pytest.raises(EncodeError) as caught:
+                await send()
+            from_trio.append(str(caught.value))
+    for errors in (await blocking(send_blocking), await in_asyncio(send_asyncio), from_trio):
+        assert errors[:2] == [expected, expected]
+        assert errors[2].startswith(key_refused), errors[2]
+    assert await entries_of(redis, orders) == [[], [], [], []]
+    assert await redis.keys("__strm:*") == set()
 
 
 async def test_errors_are_one_clear_line(redis_url: str, private_redis: RedisServer) -> None:

@@ -549,6 +549,10 @@ async def test_the_readme_web_view_answers_400_naming_the_field(
         {"order_id": "x", "customer": "ada", "amount": 9.5},
         {"order_id": 1, "customer": "ada", "amount": "9.5"},
         {"order_id": 1, "customer": "ada"},
+        # The partition key's field: its type is said before the key is refused.
+        {"order_id": 2, "customer": None, "amount": 1.0},
+        {"order_id": 2, "customer": ["ada"], "amount": 1.0},
+        {"order_id": 2, "customer": 1.5, "amount": 1.0},
         {"order_id": 1, "customer": "ada", "amount": 9.5},
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
@@ -565,11 +569,14 @@ async def test_the_readme_web_view_answers_400_naming_the_field(
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr.decode()
     answers = [line.split(" ", 1) for line in out.splitlines()]
-    assert [int(code) for code, _ in answers] == [400, 400, 400, 202], out
+    assert [int(code) for code, _ in answers] == [400, 400, 400, 400, 400, 400, 202], out
     assert "orders: Order.order_id: expected int, got str 'x'" in answers[0][1]
     assert "orders: Order.amount: expected float, got str '9.5'" in answers[1][1]
     assert "amount" in answers[2][1]
-    assert "receipt_job" in answers[3][1]
+    assert "orders: Order.customer: expected str, got NoneType None" in answers[3][1]
+    assert "orders: Order.customer: expected str, got list ['ada']" in answers[4][1]
+    assert "orders: Order.customer: expected str, got float 1.5" in answers[5][1]
+    assert "receipt_job" in answers[6][1]
 
 
 def orjson_dumps(value: Any) -> str:

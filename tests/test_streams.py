@@ -366,7 +366,9 @@ async def test_dict_records_are_partitioned_by_a_key_field(app: App, redis: Redi
     for user in ("ann", 7):
         entries = await read_partition(redis, events.spec.key(partition_for(user, 4)))
         assert any(f'"user":{user!r}'.replace("'", '"') in str(e[1]) for e in entries)
-    with pytest.raises(ConfigError, match=r"^key: the record has no 'user' to partition by"):
+    with pytest.raises(
+        EncodeError, match=r"^events: partition key \(field 'user'\): the record has no 'user'"
+    ):
         await events.send({"name": "bob"})
 
 
