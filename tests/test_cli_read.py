@@ -8,16 +8,19 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import orjson
+import pytest
 import trio
 
 from streamkit import App, partition_for
-from streamkit.testing import wait_until
+from streamkit.testing import free_port, wait_until
 from tests.apps.readable import Note
 from tests.test_cli import ROOT, assert_no_traceback, read_into, streamkit
 
 if TYPE_CHECKING:
     from streamkit import Redis
+    from streamkit.testing import RedisServer
 
 NOTES = "tests.apps.readable:notes"
 
@@ -183,3 +186,110 @@ async def test_mistakes_are_one_line(redis_url: str) -> None:
         assert message in result.err, (args, result.err)
         assert result.err.count("\n") == 1, result.err
         assert_no_traceback(result)
+
+
+async def test_follow_commands_ride_out_a_redis_restart(private_redis: RedisServer) -> None:
+    """``tail -f`` and ``jobs events --follow`` go on through a Redis restart, saying
+    once that Redis is unreachable and once that it is back, and show what came after;
+    reads are safe to send again, so a lost reply is not an "outcome unknown"."""
+    from tests.apps.jobbing import add, app as jobbing
+
+    url = private_redis.url
+    app, _ = await send_notes(url, 2)
+    notes = app.streams["notes"]
+    jobbing.settings = attrs.evolve(jobbing.settings, redis_url=url)
+    async with jobbing:
+        await add.delay(1, 2)
+    env = {**os.environ, "STREAMKIT_REDIS_URL": url}
+    # Each shows one line first (the last note, the first job's event): then it follows.
+    commands = {
+        "tail": ["tail", NOTES, "-n", "1", "--follow", "--json"],
+        "events": ["jobs", "events", "tests.apps.jobbing:app", "--follow", "--json"],
+    }
+    outputs = {name: (bytearray(), bytearray()) for name in commands}
+    with trio.fail_after(90):
+        processes = {
+            name: await trio.lowlevel.open_process(
+                [sys.executable, "-m", "streamkit", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for name, args in commands.items()
+        }
+        try:
+            async with trio.open_nursery() as nursery:
+                for name, process in processes.items():
+                    nursery.start_soon(read_into, process.stdout, outputs[name][0])
+                    nursery.start_soon(read_into, process.stderr, outputs[name][1])
+                for name, (out, _) in outputs.items():
+                    await wait_until(lambda o=out: o.count(b"\n") == 1, what=name, within=30)  # type: ignore[misc]
+                await trio.to_thread.run_sync(private_redis.stop)
+                for name, (_, err) in outputs.items():
+                    await wait_until(lambda e=err: b"unreachable" in e, what=name, within=20)  # type: ignore[misc]
+                await trio.sleep(1)  # down a while: every follower retries
+                await trio.to_thread.run_sync(private_redis.start)
+                async with app:
+                    await notes.send(Note(key="k1", n=11))
+                async with jobbing:
+                    await add.delay(3, 4)
+                for name, (out, err) in outputs.items():
+                    await wait_until(lambda o=out: o.count(b"\n") == 2, what=name, within=30)  # type: ignore[misc]
+                    await wait_until(lambda e=err: b"back after" in e, what=name, within=20)  # type: ignore[misc]
+                for process in processes.values():
+                    process.send_signal(signal.SIGINT)
+                for name, process in processes.items():
+                    assert await process.wait() == 0, outputs[name][1].decode()
+        finally:
+            for process in processes.values():
+                if process.returncode is None:
+                    process.kill()
+    for name, (_, err) in outputs.items():
+        said = err.decode()
+        assert said.count("unreachable") == 1, (name, said)
+        assert said.count("back after") == 1, (name, said)
+        assert "Traceback" not in said, (name, said)
+        assert "may or may not have run" not in said, (name, said)
+    tailed = [orjson.loads(line)["record"]["n"] for line in outputs["tail"][0].splitlines()]
+    assert tailed == [1, 11]
+    kinds = [orjson.loads(line)["kind"] for line in outputs["events"][0].splitlines()]
+    assert kinds == ["enqueued", "enqueued"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["tail", NOTES, "--follow"],
+        ["read", NOTES, "--follow"],
+        ["jobs", "events", "tests.apps.jobbing:app", "--follow"],
+    ],
+)
+async def test_a_follow_stopped_while_redis_is_unreachable_ends_cleanly(
+    command: list[str], stop: signal.Signals
+) -> None:
+    """Stopped while it waits for a Redis that is not there yet: exit code 0, the
+    waiting said in one line, no traceback."""
+    env = {**os.environ, "STREAMKIT_REDIS_URL": f"redis://127.0.0.1:{free_port()}"}
+    err = bytearray()
+    with trio.fail_after(60):
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "streamkit", *command],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_into, process.stderr, err)
+                await wait_until(lambda: b"unreachable" in err, what="the waiting", within=30)
+                await trio.sleep(0.5)
+                process.send_signal(stop)
+                assert await process.wait() == 0, err.decode()
+        finally:
+            if process.returncode is None:
+                process.kill()
+    assert "Traceback" not in err.decode(), err.decode()
+    assert err.decode().count("\n") == 1, err.decode()

@@ -62,9 +62,16 @@ class QueueTarget:
 
 
 def queue_target(
-    app_path: str | None, queue_name: str | None, shards: int | None, redis_url: str | None
+    app_path: str | None,
+    queue_name: str | None,
+    shards: int | None,
+    redis_url: str | None,
+    *,
+    one_shot: bool = True,
 ) -> QueueTarget:
-    """The queue named by MODULE:APP or by --queue (and --shards), checked."""
+    """The queue named by MODULE:APP or by --queue (and --shards), checked; set for a
+    one-shot command unless ``one_shot=False`` (one that follows: it waits for Redis
+    at the start as it rides out an outage later)."""
     if app_path is not None and queue_name is not None:
         fail(f"give MODULE:APP or --queue NAME, not both (got {app_path} and {queue_name})", 2)
     if app_path is None and queue_name is None:
@@ -76,7 +83,7 @@ def queue_target(
     if app_path is not None:
         if shards is not None:
             fail("--shards goes with --queue: an app's queue has its job_shards setting", 2)
-        app = load_app(app_path, redis_url)
+        app = load_app(app_path, redis_url, one_shot=one_shot)
         # An app that declares no jobs still names its queue: jobs another module
         # (or open_job_queue(redis, NAME)) enqueued there are found all the same.
         return QueueTarget(app.name, app.settings.job_shards, app.settings, app, app_path)
@@ -85,7 +92,9 @@ def queue_target(
         for part in queue_name.split(".", 1):  # a name, or an app's named queue APP.QUEUE
             validate_name("--queue", part)
         overrides: dict[str, Any] = {} if redis_url is None else {"redis_url": redis_url}
-        settings = one_shot_settings(Settings.from_env(**overrides))
+        settings = Settings.from_env(**overrides)
+        if one_shot:
+            settings = one_shot_settings(settings)
     except ConfigError as exc:
         fail(str(exc), 2)
     count = shards if shards is not None else settings.job_shards
@@ -193,7 +202,10 @@ def _with_target(function: Any, *, with_job_id: bool) -> Any:
     ) -> None:
         if with_job_id:
             app_path, kwargs["job_id"] = app_and_id(app_path, kwargs["job_id"], queue_name)
-        await function(target=queue_target(app_path, queue_name, shards, redis_url), **kwargs)
+        # A command that follows (--follow) waits for Redis, as a watch does.
+        one_shot = not kwargs.get("follow", False)
+        target = queue_target(app_path, queue_name, shards, redis_url, one_shot=one_shot)
+        await function(target=target, **kwargs)
 
     return queue_options(resolved)
 
@@ -347,10 +359,11 @@ async def jobs_events(
         event_cursors(after, target.shards)
     except ConfigError as exc:
         fail(f"--after: {exc}", 2)
-    # --follow runs until Ctrl-C (or SIGTERM), which ends it cleanly.
+    # --follow runs until Ctrl-C (or SIGTERM), which ends it cleanly, connecting too
+    # (the signal's scope is outside the connecting's), and rides out an outage.
     async with (
-        open_target(target, whole=True) as queue,
         until_signal() if follow else contextlib.nullcontext(),
+        open_target(target, whole=True) as queue,
     ):
         async for event in queue.events(after=after, follow=follow):
             print_event(event, as_json=as_json)

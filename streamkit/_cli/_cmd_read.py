@@ -13,6 +13,7 @@ from Redis goes through :func:`streamkit._literal.printable`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import os
 import re
@@ -25,12 +26,13 @@ import attrs
 import orjson
 import trio
 
+from .._backoff import Backoff, retry_unavailable
 from .._errors import ConfigError, DecodeError, StreamkitError
 from .._joins import JSON_FORM, PACKED, unpack_forwarded
 from .._json_converter import converter
 from .._literal import printable
 from .._partitioner import canonical_key_bytes, partition_for
-from .._redis import redis_errors
+from .._redis import health_of, redis_errors
 from .._state_join_sides import HEARTBEAT, read_heartbeat
 from .._wire import text
 from ._exits import fail
@@ -51,6 +53,8 @@ __all__ = ["parse_position", "read", "tail"]
 PAGE = 500
 #: Seconds between two looks for new entries, with --follow.
 FOLLOW_EVERY = 0.5
+#: Delays between looks while Redis is unreachable, with --follow.
+FOLLOW_BACKOFF = Backoff(initial=0.1, maximum=2.0)
 
 _ID = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -155,10 +159,24 @@ async def follow_on(
     redis: Redis, keys: dict[int, str], after: dict[int, str]
 ) -> AsyncIterator[Entry]:
     """The entries added to the partitions ``keys`` after the ids ``after``, by id in
-    each look, forever (until cancelled)."""
+    each look, forever (until cancelled).
+
+    Error handling:
+        An outage is ridden out: a look that fails because Redis cannot be reached (or
+        its reply was lost: a read is safe to send again) is tried again until Redis
+        answers, said once in the log, and its end in one line (the client's
+        :class:`~streamkit._outage.OutageLog`), as ``status --watch`` rides one out.
+    """
+    outage = health_of(redis).outage
     while True:
         starts = {p: f"({after[p]}" for p in keys}
-        pages = await _pages(redis, keys, starts, "+", PAGE)
+        pages = await retry_unavailable(
+            functools.partial(_pages, redis, keys, starts, "+", PAGE),
+            backoff=FOLLOW_BACKOFF,
+            give_up_after=None,
+            what="reading new entries",
+            outage=outage,
+        )
         found = sorted(
             (entry for page in pages.values() for entry in page), key=lambda e: _order(e.id)
         )
@@ -409,7 +427,7 @@ async def read(
     if follow and (end != "end" or count is not None):
         fail("--follow reads on past the end: it goes with neither --to nor --count", 2)
     app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
-    async with _connected(app) as redis:
+    async with until_signal(), _connected(app) as redis:
         if not follow:
             await _show(merged_range(redis, keys, first, last), shower, count)
             return
@@ -446,7 +464,7 @@ async def tail(
     """Print a stream's last entries, all partitions merged in the order Redis added
     them (as read does), then with --follow the new ones as they come."""
     app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
-    async with _connected(app) as redis:
+    async with until_signal(), _connected(app) as redis:
         after = await last_ids(redis, keys)
         for line in await _newest(redis, keys, shower, count):
             click.echo(line)
@@ -472,15 +490,19 @@ def _prepare(
 
 @contextlib.asynccontextmanager
 async def _connected(app: App) -> AsyncIterator[Redis]:
-    """``app`` connected, until the block ends or a signal stops it (exit code 0); an
-    error of streamkit's is the command's one line, a reader gone (``| head``) its end."""
+    """``app`` connected until the block ends; an error of streamkit's is the command's
+    one line, a reader gone (``| head``) its end.
+
+    Entered inside :func:`until_signal`, never around it: a signal while connecting
+    then cancels the connecting (exit code 0), where a generator that caught it
+    itself would end without yielding.
+    """
     with _quiet_pipe():
-        async with until_signal():
-            try:
-                async with app:
-                    yield app.redis
-            except StreamkitError as exc:
-                fail(str(exc))
+        try:
+            async with app:
+                yield app.redis
+        except StreamkitError as exc:
+            fail(str(exc))
 
 
 async def _newest(redis: Redis, keys: dict[int, str], shower: Shower, count: int) -> Sequence[str]:

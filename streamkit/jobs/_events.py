@@ -14,12 +14,14 @@ it was in all of them, to resume after it (``events(after=event.cursor)``).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._backoff import Backoff, retry_unavailable
 from .._lua import CONSTANTS
-from .._redis import redis_errors, retry_idempotent, run_blocking
+from .._redis import health_of, redis_errors, retry_idempotent, run_blocking
 from ._replies import decode_events, event_cursors, events_after
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ EVENTS_KEEP = int(CONSTANTS["EVENTS_KEEP"])
 #: in turn, each without blocking, every :data:`POLL` seconds while idle.
 BLOCK_MS = 1000
 POLL = 0.1
+#: Delays between reads while Redis is unreachable, when following.
+FOLLOW_BACKOFF = Backoff(initial=0.1, maximum=2.0)
 
 
 async def follow_events(
@@ -46,34 +50,51 @@ async def follow_events(
     shard; with ``follow``, waiting for new ones until cancelled.
 
     Error handling:
-        :class:`~streamkit.ConfigError` for a cursor of another queue.
+        :class:`~streamkit.ConfigError` for a cursor of another queue. With
+        ``follow``, an outage is ridden out: a read that fails because Redis cannot be
+        reached (or lost its reply: reading is safe to do again) is tried again until
+        Redis answers, said once in the log and its end in one line (the client's
+        :class:`~streamkit._outage.OutageLog`); without, it raises
+        :class:`~streamkit.RedisUnavailable` after the usual retries.
     """
     cursors = event_cursors(after, len(keys))
     single = len(keys) == 1
+    outage = health_of(redis).outage
+
+    async def read(shard: int, events_key: str) -> list[Any]:
+        if single and follow:
+            start = events_after(cursors[0])
+            reply: Any = await run_blocking(
+                redis,
+                lambda r: r.xread({events_key: start}, count=500, block=BLOCK_MS),
+                within=BLOCK_MS / 1000 + 10,
+                what="reading job events",
+            )
+            return [e for es in (reply or {}).values() for e in es]
+        read_range: Any = retry_idempotent(
+            redis.xrange,
+            events_key,
+            f"({events_after(cursors[shard])}",
+            "+",
+            500,
+            what="reading job events",
+        )
+        return list(await read_range)
+
     while True:
         got = 0
         for shard, shard_keys in enumerate(keys):
             events_key = f"{shard_keys.base}:events"
-            if single and follow:
-                start = events_after(cursors[0])
-                reply: Any = await run_blocking(
-                    redis,
-                    lambda r, key=events_key, cursor=start: r.xread(  # type: ignore[misc]
-                        {key: cursor}, count=500, block=BLOCK_MS
-                    ),
-                    within=BLOCK_MS / 1000 + 10,
+            if follow:
+                entries = await retry_unavailable(
+                    functools.partial(read, shard, events_key),
+                    backoff=FOLLOW_BACKOFF,
+                    give_up_after=None,
                     what="reading job events",
+                    outage=outage,
                 )
-                entries = [e for es in (reply or {}).values() for e in es]
             else:
-                entries = await retry_idempotent(
-                    redis.xrange,  # type: ignore[arg-type]
-                    events_key,
-                    f"({events_after(cursors[shard])}",
-                    "+",
-                    500,
-                    what="reading job events",
-                )
+                entries = await read(shard, events_key)
             for entry in entries:
                 for event in decode_events(entry.identifier, entry.field_values, shard, cursors):
                     got += 1
