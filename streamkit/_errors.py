@@ -526,13 +526,17 @@ class JobFailed(JobError):
 
 class JobNotFound(JobError):
     """No record of the job: it was never enqueued on this queue, or it finished
-    longer ago than its ``result_ttl`` and its record expired."""
+    longer ago than its ``result_ttl`` and its record expired.
 
-    def __init__(self, job_id: str, queue: str) -> None:
+    Attributes:
+        queue: the queue it was looked for on (for several, the first).
+    """
+
+    def __init__(self, job_id: str, queue: str, *, hint: str = "") -> None:
         super().__init__(
             job_id,
             f"no job {job_id!r} on queue {queue!r}: never enqueued there, or it finished "
-            "longer ago than its result_ttl and its record expired",
+            f"longer ago than its result_ttl and its record expired{hint}",
         )
         self.queue = queue
 

@@ -7,6 +7,7 @@ private Redis.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 from pathlib import Path
@@ -18,6 +19,7 @@ import orjson
 import pytest
 import trio
 
+from streamkit import ConfigError
 from streamkit._cli import cli
 from streamkit.jobs import JobCall, JobNotFound, JobStatus, open_job_queue
 from streamkit.jobs._inspect import _DEAD_CHUNK as DEAD_CHUNK
@@ -574,3 +576,66 @@ async def test_the_jobs_commands_the_docs_show_are_the_commands_syntax() -> None
             await command.make_context(command.name, args, parent=context)
         except click.UsageError as exc:
             pytest.fail(f"{line}: {exc.format_message()}")
+
+
+async def test_the_app_views_find_a_job_on_its_named_queue(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job routed to a named queue is counted on its row by ``status`` and ``jobs
+    info`` of the app, found by ``jobs show`` of the app, and reached by the clients'
+    ``handle(job_id, queue=...)``; where it is not looked for, the error says where."""
+    from tests.apps import routed
+
+    monkeypatch.setattr(
+        routed.app, "settings", attrs.evolve(routed.app.settings, redis_url=redis_url)
+    )
+    async with routed.app:
+        await routed.add.delay(1, 2)
+        frame = await routed.render.delay(3)
+    path = "tests.apps.routed:app"
+
+    status = await streamkit("status", path, redis_url=redis_url)
+    assert status.code == 0, status.err
+    rows = {line.split()[0]: line.split()[1:] for line in status.out.splitlines() if line}
+    assert rows["render"][0] == "1", status.out
+    assert rows["add"][0] == "1", status.out
+
+    info = await streamkit("jobs", "info", path, "--json", redis_url=redis_url)
+    assert info.code == 0, info.err
+    report = orjson.loads(info.out)
+    assert report["named_queues"] == ["routed.gpu"]
+    assert report["by_name"]["render"]["queued"] == 1
+    assert report["counts"]["queued"]["normal"] == 2
+    text = await streamkit("jobs", "info", path, redis_url=redis_url)
+    assert "with its named queue routed.gpu, counted together" in text.out
+    assert re.search(r"render\s+│ 1 queued", text.out), text.out
+
+    shown = await streamkit("jobs", "show", path, frame.id, redis_url=redis_url)
+    assert shown.code == 0, shown.err
+    assert f"job {frame.id} of queue routed.gpu" in shown.out
+    missing = await streamkit("jobs", "show", path, "nope", redis_url=redis_url)
+    assert missing.code == 1
+    assert "not on the app's named queue routed.gpu either" in missing.err
+    elsewhere = await streamkit("jobs", "show", "--queue", "routed", frame.id, redis_url=redis_url)
+    assert elsewhere.code == 1
+    assert "--queue routed.QUEUE" in elsewhere.err
+    assert_no_traceback(elsewhere)
+
+    def with_blocking() -> None:
+        with routed.app.blocking() as client:
+            assert client.handle(frame.id, queue="gpu").status() is JobStatus.SENT
+            with pytest.raises(JobNotFound, match=r"handle\(job_id, queue='gpu'\)"):
+                client.handle(frame.id).status()
+            with pytest.raises(ConfigError, match="has no queue 'cpu' \\(known: default, gpu\\)"):
+                client.handle(frame.id, queue="cpu")
+
+    async def with_asyncio() -> None:
+        async with routed.app.asyncio() as client:
+            assert await client.handle(frame.id, queue="gpu").status() is JobStatus.SENT
+            info = await client.handle(frame.id, queue="gpu").info()
+            assert info.name == "render"
+            with pytest.raises(JobNotFound, match="named queue gpu"):
+                await client.handle(frame.id).info()
+
+    await trio.to_thread.run_sync(with_blocking)
+    await trio.to_thread.run_sync(lambda: asyncio.run(with_asyncio()))

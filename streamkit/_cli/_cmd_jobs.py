@@ -18,11 +18,12 @@ from .._literal import printable
 from .._redis import open_redis, redis_errors
 from .._settings import Settings
 from .._urls import mask_url
-from ..jobs import JobEvent, JobNotFound, JobQueue, JobStatus, open_job_queue
+from ..jobs import JobEvent, JobInfo, JobNotFound, JobQueue, JobStatus, open_job_queue
+from ..jobs._layout import DEFAULT_QUEUE, routed_queue
 from ..jobs._replies import event_cursors
 from ._confirm import BulkAction, bulk_options, confirm_and_act
 from ._exits import fail
-from ._fleet import counts_by_name, counts_json, iso, job_json
+from ._fleet import app_job_counts, counts_by_name, counts_json, iso, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
 from ._loading import load_app, one_shot_settings
 from ._options import WholeHelpGroup, json_option, limit_option, redis_url_option, stderr
@@ -261,7 +262,12 @@ async def jobs_info(
     now; succeeded, aborted and expired are running totals.
     """
     async with open_target(target, whole=True) as queue:
-        counts = await queue.counts()
+        if target.app is not None and target.app.jobs:
+            # Every queue of the app: a job routed to a named queue is counted there.
+            counts = await app_job_counts(target.app)
+        else:
+            counts = await queue.counts()
+    named = named_queues(target)
     undeclared = target.app is not None and not target.app.jobs
     if undeclared and not holds_any(counts):
         assert target.app is not None
@@ -271,6 +277,8 @@ async def jobs_info(
             2,
         )
     report = info_json(target, counts)
+    if named:
+        report["named_queues"] = named
     if as_json:
         click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
         return
@@ -280,6 +288,15 @@ async def jobs_info(
         soft_wrap=True,
         markup=False,
     )
+    if named:
+        console.print(
+            printable(
+                f"with its named queue{'s' if len(named) > 1 else ''} {', '.join(named)}, "
+                f"counted together (--queue {named[0]} for one alone)"
+            ),
+            markup=False,
+            style="dim",
+        )
     if undeclared:
         console.print(
             "the app declares no jobs (@app.job): these were enqueued elsewhere",
@@ -293,6 +310,43 @@ async def jobs_info(
         console.print()
         console.print(printable(f"queue {target.name}: jobs by name"), markup=False, style="bold")
         console.print(by_name_table(report["by_name"]))
+
+
+async def find_job(target: QueueTarget, queue: JobQueue, job_id: str) -> JobInfo:
+    """Job ``job_id``'s record: on the target's queue, or, for an app, on whichever of
+    its queues it is (a job routed to a named queue lives there).
+
+    Error handling:
+        :class:`~streamkit.jobs.JobNotFound` naming where it was looked for, with a
+        hint at the named queues of apps for a queue given by ``--queue``.
+    """
+    named = named_queues(target)
+    queues = [queue]
+    if target.app is not None and named:  # queue is the app's default one
+        queues += [target.app.job_queues[name.split(".", 1)[1]] for name in named]
+    for candidate in queues:
+        with contextlib.suppress(JobNotFound):
+            return await candidate.info(job_id)
+    if named:
+        plural = "s" if len(named) > 1 else ""
+        hint = f"; not on the app's named queue{plural} {', '.join(named)} either"
+    elif target.app is None:
+        hint = (
+            f" (a job routed to a named queue of an app, @app.job(queue=...), is on"
+            f" {target.name}.QUEUE: give MODULE:APP, or --queue {target.name}.QUEUE)"
+        )
+    else:
+        hint = ""
+    raise JobNotFound(job_id, queue.name, hint=hint)
+
+
+def named_queues(target: QueueTarget) -> list[str]:
+    """The full names of the named queues of the target's app (``APP.QUEUE``), sorted;
+    none for a queue given by ``--queue``."""
+    if target.app is None or not target.app.jobs:
+        return []
+    app = target.app
+    return [routed_queue(app.name, short) for short in app.queue_names() if short != DEFAULT_QUEUE]
 
 
 def holds_any(counts: QueueCounts) -> bool:
@@ -325,7 +379,7 @@ async def jobs_show(
     The last error comes with its traceback, as the worker formatted it.
     """
     async with open_target(target) as queue:
-        info = await queue.info(job_id)
+        info = await find_job(target, queue, job_id)
     if as_json:
         click.echo(orjson.dumps(job_json(info), option=orjson.OPT_INDENT_2))
         return

@@ -22,6 +22,7 @@ from .._periodic import next_tick
 from .._state_late import total_late, windowed_names
 from .._urls import mask_url
 from ..jobs import JobInfo, JobStatus, JobTry, QueueCounts
+from ..jobs._inspect import merge_counts
 from ._admin import MemberStatus, PartitionStatus, lease_owner_name, read_processor
 
 if TYPE_CHECKING:
@@ -206,6 +207,12 @@ def fleet_rates(before: FleetSnapshot | None, after: FleetSnapshot) -> FleetRate
     return FleetRates(seconds=seconds, partitions=partitions, processors=processors, jobs=jobs)
 
 
+async def app_job_counts(app: App) -> QueueCounts:
+    """The counts of every job queue of ``app`` (its own and its named ones, see
+    ``@app.job(queue=...)``) as one: each job name's row is its own queue's."""
+    return merge_counts([await queue.counts() for queue in app.job_queues.values()])
+
+
 async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic) -> FleetSnapshot:
     """Read what the status view shows of ``app`` (inside ``async with app:``).
 
@@ -233,7 +240,7 @@ async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic
         )
 
     async def count() -> None:
-        counts.append(await app.job_queue.counts())
+        counts.append(await app_job_counts(app))
 
     taken_at = datetime.now(UTC)
     started = clock()

@@ -317,9 +317,12 @@ class AsyncioClient(ClientBase):
         queue, job_id, shard = await self.run(_ops.enqueue_workflow(self._state, workflow))
         return AsyncioJobHandle(self, job_id, shard, queue)
 
-    def handle(self, job_id: str) -> AsyncioJobHandle[Any]:
-        """A handle on job ``job_id`` of the app's queue."""
-        return AsyncioJobHandle(self, job_id, self._state.shard_of(job_id))
+    def handle(self, job_id: str, *, queue: str | None = None) -> AsyncioJobHandle[Any]:
+        """A handle on job ``job_id`` of the app's queue, or of its named queue
+        ``queue`` (see :meth:`BlockingClient.handle
+        <streamkit.clients.BlockingClient.handle>`)."""
+        named = self._state.queue_named(queue)
+        return AsyncioJobHandle(self, job_id, self._state.shard_of(job_id), named)
 
     async def job_events(
         self, *, after: str | None = None, follow: bool = False

@@ -334,9 +334,18 @@ class BlockingClient(ClientBase):
         queue, job_id, shard = self.run(_ops.enqueue_workflow(self._state, workflow))
         return BlockingJobHandle(self, job_id, shard, queue)
 
-    def handle(self, job_id: str) -> BlockingJobHandle[Any]:
-        """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser)."""
-        return BlockingJobHandle(self, job_id, self._state.shard_of(job_id))
+    def handle(self, job_id: str, *, queue: str | None = None) -> BlockingJobHandle[Any]:
+        """A handle on job ``job_id`` of the app's queue (e.g. an id sent to a browser),
+        or of its named queue ``queue`` (as given to ``@app.job(queue=...)``: a job
+        routed there lives there).
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a queue none of the app's jobs is
+            routed to. A job not found on the default queue of an app with named
+            queues is a :class:`~streamkit.jobs.JobNotFound` that names them.
+        """
+        named = self._state.queue_named(queue)
+        return BlockingJobHandle(self, job_id, self._state.shard_of(job_id), named)
 
     def job_events(self, *, after: str | None = None, follow: bool = False) -> Iterator[JobEvent]:
         """The state changes of the app's jobs (see :meth:`JobQueue.events

@@ -129,19 +129,39 @@ class JobHandleBase:
     queue: str | None
 
     def _status(self) -> Op[JobStatus]:
-        return _ops.job_status(self._client._state, self.id, self.shard, self.queue)
+        return _ops.hinting(
+            self._client._state,
+            self.queue,
+            _ops.job_status(self._client._state, self.id, self.shard, self.queue),
+        )
 
     def _info(self) -> Op[JobInfo]:
-        return _ops.job_info(self._client._state, self.id, self.shard, self.queue)
+        return _ops.hinting(
+            self._client._state,
+            self.queue,
+            _ops.job_info(self._client._state, self.id, self.shard, self.queue),
+        )
 
     def _result(self, timeout: float | None) -> Op[Any]:
-        return _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue)
+        return _ops.hinting(
+            self._client._state,
+            self.queue,
+            _ops.job_result(self._client._state, self.id, self.shard, timeout, self.queue),
+        )
 
     def _abort(self, reason: str) -> Op[JobStatus]:
-        return _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue)
+        return _ops.hinting(
+            self._client._state,
+            self.queue,
+            _ops.job_abort(self._client._state, self.id, self.shard, reason, self.queue),
+        )
 
     def _output(self, cursor: str) -> Op[tuple[list[JobChunk], str | None]]:
-        return _ops.job_output(self._client._state, self.id, self.shard, cursor, self.queue)
+        return _ops.hinting(
+            self._client._state,
+            self.queue,
+            _ops.job_output(self._client._state, self.id, self.shard, cursor, self.queue),
+        )
 
 
 def raise_translated(exc: Exception, url: str) -> NoReturn:

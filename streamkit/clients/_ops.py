@@ -28,7 +28,7 @@ import attrs
 
 from .. import _lua
 from .._defaults import DEFAULT_JOB_MAX_BYTES
-from .._errors import ConfigError, RedisUnavailable, StreamkitError
+from .._errors import ConfigError, JobNotFound, RedisUnavailable, StreamkitError
 from .._keys import parse_window_member as parse_member
 from .._ops import NOW, Call, CallBatch, Now, Op, Request, Sleep, append, retried
 from .._partitioner import canonical_key_bytes
@@ -46,7 +46,7 @@ from .._tables import _NO_DEFAULT
 from .._tables_versioned import VersionedTable, as_of_ms
 from .._tables_windowed import WindowedTable
 from .._windows import Window
-from ..jobs._layout import ShardKeys, routed_queue, shard_for
+from ..jobs._layout import DEFAULT_QUEUE, ShardKeys, routed_queue, shard_for
 from ..jobs._ops import send_plan, send_workflow
 from ..jobs._plan import JobIds, Placement, plan_enqueue
 from ..jobs._replies import (
@@ -155,6 +155,47 @@ class ClientState:
         """The keys of a shard of the app's queue (or of its queue ``queue``, a full
         name)."""
         return ShardKeys(queue or self.queue, shard)
+
+    def named_queues(self) -> list[str]:
+        """The app's named queues (``@app.job(queue=...)``), by their short names, sorted."""
+        return sorted(
+            {job.options.queue for job in self.jobs.values() if job.options.queue} - {DEFAULT_QUEUE}
+        )
+
+    def queue_named(self, queue: str | None) -> str | None:
+        """The full name of the app's queue ``queue`` (a short name, as given to
+        ``@app.job(queue=...)``), or ``None`` for its default one (``None`` or
+        ``"default"``).
+
+        Error handling:
+            :class:`~streamkit.ConfigError` for a queue none of the app's jobs is
+            routed to.
+        """
+        if queue is None or queue == DEFAULT_QUEUE:
+            return None
+        named = self.named_queues()
+        if queue not in named:
+            known = ", ".join([DEFAULT_QUEUE, *named])
+            raise ConfigError(
+                "queue", f"app {self.queue!r} has no queue {queue!r} (known: {known})"
+            )
+        return routed_queue(self.queue, queue)
+
+    def hinted(self, exc: JobNotFound, queue: str | None) -> JobNotFound:
+        """``exc``, for a job looked for on ``queue`` (``None``: the default one), with a
+        hint at the app's named queues where it has any and the default one was looked at."""
+        named = self.named_queues()
+        if queue is not None or not named:
+            return exc
+        plural = "s" if len(named) > 1 else ""
+        return JobNotFound(
+            exc.job_id,
+            exc.queue,
+            hint=(
+                f" (a job of the app's named queue{plural} {', '.join(named)} is found with "
+                f"handle(job_id, queue={named[0]!r}))"
+            ),
+        )
 
     def queue_of(self, job: JobLike) -> str:
         """The name of the queue ``job`` is routed to (see ``@app.job(queue=...)``)."""
@@ -313,6 +354,15 @@ def enqueue_workflow(state: ClientState, workflow: Workflow) -> Op[tuple[str, st
     return final.queue, final.id, final.shard
 
 
+def hinting(state: ClientState, queue: str | None, op: Op[T]) -> Op[T]:
+    """``op``, on a job of ``queue``, with :meth:`ClientState.hinted`'s hint on its
+    :class:`~streamkit.jobs.JobNotFound`."""
+    try:
+        return (yield from op)
+    except JobNotFound as exc:
+        raise state.hinted(exc, queue) from None
+
+
 def job_status(
     state: ClientState, job_id: str, shard: int, queue: str | None = None
 ) -> Op[JobStatus]:
@@ -324,7 +374,7 @@ def job_status(
         Call.command("HGET", state.keys(shard, queue).job(job_id), "status"),
         what="reading a job's status",
     )
-    return status_reply(value, job_id, state.queue)
+    return status_reply(value, job_id, queue or state.queue)
 
 
 def job_info(state: ClientState, job_id: str, shard: int, queue: str | None = None) -> Op[JobInfo]:
@@ -332,7 +382,7 @@ def job_info(state: ClientState, job_id: str, shard: int, queue: str | None = No
     fields = yield from retried(
         Call.command("HGETALL", state.keys(shard, queue).job(job_id)), what="reading a job"
     )
-    return info_reply(fields, job_id, state.queue)
+    return info_reply(fields, job_id, queue or state.queue)
 
 
 def job_abort(
@@ -343,7 +393,7 @@ def job_abort(
     reply = yield from retried(
         Call.run(_ABORT, list(keys.keys), (keys.base, job_id, reason)), what="aborting a job"
     )
-    return abort_reply(reply, job_id, state.queue)
+    return abort_reply(reply, job_id, queue or state.queue)
 
 
 def job_result(
@@ -374,7 +424,7 @@ def job_result(
             Call.run(_WATCH, list(keys.keys), (keys.base, job_id)),
             what="waiting for a job's result",
         )
-        final, result = watch_reply(reply, job_id, state.queue)
+        final, result = watch_reply(reply, job_id, queue or state.queue)
         if final:
             return result
         while True:

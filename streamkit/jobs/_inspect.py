@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ._layout import ShardKeys
     from ._model import JobInfo
 
-__all__ = ["QueueCounts", "act_on_dead", "count_jobs", "read_dead_letters"]
+__all__ = ["QueueCounts", "act_on_dead", "count_jobs", "merge_counts", "read_dead_letters"]
 
 #: Dead jobs replayed or purged per script call.
 _DEAD_CHUNK = 200
@@ -69,6 +69,35 @@ class QueueCounts:
     pending: int
     by_name: dict[str, dict[str, int]]
     held: int = 0
+
+
+def merge_counts(counts: Sequence[QueueCounts]) -> QueueCounts:
+    """The counts of several queues (an app's default and named queues) as one: each
+    count summed, by priority and by job name too (a job name lives on one queue, the
+    one it is routed to, so its row is that queue's)."""
+    queued: dict[str, int] = {}
+    by_name: dict[str, dict[str, int]] = {}
+    for one in counts:
+        for priority, n in one.queued.items():
+            queued[priority] = queued.get(priority, 0) + n
+        for name, per_status in one.by_name.items():
+            mine = by_name.setdefault(name, {})
+            for status, n in per_status.items():
+                mine[status] = mine.get(status, 0) + n
+    return QueueCounts(
+        queued=queued,
+        scheduled=sum(c.scheduled for c in counts),
+        waiting=sum(c.waiting for c in counts),
+        running=sum(c.running for c in counts),
+        retrying=sum(c.retrying for c in counts),
+        dead=sum(c.dead for c in counts),
+        succeeded=sum(c.succeeded for c in counts),
+        aborted=sum(c.aborted for c in counts),
+        expired=sum(c.expired for c in counts),
+        pending=sum(c.pending for c in counts),
+        by_name=by_name,
+        held=sum(c.held for c in counts),
+    )
 
 
 async def count_jobs(queue: QueueLike) -> QueueCounts:
