@@ -21,6 +21,7 @@ import ast
 import math
 import re
 import typing
+from collections.abc import Mapping, MutableMapping
 from datetime import date, datetime
 from decimal import Decimal
 from enum import Enum
@@ -41,6 +42,7 @@ __all__ = [
     "EXACT_TYPES",
     "check_value",
     "describe_invalid",
+    "mapping_key_type",
     "mapping_problems",
     "record_problems",
     "type_name",
@@ -168,24 +170,59 @@ def _resolve(root: object, path: str) -> object:
     return value
 
 
-def _leaves(
-    exc: BaseException, path: str, expected: object
-) -> Iterator[tuple[str, BaseException, object]]:
-    """Every failure under ``exc``: (path, the leaf error, the type expected there)."""
+#: A leaf failure: (its path, the leaf error, the type expected there, and the value
+#: given where the path alone does not lead to it, else ``_MISSING``).
+_Leaf = tuple[str, BaseException, object, object]
+
+_MAPPINGS = frozenset({dict, typing.Dict, Mapping, MutableMapping})  # noqa: UP006
+
+
+def mapping_key_type(annotation: object) -> object | None:
+    """The key type of a mapping annotation (``int`` of ``dict[int, str]``), or
+    ``None`` for any other annotation."""
+    if typing.get_origin(annotation) in _MAPPINGS:
+        arguments: tuple[object, ...] = typing.get_args(annotation)
+        if len(arguments) == 2:
+            return arguments[0]
+    return None
+
+
+def _typed_key(key: object, key_type: object) -> object:
+    """``key`` (a mapping's key, as JSON has it: a str) as the converter makes it a
+    ``key_type`` key (``1`` of ``"1"`` for an int), or ``_MISSING`` if it refuses it."""
+    try:
+        typed = converter.structure({key: None}, dict[key_type, Any])  # type: ignore[valid-type]
+    except Exception:
+        return _MISSING
+    return next(iter(typed), _MISSING)
+
+
+def _leaves(exc: BaseException, path: str, expected: object) -> Iterator[_Leaf]:
+    """Every failure under ``exc``: (path, the leaf error, the type expected there,
+    the value given where the path does not lead to it: a mapping's key)."""
     if isinstance(exc, IterableValidationError):
         with_notes, without = exc.group_exceptions()
+        # A mapping's notes name the entry, not whether its key or its value failed.
+        key_type = mapping_key_type(expected)
         for inner, note in with_notes:
-            yield from _leaves(inner, f"{path}[{note.index!r}]", note.type)
+            index: object = note.index
+            if key_type is not None:
+                typed = _typed_key(index, key_type)
+                if typed is _MISSING:
+                    yield f"{path} key {_short(index)}", inner, key_type, index
+                    continue
+                index = typed  # the value's: the given mapping's keys are typed
+            yield from _leaves(inner, f"{path}[{index!r}]", note.type)
         for inner in without:
-            yield path, inner, None
+            yield path, inner, None, _MISSING
     elif isinstance(exc, ClassValidationError):
         fields, others = exc.group_exceptions()
         for inner, attribute in fields:
             yield from _leaves(inner, f"{path}.{attribute.name}", attribute.type)
         for inner in others:
-            yield path, inner, None
+            yield path, inner, None, _MISSING
     else:
-        yield path, exc, expected
+        yield path, exc, expected, _MISSING
 
 
 def _leaf_problem(where: str, exc: BaseException, expected: object, given: object) -> str:
@@ -215,8 +252,8 @@ def value_problems(label: str, annotation: object, value: object, exc: BaseExcep
     """Why ``value`` (called ``label``) failed ``annotation``, from the error ``exc`` of
     :func:`check_value`: one text per problem, naming where, expected and given."""
     problems = []
-    for path, leaf, expected in _leaves(exc, "", annotation):
-        given = _resolve(value, path)
+    for path, leaf, expected, found in _leaves(exc, "", annotation):
+        given = _resolve(value, path) if found is _MISSING else found
         problems.append(_leaf_problem(label + path, leaf, expected, given))
     return problems
 

@@ -108,6 +108,37 @@ def test_a_json_record_of_the_wrong_types_is_refused_naming_each_field(
     assert codec.payloads_encoder()[0]([record]) == [None]
 
 
+class Counts(Record):
+    by_id: dict[int, int]
+    by_name: dict[str, list[int]] = attrs.field(factory=dict)
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (Counts(by_id={"x": 2}), "Counts.by_id key 'x': expected int, got str 'x'"),  # type: ignore[dict-item]
+        (Counts(by_id={1: "two"}), "Counts.by_id[1]: expected int, got str 'two'"),  # type: ignore[dict-item]
+        (
+            Counts(by_id={}, by_name={"a": ["b"]}),  # type: ignore[list-item]
+            "Counts.by_name['a'][0]: expected int, got str 'b'",
+        ),
+    ],
+)
+def test_a_dict_field_names_its_key_or_its_value_as_the_one_wrong(
+    record: Any, message: str
+) -> None:
+    with pytest.raises(EncodeError) as caught:
+        codec_for(Counts).encode(record)
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_int_keyed_dict_fields_go_and_come_back_as_ints() -> None:
+    codec = codec_for(Counts)
+    for sent in ({1: 2, -3: 4}, {"1": 2}):
+        decoded = codec.decode(codec.encode(Counts(by_id=sent)), stream="s")  # type: ignore[arg-type]
+        assert decoded.by_id == {int(k): v for k, v in sent.items()}
+
+
 @pytest.mark.parametrize(
     ("changes", "words"),
     [

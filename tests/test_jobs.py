@@ -1055,6 +1055,39 @@ async def test_arguments_of_the_wrong_types_are_refused_at_enqueue(
     await queue.enqueue_workflow(chain(charge.step(1, 2), charge.step(3)))
 
 
+async def test_dict_arguments_whose_keys_json_cannot_keep_are_refused_naming_the_argument(
+    redis: Redis, queue: JobQueue
+) -> None:
+    """A job's arguments are JSON, whose object keys are strings: a parameter declared
+    ``dict[int, int]`` (or holding one) would get str keys, so any argument for it is
+    refused at enqueue, naming the argument and why; a dict with int keys for a
+    parameter that does not say its keys is refused naming the argument too."""
+
+    @queue.job
+    async def tally(d: dict[int, int], nested: list[dict[int, str]] | None = None) -> None: ...
+
+    @queue.job
+    async def loose(d: dict[Any, int], named: dict[str, int] | None = None) -> None: ...
+
+    why = "its arguments are JSON, whose object keys are strings"
+    for given in ({"x": 2}, {1: 2}, {"1": 2}, {}):
+        with pytest.raises(TypeError) as caught:
+            await tally.delay(given)  # type: ignore[arg-type]
+        assert str(caught.value) == (
+            f"job tally: argument d: a job cannot take a dict[int, int]: {why}, so the job "
+            f"would get its int keys as str; declare the keys str (or take a list of pairs)"
+        )
+    nested = r"argument nested: a job cannot take a dict\[int, str\]"
+    with pytest.raises(TypeError, match=nested):
+        await tally.delay(None, nested=[{1: "a"}])  # type: ignore[arg-type]
+    with pytest.raises(EncodeError, match=r"^the arguments of job loose: argument d: a dict key"):
+        await loose.delay({1: 2})
+    with pytest.raises(EncodeError, match=r"argument named: a dict key that is not a str"):
+        await loose.delay({"a": 1}, named={1: 2})  # type: ignore[dict-item]
+    assert await redis.dbsize() == 0
+    await loose.delay({"a": 1}, named={"b": 2})  # str keys: taken
+
+
 async def test_a_worker_kills_jobs_it_cannot_run_and_keeps_serving(
     redis_url: str, redis: Redis, queue: JobQueue
 ) -> None:

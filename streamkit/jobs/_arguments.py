@@ -31,7 +31,14 @@ import attrs
 import cattrs
 import orjson
 
-from .._codec_check import EXACT_TYPES, check_value, describe_invalid, value_problems
+from .._codec_check import (
+    EXACT_TYPES,
+    check_value,
+    describe_invalid,
+    mapping_key_type,
+    type_name,
+    value_problems,
+)
 from .._errors import EncodeError
 from .._json_converter import converter
 from ._model import dumps
@@ -243,8 +250,18 @@ def check_argument_types(
         value = given[name]
         if value is FED:
             continue
+        keyed = _keyed_by_other_than_str(annotation)
+        if keyed is not None and value is not None:
+            problems.append(
+                f"argument {name}: a job cannot take a {type_name(keyed)}: its arguments "
+                f"are JSON, whose object keys are strings, so the job would get its "
+                f"{type_name(mapping_key_type(keyed))} keys as str; declare the keys str (or "
+                f"take a list of pairs)"
+            )
+            continue
         try:
-            check_value(annotation, value, lambda v: dumps(v, what))
+            encode = functools.partial(dumps, what=f"{what}: argument {name}")
+            check_value(annotation, value, encode)
         except EncodeError:
             raise  # not JSON at all: said as the encoding says it
         except RecursionError:
@@ -253,6 +270,20 @@ def check_argument_types(
             problems += value_problems(f"argument {name}", annotation, value, exc)
     if problems:
         raise TypeError(f"job {job.name}: {describe_invalid(problems)}")
+
+
+@functools.cache
+def _keyed_by_other_than_str(annotation: Any) -> Any:
+    """The first mapping annotation in ``annotation`` (itself, or within it) whose
+    keys are not strings (``dict[int, int]``), or ``None``: JSON keeps no such key."""
+    key = mapping_key_type(annotation)
+    if key is not None and not (key is Any or (isinstance(key, type) and issubclass(key, str))):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _keyed_by_other_than_str(argument)
+        if found is not None:
+            return found
+    return None
 
 
 def _cut(message: str, limit: int = _MAX_MESSAGE) -> str:

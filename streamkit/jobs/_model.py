@@ -100,6 +100,8 @@ def dumps(value: object, what: str) -> bytes:
             reason = str(exc)
         except Exception:
             reason = f"{type(exc).__name__} whose str() failed"
+        if reason == "Dict key must be str":  # orjson's words
+            reason = "a dict key that is not a str (a job's arguments are JSON: str keys only)"
         raise EncodeError(f"{what}: {reason}") from None
 
 
