@@ -496,10 +496,17 @@ async def test_enqueue_checks_arguments_and_options_before_sending(redis_url: st
         async with app.asyncio() as client:
             with pytest.raises(TypeError, match=r"^job add: argument a: expected int, got float"):
                 await client.enqueue_many("add", [(1,), (2.5,)])
+            with pytest.raises(TypeError, match=r"^job add: each call of enqueue_many is a tuple"):
+                await client.enqueue_many("add", [5])  # type: ignore[list-item]
 
+    not_a_call = r"^job add: each call of enqueue_many is a tuple of positional arguments "
+    with pytest.raises(TypeError, match=not_a_call + r".*, got int 5$"):
+        await blocking(lambda: app.blocking().enqueue_many("add", [(1,), 5]))  # type: ignore[list-item]
     await blocking(use_blocking)
     await in_asyncio(use_asyncio)
     async with app:
+        with pytest.raises(TypeError, match=not_a_call + r".*got list \[1\] \(a list of"):
+            await app.jobs["add"].enqueue_many([[1]])
         assert (await app.job_queue.counts()).pending == 0
 
 

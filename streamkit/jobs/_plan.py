@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,7 +31,7 @@ from ._model import MAX_AFTER, PRIORITIES, JobCall, JobOptions, JobRef, Priority
 from ._trace import inject_trace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
 __all__ = [
     "DEBOUNCE_KEEP_MS",
@@ -483,8 +484,12 @@ def plan_enqueue(
         else:
             if isinstance(item, tuple):
                 call = JobCall(args=item)
+            elif isinstance(item, JobCall):
+                call = item
+            elif isinstance(item, Mapping):
+                call = JobCall(kwargs=item)
             else:
-                call = item if isinstance(item, JobCall) else JobCall(kwargs=item)
+                raise not_a_call(name, item)
             check(call.args, call.kwargs)
             if len(call.after) > MAX_AFTER:
                 raise ConfigError(
@@ -544,6 +549,23 @@ def plan_enqueue(
         remote,
         coalesced is not None,
         deduped,
+    )
+
+
+def not_a_call(name: str, item: object) -> TypeError:
+    """The error for an item of ``enqueue_many`` that is not a call: each one is a
+    tuple of positional arguments, a mapping of keyword arguments or a JobCall."""
+    try:
+        shown = repr(item)
+    except Exception:
+        shown = f"<{type(item).__name__}>"
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    hint = " (a list of arguments: make it a tuple)" if isinstance(item, list) else ""
+    return TypeError(
+        f"job {name}: each call of enqueue_many is a tuple of positional arguments "
+        f"((5,) for one), a mapping of keyword arguments or a JobCall, got "
+        f"{type(item).__qualname__} {shown}{hint}"
     )
 
 
