@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import trio
@@ -9,6 +10,8 @@ import trio
 from streamkit.jobs import JobStatus, JobWorker, open_job_queue
 
 if TYPE_CHECKING:
+    import pytest
+
     from streamkit import Redis
 
 
@@ -49,7 +52,9 @@ async def test_drain_lets_running_jobs_end_and_takes_no_more(redis: Redis) -> No
             assert (info.status, info.tries) == (JobStatus.SENT, 0)
 
 
-async def test_drain_gives_up_after_its_grace_and_the_job_goes_back(redis: Redis) -> None:
+async def test_drain_gives_up_after_its_grace_and_the_job_goes_back(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     with trio.fail_after(20):
         async with open_job_queue(redis, "stuck") as queue:
             started = trio.Event()
@@ -63,8 +68,15 @@ async def test_drain_gives_up_after_its_grace_and_the_job_goes_back(redis: Redis
             async with trio.open_nursery() as nursery:
                 worker: JobWorker = await nursery.start(queue.serve)
                 await started.wait()
-                assert await worker.drain(grace=0.2) is False
+                with caplog.at_level(logging.INFO, logger="streamkit.jobs"):
+                    assert await worker.drain(grace=0.2) is False
                 nursery.cancel_scope.cancel()
+            # Said as what happened: cancelled at the grace, put back by the stop after.
+            said = [r.getMessage() for r in caplog.records if r.name == "streamkit.jobs"]
+            assert (
+                "draining: 1 job(s) still running when their grace ran out cancelled, to go "
+                "back on the queue without spending a try"
+            ) in said, said
             info = await handle.info()
             # put back without spending a try
             assert (info.status, info.tries) == (JobStatus.SENT, 0)

@@ -63,7 +63,13 @@ async def drain(claimer: Claimer, tries: Tries, outbox: Outbox, grace: float | N
             await tries.wait_all_free()
             break
     if stopped:
-        log.info("draining: %d jobs put back when their grace ran out", stopped)
+        # Cancelled here; put back by put_back, which says so if Redis cannot be
+        # reached then (their outcomes are not recorded, and they run again later).
+        log.info(
+            "draining: %d job(s) still running when their grace ran out cancelled, to go "
+            "back on the queue without spending a try",
+            stopped,
+        )
     # Every try has ended; wait for the finishers to record their outcomes.
     with trio.move_on_at(last_deadline):
         while tries.running:
