@@ -497,7 +497,9 @@ class Codec(Generic[R]):
                 )
             obj = loads(payload)
             if type(obj) is not dict:
-                raise _BadEntry(f"the JSON payload is a {type(obj).__name__}, not an object")
+                kind = type(obj).__name__
+                article = "an" if kind[:1] in "aeiou" else "a"
+                raise _BadEntry(f"the JSON payload is {article} {kind}, not an object")
             if build is not None:
                 return build(obj)  # type: ignore[no-any-return]
             if structure is None:

@@ -75,11 +75,13 @@ class ConfigError(StreamkitError, ValueError):
 
     Attributes:
         setting: the name of the offending setting or argument.
+        reason: what is wrong with it (the message after the setting's name).
     """
 
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(f"{setting}: {message}")
         self.setting = setting
+        self.reason = message
 
 
 # ------------------------------------------------------- the server in use

@@ -241,9 +241,8 @@ def encode_into(
         for record in chunk:
             encode_entry(record)
         if isinstance(exc, ConfigError):
-            reason = str(exc).removeprefix(f"{exc.setting}: ")
             where = f"{spec.name}: partition key {_describe_key(spec)}"
-            raise EncodeError(f"{where}: {reason}") from exc
+            raise EncodeError(f"{where}: {exc.reason}") from exc
         raise
     # Most records are encoded by one comprehension, the rest one by one.
     payloads = encode_payloads(chunk)

@@ -488,7 +488,7 @@ async def test_a_bad_queue_is_one_line_never_a_traceback(redis_url: str) -> None
         "bad queue name": (2, ["info", "--queue", "no{good}"], "--queue: must be letters"),
         "shards with an app": (2, ["info", APP, "--shards", "2"], "--shards goes with --queue"),
         # exit code 1, a ConfigError raised while reading
-        "bad cursor": (2, ["events", APP, "--after", "garbage"], "--after: after: must be a"),
+        "bad cursor": (2, ["events", APP, "--after", "garbage"], "--after: must be a cursor"),
         "bad cursor, no redis": (
             2,
             ["events", APP, "--after", "1-0,2-0", "--redis-url", unreachable],

@@ -16,7 +16,7 @@ from tests.test_cli import assert_no_traceback, streamkit
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from streamkit import App
+    from streamkit import App, Redis
 
 APP = "tests.apps.jobbing:app"
 
@@ -66,6 +66,30 @@ async def test_pause_and_resume_a_job_name_and_the_queue(app: App, redis_url: st
     gone = await streamkit("jobs", "resume", APP, "--job", "gone", redis_url=redis_url)
     assert gone.code == 0, gone
     assert await app.job_queue.paused() == []
+
+
+async def test_pausing_a_queue_by_a_name_redis_knows_nothing_of_needs_force(
+    app: App, redis: Redis, redis_url: str
+) -> None:
+    """A mistyped ``--queue`` is refused (exit code 2, nothing written), as ``jobs info``
+    notes it; ``--force`` pauses it anyway (a queue before its first job); a queue
+    that is there is paused without it."""
+    typo = await streamkit("jobs", "pause", "--queue", "jobbin", redis_url=redis_url)
+    assert typo.code == 2, typo
+    assert_no_traceback(typo)
+    assert "queue jobbin (1 shard) has nothing in this Redis" in typo.err
+    assert "--force pauses it anyway" in typo.err
+    assert await redis.keys("__jobs:{jobbin*") == set()
+    info = await streamkit("jobs", "info", "--queue", "jobbin", redis_url=redis_url)
+    assert info.code == 0, info
+    assert "note: queue jobbin (1 shard) has nothing in this Redis" in info.err
+    forced = await streamkit("jobs", "pause", "--queue", "jobbin", "--force", redis_url=redis_url)
+    assert forced.code == 0, forced
+    assert forced.out.strip() == "paused queue jobbin (paused: *)"
+    await jobbing.add.delay(1, 2)
+    known = await streamkit("jobs", "pause", "--queue", "jobbing", redis_url=redis_url)
+    assert known.code == 0, known
+    assert await app.job_queue.paused() == ["*"]
 
 
 async def test_schedules_are_set_listed_and_removed(app: App, redis_url: str) -> None:

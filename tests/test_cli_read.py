@@ -179,6 +179,8 @@ async def test_mistakes_are_one_line(redis_url: str) -> None:
         (["read", NOTES, "--partition", "1", "--key", "k"], "give --partition or --key"),
         (["read", NOTES, "--follow", "--count", "2"], "--follow reads on past the end"),
         (["tail", "tests.apps.readable:nothing"], "has no attribute 'nothing'"),
+        (["tail", "tests.apps.readable:app"], "tests.apps.readable:app is an App, not a stream"),
+        (["tail", NOTES, "--key", "k", "--partition", "1"], "give --partition or --key"),
     ]
     for args, message in cases:
         result: Any = await streamkit(*args, redis_url=redis_url)
@@ -188,7 +190,9 @@ async def test_mistakes_are_one_line(redis_url: str) -> None:
         assert_no_traceback(result)
 
 
-async def test_follow_commands_ride_out_a_redis_restart(private_redis: RedisServer) -> None:
+async def test_follow_commands_ride_out_a_redis_restart(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``tail -f`` and ``jobs events --follow`` go on through a Redis restart, saying
     once that Redis is unreachable and once that it is back, and show what came after;
     reads are safe to send again, so a lost reply is not an "outcome unknown"."""
@@ -197,7 +201,7 @@ async def test_follow_commands_ride_out_a_redis_restart(private_redis: RedisServ
     url = private_redis.url
     app, _ = await send_notes(url, 2)
     notes = app.streams["notes"]
-    jobbing.settings = attrs.evolve(jobbing.settings, redis_url=url)
+    monkeypatch.setattr(jobbing, "settings", attrs.evolve(jobbing.settings, redis_url=url))
     async with jobbing:
         await add.delay(1, 2)
     env = {**os.environ, "STREAMKIT_REDIS_URL": url}

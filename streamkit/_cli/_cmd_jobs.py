@@ -121,18 +121,27 @@ async def _say_if_unknown(queue: JobQueue) -> None:
     """Say (on stderr) when nothing of a queue named by ``--queue`` is in this Redis:
     no job was ever enqueued, paused or served there, so a mistyped name, a wrong
     ``--shards`` or ``--redis-url`` does not read as an empty queue."""
+    if await holds_nothing(queue):
+        stderr.print(f"note: {nothing_there(queue)}", markup=False, highlight=False)
+
+
+async def holds_nothing(queue: JobQueue) -> bool:
+    """Whether nothing of ``queue`` is in this Redis: no job was ever enqueued, paused
+    or served there."""
     found = 0
     with redis_errors():
         for keys in queue.shard_keys:
             found += await queue.redis.exists([*keys.keys, keys.control])
-    if not found:
-        stderr.print(
-            f"note: queue {queue.name} ({queue.shards} shard{'s' if queue.shards != 1 else ''})"
-            f" has nothing in this Redis: no job was ever enqueued or served there (check the"
-            f" name, --shards and --redis-url)",
-            markup=False,
-            highlight=False,
-        )
+    return not found
+
+
+def nothing_there(queue: JobQueue) -> str:
+    """What :func:`holds_nothing` means, for a message."""
+    return (
+        f"queue {queue.name} ({queue.shards} shard{'s' if queue.shards != 1 else ''})"
+        f" has nothing in this Redis: no job was ever enqueued or served there (check the"
+        f" name, --shards and --redis-url)"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -412,7 +421,7 @@ async def jobs_events(
     try:  # checked before connecting: a cursor of this queue's shards
         event_cursors(after, target.shards)
     except ConfigError as exc:
-        fail(f"--after: {exc}", 2)
+        fail(f"--after: {exc.reason}", 2)
     # --follow runs until Ctrl-C (or SIGTERM), which ends it cleanly, connecting too
     # (the signal's scope is outside the connecting's), and rides out an outage.
     async with (

@@ -10,7 +10,16 @@ import orjson
 
 from .._errors import ConfigError, EncodeError
 from .._literal import printable
-from ._cmd_jobs import QueueTarget, jobs, open_target, queue_command, queue_options, queue_target
+from ._cmd_jobs import (
+    QueueTarget,
+    holds_nothing,
+    jobs,
+    nothing_there,
+    open_target,
+    queue_command,
+    queue_options,
+    queue_target,
+)
 from ._exits import fail
 from ._options import WholeHelpGroup, json_option
 
@@ -42,14 +51,26 @@ def _what(job: str | None, queue: str) -> str:
 
 
 @_queue_or_job_command("pause", "Pause")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --queue: pause it even if nothing of it is in Redis yet (before its first job).",
+)
 async def jobs_pause(
     target: QueueTarget,
     job_name: str | None,
+    force: bool,
 ) -> None:
     """Pause a queue, or one job name on it: no new try starts on any worker until
     `streamkit jobs resume`. Nothing fails: the jobs wait (a paused job name's as
-    held), and the tries running go on to their end."""
+    held), and the tries running go on to their end.
+
+    A queue named by --queue that has nothing in Redis (a typo, a wrong --shards or
+    --redis-url) is refused unless --force is given."""
     async with open_target(target) as queue:
+        # An app knows its queue; a name alone may be a typo, which a pause would write.
+        if target.app is None and not force and await holds_nothing(queue):
+            fail(f"{nothing_there(queue)}; not pausing it (--force pauses it anyway)", 2)
         try:
             await queue.pause(job_name)
         except ConfigError as exc:  # a job the app does not declare: a typo

@@ -340,7 +340,7 @@ def _partitions(stream: Stream[Any], partition: int | None, key: object | None) 
         try:
             return [partition_for(key, stream.partition_count)]
         except ConfigError as exc:
-            fail(f"--key: {exc}", 2)
+            fail(f"--key: {exc.reason}", 2)
     return list(range(stream.partition_count))
 
 

@@ -43,6 +43,11 @@ __all__ = [
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def a(noun: str) -> str:
+    """``noun`` after its indefinite article: ``a Stream``, ``an App``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def load_object(path: str) -> Any:
     """Import ``module:attribute`` (``attribute`` may be dotted) and return it."""
     module_name, sep, attribute = path.partition(":")
@@ -178,7 +183,7 @@ def load_stream(
     if stream is None:
         stream = load_object(path)
     if not isinstance(stream, Stream):
-        fail(f"{path} is a {type(stream).__name__}, not a stream made by app.stream(...)", 2)
+        fail(f"{path} is {a(type(stream).__name__)}, not a stream made by app.stream(...)", 2)
     app = app_of(path, stream)
     _configure(app, redis_url, one_shot)
     return app, stream
@@ -218,7 +223,7 @@ def load_app(path: str, redis_url: str | None, *, one_shot: bool = True) -> App:
     ``one_shot=False`` (a worker, a watch: they ride out an outage)."""
     app = load_object(path)
     if not isinstance(app, App):
-        fail(f"{path} is a {type(app).__name__}, not a streamkit App", 2)
+        fail(f"{path} is {a(type(app).__name__)}, not a streamkit App", 2)
     _configure(app, redis_url, one_shot)
     return app
 
