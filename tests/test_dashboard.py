@@ -414,3 +414,31 @@ async def test_the_page_in_a_real_browser(
         body = pixels.getpixel((image.width // 2, image.height - 5))
         assert isinstance(body, tuple)
         assert sum(body[:3]) > 600  # a light page below it
+
+
+async def test_a_job_of_a_named_queue_is_shown_and_counted(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dashboard finds a job on the named queue it was routed to, and counts it on
+    its name's row, as ``streamkit jobs show`` and ``status`` do."""
+    from tests.apps import routed
+
+    monkeypatch.setattr(
+        routed.app, "settings", attrs.evolve(routed.app.settings, redis_url=redis_url)
+    )
+    async with routed.app:
+        frame = await routed.render.delay(3)
+    async with serving_dashboard(redis_url, "tests.apps.routed:app", "--interval", "0.2") as line:
+        url = line.split(" on ", 1)[1].split()[0]
+        status, job = await get_json(f"{url}/api/jobs/{frame.id}")
+        assert status == 200, job
+        assert job["name"] == "render"
+
+        async def counted() -> bool:
+            _, doc = await get_json(f"{url}/api/status")
+            jobs = doc.get("jobs") or {}
+            return bool(jobs) and "render" in str(jobs) and doc["error"] is None
+
+        await wait_until(counted, what="the status read", within=20)
+        _, doc = await get_json(f"{url}/api/status")
+        assert doc["jobs"]["by_name"]["render"]["queued"] == 1, doc["jobs"]

@@ -49,7 +49,7 @@ from .._errors import ConfigError, JobNotFound, StreamkitError
 from .._http import serve_asgi
 from .._http_access import Access, check_token, guarded, host_name, is_loopback
 from .._nurseries import open_service_nursery
-from ._fleet import FleetSample, fleet_json, fleet_samples, job_json
+from ._fleet import FleetSample, app_job_queue_of, fleet_json, fleet_samples, job_json
 from ._watch import until_signal
 
 if TYPE_CHECKING:
@@ -223,6 +223,7 @@ class Dashboard:
             if path.startswith(_JOB_PREFIX) and path.rpartition("/")[2] in _ACTIONS:
                 job_id, _, action = path.removeprefix(_JOB_PREFIX).rpartition("/")
                 job_id = urllib.parse.unquote(job_id)
+                queue = await app_job_queue_of(self.app, job_id)
                 if action == "abort":
                     status = await queue.abort(job_id, "aborted from the dashboard")
                     return 200, {"job": job_id, "status": status.value}
@@ -255,7 +256,8 @@ class Dashboard:
         if not job_id:
             return 404, {"error": "no job id"}
         try:
-            info = await self.app.job_queue.info(job_id)
+            queue = await app_job_queue_of(self.app, job_id)
+            info = await queue.info(job_id)
         except JobNotFound as exc:
             return 404, {"error": str(exc)}
         except StreamkitError as exc:

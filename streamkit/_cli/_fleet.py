@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .._errors import StreamkitError
+from .._errors import JobNotFound, StreamkitError
 from .._nurseries import meaningful_leaf
 from .._periodic import next_tick
 from .._state_late import total_late, windowed_names
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .._app import App, Processor
     from .._data_loss import DataLossRecord
     from .._replay import ResetRecord
+    from ..jobs import JobQueue
 
 __all__ = [
     "COUNT_NAMES",
@@ -211,6 +212,20 @@ async def app_job_counts(app: App) -> QueueCounts:
     """The counts of every job queue of ``app`` (its own and its named ones, see
     ``@app.job(queue=...)``) as one: each job name's row is its own queue's."""
     return merge_counts([await queue.counts() for queue in app.job_queues.values()])
+
+
+async def app_job_queue_of(app: App, job_id: str) -> JobQueue:
+    """The queue of ``app`` that holds job ``job_id`` (its own, or the named one the
+    job was routed to); the app's own if none does (its ``JobNotFound`` says so)."""
+    for queue in app.job_queues.values():
+        if queue is app.job_queue:
+            continue
+        try:
+            await queue.handle(job_id).status()
+        except JobNotFound:
+            continue
+        return queue
+    return app.job_queue
 
 
 async def take_snapshot(app: App, *, clock: Callable[[], float] = time.monotonic) -> FleetSnapshot:
