@@ -76,3 +76,29 @@ def _blocking_progress(app: App, job_id: str) -> Any:
 async def _asyncio_progress(app: App, job_id: str) -> Any:
     async with app.asyncio() as client:
         return await client.handle(job_id).progress()
+
+
+@pytest.mark.timeout(30)
+async def test_a_def_job_reports_from_its_thread_in_a_fresh_worker(redis_url: str) -> None:
+    # The first report of a fresh worker wakes its writers, waiting: from a thread,
+    # through the event loop's token.
+    app = App("threaded", redis_url=redis_url)
+
+    @app.job
+    def crunch(rows: int) -> int:
+        job = current_job()
+        job.progress({"done": 0, "of": rows})
+        job.stream("first")
+        for row in range(rows):
+            job.progress({"done": row + 1, "of": rows})
+            job.stream(row)
+        return rows
+
+    async with app, trio.open_nursery() as nursery:
+        await nursery.start(app.job_queue.serve)
+        handle = await crunch.delay(100)
+        assert await handle.result(timeout=10) == 100
+        assert await handle.progress() == {"done": 100, "of": 100}
+        chunks = [chunk.value async for chunk in handle.stream()]
+        assert chunks == ["first", *range(100)]
+        nursery.cancel_scope.cancel()

@@ -22,6 +22,7 @@ import trio
 from .._errors import EncodeError, RedisUnavailable
 from .._lua import script
 from .._redis import LuaScript, retry_idempotent
+from ._due import Due
 
 if TYPE_CHECKING:
     from ._handle import QueueLike
@@ -69,34 +70,34 @@ class ProgressWriter:
 
     queue: QueueLike
     writes: int = 0
-    _due: dict[int, Try] = attrs.field(init=False, factory=dict)
-    _wanted: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _due: Due[Try] = attrs.field(init=False, factory=Due)
     # One write at a time: a try's newest value is the last one to land.
     _lock: trio.Lock = attrs.field(init=False, factory=trio.Lock)
 
     def report(self, current: Try, value: Any) -> None:
-        """``current`` reports ``value``: written in the writer's next round.
+        """``current`` reports ``value``: written in the writer's next round. Called
+        from the event loop or a plain ``def`` job's thread.
 
         Error handling:
             As :func:`encode_progress`.
         """
-        current.progress = encode_progress(value)
-        self._due[id(current)] = current
-        self._wanted.set()
+        encoded = encode_progress(value)
+        with self._due.guard:
+            current.progress = encoded
+            self._due.add(current)
 
     def take(self, current: Try) -> bytes | None:
         """``current``'s newest value if it was not written yet, taken out of the next
         round: the finish script writes it with the try's outcome."""
-        if self._due.pop(id(current), None) is None:
-            return None
-        return current.progress
+        with self._due.guard:
+            if not self._due.discard(current):
+                return None
+            return current.progress
 
     async def run(self) -> None:
         """Write what the tries reported, a round at a time, until cancelled."""
         while True:
-            await self._wanted.wait()
-            self._wanted = trio.Event()
-            due, self._due = self._due, {}
+            due = await self._due.wait_taken()
             for current in due.values():
                 if not current.finished:
                     await self._write(current)

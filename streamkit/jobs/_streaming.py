@@ -27,6 +27,7 @@ import trio
 from .._errors import ConfigError, EncodeError, RedisUnavailable
 from .._lua import script
 from .._redis import LuaScript, retry_idempotent
+from ._due import Due
 
 if TYPE_CHECKING:
     from ._handle import QueueLike
@@ -90,8 +91,7 @@ class ChunkWriter:
 
     queue: QueueLike
     writes: int = 0
-    _due: dict[int, Try] = attrs.field(init=False, factory=dict)
-    _wanted: trio.Event = attrs.field(init=False, factory=trio.Event)
+    _due: Due[Try] = attrs.field(init=False, factory=Due)
     # One write at a time per try (its chunks land in order), by the try's identity.
     _locks: dict[int, trio.Lock] = attrs.field(init=False, factory=dict)
 
@@ -103,25 +103,24 @@ class ChunkWriter:
             :data:`MAX_PENDING` chunks of the try wait to be written already.
         """
         encoded = encode_chunk(chunk)
-        if len(current.chunks) >= MAX_PENDING:
-            raise ConfigError(
-                "stream", f"{MAX_PENDING:,} chunks of this try wait to be written already"
-            )
-        current.chunks.append(encoded)
-        self._due[id(current)] = current
-        self._wanted.set()
+        with self._due.guard:
+            if len(current.chunks) >= MAX_PENDING:
+                raise ConfigError(
+                    "stream", f"{MAX_PENDING:,} chunks of this try wait to be written already"
+                )
+            current.chunks.append(encoded)
+            self._due.add(current)
 
     async def flush(self, current: Try) -> None:
         """Append ``current``'s chunks not written yet, now (before its outcome)."""
-        self._due.pop(id(current), None)
+        with self._due.guard:
+            self._due.discard(current)
         await self._write(current)
 
     async def run(self) -> None:
         """Append what the tries streamed, a round at a time, until cancelled."""
         while True:
-            await self._wanted.wait()
-            self._wanted = trio.Event()
-            due, self._due = self._due, {}
+            due = await self._due.wait_taken()
             for current in due.values():
                 if not current.finished:
                     await self._write(current)
