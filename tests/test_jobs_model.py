@@ -72,6 +72,9 @@ def test_job_options_defaults() -> None:
         ("result_ttl", 0, "result_ttl"),
         ("expires", 0, "expires"),
         ("dedupe_window", 0, "dedupe_window"),
+        ("backoff", 5, "backoff: must be a streamkit.Backoff .*got 5"),
+        ("backoff", "fast", "backoff: must be a streamkit.Backoff .*got 'fast'"),
+        ("backoff", None, "backoff: must be a streamkit.Backoff .*got None"),
     ],
 )
 def test_bad_job_options_are_refused(option: str, value: object, message: str) -> None:

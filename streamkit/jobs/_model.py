@@ -373,6 +373,16 @@ def _check_retry_on(_i: object, _a: object, value: object) -> None:
         raise ConfigError("retry_on", f"must be a tuple of exception types, got {value!r}")
 
 
+def _check_backoff(_i: object, _a: object, value: object) -> None:
+    # Checked here, not at a failure: a worker computes a retry's delay from it.
+    if not isinstance(value, Backoff):
+        raise ConfigError(
+            "backoff",
+            f"must be a streamkit.Backoff (Backoff(initial=1.0, maximum=300.0), say), "
+            f"got {value!r}",
+        )
+
+
 class JobOptionsArgs(TypedDict, total=False):
     """The options of :meth:`JobQueue.job` as keyword arguments, for typing the
     ``**options`` of its overloads (see :class:`JobOptions` for each)."""
@@ -414,7 +424,7 @@ class JobOptions:
     retry_on: tuple[type[BaseException], ...] = attrs.field(
         default=(Exception,), validator=_check_retry_on
     )
-    backoff: Backoff = DEFAULT_RETRY_BACKOFF
+    backoff: Backoff = attrs.field(default=DEFAULT_RETRY_BACKOFF, validator=_check_backoff)
     priority: Priority = attrs.field(default="normal", validator=_check_priority)
     result_ttl: float = attrs.field(default=DEFAULT_RESULT_TTL, validator=positive_number)
     keep_result: bool = True

@@ -173,7 +173,10 @@ class Verdict:
 def retry_delay(backoff: Backoff, tries: int, draw: float) -> int:
     """Milliseconds before try ``tries + 1``: the backoff's ``tries``-th delay, cut by
     ``backoff.jitter * draw`` of itself (``draw`` from 0 to 1, at random); at least 1."""
-    delay = min(backoff.initial * backoff.factor ** max(tries - 1, 0), backoff.maximum)
+    try:
+        delay = min(backoff.initial * backoff.factor ** max(tries - 1, 0), backoff.maximum)
+    except OverflowError:  # a growth past floats is past the maximum
+        delay = backoff.maximum
     return max(1, math.ceil(delay * (1 - backoff.jitter * draw) * 1000))
 
 

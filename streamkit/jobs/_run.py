@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from .._wire import text
 from ._arguments import BadArguments, decode_arguments
 from ._context import JobContext, running
 from ._model import dumps
-from ._outcome import MAX_MESSAGE, Failure, Retry, decide, describe, label
+from ._outcome import MAX_MESSAGE, Failure, Retry, Verdict, decide, describe, label
 from ._trace import job_span, tracing
 from ._tries import Lane, Try
 
@@ -74,6 +75,42 @@ async def progress(fraction: float, message: str = "") -> None:
         (keys.base, current.id, current.token, orjson.dumps([fraction, message[:MAX_MESSAGE]])),
         what="reporting progress",
     )
+
+
+#: Where Trio's own code lives: an interrupt raised there is Trio's, not a job's.
+_TRIO = os.path.dirname(trio.__file__) + os.sep
+
+
+def cancels(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation (``trio.Cancelled``, or a group holding one):
+    the try's lane's, or the worker's."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(trio.Cancelled) is not None
+
+
+def interrupts(exc: BaseException) -> bool:
+    """Whether ``exc`` is Trio's, not the job's: a ``KeyboardInterrupt`` from a real
+    SIGINT (raised by Trio's signal handler in whatever code ran), or the
+    ``GeneratorExit`` of the runner's coroutine being closed (thrown in where it
+    awaited, in Trio). Those end the worker; the same raised by a job fail its try."""
+    if not isinstance(exc, KeyboardInterrupt | GeneratorExit):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_TRIO)
+
+
+def retried(exc: BaseException, retry_on: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``retry_on`` retries ``exc``: an instance of one of its types, or an
+    exception outside ``Exception`` (``SystemExit``, ``KeyboardInterrupt``) when it
+    retries every ``Exception`` (the default): such a try fails as any other."""
+    if isinstance(exc, retry_on):
+        return True
+    return not isinstance(exc, Exception) and any(issubclass(Exception, t) for t in retry_on)
 
 
 @attrs.define(eq=False)
@@ -210,18 +247,22 @@ class TryRunner:
                     result = await job.fn(*args, **kwargs)
                 else:
                     result = await self._in_thread(job, args, kwargs)
-            except trio.Cancelled:
-                # The lane's, or the worker's: the runner records the outcome if the
-                # lane catches it.
-                lane.interrupted = current
-                raise
-            except Exception as exc:
+            except BaseException as exc:
+                if cancels(exc):
+                    # The lane's, or the worker's: the runner records the outcome if the
+                    # lane catches it.
+                    lane.interrupted = current
+                    raise
+                if interrupts(exc):
+                    raise
+                # Anything else the job raised, SystemExit and KeyboardInterrupt too,
+                # fails its try: never the worker (every worker would take it again).
                 if current.taken_over:
                     current.finished = True
                     self.tries.forget(current.id, current.token)
                     return
                 await self._flush_reports(current)
-                unretried = None if isinstance(exc, job.options.retry_on) else "not in retry_on"
+                unretried = None if retried(exc, job.options.retry_on) else "not in retry_on"
                 self._failed(current, job, tries, Failure.of(exc, unretried=unretried), exc)
                 return
             finally:
@@ -337,7 +378,13 @@ class TryRunner:
         """Record a failed try, retried or dead by :func:`decide`, and log it once: a
         warning if it is retried, an error if the job is dead; with the traceback of
         ``exc``."""
-        verdict = decide(job.options, tries, failure, jitter_draw())
+        try:
+            verdict = decide(job.options, tries, failure, jitter_draw())
+        except Exception as error:  # a backoff that computes no delay: no retry, not a crash
+            why = f"its retry's delay could not be computed: {describe(error)}"
+            log.error("job %s (%s): %s", current.id, job.name, why, exc_info=error)
+            failure = attrs.evolve(failure, unretried=why)
+            verdict = Verdict("dead")
         max_tries = job.options.retries + 1
         if verdict.outcome == "retry" and isinstance(exc, Retry):
             log.info(
