@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from ._handle import QueueLike
     from ._handoff import Handoff
+    from ._threads import Reserved, Threads
     from ._tries import Tries
 
 __all__ = ["RECLAIM_INTERVAL", "Claimer", "hand_back", "new_consumer"]
@@ -111,6 +112,8 @@ class Claimer:
     handoff: Handoff
     #: Called with a shard on which dependents of ended jobs are left to settle.
     unsettled: Callable[[int], object]
+    #: The threads of the worker's ``def`` jobs: a claim takes no more jobs than are free.
+    threads: Threads | None = None
     backoff: Backoff = attrs.field(factory=Backoff)
     # One scope per shard's loop (a scope may be entered once); stop cancels all.
     _scopes: list[trio.CancelScope] = attrs.field(init=False, factory=list)
@@ -145,17 +148,32 @@ class Claimer:
         while True:
             await self.tries.wait_free()
             want = min(int(self.tries.free.value), _MAX_CLAIM)
+            threads: list[Reserved] = []
+            if self.threads is not None and self.threads.counted:
+                # Claimed is started: no more than the worker has threads for now.
+                await self.threads.wait_free()
+                threads = self.threads.take(want)
+                want = len(threads)
+                if not want:
+                    continue
             now = trio.current_time()
             reclaim = now >= next_reclaim
             if reclaim:
                 next_reclaim = now + RECLAIM_INTERVAL
-            reply = await retry_unavailable(
-                functools.partial(self._claim, shard, want, reclaim, delivered),
-                backoff=self.backoff,
-                give_up_after=None,
-                what="claiming jobs",
-                outage=health_of(self.queue.redis).outage,
-            )
+            try:
+                reply = await retry_unavailable(
+                    functools.partial(self._claim, shard, want, reclaim, delivered),
+                    backoff=self.backoff,
+                    give_up_after=None,
+                    what="claiming jobs",
+                    outage=health_of(self.queue.redis).outage,
+                )
+                if reply is not None and self.threads is not None:
+                    self.threads.assign(threads, reply[0])
+                    threads = []
+            finally:
+                for unused in threads:
+                    unused.release_unused()
             if reply is None:
                 continue  # the consumer group was created again
             delivered = []

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._handoff import Handoff
     from ._progress import ProgressWriter
     from ._streaming import ChunkWriter
+    from ._threads import Reserved, Threads
     from ._tries import Tries
 
 __all__ = ["TryRunner", "progress"]
@@ -121,7 +122,7 @@ class TryRunner:
     jobs: dict[str, Job[Any, Any]]
     tries: Tries
     outbox: Outbox
-    limiter: trio.CapacityLimiter
+    threads: Threads
     consumer: str = ""
     #: Run around each try, outermost first.
     middleware: Sequence[JobMiddleware] = ()
@@ -140,15 +141,18 @@ class TryRunner:
                 taker = handoff.taker()
                 while True:
                     shard, claimed = await taker.next()
+                    reserved = self.threads.reserved_for(claimed)
                     try:
                         # claimed: [job id, name, ...]; the job is in the log context
                         # of its try.
                         with log_context(job=label(claimed[1]), job_id=label(claimed[0])):
                             try:
-                                await self.run_try(lane, shard, claimed)
+                                await self.run_try(lane, shard, claimed, reserved)
                             except Exception as exc:
                                 self._crashed(claimed, exc)
                     finally:
+                        if reserved is not None:
+                            reserved.release_unused()
                         self.tries.give_slot()
             # The lane was cancelled, for the try it ran (or for one that had just
             # ended: then for nothing); the next tries run in a new one.
@@ -191,9 +195,12 @@ class TryRunner:
         else:
             self._failed(current, current.job, int(claimed[3]), Failure.of(exc))
 
-    async def run_try(self, lane: Lane, shard: int, claimed: list[Any]) -> None:
+    async def run_try(
+        self, lane: Lane, shard: int, claimed: list[Any], reserved: Reserved | None = None
+    ) -> None:
         """Run one try of a claimed job in ``lane``, and put its outcome in the outbox
-        (the runner does, if the lane is cancelled while it runs)."""
+        (the runner does, if the lane is cancelled while it runs); a ``def`` job in the
+        thread ``reserved`` for it at its claim."""
         raw_args, tries, token = claimed[2], int(claimed[3]), text(claimed[4])
         try:
             job_id, name = text(claimed[0]), text(claimed[1])
@@ -212,6 +219,7 @@ class TryRunner:
             tries,
             progress_writer=self.progress_writer,
             chunk_writer=self.chunk_writer,
+            thread=reserved,
         )
         self.tries.start(current)
         if job is None:
@@ -242,11 +250,11 @@ class TryRunner:
             try:
                 if self.middleware or tracing(claimed[7]):
                     with job_span(name, job_id, self.queue.name, tries, context().headers):
-                        result = await self._call(job, context(), args, kwargs)
+                        result = await self._call(job, current, context(), args, kwargs)
                 elif job.is_async:
                     result = await job.fn(*args, **kwargs)
                 else:
-                    result = await self._in_thread(job, args, kwargs)
+                    result = await self._in_thread(job, current, args, kwargs)
             except BaseException as exc:
                 if cancels(exc):
                     # The lane's, or the worker's: the runner records the outcome if the
@@ -304,11 +312,15 @@ class TryRunner:
             if value is not None:
                 self.outbox.put_progress(current, value)
 
-    async def _in_thread(self, job: Job[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Run a plain ``def`` job in one of the worker's threads."""
+    async def _in_thread(
+        self, job: Job[Any, Any], current: Try, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run a plain ``def`` job in one of the worker's threads: the one taken for it
+        at its claim (see :mod:`~streamkit.jobs._threads`)."""
+        limiter: Any = self.threads.limiter if current.thread is None else current.thread
         return await trio.to_thread.run_sync(
             functools.partial(job.fn, *args, **kwargs),
-            limiter=self.limiter,
+            limiter=limiter,
             abandon_on_cancel=True,
         )
 
@@ -339,14 +351,19 @@ class TryRunner:
         )
 
     async def _call(
-        self, job: Job[Any, Any], context: JobContext, args: list[Any], kwargs: dict[str, Any]
+        self,
+        job: Job[Any, Any],
+        current: Try,
+        context: JobContext,
+        args: list[Any],
+        kwargs: dict[str, Any],
     ) -> Any:
         """Run the job's function through the middleware, outermost first."""
 
         async def call() -> Any:
             if job.is_async:
                 return await job.fn(*args, **kwargs)
-            return await self._in_thread(job, args, kwargs)
+            return await self._in_thread(job, current, args, kwargs)
 
         chain: Callable[[], Awaitable[Any]] = call
         for middleware in reversed(self.middleware):

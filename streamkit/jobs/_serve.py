@@ -44,6 +44,7 @@ from ._model import JobOptions
 from ._progress import ProgressWriter
 from ._run import TryRunner
 from ._streaming import ChunkWriter
+from ._threads import Threads
 from ._tries import Tries
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class JobWorker:
     _claimer: Claimer = attrs.field(init=False)
     _runner: TryRunner = attrs.field(init=False)
     _handoff: Handoff = attrs.field(init=False, factory=Handoff)
+    _threads: Threads = attrs.field(init=False)
     _progress: ProgressWriter = attrs.field(init=False)
     _chunks: ChunkWriter = attrs.field(init=False)
 
@@ -112,8 +114,17 @@ class JobWorker:
             self._settler,
             emit_relay=emit_relay_for(self.queue),
         )
+        self._threads = Threads(
+            trio.CapacityLimiter(self.threads),
+            frozenset(name.encode() for name, job in self.jobs.items() if not job.is_async),
+        )
         self._claimer = Claimer(
-            self.queue, self.consumer, self._tries, self._handoff, self._settler.wake
+            self.queue,
+            self.consumer,
+            self._tries,
+            self._handoff,
+            self._settler.wake,
+            threads=self._threads,
         )
         self._progress = ProgressWriter(self.queue)
         self._chunks = ChunkWriter(self.queue)
@@ -122,7 +133,7 @@ class JobWorker:
             self.jobs,
             self._tries,
             self._outbox,
-            trio.CapacityLimiter(self.threads),
+            self._threads,
             consumer=self.consumer,
             middleware=tuple(self.queue.middleware),
             state=self.state,

@@ -21,6 +21,7 @@ from ._emit import MAX_EMITS, Emission, emission
 if TYPE_CHECKING:
     from .._spec import HasSpec, StreamSpec
     from ._handle import Job
+    from ._threads import Reserved
 
 __all__ = ["Lane", "Reporter", "Tries", "Try"]
 
@@ -56,6 +57,7 @@ class Try:
         chunks: the chunks it streamed not written yet (JSON), in order.
         chunks_written: how many it streamed were written.
         chunk_writer: what writes its chunks (the worker's).
+        thread: the thread taken for it at its claim, for a plain ``def`` job.
     """
 
     id: str
@@ -76,6 +78,7 @@ class Try:
     chunks: list[bytes] = attrs.field(factory=list)
     chunks_written: int = 0
     chunk_writer: Reporter | None = None
+    thread: Reserved | None = None
 
     def emit(self, stream: StreamSpec[Any] | HasSpec[Any], record: Any) -> None:
         """Keep ``record`` for ``stream``, to be written with the try's success."""
