@@ -8,6 +8,7 @@ reads the queue's own record of the job (status, tries, lost, result, worker).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 APP = "tests.apps.jobs_app:app"
 LEASE_TTL = 2.0
 FAST_LEASE = {"STREAMKIT_JOB_LEASE_TTL": f"{LEASE_TTL:g}"}
+THREADS_2 = {"STREAMKIT_JOB_THREADS": "2"}
 SERVING = "serving jobs of queue"
 
 
@@ -223,6 +225,73 @@ async def test_a_job_that_kills_its_worker_every_time_ends_dead(
     assert [job.id for job in await queue.dead_letters()] == ["poison"]
     assert last.process.poll() is None
     assert_clean(last)
+
+
+@pytest.mark.timeout(40)
+async def test_a_job_calling_sys_exit_fails_its_tries_and_its_worker_goes_on(
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    workers.append(start_job_worker(redis_url, tmp_path, env=FAST_LEASE))
+    [worker] = workers
+    await wait_serving(worker)
+    async with open_job_queue(redis, "jobs", lease_ttl=LEASE_TTL) as queue:
+        for job, tag in ((jobs_app.exits, "exit-async"), (jobs_app.exits_in_thread, "exit-def")):
+            handle = await enqueue(queue, job, tag)
+            with pytest.raises(JobFailed) as failed:
+                await handle.result(timeout=15)
+            info = await handle.info()
+            assert (failed.value.error_type, failed.value.message) == ("SystemExit", "3")
+            # Both tries (retries=1) ran, failed and were spent: none was lost.
+            assert (info.status, info.tries, info.lost) == (JobStatus.DEAD, 2, 0)
+            assert await count(redis, starts_key(tag)) == 2
+            assert info.worker is not None
+            assert info.worker.split("-")[-2] == str(worker.pid)
+        # The worker lives on, and runs the next job.
+        assert await (await enqueue(queue, jobs_app.work, "after")).result(timeout=10) == worker.pid
+        dead = [job.id for job in await queue.dead_letters()]
+    assert sorted(dead) == ["exit-async", "exit-def"]
+    assert worker.process.poll() is None
+    assert "ExceptionGroup" not in worker.log()
+
+
+@pytest.mark.timeout(40)
+async def test_def_jobs_beyond_a_workers_threads_stay_queued_and_survive_its_kill_9(
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    workers.append(start_job_worker(redis_url, tmp_path, env=FAST_LEASE | THREADS_2))
+    [victim] = workers
+    await wait_serving(victim)
+    tags = [f"nap-{i}" for i in range(4)]
+    async with open_job_queue(redis, "jobs", lease_ttl=LEASE_TTL) as queue:
+        handles = [await enqueue(queue, jobs_app.naps, tag, 60.0) for tag in tags]
+
+        async def started(n: int) -> bool:
+            return sum([await count(redis, starts_key(tag)) for tag in tags]) == n
+
+        # A worker of 2 threads runs 2 and claims no more: 2 stay queued.
+        await wait_until(functools.partial(started, 2), what="2 naps started", within=15)
+        statuses = [(await handle.info()).status for handle in handles]
+        assert sorted(statuses) == sorted([JobStatus.EXECUTING] * 2 + [JobStatus.SENT] * 2)
+        ran_there = [tag for tag in tags if await count(redis, starts_key(tag))]
+        # Killed, it loses the 2 it ran (retries=0: dead), and only those: another
+        # worker runs the 2 it never claimed, and takes the lost ones over.
+        victim.kill()
+        workers.append(start_job_worker(redis_url, tmp_path, env=FAST_LEASE))
+        await wait_serving(workers[1])
+        await wait_until(functools.partial(started, 4), what="4 naps started", within=15)
+
+        async def lost() -> bool:
+            return len(await queue.dead_letters()) == 2
+
+        await wait_until(lost, what="the killed worker's naps dead", within=20)
+        infos = {tag: await handle.info() for tag, handle in zip(tags, handles, strict=True)}
+    dead = {tag for tag, info in infos.items() if info.status == JobStatus.DEAD}
+    assert dead == set(ran_there)
+    errors = [infos[tag].error for tag in dead]
+    assert [error.type if error else None for error in errors] == ["WorkerLost"] * 2
+    others = [info for tag, info in infos.items() if tag not in dead]
+    assert [(info.status, info.tries) for info in others] == [(JobStatus.EXECUTING, 1)] * 2
+    assert all(info.worker and info.worker.split("-")[-2] == str(workers[1].pid) for info in others)
 
 
 @pytest.mark.timeout(60)

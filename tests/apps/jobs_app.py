@@ -9,8 +9,8 @@ The records go to the server of ``JOBS_MARKERS_URL`` (the app's own server by
 default), through a client the worker's background task opens: a test that restarts
 the queue's server keeps them on another one.
 
-- ``app`` (queue ``jobs``): ``hold``, ``poison``, ``work``, ``blocker``, ``limited``; for
-  ``streamkit worker tests.apps.jobs_app:app``.
+- ``app`` (queue ``jobs``): ``hold``, ``poison``, ``work``, ``blocker``, ``limited``,
+  ``exits``, ``exits_in_thread``, ``naps``; for ``streamkit worker tests.apps.jobs_app:app``.
 - ``cron_app`` (queue ``jobcron``): ``tick``, every second.
 - ``mixed`` (queue ``jobmixed``): a job and a stream processor in one app.
 
@@ -28,7 +28,7 @@ import time
 
 import trio
 
-from streamkit import App, Events, Record, Redis, open_redis
+from streamkit import App, Backoff, Events, Record, Redis, open_redis
 from streamkit._redis import run_blocking
 
 PID = os.getpid()
@@ -140,6 +140,32 @@ async def limited(tag: str, account: str, seconds: float) -> int:
     await _record("start", tag)
     await trio.sleep(seconds)
     await _record("end", tag)
+    return PID
+
+
+QUICK_RETRY = Backoff(initial=0.05, maximum=0.05, jitter=0)
+
+
+@app.job(retries=1, backoff=QUICK_RETRY)
+async def exits(tag: str) -> None:
+    """Call ``sys.exit(3)``, every time (a try that fails; the worker goes on)."""
+    await _record("start", tag)
+    sys.exit(3)
+
+
+@app.job(retries=1, backoff=QUICK_RETRY)
+def exits_in_thread(tag: str) -> None:
+    """As :func:`exits`, a plain ``def``: in a worker thread."""
+    trio.from_thread.run(_record, "start", tag)
+    sys.exit(3)
+
+
+@app.job(retries=0)
+def naps(tag: str, seconds: float) -> int:
+    """A plain ``def``: take ``seconds`` in its thread; return the worker's pid."""
+    trio.from_thread.run(_record, "start", tag)
+    time.sleep(seconds)
+    trio.from_thread.run(_record, "end", tag)
     return PID
 
 
