@@ -133,3 +133,16 @@ async def test_a_worker_refuses_a_queue_the_app_does_not_have(redis_url: str) ->
     assert result.code == 2
     assert "unknown job queue 'gpu' (known: default)" in result.err
     assert_no_traceback(result)
+
+
+async def test_a_schedule_of_a_debounced_job_is_refused_in_one_line(redis_url: str) -> None:
+    bad = await streamkit(
+        "jobs", "schedules", "set", "tests.apps.debouncing:app", "every", "settle",
+        "* * * * * */5", "--args", '["u", 1, "cron"]', redis_url=redis_url,
+    )  # fmt: skip
+    assert bad.code == 2, bad
+    assert bad.err.strip() == (
+        "Error: debounce: schedule every: job settle is debounced by its key, and a "
+        "schedule enqueues each tick with an id of its own; schedule a job without debounce="
+    )
+    assert_no_traceback(bad)

@@ -294,6 +294,29 @@ async def test_def_jobs_beyond_a_workers_threads_stay_queued_and_survive_its_kil
     assert all(info.worker and info.worker.split("-")[-2] == str(workers[1].pid) for info in others)
 
 
+@pytest.mark.timeout(40)
+async def test_a_schedule_of_a_debounced_job_is_said_once_and_its_worker_goes_on(
+    redis_url: str, redis: Redis, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    workers.append(start_job_worker(redis_url, tmp_path, env=FAST_LEASE))
+    [worker] = workers
+    await wait_serving(worker)
+    # Set by a producer that cannot check it (a queue by name alone knows no jobs).
+    async with open_job_queue(redis, "jobs") as by_name:
+        await by_name.set_schedule("bad", "settles", "* * * * * *", args=["x"])
+        await by_name.set_schedule("good", "work", "* * * * * *", args=["tick"])
+
+        async def ticked() -> bool:
+            return await count(redis, starts_key("tick")) >= 3
+
+        await wait_until(ticked, what="3 ticks of the good schedule", within=15)
+    assert worker.process.poll() is None
+    log = worker.log()
+    assert log.count("schedule bad: not run: debounce: schedule bad: job settles") == 1, log
+    assert await count(redis, starts_key("x")) == 0
+    assert_clean(worker)
+
+
 @pytest.mark.timeout(60)
 async def test_nothing_is_lost_across_a_redis_restart_with_aof(
     private_redis: RedisServer,

@@ -274,3 +274,92 @@ async def test_a_schedule_of_an_unknown_job_or_with_bad_arguments_is_refused(
     with pytest.raises(ConfigError, match="unknown timezone"):
         await queue.set_schedule("x", report, "* * * * *", tz="Nowhere/Else", args=("a",))
     assert await queue.schedules() == []
+
+
+async def test_a_schedule_that_can_never_enqueue_its_job_is_refused(queue: JobQueue) -> None:
+    @queue.job(debounce=5, key="user")
+    async def reindex(user: str, n: int) -> None: ...
+
+    @queue.job(throttle=60, key="user")
+    async def notify(user: str) -> None: ...
+
+    def account_of(user: str) -> str:
+        raise LookupError(f"no account for {user}")
+
+    @queue.job(limit_key=account_of, key_concurrency=1)
+    async def bill(user: str) -> None: ...
+
+    with pytest.raises(ConfigError, match=r"^debounce: schedule r: job reindex is debounced"):
+        await queue.set_schedule("r", reindex, "* * * * * */5", args=("u", 1))
+    with pytest.raises(ConfigError, match=r"^throttle: schedule n: job notify is throttled"):
+        await queue.set_schedule("n", "notify", "* * * * *", args=("u",))
+    with pytest.raises(
+        ConfigError,
+        match=r"^limit_key: schedule b: the limit_key of job bill fails on its arguments: "
+        r"LookupError: no account for u$",
+    ):
+        await queue.set_schedule("b", bill, "* * * * *", args=("u",))
+    assert await queue.schedules() == []
+    # Declared: a cron job's ticks have no arguments.
+    with pytest.raises(ConfigError, match=r"^throttle: cron job"):
+
+        @queue.cron("* * * * *", throttle=60)
+        async def throttled() -> None: ...
+
+    with pytest.raises(ConfigError, match=r"^limit_key: cron job per_key: the limit_key"):
+
+        @queue.cron("* * * * *", limit_key=lambda: 1 / 0, key_concurrency=1)
+        async def per_key() -> None: ...
+
+
+@pytest.mark.timeout(30)
+async def test_a_bad_schedule_is_said_once_and_never_stops_a_worker(
+    redis: Redis, queue: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: Counter[str] = Counter()
+    keys: list[int] = []
+    failing = False
+
+    @queue.job(debounce=5, key="user")
+    async def reindex(user: str, n: int) -> None: ...
+
+    @queue.job
+    async def report(kind: str) -> None:
+        runs[kind] += 1
+
+    def key_of() -> str:
+        keys.append(1)
+        if failing:
+            raise LookupError("the accounts service is down")
+        return "k"
+
+    @queue.cron("* * * * * *", limit_key=key_of, key_concurrency=1)
+    async def sweep() -> None:
+        runs["sweep"] += 1
+
+    async with (
+        open_job_queue(redis, queue.name, lease_ttl=1.0) as by_name,
+        trio.open_nursery() as nursery,
+    ):
+        # Set by a producer that cannot check it (a queue by name alone knows no jobs).
+        await by_name.set_schedule("r", "reindex", "* * * * * *", args=["u", 1])
+        await start_worker(nursery, queue)
+        await wait_until(lambda: runs["sweep"] >= 1, what="a tick of sweep", within=10)
+        failing = True
+        ticks = len(keys)
+        await by_name.set_schedule("ok", "report", "* * * * * *", args=["ok"])
+        await wait_until(lambda: runs["ok"] >= 2, what="ticks of the good schedule", within=10)
+        await wait_until(lambda: len(keys) >= ticks + 2, what="ticks of sweep failing", within=10)
+        nursery.cancel_scope.cancel()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        (
+            "schedule r: not run: debounce: schedule r: job reindex is debounced by its "
+            "key, and a schedule enqueues each tick with an id of its own; schedule a job "
+            "without debounce= (change or remove it)"
+        ),
+        (
+            "cron job sweep: its ticks cannot be enqueued (LookupError: the accounts "
+            "service is down); skipped (said once) until it is changed or removed"
+        ),
+    ]

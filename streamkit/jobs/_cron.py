@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -32,6 +32,7 @@ from ._crontime import next_tick
 from ._layout import shard_for
 from ._limits import limit_key_of, limit_shard
 from ._model import JobCall, Schedule
+from ._outcome import describe
 
 if TYPE_CHECKING:
     from ._handle import Job, JobDecorator, QueueLike
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ScheduleInfo",
     "Ticking",
+    "check_schedulable",
     "cron_decorator",
     "remove_schedule",
     "run_schedules",
@@ -115,6 +117,7 @@ def cron_decorator(
             raise ConfigError(
                 job.options.coalesced, f"cron job {job.name}: its schedule says when it runs"
             )
+        check_schedulable(job, (), {}, what=f"cron job {job.name}")
         job.schedule = schedule
         return job
 
@@ -189,6 +192,35 @@ async def run_ticks(
         tick = next_tick(expression, tz, tick)
 
 
+def check_schedulable(
+    job: Job[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any], *, what: str
+) -> None:
+    """Raise :class:`~streamkit.ConfigError` unless a schedule (``what``) can enqueue
+    ``job`` with ``args`` and ``kwargs`` at each tick: not a debounced or throttled
+    job (its key places it; a tick has an id of its own), nor one whose limit key
+    fails on those arguments. (The arguments are checked against the function
+    before.)"""
+    options = job.options
+    if options.coalesced is not None:
+        raise ConfigError(
+            options.coalesced,
+            f"{what}: job {job.name} is {options.coalesced}d by its key, and a schedule "
+            f"enqueues each tick with an id of its own; schedule a job without "
+            f"{options.coalesced}=",
+        )
+    if options.limit_key is not None:
+        try:
+            limit_key_of(job.name, options.limit_key, job.bind_arguments, args, kwargs)
+        except ConfigError as exc:
+            why = str(exc).removeprefix(f"{exc.setting}: ")
+            raise ConfigError("limit_key", f"{what}: {why}") from None
+        except Exception as exc:  # the job's own limit_key function
+            raise ConfigError(
+                "limit_key",
+                f"{what}: the limit_key of job {job.name} fails on its arguments: {describe(exc)}",
+            ) from exc
+
+
 def tick_id(name: str, tick: datetime, *, runtime: bool = False) -> str:
     """The job id of schedule ``name``'s run at ``tick``: the same on every worker
     (``cron:NAME:UNIX_TIME`` for a declared job, ``sched:NAME:UNIX_TIME`` for a
@@ -220,15 +252,35 @@ async def enqueue_tick(
     job_id: str,
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
+    said: set[str] | None = None,
 ) -> None:
     """Enqueue the run of ``job`` at ``tick``, deduplicated by ``job_id`` (``what``
-    names the schedule in the log lines)."""
-    call = JobCall(args=args, kwargs=kwargs or {})
-    call = attrs.evolve(call, job_id=_fitting_id(queue, job, job_id, call))
+    names the schedule in the log lines).
+
+    Error handling:
+        A tick that cannot be enqueued (Redis unreachable, or a call the queue refuses:
+        a schedule set by an older version, a limit key that fails) is logged and
+        skipped: one bad schedule never stops a worker. ``said`` keeps the causes
+        logged already, so that a cause is said once per schedule, not every tick.
+    """
     try:
+        call = JobCall(args=args, kwargs=kwargs or {})
+        call = attrs.evolve(call, job_id=_fitting_id(queue, job, job_id, call))
         await queue.enqueue_calls(job, [call])
     except RedisUnavailable as exc:
         log.warning("%s: could not enqueue the tick of %s: %s", what, tick.isoformat(), exc)
+    except Exception as exc:
+        cause = describe(exc)
+        if said is None or cause not in said:
+            if said is not None:
+                said.add(cause)
+            log.error(
+                "%s: its ticks cannot be enqueued (%s); skipped (said once) until it is "
+                "changed or removed",
+                what,
+                cause,
+                exc_info=exc,
+            )
     else:
         log.debug("%s: tick %s", what, tick.isoformat())
 
@@ -238,8 +290,12 @@ async def run_cron(queue: QueueLike, job: Job[Any, Any], *, clock: Clock = wall_
     schedule = job.schedule
     assert schedule is not None
 
+    said: set[str] = set()
+
     async def fire(tick: datetime) -> None:
-        await enqueue_tick(queue, job, f"cron job {job.name}", tick, tick_id(job.name, tick))
+        await enqueue_tick(
+            queue, job, f"cron job {job.name}", tick, tick_id(job.name, tick), said=said
+        )
 
     async def skipped(now: datetime) -> None:
         from croniter import croniter
@@ -436,6 +492,17 @@ def _start(
             unknown.add(name)
             log.info("schedule %s: not run by this worker (its job is not one it runs)", name)
         return None
+    try:
+        job.check_arguments(info.args, info.kwargs)
+        check_schedulable(job, info.args, info.kwargs, what=f"schedule {name}")
+    except (ConfigError, TypeError) as exc:
+        # Set by a version that did not check, or before the job changed: said once
+        # (per change of the schedule), never run.
+        cause = f"{name}: {exc}"
+        if cause not in unknown:
+            unknown.add(cause)
+            log.error("schedule %s: not run: %s (change or remove it)", name, exc)
+        return None
     ticking = Ticking(
         name=name,
         expression=info.expression,
@@ -444,6 +511,7 @@ def _start(
         since=since,
     )
     scope = trio.CancelScope()
+    said: set[str] = set()
 
     async def fire(tick: datetime) -> None:
         await enqueue_tick(
@@ -454,6 +522,7 @@ def _start(
             tick_id(name, tick, runtime=True),
             info.args,
             info.kwargs,
+            said,
         )
 
     async def run() -> None:

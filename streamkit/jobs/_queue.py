@@ -36,6 +36,7 @@ from . import _scripts
 from ._cron import (
     ScheduleInfo,
     check_expression,
+    check_schedulable,
     cron_decorator,
     decode_schedule,
     read_schedules,
@@ -357,8 +358,9 @@ class JobQueue:
         schedule added now does not run the ticks before it.
 
         Error handling:
-            :class:`~streamkit.ConfigError` for a bad name, expression or timezone, or
-            a job the queue does not declare; ``TypeError`` or
+            :class:`~streamkit.ConfigError` for a bad name, expression or timezone, a
+            job the queue does not declare, or one a schedule cannot enqueue (debounced,
+            throttled, or a ``limit_key`` that fails on ``args``); ``TypeError`` or
             :class:`~streamkit.EncodeError` for arguments the job does not take or
             that do not encode.
         """
@@ -371,6 +373,7 @@ class JobQueue:
         kwargs = dict(kwargs or {})
         if declared is not None:
             declared.check_arguments(args, kwargs)
+            check_schedulable(declared, args, kwargs, what=f"schedule {name}")
         encode_arguments(job_name, args, kwargs, self.max_bytes)
         info = ScheduleInfo(
             name=name,

@@ -10,7 +10,8 @@ default), through a client the worker's background task opens: a test that resta
 the queue's server keeps them on another one.
 
 - ``app`` (queue ``jobs``): ``hold``, ``poison``, ``work``, ``blocker``, ``limited``,
-  ``exits``, ``exits_in_thread``, ``naps``; for ``streamkit worker tests.apps.jobs_app:app``.
+  ``exits``, ``exits_in_thread``, ``naps``, ``settles``; for
+  ``streamkit worker tests.apps.jobs_app:app``.
 - ``cron_app`` (queue ``jobcron``): ``tick``, every second.
 - ``mixed`` (queue ``jobmixed``): a job and a stream processor in one app.
 
@@ -167,6 +168,12 @@ def naps(tag: str, seconds: float) -> int:
     time.sleep(seconds)
     trio.from_thread.run(_record, "end", tag)
     return PID
+
+
+@app.job(debounce=1.0, key="tag")
+async def settles(tag: str) -> None:
+    """Debounced by its tag: a schedule cannot enqueue it (its ticks have ids)."""
+    await _record("start", tag)
 
 
 cron_app = with_markers(App("jobcron"))
