@@ -18,6 +18,7 @@ import trio
 from streamkit import App, Backoff
 from streamkit.jobs import JobFailed, JobStatus
 from streamkit.jobs._run import cancels, interrupts, retried
+from tests.workers import ROOT
 
 FAST = Backoff(initial=0.01, maximum=0.01, jitter=0)
 
@@ -177,3 +178,29 @@ async def test_a_backoff_that_computes_no_delay_ends_the_job_dead_not_the_worker
         assert (await handle.info()).tries == 1
         assert await (await fine.delay()).result(timeout=10) == "fine"
         nursery.cancel_scope.cancel()
+
+
+#: A Ctrl-C that Trio's SIGINT handler raises in a job's code (no checkpoint there).
+_CTRL_C = """
+import os, signal, threading, time, trio
+from streamkit.jobs._run import interrupts
+
+async def main():
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        start = time.monotonic()
+        while time.monotonic() - start < 10:
+            pass
+    except KeyboardInterrupt as exc:
+        print("interrupts:", interrupts(exc))
+
+trio.run(main)
+"""
+
+
+@pytest.mark.timeout(30)
+async def test_a_real_ctrl_c_in_a_jobs_code_is_trios_not_the_jobs() -> None:
+    done = await trio.run_process(
+        [sys.executable, "-c", _CTRL_C], capture_stdout=True, cwd=str(ROOT)
+    )
+    assert done.stdout.decode().split() == ["interrupts:", "True"]

@@ -96,7 +96,8 @@ class ChunkWriter:
     _locks: dict[int, trio.Lock] = attrs.field(init=False, factory=dict)
 
     def report(self, current: Try, chunk: Any) -> None:
-        """``current`` streams ``chunk``: appended in the writer's next round.
+        """``current`` streams ``chunk``: appended in the writer's next round. Called
+        from the event loop or a plain ``def`` job's thread.
 
         Error handling:
             As :func:`encode_chunk`; :class:`~streamkit.ConfigError` when
