@@ -147,15 +147,17 @@ class Claimer:
         pauses: Iterator[float] | None = None
         while True:
             await self.tries.wait_free()
-            want = min(int(self.tries.free.value), _MAX_CLAIM)
             threads: list[Reserved] = []
-            if self.threads is not None and self.threads.counted:
-                # Claimed is started: no more than the worker has threads for now.
-                await self.threads.wait_free()
-                threads = self.threads.take(want)
+            counted = self.threads if self.threads is not None and self.threads.counted else None
+            if counted is not None:
+                await counted.wait_free()
+            want = min(int(self.tries.free.value), _MAX_CLAIM)
+            if counted is not None:
+                # A claimed job is started: no more than the worker has threads for now.
+                threads = counted.take(want)
                 want = len(threads)
-                if not want:
-                    continue
+            if want <= 0:
+                continue  # (the slots or threads went to another shard's claim)
             now = trio.current_time()
             reclaim = now >= next_reclaim
             if reclaim:
