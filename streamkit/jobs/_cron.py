@@ -496,8 +496,8 @@ def _start(
         job.check_arguments(info.args, info.kwargs)
         check_schedulable(job, info.args, info.kwargs, what=f"schedule {name}")
     except (ConfigError, TypeError) as exc:
-        # Set by a version that did not check, or before the job changed: said once
-        # (per change of the schedule), never run.
+        # Set by a producer that could not check it (a queue by name alone, an older
+        # version), or before the job changed: never run, said once per cause.
         cause = f"{name}: {exc}"
         if cause not in unknown:
             unknown.add(cause)
