@@ -174,8 +174,11 @@ class Settings:
     job_lease_ttl: float = attrs.field(default=DEFAULT_JOB_LEASE_TTL, validator=positive_number)
     #: Shards of the app's job queue; every producer and worker must agree on it.
     job_shards: int = attrs.field(default=1, validator=positive_int)
-    #: Worker threads per process for jobs that are plain (not async) functions.
-    job_threads: int = attrs.field(default=8, validator=positive_int)
+    #: Worker threads per process for jobs that are plain (not async) functions: as
+    #: many as the jobs it runs at once by default, so that a busy thread never holds
+    #: back the claim of an async job (a worker claims no more jobs than it has free
+    #: threads, when it serves plain ones).
+    job_threads: int = attrs.field(default=32, validator=positive_int)
     #: The largest encoded arguments, or result, of a job, in bytes: larger arguments
     #: are refused at enqueue, a job with a larger result ends dead. At most the
     #: server's ``proto-max-bulk-len``.

@@ -721,7 +721,7 @@ class JobQueue:
         handlers: Handlers | None = None,
         *,
         concurrency: int = 32,
-        threads: int = 8,
+        threads: int = 32,
         state: Any = None,
         task_status: trio.TaskStatus[JobWorker] = trio.TASK_STATUS_IGNORED,
     ) -> None:
