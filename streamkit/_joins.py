@@ -32,7 +32,7 @@ from . import _keys
 from ._codec import _DATA_FIELDS
 from ._errors import ConfigError, DecodeError
 from ._json_converter import converter
-from ._partitioner import canonical_key_bytes
+from ._partitioner import canonical_key_bytes, key_text
 from ._state import _current
 from ._state_join_sides import HEARTBEAT, heartbeat, read_heartbeat
 from ._state_joins import Buffered, decode_buffer, encode_buffer
@@ -274,7 +274,7 @@ class StreamJoin(KeyedState, Generic[L, R]):
 
     def unmatched(self, side: bytes, field: bytes, event: Buffered) -> Any:
         """The result of an event never matched, its window closed."""
-        return self._result(field[1:].decode(), side, event, None)
+        return self._result(key_text(field[1:]), side, event, None)
 
     def sources(self, partition: int) -> tuple[tuple[str, str], tuple[str, str]]:
         """Where ``partition``'s events come from: each side's partition and its
@@ -406,7 +406,10 @@ class StreamJoin(KeyedState, Generic[L, R]):
         if not self.plain:
             result = self._result
             for side, key_field, mine, matched in matches:
-                key = key_field.decode()
+                try:  # (key_text, its usual case inlined)
+                    key = key_field.decode()
+                except UnicodeDecodeError:
+                    key = key_text(key_field)
                 results.extend([result(key, side, mine, theirs) for theirs in matched])
             return results
         # Default results, as _result makes them: each side's record the JSON its
@@ -414,7 +417,10 @@ class StreamJoin(KeyedState, Generic[L, R]):
         value = self._value
         fragment = orjson.Fragment
         for side, key_field, mine, matched in matches:
-            key = key_field.decode()
+            try:  # (key_text, its usual case inlined)
+                key = key_field.decode()
+            except UnicodeDecodeError:
+                key = key_text(key_field)
             a = fragment(mine[3]) if mine[2] == JSON_FORM else value(side, mine)
             other = b"R" if side == b"L" else b"L"
             for theirs in matched:

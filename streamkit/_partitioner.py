@@ -23,7 +23,7 @@ from ._errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["Partitioner", "canonical_key_bytes", "partition_for"]
+__all__ = ["Partitioner", "canonical_key_bytes", "key_text", "partition_for"]
 
 R = TypeVar("R")
 
@@ -56,6 +56,25 @@ def canonical_key_bytes(key: object) -> bytes:
     if key_type is int:
         return b"%d" % key  # type: ignore[str-format]
     return _canonical_other(key)
+
+
+def key_text(canonical: bytes) -> str:
+    """Return a key's text form, from its canonical bytes: how streamkit shows a key
+    (a join's result and its ``result`` function, a table's ``items()``, the command
+    line).
+
+    The bytes as UTF-8, so ``5``, ``"5"`` and ``b"5"`` are all ``"5"``. A ``bytes`` key
+    that is not UTF-8 has each byte that is not part of a UTF-8 character written as
+    ``\\xNN`` (Python's ``backslashreplace``), so it is never an error: ``b"\\x00\\xff"``
+    is ``"\\x00\\\\xff"``, shown on the command line as ``\\x00\\xff`` (as control
+    characters are). The text form is for reading: a key holding such an escape
+    literally (a backslash, ``x`` and two hex digits) has the same one; read a table by
+    the key itself.
+    """
+    try:
+        return canonical.decode()
+    except UnicodeDecodeError:
+        return canonical.decode("utf-8", "backslashreplace")
 
 
 def _canonical_other(key: object) -> bytes:

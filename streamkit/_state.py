@@ -39,7 +39,7 @@ from ._defaults import DEFAULT_PARTITION_SIZE, DEFAULT_STATE_CACHE_SIZE
 from ._errors import ConfigError, EncodeError, RedisUnavailable, StreamkitError
 from ._event import UNDECODED
 from ._json_converter import converter
-from ._partitioner import canonical_key_bytes
+from ._partitioner import canonical_key_bytes, key_text
 from ._redis import is_cluster, redis_errors
 from ._spec import spec_of
 from ._state_expiry import ExpiringTableView
@@ -565,23 +565,32 @@ class PartitionState:
             for start, end, values in closed:
                 window = Window.from_ms(start, end)
                 for field, value in values.items():
-                    done.append(encode(output, result(field.decode(), window, value)))
+                    done.append(encode(output, result(key_text(field), window, value)))
             return
         fast = self._plain_emitter_of(output)
         unstructure = converter.unstructure
-        for start, end, values in closed:
-            window = Window.from_ms(start, end)
-            # The keys of one window share its bounds: written once per window.
-            first, last = window.start.isoformat(), window.end.isoformat()
-            records = [
+
+        def records_of(
+            values: dict[bytes, Any], first: str, last: str, text: Callable[[bytes], str]
+        ) -> list[dict[str, Any]]:
+            return [
                 {
-                    "key": field.decode(),
+                    "key": text(field),
                     "start": first,
                     "end": last,
                     "value": value if type(value) in _JSON_SCALARS else unstructure(value),
                 }
                 for field, value in values.items()
             ]
+
+        for start, end, values in closed:
+            window = Window.from_ms(start, end)
+            # The keys of one window share its bounds: written once per window.
+            first, last = window.start.isoformat(), window.end.isoformat()
+            try:  # (key_text, its usual case first)
+                records = records_of(values, first, last, bytes.decode)
+            except UnicodeDecodeError:
+                records = records_of(values, first, last, key_text)
             if fast is not None:
                 fast(records, done)
             else:

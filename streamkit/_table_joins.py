@@ -30,6 +30,7 @@ import orjson
 
 from ._errors import ConfigError
 from ._json_converter import converter
+from ._partitioner import key_text
 from ._state import CHANGE_FIELD
 from ._tables import Table
 
@@ -54,14 +55,6 @@ def default_table_result(key: str, left: Any, right: Any) -> dict[str, Any]:
         "left": None if left is None else converter.unstructure(left),
         "right": None if right is None else converter.unstructure(right),
     }
-
-
-def _key_text(field: bytes) -> str:
-    """A key as the result function gets it: its canonical text form."""
-    try:
-        return field.decode()
-    except UnicodeDecodeError:
-        return field.decode("latin-1")
 
 
 @attrs.define(eq=False)
@@ -101,7 +94,7 @@ class TableJoin:
             return None
         left = None if left_json is None else converter.structure(left_json, self.left.value)
         right = None if right_json is None else converter.structure(right_json, self.right.value)
-        return self.result(_key_text(field), left, right)
+        return self.result(key_text(field), left, right)
 
 
 async def run_table_join(events: Events[Any], join: TableJoin) -> None:

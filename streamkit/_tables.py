@@ -24,7 +24,7 @@ from . import _keys
 from ._errors import ConfigError, DecodeError, EncodeError
 from ._json_converter import converter
 from ._lua import script
-from ._partitioner import canonical_key_bytes
+from ._partitioner import canonical_key_bytes, key_text
 from ._redis import LuaScript, redis_errors
 from ._state import _current, current_view, writing_view
 from ._state_views import MISSING, PLAIN_TYPES, UNKNOWN
@@ -228,13 +228,14 @@ class Table(KeyedState, Generic[V]):
     ) -> AsyncIterator[tuple[str, V]]:
         """Every committed ``(key, value)``, partition by partition (or of one).
 
-        Keys come back in their canonical text form (``5`` as ``"5"``). Scanning is
+        Keys come back in their text form (``5`` as ``"5"``; see
+        :func:`~streamkit.lowlevel.key_text` for a bytes key that is not UTF-8). Scanning is
         incremental (``HSCAN``): a table changing meanwhile may show a key twice or
         miss one written during the scan, never a value that was not committed.
         """
         if self.ttl is None:
             async for field, raw in self._scan(partition, redis):
-                yield field.decode(), self.decode(raw)
+                yield key_text(field), self.decode(raw)
             return
         client = self._redis(redis)
         partitions = range(self.partition_total()) if partition is None else [partition]
@@ -246,7 +247,7 @@ class Table(KeyedState, Generic[V]):
                         client, keys=self._expiring_keys(p), args=[cursor, SCAN_COUNT]
                     )
                 for i in range(0, len(flat), 2):
-                    yield flat[i].decode(), self.decode(flat[i + 1])
+                    yield key_text(flat[i]), self.decode(flat[i + 1])
                 if int(cursor) == 0:
                     break
 

@@ -24,7 +24,7 @@ from ._errors import ConfigError, DecodeError, EncodeError, LateEvent
 from ._event import Event
 from ._json_converter import converter
 from ._keys import parse_window_member as parse_member
-from ._partitioner import canonical_key_bytes
+from ._partitioner import canonical_key_bytes, key_text
 from ._redis import redis_errors
 from ._state import _current, current_window_view, default_result
 from ._state_late import note_late
@@ -280,7 +280,7 @@ class WindowedTable(KeyedState, Generic[V]):
         """Every key's committed windows, partition by partition (see ``Table.items``)."""
         if not self.fixed:
             async for field, raw in self._scan(partition, redis):
-                yield field.decode(), self._windows(self.decode(raw))
+                yield key_text(field), self._windows(self.decode(raw))
             return
         client = self._redis(redis)
         home = self._home()
@@ -290,7 +290,7 @@ class WindowedTable(KeyedState, Generic[V]):
             async for start, end, field, raw in self._scan_windows(client, p):
                 by_key.setdefault(field, []).append((start, end, self.decode_value(raw)))
             for field, found in by_key.items():
-                yield field.decode(), [(Window.from_ms(s, e), v) for s, e, v in sorted(found)]
+                yield key_text(field), [(Window.from_ms(s, e), v) for s, e, v in sorted(found)]
 
     async def _scan_windows(
         self, client: Redis, partition: int

@@ -47,7 +47,7 @@ from ._membership_state import (
     MembershipKeys as MembershipKeys,
     membership_keys as membership_keys,
 )
-from ._partitioner import canonical_key_bytes as canonical_key_bytes
+from ._partitioner import canonical_key_bytes as canonical_key_bytes, key_text as key_text
 from ._public import fix_module_metadata as _fix_module_metadata
 from ._rebalancer import (
     Claim as Claim,
@@ -114,6 +114,7 @@ __all__ = [
     "codec_for",
     "diff",
     "is_primitive",
+    "key_text",
     "membership_keys",
     "plan_rebalance",
     "read_membership",

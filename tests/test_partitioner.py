@@ -11,12 +11,13 @@ import uuid
 from typing import Any
 
 import attrs
+import orjson
 import pytest
 import xxhash
 from hypothesis import given, strategies as st
 
 from streamkit._errors import ConfigError
-from streamkit._partitioner import Partitioner, canonical_key_bytes, partition_for
+from streamkit._partitioner import Partitioner, canonical_key_bytes, key_text, partition_for
 
 
 class Colour(enum.Enum):
@@ -93,6 +94,31 @@ def test_unpartitionable_keys_are_refused(key: object, words: str) -> None:
     with pytest.raises(ConfigError, match=words) as info:
         canonical_key_bytes(key)
     assert info.value.setting == "key"
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (5, "5"),
+        (b"5", "5"),
+        ("café", "café"),
+        (b"\x00\xff", "\x00\\xff"),  # (NUL is UTF-8; 0xff is not, written \xff)
+        (b"caf\xc3\xa9\xff\xfe", "café\\xff\\xfe"),
+        (bytes([0xFF, 1]), "\\xff\x01"),
+    ],
+)
+def test_key_text_is_utf_8_with_the_bytes_that_are_not_escaped(key: object, expected: str) -> None:
+    assert key_text(canonical_key_bytes(key)) == expected
+
+
+@given(st.binary())
+def test_key_text_of_any_bytes_is_text_json_carries(key: bytes) -> None:
+    text = key_text(key)
+    assert orjson.loads(orjson.dumps(text)) == text  # (no lone surrogates in it)
+    try:
+        assert text == key.decode()
+    except UnicodeDecodeError:
+        assert text == key.decode("utf-8", "backslashreplace")
 
 
 # --- stability ----------------------------------------------------------------------------

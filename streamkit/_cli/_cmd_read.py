@@ -31,13 +31,13 @@ from .._errors import ConfigError, DecodeError, StreamkitError
 from .._joins import JSON_FORM, PACKED, unpack_forwarded
 from .._json_converter import converter
 from .._literal import printable
-from .._partitioner import canonical_key_bytes, partition_for
+from .._partitioner import canonical_key_bytes, key_text, partition_for
 from .._redis import health_of, redis_errors
 from .._state_join_sides import HEARTBEAT, read_heartbeat
 from .._wire import text
 from ._exits import fail
 from ._loading import load_stream
-from ._options import json_option, redis_url_option
+from ._options import json_option, key_argument, redis_url_option
 from ._watch import until_signal
 
 if TYPE_CHECKING:
@@ -217,7 +217,8 @@ def _key_of(stream: Stream[Any]) -> Callable[[Any], object]:
 
 
 def _typed_key(stream: Stream[Any], key: str) -> object:
-    """``--key`` as the stream's keys are: an int where the key field is an int."""
+    """``--key`` as the stream's keys are: an int where the key field is an int (bytes
+    where the argument is not text: see :func:`key_argument`)."""
     by = stream.partition_by
     if isinstance(by, str) and attrs.has(stream.record):
         fields = attrs.fields_dict(attrs.resolve_types(stream.record))
@@ -226,7 +227,7 @@ def _typed_key(stream: Stream[Any], key: str) -> object:
                 return int(key)
             except ValueError:
                 fail(f"--key: the key field {by!r} is an int, got {key!r}", 2)
-    return key
+    return key_argument(key)
 
 
 @attrs.define
@@ -312,7 +313,7 @@ class Shower:
                 body = {
                     **head,
                     "side": name,
-                    "key": key.decode("utf-8", "replace"),
+                    "key": key_text(key),
                     "time": when(at),
                     "record": record,
                 }
@@ -321,7 +322,7 @@ class Shower:
                 value = orjson.dumps(record).decode()
                 lines.append(
                     f"{entry.partition}\t{printable(entry.id)}\t{name} "
-                    f"{printable(key.decode('utf-8', 'replace'))} at {when(at)}: {printable(value)}"
+                    f"{printable(key_text(key))} at {when(at)}: {printable(value)}"
                 )
         return "\n".join(lines) if lines else None
 

@@ -15,7 +15,7 @@ from .._literal import printable
 from .._tables_versioned import VersionedTable
 from ._exits import fail
 from ._loading import load_app
-from ._options import redis_url_option
+from ._options import key_argument, redis_url_option
 
 if TYPE_CHECKING:
     from .._app import App
@@ -103,17 +103,18 @@ async def table_get(
     if as_of is not None and history:
         fail("--as-of and --history: give one of them", exit_code=2)
     moment = None if as_of is None else _time(as_of)
+    typed = key_argument(key)
     try:
         async with app:
             if isinstance(found, VersionedTable) and history:
-                versions = await found.history(key)
+                versions = await found.history(typed)
                 text = _json([{"at": at.isoformat(), "value": value} for at, value in versions])
             elif isinstance(found, VersionedTable) and moment is not None:
-                text = _json(await found.read(key, as_of=moment))
+                text = _json(await found.read(typed, as_of=moment))
             elif hasattr(found, "kind"):
-                text = _windows(await found.read(key))
+                text = _windows(await found.read(typed))
             else:
-                text = _json(await found.read(key))
+                text = _json(await found.read(typed))
     except StreamkitError as exc:
         fail(str(exc))
     click.echo(printable(text))

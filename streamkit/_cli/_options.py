@@ -3,6 +3,7 @@ for any error of streamkit's), and the progress bar on standard error."""
 
 from __future__ import annotations
 
+import os
 import signal
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -23,6 +24,7 @@ __all__ = [
     "RootGroup",
     "WholeHelpGroup",
     "json_option",
+    "key_argument",
     "limit_option",
     "progress_bar",
     "redis_url_option",
@@ -33,6 +35,18 @@ __all__ = [
 
 
 stderr = Console(stderr=True)
+
+
+def key_argument(text: str) -> str | bytes:
+    """A partition key given on the command line: the text, or the argument's bytes
+    where they are not text (``$'\\xff\\x01'`` in bash, for the bytes key that
+    ``table list`` shows as ``\\xff\\x01``: Python hands such an argument over
+    surrogate-escaped, which no key is)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(text)
+    return text
 
 
 def progress_bar(label: str) -> Progress:

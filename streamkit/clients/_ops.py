@@ -31,7 +31,7 @@ from .._defaults import DEFAULT_JOB_MAX_BYTES
 from .._errors import ConfigError, JobNotFound, RedisUnavailable, StreamkitError
 from .._keys import parse_window_member as parse_member
 from .._ops import NOW, Call, CallBatch, Now, Op, Request, Sleep, append, retried
-from .._partitioner import canonical_key_bytes
+from .._partitioner import canonical_key_bytes, key_text
 from .._produce import (
     AppendCall,
     FinishedMarkers,
@@ -662,7 +662,7 @@ def table_page(
                 if int(window_cursor) == 0:
                     break
         return 0, [
-            (field.decode(), [(Window.from_ms(s, e), v) for s, e, v in sorted(found)])
+            (key_text(field), [(Window.from_ms(s, e), v) for s, e, v in sorted(found)])
             for field, found in by_key.items()
         ]
     if getattr(table, "ttl", None) is not None:
@@ -670,14 +670,16 @@ def table_page(
         next_cursor, flat = yield from retried(
             Call.run(_TABLE_SCAN, keys, [cursor, SCAN_COUNT]), what=f"reading table {table.name}"
         )
-        items = [(flat[i].decode(), _decoded(table, flat[i + 1])) for i in range(0, len(flat), 2)]
+        items = [(key_text(flat[i]), _decoded(table, flat[i + 1])) for i in range(0, len(flat), 2)]
         return int(next_cursor), items
     reply = yield from retried(
         Call.command("HSCAN", table.key(partition), cursor, "COUNT", SCAN_COUNT),
         what=f"reading table {table.name}",
     )
     next_cursor, page = reply
-    return int(next_cursor), [(field.decode(), _decoded(table, raw)) for field, raw in page.items()]
+    return int(next_cursor), [
+        (key_text(field), _decoded(table, raw)) for field, raw in page.items()
+    ]
 
 
 def table_partitions(

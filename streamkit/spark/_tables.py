@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 
 from .. import _keys, _lua
 from .._keys import parse_window_member as parse_member
+from .._partitioner import key_text
 from .._redispy import run_script
 from ._client import Client, connect, redis_errors
 
@@ -123,7 +124,7 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
                     reply: Any = client.hscan(key, cursor, count=options.page_size)
                 cursor, page = reply
                 for field, raw in page.items():
-                    name = field.decode()
+                    name = key_text(field)
                     for start, end, value, emitted in orjson.loads(raw):
                         yield (
                             partition.partition,
@@ -147,7 +148,7 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
             with redis_errors(options.url):
                 cursor, flat = run_script(client, _SCAN, [key, expiry], [cursor, options.page_size])
             for i in range(0, len(flat), 2):
-                yield (partition, flat[i].decode(), flat[i + 1].decode())
+                yield (partition, key_text(flat[i]), flat[i + 1].decode())
             if int(cursor) == 0:
                 return
 
@@ -166,6 +167,6 @@ class TableReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
                     reply: Any = client.hscan(key, cursor, count=options.page_size)
                 cursor, page = reply
                 for field, raw in page.items():
-                    yield (partition, field.decode(), _ms(start), _ms(end), closed, raw.decode())
+                    yield (partition, key_text(field), _ms(start), _ms(end), closed, raw.decode())
                 if cursor == 0:
                     break
