@@ -285,6 +285,55 @@ async def test_streamkit_read_shows_a_join_s_inner_entries(redis_url: str, redis
     assert len(one.out.splitlines()) == 1
 
 
+async def test_read_count_and_tail_lines_count_the_lines_of_a_join_s_inner_entries(
+    redis_url: str, redis: Redis
+) -> None:
+    # Two forwarders' batches (of 5 events, then of 3) and a heartbeat between them:
+    # --count N and -n N are N lines, of events or heartbeats, not N entries.
+    key = CLI_APP.streams["j__in"].key(0)
+    first = [(1767225600000 + n, str(n).encode(), 0, b'{"n":%d}' % n) for n in range(1, 6)]
+    then = [(1767225601000 + n, b"7" if n else b"6", 0, b'{"n":%d}' % (10 + n)) for n in range(3)]
+    (packed,) = pack_forwarded(b"L", first)
+    await redis.xadd(key, {b"J": packed})
+    await redis.xadd(key, {HEARTBEAT: heartbeat(1, 1767225600900)})
+    (packed,) = pack_forwarded(b"R", then)
+    await redis.xadd(key, {b"J": packed})
+
+    async def shown(*args: str) -> list[str]:
+        got = await streamkit(*args, redis_url=redis_url)
+        assert got.code == 0, got.err
+        return [line.split("\t", 2)[2] for line in got.out.splitlines()]
+
+    inner = "tests.test_joins_sides:j__in"
+    assert await shown("read", inner, "--count", "1") == [
+        'left 1 at 2026-01-01T00:00:00.001+00:00: {"n":1}'
+    ]
+    assert len(await shown("read", inner, "--count", "2")) == 2
+    seven = await shown("read", inner, "--count", "7")
+    assert seven[5:] == [
+        "heartbeat: right side at 2026-01-01T00:00:00.900+00:00",
+        'right 6 at 2026-01-01T00:00:01.000+00:00: {"n":10}',
+    ]
+    assert await shown("tail", inner, "-n", "1") == [
+        'right 7 at 2026-01-01T00:00:01.002+00:00: {"n":12}'
+    ]
+    four = await shown("tail", inner, "-n", "4")
+    assert [line.split(" ", 2)[:2] for line in four] == [
+        ["heartbeat:", "right"],
+        ["right", "6"],
+        ["right", "7"],
+        ["right", "7"],
+    ]
+    assert len(await shown("tail", inner, "-n", "20")) == 9  # (all of them)
+    assert await shown("tail", inner, "-n", "1", "--key", "7") == four[-1:]
+    assert await shown("read", inner, "--count", "1", "--key", "7") == four[2:3]
+    assert await shown("tail", inner, "-n", "2", "--key", "3") == [
+        'left 3 at 2026-01-01T00:00:00.003+00:00: {"n":3}'
+    ]
+    as_json = await streamkit("read", inner, "--count", "3", "--json", redis_url=redis_url)
+    assert [orjson.loads(line)["key"] for line in as_json.out.splitlines()] == ["1", "2", "3"]
+
+
 async def test_a_join_s_reset_counts_its_inner_entries_as_entries(
     redis_url: str, redis: Redis
 ) -> None:

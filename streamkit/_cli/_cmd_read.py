@@ -233,7 +233,8 @@ def _typed_key(stream: Stream[Any], key: str) -> object:
 @attrs.define
 class Shower:
     """Turns entries into lines: decoded as the stream's records, or said undecodable;
-    with a key, only the records of that key."""
+    with a key, only the records of that key. An entry is a line, but for an inner
+    stream's (a line per event: see :meth:`lines`)."""
 
     stream: Stream[Any]
     as_json: bool
@@ -243,13 +244,19 @@ class Shower:
     def __attrs_post_init__(self) -> None:
         self.key_of = _key_of(self.stream)
 
-    def line(self, entry: Entry) -> str | None:
-        """The entry's line, or ``None`` for a record of another key."""
+    def lines(self, entry: Entry) -> list[str]:
+        """The entry's lines: one, none for a record of another key, or one per event
+        of a join's inner entry (a forwarder's batch: up to 500)."""
         head: dict[str, Any] = {"partition": entry.partition, "id": entry.id}
         if len(entry.fields) == 1 and (PACKED in entry.fields or HEARTBEAT in entry.fields):
             joined = self._join_lines(entry, head)
             if joined is not None:
                 return joined
+        line = self._line(entry, head)
+        return [] if line is None else [line]
+
+    def _line(self, entry: Entry, head: dict[str, Any]) -> str | None:
+        """The line of an entry of one record, or ``None`` for a record of another key."""
         try:
             record = self.stream.codec.decode(
                 entry.fields, stream=self.stream.name, partition=entry.partition, entry_id=entry.id
@@ -276,7 +283,7 @@ class Shower:
             return printable(orjson.dumps({**head, "record": orjson.Fragment(value)}).decode())
         return f"{entry.partition}\t{printable(entry.id)}\t{printable(value)}"
 
-    def _join_lines(self, entry: Entry, head: dict[str, Any]) -> str | None:
+    def _join_lines(self, entry: Entry, head: dict[str, Any]) -> list[str] | None:
         """A join's inner entry (see :mod:`streamkit._joins`): a line per forwarded
         event (its side, key, event time and record), or the heartbeat of a side;
         ``None`` if it is not one (then said undecodable)."""
@@ -295,12 +302,12 @@ class Shower:
 
         if beat is not None:
             if self.key is not None:
-                return None
+                return []
             if self.as_json:
                 body = {**head, "heartbeat": beat[0], "time": when(beat[1])}
-                return printable(orjson.dumps(body).decode())
+                return [printable(orjson.dumps(body).decode())]
             said = f"heartbeat: {beat[0]} side at {when(beat[1])}"
-            return f"{entry.partition}\t{printable(entry.id)}\t{said}"
+            return [f"{entry.partition}\t{printable(entry.id)}\t{said}"]
         lines = []
         for side, key, at, form, stored in events:
             if self.key is not None and key != self.key:
@@ -324,7 +331,7 @@ class Shower:
                     f"{entry.partition}\t{printable(entry.id)}\t{name} "
                     f"{printable(key_text(key))} at {when(at)}: {printable(value)}"
                 )
-        return "\n".join(lines) if lines else None
+        return lines
 
 
 # -- the commands ----------------------------------------------------------------------
@@ -362,16 +369,16 @@ def _filter_options(function: Any) -> Any:
     )(function)
 
 
-async def _show(lines: AsyncIterator[Entry], shower: Shower, limit: int | None) -> None:
+async def _show(entries: AsyncIterator[Entry], shower: Shower, limit: int | None) -> None:
+    """The lines of ``entries``, the first ``limit`` of them (lines, not entries: an
+    inner stream's entry is many)."""
     shown = 0
-    async for entry in lines:
-        line = shower.line(entry)
-        if line is None:
-            continue
-        click.echo(line)
-        shown += 1
-        if limit is not None and shown >= limit:
-            return
+    async for entry in entries:
+        for line in shower.lines(entry):
+            click.echo(line)
+            shown += 1
+            if limit is not None and shown >= limit:
+                return
 
 
 @contextlib.contextmanager
@@ -400,7 +407,12 @@ def _quiet_pipe() -> Any:
     metavar="WHERE",
     help="end (the default), an entry id or an ISO 8601 time.",
 )
-@click.option("--count", type=click.IntRange(min=1), default=None, help="Print at most N entries.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Print at most N lines (an entry is a line; a join's inner entry a line per event).",
+)
 @_follow_option
 @_filter_options
 @json_option
@@ -447,7 +459,7 @@ async def read(
     type=click.IntRange(min=0),
     default=10,
     show_default=True,
-    help="The last N entries.",
+    help="The last N lines (an entry is a line; a join's inner entry a line per event).",
 )
 @_follow_option
 @_filter_options
@@ -507,21 +519,23 @@ async def _connected(app: App) -> AsyncIterator[Redis]:
 
 
 async def _newest(redis: Redis, keys: dict[int, str], shower: Shower, count: int) -> Sequence[str]:
-    """The lines of the last ``count`` entries shown (of the key, with ``--key``)."""
+    """The last ``count`` lines shown (of the key, with ``--key``)."""
     if count == 0:
         return []
     if shower.key is None:
-        lines = [shower.line(e) for e in await last_entries(redis, keys, count)]
-        return [line for line in lines if line is not None]
+        # (Each entry a line at least: the last ``count`` entries have enough.)
+        entries = await last_entries(redis, keys, count)
+        return [line for e in entries for line in shower.lines(e)][-count:]
     # Records of one key among others: read back from the end until there are enough.
-    found: list[str] = []
+    found: list[list[str]] = []
+    shown = 0
     async for entry in _backwards(redis, keys):
-        line = shower.line(entry)
-        if line is not None:
-            found.append(line)
-            if len(found) == count:
-                break
-    return found[::-1]
+        lines = shower.lines(entry)
+        found.append(lines)
+        shown += len(lines)
+        if shown >= count:
+            break
+    return [line for lines in found[::-1] for line in lines][-count:]
 
 
 async def _backwards(redis: Redis, keys: dict[int, str]) -> AsyncIterator[Entry]:
