@@ -123,9 +123,28 @@ class Processor:
 
 
 def _forwarded_key(record: Any) -> object:
-    """A join's inner stream is routed by partition number (its forwarders'), never by
-    key: nothing is sent to it but by them."""
-    raise ConfigError("join", "a join's inner stream takes events from its forwarders only")
+    """An inner stream (a join's, a table join's, a global table's) is routed by
+    partition number (its writers'), never by key: nothing is sent to it but by them."""
+    raise ConfigError(
+        "join", "an inner stream (a join's or a table's) takes events from streamkit only"
+    )
+
+
+#: The inner streams' names, ``NAME`` and a suffix, and what they are of.
+_INNER_SUFFIXES = {"__in": "join", "__changes": "table join", "__global": "global table"}
+
+
+def inner_stream_of(app: App, stream: Stream[Any]) -> tuple[str, str] | None:
+    """What ``stream`` is the inner stream of, made by :meth:`App.join` (``("join",
+    "paid")`` for ``paid__in``), :meth:`App.join_tables` (``("table join", "accounts")``
+    for ``accounts__changes``) or :meth:`App.global_table` (``("global table",
+    "products")`` for ``products__global``); ``None`` for any other stream."""
+    if stream.partition_by is not _forwarded_key or app.streams.get(stream.name) is not stream:
+        return None
+    for suffix, kind in _INNER_SUFFIXES.items():
+        if stream.name.endswith(suffix):
+            return kind, stream.name.removesuffix(suffix)
+    return None  # pragma: no cover - every inner stream has one of them
 
 
 def _duration_ms(name: str, value: timedelta | float) -> int:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
+from streamkit import partition_for
+from streamkit._state import CHANGE_FIELD
 from streamkit._worker import run_worker
 from streamkit.testing import wait_until
 from tests.apps.bytekeys import ByteKeys, Ev, make_app
@@ -180,3 +182,43 @@ async def test_the_command_line_shows_the_text_form_and_takes_the_key_s_bytes(
         ("left", text(1), 1000.0),
         ("right", text(1), 1001.0),
     ]
+
+
+async def test_the_command_line_reads_a_table_s_inner_stream_as_changes(
+    redis_url: str, redis: Redis
+) -> None:
+    made = await run(redis_url, redis)
+    changes = await streamkit("read", "tests.apps.bytekeys:both__changes", redis_url=redis_url)
+    assert changes.code == 0, changes.err
+    assert sorted(line.split("\t")[2] for line in changes.out.splitlines()) == sorted(
+        [f"left \\xff\\x0{k}: 1" for k in (1, 2, 4, 5, 6)]
+        + [f"right \\xff\\x0{k}: 1" for k in (1, 3, 5, 6)]
+    )
+    applied = await streamkit(
+        "read", "tests.apps.bytekeys:ks__global", "--json", redis_url=redis_url
+    )
+    assert applied.code == 0, applied.err
+    shown = [orjson.loads(line) for line in applied.out.splitlines()]
+    assert sorted((r["key"], r["value"]) for r in shown) == [(text(k), k) for k in (1, 2, 4, 5, 6)]
+    assert all("side" not in r for r in shown)
+    # A deletion, then an entry that is no change: said so, as in any stream.
+    key = made.app.streams["both__changes"].key(partition_for(bytes([0xFF, 1]), 2))
+    await redis.xadd(key, {CHANGE_FIELD: orjson.dumps(["R", "\xff\x01", None])})
+    await redis.xadd(key, {CHANGE_FIELD: b'["X", 1]'})
+    one = await streamkit(
+        "read", "tests.apps.bytekeys:both__changes", "--key", "\udcff\x01", redis_url=redis_url
+    )
+    assert one.code == 0, one.err
+    *changed, deleted = [line.split("\t")[2] for line in one.out.splitlines()]
+    assert sorted(changed) == ["left \\xff\\x01: 1", "right \\xff\\x01: 1"]
+    assert deleted == "right \\xff\\x01 deleted"
+    tail = await streamkit(
+        "tail", "tests.apps.bytekeys:both__changes", "-n", "2", "--json", redis_url=redis_url
+    )
+    last = [orjson.loads(line) for line in tail.out.splitlines()]
+    assert {k: v for k, v in last[0].items() if k not in ("id", "partition")} == {
+        "side": "right",
+        "key": text(1),
+        "deleted": True,
+    }
+    assert last[1]["undecodable"] == "the JSON payload is a list, not an object"

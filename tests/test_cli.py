@@ -217,6 +217,26 @@ async def test_unknown_stream(redis_url: str, path: str, message: str) -> None:
     assert_no_traceback(result)
 
 
+#: What each of the inner streams of tests.apps.joined is, and where to send instead.
+INNER = {
+    "pay__in": "join 'pay': streamkit writes it, from the streams it joins (orders, payments); "
+    "send to those instead",
+    "counted__changes": "table join 'counted': streamkit writes it, from the writes of the "
+    "tables order_counts and payment_counts; write those instead",
+    "payments_seen__global": "global table 'payments_seen': streamkit writes it, from the "
+    "writes of the table payments_seen; write that instead",
+}
+
+
+@pytest.mark.parametrize("stream", sorted(INNER))
+async def test_an_inner_stream_is_refused(redis_url: str, stream: str) -> None:
+    path = f"tests.apps.joined:{stream}"
+    for args in (["send", path, "{}"], ["sendmany", path, "-"]):
+        result = await streamkit(*args, redis_url=redis_url, stdin=b"{}\n")
+        assert result.code == 2, result.err
+        assert result.err == f"Error: {path} is the inner stream of {INNER[stream]}\n"
+
+
 async def test_unreachable_redis(redis_url: str) -> None:
     nowhere = f"redis://127.0.0.1:{free_port()}"
     result = await streamkit("send", ORDERS, orjson.dumps(order(1)).decode(), redis_url=nowhere)

@@ -26,6 +26,7 @@ import attrs
 import orjson
 import trio
 
+from .._app import inner_stream_of
 from .._backoff import Backoff, retry_unavailable
 from .._errors import ConfigError, DecodeError, StreamkitError
 from .._joins import JSON_FORM, PACKED, unpack_forwarded
@@ -33,6 +34,7 @@ from .._json_converter import converter
 from .._literal import printable
 from .._partitioner import canonical_key_bytes, key_text, partition_for
 from .._redis import health_of, redis_errors
+from .._state import CHANGE_FIELD
 from .._state_join_sides import HEARTBEAT, read_heartbeat
 from .._wire import text
 from ._exits import fail
@@ -234,11 +236,13 @@ def _typed_key(stream: Stream[Any], key: str) -> object:
 class Shower:
     """Turns entries into lines: decoded as the stream's records, or said undecodable;
     with a key, only the records of that key. An entry is a line, but for an inner
-    stream's (a line per event: see :meth:`lines`)."""
+    stream's (a line per event: see :meth:`lines`). ``changes``: the stream is a table
+    join's or a global table's inner stream, of changes (see :meth:`_change_lines`)."""
 
     stream: Stream[Any]
     as_json: bool
     key: bytes | None = None
+    changes: bool = False
     key_of: Callable[[Any], object] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -252,6 +256,10 @@ class Shower:
             joined = self._join_lines(entry, head)
             if joined is not None:
                 return joined
+        if self.changes and len(entry.fields) == 1 and CHANGE_FIELD in entry.fields:
+            changed = self._change_lines(entry, head)
+            if changed is not None:
+                return changed
         line = self._line(entry, head)
         return [] if line is None else [line]
 
@@ -282,6 +290,32 @@ class Shower:
         if self.as_json:
             return printable(orjson.dumps({**head, "record": orjson.Fragment(value)}).decode())
         return f"{entry.partition}\t{printable(entry.id)}\t{printable(value)}"
+
+    def _change_lines(self, entry: Entry, head: dict[str, Any]) -> list[str] | None:
+        """A table join's or a global table's inner entry (see
+        ``PartitionState._feed``): the change of one key, a JSON array ``[side, key as
+        latin-1 text, value or null]``, shown as the side (a table join's ``left`` or
+        ``right``), the key and the value (``deleted`` for null); ``None`` if it is not
+        one (then said undecodable)."""
+        try:
+            tag, latin, value = orjson.loads(entry.fields[CHANGE_FIELD])
+            field = latin.encode("latin-1")
+        except (ValueError, TypeError, AttributeError):  # (UnicodeEncodeError too)
+            return None
+        if tag not in ("L", "R", "G"):
+            return None
+        if self.key is not None and field != self.key:
+            return []
+        side = {"L": "left", "R": "right"}.get(tag)
+        key = key_text(field)
+        if self.as_json:
+            body = {**head, "side": side} if side is not None else {**head}
+            body["key"] = key
+            body.update({"deleted": True} if value is None else {"value": value})
+            return [printable(orjson.dumps(body).decode())]
+        said = printable(key) if side is None else f"{side} {printable(key)}"
+        said += " deleted" if value is None else f": {printable(orjson.dumps(value).decode())}"
+        return [f"{entry.partition}\t{printable(entry.id)}\t{said}"]
 
     def _join_lines(self, entry: Entry, head: dict[str, Any]) -> list[str] | None:
         """A join's inner entry (see :mod:`streamkit._joins`): a line per forwarded
@@ -497,7 +531,11 @@ def _prepare(
     app, stream = load_stream(stream_path, redis_url, one_shot=not follow, by_name=True)
     typed = None if key is None else _typed_key(stream, key)
     partitions = _partitions(stream, partition, typed)
-    shower = Shower(stream, as_json, None if typed is None else canonical_key_bytes(typed))
+    inner = inner_stream_of(app, stream)
+    changes = inner is not None and inner[0] != "join"
+    shower = Shower(
+        stream, as_json, None if typed is None else canonical_key_bytes(typed), changes=changes
+    )
     return app, shower, {p: stream.key(p) for p in partitions}
 
 

@@ -35,7 +35,7 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
       streamkit send shop:orders \\
         '{"order_id": 1, "customer": "ada", "amount": 9.5, "created_at": "2026-01-01T00:00:00Z"}'
     """
-    app, stream = load_stream(stream_path, redis_url)
+    app, stream = load_stream(stream_path, redis_url, sending=True)
     try:
         record = parse_record(stream, record_json)
     except ValueError as exc:
@@ -90,7 +90,7 @@ async def sendmany(
     duplicates (with --skip and --skip-sent). A first Ctrl-C lets the records in
     flight finish; a second one stops at once.
     """
-    app, stream = load_stream(stream_path, redis_url)
+    app, stream = load_stream(stream_path, redis_url, sending=True)
     try:
         marks = parse_marks(skip_sent, stream.partition_count)
     except ValueError as exc:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._app import App
+from .._app import App, inner_stream_of
 from .._errors import ConfigError, MetadataMismatch, StreamkitError
 from .._streams import Stream
 from .._worker import select_processors
@@ -160,14 +160,22 @@ def with_stream_path(exc: BaseException, path: str) -> str:
 
 
 def load_stream(
-    path: str, redis_url: str | None, *, one_shot: bool = True, by_name: bool = False
+    path: str,
+    redis_url: str | None,
+    *,
+    one_shot: bool = True,
+    by_name: bool = False,
+    sending: bool = False,
 ) -> tuple[App, Stream[Any]]:
     """The stream at ``path`` and the app that declared it (with ``--redis-url``), set
     for a one-shot command unless ``one_shot=False`` (see :func:`one_shot_settings`).
 
     With ``by_name``, ``MODULE:NAME`` may also be the name of a stream an app of the
     module declares (an output made where it is used: ``app.stream("totals", ...)``).
+    With ``sending``, too, but an inner stream (a join's, a table's) is refused, saying
+    whose it is (exit code 2): streamkit alone writes those.
     """
+    by_name = by_name or sending
     module_name, _, name = path.partition(":")
     stream: Any = None
     if by_name and module_name and name and "." not in name:
@@ -185,8 +193,32 @@ def load_stream(
     if not isinstance(stream, Stream):
         fail(f"{path} is {a(type(stream).__name__)}, not a stream made by app.stream(...)", 2)
     app = app_of(path, stream)
+    if sending:
+        _refuse_inner(path, app, stream)
     _configure(app, redis_url, one_shot)
     return app, stream
+
+
+def _refuse_inner(path: str, app: App, stream: Stream[Any]) -> None:
+    """Fail (exit code 2) if ``stream`` is an inner stream, saying what to send to."""
+    inner = inner_stream_of(app, stream)
+    if inner is None:
+        return
+    kind, name = inner
+    if kind == "join":
+        sides = [app.processors[f"{name}__{side}"].stream.name for side in ("left", "right")]
+        source = f"the streams it joins ({', '.join(sides)}); send to those instead"
+    else:
+        tables = [
+            table.name
+            for table in app.tables.values()
+            if any(spec is stream.spec for spec, _ in getattr(table, "feeds", ()))
+        ]
+        which = (
+            f"the table {tables[0]}" if len(tables) == 1 else f"the tables {' and '.join(tables)}"
+        )
+        source = f"the writes of {which}; write {'that' if len(tables) == 1 else 'those'} instead"
+    fail(f"{path} is the inner stream of {kind} {name!r}: streamkit writes it, from {source}", 2)
 
 
 def one_shot_settings(settings: Settings) -> Settings:
