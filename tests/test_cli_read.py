@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from streamkit.testing import RedisServer
 
 NOTES = "tests.apps.readable:notes"
+#: An app with tables, written or not (tests/test_cli_tables.py fills them).
+APP = "tests.apps.stateful:app"
 
 
 async def send_notes(redis_url: str, count: int) -> tuple[App, list[str]]:
@@ -170,6 +172,34 @@ async def test_an_output_stream_is_read_by_its_name(redis_url: str, redis: Redis
     result = await streamkit("read", "tests.apps.readable:digests", "--json", redis_url=redis_url)
     assert result.code == 0, result.err
     assert orjson.loads(result.out)["record"] == {"key": "a", "total": 3}
+
+
+async def test_a_reader_gone_ends_the_command_quietly(redis_url: str) -> None:
+    # (`streamkit read ... | head`: the pipe's reader gone, each write fails with EPIPE,
+    # which the command takes for its end, not for a lost connection to Redis.)
+    await send_notes(redis_url, 3)
+    env = {**os.environ, "STREAMKIT_REDIS_URL": redis_url}
+    for args in (
+        ["read", NOTES],
+        ["tail", NOTES, "--json"],
+        ["table", "list", APP, "counts"],
+        ["status", APP, "--watch", "--json", "--interval", "0.2"],
+    ):
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            with trio.fail_after(60):
+                done = await trio.run_process(
+                    [sys.executable, "-m", "streamkit", *args],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=writer,
+                    capture_stderr=True,
+                    check=False,
+                )
+        finally:
+            os.close(writer)
+        assert (done.returncode, done.stderr) == (0, b""), (args, done.stderr)
 
 
 async def test_mistakes_are_one_line(redis_url: str) -> None:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
-import os
 import re
-import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +35,7 @@ from .._redis import health_of, redis_errors
 from .._state import CHANGE_FIELD
 from .._state_join_sides import HEARTBEAT, read_heartbeat
 from .._wire import text
-from ._exits import fail
+from ._exits import fail, quiet_pipe
 from ._loading import load_stream
 from ._options import json_option, key_argument, redis_url_option
 from ._watch import until_signal
@@ -415,16 +413,6 @@ async def _show(entries: AsyncIterator[Entry], shower: Shower, limit: int | None
                 return
 
 
-@contextlib.contextmanager
-def _quiet_pipe() -> Any:
-    try:
-        yield
-    except BrokenPipeError:
-        # The reader went away (`... | head`): stop quietly, as a filter does.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-
-
 @click.command()
 @click.argument("stream_path", metavar="MODULE:STREAM")
 @click.option(
@@ -548,9 +536,9 @@ async def _connected(app: App) -> AsyncIterator[Redis]:
     then cancels the connecting (exit code 0), where a generator that caught it
     itself would end without yielding.
     """
-    with _quiet_pipe():
-        try:
-            async with app:
+    try:
+        async with app:
+            with quiet_pipe():
                 yield app.redis
         except StreamkitError as exc:
             fail(str(exc))

@@ -7,15 +7,21 @@ signal N, as a shell expects.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import IO, Any, NoReturn
+import os
+import sys
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
 
 from .. import _logs
 from .._literal import printable
 
-__all__ = ["BadInput", "CommandError", "Stopped", "fail"]
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["BadInput", "CommandError", "Stopped", "fail", "quiet_pipe"]
 
 log = logging.getLogger("streamkit.cli")
 
@@ -56,3 +62,16 @@ def fail(message: str, exit_code: int = 1) -> NoReturn:
     if exit_code > 128:
         raise Stopped(message, exit_code - 128)
     raise (BadInput if exit_code == 2 else CommandError)(message)
+
+
+@contextlib.contextmanager
+def quiet_pipe() -> Iterator[None]:
+    """The block, ended quietly (exit code 0, as a filter's) if the reader of standard
+    output went away (``... | head``): inside ``async with app``, whose Redis errors'
+    translation would take the ``BrokenPipeError`` for a lost connection to Redis."""
+    try:
+        yield
+    except BrokenPipeError:
+        # What is still buffered, and the interpreter's flush at exit, go nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -9,7 +9,6 @@ JSON document per line (JSON lines). SIGINT or SIGTERM ends it with exit code 0.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from rich.live import Live
 
 from .._literal import printable
 from .._nurseries import open_service_nursery
+from ._exits import quiet_pipe
 from ._fleet import fleet_json, fleet_samples
 from ._fleet_view import fleet_view
 
@@ -52,14 +52,9 @@ async def watch_status(app: App, *, interval: float, as_json: bool) -> None:
         show = _live
     else:
         show = _plain
-    async with until_signal():
-        try:
-            async with app:
-                await show(app, console, interval)
-        except BrokenPipeError:
-            # The reader went away (`... | head`): stop quietly, as a filter does.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+    async with until_signal(), app:
+        with quiet_pipe():
+            await show(app, console, interval)
 
 
 @contextlib.asynccontextmanager
