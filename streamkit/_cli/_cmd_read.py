@@ -540,8 +540,8 @@ async def _connected(app: App) -> AsyncIterator[Redis]:
         async with app:
             with quiet_pipe():
                 yield app.redis
-        except StreamkitError as exc:
-            fail(str(exc))
+    except StreamkitError as exc:
+        fail(str(exc))
 
 
 async def _newest(redis: Redis, keys: dict[int, str], shower: Shower, count: int) -> Sequence[str]:
