@@ -56,6 +56,7 @@ PINS = {
     "streams/outbox_delete": "ee8b96c3e8d3401f066cbfa875e8ab9594e90906",
     "streams/outbox_read": "440b0aa9a46c302270ff24407d12e9e467be0c35",
     "streams/relay": "af22d3d4e459b535d8c115d16db4d374f41096c4",
+    "streams/undelivered": "20856271f494422213154727e1a9da88932b3c30",
     "tables/due": "00fcef705595790f0dc93879fa437bbd1b3949fe",
     "tables/read": "68f4f57f1bf8bfcd5e1498c0b99b5fac41379561",
     "tables/scan": "cbaeeecf49183416c908998be86910b4c71d9d1d",

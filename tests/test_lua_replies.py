@@ -90,6 +90,10 @@ async def streams(call: Calls) -> None:
     assert (await call("streams/caught_up", [STREAM], ["behind"]))[0] == 0
     await redis.xgroup_create(STREAM, "level", "$")
     assert (await call("streams/caught_up", [STREAM], ["level"]))[0] == 1
+    # (the entries after an id, counted up to a limit: a group's lag)
+    assert await call("streams/undelivered", [STREAM], ["0-0", 2]) == 2
+    assert await call("streams/undelivered", [STREAM], ["0-0", 100]) == 4
+    assert await call("streams/undelivered", [STREAM + ":none"], ["0-0", 10]) == 0
     relayed = _keys.relay_key(STREAM, "shop.in.1")
     assert await call("streams/relay", [STREAM, relayed], [0, "5-0", 1, b"f", b"v"]) == 1
     assert await call("streams/relay", [STREAM, relayed], [0, "5-0", 1, b"f", b"v"]) == 0

@@ -12,6 +12,7 @@ import attrs
 
 from .._data_loss import DataLossRecord, read_data_loss
 from .._errors import ConfigError
+from .._group_lag import undelivered
 from .._halts import HaltRecord, clear_halt, decode_halt, halt_key, read_halt
 from .._locks import _parse_value, lock_key
 from .._membership_admin import read_membership, reset_membership
@@ -66,8 +67,11 @@ class PartitionStatus:
         length: entries in the partition.
         lag: entries not yet processed: not yet delivered to the processor, or
             delivered and not yet acknowledged (a Kafka consumer's lag: the
-            pending ones included, however far the worker read ahead); ``None`` if
-            Redis cannot tell, e.g. after trimming.
+            pending ones included, however far the worker read ahead), found from
+            the entry ids rather than from Redis's own ``lag`` (which a restart from
+            the AOF can leave wrong; see :mod:`streamkit._group_lag`); ``None`` if
+            more than a thousand entries are not delivered yet and Redis cannot tell
+            how many.
         pending: entries delivered but not yet acknowledged (part of ``lag``).
         last_event_at: when the newest entry was added, or ``None`` if empty.
         halted: why and since when the processor is halted on the partition (see
@@ -145,8 +149,9 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
     One read of the membership (state and heartbeats), one pipeline for every
     partition's length, newest entry, lease, halt record and the size of each
     table the processor writes, one for the consumer groups of the partitions
-    that exist. On a Redis Cluster a pipeline is sent per node (each partition has
-    a slot of its own).
+    that exist; then, for each partition with entries not delivered to the group
+    yet, one count of them (:func:`streamkit._group_lag.undelivered`). On a Redis
+    Cluster a pipeline is sent per node (each partition has a slot of its own).
 
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
@@ -214,7 +219,15 @@ async def read_processor(app: App, processor: Processor) -> ProcessorReading:
             fields = {text(k): v for k, v in group.items()}
             if text(fields.get("name")) == processor.group:
                 info = fields
-        lag = info.get("lag", length) if info else length
+        # Not Redis's lag, which a restart from the AOF can leave wrong for good: the
+        # entries after the last delivered one (see streamkit._group_lag).
+        lag = (
+            await undelivered(
+                redis, key, info, newest=last[0].identifier if last else None, length=length
+            )
+            if info
+            else length
+        )
         read = info.get("entries-read") if info else 0
         pending = int(info.get("pending", 0))
         statuses.append(

@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from .._errors import BackendError, StreamkitError
+from .._group_lag import undelivered
 from .._periodic import next_tick
 from .._redis import redis_errors
 from .._state_late import late_counts, late_fields, late_keys, windowed_names
@@ -35,7 +36,8 @@ class GroupReading:
     """One partition's consumer group, as Redis reported it.
 
     Attributes:
-        lag: entries not yet delivered to the group (``None``: Redis cannot tell).
+        lag: entries not yet delivered to the group (``None``: more than a thousand,
+            and Redis cannot tell how many).
         pending: entries delivered and not yet acknowledged.
     """
 
@@ -43,43 +45,62 @@ class GroupReading:
     pending: int
 
 
-def _group_reading(groups: Any, group: str) -> GroupReading | None:
+def _group_fields(groups: Any, group: str) -> dict[str, Any] | None:
     for info in groups or ():
         fields = {text(k): v for k, v in info.items()}
         if text(fields.get("name", b"")) == group:
-            lag = fields.get("lag")
-            return GroupReading(None if lag is None else int(lag), int(fields.get("pending", 0)))
+            return fields
     return None
 
 
 async def read_groups(redis: Redis, keys: list[str], group: str) -> list[GroupReading | None]:
     """``group``'s reading on each stream of ``keys`` (``None`` where it has none).
 
-    One pipeline; if a stream is missing (it makes the pipeline fail), one command per
-    stream instead.
+    One pipeline (each stream's groups, newest entry and length); if a stream is
+    missing (it makes the pipeline fail), one command per stream instead. The lag is
+    not Redis's own, which a restart from the AOF can leave wrong, but found from the
+    entry ids (:func:`streamkit._group_lag.undelivered`): one more command for each
+    stream with entries not delivered to the group yet.
 
     Error handling:
         :class:`~streamkit.RedisUnavailable` if Redis cannot be reached.
     """
+    replies: list[Any]
     try:
         with redis_errors():
             async with redis.pipeline(transaction=False) as pipe:
                 requests = [pipe.xinfo_groups(key) for key in keys]
             replies = [await request for request in requests]
-        return [_group_reading(reply, group) for reply in replies]
     except StreamkitError as exc:
         if not _is_reply_error(exc):
             raise
+        replies = []
+        for key in keys:
+            try:
+                with redis_errors():
+                    replies.append(await redis.xinfo_groups(key))
+            except StreamkitError as exc:
+                if not _is_reply_error(exc):
+                    raise
+                replies.append(None)
+    found = [_group_fields(reply, group) for reply in replies]
+    present = [key for key, fields in zip(keys, found, strict=True) if fields is not None]
+    with redis_errors():
+        async with redis.pipeline(transaction=False) as pipe:
+            newest_requests = {key: pipe.xrevrange(key, count=1) for key in present}
+            length_requests = {key: pipe.xlen(key) for key in present}
+        newest = {key: await request for key, request in newest_requests.items()}
+        lengths = {key: int(await request) for key, request in length_requests.items()}
     readings: list[GroupReading | None] = []
-    for key in keys:
-        try:
-            with redis_errors():
-                reply = await redis.xinfo_groups(key)
-        except StreamkitError as exc:
-            if not _is_reply_error(exc):
-                raise
-            reply = None
-        readings.append(_group_reading(reply, group))
+    for key, fields in zip(keys, found, strict=True):
+        if fields is None:
+            readings.append(None)
+            continue
+        last = newest[key]
+        lag = await undelivered(
+            redis, key, fields, newest=last[0].identifier if last else None, length=lengths[key]
+        )
+        readings.append(GroupReading(lag, int(fields.get("pending", 0))))
     return readings
 
 
