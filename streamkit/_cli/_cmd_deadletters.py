@@ -18,7 +18,7 @@ from ._deadletters import (
     purge_dead_letters,
     replay_dead_letters,
 )
-from ._exits import fail
+from ._exits import StdoutConsole, fail
 from ._loading import load_app, load_processor
 from ._options import WholeHelpGroup, limit_option, redis_url_option
 
@@ -66,7 +66,7 @@ async def deadletters_list(
             str(letter.delivery_count),
         )
     # At least 200 columns: a table of error messages is unreadable when folded narrow.
-    Console(width=max(200, Console().width)).print(table)
+    StdoutConsole(width=max(200, Console().width)).print(table)
     if total > len(letters):
         click.echo(
             f"showing the oldest {len(letters):,} of {total:,} dead letters; "

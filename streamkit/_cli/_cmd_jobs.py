@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import asyncclick as click
 import attrs
 import orjson
-from rich.console import Console
 
 from .._errors import ConfigError, StreamkitError
 from .._keys import validate_name
@@ -22,7 +21,7 @@ from ..jobs import JobEvent, JobInfo, JobNotFound, JobQueue, JobStatus, open_job
 from ..jobs._layout import DEFAULT_QUEUE, routed_queue
 from ..jobs._replies import event_cursors
 from ._confirm import BulkAction, bulk_options, confirm_and_act
-from ._exits import fail
+from ._exits import StdoutConsole, fail
 from ._fleet import app_job_counts, counts_by_name, counts_json, iso, job_json
 from ._jobs_view import by_name_table, counts_table, dead_jobs_table, job_lines
 from ._loading import load_app, one_shot_settings
@@ -291,7 +290,7 @@ async def jobs_info(
     if as_json:
         click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2))
         return
-    console = Console(highlight=False)
+    console = StdoutConsole(highlight=False)
     console.print(
         printable(f"{target.describe()}, Redis at {report['redis_url']}"),
         soft_wrap=True,
@@ -515,7 +514,7 @@ async def jobs_dlq_list(
         click.echo(f"queue {target.name} has no dead jobs")
         return
     table = dead_jobs_table(target.name, dead, datetime.now(UTC))
-    Console(highlight=False).print(table)
+    StdoutConsole(highlight=False).print(table)
     if total > len(dead):
         click.echo(
             f"showing {len(dead):,} of {total:,} dead jobs; pass --limit {total} to see them all"

@@ -35,7 +35,7 @@ from .._redis import health_of, redis_errors
 from .._state import CHANGE_FIELD
 from .._state_join_sides import HEARTBEAT, read_heartbeat
 from .._wire import text
-from ._exits import fail, quiet_pipe
+from ._exits import fail
 from ._loading import load_stream
 from ._options import json_option, key_argument, redis_url_option
 from ._watch import until_signal
@@ -530,7 +530,7 @@ def _prepare(
 @contextlib.asynccontextmanager
 async def _connected(app: App) -> AsyncIterator[Redis]:
     """``app`` connected until the block ends; an error of streamkit's is the command's
-    one line, a reader gone (``| head``) its end.
+    one line (a reader gone, ``| head``, is its quiet end: see streamkit._cli._exits).
 
     Entered inside :func:`until_signal`, never around it: a signal while connecting
     then cancels the connecting (exit code 0), where a generator that caught it
@@ -538,8 +538,7 @@ async def _connected(app: App) -> AsyncIterator[Redis]:
     """
     try:
         async with app:
-            with quiet_pipe():
-                yield app.redis
+            yield app.redis
     except StreamkitError as exc:
         fail(str(exc))
 

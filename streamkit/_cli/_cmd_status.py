@@ -8,10 +8,9 @@ from functools import partial
 import asyncclick as click
 import orjson
 from asyncclick.core import ParameterSource
-from rich.console import Console
 
 from .._errors import ConfigError, StreamkitError
-from ._exits import fail
+from ._exits import StdoutConsole, fail
 from ._fleet import fleet_json, take_snapshot
 from ._fleet_view import status_view
 from ._loading import load_app
@@ -76,7 +75,7 @@ async def status(
     if as_json:
         click.echo(orjson.dumps(fleet_json(snapshot), option=orjson.OPT_INDENT_2))
         return
-    console = Console(highlight=False)
+    console = StdoutConsole(highlight=False)
     view = status_view(snapshot, app_path=app_path, width=console.width, now=datetime.now(UTC))
     console.print(view)
 

@@ -13,7 +13,7 @@ from .._errors import StreamkitError
 from .._json_converter import converter
 from .._literal import printable
 from .._tables_versioned import VersionedTable
-from ._exits import fail, quiet_pipe
+from ._exits import fail
 from ._loading import load_app
 from ._options import key_argument, redis_url_option
 
@@ -139,12 +139,11 @@ async def table_list(
     shown = 0
     try:
         async with app:
-            with quiet_pipe():
-                async for key, value in found.items(partition=partition):
-                    text = _windows(value) if hasattr(found, "kind") else _json(value)
-                    click.echo(f"{printable(key)}\t{printable(text)}")
-                    shown += 1
-                    if limit is not None and shown >= limit:
-                        break
+            async for key, value in found.items(partition=partition):
+                text = _windows(value) if hasattr(found, "kind") else _json(value)
+                click.echo(f"{printable(key)}\t{printable(text)}")
+                shown += 1
+                if limit is not None and shown >= limit:
+                    break
     except StreamkitError as exc:
         fail(str(exc))

@@ -3,17 +3,26 @@
 1 for a failure the user can act on (Redis unavailable, workers still running), 2 for
 bad input or configuration (a path, a record, an option), 128 + N when stopped by
 signal N, as a shell expects.
+
+A command whose standard output's reader went away (``streamkit read ... | head -1``)
+stops there, quietly, with exit code 0, as ``--watch`` always did: the reader wanted
+no more, which is no failure of the command's (``set -o pipefail`` scripts go on), and
+no signal stopped it (Python ignores ``SIGPIPE``), so neither click's 1 nor 141 says
+what happened. See :func:`stdout_gone`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import select
 import sys
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import asyncclick as click
+from rich.console import Console
 
 from .. import _logs
 from .._literal import printable
@@ -21,7 +30,15 @@ from .._literal import printable
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["BadInput", "CommandError", "Stopped", "fail", "quiet_pipe"]
+__all__ = [
+    "BadInput",
+    "CommandError",
+    "StdoutConsole",
+    "Stopped",
+    "fail",
+    "silence_stdout",
+    "stdout_gone",
+]
 
 log = logging.getLogger("streamkit.cli")
 
@@ -64,14 +81,60 @@ def fail(message: str, exit_code: int = 1) -> NoReturn:
     raise (BadInput if exit_code == 2 else CommandError)(message)
 
 
-@contextlib.contextmanager
-def quiet_pipe() -> Iterator[None]:
-    """The block, ended quietly (exit code 0, as a filter's) if the reader of standard
-    output went away (``... | head``): inside ``async with app``, whose Redis errors'
-    translation would take the ``BrokenPipeError`` for a lost connection to Redis."""
-    try:
-        yield
-    except BrokenPipeError:
-        # What is still buffered, and the interpreter's flush at exit, go nowhere.
+def stdout_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` comes of writing to a standard output whose reader went away.
+
+    ``exc`` may be the ``BrokenPipeError`` itself or carry it (as its cause or context,
+    or in a group): the Redis client's error handling takes any ``ConnectionError``
+    raised inside a connected block, a write to standard output's included, for a lost
+    connection to Redis. A ``BrokenPipeError`` counts only if standard output is a pipe
+    with no reader now, so that a Redis socket's own is still said as such.
+    """
+    return any(isinstance(e, BrokenPipeError) for e in _chain(exc)) and _no_reader()
+
+
+class StdoutConsole(Console):
+    """A rich console on standard output whose reader going away is a
+    ``BrokenPipeError``, as for any other write (:func:`stdout_gone`), rather than
+    rich's own ``SystemExit(1)``: every command's output goes through one."""
+
+    def on_broken_pipe(self) -> None:
+        """Raise ``BrokenPipeError`` (called while rich handles the first)."""
+        raise BrokenPipeError(errno.EPIPE, "standard output's reader went away")
+
+
+def silence_stdout() -> None:
+    """Point standard output at ``/dev/null``, so that what is left in its buffer, flushed
+    at exit, goes nowhere instead of failing again (``Exception ignored ... BrokenPipeError``)."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _no_reader() -> bool:
+    """Whether standard output is a pipe whose reading end is closed (``poll`` says
+    ``POLLERR`` of a pipe's writing end then)."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, ValueError, OSError):
+        return False
+    return any(mask & select.POLLERR for _, mask in events)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the leaves of a group, and their causes and contexts."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -15,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .._errors import ConfigError, StreamkitError
 from .._nurseries import leaves
 from .._settings import Settings
-from ._exits import fail
+from ._exits import fail, silence_stdout, stdout_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -138,11 +139,31 @@ class WholeHelpGroup(click.Group):
 class RootGroup(WholeHelpGroup):
     """The ``streamkit`` group: an error of streamkit's that no command caught is one
     line all the same (exit code 2 for a configuration error, else 1), never a
-    traceback."""
+    traceback; a standard output whose reader went away (``| head``) ends the command
+    quietly, exit code 0."""
+
+    async def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return await super().parse_args(ctx, args)
+        except BrokenPipeError as exc:  # the reader of --help or --version gone
+            if not stdout_gone(exc):
+                raise
+            silence_stdout()
+            raise click.exceptions.Exit(0) from None
 
     async def invoke(self, ctx: click.Context) -> Any:
         try:
-            return await super().invoke(ctx)
+            try:
+                result = await super().invoke(ctx)
+                sys.stdout.flush()  # a reader gone shows here, not at exit
+            except BaseException as exc:
+                if not stdout_gone(exc):
+                    raise
+                # `... | head`: the reader wanted no more. Quietly, exit code 0 (see
+                # streamkit._cli._exits).
+                silence_stdout()
+                return None
+            return result
         except StreamkitError as exc:
             _fail_with(exc)
         except BaseExceptionGroup as group:

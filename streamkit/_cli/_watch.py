@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING
 
 import orjson
 import trio
-from rich.console import Console
 from rich.live import Live
 
 from .._literal import printable
 from .._nurseries import open_service_nursery
-from ._exits import quiet_pipe
+from ._exits import StdoutConsole
 from ._fleet import fleet_json, fleet_samples
 from ._fleet_view import fleet_view
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from rich.console import Console
 
     from .._app import App
     from ._fleet import FleetSample
@@ -45,16 +46,16 @@ async def watch_status(app: App, *, interval: float, as_json: bool) -> None:
         start; a reading that fails later is shown (or, with JSON, said on standard
         error) and the next one tries again.
     """
-    console = Console(highlight=False)
+    console = StdoutConsole(highlight=False)
     if as_json:
         show = _json_lines
     elif console.is_terminal:
         show = _live
     else:
         show = _plain
+    # A reader gone (`... | head`) ends the command quietly: see streamkit._cli._exits.
     async with until_signal(), app:
-        with quiet_pipe():
-            await show(app, console, interval)
+        await show(app, console, interval)
 
 
 @contextlib.asynccontextmanager
