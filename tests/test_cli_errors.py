@@ -264,6 +264,72 @@ def test_every_command_with_a_url_is_tested() -> None:
     assert commands_with_a_url_option() == {name.split(" --")[0] for name in URL_COMMANDS}
 
 
+def every_command() -> dict[str, click.Command]:
+    from streamkit._cli import cli
+
+    found: dict[str, click.Command] = {}
+    pending: list[tuple[str, click.Command]] = [("", cli)]
+    while pending:
+        prefix, command = pending.pop()
+        if isinstance(command, click.Group):
+            pending += [(f"{prefix} {n}".strip(), c) for n, c in command.commands.items()]
+        else:
+            found[prefix] = command
+    return found
+
+
+#: The options that count something (entries, keys, records, workers, shards).
+COUNT_OPTIONS = {
+    "--limit",
+    "--count",
+    "--lines",
+    "--chunk-size",
+    "--concurrency",
+    "--processes",
+    "--shards",
+}
+
+
+def test_every_count_and_limit_is_at_least_1_but_tail_lines() -> None:
+    counts = {
+        (name, param.opts[0]): param.type
+        for name, command in every_command().items()
+        for param in command.params
+        if isinstance(param, click.Option) and set(param.opts) & (COUNT_OPTIONS | {"-n"})
+    }
+    assert ("table list", "--limit") in counts
+    assert ("read", "--count") in counts
+    ranges = {where: (t.min, t.max) for where, t in counts.items() if isinstance(t, click.IntRange)}
+    # tail -n 0 --follow prints only the new entries, as tail does.
+    assert ranges.pop(("tail", "-n")) == (0, None)
+    assert set(ranges) == set(counts) - {("tail", "-n")}, "a count that is no IntRange"
+    assert set(ranges.values()) == {(1, None)}, ranges
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["table", "list", "tests.apps.stateful:app", "counts", "--limit"],
+        ["deadletters", "list", "tests.apps.stateful:app", "count", "--limit"],
+        ["jobs", "dlq", "list", "tests.apps.jobbing:app", "--limit"],
+        ["read", "tests.apps.readable:notes", "--count"],
+        ["tail", "tests.apps.readable:notes", "-n"],
+    ],
+    ids=lambda args: " ".join(a for a in args if ":" not in a),
+)
+async def test_a_count_below_its_least_is_refused_with_exit_code_2(
+    redis_url: str, args: list[str], limit: str
+) -> None:
+    if args[0] == "tail" and limit == "0":
+        return  # allowed (see above)
+    result = await streamkit(*args, limit, redis_url=redis_url)
+    assert result.code == 2, (result.out, result.err)
+    assert result.out == ""
+    assert f"{limit} is not in the range" in result.err, result.err
+    assert_no_traceback(result)
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:6379", "redis://[::1", "http://localhost"])
 @pytest.mark.parametrize("args", URL_COMMANDS.values(), ids=list(URL_COMMANDS))
 async def test_a_bad_url_is_one_line_and_exit_code_2(args: list[str], url: str) -> None:

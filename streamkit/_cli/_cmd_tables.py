@@ -15,7 +15,7 @@ from .._literal import printable
 from .._tables_versioned import VersionedTable
 from ._exits import fail
 from ._loading import load_app
-from ._options import key_argument, redis_url_option
+from ._options import key_argument, limit_option, redis_url_option
 
 if TYPE_CHECKING:
     from .._app import App
@@ -123,8 +123,8 @@ async def table_get(
 @table.command("list")
 @click.argument("app_path", metavar="MODULE:APP")
 @click.argument("name", metavar="TABLE")
-@click.option("--partition", type=int, default=None, help="Only this partition.")
-@click.option("--limit", type=int, default=None, help="Print at most this many keys.")
+@click.option("--partition", type=click.IntRange(min=0), default=None, help="Only this partition.")
+@limit_option(default=None, show_default=False, help="Print at most this many keys.")
 @redis_url_option
 async def table_list(
     app_path: str, name: str, partition: int | None, limit: int | None, redis_url: str | None

@@ -103,7 +103,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, 
 limit_option = partial(
     click.option, "--limit", type=click.IntRange(min=1), default=100, show_default=True
 )
-"""``--limit`` (at least 1, default 100) of a listing: ``@limit_option(help=...)``."""
+"""``--limit`` (at least 1, default 100) of a listing: ``@limit_option(help=...)``; every
+count of the CLI is at least 1 (``read --count``, ``sendmany --chunk-size``, ...), but
+``tail -n``, which may be 0 (``tail -n 0 --follow``: only the new entries, as ``tail``
+does)."""
 
 
 yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
