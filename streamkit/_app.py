@@ -47,7 +47,7 @@ from ._table_joins import (
 from ._tables import Table
 from ._tables_versioned import VersionedTable
 from ._tables_windowed import LatePolicy, WindowedTable, default_result
-from ._windows import Window, positive_ms, to_ms
+from ._windows import Window, duration_ms, positive_ms
 from .jobs._cron import cron_decorator
 from .jobs._handle import Job, JobDecorator
 from .jobs._layout import DEFAULT_QUEUE, routed_queue
@@ -148,7 +148,7 @@ def inner_stream_of(app: App, stream: Stream[Any]) -> tuple[str, str] | None:
 
 
 def _duration_ms(name: str, value: timedelta | float) -> int:
-    ms = to_ms(value)
+    ms = duration_ms(name, value)
     if ms < 0:
         raise ConfigError(name, f"must not be negative, got {value!r}")
     return ms
@@ -523,11 +523,20 @@ class App:
 
         Error handling:
             :class:`ConfigError` for streams of another app or of different partition
-            counts, a bad window, grace or ``how``, or a name used twice.
+            counts, an ``output`` that is ``left`` or ``right``, a bad window, grace,
+            ``how``, ``result`` (not callable) or ``idle`` (not a bool), or a name used
+            twice.
         """
         for stream in (left, right, output):
             if not isinstance(stream, Stream) or self.streams.get(stream.name) is not stream:
                 raise ConfigError("join", f"{stream!r} is not a stream of app {self.name!r}")
+        if output is left or output is right:
+            which = "left" if output is left else "right"
+            raise ConfigError(
+                "output",
+                f"join {name!r} cannot emit to its own {which} stream {output.name!r}: each "
+                f"result would be joined again (give it a stream of its own)",
+            )
         check_copartitioned(left.spec, right.spec)
         check_time_field(left.spec, "left_time", left_time)
         check_time_field(right.spec, "right_time", right_time)
@@ -537,7 +546,7 @@ class App:
         parts = (name, f"{name}__left", f"{name}__right")
         if f"{name}__in" in self.streams or any(p in self.processors for p in parts):
             raise ConfigError("join name", f"{name!r} is used already in app {self.name!r}")
-        check_setting_names(overrides, where=f" for join {name!r}")
+        self._check_overrides(overrides, where=f" for join {name!r}")
         joined: StreamJoin[L, JR] = StreamJoin(
             name,
             left=left.spec,
@@ -649,8 +658,13 @@ class App:
         check_copartitioned(left.stream, right.stream)
         if how not in ("inner", "left", "outer"):
             raise ConfigError("how", f"must be 'inner', 'left' or 'outer', got {how!r}")
+        if not callable(result):
+            raise ConfigError(
+                "result", f"must be a function of (key, left value, right value), got {result!r}"
+            )
         if name in self.tables:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
+        self._check_overrides(overrides, where=f" for table join {name!r}")
         changes = self.stream(
             f"{name}__changes",
             record=dict,
@@ -671,6 +685,14 @@ class App:
 
         self.processor(changes, name=name, tables=[sides, derived], **overrides)(joiner)
         return derived
+
+    def _check_overrides(self, overrides: Mapping[str, Any], *, where: str) -> None:
+        """Check the settings a declaration gives its processors before it declares
+        anything: a refused declaration leaves the app as it was, so that the call,
+        corrected, can be made again."""
+        check_setting_names(overrides, where=where)
+        if overrides:
+            attrs.evolve(self.settings, **overrides)
 
     def global_table(
         self, name: str, *, value: type[V] | Any, default: V | None = None, **overrides: Any
@@ -701,6 +723,7 @@ class App:
         if name in self.tables:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
         table: GlobalTable[V] = GlobalTable(name, value, default, connection=lambda: self.redis)
+        self._check_overrides(overrides, where=f" for global table {name!r}")
         changes = self.stream(
             f"{name}__global", record=dict, partition_by=_forwarded_key, partition_count=1
         )

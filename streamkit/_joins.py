@@ -37,7 +37,7 @@ from ._state import _current
 from ._state_join_sides import HEARTBEAT, heartbeat, read_heartbeat
 from ._state_joins import Buffered, decode_buffer, encode_buffer
 from ._tables_base import KeyedState
-from ._windows import to_ms
+from ._windows import duration_ms, to_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -171,6 +171,20 @@ def _check_how(_: object, __: attrs.Attribute[str], how: str) -> None:
         raise ConfigError("how", f"must be 'inner', 'left' or 'outer', got {how!r}")
 
 
+def _check_result(_: object, __: attrs.Attribute[Any], result: object) -> None:
+    if not callable(result):
+        raise ConfigError(
+            "result",
+            f"must be a function of (key, left record or None, right record or None), "
+            f"got {result!r}",
+        )
+
+
+def _check_idle(_: object, __: attrs.Attribute[bool], idle: object) -> None:
+    if not isinstance(idle, bool):
+        raise ConfigError("idle", f"must be True or False, got {idle!r}")
+
+
 @attrs.define(eq=False, repr=False)
 class StreamJoin(KeyedState, Generic[L, R]):
     """A join of two streams within a time, declared by :meth:`streamkit.App.join`.
@@ -199,10 +213,12 @@ class StreamJoin(KeyedState, Generic[L, R]):
     grace: int = attrs.field(kw_only=True, default=0)
     how: JoinHow = attrs.field(kw_only=True, default="inner", validator=_check_how)
     output: StreamSpec[Any] = attrs.field(kw_only=True)
-    result: Callable[[str, Any, Any], Any] = attrs.field(kw_only=True, default=default_join_result)
+    result: Callable[[str, Any, Any], Any] = attrs.field(
+        kw_only=True, default=default_join_result, validator=_check_result
+    )
     left_time: str | Callable[[Any], Any] | None = attrs.field(kw_only=True, default=None)
     right_time: str | Callable[[Any], Any] | None = attrs.field(kw_only=True, default=None)
-    idle: bool = attrs.field(kw_only=True, default=True)
+    idle: bool = attrs.field(kw_only=True, default=True, validator=_check_idle)
     #: Seconds a side may hold the join back, its forwarder not forwarding, before a
     #: warning says so (:meth:`streamkit.App.join`: a failover's time, session timeout
     #: plus lease).
@@ -526,7 +542,7 @@ def check_copartitioned(left: StreamSpec[Any], right: StreamSpec[Any]) -> None:
 
 def positive_window(name: str, value: Any) -> int:
     """A join's window or grace (a timedelta, or seconds) in ms."""
-    ms = to_ms(value)
-    if ms < 0 or (name == "within" and ms == 0) or not math.isfinite(ms):
+    ms = duration_ms(name, value)
+    if ms < 0 or (name == "within" and ms == 0):
         raise ConfigError(name, f"must be positive, got {value!r}")
     return ms

@@ -40,6 +40,7 @@ __all__ = [
     "Window",
     "WindowKind",
     "apply",
+    "duration_ms",
     "hopping",
     "idle_watermark",
     "next_action",
@@ -71,9 +72,20 @@ def to_ms(value: datetime | timedelta | float) -> int:
     return round(value * 1_000_000) // 1000
 
 
+def duration_ms(name: str, value: object) -> int:
+    """A duration (a timedelta, or seconds) in ms, rounded as :func:`to_ms` does;
+    :class:`ConfigError` naming the option ``name`` for anything else (text, a
+    datetime, a bool, NaN, infinity)."""
+    if isinstance(value, timedelta) or (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ):
+        return to_ms(value)
+    raise ConfigError(name, f"expected a duration (a timedelta, or seconds), got {value!r}")
+
+
 def positive_ms(name: str, value: timedelta | float) -> int:
     """A positive duration (a timedelta, or seconds) in ms; :class:`ConfigError` if not."""
-    ms = to_ms(value)
+    ms = duration_ms(name, value)
     if ms <= 0:
         raise ConfigError(name, f"must be positive, got {value!r}")
     return ms

@@ -89,6 +89,105 @@ async def test_a_module_that_fails_to_import_shows_its_own_traceback(tmp_path: P
     assert "_cli" not in result.err
 
 
+DECLARING = """
+from streamkit import App, Record
+
+
+class Item(Record):
+    key: str
+
+
+app = App("decl")
+left = app.stream("left", record=Item, partition_by="key", partition_count=2)
+right = app.stream("right", record=Item, partition_by="key", partition_count=2)
+out = app.stream("out", record=dict, partition_by=lambda r: r["key"], partition_count=2)
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            'app.join("j", left, right, within="10", output=out)',
+            "within: expected a duration (a timedelta, or seconds), got '10'",
+        ),
+        (
+            'app.join("j", left, right, within=10, grace=float("nan"), output=out)',
+            "grace: expected a duration (a timedelta, or seconds), got nan",
+        ),
+        (
+            'app.versioned_table("v", value=int, retention="1d")',
+            "retention: expected a duration (a timedelta, or seconds), got '1d'",
+        ),
+        (
+            'app.join("j", left, right, within=10, output=out, how="full")',
+            "how: must be 'inner', 'left' or 'outer', got 'full'",
+        ),
+        (
+            'app.join("j", left, right, within=10, output=out, batch_size=0)',
+            "batch_size: must be a positive integer, got 0",
+        ),
+        (
+            'app.join("j", left, right, within=10, output=out, result="x")',
+            (
+                "result: must be a function of (key, left record or None, right record or "
+                "None), got 'x'"
+            ),
+        ),
+        (
+            'app.join("j", left, right, within=10, output=out, idle="no")',
+            "idle: must be True or False, got 'no'",
+        ),
+        (
+            'app.join("j", left, right, within=10, output=left)',
+            (
+                "output: join 'j' cannot emit to its own left stream 'left': each result "
+                "would be joined again (give it a stream of its own)"
+            ),
+        ),
+        (
+            'app.global_table("a b", value=int)',
+            "table name: must be letters, digits, '_' or '-', got 'a b'",
+        ),
+        (
+            'app.global_table("g", value=int, default="x")',
+            "default: table 'g': 'x' is not a valid int (expected an integer, got str)",
+        ),
+        (
+            'app.global_table("g", value=int, batch_size=0)',
+            "batch_size: must be a positive integer, got 0",
+        ),
+    ],
+    ids=[
+        "within",
+        "grace",
+        "retention",
+        "how",
+        "batch_size",
+        "result",
+        "idle",
+        "output",
+        "global name",
+        "global default",
+        "global batch_size",
+    ],
+)
+async def test_a_refused_declaration_names_the_users_file_and_line(
+    tmp_path: Path, call: str, message: str
+) -> None:
+    # In a function of the user's, called from the module: the call into streamkit is
+    # what the line names, not the module's line that called the function.
+    (tmp_path / "declared.py").write_text(
+        f"{DECLARING}\n\ndef declare():\n    {call}\n\n\ndeclare()\n"
+    )
+    line = DECLARING.count("\n") + 4
+    result = await run_in(tmp_path, "status", "declared:app", env={})
+    assert result.code == 2, result.err
+    assert (
+        result.err == f"Error: importing 'declared' failed at declared.py line {line}: {message}\n"
+    )
+
+
 async def test_a_missing_module_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "needs.py").write_text("import not_installed_anywhere\n")
     missing = await run_in(tmp_path, "worker", "nothere:app", env={})

@@ -151,6 +151,32 @@ async def test_a_refused_join_leaves_the_app_as_it_was() -> None:
     with pytest.raises(ConfigError, match="no_such_setting"):
         app.join("j", orders, payments, within=60, output=out, no_such_setting=1)
     assert (app.streams, app.processors) == (streams, processors)
+    # Each refused at the declaration, naming the option, before anything is declared
+    # (a bad setting was refused only once the forwarders were declared).
+    duration = "expected a duration (a timedelta, or seconds)"
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"within": "10"}, f"within: {duration}, got '10'"),
+        ({"within": datetime(2026, 1, 1, tzinfo=UTC)}, f"within: {duration}, got datetime"),
+        ({"within": 60, "grace": math.nan}, f"grace: {duration}, got nan"),
+        ({"within": 60, "grace": math.inf}, f"grace: {duration}, got inf"),
+        ({"within": True}, f"within: {duration}, got True"),
+        ({"within": 60, "batch_size": 0}, "batch_size: must be a positive integer, got 0"),
+        ({"within": 60, "result": "x"}, "result: must be a function of (key, left record"),
+        ({"within": 60, "idle": "no"}, "idle: must be True or False, got 'no'"),
+    ]
+    for bad, message in refusals:
+        with pytest.raises(ConfigError) as refused:
+            app.join("j", orders, payments, output=out, **bad)
+        assert str(refused.value).startswith(message), (bad, str(refused.value))
+        assert (app.streams, app.processors) == (streams, processors)
+    for side, stream in (("left", orders), ("right", payments)):
+        with pytest.raises(ConfigError) as refused:
+            app.join("j", orders, payments, within=60, output=stream)
+        assert str(refused.value) == (
+            f"output: join 'j' cannot emit to its own {side} stream {stream.name!r}: each "
+            f"result would be joined again (give it a stream of its own)"
+        )
+        assert (app.streams, app.processors) == (streams, processors)
     app.join("j", orders, payments, within=60, output=out)
     assert {"j", "j__left", "j__right"} <= set(app.processors)
     with pytest.raises(ConfigError, match="'j' is used already"):

@@ -256,6 +256,17 @@ def test_a_table_join_is_refused_clearly() -> None:
         app.join_tables("ar", a, rates)
     with pytest.raises(ConfigError, match="already declared"):
         app.global_table("rates", value=float)
+    # Refused before anything is declared: the corrected call can be made again.
+    streams, processors, tables = dict(app.streams), dict(app.processors), dict(app.tables)
+    with pytest.raises(ConfigError, match=r"^result: must be a function of \(key, left value"):
+        app.join_tables("ac", a, c, result="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^batch_size: must be a positive integer, got 0"):
+        app.join_tables("ac", a, c, batch_size=0)
+    with pytest.raises(ConfigError, match=r"^batch_size: must be a positive integer, got 0"):
+        app.global_table("fx", value=float, batch_size=0)
+    assert (app.streams, app.processors, app.tables) == (streams, processors, tables)
+    app.join_tables("ac", a, c)
+    app.global_table("fx", value=float)
 
 
 @pytest.mark.cluster

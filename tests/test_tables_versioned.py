@@ -270,6 +270,11 @@ async def test_writes_outside_the_writer_and_bad_settings_are_refused(redis_url:
             await rates.read("EUR", as_of="yesterday")
     with pytest.raises(ConfigError, match="retention"):
         app.versioned_table("bad", value=float, retention=0)
+    duration = r"expected a duration \(a timedelta, or seconds\)"
+    with pytest.raises(ConfigError, match=f"^retention: {duration}, got '1d'$"):
+        app.versioned_table("bad", value=float, retention="1d")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"^ttl: {duration}, got nan$"):
+        app.versioned_table("bad", value=float, retention=60, ttl=float("nan"))
     with pytest.raises(ConfigError, match="already declared"):
         app.versioned_table("rates", value=float, retention=60)
 

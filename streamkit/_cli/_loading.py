@@ -128,11 +128,28 @@ def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
 
 
 def user_frame(exc: BaseException) -> str:
-    """Where the user's code raised ``exc``: " at FILE line N", or "" if unknown."""
-    frames = [f for f in _user_frames(exc) if not f.filename.startswith(_PACKAGE_DIR + os.sep)]
+    """Where the user's code raised ``exc``: " at FILE line N", or "" if unknown.
+
+    That is the user's call into streamkit (the frame before the first of streamkit's),
+    not a frame streamkit's own calls went through on the way to the error: code that
+    attrs generated for a class of streamkit's (``<attrs generated methods ...>``),
+    attrs' validators. An error the user's code raised itself is placed at its last
+    frame.
+    """
+    frames = _user_frames(exc)
+    for i, frame in enumerate(frames):
+        if _is_streamkit(frame):
+            frames = frames[:i]
+            break
+    # (Code compiled from no file, such as attrs', is nobody's file and line.)
+    frames = [f for f in frames if not f.filename.startswith("<")]
     if not frames:
         return ""
     return f" at {os.path.relpath(frames[-1].filename)} line {frames[-1].lineno}"
+
+
+def _is_streamkit(frame: traceback.FrameSummary) -> bool:
+    return frame.filename.startswith(_PACKAGE_DIR + os.sep)
 
 
 def import_failure(module_name: str, exc: BaseException) -> str:
