@@ -186,8 +186,10 @@ import os, signal, threading, time, trio
 from streamkit.jobs._run import interrupts
 
 async def main():
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
+        # (started inside the try: on a loaded machine the signal may come before
+        # start() returns)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
         start = time.monotonic()
         while time.monotonic() - start < 10:
             pass
