@@ -445,6 +445,7 @@ class App:
             raise ConfigError("table", f"{name!r} is already declared in app {self.name!r}")
         if output is not None and self.streams.get(output.name) is not output:
             raise ConfigError("output", f"{output!r} is not a stream of app {self.name!r}")
+        _check_window_functions(time, result, merge, idle)
         table: WindowedTable[V] = WindowedTable(
             name,
             kind,
@@ -1218,3 +1219,17 @@ class App:
     def __repr__(self) -> str:
         state = "connected" if self._redis is not None else "not connected"
         return f"<App {self.name} streams={sorted(self.streams)} {state}>"
+
+
+def _check_window_functions(time: object, result: object, merge: object, idle: object) -> None:
+    """Refuse, where :meth:`App.window` is called, what would fail only at run time."""
+    if not isinstance(time, str) and time is not None and not callable(time):
+        raise ConfigError(
+            "time", f"expected a field name, a function of the record or None, got {time!r}"
+        )
+    if not callable(result):
+        raise ConfigError("result", f"must be a function of (key, window, value), got {result!r}")
+    if merge is not None and not callable(merge):
+        raise ConfigError("merge", f"must be a function of two values, or None, got {merge!r}")
+    if not isinstance(idle, bool):
+        raise ConfigError("idle", f"must be True or False, got {idle!r}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from streamkit import App, Events, Record, hopping, session, tumbling
+from streamkit import App, ConfigError, Events, Record, hopping, session, tumbling
 from streamkit._commit import Changes
 from streamkit._events_delivery import Delivery
 from streamkit._state import PartitionState
@@ -603,3 +603,23 @@ async def test_without_the_idle_rule_the_last_event_closes_every_window_it_passe
         await worker.stop()
     got = await results(redis, totals)
     assert (len(got), sum(r["value"] for r in got)) == (windows, 60)
+
+
+@pytest.mark.parametrize(
+    ("option", "bad", "said"),
+    [
+        ("time", 5, "time: expected a field name, a function of the record or None, got 5"),
+        ("result", "x", "result: must be a function of (key, window, value), got 'x'"),
+        ("merge", 3, "merge: must be a function of two values, or None, got 3"),
+        ("idle", "no", "idle: must be True or False, got 'no'"),
+    ],
+)
+def test_a_window_s_functions_are_checked_where_it_is_declared(
+    option: str, bad: object, said: str
+) -> None:
+    # (they failed only once the partition ran: 'int' object is not callable)
+    app = App("windowchecks")
+    with pytest.raises(ConfigError) as refused:
+        app.window("w", tumbling(10), value=int, initial=0, **{option: bad})  # type: ignore[arg-type]
+    assert str(refused.value) == said
+    assert "w" not in app.tables
