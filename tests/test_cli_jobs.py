@@ -483,6 +483,16 @@ async def test_a_bad_queue_is_one_line_never_a_traceback(redis_url: str) -> None
             ["info", "tests.apps.failing:app"],
             "app failing declares no jobs (@app.job), and its queue failing holds none",
         ),
+        "no dead jobs, no jobs": (
+            2,
+            ["dlq", "list", "tests.apps.failing:app"],
+            "app failing declares no jobs (@app.job), and its queue failing holds none",
+        ),
+        "no events, no jobs": (
+            2,
+            ["events", "tests.apps.failing:app"],
+            "app failing declares no jobs (@app.job), and its queue failing holds none",
+        ),
         "no queue": (2, ["info"], "give MODULE:APP (an app that declares jobs), or --queue"),
         "both": (2, ["info", APP, "--queue", "jobbing"], "give MODULE:APP or --queue NAME, not"),
         "bad queue name": (2, ["info", "--queue", "no{good}"], "--queue: must be letters"),

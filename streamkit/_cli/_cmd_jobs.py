@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import asyncclick as click
 import attrs
@@ -278,12 +278,7 @@ async def jobs_info(
     named = named_queues(target)
     undeclared = target.app is not None and not target.app.jobs
     if undeclared and not holds_any(counts):
-        assert target.app is not None
-        fail(
-            f"{target.path}: app {target.app.name} declares no jobs (@app.job), and its "
-            f"queue {target.name} holds none",
-            2,
-        )
+        refuse_undeclared(target)
     report = info_json(target, counts)
     if named:
         report["named_queues"] = named
@@ -427,8 +422,26 @@ async def jobs_events(
         until_signal() if follow else contextlib.nullcontext(),
         open_target(target, whole=True) as queue,
     ):
+        await check_declared_or_held(target, queue)
         async for event in queue.events(after=after, follow=follow):
             print_event(event, as_json=as_json)
+
+
+def refuse_undeclared(target: QueueTarget) -> NoReturn:
+    """Exit 2: the app named declares no jobs and its queue holds none (a mistyped
+    app, most likely)."""
+    assert target.app is not None
+    fail(
+        f"{target.path}: app {target.app.name} declares no jobs (@app.job), and its "
+        f"queue {target.name} holds none",
+        2,
+    )
+
+
+async def check_declared_or_held(target: QueueTarget, queue: JobQueue) -> None:
+    """:func:`refuse_undeclared` if the app declares no jobs and its queue holds none."""
+    if target.app is not None and not target.app.jobs and not holds_any(await queue.counts()):
+        refuse_undeclared(target)
 
 
 def print_event(event: JobEvent, *, as_json: bool) -> None:
@@ -503,6 +516,7 @@ async def jobs_dlq_list(
 ) -> None:
     """Show a queue's dead jobs, oldest first, with their last errors."""
     async with open_target(target, whole=True) as queue:
+        await check_declared_or_held(target, queue)
         dead = await queue.dead_letters(limit=limit)
         total = (await queue.counts()).dead
     total = max(total, len(dead))
