@@ -20,9 +20,25 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Iterator, Sequence
 
-__all__ = ["leaves", "meaningful_leaf", "open_service_nursery", "pick_exception"]
+__all__ = ["exception_chain", "leaves", "meaningful_leaf", "open_service_nursery", "pick_exception"]
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the leaves of an exception group, and their causes and contexts, each
+    once."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

@@ -19,16 +19,14 @@ import logging
 import os
 import select
 import sys
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import asyncclick as click
 from rich.console import Console
 
 from .. import _logs
 from .._literal import printable
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from .._nurseries import exception_chain
 
 __all__ = [
     "BadInput",
@@ -90,7 +88,7 @@ def stdout_gone(exc: BaseException) -> bool:
     connection to Redis. A ``BrokenPipeError`` counts only if standard output is a pipe
     with no reader now, so that a Redis socket's own is still said as such.
     """
-    return any(isinstance(e, BrokenPipeError) for e in _chain(exc)) and _no_reader()
+    return any(isinstance(e, BrokenPipeError) for e in exception_chain(exc)) and _no_reader()
 
 
 class StdoutConsole(Console):
@@ -123,18 +121,3 @@ def _no_reader() -> bool:
     except (AttributeError, ValueError, OSError):
         return False
     return any(mask & select.POLLERR for _, mask in events)
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, the leaves of a group, and their causes and contexts."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        if isinstance(current, BaseExceptionGroup):
-            todo.extend(current.exceptions)
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)

@@ -32,7 +32,7 @@ from .._errors import (
     StreamkitError,
     current_url,
 )
-from .._nurseries import leaves
+from .._nurseries import exception_chain, leaves
 from .._refusals import code_types, refusal_in, refused
 from .._urls import (
     credentials_refused,
@@ -250,21 +250,6 @@ def redis_errors(url: str | None = None) -> Iterator[None]:
 # ------------------------------------------------------- failures to connect
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, the leaves of an exception group, and their causes and contexts."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        if isinstance(current, BaseExceptionGroup):
-            todo.extend(current.exceptions)
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-
-
 def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
     """A connection failure that retrying cannot cure, as a ConfigError saying what to check.
 
@@ -275,7 +260,7 @@ def permanent_failure(exc: BaseException, url: str) -> ConfigError | None:
     in a starting container) is transient, like a refused connection or a timeout.
     """
     tls = url.lower().startswith(("rediss:", "rediss+cluster:"))
-    for error in _chain(exc):
+    for error in exception_chain(exc):
         if isinstance(error, coredis.exceptions.AuthenticationRequiredError):
             return password_required(url, setting="redis_url")
         if isinstance(error, coredis.exceptions.AuthenticationError):
