@@ -327,3 +327,27 @@ async def test_a_follow_stopped_while_redis_is_unreachable_ends_cleanly(
                 process.kill()
     assert "Traceback" not in err.decode(), err.decode()
     assert err.decode().count("\n") == 1, err.decode()
+
+
+async def test_a_stream_recorded_with_more_partitions_is_refused_not_shown_in_part(
+    redis_url: str,
+) -> None:
+    # The notes stream recorded with 6 partitions, the code saying 4: read, tail and a
+    # worker refuse it (exit code 2: configuration, which a supervisor does not restart)
+    # rather than hide partitions 4 and 5, as send does.
+    other = App("readable", redis_url=redis_url)
+    wider = other.stream("notes", record=Note, partition_by="key", partition_count=6)
+    async with other:
+        await wider.send(Note(key="k", n=1))
+    for command in (("read", NOTES), ("tail", NOTES), ("send", NOTES, '{"key": "k", "n": 2}')):
+        result = await streamkit(*command, redis_url=redis_url)
+        assert result.code == 2, (command, result.err)
+        assert "was created with partition_count=6" in result.err, command
+        assert_no_traceback(result)
+    narrow = App("narrow", redis_url=redis_url)
+    wide = narrow.stream("ticks", record=dict, partition_by=lambda r: r["n"], partition_count=6)
+    async with narrow:
+        await wide.check_metadata()
+    worker = await streamkit("worker", "tests.apps.narrow:app", redis_url=redis_url)
+    assert worker.code == 2, worker.err
+    assert "was created with partition_count=6" in worker.err

@@ -26,7 +26,7 @@ import trio
 
 from .._app import inner_stream_of
 from .._backoff import Backoff, retry_unavailable
-from .._errors import ConfigError, DecodeError, StreamkitError
+from .._errors import ConfigError, DecodeError, MetadataMismatch, StreamkitError
 from .._joins import JSON_FORM, PACKED, unpack_forwarded
 from .._json_converter import converter
 from .._literal import printable
@@ -34,7 +34,7 @@ from .._partitioner import canonical_key_bytes, key_text, partition_for
 from .._redis import health_of, redis_errors
 from .._state import CHANGE_FIELD
 from .._state_join_sides import HEARTBEAT, read_heartbeat
-from .._wire import text
+from .._wire import compare_metadata, metadata_pairs, text
 from ._exits import fail
 from ._loading import load_stream
 from ._options import json_option, key_argument, redis_url_option
@@ -463,6 +463,7 @@ async def read(
         fail("--follow reads on past the end: it goes with neither --to nor --count", 2)
     app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
     async with until_signal(), _connected(app) as redis:
+        await _check_recorded(redis, shower.stream)
         if not follow:
             await _show(merged_range(redis, keys, first, last), shower, count)
             return
@@ -500,6 +501,7 @@ async def tail(
     them (as read does), then with --follow the new ones as they come."""
     app, shower, keys = _prepare(stream_path, redis_url, follow, partition, key, as_json)
     async with until_signal(), _connected(app) as redis:
+        await _check_recorded(redis, shower.stream)
         after = await last_ids(redis, keys)
         for line in await _newest(redis, keys, shower, count):
             click.echo(line)
@@ -525,6 +527,19 @@ def _prepare(
         stream, as_json, None if typed is None else canonical_key_bytes(typed), changes=changes
     )
     return app, shower, {p: stream.key(p) for p in partitions}
+
+
+async def _check_recorded(redis: Redis, stream: Stream[Any]) -> None:
+    """Refuse (exit code 2) a stream the code declares with other settings than Redis
+    records for it, as a send and a worker do: fewer partitions would hide some of its
+    events without a word. A stream Redis records nothing of is not recorded here."""
+    spec = stream.spec
+    with redis_errors():
+        recorded = await redis.hgetall(spec.meta_key)
+    if recorded:
+        mismatch = compare_metadata(metadata_pairs(recorded), spec.metadata())
+        if mismatch is not None:
+            fail(str(MetadataMismatch(spec.name, *mismatch)), 2)
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,7 @@ from typing import IO, TYPE_CHECKING, Any
 import asyncclick as click
 import orjson
 
-from .._errors import EncodeError, StreamkitError
+from .._errors import EncodeError, MetadataMismatch, StreamkitError
 from .._literal import printable
 from ._exits import fail
 from ._loading import load_stream, with_stream_path
@@ -44,7 +44,11 @@ async def send(stream_path: str, record_json: str, redis_url: str | None) -> Non
         async with app:
             [entry_id] = await stream.send(record)
     except StreamkitError as exc:
-        fail(f"{with_stream_path(exc, stream_path)}\nnothing was sent")
+        # (a stream used with settings other than those recorded: configuration, 2)
+        fail(
+            f"{with_stream_path(exc, stream_path)}\nnothing was sent",
+            2 if isinstance(exc, MetadataMismatch) else 1,
+        )
     click.echo(
         f"sent to {app.name}.{stream.name} partition {stream.partition_of(record)}: {entry_id}"
     )

@@ -17,7 +17,7 @@ from .._errors import ConfigError, StreamkitError
 from .._nurseries import leaves
 from .._urls import mask_url
 from .._worker import Worker, run_worker, select_processors, select_queues
-from ._exits import BadInput, fail
+from ._exits import BadInput, exit_code_of, fail
 from ._loading import load_app, with_stream_path
 from ._logging import configure_logging, logging_options
 from ._options import redis_url_option
@@ -162,13 +162,11 @@ async def worker(
                 )
             )
     except StreamkitError as exc:
-        fail(with_stream_path(exc, app_path), 2 if isinstance(exc, ConfigError) else 1)
+        fail(with_stream_path(exc, app_path), exit_code_of(exc))
     except BaseExceptionGroup as group:
         found = leaves(group)
         if found and all(isinstance(leaf, StreamkitError) for leaf in found):
-            fail(
-                with_stream_path(found[0], app_path), 2 if isinstance(found[0], ConfigError) else 1
-            )
+            fail(with_stream_path(found[0], app_path), exit_code_of(found[0]))
         raise
     # Exit status 0 only for a stop that was asked for (a signal, Worker.stop): a
     # worker that ended on its own must be restarted by its supervisor.

@@ -25,6 +25,7 @@ import asyncclick as click
 from rich.console import Console
 
 from .. import _logs
+from .._errors import ConfigError, MetadataMismatch
 from .._literal import printable
 from .._nurseries import exception_chain
 
@@ -33,6 +34,7 @@ __all__ = [
     "CommandError",
     "StdoutConsole",
     "Stopped",
+    "exit_code_of",
     "fail",
     "silence_stdout",
     "stdout_gone",
@@ -70,6 +72,13 @@ class Stopped(CommandError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum  # type: ignore[misc]
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """A streamkit error's exit code: 2 for one of configuration (a bad setting, or a
+    stream used with settings other than Redis records for it: no restart mends it),
+    else 1."""
+    return 2 if isinstance(exc, (ConfigError, MetadataMismatch)) else 1
 
 
 def fail(message: str, exit_code: int = 1) -> NoReturn:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .._errors import ConfigError, StreamkitError
 from .._nurseries import leaves
 from .._settings import Settings
-from ._exits import fail, silence_stdout, stdout_gone
+from ._exits import exit_code_of, fail, silence_stdout, stdout_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -177,4 +177,4 @@ class RootGroup(WholeHelpGroup):
 
 
 def _fail_with(exc: BaseException) -> NoReturn:
-    fail(str(exc), 2 if isinstance(exc, ConfigError) else 1)
+    fail(str(exc), exit_code_of(exc))
